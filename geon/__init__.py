@@ -1,0 +1,25 @@
+"""geon: an axis-aware op-graph compiler.
+
+Use it as ``import geon as be``: build ops over named axes, differentiate them with
+:func:`deriv`, and run them with a transformer (:func:`make_transformer`).
+"""
+
+__version__ = "0.1.0"
+
+from geon.errors import (AxisMismatchError, CheckpointError, FeedError, GeonError,  # noqa: E402
+                         InvalidValueError, LoweringError, UnknownTransformerError)
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
+from geon.op_graph.op_graph import (  # noqa: E402
+    Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
+    absolute, add, argmax, argmin, axes_with_order, broadcast, cast_axes, constant, cos,
+    divide, dot, equal, exp, flatten, greater, greater_equal, less, less_equal, log, max,
+    maximum, mean, min, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
+    prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
+    stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance)
+from geon.op_graph.autodiff import deriv  # noqa: E402
+from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
+                                   softmax)
+from geon.op_graph.reference import evaluate  # noqa: E402
+from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
+                               available_transformers, make_transformer,
+                               register_transformer)

@@ -1,0 +1,1 @@
+"""Frontends: model-building helpers that build ops (they never call backends)."""

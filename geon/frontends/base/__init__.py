@@ -1,0 +1,1 @@
+"""Shared frontend pieces: the standard axes."""

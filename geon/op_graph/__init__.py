@@ -1,0 +1,1 @@
+"""The op graph: axes, ops, derivatives, schemas and the reference evaluator."""

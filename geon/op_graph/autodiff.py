@@ -1,0 +1,235 @@
+"""Reverse-mode derivatives: ``deriv(c, w)`` and the table of adjoint rules.
+
+A rule receives the op and the adjoint ``delta`` of its value (an op with the op's axes,
+in the op's order) and returns one delta per arg (``None`` where no derivative flows).
+A returned delta may have axes the arg lacks (summed away) or lack axes the arg has
+(broadcast); :func:`_fit` does that, in this one place, as it accumulates.
+"""
+
+from geon.errors import GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph import schemas as sc
+from geon.op_graph.axes import Axes
+from geon.op_graph.op_graph import as_op, snap, toposort
+
+ADJOINTS = {}
+
+
+def adjoint_rule(*classes):
+    """Register ``fn(op, delta) -> deltas`` as the adjoint rule of ``classes``."""
+    def register(fn):
+        for cls in classes:
+            ADJOINTS[cls] = fn
+        return fn
+    return register
+
+
+def find_rule(table, op):
+    """The rule for ``type(op)`` or its nearest registered base class, or ``None``."""
+    for cls in type(op).__mro__:
+        rule = table.get(cls)
+        if rule is not None:
+            return rule
+    return None
+
+
+def _fit(d, arg):
+    """``d`` summed over axes ``arg`` lacks, broadcast to axes it lacks, in arg's order."""
+    extra = d.axes - arg.axes
+    if len(extra):
+        d = og.Sum(d, reduction_axes=extra)
+    if len(arg.axes - d.axes):
+        return og.Broadcast(d, arg.axes)
+    if d.axes.names != arg.axes.names:
+        return og.AxesWithOrder(d, arg.axes)
+    return d
+
+
+def _needs_grad(order):
+    """Ops whose value depends on some non-constant storage (through args)."""
+    needs = set()
+    for op in order:
+        if isinstance(op, og.AssignableTensorOp):
+            if not op.is_constant:
+                needs.add(op)
+        elif not isinstance(op, og.StopGradient) and any(a in needs for a in op.args):
+            needs.add(op)
+    return needs
+
+
+def adjoints(c, error=None):
+    """``{op: d c / d op}`` for every op ``c`` depends on; built once per ``(c, error)``
+    and cached on ``c``."""
+    c = snap(as_op(c))
+    cache = c.__dict__.setdefault("_adjoint_cache", {})
+    key = None if error is None else id(error)
+    hit = cache.get(key)
+    if hit is not None and hit[0] is error:
+        return hit[1]
+    if error is None:
+        if len(c.axes):
+            raise GeonError(f"deriv: {c.name} has axes ({', '.join(map(repr, c.axes))}); "
+                            f"a non-scalar cost needs error= (an op with the same axes)")
+        delta = og.Constant(1.0, dtype=c.dtype)
+    else:
+        delta = as_op(error)
+        if not delta.axes.same_set(c.axes):
+            raise GeonError(f"deriv: error axes {delta.axes!r} differ from {c.name}'s "
+                            f"{c.axes!r}")
+        delta = _fit(delta, c)
+    order = toposort([c], deps=False)
+    needs = _needs_grad(order)
+    adj = {c: delta}
+    for op in reversed(order):
+        d = adj.get(op)
+        if d is None or op not in needs or isinstance(op, og.AssignableTensorOp):
+            continue
+        rule = find_rule(ADJOINTS, op)
+        if rule is None:
+            raise GeonError(f"deriv: no derivative rule for {type(op).__name__} {op.name} "
+                            f"(built at {op.file_info})")
+        for arg, da in zip(op.args, rule(op, d)):
+            if da is None or arg not in needs:
+                continue
+            da = _fit(da, arg)
+            prev = adj.get(arg)
+            adj[arg] = da if prev is None else prev + da
+    cache[key] = (error, adj)
+    return adj
+
+
+def deriv(c, w, error=None):
+    """The derivative of ``c`` with respect to ``w``, an op with ``w``'s axes.
+
+    ``c`` must be a scalar unless ``error`` (an op with ``c``'s axes, the adjoint to
+    propagate) is given. If ``c`` does not depend on ``w`` the result is zeros.
+    """
+    w = as_op(w)
+    d = adjoints(c, error).get(snap(w))
+    if d is None:
+        return og.Constant(0.0, axes=w.axes, dtype=snap(as_op(c)).dtype)
+    return d
+
+
+# --- rules -----------------------------------------------------------------------------
+R = adjoint_rule
+
+
+@R(og.Add)
+def _add(op, d): return d, d
+@R(og.Subtract)
+def _sub(op, d): return d, -d
+@R(og.Multiply)
+def _mul(op, d): return d * op.args[1], d * op.args[0]
+@R(og.Divide)
+def _div(op, d): return d / op.args[1], -d * op / op.args[1]
+@R(og.Power)
+def _pow(op, d):
+    a, b = op.args
+    return d * b * a ** (b - 1), d * og.Log(a) * op
+@R(og.Maximum)
+def _maximum(op, d):
+    a, b = op.args
+    return d * (a >= b), d * (a < b)
+@R(og.Minimum)
+def _minimum(op, d):
+    a, b = op.args
+    return d * (a <= b), d * (a > b)
+@R(og.Comparison, og.Sign, og.ArgMax, og.TensorSize, og.OneHot, pr.ReduceArgMax)
+def _zero(op, d): return (None,) * len(op.args)
+@R(og.Negative)
+def _neg(op, d): return (-d,)
+@R(og.Absolute)
+def _abs(op, d): return (d * og.Sign(op.args[0]),)
+@R(og.Square)
+def _square(op, d): return (d * 2.0 * op.args[0],)
+@R(og.Sqrt)
+def _sqrt(op, d): return (d * 0.5 / op,)
+@R(og.Reciprocal)
+def _recip(op, d): return (-d * op * op,)
+@R(og.Exp)
+def _exp(op, d): return (d * op,)
+@R(og.Log)
+def _log(op, d): return (d / op.args[0],)
+@R(og.Sin)
+def _sin(op, d): return (d * og.Cos(op.args[0]),)
+@R(og.Cos)
+def _cos(op, d): return (-d * og.Sin(op.args[0]),)
+@R(og.Tanh)
+def _tanh(op, d): return (d * (1.0 - op * op),)
+@R(og.Sigmoid)
+def _sigmoid(op, d): return (d * op * (1.0 - op),)
+@R(sc.SigmoidCrossEntropy)
+def _sce(op, d):
+    x, t = op.args
+    return d * (og.Sigmoid(x) - t), -d * x
+@R(og.Dot)
+def _dot(op, d):
+    a, b = op.args
+    return og.Dot(d, b), og.Dot(a, d)
+@R(og.Sum)
+def _sum(op, d): return (d,)  # _fit broadcasts it back over the reduced axes
+@R(og.Prod)
+def _prod(op, d): return (og.Broadcast(d * op, op.args[0].axes) / op.args[0],)
+@R(og.Max, og.Min)
+def _maxmin(op, d):
+    x = op.args[0]
+    return (og.Equal(x, op) * d,)
+@R(og.Broadcast, og.AxesWithOrder, pr.Copy)
+def _same(op, d): return (d,)
+@R(og.CastAxes)
+def _cast(op, d): return (og.CastAxes(d, op.args[0].axes),)
+@R(og.Flatten)
+def _flatten(op, d): return (og.Unflatten(d),)
+@R(og.Unflatten)
+def _unflatten(op, d): return (og.Flatten(d, op.args[0].axes),)
+@R(og.Slice)
+def _slice(op, d):
+    x = op.args[0]
+    key = [slice(None)] * len(x.axes)
+    key[op.axis_pos] = op.key
+    return (pr.Unslice(d, x.axes, key),)
+@R(og.StopGradient)
+def _stop(op, d): return (None,)
+# Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
+@R(pr.Gemm)
+def _gemm(op, d):
+    a, b = op.args
+    return (pr.Reshape(pr.Gemm(d, pr.Dimshuffle(b, (1, 0))), a.axes),
+            pr.Reshape(pr.Gemm(pr.Dimshuffle(a, (1, 0)), d), b.axes))
+@R(pr.ReduceSum)
+def _rsum(op, d): return (_expand_back(op, d),)
+@R(pr.ReduceProd)
+def _rprod(op, d): return (_expand_back(op, d * op) / op.args[0],)
+@R(pr.ReduceMax, pr.ReduceMin)
+def _rmax(op, d): return (_expand_back(op, d) * og.Equal(op.args[0], _expand_back(op, op)),)
+@R(pr.Dimshuffle)
+def _dimshuffle(op, d):
+    inv = [0] * len(op.perm)
+    for i, p in enumerate(op.perm):
+        inv[p] = i
+    return (pr.Dimshuffle(d, inv),)
+@R(pr.Reshape)
+def _reshape(op, d): return (pr.Reshape(d, op.args[0].axes),)
+@R(pr.Expand)
+def _expand(op, d):
+    new = Axes(a for a, m in zip(op.axes, op.dim_map) if m is None)
+    return (og.Sum(d, reduction_axes=new) if len(new) else d,)
+@R(pr.SliceView)
+def _sliceview(op, d): return (pr.Unslice(d, op.args[0].axes, op.key),)
+@R(pr.Unslice)
+def _unslice(op, d): return (pr.SliceView(d, op.key, op.args[0].axes),)
+
+
+def _expand_back(op, v):
+    """``v`` (axes of the ReducePrim ``op``) broadcast back to the input's shape."""
+    x = op.args[0]
+    dim_map, k = [], 0
+    for i in range(len(x.axes)):
+        if i == op.axis:
+            dim_map.append(None)
+        else:
+            dim_map.append(k)
+            k += 1
+    return pr.Expand(v, x.axes, dim_map)

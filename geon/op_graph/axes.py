@@ -1,0 +1,252 @@
+"""The axis algebra: :class:`Axis`, :class:`Axes` and :class:`FlattenedAxis`.
+
+An axis is identified by its name. Two ``Axis`` objects with the same name are the same
+axis; giving them different lengths inside one expression is an error. An ``Axes`` is an
+ordered, immutable collection of axes without duplicates. Its order is the row-major
+layout of the tensor it describes.
+"""
+
+import itertools
+import math
+
+from geon.errors import AxisMismatchError
+
+_anonymous = itertools.count()
+
+
+class Axis:
+    """A named tensor dimension.
+
+    Args:
+        length: number of entries along the axis; may be set later (``ax.C.length = 64``)
+            but must be known before a computation that uses it is built.
+        name: the axis' identity. Defaults to a fresh unique name.
+        batch: the axis indexes independent samples (reductions keep it by default).
+        recurrent: the axis indexes time steps of a recurrence (kept by reductions too).
+    """
+
+    __slots__ = ("name", "_length", "batch", "recurrent")
+
+    def __init__(self, length=None, name=None, batch=False, recurrent=False):
+        if name is None:
+            name = f"axis{next(_anonymous)}"
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an axis name must be a non-empty string, not {name!r}")
+        self.name = name
+        self._length = None
+        self.length = length
+        self.batch = bool(batch)
+        self.recurrent = bool(recurrent)
+
+    @property
+    def length(self):
+        """The number of entries, or ``None`` while it is not set."""
+        return self._length
+
+    @length.setter
+    def length(self, value):
+        if value is not None:
+            if isinstance(value, bool) or int(value) != value or value < 0:
+                raise ValueError(f"axis {self.name}: length must be an integer >= 0, not {value!r}")
+            value = int(value)
+        self._length = value
+
+    def __eq__(self, other):
+        return isinstance(other, Axis) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return f"{self.name}:{self._length if self._length is not None else '?'}"
+
+    def named(self, name):
+        """A new axis with this one's length and flags and another name."""
+        return Axis(self.length, name, self.batch, self.recurrent)
+
+
+class FlattenedAxis(Axis):
+    """One axis standing for several, in row-major order (the result of ``flatten``)."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes):
+        axes = Axes(axes)
+        self.axes = axes
+        super().__init__(None, "(" + "*".join(a.name for a in axes) + ")",
+                         batch=any(a.batch for a in axes),
+                         recurrent=any(a.recurrent for a in axes))
+
+    @property
+    def length(self):
+        return math.prod(a.length for a in self.axes) if self.axes.lengths_known else None
+
+    @length.setter
+    def length(self, value):
+        if value is not None:
+            raise ValueError(f"the length of flattened axis {self.name} follows its parts")
+
+
+class Axes:
+    """An ordered, immutable, duplicate-free collection of :class:`Axis`.
+
+    ``Axes(a, b)``, ``Axes((a, b))``, ``Axes([a, b])`` and ``Axes(other_axes)`` are the
+    same. Set-like helpers keep the left operand's order: ``a + b`` concatenates (the
+    two must not share an axis), ``a - b`` drops b's axes, ``a | b`` appends b's axes
+    that a lacks, ``a & b`` keeps a's axes that b has.
+    """
+
+    __slots__ = ("_axes", "_names")
+
+    def __init__(self, *axes):
+        if len(axes) == 1 and not isinstance(axes[0], Axis):
+            axes = axes[0]
+        if isinstance(axes, Axes):
+            self._axes, self._names = axes._axes, axes._names
+            return
+        if isinstance(axes, Axis):
+            axes = (axes,)
+        items = tuple(axes)
+        for a in items:
+            if not isinstance(a, Axis):
+                raise TypeError(f"Axes takes Axis objects, not {type(a).__name__} {a!r}")
+        names = tuple(a.name for a in items)
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise AxisMismatchError(f"axis {', '.join(dup)} appears twice in {_fmt(items)}")
+        self._axes = items
+        self._names = names
+
+    # -- sequence behaviour -------------------------------------------------------------
+    def __iter__(self):
+        return iter(self._axes)
+
+    def __len__(self):
+        return len(self._axes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Axes(self._axes[i])
+        return self._axes[i]
+
+    def __contains__(self, axis):
+        name = axis if isinstance(axis, str) else axis.name
+        return name in self._names
+
+    def __eq__(self, other):
+        """Same axes (names and lengths) in the same order."""
+        if not isinstance(other, Axes):
+            return NotImplemented
+        return self._names == other._names and self.lengths == other.lengths
+
+    def __hash__(self):
+        return hash(self._names)
+
+    def __repr__(self):
+        return f"Axes({_fmt(self._axes)})"
+
+    # -- facts ---------------------------------------------------------------------------
+    @property
+    def names(self):
+        """The axes' names, in order."""
+        return self._names
+
+    @property
+    def lengths(self):
+        """The axes' lengths, in order (``None`` where unset)."""
+        return tuple(a.length for a in self._axes)
+
+    @property
+    def lengths_known(self):
+        """Whether every axis has a length."""
+        return all(a.length is not None for a in self._axes)
+
+    @property
+    def shape(self):
+        """The row-major shape; raises if an axis has no length yet."""
+        lengths = self.lengths
+        if None in lengths:
+            missing = [a.name for a in self._axes if a.length is None]
+            raise AxisMismatchError(f"axis {', '.join(missing)} of {self!r} has no length; "
+                                    f"set it (e.g. ax.{missing[0]}.length = 10) first")
+        return lengths
+
+    @property
+    def size(self):
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    def index(self, axis):
+        """Position of ``axis`` (an Axis or a name)."""
+        name = axis if isinstance(axis, str) else axis.name
+        try:
+            return self._names.index(name)
+        except ValueError:
+            raise AxisMismatchError(f"axis {name} is not in {self!r}") from None
+
+    def find(self, name):
+        """The axis called ``name``, or ``None``."""
+        return self._axes[self._names.index(name)] if name in self._names else None
+
+    def batch_axes(self):
+        """The batch axes."""
+        return Axes(a for a in self._axes if a.batch)
+
+    def recurrent_axes(self):
+        """The recurrent axes."""
+        return Axes(a for a in self._axes if a.recurrent)
+
+    def sample_axes(self):
+        """The axes that are neither batch nor recurrent."""
+        return Axes(a for a in self._axes if not (a.batch or a.recurrent))
+
+    def same_set(self, other):
+        """Whether both hold the same axes, in any order."""
+        return set(self._names) == set(Axes(other)._names)
+
+    # -- algebra ------------------------------------------------------------------------
+    def __add__(self, other):
+        return Axes(self._axes + Axes(other)._axes)
+
+    def __sub__(self, other):
+        other = Axes(other)
+        return Axes(a for a in self._axes if a.name not in other._names)
+
+    def __or__(self, other):
+        other = Axes(other)
+        return Axes(self._axes + tuple(a for a in other._axes if a.name not in self._names))
+
+    def __and__(self, other):
+        other = Axes(other)
+        return Axes(a for a in self._axes if a.name in other._names)
+
+
+def _fmt(axes):
+    return ", ".join(repr(a) for a in axes)
+
+
+def check_lengths(groups, what, where=""):
+    """Raise :class:`AxisMismatchError` if one axis name has two lengths across ``groups``.
+
+    ``groups`` is a sequence of ``(label, Axes)``; ``what`` names the op being built and
+    ``where`` is the user's source location.
+    """
+    seen = {}
+    for _, axes in groups:
+        for a in axes:
+            old = seen.get(a.name)
+            if old is not None and old.length is not None and a.length is not None \
+                    and old.length != a.length:
+                detail = "; ".join(f"{label}: {_fmt(ax)}" for label, ax in groups)
+                raise AxisMismatchError(
+                    f"{what}: axis {a.name} has length {old.length} in one operand and "
+                    f"{a.length} in another ({detail}){where}")
+            if old is None:
+                seen[a.name] = a
+
+
+def as_axes(axes):
+    """Coerce an Axis, a sequence of Axis, or Axes to :class:`Axes` (``None`` -> empty)."""
+    if axes is None:
+        return Axes()
+    return axes if isinstance(axes, Axes) else Axes(axes)

@@ -1,0 +1,206 @@
+"""Graph nodes: names, source locations, and the arg / dependency bookkeeping of ops.
+
+``Node`` derives from :class:`NameableValue` (a settable name) and :class:`DebugInfo`
+(where in the user's code the node was built). Ops (``geon.op_graph.op_graph.Op``)
+derive from ``Node``.
+"""
+
+import os
+import sys
+import weakref
+
+import geon
+
+_GEON_DIR = os.path.dirname(os.path.abspath(geon.__file__)) + os.sep
+_USER_DIRS = tuple(os.path.join(_GEON_DIR, d) + os.sep for d in ("examples",))
+
+# Per-class counters for default names. They hold integers only, never ops.
+_name_counters = {}
+
+
+class NameableValue:
+    """A value with a settable ``name``; the default is ``<ClassName>_<n>``."""
+
+    def __init__(self, name=None):
+        if name is None:
+            cls = type(self).__name__
+            n = _name_counters.get(cls, 0)
+            _name_counters[cls] = n + 1
+            name = f"{cls}_{n}"
+        self.name = name
+
+    @property
+    def name(self):
+        """The node's name (settable)."""
+        return self._name
+
+    @name.setter
+    def name(self, value):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"a name must be a non-empty string, not {value!r}")
+        self._name = value
+
+
+def _user_frame():
+    """The innermost stack frame that is not geon's library code."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_GEON_DIR) or fn.startswith(_USER_DIRS):
+            return f
+        f = f.f_back
+    return None
+
+
+class DebugInfo:
+    """Where a node was built: ``filename``, ``lineno`` and a clickable ``file_info``.
+
+    Nodes built by a rewrite or by ``deriv`` on behalf of another node inherit that
+    node's location, so that lowered code points at the user's line.
+    """
+
+    #: ``"<Class> <name>"`` of the user's op this node was derived from by a rewrite.
+    derived_from = None
+
+    def __init__(self):
+        src = _rewrite_source()
+        if src is not None:
+            self.filename, self.lineno = src.filename, src.lineno
+            self.derived_from = src.derived_from or f"{type(src).__name__} {src.name}"
+            return
+        f = _user_frame()
+        if f is None:
+            self.filename, self.lineno = "<unknown>", 0
+        else:
+            self.filename, self.lineno = f.f_code.co_filename, f.f_lineno
+
+    @property
+    def file_info(self):
+        """``File "path", line N``: the form editors and terminals turn into a link."""
+        return f'File "{self.filename}", line {self.lineno}'
+
+
+class OrderedSet:
+    """A small insertion-ordered set (a dict's keys), for deterministic dependency lists."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items=()):
+        self._d = dict.fromkeys(items)
+
+    def add(self, item):
+        self._d[item] = None
+
+    def discard(self, item):
+        self._d.pop(item, None)
+
+    def update(self, items):
+        for i in items:
+            self._d[i] = None
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+    def __contains__(self, item):
+        return item in self._d
+
+    def __repr__(self):
+        return "{" + ", ".join(getattr(i, "name", repr(i)) for i in self._d) + "}"
+
+
+# --- the rewrite context ---------------------------------------------------------------
+# While a pass rewrites op X, the ops it builds take X's source location and X's
+# other_deps (they compute X's value, so they may run where X ran) instead of the
+# user_deps of their args: a SetItem built later must not reorder a lowered read.
+_rewrite_stack = []
+
+
+def _rewrite_source():
+    return _rewrite_stack[-1][0] if _rewrite_stack else None
+
+
+class rewriting:
+    """Context manager used by passes: ops built inside stand in for ``source``.
+
+    ``created`` lists, in build order, the ops built inside the block.
+    """
+
+    def __init__(self, source):
+        self.source = source
+        self.created = []
+
+    def __enter__(self):
+        _rewrite_stack.append((self.source, self.created))
+        return self
+
+    def __exit__(self, *exc):
+        _rewrite_stack.pop()
+        return False
+
+
+def _note_created(node):
+    """Record ``node`` in the active rewrite; returns the source op (or None)."""
+    if _rewrite_stack:
+        src, created = _rewrite_stack[-1]
+        created.append(node)
+        return src
+    return None
+
+
+class Node(NameableValue, DebugInfo):
+    """A graph node: ``args``, ``other_deps``, ``user_deps``, ``users`` and ``forward``.
+
+    Args:
+        args: the nodes whose values this node uses, in order.
+        name: optional name.
+        follows: nodes that must run before this one besides ``args``.
+    """
+
+    def __init__(self, args=(), name=None, follows=()):
+        NameableValue.__init__(self, name)
+        DebugInfo.__init__(self)
+        self._args = tuple(args)
+        self.other_deps = OrderedSet(follows)
+        self.user_deps = OrderedSet()
+        self.users = weakref.WeakSet()
+        self._dep_users = weakref.WeakSet()
+        self.forward = None
+        src = _note_created(self)
+        if src is None:
+            for a in self._args:
+                self.other_deps.update(a.user_deps)
+        else:
+            self.other_deps.update(src.other_deps)
+        for a in self._args:
+            a.users.add(self)
+        for d in self.other_deps:
+            d._dep_users.add(self)
+
+    @property
+    def args(self):
+        """The nodes whose values this node uses."""
+        return self._args
+
+    def add_other_dep(self, dep):
+        """Make ``dep`` run before this node."""
+        if dep is not self and dep not in self.other_deps:
+            self.other_deps.add(dep)
+            dep._dep_users.add(self)
+
+    def replace_arg(self, old, new):
+        """Point every use of ``old`` in ``args`` and ``other_deps`` at ``new``."""
+        if old in self._args:
+            self._args = tuple(new if a is old else a for a in self._args)
+            new.users.add(self)
+            old.users.discard(self)
+        if old in self.other_deps:
+            self.other_deps.discard(old)
+            old._dep_users.discard(self)
+            self.add_other_dep(new)
+
+    def all_deps(self):
+        """``args`` followed by ``other_deps``."""
+        return self._args + tuple(self.other_deps)

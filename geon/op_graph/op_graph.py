@@ -1,0 +1,812 @@
+"""Ops: the base classes, storage, SetItem, and the Axes family of tensor operations.
+
+Every op keeps named-axes semantics: its ``axes`` say what each dimension of its value
+means, in row-major order. High-level ("Axes") ops match operands by axis name; the
+semi-primitive ops in :mod:`geon.op_graph.primitives` interpret their operands by
+position, and lowering only ever produces them in forms where both readings agree.
+"""
+
+import numbers
+
+import numpy as np
+
+from geon.errors import AxisMismatchError, GeonError, InvalidValueError
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
+from geon.op_graph.nodes import Node, OrderedSet
+
+DEFAULT_DTYPE = np.dtype(np.float32)
+
+
+class _Invalid:
+    """The ``forward`` of an op whose value a pass removed and nobody asked for."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self):
+        return "Invalid"
+
+
+Invalid = _Invalid()
+
+
+def snap(op):
+    """Follow ``forward`` from ``op`` to the live op that now computes its value.
+
+    If the chain ends in :data:`Invalid`, ``op`` itself is returned; asking a
+    transformer for its value then raises :class:`~geon.errors.InvalidValueError`.
+    """
+    cur = op
+    while True:
+        nxt = cur.forward
+        if nxt is None:
+            return cur
+        if nxt is Invalid:
+            return op
+        cur = nxt
+
+
+def require_valid(op):
+    """``snap(op)``, raising :class:`InvalidValueError` if its value was removed."""
+    s = snap(op)
+    if s is op and op.forward is Invalid:
+        raise InvalidValueError(f"the value of {op.name} ({type(op).__name__}, built at "
+                                f"{op.file_info}) was removed by a pass; request it in "
+                                f"a computation to keep it")
+    return s
+
+
+class Op(Node):
+    """Base class of every op.
+
+    Keywords: ``name``, ``tags`` (a set of labels for filtering), ``initializers``
+    (ops run by the transformer's ``initialize``), ``follows`` (ops that must run
+    first, added to ``other_deps``). Positional arguments are the op's args; Python
+    numbers and NumPy arrays are coerced to :class:`Constant`.
+    """
+
+    def __init__(self, *args, name=None, tags=None, initializers=None, follows=()):
+        super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
+        self.tags = set(tags or ())
+        self.initializers = list(initializers or ())
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name}>"
+
+    def variables(self):
+        """The trainable :class:`Variable` s this op's value depends on, in graph order."""
+        return [op for op in toposort([self], deps=False)
+                if isinstance(op, Variable) and op.trainable]
+
+    def _where(self):
+        return f" (built at {self.file_info})"
+
+
+class VoidOp(Op):
+    """An op run for its side effect; it has no value."""
+
+
+class TensorOp(Op):
+    """An op with a tensor value: ``axes`` and ``dtype`` (its tensor description).
+
+    Subclasses infer ``axes`` and ``dtype`` from their args unless given.
+    """
+
+    def __init__(self, *args, axes=None, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.axes = as_axes(axes) if axes is not None else self._infer_axes()
+        self.dtype = np.dtype(dtype) if dtype is not None else self._infer_dtype()
+
+    def _infer_axes(self):
+        return Axes()
+
+    def _infer_dtype(self):
+        return result_dtype(self.args)
+
+    @property
+    def shape(self):
+        """The row-major shape (lengths of ``axes``)."""
+        return self.axes.shape
+
+    schema = None  # set by helpers such as softmax() whose result has a known structure
+
+    # Magic methods build ops; ``==`` and ``!=`` stay identity so ops can live in sets.
+    def __add__(self, o): return Add(self, o)
+    def __radd__(self, o): return Add(o, self)
+    def __sub__(self, o): return Subtract(self, o)
+    def __rsub__(self, o): return Subtract(o, self)
+    def __mul__(self, o): return Multiply(self, o)
+    def __rmul__(self, o): return Multiply(o, self)
+    def __truediv__(self, o): return Divide(self, o)
+    def __rtruediv__(self, o): return Divide(o, self)
+    def __pow__(self, o): return Power(self, o)
+    def __rpow__(self, o): return Power(o, self)
+    def __neg__(self): return Negative(self)
+    def __abs__(self): return Absolute(self)
+    def __lt__(self, o): return Less(self, o)
+    def __le__(self, o): return LessEqual(self, o)
+    def __gt__(self, o): return Greater(self, o)
+    def __ge__(self, o): return GreaterEqual(self, o)
+    __hash__ = Op.__hash__
+
+    @property
+    def T(self):
+        """The axes in reverse order."""
+        return axes_with_order(self, Axes(reversed(tuple(self.axes))))
+
+
+class ComputationOp(TensorOp):
+    """A tensor op that computes a new value from its args (not storage, not a view)."""
+
+
+def result_dtype(args):
+    """NumPy's promotion over args, ignoring weak (Python-number) constants."""
+    strong = [a.dtype for a in args
+              if isinstance(a, TensorOp) and not getattr(a, "weak", False)]
+    if not strong:
+        return DEFAULT_DTYPE
+    return np.result_type(*strong) if len(strong) > 1 else strong[0]
+
+
+def as_op(value):
+    """Return ``value`` if it is an op; wrap numbers and arrays in a :class:`Constant`."""
+    if isinstance(value, Op):
+        return value
+    if isinstance(value, (numbers.Number, np.number, np.bool_)):
+        return Constant(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return Constant(value[()], dtype=value.dtype)
+    raise TypeError(f"cannot use {type(value).__name__} {value!r} as an op; wrap arrays "
+                    f"in be.Constant(array, axes=...)")
+
+
+# --- graph walks -----------------------------------------------------------------------
+
+def toposort(roots, deps=True, extra=None):
+    """All ops reachable from ``roots`` (through args, and other_deps if ``deps``),
+    each after everything it depends on; iterative, linear, deterministic.
+
+    ``extra`` maps an op to further ops that must come before it. A cycle raises.
+    """
+    order, done, onstack = [], set(), set()
+
+    def children(op):
+        kids = op.all_deps() if deps else op.args
+        more = extra.get(op) if extra else None
+        return iter(kids + tuple(more) if more else kids)
+
+    for root in roots:
+        if root in done:
+            continue
+        stack = [(root, children(root))]
+        onstack.add(root)
+        while stack:
+            op, it = stack[-1]
+            for child in it:
+                if child in onstack:
+                    raise GeonError(f"dependency cycle through {child.name} "
+                                    f"({type(child).__name__}, built at {child.file_info})")
+                if child not in done:
+                    onstack.add(child)
+                    stack.append((child, children(child)))
+                    break
+            else:
+                stack.pop()
+                onstack.discard(op)
+                done.add(op)
+                order.append(op)
+    return order
+
+
+# --- storage ---------------------------------------------------------------------------
+
+class AssignableTensorOp(TensorOp):
+    """A tensor with storage: placeholders, variables and constants.
+
+    Flags: ``is_input`` (written before a computation: placeholders), ``persistent``
+    (kept between computations and saved), ``trainable`` (found by ``variables()``).
+    """
+
+    is_input = False
+    persistent = False
+    trainable = False
+    is_constant = False
+
+
+class Placeholder(AssignableTensorOp):
+    """A tensor whose value is passed in when a computation is called (marked ``in``)."""
+
+    is_input = True
+
+    def __init__(self, axes, dtype=None, **kwargs):
+        super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
+        self.tags.add("in")
+
+
+def placeholder(axes, dtype=None, name=None, **kwargs):
+    """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32."""
+    return Placeholder(axes, dtype=dtype, name=name, **kwargs)
+
+
+class Variable(AssignableTensorOp):
+    """Persistent, trainable state.
+
+    Args:
+        axes: the variable's axes.
+        initial_value: a number (fills the tensor), an array with the axes' shape, or a
+            callable ``f(shape) -> array`` called by ``initialize``. Default 0.
+        dtype: default float32.
+        trainable: whether ``variables()`` reports it (default True).
+        persistent: whether ``save`` / ``restore`` include it (default True).
+    """
+
+    def __init__(self, axes=None, initial_value=0, dtype=None, trainable=True,
+                 persistent=True, **kwargs):
+        super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
+        self.trainable = bool(trainable)
+        self.persistent = bool(persistent)
+        if not callable(initial_value):
+            arr = np.asarray(initial_value)
+            if arr.ndim and self.axes.lengths_known and arr.shape != self.axes.shape:
+                raise AxisMismatchError(
+                    f"Variable {self.name}: initial value has shape {arr.shape} but axes "
+                    f"{self.axes!r} need {self.axes.shape}{self._where()}")
+            if arr.ndim and not np.can_cast(arr.dtype, self.dtype, "same_kind"):
+                raise ValueError(f"Variable {self.name}: initial value of dtype "
+                                 f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
+        self.initial_value = initial_value
+
+    def initial_array(self):
+        """The initial value as an array of the variable's shape and dtype."""
+        shape = self.axes.shape
+        v = self.initial_value
+        arr = np.asarray(v(shape) if callable(v) else v)
+        if arr.ndim == 0:
+            return np.full(shape, arr, dtype=self.dtype)
+        if arr.shape != shape:
+            raise AxisMismatchError(f"Variable {self.name}: initial value has shape "
+                                    f"{arr.shape}, axes {self.axes!r} need {shape}{self._where()}")
+        return np.array(arr, dtype=self.dtype, copy=True)
+
+
+class Constant(AssignableTensorOp):
+    """A constant tensor: a number filling ``axes`` (default: a scalar) or an array
+    whose shape matches ``axes``.
+
+    A constant built from a Python number is *weak*: it takes the dtype of the tensors
+    it is combined with, so ``0.01 * w`` stays float32 for a float32 ``w``.
+    """
+
+    is_constant = True
+
+    def __init__(self, value, axes=None, dtype=None, **kwargs):
+        axes = as_axes(axes)
+        arr = np.asarray(value)
+        self.weak = dtype is None and arr.ndim == 0 and isinstance(
+            value, (numbers.Number, np.bool_)) and not isinstance(value, np.generic)
+        if dtype is None:
+            dtype = arr.dtype if (arr.dtype.kind in "iub" or arr.dtype.kind == "f"
+                                  and not self.weak) else DEFAULT_DTYPE
+            if self.weak and arr.dtype.kind in "iub":
+                dtype = DEFAULT_DTYPE
+        super().__init__(axes=axes, dtype=dtype, **kwargs)
+        if arr.ndim and arr.shape != (axes.shape if axes.lengths_known else None):
+            raise AxisMismatchError(f"Constant {self.name}: value has shape {arr.shape} "
+                                    f"but axes {axes!r}{self._where()}")
+        self.value = np.array(arr, dtype=self.dtype)
+        self.value.setflags(write=False)
+
+    @property
+    def scalar(self):
+        """The fill value if the constant is one number everywhere, else ``None``."""
+        if self.value.ndim == 0:
+            return self.value[()]
+        return None
+
+    def array(self):
+        """The constant's value with the full shape (a read-only broadcast view)."""
+        return np.broadcast_to(self.value, self.axes.shape)
+
+
+def constant(value, axes=None, dtype=None, name=None):
+    """Shorthand for :class:`Constant`."""
+    return Constant(value, axes=axes, dtype=dtype, name=name)
+
+
+class SetItem(VoidOp):
+    """Assign ``value`` to the storage ``tensor``.
+
+    ``value`` is broadcast to the tensor's axes by name. The SetItem becomes the
+    tensor's ``user_deps``, so every op built afterwards that reads the tensor runs after
+    it; reads built before it see the old value.
+    """
+
+    def __init__(self, tensor, value, **kwargs):
+        if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
+            raise TypeError(f"SetItem needs a Variable or placeholder to assign to, not "
+                            f"{tensor!r}")
+        super().__init__(tensor, value, **kwargs)
+        value = self.args[1]
+        extra = value.axes - tensor.axes
+        if len(extra):
+            raise AxisMismatchError(
+                f"SetItem {self.name}: value axes ({_fmt(value.axes)}) include "
+                f"{_fmt(extra)}, which tensor {tensor.name} ({_fmt(tensor.axes)}) lacks"
+                f"{self._where()}")
+        check_lengths([("tensor", tensor.axes), ("value", value.axes)],
+                      f"SetItem {self.name}", self._where())
+        tensor.user_deps = OrderedSet([self])
+
+    @property
+    def tensor(self):
+        return self.args[0]
+
+
+def _fmt(axes):
+    return ", ".join(repr(a) for a in axes) or "scalar"
+
+
+def _mismatch(op, what, args):
+    return AxisMismatchError(
+        f"{type(op).__name__} {op.name}: {what}; operands: "
+        + "; ".join(f"{a.name} ({_fmt(a.axes)})" for a in args) + op._where())
+
+
+# --- elementwise -----------------------------------------------------------------------
+
+class ElementWise(ComputationOp):
+    """Elementwise ops. Args are matched by axis name: the result has the first arg's
+    axes followed by each later arg's axes that are not yet present."""
+
+    def _infer_axes(self):
+        args = self.args
+        check_lengths([(a.name, a.axes) for a in args], f"{type(self).__name__} {self.name}",
+                      self._where())
+        axes = args[0].axes
+        for a in args[1:]:
+            if a.axes != axes:
+                axes = axes | a.axes
+        return axes
+
+
+class UnaryElementWise(ElementWise):
+    def _infer_dtype(self):
+        dt = self.args[0].dtype
+        return dt if dt.kind in "fc" else DEFAULT_DTYPE
+
+
+class BinaryElementWise(ElementWise):
+    pass
+
+
+class Comparison(BinaryElementWise):
+    """Comparisons give 1.0 where true and 0.0 where false, in the operands' float type."""
+
+    def _infer_dtype(self):
+        dt = result_dtype(self.args)
+        return dt if dt.kind == "f" else DEFAULT_DTYPE
+
+
+class Add(BinaryElementWise): """``a + b``"""
+class Subtract(BinaryElementWise): """``a - b``"""
+class Multiply(BinaryElementWise): """``a * b``"""
+class Maximum(BinaryElementWise): """``max(a, b)`` elementwise"""
+class Minimum(BinaryElementWise): """``min(a, b)`` elementwise"""
+
+
+class Divide(BinaryElementWise):
+    """``a / b`` (true division)"""
+
+    def _infer_dtype(self):
+        dt = result_dtype(self.args)
+        return dt if dt.kind in "fc" else DEFAULT_DTYPE
+
+
+class Power(BinaryElementWise):
+    """``a ** b``"""
+
+    def _infer_dtype(self):
+        dt = result_dtype(self.args)
+        return dt if dt.kind in "fc" else DEFAULT_DTYPE
+
+
+class Equal(Comparison): """``a == b``"""
+class NotEqual(Comparison): """``a != b``"""
+class Less(Comparison): """``a < b``"""
+class LessEqual(Comparison): """``a <= b``"""
+class Greater(Comparison): """``a > b``"""
+class GreaterEqual(Comparison): """``a >= b``"""
+class Negative(UnaryElementWise): """``-x``"""
+class Absolute(UnaryElementWise): """``|x|``"""
+class Sign(UnaryElementWise): """``sign(x)``: -1, 0 or 1"""
+class Square(UnaryElementWise): """``x * x``"""
+class Sqrt(UnaryElementWise): """``sqrt(x)``"""
+class Reciprocal(UnaryElementWise): """``1 / x``"""
+class Exp(UnaryElementWise): """``e ** x``"""
+class Log(UnaryElementWise): """natural logarithm"""
+class Sin(UnaryElementWise): """``sin(x)``"""
+class Cos(UnaryElementWise): """``cos(x)``"""
+class Tanh(UnaryElementWise): """``tanh(x)``"""
+class Sigmoid(UnaryElementWise): """``1 / (1 + exp(-x))``"""
+
+
+def add(a, b): return Add(a, b)
+def subtract(a, b): return Subtract(a, b)
+def multiply(a, b): return Multiply(a, b)
+def divide(a, b): return Divide(a, b)
+def power(a, b): return Power(a, b)
+def maximum(a, b): return Maximum(a, b)
+def minimum(a, b): return Minimum(a, b)
+def equal(a, b): return Equal(a, b)
+def not_equal(a, b): return NotEqual(a, b)
+def less(a, b): return Less(a, b)
+def less_equal(a, b): return LessEqual(a, b)
+def greater(a, b): return Greater(a, b)
+def greater_equal(a, b): return GreaterEqual(a, b)
+def negative(x): return Negative(x)
+def absolute(x): return Absolute(x)
+def sign(x): return Sign(x)
+def square(x): return Square(x)
+def sqrt(x): return Sqrt(x)
+def reciprocal(x): return Reciprocal(x)
+def exp(x): return Exp(x)
+def log(x): return Log(x)
+def sin(x): return Sin(x)
+def cos(x): return Cos(x)
+def tanh(x): return Tanh(x)
+
+
+for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal,
+           less, less_equal, greater, greater_equal, negative, absolute, sign, square,
+           sqrt, reciprocal, exp, log, sin, cos, tanh):
+    _f.__doc__ = "Elementwise " + _f.__name__ + " (operands matched by axis name)."
+
+
+def sigmoid(x):
+    """The logistic function; the result carries a schema that
+    :func:`cross_entropy_binary` uses to compute from the logits."""
+    from geon.op_graph.schemas import SigmoidSchema
+    y = Sigmoid(x)
+    y.schema = SigmoidSchema(as_op(x))
+    return y
+
+
+def safelog(x, limit=-50.0):
+    """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
+    return Log(Maximum(x, float(np.exp(limit))))
+
+
+# --- dot -------------------------------------------------------------------------------
+
+class Dot(ComputationOp):
+    """Sum of products over the axes ``a`` and ``b`` share; the result has ``a``'s other
+    axes followed by ``b``'s other axes."""
+
+    def _infer_axes(self):
+        a, b = self.args
+        check_lengths([(a.name, a.axes), (b.name, b.axes)], f"Dot {self.name}", self._where())
+        shared = a.axes & b.axes
+        return (a.axes - shared) + (b.axes - shared)
+
+    @property
+    def reduction_axes(self):
+        return self.args[0].axes & self.args[1].axes
+
+
+def dot(a, b, **kwargs):
+    """Contract ``a`` and ``b`` over their shared axes (see :class:`Dot`)."""
+    return Dot(a, b, **kwargs)
+
+
+# --- reductions ------------------------------------------------------------------------
+
+class Reduction(ComputationOp):
+    """Reduce ``x`` over ``reduction_axes``. By default every axis but the batch and
+    recurrent ones is reduced; ``out_axes=`` names the axes to keep (in that order)."""
+
+    def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
+        self._red_spec, self._out_spec = reduction_axes, out_axes
+        super().__init__(x, **kwargs)
+
+    def _infer_axes(self):
+        x = self.args[0]
+        red, out = self._red_spec, self._out_spec
+        if red is not None and out is not None:
+            red, out = as_axes(red), as_axes(out)
+            if not (red + out).same_set(x.axes):
+                raise _mismatch(self, f"reduction_axes ({_fmt(red)}) and out_axes "
+                                      f"({_fmt(out)}) must split the input's axes", [x])
+        elif red is not None:
+            red = as_axes(red)
+            out = x.axes - red
+        elif out is not None:
+            out = as_axes(out)
+            red = x.axes - out
+        else:
+            red = x.axes.sample_axes()
+            out = x.axes - red
+        missing = (red | out) - x.axes
+        if len(missing):
+            raise _mismatch(self, f"axes {_fmt(missing)} are not in the input", [x])
+        check_lengths([("input", x.axes), ("reduction/out axes", red + out)],
+                      f"{type(self).__name__} {self.name}", self._where())
+        self.reduction_axes = x.axes & red
+        del self._red_spec, self._out_spec
+        return out
+
+
+class Sum(Reduction): """Sum over the reduction axes."""
+class Prod(Reduction): """Product over the reduction axes."""
+class Max(Reduction): """Maximum over the reduction axes."""
+class Min(Reduction): """Minimum over the reduction axes."""
+
+
+class ArgMax(Reduction):
+    """Index (row-major over the reduction axes) of the maximum; int64."""
+
+    def _infer_dtype(self):
+        return np.dtype(np.int64)
+
+
+class ArgMin(ArgMax):
+    """Index (row-major over the reduction axes) of the minimum; int64."""
+
+
+def sum(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001 - the public name
+    """Sum (see :class:`Reduction` for the axes rule)."""
+    return Sum(x, reduction_axes, out_axes, **kw)
+
+
+def prod(x, reduction_axes=None, out_axes=None, **kw):
+    """Product (see :class:`Reduction`)."""
+    return Prod(x, reduction_axes, out_axes, **kw)
+
+
+def max(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
+    """Maximum (see :class:`Reduction`)."""
+    return Max(x, reduction_axes, out_axes, **kw)
+
+
+def min(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
+    """Minimum (see :class:`Reduction`)."""
+    return Min(x, reduction_axes, out_axes, **kw)
+
+
+def argmax(x, reduction_axes=None, out_axes=None, **kw):
+    """Index of the maximum (see :class:`Reduction`)."""
+    return ArgMax(x, reduction_axes, out_axes, **kw)
+
+
+def argmin(x, reduction_axes=None, out_axes=None, **kw):
+    """Index of the minimum (see :class:`Reduction`)."""
+    return ArgMin(x, reduction_axes, out_axes, **kw)
+
+
+def tensor_size(x, reduction_axes=None, out_axes=None):
+    """The number of elements a reduction of ``x`` with these axes combines, as an op."""
+    return TensorSize(x, reduction_axes, out_axes)
+
+
+def mean(x, reduction_axes=None, out_axes=None, **kw):
+    """Mean (see :class:`Reduction`)."""
+    s = Sum(x, reduction_axes, out_axes, **kw)
+    return s / TensorSize(x, s.reduction_axes, None)
+
+
+def variance(x, reduction_axes=None, out_axes=None, **kw):
+    """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
+    m = mean(x, reduction_axes, out_axes)
+    d = x - m
+    return mean(d * d, m.args[0].reduction_axes, None, **kw)
+
+
+class TensorSize(ComputationOp):
+    """The element count of ``x`` over its reduction axes (a scalar, folded to a
+    constant when the graph is transformed)."""
+
+    def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
+        self._spec = (reduction_axes, out_axes)
+        super().__init__(x, axes=(), **kwargs)
+        red, out = self._spec
+        x = self.args[0]
+        if red is None and out is None:
+            red = x.axes
+        elif red is None:
+            red = x.axes - as_axes(out)
+        self.reduction_axes = x.axes & as_axes(red)
+        del self._spec
+
+    def _infer_dtype(self):
+        return DEFAULT_DTYPE
+
+
+# --- shaping ---------------------------------------------------------------------------
+
+class Broadcast(TensorOp):
+    """``x`` repeated along ``axes`` it lacks; the result has exactly ``axes``."""
+
+    def __init__(self, x, axes, **kwargs):
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
+        if len(x.axes - self.axes):
+            raise _mismatch(self, f"cannot broadcast to ({_fmt(self.axes)})", [x])
+        check_lengths([("input", x.axes), ("target", self.axes)], f"Broadcast {self.name}",
+                      self._where())
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def broadcast(x, axes):
+    """Repeat ``x`` along the axes of ``axes`` it lacks, in the order ``axes`` gives."""
+    return Broadcast(x, axes)
+
+
+class AxesWithOrder(TensorOp):
+    """``x`` with its axes put in the order ``axes`` gives (a transpose)."""
+
+    def __init__(self, x, axes, **kwargs):
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
+        if not self.axes.same_set(x.axes):
+            raise _mismatch(self, f"({_fmt(self.axes)}) is not a reordering of the input", [x])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def axes_with_order(x, axes):
+    """Reorder the axes of ``x`` (the same set of axes in a new order)."""
+    return AxesWithOrder(x, axes)
+
+
+class CastAxes(TensorOp):
+    """``x`` with its axes renamed, position by position; lengths must match."""
+
+    def __init__(self, x, axes, **kwargs):
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
+        if len(self.axes) != len(x.axes) or (
+                self.axes.lengths_known and x.axes.lengths_known
+                and self.axes.lengths != x.axes.lengths):
+            raise _mismatch(self, f"cannot cast to ({_fmt(self.axes)}): lengths differ", [x])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def cast_axes(x, axes):
+    """Give the axes of ``x`` new names (``axes`` position by position)."""
+    return CastAxes(x, axes)
+
+
+class Flatten(TensorOp):
+    """``x`` with consecutive axes merged into :class:`FlattenedAxis` es."""
+
+    def __init__(self, x, axes, **kwargs):
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
+        parts = []
+        for a in self.axes:
+            parts.extend(a.axes if isinstance(a, FlattenedAxis) else (a,))
+        if tuple(p.name for p in parts) != x.axes.names:
+            raise _mismatch(self, f"({_fmt(self.axes)}) does not flatten the input's axes "
+                                  f"in order", [x])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def flatten(x, groups=None):
+    """Merge axes of ``x``. ``groups`` lists, in order, Axes (merged into one
+    :class:`FlattenedAxis`) or single axes; by default all axes become one."""
+    x = as_op(x)
+    if groups is None:
+        groups = [x.axes]
+    out = []
+    for g in groups:
+        out.append(g if isinstance(g, Axis) else
+                   (FlattenedAxis(g) if len(as_axes(g)) != 1 else as_axes(g)[0]))
+    return Flatten(x, Axes(out))
+
+
+class Unflatten(TensorOp):
+    """Undo :func:`flatten`: every :class:`FlattenedAxis` becomes its parts again."""
+
+    def __init__(self, x, **kwargs):
+        super().__init__(x, **kwargs)
+
+    def _infer_axes(self):
+        parts = []
+        for a in self.args[0].axes:
+            parts.extend(a.axes if isinstance(a, FlattenedAxis) else (a,))
+        return Axes(parts)
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def unflatten(x):
+    """Split every flattened axis of ``x`` back into its parts."""
+    return Unflatten(x)
+
+
+class Slice(TensorOp):
+    """``x`` restricted along ``axis`` by a Python slice or an index.
+
+    An index removes the axis; a slice replaces it with a new axis named
+    ``axis_name`` (default ``"<name>[start:stop:step]"``) of the sliced length.
+    """
+
+    def __init__(self, x, axis, key, new_axis=None, **kwargs):
+        x = as_op(x)
+        if axis not in x.axes:
+            raise AxisMismatchError(f"Slice: axis {axis!r} is not in {x.name} "
+                                    f"({_fmt(x.axes)})")
+        pos = x.axes.index(axis)
+        axis = x.axes[pos]
+        if isinstance(key, slice):
+            n = len(range(*key.indices(axis.length)))
+            if new_axis is None:
+                s = ":".join("" if v is None else str(v) for v in (key.start, key.stop, key.step))
+                new_axis = Axis(n, f"{axis.name}[{s}]", axis.batch, axis.recurrent)
+            elif new_axis.length is None:
+                new_axis.length = n
+            elif new_axis.length != n:
+                raise AxisMismatchError(f"Slice: new axis {new_axis!r} but the slice has "
+                                        f"{n} entries")
+            out = Axes(tuple(x.axes)[:pos] + (new_axis,) + tuple(x.axes)[pos + 1:])
+        else:
+            key = int(key)
+            if not -axis.length <= key < axis.length:
+                raise IndexError(f"Slice: index {key} out of range for axis {axis!r}")
+            key %= axis.length
+            out = x.axes - Axes(axis)
+        self.axis_pos, self.key = pos, key
+        super().__init__(x, axes=out, **kwargs)
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def slice_along_axis(x, axis, key, new_axis=None):
+    """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
+    return Slice(x, axis, key, new_axis)
+
+
+class OneHot(TensorOp):
+    """``one_hot(x, axis)``: 1.0 where ``axis``'s index equals the value of ``x``."""
+
+    def __init__(self, x, axis, dtype=None, **kwargs):
+        self.axis = axis
+        super().__init__(x, dtype=dtype or DEFAULT_DTYPE, **kwargs)
+
+    def _infer_axes(self):
+        x = self.args[0]
+        if self.axis in x.axes:
+            raise _mismatch(self, f"axis {self.axis!r} is already in the input", [x])
+        return Axes(self.axis) + x.axes
+
+
+def one_hot(x, axis, dtype=None):
+    """One-hot encode integer labels ``x`` along the new axis ``axis`` (first)."""
+    return OneHot(x, axis, dtype=dtype)
+
+
+class StopGradient(TensorOp):
+    """The value of ``x``; derivatives do not flow through it."""
+
+    def _infer_axes(self):
+        return self.args[0].axes
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def stop_gradient(x):
+    """``x``'s value, treated as a constant by :func:`deriv`."""
+    return StopGradient(x)

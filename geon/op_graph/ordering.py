@@ -1,0 +1,66 @@
+"""Execution order: dependencies plus write-after-read ordering for assignments.
+
+An assignment (``SetItem`` or the primitive ``Assign``) to storage ``S`` must run after
+every op that reads ``S`` and was built before it (so reads built before a SetItem see
+the old value). Views alias their storage, so reading a view of ``S`` reads ``S``.
+"""
+
+from geon.errors import GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+
+#: Ops whose value is their first arg's elements (they alias its storage).
+VIEW_CLASSES = (og.Broadcast, og.AxesWithOrder, og.CastAxes, og.Flatten, og.Unflatten,
+                og.Slice, og.StopGradient) + pr.VIEW_OPS
+ASSIGN_CLASSES = (og.SetItem, pr.Assign)
+
+
+def alias_roots(order):
+    """``{op: storage}`` for storage ops and views of storage, over ``order``."""
+    root = {}
+    for op in order:
+        if isinstance(op, og.AssignableTensorOp):
+            root[op] = op
+        elif isinstance(op, VIEW_CLASSES):
+            r = root.get(op.args[0])
+            if r is not None:
+                root[op] = r
+    return root
+
+
+def schedule(roots):
+    """A run order for ``roots``: every op after its args and other_deps, and every
+    assignment after the reads of its target that do not depend on it."""
+    order = og.toposort(roots)
+    assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
+    if not assigns:
+        return order
+    root = alias_roots(order)
+    readers = {}
+    for op in order:
+        if isinstance(op, VIEW_CLASSES):
+            continue
+        for i, a in enumerate(op.args):
+            if i == 0 and isinstance(op, ASSIGN_CLASSES):
+                continue
+            r = root.get(a)
+            if r is not None:
+                readers.setdefault(r, []).append((op, a))
+    position = {op: i for i, op in enumerate(order)}
+    extra = {}
+    for asg in assigns:
+        after = {asg}
+        for op in order[position[asg] + 1:]:
+            if any(d in after for d in op.all_deps()):
+                after.add(op)
+        for reader, via in readers.get(asg.args[0], ()):
+            if reader in after:
+                if via is not asg.args[0] and via not in after:
+                    raise GeonError(
+                        f"{reader.name} (built at {reader.file_info}) runs after "
+                        f"{asg.name} but reads {via.name}, a view of "
+                        f"{asg.args[0].name} taken before the assignment; take the view "
+                        f"after the assignment or copy it first")
+                continue
+            extra.setdefault(asg, []).append(reader)
+    return og.toposort(roots, extra=extra)

@@ -1,0 +1,174 @@
+"""Semi-primitive ops: the base set transformers implement.
+
+They work on low-dimensional row-major tensors and read their operands by position:
+
+========================  ============================================================
+op                        meaning
+========================  ============================================================
+storage                   :class:`Placeholder`, :class:`Variable`, :class:`Constant`
+                          (a constant may be one number filling its shape)
+elementwise               any :class:`ElementWise` op whose args all have the op's axes
+                          in the op's order (so position and name agree)
+:class:`Gemm`             2-D matrix product ``a @ b``
+``Reduce*``               sum / prod / max / min / argmax / argmin over one axis of a
+                          tensor of at most 2 dimensions
+:class:`Dimshuffle`       transpose view
+:class:`Reshape`          row-major reinterpretation with other axes (same size)
+:class:`Expand`           broadcast view: new axes of stride 0, the rest in order
+:class:`SliceView`        basic slicing view, one slice or index per dimension
+:class:`Unslice`          zeros with the arg written into a slice (slicing's adjoint)
+:class:`Copy`             a contiguous copy
+:class:`Assign`           write a value into storage (void)
+========================  ============================================================
+
+Each keeps an ``axes`` describing its result so that graphs stay printable and
+differentiable after lowering; backends only use the shapes.
+"""
+
+from geon.errors import AxisMismatchError
+from geon.op_graph.axes import Axes, as_axes
+from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
+                                    _fmt)
+import numpy as np
+
+
+class Gemm(ComputationOp):
+    """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N); the result has axes (M, N)."""
+
+    def _infer_axes(self):
+        a, b = self.args
+        if len(a.axes) != 2 or len(b.axes) != 2 or a.axes[1].length != b.axes[0].length:
+            raise AxisMismatchError(f"Gemm {self.name}: needs (M, K) @ (K, N), got "
+                                    f"({_fmt(a.axes)}) @ ({_fmt(b.axes)})")
+        return Axes(a.axes[0], b.axes[1])
+
+
+class ReducePrim(ComputationOp):
+    """Reduce one dimension, ``axis`` (a position), of a tensor of at most 2 dimensions."""
+
+    def __init__(self, x, axis, **kwargs):
+        self.axis = axis
+        super().__init__(x, **kwargs)
+
+    def _infer_axes(self):
+        x = self.args[0]
+        if not (0 <= self.axis < len(x.axes) <= 2):
+            raise AxisMismatchError(f"{type(self).__name__}: cannot reduce position "
+                                    f"{self.axis} of ({_fmt(x.axes)})")
+        return x.axes - Axes(x.axes[self.axis])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class ReduceSum(ReducePrim): """Sum over one position."""
+class ReduceProd(ReducePrim): """Product over one position."""
+class ReduceMax(ReducePrim): """Maximum over one position."""
+class ReduceMin(ReducePrim): """Minimum over one position."""
+
+
+class ReduceArgMax(ReducePrim):
+    """Index of the maximum over one position (int64)."""
+
+    def _infer_dtype(self):
+        return np.dtype(np.int64)
+
+
+class ReduceArgMin(ReduceArgMax):
+    """Index of the minimum over one position (int64)."""
+
+
+class ViewOp(TensorOp):
+    """A new description of the arg's elements; no computation."""
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class Dimshuffle(ViewOp):
+    """Transpose view: result dimension ``i`` is the arg's dimension ``perm[i]``."""
+
+    def __init__(self, x, perm, **kwargs):
+        self.perm = tuple(perm)
+        super().__init__(x, **kwargs)
+
+    def _infer_axes(self):
+        x = self.args[0]
+        if sorted(self.perm) != list(range(len(x.axes))):
+            raise AxisMismatchError(f"Dimshuffle: {self.perm} is not a permutation of "
+                                    f"({_fmt(x.axes)})")
+        return Axes(x.axes[p] for p in self.perm)
+
+
+class Reshape(ViewOp):
+    """The arg's elements in row-major order, described by ``axes`` (same size)."""
+
+    def __init__(self, x, axes, **kwargs):
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
+        if self.axes.lengths_known and x.axes.lengths_known and self.axes.size != x.axes.size:
+            raise AxisMismatchError(f"Reshape: ({_fmt(x.axes)}) has {x.axes.size} elements, "
+                                    f"({_fmt(self.axes)}) {self.axes.size}")
+
+
+class Expand(ViewOp):
+    """Broadcast view. ``dim_map[i]`` is the arg dimension that result dimension ``i``
+    reads, or ``None`` for a new (stride 0) dimension; arg dimensions keep their order."""
+
+    def __init__(self, x, axes, dim_map, **kwargs):
+        self.dim_map = tuple(dim_map)
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+        used = [d for d in self.dim_map if d is not None]
+        if used != list(range(len(self.args[0].axes))) or len(self.dim_map) != len(self.axes):
+            raise AxisMismatchError(f"Expand: bad dimension map {self.dim_map} from "
+                                    f"({_fmt(self.args[0].axes)}) to ({_fmt(self.axes)})")
+
+
+class SliceView(ViewOp):
+    """Basic slicing: ``key`` holds one ``slice`` or ``int`` per arg dimension."""
+
+    def __init__(self, x, key, axes, **kwargs):
+        self.key = tuple(key)
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+
+
+class Unslice(ComputationOp):
+    """Zeros with ``axes``, except that ``arg`` is written at ``key`` (the adjoint of
+    slicing; ``key`` holds one ``slice`` or ``int`` per result dimension)."""
+
+    def __init__(self, x, axes, key, **kwargs):
+        self.key = tuple(key)
+        super().__init__(x, axes=as_axes(axes), **kwargs)
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class Copy(ComputationOp):
+    """A contiguous copy of the arg."""
+
+    def _infer_axes(self):
+        return self.args[0].axes
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class Assign(VoidOp):
+    """Write ``value`` (same shape, position by position) into the storage ``tensor``."""
+
+    def __init__(self, tensor, value, **kwargs):
+        super().__init__(tensor, value, **kwargs)
+        if not isinstance(tensor, AssignableTensorOp):
+            raise TypeError(f"Assign needs storage, not {tensor!r}")
+        if tensor.axes.lengths != self.args[1].axes.lengths:
+            raise AxisMismatchError(f"Assign: value ({_fmt(self.args[1].axes)}) does not "
+                                    f"fit tensor {tensor.name} ({_fmt(tensor.axes)})")
+
+    @property
+    def tensor(self):
+        return self.args[0]
+
+
+VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)
+REDUCE_PRIMS = (ReduceSum, ReduceProd, ReduceMax, ReduceMin, ReduceArgMax, ReduceArgMin)

@@ -1,0 +1,234 @@
+"""The reference semantics: a direct NumPy evaluation of any op graph.
+
+Each op class has an entry in :data:`EVALUATORS`: ``fn(op, *arg_values) -> array`` with
+the op's axes in the op's order. It serves as the oracle that transformed, optimized and
+GPU results are tested against, and as the constant folder of the simplification pass.
+It favours clarity over speed.
+"""
+
+import numpy as np
+
+from geon.errors import FeedError, GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph import schemas as sc
+from geon.op_graph.autodiff import find_rule
+from geon.op_graph.ordering import ASSIGN_CLASSES, schedule
+
+EVALUATORS = {}
+
+
+def evaluator(*classes):
+    """Register ``fn(op, *arg_values)`` as the reference evaluator of ``classes``."""
+    def register(fn):
+        for cls in classes:
+            EVALUATORS[cls] = fn
+        return fn
+    return register
+
+
+def align(value, axes, to_axes):
+    """``value`` (laid out by ``axes``) transposed and expanded to broadcast against
+    ``to_axes`` (which must contain every axis of ``axes``)."""
+    value = np.asarray(value)
+    names = axes.names
+    present = [n for n in to_axes.names if n in names]
+    if present != list(names):
+        value = np.transpose(value, [names.index(n) for n in present])
+    shape = [a.length if a.name in names else 1 for a in to_axes]
+    return value.reshape(shape)
+
+
+NP_UFUNCS = {
+    og.Add: np.add, og.Subtract: np.subtract, og.Multiply: np.multiply,
+    og.Divide: np.true_divide, og.Power: np.power, og.Maximum: np.maximum,
+    og.Minimum: np.minimum, og.Equal: np.equal, og.NotEqual: np.not_equal,
+    og.Less: np.less, og.LessEqual: np.less_equal, og.Greater: np.greater,
+    og.GreaterEqual: np.greater_equal, og.Negative: np.negative,
+    og.Absolute: np.absolute, og.Sign: np.sign, og.Square: np.square, og.Sqrt: np.sqrt,
+    og.Reciprocal: np.reciprocal, og.Exp: np.exp, og.Log: np.log, og.Sin: np.sin,
+    og.Cos: np.cos, og.Tanh: np.tanh,
+}
+
+
+def _sigmoid(x):
+    return np.exp(-np.logaddexp(0, -x))
+
+
+def _sigmoid_ce(x, t):
+    return np.logaddexp(0, x) - x * t
+
+
+ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
+ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
+ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
+
+
+@evaluator(og.ElementWise)
+def _elementwise(op, *vals):
+    fn = ELEMENTWISE_FUNCS[type(op)]
+    args = [align(v, a.axes, op.axes).astype(op.dtype, copy=False)
+            if a.dtype != op.dtype and a.dtype.kind != "f" else align(v, a.axes, op.axes)
+            for v, a in zip(vals, op.args)]
+    with np.errstate(all="ignore"):
+        r = fn(*args)
+    return np.broadcast_to(r, op.axes.shape).astype(op.dtype)
+
+
+@evaluator(og.Dot)
+def _dot(op, a, b):
+    letters = {}
+    for n in op.args[0].axes.names + op.args[1].axes.names:
+        letters.setdefault(n, chr(ord("a") + len(letters)) if len(letters) < 26
+                           else chr(ord("A") + len(letters) - 26))
+    spec = "".join(letters[n] for n in op.args[0].axes.names) + "," + \
+        "".join(letters[n] for n in op.args[1].axes.names) + "->" + \
+        "".join(letters[n] for n in op.axes.names)
+    return np.einsum(spec, a, b).astype(op.dtype)
+
+
+def _reduce_layout(op, x):
+    """``x`` reshaped to (kept axes in op order..., product of reduced axes)."""
+    axes = op.args[0].axes
+    red = op.reduction_axes
+    keep = [axes.index(a) for a in op.axes]
+    rpos = [axes.index(a) for a in red]
+    x = np.transpose(x, keep + rpos)
+    return x.reshape(op.axes.shape + (-1,))
+
+
+_REDUCERS = {og.Sum: np.sum, og.Prod: np.prod, og.Max: np.max, og.Min: np.min,
+             og.ArgMax: np.argmax, og.ArgMin: np.argmin}
+
+
+@evaluator(og.Reduction)
+def _reduction(op, x):
+    y = _REDUCERS[type(op)](_reduce_layout(op, x), axis=-1)
+    return np.asarray(y).astype(op.dtype)
+
+
+@evaluator(og.TensorSize)
+def _tensor_size(op, x):
+    return np.asarray(op.reduction_axes.size if len(op.reduction_axes) else 1,
+                      dtype=op.dtype)
+
+
+@evaluator(og.Broadcast)
+def _broadcast(op, x):
+    return np.broadcast_to(align(x, op.args[0].axes, op.axes), op.axes.shape)
+
+
+@evaluator(og.AxesWithOrder)
+def _reorder(op, x):
+    names = op.args[0].axes.names
+    return np.transpose(x, [names.index(n) for n in op.axes.names])
+
+
+@evaluator(og.CastAxes, og.StopGradient, pr.Copy)
+def _identity(op, x):
+    return np.array(x)
+
+
+@evaluator(og.Flatten, og.Unflatten, pr.Reshape)
+def _reshape(op, x):
+    return np.reshape(x, op.axes.shape)
+
+
+@evaluator(og.Slice)
+def _slice(op, x):
+    key = [slice(None)] * len(op.args[0].axes)
+    key[op.axis_pos] = op.key
+    return x[tuple(key)]
+
+
+@evaluator(og.OneHot)
+def _one_hot(op, x):
+    idx = np.arange(op.axis.length).reshape((-1,) + (1,) * np.ndim(x))
+    return (idx == np.asarray(x)[None]).astype(op.dtype)
+
+
+@evaluator(pr.Gemm)
+def _gemm(op, a, b):
+    return np.matmul(a, b).astype(op.dtype)
+
+
+_PRIM_REDUCERS = {pr.ReduceSum: np.sum, pr.ReduceProd: np.prod, pr.ReduceMax: np.max,
+                  pr.ReduceMin: np.min, pr.ReduceArgMax: np.argmax,
+                  pr.ReduceArgMin: np.argmin}
+
+
+@evaluator(pr.ReducePrim)
+def _reduce_prim(op, x):
+    return np.asarray(_PRIM_REDUCERS[type(op)](x, axis=op.axis)).astype(op.dtype)
+
+
+@evaluator(pr.Dimshuffle)
+def _dimshuffle(op, x):
+    return np.transpose(x, op.perm)
+
+
+@evaluator(pr.Expand)
+def _expand(op, x):
+    shape = [1 if m is None else x.shape[m] for m in op.dim_map]
+    return np.broadcast_to(np.reshape(x, shape), op.axes.shape)
+
+
+@evaluator(pr.SliceView)
+def _sliceview(op, x):
+    return x[op.key]
+
+
+@evaluator(pr.Unslice)
+def _unslice(op, x):
+    out = np.zeros(op.axes.shape, op.dtype)
+    out[op.key] = x
+    return out
+
+
+def evaluate(results, feeds=None, state=None):
+    """Evaluate ``results`` (an op or a list of ops) directly with NumPy.
+
+    ``feeds`` maps placeholders to arrays; ``state`` maps Variables to arrays and is
+    updated by assignments (variables missing from it start at their initial value).
+    Returns an array, or a list for a list (``None`` for void ops).
+    """
+    single = isinstance(results, og.Op)
+    ops = [og.snap(r) for r in ([results] if single else results)]
+    feeds = dict(feeds or {})
+    state = state if state is not None else {}
+    values = {}
+
+    def value(op):
+        if isinstance(op, og.Placeholder):
+            if op not in feeds:
+                raise FeedError(f"no value fed for placeholder {op.name} ({op.axes!r})")
+            return np.asarray(feeds[op], dtype=op.dtype).reshape(op.axes.shape)
+        if isinstance(op, og.Variable):
+            if op not in state:
+                state[op] = op.initial_array()
+            return state[op]
+        if isinstance(op, og.Constant):
+            return op.array()
+        return values[op]
+
+    for op in schedule(ops):
+        if isinstance(op, og.AssignableTensorOp):
+            continue
+        if isinstance(op, ASSIGN_CLASSES):
+            target, v = op.args
+            if isinstance(op, og.SetItem):
+                arr = np.broadcast_to(align(value(v), v.axes, target.axes), target.shape)
+            else:  # the primitive reads by position
+                arr = np.reshape(value(v), target.shape)
+            arr = np.array(arr, dtype=target.dtype)
+            if isinstance(target, og.Placeholder):
+                feeds[target] = arr
+            else:
+                state[target] = arr
+            continue
+        fn = find_rule(EVALUATORS, op)
+        if fn is None:
+            raise GeonError(f"no reference evaluator for {type(op).__name__}")
+        values[op] = fn(op, *[value(a) for a in op.args])
+    out = [None if isinstance(r, og.VoidOp) else np.array(value(r)) for r in ops]
+    return out[0] if single else out

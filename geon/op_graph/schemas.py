@@ -1,0 +1,81 @@
+"""Schemas: structure attached to an op so that later ops can compute stably.
+
+``softmax`` returns a :class:`~geon.op_graph.op_graph.Divide` op carrying a
+:class:`SoftmaxSchema`; ``cross_entropy_multi`` recognises it and works from the shifted
+logits and their log-sum-exp instead of taking the log of a rounded probability.
+``sigmoid`` results carry a :class:`SigmoidSchema`, used by ``cross_entropy_binary``.
+"""
+
+import numpy as np
+
+from geon.op_graph.axes import as_axes
+from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, as_op, max, safelog,
+                                    stop_gradient, sum)
+
+
+class SoftmaxSchema:
+    """``softmax(x) = exp(x - m) / Z`` with ``m = max(x)`` and ``Z = sum(exp(x - m))``."""
+
+    def __init__(self, x, shifted, Z, normalization_axes):
+        self.x, self.shifted, self.Z = x, shifted, Z
+        self.normalization_axes = normalization_axes
+
+
+class SigmoidSchema:
+    """``sigmoid(x)``: remembers the logits ``x``."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+def softmax(x, normalization_axes=None):
+    """Softmax over ``normalization_axes`` (default: all but batch and recurrent axes).
+
+    Computed from ``x - max(x)`` so it never overflows; the result is a division op
+    with a :class:`SoftmaxSchema`.
+    """
+    x = as_op(x)
+    red = as_axes(normalization_axes) if normalization_axes is not None \
+        else x.axes.sample_axes()
+    # The value does not depend on the shift, so no derivative flows through it.
+    m = stop_gradient(max(x, reduction_axes=red))
+    shifted = x - m
+    exps = Exp(shifted)
+    Z = sum(exps, reduction_axes=red)
+    y = exps / Z
+    y.schema = SoftmaxSchema(x, shifted, Z, red)
+    return y
+
+
+def cross_entropy_multi(y, t, usebits=False, out_axes=None):
+    """``-sum(t * log(y))`` over the sample axes (``out_axes`` keeps others).
+
+    If ``y`` came from :func:`softmax`, ``log(y)`` is computed as ``shifted - log(Z)``,
+    exact for any logits; the derivative with respect to the logits is then
+    ``(softmax - t) * sum(t)``, i.e. ``softmax - t`` for a distribution ``t``.
+    """
+    y, t = as_op(y), as_op(t)
+    s = y.schema
+    logy = s.shifted - Log(s.Z) if isinstance(s, SoftmaxSchema) else safelog(y)
+    r = -sum(t * logy, out_axes=out_axes)
+    return r * float(1 / np.log(2)) if usebits else r
+
+
+class SigmoidCrossEntropy(BinaryElementWise):
+    """Elementwise ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))`` from logits
+    ``x``, computed as ``softplus(x) - x t``; its derivative is ``sigmoid(x) - t``."""
+
+
+def cross_entropy_binary(y, t, out_axes=None):
+    """Binary cross-entropy summed over the sample axes (``out_axes`` keeps others).
+
+    If ``y`` came from :func:`sigmoid`, it is computed from the logits (stable for any
+    magnitude, derivative ``sigmoid(x) - t``); otherwise from ``y`` with a safe log.
+    """
+    y, t = as_op(y), as_op(t)
+    s = y.schema
+    if isinstance(s, SigmoidSchema):
+        e = SigmoidCrossEntropy(s.x, t)
+    else:
+        e = -(t * safelog(y) + (1 - t) * safelog(1 - y))
+    return sum(e, out_axes=out_axes)

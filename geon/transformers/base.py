@@ -1,0 +1,320 @@
+"""Transformers: the base class, computations, procedures, and the registry.
+
+A transformer turns requested ops into callable :class:`Computation` s. It runs its
+pass pipeline (:meth:`Transformer.passes`) over each computation's graph, down to its
+``base_set``, then hands the lowered graph to its backend (:meth:`Transformer._compile`).
+It owns the persistent state (Variables) shared by all its computations and the
+procedures ``allocate``, ``initialize``, ``save`` and ``restore``.
+"""
+
+import os
+import tempfile
+import zipfile
+from importlib import metadata
+
+import numpy as np
+
+from geon.errors import CheckpointError, FeedError, GeonError, UnknownTransformerError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph import schemas as sc
+from geon.transformers.passes import DeadCodeElimination, Graph
+from geon.transformers.passes.lower import LowerAxesPass
+from geon.transformers.passes.simplify import SimplifyPass
+from geon.transformers.passes.verify import VerifyBaseSet
+
+#: The semi-primitive ops every built-in transformer implements.
+STANDARD_BASE_SET = frozenset({
+    og.Placeholder, og.Variable, og.Constant,
+    og.Add, og.Subtract, og.Multiply, og.Divide, og.Power, og.Maximum, og.Minimum,
+    og.Equal, og.NotEqual, og.Less, og.LessEqual, og.Greater, og.GreaterEqual,
+    og.Negative, og.Absolute, og.Sign, og.Square, og.Sqrt, og.Reciprocal, og.Exp, og.Log,
+    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy,
+    pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
+    pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
+    pr.Copy, pr.Assign,
+})
+
+
+class Computation:
+    """A callable that computes some ops from placeholder values.
+
+    Call it with one array per parameter placeholder, in order. It returns a NumPy
+    array for a single requested op, or a tuple (one entry per requested op, ``None``
+    for void ops such as ``SetItem``) for a list or tuple.
+    """
+
+    def __init__(self, transformer, results, params):
+        self.transformer = transformer
+        self.single = isinstance(results, og.Op)
+        self.requested = [results] if self.single else list(results)
+        for r in self.requested:
+            if not isinstance(r, og.Op):
+                raise TypeError(f"computation results must be ops, not {r!r}")
+        self.params = list(params)
+        for p in self.params:
+            if not isinstance(p, og.Placeholder):
+                raise ValueError(f"computation parameter {getattr(p, 'name', p)!r} is "
+                                 f"not a placeholder ({type(p).__name__}); only "
+                                 f"placeholders can be fed")
+        self.graph = Graph(self.requested)
+        transformer._run_passes(self.graph)
+        self.results = list(self.graph.results)
+        self.ops = self.graph.ops()
+        needed = [op for op in self.ops if isinstance(op, og.Placeholder)]
+        missing = [p for p in needed if p not in self.params]
+        if missing:
+            raise ValueError("the computation needs placeholder(s) "
+                             + ", ".join(f"{p.name} ({p.axes!r}, built at {p.file_info})"
+                                         for p in missing)
+                             + " but they are not among its parameters")
+        self.variables = [op for op in self.ops if isinstance(op, og.Variable)]
+        self._shapes = [(p, p.axes.shape, p.dtype) for p in self.params]
+        self._last = None
+
+    @property
+    def source(self):
+        """The code the backend generated for this computation, as text."""
+        return self._source
+
+    def _check_feeds(self, args):
+        if len(args) != len(self._shapes):
+            raise FeedError(f"computation takes {len(self._shapes)} value(s) ("
+                            + ", ".join(p.name for p in self.params)
+                            + f"), got {len(args)}")
+        out = []
+        for (p, shape, dtype), v in zip(self._shapes, args):
+            a = np.asarray(v)
+            if a.shape != shape:
+                raise FeedError(f"placeholder {p.name} expects axes ({', '.join(map(repr, p.axes))}) "
+                                f"i.e. shape {shape}; got shape {a.shape}")
+            if a.dtype != dtype:
+                if not np.can_cast(a.dtype, dtype, "same_kind"):
+                    raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
+                                    f"safely convert {a.dtype} to it")
+                a = a.astype(dtype)
+            out.append(a)
+        return out
+
+    def __call__(self, *args):
+        t = self.transformer
+        if not t._allocated:
+            t.allocate()
+        if not t._initialized_all:
+            t.initialize()
+        values = self._run(self._check_feeds(args))
+        self._last = values
+        return values[0] if self.single else tuple(values)
+
+    def value(self, op):
+        """The value ``op`` had in the last call; ``op`` must be one of the requested
+        ops (or forward to one)."""
+        s = og.require_valid(op)
+        for r, v in zip(self.results, self._last or ()):
+            if r is s:
+                return v
+        raise GeonError(f"{op.name} is not a result of this computation (or it has not "
+                        f"been called yet)")
+
+    def _run(self, feeds):
+        raise NotImplementedError
+
+
+class Transformer:
+    """Base class of transformers.
+
+    Subclasses set ``name``, ``base_set`` and ``computation_class``, and may extend
+    :meth:`passes`. ``disable`` names passes to skip (for testing an optimization
+    against its absence; lowering and verification cannot be skipped).
+    """
+
+    name = None
+    base_set = STANDARD_BASE_SET
+    computation_class = Computation
+
+    def __init__(self, disable=()):
+        self.disabled = set(disable)
+        unknown = self.disabled - {p.name for p in self.passes()}
+        if unknown:
+            raise ValueError(f"unknown pass name(s) {sorted(unknown)}; passes are "
+                             f"{[p.name for p in self.passes()]}")
+        self.computations = []
+        self.state = {}
+        self._initialized = set()
+        self._allocated = False
+        self._initialized_all = False
+
+    def passes(self):
+        """The ordered pass pipeline. Ordering constraints:
+
+        - ``simplify`` runs first, on the Axes ops, where patterns such as
+          ``log(exp(x))`` are still visible;
+        - ``lower`` produces only semi-primitive ops;
+        - ``fold`` (simplify again) folds the views and constants lowering created;
+        - ``dce`` drops what no result needs; ``verify`` must come last.
+        """
+        return [SimplifyPass(), LowerAxesPass(), SimplifyPass(name="fold"),
+                DeadCodeElimination(), VerifyBaseSet()]
+
+    _required = {"lower", "verify"}
+
+    def _run_passes(self, graph):
+        for p in self.passes():
+            if p.name in self.disabled and p.name not in self._required:
+                continue
+            p.run(graph, self)
+
+    # --- computations --------------------------------------------------------------
+    def computation(self, results, *params):
+        """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
+        from the placeholders ``params`` (its call arguments, in order)."""
+        comp = self.computation_class(self, results, params)
+        self.computations.append(comp)
+        self._initialized_all = False
+        if self._allocated:
+            self._allocate_variables(comp.variables)
+            comp._allocate()
+        return comp
+
+    # --- procedures ----------------------------------------------------------------
+    def variables(self):
+        """All Variables used by this transformer's computations, in a stable order."""
+        seen = {}
+        for c in self.computations:
+            for v in c.variables:
+                seen.setdefault(v, None)
+        return list(seen)
+
+    def _allocate_variables(self, variables):
+        for v in variables:
+            if v not in self.state:
+                self.state[v] = np.zeros(v.axes.shape, v.dtype)
+
+    def allocate(self):
+        """Allocate storage for every computation: variables and buffers."""
+        self._allocate_variables(self.variables())
+        for c in self.computations:
+            c._allocate()
+        self._allocated = True
+
+    def initialize(self, force=False):
+        """Set every variable not yet initialized (all of them if ``force``) to its
+        initial value and run the ``initializers`` of the ops used. Idempotent."""
+        if not self._allocated:
+            self.allocate()
+        todo = [v for v in self.variables() if force or v not in self._initialized]
+        for v in todo:
+            np.copyto(self.state[v], v.initial_array())
+            self._initialized.add(v)
+        inits = [i for c in self.computations for op in c.ops for i in op.initializers]
+        if inits and todo:
+            from geon.op_graph.reference import evaluate
+            evaluate(inits, state=self.state_view())
+        self._initialized_all = True
+
+    def state_view(self):
+        """``{variable: array}``: the live storage of the variables (not a copy)."""
+        return self.state
+
+    def _persistent(self):
+        vs = [v for v in self.variables() if v.persistent]
+        names = {}
+        for v in vs:
+            if v.name in names:
+                raise CheckpointError(f"two persistent variables are named {v.name!r} "
+                                      f"(built at {names[v.name].file_info} and "
+                                      f"{v.file_info}); give them distinct names")
+            names[v.name] = v
+        return names
+
+    def save(self, path):
+        """Write all persistent variables to ``path`` (``.npz``, keyed by variable name).
+
+        The file is written to a temporary name beside ``path`` and renamed into place,
+        so an interrupted save never damages an existing checkpoint.
+        """
+        if not self._allocated:
+            self.allocate()
+        names = self._persistent()
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".geon-ckpt-", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **{n: self.state[v] for n, v in names.items()})
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def restore(self, path):
+        """Load persistent variables saved by :meth:`save`.
+
+        Every name, shape and dtype is checked before anything changes: a missing,
+        corrupt or mismatched file raises :class:`CheckpointError` and leaves the
+        current values untouched. Nothing is unpickled.
+        """
+        if not self._allocated:
+            self.allocate()
+        names = self._persistent()
+        try:
+            with np.load(os.fspath(path), allow_pickle=False) as data:
+                loaded = {k: data[k] for k in data.files}
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {path} does not exist") from None
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
+        missing = sorted(set(names) - set(loaded))
+        extra = sorted(set(loaded) - set(names))
+        if missing or extra:
+            raise CheckpointError(f"checkpoint {path} does not match the variables: "
+                                  f"missing {missing}, unexpected {extra}")
+        for n, v in names.items():
+            a = loaded[n]
+            if a.shape != v.axes.shape or a.dtype != v.dtype:
+                raise CheckpointError(f"checkpoint {path}: {n} is {a.dtype}{list(a.shape)}, "
+                                      f"variable needs {v.dtype}{list(v.axes.shape)}")
+        for n, v in names.items():
+            np.copyto(self.state[v], loaded[n])
+            self._initialized.add(v)
+
+
+# --- registry --------------------------------------------------------------------------
+_REGISTRY = {}
+ENTRY_POINT_GROUP = "geon.transformers"
+
+
+def register_transformer(name, factory):
+    """Make ``make_transformer(name)`` call ``factory(**kwargs)``."""
+    _REGISTRY[name] = factory
+
+
+def _entry_points():
+    try:
+        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    except Exception:  # a broken installed distribution must not break geon
+        return {}
+
+
+def available_transformers():
+    """Names accepted by :func:`make_transformer`, registered or installed."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def make_transformer(name="numpy", **kwargs):
+    """A new transformer registered under ``name`` (built in, through
+    :func:`register_transformer`, or installed under the ``geon.transformers``
+    entry-point group)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        ep = _entry_points().get(name)
+        if ep is None:
+            raise UnknownTransformerError(
+                f"no transformer named {name!r}; available: "
+                f"{', '.join(available_transformers())}")
+        factory = ep.load()
+        _REGISTRY[name] = factory
+    return factory(**kwargs)

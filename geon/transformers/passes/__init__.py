@@ -1,0 +1,138 @@
+"""The pass framework.
+
+A :class:`Graph` is the set of ops a computation needs, reached from its results. A
+:class:`RewritePass` holds small named rules keyed by op class; it visits ops from a
+worklist (arguments first) and, when a rule returns a replacement, swaps it in with
+:meth:`Graph.replace` and queues the new ops and the replaced op's users. It never
+re-sorts the whole graph per replacement.
+"""
+
+import collections
+
+from geon.errors import GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph.nodes import rewriting
+
+
+class Graph:
+    """The ops reachable from ``results`` (through args and other_deps)."""
+
+    def __init__(self, results):
+        self.results = [og.snap(r) for r in results]
+        # Ops built after an earlier transformation may still point at replaced ops.
+        for op in self.ops():
+            for a in op.all_deps():
+                s = og.snap(a)
+                if s is not a:
+                    op.replace_arg(a, s)
+        self.initial = set(self.ops())
+
+    def ops(self):
+        """All ops, each after its dependencies."""
+        return og.toposort(self.results)
+
+    def replace(self, old, new):
+        """Make every user of ``old`` use ``new`` and set ``old.forward = new``.
+
+        ``new`` must have the same axes (in order) and dtype. Users of ``old`` inherit
+        its other_deps, so ordering constraints survive the swap.
+        """
+        if isinstance(old, og.TensorOp):
+            if not isinstance(new, og.TensorOp) or new.axes != old.axes \
+                    or new.dtype != old.dtype:
+                raise GeonError(
+                    f"internal: replacement of {old.name} ({old.axes!r} {old.dtype}) by "
+                    f"{getattr(new, 'name', new)} ({getattr(new, 'axes', None)!r} "
+                    f"{getattr(new, 'dtype', None)}) changes its type")
+        for user in list(old.users) + list(old._dep_users):
+            if user is new:
+                continue
+            user.replace_arg(old, new)
+            for d in old.other_deps:
+                user.add_other_dep(d)
+        old.forward = new
+        self.results = [new if r is old else r for r in self.results]
+
+
+class Pass:
+    """A graph pass. Subclasses set ``name`` and implement :meth:`run`."""
+
+    name = "pass"
+
+    def run(self, graph, transformer):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<pass {self.name}>"
+
+
+class RewritePass(Pass):
+    """Apply rules until none fires.
+
+    ``rules`` is a list of ``(classes, fn)``; ``fn(op)`` returns a replacement op or
+    ``None``. Ops built inside ``fn`` take the replaced op's source location and
+    other_deps (see :class:`geon.op_graph.nodes.rewriting`).
+    """
+
+    rules = ()
+
+    def __init__(self, extra_rules=(), name=None):
+        if name is not None:
+            self.name = name
+        self._table = {}
+        for classes, fn in list(self.rules) + list(extra_rules):
+            self.add_rule(classes, fn)
+
+    def add_rule(self, classes, fn):
+        """Register ``fn`` for ``classes`` (a class or a tuple); later rules run later."""
+        if not isinstance(classes, tuple):
+            classes = (classes,)
+        for cls in classes:
+            self._table.setdefault(cls, []).append(fn)
+        self._cache = {}
+
+    def _rules_for(self, cls):
+        rules = self._cache.get(cls)
+        if rules is None:
+            rules = [fn for c in cls.__mro__ for fn in self._table.get(c, ())]
+            self._cache[cls] = rules
+        return rules
+
+    def run(self, graph, transformer):
+        initial = graph.ops()
+        work = collections.deque(initial)
+        queued = set(initial)
+        budget = 100 * len(initial) + 1000
+        while work:
+            op = work.popleft()
+            queued.discard(op)
+            if op.forward is not None:
+                continue
+            for rule in self._rules_for(type(op)):
+                with rewriting(op) as ctx:
+                    new = rule(op)
+                if new is None or new is op:
+                    continue
+                graph.replace(op, new)
+                for n in ctx.created + [new] + list(new.users):
+                    if n not in queued and n.forward is None:
+                        work.append(n)
+                        queued.add(n)
+                break
+            budget -= 1
+            if budget < 0:
+                raise GeonError(f"pass {self.name}: rules keep firing; a rule must not "
+                                f"undo another (last op: {op.name})")
+
+
+class DeadCodeElimination(Pass):
+    """Drop ops no result needs. Ops that left the graph without a replacement get
+    ``forward = Invalid``."""
+
+    name = "dce"
+
+    def run(self, graph, transformer):
+        live = set(graph.ops())
+        for op in graph.initial - live:
+            if op.forward is None and not isinstance(op, og.AssignableTensorOp):
+                op.forward = og.Invalid

@@ -1,0 +1,161 @@
+"""Lowering of Axes ops to the semi-primitive base set (:mod:`geon.op_graph.primitives`).
+
+After this pass every op reads its operands by position: elementwise args have the op's
+axes in the op's order, ``dot`` is a 2-D ``Gemm`` between reshapes, reductions reduce
+one dimension of a tensor of at most two, and renaming / reordering / broadcasting /
+slicing are explicit views. Named axes are not consulted after this pass.
+"""
+
+import numpy as np
+
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis
+from geon.transformers.passes import RewritePass
+
+_REDUCE = {og.Sum: pr.ReduceSum, og.Prod: pr.ReduceProd, og.Max: pr.ReduceMax,
+           og.Min: pr.ReduceMin, og.ArgMax: pr.ReduceArgMax, og.ArgMin: pr.ReduceArgMin}
+
+
+def view_as(x, axes):
+    """``x`` as a positional view with exactly ``axes`` (x's axes must be a subset)."""
+    if x.axes == axes:
+        return x
+    if isinstance(x, og.Constant) and x.scalar is not None:
+        return og.Constant(x.scalar, axes=axes, dtype=x.dtype)
+    names = x.axes.names
+    present = [n for n in axes.names if n in names]
+    if present != list(names):
+        x = pr.Dimshuffle(x, [names.index(n) for n in present])
+    if len(present) != len(axes):
+        x = pr.Expand(x, axes, [present.index(n) if n in present else None
+                                for n in axes.names])
+    elif x.axes != axes:
+        x = pr.Reshape(x, axes)
+    return x
+
+
+def _group(axes, unit_name):
+    """One axis standing for ``axes``: the axis itself, a flattened axis, or unit."""
+    if len(axes) == 1:
+        return axes[0]
+    if len(axes) == 0:
+        return Axis(1, unit_name)
+    return FlattenedAxis(axes)
+
+
+def as_matrix(x, rows, cols, unit):
+    """``x`` arranged as a 2-D (rows, cols) view; ``rows``/``cols`` are Axes groups."""
+    x = view_as(x, rows + cols)
+    shape = Axes(_group(rows, unit + "_r"), _group(cols, unit + "_c"))
+    return x if x.axes == shape else pr.Reshape(x, shape)
+
+
+def lower_elementwise(op):  # f(a, b) -> f(view(a), view(b)) with equal layouts
+    if all(a.axes == op.axes for a in op.args):
+        return None
+    return type(op)(*[view_as(a, op.axes) for a in op.args], dtype=op.dtype)
+
+
+def lower_dot(op):  # dot(a, b) -> reshape(gemm(a as (M, K), b as (K, N)))
+    a, b = op.args
+    shared = a.axes & b.axes
+    m = a.axes - shared
+    n = b.axes - shared
+    g = pr.Gemm(as_matrix(a, m, shared, "_dot_m"), as_matrix(b, shared, n, "_dot_n"),
+                dtype=op.dtype)
+    return g if g.axes == op.axes else pr.Reshape(g, op.axes)
+
+
+def lower_reduction(op):  # reduce(x, axes) -> reshape(reduce1(x as (kept, reduced)))
+    x = op.args[0]
+    red = op.reduction_axes
+    if not len(red):
+        if isinstance(op, og.ArgMax):
+            return og.Constant(0, axes=op.axes, dtype=op.dtype)
+        return view_as(x, op.axes)
+    if len(op.axes):
+        xm = as_matrix(x, op.axes, red, "_red")
+        r = _REDUCE[type(op)](xm, 1, dtype=op.dtype)
+    else:
+        flat = view_as(x, red)
+        if len(red) > 1:
+            flat = pr.Reshape(flat, Axes(FlattenedAxis(red)))
+        r = _REDUCE[type(op)](flat, 0, dtype=op.dtype)
+    return r if r.axes == op.axes else pr.Reshape(r, op.axes)
+
+
+def lower_view(op):  # broadcast / reorder -> Dimshuffle + Expand
+    return view_as(op.args[0], op.axes)
+
+
+def lower_rename(op):  # cast_axes / flatten / unflatten -> Reshape
+    return pr.Reshape(op.args[0], op.axes)
+
+
+def lower_slice(op):  # slice along an axis -> SliceView
+    x = op.args[0]
+    key = [slice(None)] * len(x.axes)
+    key[op.axis_pos] = op.key
+    return pr.SliceView(x, key, op.axes)
+
+
+def lower_one_hot(op):  # one_hot(x, A) -> equal(arange(A), x)
+    x = op.args[0]
+    idx = og.Constant(np.arange(op.axis.length), axes=Axes(op.axis), dtype=x.dtype)
+    return og.Equal(idx, x, dtype=op.dtype)
+
+
+def lower_tensor_size(op):  # tensor_size(x) -> constant
+    n = op.reduction_axes.size if len(op.reduction_axes) else 1
+    return og.Constant(n, axes=op.axes, dtype=op.dtype)
+
+
+def lower_stop_gradient(op):  # stop_gradient(x) -> x
+    return op.args[0]
+
+
+def lower_setitem(op):  # SetItem(t, v) -> Assign(t, view(v))
+    t, v = op.args
+    return pr.Assign(t, view_as(v, t.axes))
+
+
+def _contiguous(x):
+    """Whether ``x``'s row-major order is its storage order."""
+    if isinstance(x, pr.Dimshuffle):
+        kept = [p for p, a in zip(x.perm, x.axes) if a.length != 1]
+        return kept == sorted(kept) and _contiguous(x.args[0])
+    if isinstance(x, pr.Expand):
+        return all(a.length == 1 for a, m in zip(x.axes, x.dim_map) if m is None) \
+            and _contiguous(x.args[0])
+    if isinstance(x, pr.SliceView):
+        return all(k == slice(None) for k in x.key) and _contiguous(x.args[0])
+    if isinstance(x, pr.Reshape):
+        return _contiguous(x.args[0])
+    return True
+
+
+def reshape_contiguous(op):  # reshape(noncontiguous view) -> reshape(copy(view))
+    x = op.args[0]
+    if _contiguous(x):
+        return None
+    return pr.Reshape(pr.Copy(x), op.axes)
+
+
+class LowerAxesPass(RewritePass):
+    """Axes ops -> semi-primitive ops on row-major buffers."""
+
+    name = "lower"
+    rules = [
+        (og.ElementWise, lower_elementwise),
+        (og.Dot, lower_dot),
+        (og.Reduction, lower_reduction),
+        ((og.Broadcast, og.AxesWithOrder), lower_view),
+        ((og.CastAxes, og.Flatten, og.Unflatten), lower_rename),
+        (og.Slice, lower_slice),
+        (og.OneHot, lower_one_hot),
+        (og.TensorSize, lower_tensor_size),
+        (og.StopGradient, lower_stop_gradient),
+        (og.SetItem, lower_setitem),
+        (pr.Reshape, reshape_contiguous),
+    ]

@@ -1,0 +1,123 @@
+"""Algebraic simplification and constant folding.
+
+Rules fire only where the replacement has exactly the op's axes (in order) and dtype,
+so broadcasting ops (``x(C) + zeros(C, N)``) are left alone.
+"""
+
+import numpy as np
+
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph.ordering import VIEW_CLASSES
+from geon.transformers.passes import RewritePass
+
+#: Constants up to this many elements are folded; bigger results only if uniform.
+FOLD_LIMIT = 4096
+
+
+def _const_value(op):
+    """The single number ``op`` holds everywhere, if it is such a constant."""
+    if isinstance(op, og.Constant):
+        v = op.scalar
+        if v is None and op.value.size and op.value.size <= FOLD_LIMIT:
+            flat = op.value.reshape(-1)
+            if np.all(flat == flat[0]):
+                v = flat[0]
+        return v
+    return None
+
+
+def _is(op, number):
+    v = _const_value(op)
+    return v is not None and v == number
+
+
+def _same_type(new, op):
+    return new.axes == op.axes and new.dtype == op.dtype
+
+
+def _keep(x, op):
+    """``x`` if it can stand in for ``op`` as it is, else ``None``."""
+    return x if _same_type(x, op) else None
+
+
+def add_zero(op):  # x + 0 -> x ; 0 + x -> x
+    a, b = op.args
+    if _is(b, 0):
+        return _keep(a, op)
+    if _is(a, 0):
+        return _keep(b, op)
+    return None
+
+
+def sub_zero(op):  # x - 0 -> x
+    a, b = op.args
+    return _keep(a, op) if _is(b, 0) else None
+
+
+def mul_one_zero(op):  # x * 1 -> x ; x * 0 -> 0
+    a, b = op.args
+    for x, y in ((a, b), (b, a)):
+        if _is(y, 1):
+            r = _keep(x, op)
+            if r is not None:
+                return r
+    if _is(a, 0) or _is(b, 0):
+        return og.Constant(0, axes=op.axes, dtype=op.dtype)
+    return None
+
+
+def div_one(op):  # x / 1 -> x
+    a, b = op.args
+    return _keep(a, op) if _is(b, 1) else None
+
+
+def pow_small(op):  # x ** 1 -> x ; x ** 2 -> square(x)
+    a, b = op.args
+    if _is(b, 1):
+        return _keep(a, op)
+    if _is(b, 2) and a.axes == op.axes:
+        return og.Square(a, dtype=op.dtype)
+    return None
+
+
+def neg_neg(op):  # -(-x) -> x
+    a = op.args[0]
+    return _keep(a.args[0], op) if isinstance(a, og.Negative) else None
+
+
+def log_exp(op):  # log(exp(x)) -> x
+    a = op.args[0]
+    return _keep(a.args[0], op) if isinstance(a, og.Exp) else None
+
+
+def fold_constants(op):  # f(constants) -> constant
+    if not op.args or not all(isinstance(a, og.Constant) for a in op.args):
+        return None
+    if any(a.value.size > FOLD_LIMIT for a in op.args) and not all(
+            _const_value(a) is not None for a in op.args):
+        return None
+    from geon.op_graph.reference import evaluate
+    value = evaluate(op)
+    flat = value.reshape(-1)
+    if flat.size and np.all(flat == flat[0]) and not np.isnan(flat[0]):
+        return og.Constant(flat[0], axes=op.axes, dtype=op.dtype)
+    if value.size > FOLD_LIMIT:
+        return None
+    return og.Constant(value, axes=op.axes, dtype=op.dtype)
+
+
+class SimplifyPass(RewritePass):
+    """Algebraic identities and constant folding."""
+
+    name = "simplify"
+    rules = [
+        (og.Add, add_zero),
+        (og.Subtract, sub_zero),
+        (og.Multiply, mul_one_zero),
+        (og.Divide, div_one),
+        (og.Power, pow_small),
+        (og.Negative, neg_neg),
+        (og.Log, log_exp),
+        ((og.ComputationOp, pr.ViewOp) + VIEW_CLASSES, fold_constants),
+    ]

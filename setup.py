@@ -1,0 +1,25 @@
+"""Packaging for geon (metadata lives here; pyproject.toml only names the build backend)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="geon",
+    version="0.1.0",
+    description="An axis-aware op-graph compiler: named-axes tensor graphs, derivatives, "
+                "rewrite passes, and NumPy / PyCUDA transformers",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["geon", "geon.*"]),
+    package_data={"geon.examples": ["data/*.npz", "data/*.txt"]},
+    install_requires=["numpy>=1.24"],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6"],
+        "gpu": ["pycuda>=2022.1"],
+        "docs": ["sphinx>=6"],
+    },
+    entry_points={
+        "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer"],
+    },
+)
