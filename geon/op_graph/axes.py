@@ -58,7 +58,8 @@ class Axis:
         return hash(self.name)
 
     def __repr__(self):
-        return f"{self.name}:{self._length if self._length is not None else '?'}"
+        length = self.length  # a property: FlattenedAxis computes it from its parts
+        return f"{self.name}:{length if length is not None else '?'}"
 
     def named(self, name):
         """A new axis with this one's length and flags and another name."""

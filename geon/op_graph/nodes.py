@@ -203,4 +203,5 @@ class Node(NameableValue, DebugInfo):
 
     def all_deps(self):
         """``args`` followed by ``other_deps``."""
-        return self._args + tuple(self.other_deps)
+        deps = self.other_deps._d
+        return self._args + tuple(deps) if deps else self._args

@@ -100,6 +100,10 @@ class TensorOp(Op):
         super().__init__(*args, **kwargs)
         self.axes = as_axes(axes) if axes is not None else self._infer_axes()
         self.dtype = np.dtype(dtype) if dtype is not None else self._infer_dtype()
+        if self.dtype.kind in "fc":
+            for a in self.args:
+                if getattr(a, "weak", False) and a.dtype != self.dtype:
+                    a._adopt(self.dtype)
 
     def _infer_axes(self):
         return Axes()
@@ -297,7 +301,13 @@ class Constant(AssignableTensorOp):
         if arr.ndim and arr.shape != (axes.shape if axes.lengths_known else None):
             raise AxisMismatchError(f"Constant {self.name}: value has shape {arr.shape} "
                                     f"but axes {axes!r}{self._where()}")
-        self.value = np.array(arr, dtype=self.dtype)
+        self._number = value
+        self._adopt(self.dtype)
+
+    def _adopt(self, dtype):
+        # A weak constant takes the dtype of the op that uses it, at full precision.
+        self.dtype = np.dtype(dtype)
+        self.value = np.array(self._number, dtype=self.dtype)
         self.value.setflags(write=False)
 
     @property

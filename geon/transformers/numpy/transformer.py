@@ -40,7 +40,14 @@ def numpy_code(*classes):
 
 
 def _ufunc_code(name):
-    return lambda op, out, args: [f"np.{name}({', '.join(args)}, out={out})"]
+    def code(op, out, args):
+        # An integer result with an operand of another dtype (e.g. a weak float32 constant
+        # such as the 1 in ``i + 1``): compute in the promoted type and cast back, as the
+        # reference evaluator does ('same_kind' would refuse float64 -> int64).
+        cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
+            a.dtype != op.dtype for a in op.args) else ""
+        return [f"np.{name}({', '.join(args)}, out={out}{cast})"]
+    return code
 
 
 for _cls, _fn in NP_UFUNCS.items():
@@ -58,7 +65,8 @@ def _sigmoid(op, out, args):
 @numpy_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, out, args):
     x, t = args
-    return [f"np.logaddexp(0, {x}, out={out})", f"{out} -= {x} * {t}"]
+    # np.subtract(..., out=): an augmented assignment would make the buffer a local name
+    return [f"np.logaddexp(0, {x}, out={out})", f"np.subtract({out}, {x} * {t}, out={out})"]
 
 
 @numpy_code(pr.Gemm)

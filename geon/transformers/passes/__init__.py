@@ -11,7 +11,9 @@ import collections
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
 from geon.op_graph.nodes import rewriting
+from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
 
 
 class Graph:
@@ -26,6 +28,7 @@ class Graph:
                 if s is not a:
                     op.replace_arg(a, s)
         self.initial = set(self.ops())
+        self._assigns = any(isinstance(op, ASSIGN_CLASSES) for op in self.initial)
 
     def ops(self):
         """All ops, each after its dependencies."""
@@ -44,6 +47,11 @@ class Graph:
                     f"internal: replacement of {old.name} ({old.axes!r} {old.dtype}) by "
                     f"{getattr(new, 'name', new)} ({getattr(new, 'axes', None)!r} "
                     f"{getattr(new, 'dtype', None)}) changes its type")
+        if self._assigns and old in self.results and _reads_storage(new):
+            # A result is returned after every op ran; a result that is now storage (or
+            # a view of it) would show later assignments. Copy it where ``old`` ran.
+            with rewriting(old):
+                new = pr.Copy(new)
         for user in list(old.users) + list(old._dep_users):
             if user is new:
                 continue
@@ -52,6 +60,13 @@ class Graph:
                 user.add_other_dep(d)
         old.forward = new
         self.results = [new if r is old else r for r in self.results]
+
+
+def _reads_storage(op):
+    """Whether ``op`` is a Variable or placeholder, or a view of one."""
+    while isinstance(op, VIEW_CLASSES):
+        op = op.args[0]
+    return isinstance(op, og.AssignableTensorOp) and not op.is_constant
 
 
 class Pass:

@@ -60,6 +60,8 @@ def lower_elementwise(op):  # f(a, b) -> f(view(a), view(b)) with equal layouts
 def lower_dot(op):  # dot(a, b) -> reshape(gemm(a as (M, K), b as (K, N)))
     a, b = op.args
     shared = a.axes & b.axes
+    if not len(shared):  # an outer product is a broadcast multiply
+        return og.Multiply(a, b, dtype=op.dtype)
     m = a.axes - shared
     n = b.axes - shared
     g = pr.Gemm(as_matrix(a, m, shared, "_dot_m"), as_matrix(b, shared, n, "_dot_n"),

@@ -1,0 +1,319 @@
+"""The op graph: node attributes, SetItem ordering, forward / snap / Invalid, variables(),
+schemas, build-time axis errors."""
+
+import inspect
+import sys
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.op_graph import nodes
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.transformers.passes.verify import unlowered
+
+
+def line_of(marker):
+    """The line number in this file of the line containing ``marker``."""
+    for i, text in enumerate(inspect.getsource(sys.modules[__name__]).splitlines(), 1):
+        if marker in text and "line_of(" not in text:
+            return i
+    raise AssertionError(marker)
+
+
+A = be.Axis(3, "A")
+B = be.Axis(4, "B")
+NB = be.Axis(5, "NB", batch=True)
+
+
+def test_op_hierarchy_and_attributes():
+    assert issubclass(be.Op, nodes.Node)
+    assert issubclass(nodes.Node, nodes.NameableValue)
+    assert issubclass(nodes.Node, nodes.DebugInfo)
+    assert issubclass(be.TensorOp, be.Op) and issubclass(be.VoidOp, be.Op)
+    assert issubclass(be.ComputationOp, be.TensorOp)
+    x = be.placeholder([A, B], name="x")
+    first = be.exp(x)
+    y = og.Tanh(x, name="t", tags={"hidden"}, follows=[first])  # MARK-build
+    assert y.args == (x,)
+    assert first in y.other_deps
+    assert y in x.users and first in x.users
+    assert y.forward is None and y.tags == {"hidden"} and y.initializers == []
+    assert y.name == "t"
+    y.name = "renamed"
+    assert y.name == "renamed"
+    assert y.filename == __file__ and y.lineno == line_of("MARK-build")
+    assert y.file_info == f'File "{__file__}", line {y.lineno}'
+    assert y.axes == be.Axes(A, B) and y.dtype == np.float32
+    assert "in" in x.tags
+
+
+def test_python_numbers_coerce_to_weak_constants():
+    x = be.placeholder([A], dtype=np.float64)
+    y = 2 * x + 1
+    assert y.dtype == np.float64
+    c = y.args[1]
+    assert isinstance(c, be.Constant) and c.weak and c.axes == be.Axes()
+    x32 = be.placeholder([A])
+    assert (0.01 * x32).dtype == np.float32
+
+
+def test_magic_methods_build_ops():
+    x = be.placeholder([A])
+    cases = {x + 1: og.Add, 1 - x: og.Subtract, x * x: og.Multiply, x / 2: og.Divide,
+             x ** 2: og.Power, -x: og.Negative, abs(x): og.Absolute, x < 1: og.Less,
+             x <= 1: og.LessEqual, x > 1: og.Greater, x >= 1: og.GreaterEqual}
+    for op, cls in cases.items():
+        assert type(op) is cls
+    assert (x == x) is True and {x} == {x}  # identity, so ops work in sets
+
+
+def test_setitem_ordering_through_user_deps():
+    w = be.Variable(axes=[A], initial_value=np.arange(3.0), name="w_order")
+    before = w * 1.0 + 0.0
+    s = be.SetItem(w, w + 10)
+    assert list(w.user_deps) == [s]
+    after = w * 1.0
+    assert s in after.other_deps and s not in before.other_deps
+    t = be.NumPyTransformer()
+    # request the later read first: ordering must come from the deps, not the list
+    f = t.computation([after, s, before])
+    a, none, b = f()
+    assert none is None
+    np.testing.assert_array_equal(b, [0, 1, 2])
+    np.testing.assert_array_equal(a, [10, 11, 12])
+    np.testing.assert_array_equal(t.state[w], [10, 11, 12])
+    a, _, b = f()
+    np.testing.assert_array_equal(b, [10, 11, 12])
+    np.testing.assert_array_equal(a, [20, 21, 22])
+
+
+def test_two_setitems_chain():
+    w = be.Variable(axes=[A], initial_value=1.0, name="w_chain")
+    s1 = be.SetItem(w, w * 2)
+    s2 = be.SetItem(w, w + 1)
+    assert s1 in s2.other_deps
+    t = be.NumPyTransformer()
+    t.computation([s2])()
+    np.testing.assert_array_equal(t.state[w], [3, 3, 3])
+
+
+def test_setitem_broadcasts_value_and_rejects_extra_axes():
+    w = be.Variable(axes=[A, B], initial_value=0.0)
+    v = be.Variable(axes=[B], initial_value=np.arange(4.0))
+    t = be.NumPyTransformer()
+    t.computation(be.SetItem(w, v))()
+    np.testing.assert_array_equal(t.state[w], np.tile(np.arange(4.0), (3, 1)))
+    with pytest.raises(be.AxisMismatchError, match="NB"):
+        be.SetItem(v, be.placeholder([B, NB]))
+    with pytest.raises(TypeError):
+        be.SetItem(be.Constant(1.0), 2.0)
+
+
+def test_forward_snap_and_invalid():
+    x = be.placeholder([A], dtype=np.float64, name="xs")
+    e = be.exp(x)
+    lg = be.log(e)
+    r = lg + 1.0
+    t = be.NumPyTransformer()
+    f = t.computation(r, x)
+    assert lg.forward is x           # log(exp(x)) -> x
+    assert be.snap(lg) is x
+    assert e.forward is be.Invalid   # exp left the graph and nobody asked for it
+    assert be.snap(e) is e
+    with pytest.raises(be.InvalidValueError, match=e.name):
+        f.value(e)
+    out = f(np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(out, [2, 3, 4])
+    np.testing.assert_allclose(f.value(r), out)
+    # the frontend's handle still works in a later computation
+    g = t.computation(e, x)
+    np.testing.assert_allclose(g(np.zeros(3)), [1, 1, 1])
+
+
+def test_replacement_updates_users_outside_the_subgraph():
+    x = be.placeholder([A], name="xr")
+    y = x + 0.0
+    z = be.tanh(y)
+    t = be.NumPyTransformer()
+    t.computation(z, x)
+    assert y.forward is x and be.snap(z).args[0] is x
+
+
+def test_variables_are_trainable_and_ordered():
+    w = be.Variable(axes=[A, B], name="w1")
+    b = be.Variable(axes=[B], name="b1")
+    frozen = be.Variable(axes=[B], trainable=False)
+    x = be.placeholder([A, NB])
+    y = be.tanh(be.dot(w, x) + b) * frozen
+    assert y.variables() == [w, b]
+    assert y.variables() == y.variables()
+
+
+def test_axis_mismatch_raised_at_build_with_op_axes_and_line():
+    x = be.placeholder([be.Axis(3, "Q")], name="xq")
+    y = be.placeholder([be.Axis(4, "Q")], name="yq")
+    with pytest.raises(be.AxisMismatchError) as info:
+        x + y  # MARK-mismatch
+    msg = str(info.value)
+    assert "Add" in msg and "Q:3" in msg and "Q:4" in msg and "xq" in msg
+    assert f'File "{__file__}", line {line_of("MARK-mismatch")}' in msg
+    with pytest.raises(be.AxisMismatchError, match="Q:3.*Q:4|Q:4.*Q:3"):
+        be.dot(x, y)
+    assert issubclass(be.AxisMismatchError, ValueError)
+
+
+def test_axes_collection():
+    ab = be.Axes(A, B)
+    assert be.Axes((A, B)) == ab == be.Axes([A, B]) == be.Axes(ab)
+    assert ab.names == ("A", "B") and ab.lengths == (3, 4) and ab.size == 12
+    assert (ab - be.Axes(A)) == be.Axes(B)
+    assert (be.Axes(A) | be.Axes(B, A)) == ab
+    assert (ab & be.Axes(B)) == be.Axes(B)
+    assert (be.Axes(B) + be.Axes(A)).names == ("B", "A")
+    assert be.Axes(A, NB).batch_axes() == be.Axes(NB)
+    assert be.Axes(A, NB).sample_axes() == be.Axes(A)
+    with pytest.raises(be.AxisMismatchError):
+        be.Axes(A, A)
+    with pytest.raises(be.AxisMismatchError):
+        ab + be.Axes(A)
+    with pytest.raises(TypeError):
+        be.Axes(["A"])
+
+
+def test_standard_axes_lengths_are_settable():
+    import geon.frontends.base.axis as ax
+    old = ax.Y.length
+    try:
+        ax.Y.length = 7
+        assert be.placeholder([ax.Y]).axes.shape == (7,)
+        assert ax.N.batch and ax.T.recurrent and not ax.C.batch
+    finally:
+        ax.Y.length = old
+
+
+def test_softmax_schema_and_stable_cross_entropy():
+    Y = be.Axis(2, "Ycls")
+    logits = be.Constant(np.array([1e4, 1e4]), axes=[Y], dtype=np.float64)
+    target = be.Constant(np.array([1.0, 0.0]), axes=[Y], dtype=np.float64)
+    s = be.softmax(logits)
+    assert isinstance(s, og.Divide) and s.schema is not None
+    ce = be.cross_entropy_multi(s, target)
+    t = be.NumPyTransformer()
+    assert t.computation(ce)() == np.log(2.0)
+
+
+def test_cross_entropy_derivatives_are_softmax_minus_target_and_finite():
+    Y = be.Axis(3, "Ycls3")
+    x = be.Variable(axes=[Y], initial_value=np.array([1e4, -1e4, 3.0]), dtype=np.float64)
+    tgt = be.Constant(np.array([0.0, 0.0, 1.0]), axes=[Y], dtype=np.float64)
+    s = be.softmax(x)
+    ce = be.cross_entropy_multi(s, tgt)
+    d = be.deriv(ce, x)
+    t = be.NumPyTransformer()
+    val, grad, sm = t.computation([ce, d, s])()
+    assert np.isfinite(val) and np.all(np.isfinite(grad))
+    np.testing.assert_allclose(grad, sm - [0, 0, 1], atol=1e-12)
+    np.testing.assert_allclose(val, 1e4 - 3.0)
+    # binary: logits of any size stay finite, derivative sigmoid(x) - t
+    z = be.Variable(axes=[Y], initial_value=np.array([800.0, -800.0, 0.5]), dtype=np.float64)
+    tb = be.Constant(np.array([0.0, 1.0, 1.0]), axes=[Y], dtype=np.float64)
+    sg = be.sigmoid(z)
+    ceb = be.cross_entropy_binary(sg, tb)
+    db = be.deriv(ceb, z)
+    vb, gb, sv = t.computation([ceb, db, sg])()
+    np.testing.assert_allclose(vb, 800 + 800 + np.log1p(np.exp(-0.5)), rtol=1e-12)
+    np.testing.assert_allclose(gb, sv - [0, 1, 1], atol=1e-12)
+
+
+def test_lowered_graph_has_only_base_set_ops():
+    x = be.placeholder([A, NB])
+    w = be.Variable(axes=[A, B])
+    y = be.softmax(be.dot(w, x))
+    c = be.sum(be.cross_entropy_multi(y, be.one_hot(be.argmax(y), B)), out_axes=())
+    t = be.NumPyTransformer()
+    f = t.computation([c, be.deriv(c, w)], x)
+    assert f.ops
+    for op in f.ops:
+        assert unlowered(op, t.base_set) is None, op
+    assert not any(isinstance(op, (og.Dot, og.Reduction, og.SetItem)) for op in f.ops)
+
+
+def test_unlowerable_op_names_op_and_line():
+    class NoTanh(be.NumPyTransformer):
+        base_set = be.NumPyTransformer.base_set - {og.Tanh}
+
+    x = be.placeholder([A])
+    y = be.tanh(x)  # MARK-tanh
+    with pytest.raises(be.LoweringError) as info:
+        NoTanh().computation(y, x)
+    assert y.name in str(info.value) and "Tanh" in str(info.value)
+    assert f"line {line_of('MARK-tanh')}" in str(info.value)
+
+
+def test_deriv_rules():
+    x = be.Variable(axes=[A], initial_value=np.arange(3.0), dtype=np.float64)
+    other = be.Variable(axes=[A, B], dtype=np.float64)
+    c = be.sum(x * x, out_axes=())
+    d1, d2 = be.deriv(c, x), be.deriv(c, x)
+    assert d1 is d2  # adjoints built once per cost
+    z = be.deriv(c, other)
+    assert z.axes == other.axes
+    t = be.NumPyTransformer()
+    g, zz = t.computation([d1, z])()
+    np.testing.assert_allclose(g, 2 * np.arange(3.0))
+    np.testing.assert_array_equal(zz, np.zeros((3, 4)))
+    v = x * 2.0
+    with pytest.raises(be.GeonError, match="error="):
+        be.deriv(v, x)
+    e = be.Constant(np.array([1.0, 2.0, 3.0]), axes=[A], dtype=np.float64)
+    np.testing.assert_allclose(t.computation(be.deriv(v, x, error=e))(), [2, 4, 6])
+
+
+def test_stop_gradient():
+    x = be.Variable(axes=[A], initial_value=1.0, dtype=np.float64)
+    c = be.sum(x * be.stop_gradient(x * 3.0), out_axes=())
+    t = be.NumPyTransformer()
+    np.testing.assert_allclose(t.computation(be.deriv(c, x))(), [3, 3, 3])
+
+
+def test_float64_throughout():
+    x = be.placeholder([A, NB], dtype=np.float64)
+    w = be.Variable(axes=[A, B], dtype=np.float64, initial_value=0.5)
+    y = be.sigmoid(be.dot(w, x))
+    c = be.sum(y, out_axes=())
+    t = be.NumPyTransformer()
+    f = t.computation([y, be.deriv(c, w)], x)
+    for op in f.ops:
+        if isinstance(op, be.TensorOp) and not isinstance(op, pr.ReduceArgMax):
+            assert op.dtype == np.float64, op
+    yv, gv = f(np.ones((3, 5)))
+    assert yv.dtype == gv.dtype == np.float64
+
+
+def test_ten_thousand_op_chain_without_recursion():
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # a recursive walk of 10,000 ops would fail at once
+    try:
+        x = be.Variable(axes=[A], initial_value=0.1, dtype=np.float64, name="chainx")
+        y = x
+        for i in range(10000):
+            y = be.tanh(y) if i % 2 else y * 1.0001
+        c = be.sum(y, out_axes=())
+        d = be.deriv(c, x)
+        f = be.NumPyTransformer().computation([c, d])
+        cv, dv = f()
+    finally:
+        sys.setrecursionlimit(limit)
+    # the same chain directly in NumPy, with the derivative by the chain rule
+    v, g = np.full(3, 0.1), np.ones(3)
+    for i in range(10000):
+        if i % 2:
+            v = np.tanh(v)
+            g = g * (1 - v * v)
+        else:
+            v = v * 1.0001
+            g = g * 1.0001
+    np.testing.assert_allclose(cv, v.sum(), rtol=1e-10)
+    np.testing.assert_allclose(dv, g, rtol=1e-8)

@@ -1,0 +1,249 @@
+"""Transformers: computations, feed checks, the registry, and the procedures."""
+
+import os
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers import base as tbase
+
+A = be.Axis(3, "TA")
+B = be.Axis(2, "TB")
+
+
+def model():
+    x = be.placeholder([A], name="feed_x")
+    w = be.Variable(axes=[A, B], initial_value=lambda shape: np.arange(6.0).reshape(shape),
+                    name="w_model")
+    b = be.Variable(axes=[B], initial_value=0.5, name="b_model")
+    y = be.dot(x, w) + b
+    return x, w, b, y
+
+
+def test_results_single_list_tuple():
+    x, w, b, y = model()
+    t = be.make_transformer("numpy")
+    assert isinstance(t, be.NumPyTransformer)
+    xs = np.array([1.0, 2.0, 3.0])
+    expect = xs @ np.arange(6.0).reshape(3, 2) + 0.5
+    single = t.computation(y, x)
+    out = single(xs)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    np.testing.assert_allclose(out, expect)
+    lst = t.computation([y, be.SetItem(b, b + 1)], x)(xs)
+    assert isinstance(lst, tuple) and len(lst) == 2 and lst[1] is None
+    tup = t.computation((y,), x)(xs)
+    assert isinstance(tup, tuple) and len(tup) == 1
+    np.testing.assert_allclose(tup[0], expect + 1)
+
+
+def test_results_are_fresh_arrays():
+    x, w, b, y = model()
+    t = be.NumPyTransformer()
+    f = t.computation([y, w], x)
+    y1, w1 = f(np.ones(3))
+    y1[:] = 99
+    w1[:] = 99
+    y2, w2 = f(np.ones(3))
+    assert not np.any(y2 == 99) and not np.any(w2 == 99)
+
+
+def test_parameter_must_be_placeholder():
+    x, w, b, y = model()
+    with pytest.raises(ValueError, match="w_model.*not a placeholder"):
+        be.NumPyTransformer().computation(y, w)
+
+
+def test_missing_parameter_is_reported():
+    x, w, b, y = model()
+    with pytest.raises(ValueError, match="feed_x"):
+        be.NumPyTransformer().computation(y)
+
+
+def test_feed_errors_name_the_placeholder():
+    x, w, b, y = model()
+    f = be.NumPyTransformer().computation(y, x)
+    with pytest.raises(be.FeedError, match="takes 1 value"):
+        f()
+    with pytest.raises(be.FeedError, match=r"feed_x.*TA:3.*\(3,\).*\(4,\)"):
+        f(np.ones(4))
+    with pytest.raises(be.FeedError, match="feed_x.*complex128"):
+        f(np.ones(3, dtype=complex))
+    assert issubclass(be.FeedError, ValueError)
+    # same_kind conversions are accepted: float64 and ints into float32
+    np.testing.assert_allclose(f(np.ones(3)), f([1, 1, 1]))
+
+
+def test_float64_feed_is_converted_without_losing_shape():
+    p = be.placeholder([A], dtype=np.float64)
+    f = be.NumPyTransformer().computation(p * 2, p)
+    np.testing.assert_array_equal(f(np.arange(3, dtype=np.int32)), [0, 2, 4])
+
+
+def test_registry():
+    assert "numpy" in be.available_transformers()
+    with pytest.raises(be.UnknownTransformerError, match="no transformer named 'nope'.*numpy"):
+        be.make_transformer("nope")
+
+    class Mine(be.NumPyTransformer):
+        name = "mine"
+
+    be.register_transformer("mine-test", Mine)
+    try:
+        assert isinstance(be.make_transformer("mine-test"), Mine)
+        assert "mine-test" in be.available_transformers()
+    finally:
+        tbase._REGISTRY.pop("mine-test")
+
+
+def test_numpy_is_an_installed_entry_point():
+    names = set(tbase._entry_points())
+    assert "numpy" in names
+
+
+def test_initialize_is_idempotent_and_automatic():
+    x, w, b, y = model()
+    t = be.NumPyTransformer()
+    step = t.computation([y, be.SetItem(b, b + 1)], x)
+    step(np.zeros(3))  # allocates and initializes on first call
+    np.testing.assert_array_equal(t.state[b], [1.5, 1.5])
+    t.initialize()
+    np.testing.assert_array_equal(t.state[b], [1.5, 1.5])
+    t.initialize(force=True)
+    np.testing.assert_array_equal(t.state[b], [0.5, 0.5])
+    np.testing.assert_array_equal(t.state[w], np.arange(6.0).reshape(3, 2))
+
+
+def test_source_is_readable_numpy():
+    x, w, b, y = model()
+    f = be.NumPyTransformer().computation(y, x)
+    src = f.source
+    assert "def run(feed_x)" in src and "np.matmul(" in src and "out=" in src
+    assert __file__ in src  # each primitive names the user's line
+
+
+def trained(tmp_path):
+    x, w, b, y = model()
+    t = be.NumPyTransformer()
+    step = t.computation([y, be.SetItem(w, w * 1.5 + 0.1), be.SetItem(b, b - 0.3)], x)
+    step(np.ones(3))
+    return t, step, w, b
+
+
+def test_save_restore_round_trip_is_bitwise(tmp_path):
+    t, step, w, b = trained(tmp_path)
+    path = tmp_path / "ck.npz"
+    t.save(path)
+    saved = {v: t.state[v].copy() for v in (w, b)}
+    step(np.ones(3))
+    assert not np.array_equal(t.state[w], saved[w])
+    t.restore(path)
+    for v in (w, b):
+        assert t.state[v].tobytes() == saved[v].tobytes()
+    # a fresh transformer with the same model (same names) restores too
+    x2 = be.placeholder([A])
+    w2 = be.Variable(axes=[A, B], name="w_model")
+    b2 = be.Variable(axes=[B], name="b_model")
+    t2 = be.NumPyTransformer()
+    t2.computation(be.dot(x2, w2) + b2, x2)
+    t2.restore(path)
+    assert t2.state[w2].tobytes() == saved[w].tobytes()
+    with np.load(path, allow_pickle=False) as data:
+        assert sorted(data.files) == ["b_model", "w_model"]
+
+
+def _state(t):
+    return {v.name: a.copy() for v, a in t.state.items()}
+
+
+def _same(s1, s2):
+    return s1.keys() == s2.keys() and all(np.array_equal(s1[k], s2[k]) for k in s1)
+
+
+def test_bad_checkpoints_raise_and_leave_state(tmp_path):
+    t, step, w, b = trained(tmp_path)
+    before = _state(t)
+    with pytest.raises(be.CheckpointError, match="does not exist"):
+        t.restore(tmp_path / "missing.npz")
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"PK\x03\x04 not really a zip file")
+    with pytest.raises(be.CheckpointError, match="unreadable"):
+        t.restore(corrupt)
+    wrong_shape = tmp_path / "shape.npz"
+    np.savez(wrong_shape, w_model=np.zeros((2, 2), np.float32), b_model=np.zeros(2, np.float32))
+    with pytest.raises(be.CheckpointError, match="w_model"):
+        t.restore(wrong_shape)
+    wrong_dtype = tmp_path / "dtype.npz"
+    np.savez(wrong_dtype, w_model=np.zeros((3, 2)), b_model=np.zeros(2, np.float32))
+    with pytest.raises(be.CheckpointError, match="float64"):
+        t.restore(wrong_dtype)
+    missing_name = tmp_path / "names.npz"
+    np.savez(missing_name, w_model=np.zeros((3, 2), np.float32), other=np.zeros(1))
+    with pytest.raises(be.CheckpointError, match="missing.*b_model.*unexpected.*other"):
+        t.restore(missing_name)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, w_model=np.array([object()], dtype=object),
+             b_model=np.zeros(2, np.float32))
+    with pytest.raises(be.CheckpointError):
+        t.restore(pickled)
+    truncated = tmp_path / "trunc.npz"
+    t.save(truncated)
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(be.CheckpointError):
+        t.restore(truncated)
+    assert _same(before, _state(t))
+
+
+def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
+    t, step, w, b = trained(tmp_path)
+    path = tmp_path / "ck.npz"
+    t.save(path)
+    good = path.read_bytes()
+
+    def broken(f, **arrays):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken)
+    step(np.ones(3))
+    with pytest.raises(OSError, match="disk full"):
+        t.save(path)
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".geon")] == []
+
+
+def test_duplicate_variable_names_refuse_to_save(tmp_path):
+    v1 = be.Variable(axes=[A], name="dup")
+    v2 = be.Variable(axes=[A], name="dup")
+    t = be.NumPyTransformer()
+    t.computation([v1 + v2])
+    with pytest.raises(be.CheckpointError, match="dup"):
+        t.save(tmp_path / "x.npz")
+    assert not os.path.exists(tmp_path / "x.npz")
+
+
+def test_disable_pass_by_name_keeps_results():
+    def build():  # passes rewrite the graph they run on, so build one per transformer
+        x = be.placeholder([A], dtype=np.float64)
+        return be.log(be.exp(x)) * 1.0 + 0.0, x
+
+    on = be.NumPyTransformer().computation(*build())
+    off = be.NumPyTransformer(disable=["simplify", "fold"]).computation(*build())
+    v = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(on(v), off(v), rtol=1e-15)
+    assert "np.exp" in off.source and "np.exp" not in on.source
+    with pytest.raises(ValueError, match="unknown pass"):
+        be.NumPyTransformer(disable=["nonsense"])
+
+
+def test_computation_after_allocate_gets_storage():
+    x, w, b, y = model()
+    t = be.NumPyTransformer()
+    t.computation(y, x)
+    t.allocate()
+    t.initialize()
+    v = be.Variable(axes=[B], initial_value=2.0, name="late")
+    f = t.computation(y * v, x)
+    np.testing.assert_allclose(f(np.zeros(3)), [1.0, 1.0])
