@@ -247,3 +247,15 @@ def test_computation_after_allocate_gets_storage():
     v = be.Variable(axes=[B], initial_value=2.0, name="late")
     f = t.computation(y * v, x)
     np.testing.assert_allclose(f(np.zeros(3)), [1.0, 1.0])
+
+
+def test_initializers_run_once_in_initialize():
+    v = be.Variable(axes=[A], initial_value=1.0, name="init_v")
+    u = be.Variable(axes=[A], initial_value=2.0, name="init_u",
+                    initializers=[be.SetItem(v, 5.0, sequence=False)])
+    t = be.NumPyTransformer()
+    f = t.computation([u + v, be.SetItem(v, v + 1)])
+    total, _ = f()
+    np.testing.assert_array_equal(total, [7, 7, 7])  # v was set to 5 by u's initializer
+    total, _ = f()
+    np.testing.assert_array_equal(total, [8, 8, 8])  # and not again on later calls

@@ -332,10 +332,11 @@ class SetItem(VoidOp):
 
     ``value`` is broadcast to the tensor's axes by name. The SetItem becomes the
     tensor's ``user_deps``, so every op built afterwards that reads the tensor runs after
-    it; reads built before it see the old value.
+    it; reads built before it see the old value. ``sequence=False`` skips that (for
+    assignments used as ``initializers``, which run only in ``initialize``).
     """
 
-    def __init__(self, tensor, value, **kwargs):
+    def __init__(self, tensor, value, sequence=True, **kwargs):
         if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
             raise TypeError(f"SetItem needs a Variable or placeholder to assign to, not "
                             f"{tensor!r}")
@@ -349,7 +350,8 @@ class SetItem(VoidOp):
                 f"{self._where()}")
         check_lengths([("tensor", tensor.axes), ("value", value.axes)],
                       f"SetItem {self.name}", self._where())
-        tensor.user_deps = OrderedSet([self])
+        if sequence:
+            tensor.user_deps = OrderedSet([self])
 
     @property
     def tensor(self):
@@ -611,7 +613,7 @@ def variance(x, reduction_axes=None, out_axes=None, **kw):
     """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
     m = mean(x, reduction_axes, out_axes)
     d = x - m
-    return mean(d * d, m.args[0].reduction_axes, None, **kw)
+    return mean(d * d, m.args[0].reduction_axes, m.axes, **kw)
 
 
 class TensorSize(ComputationOp):

@@ -206,10 +206,15 @@ class Transformer:
         for v in todo:
             np.copyto(self.state[v], v.initial_array())
             self._initialized.add(v)
-        inits = [i for c in self.computations for op in c.ops for i in op.initializers]
+        inits = [i for c in self.computations for op in c.graph.initial_order
+                 for i in op.initializers]
         if inits and todo:
             from geon.op_graph.reference import evaluate
-            evaluate(inits, state=self.state_view())
+            values = dict(self.state)
+            evaluate(inits, state=values)
+            for v, a in values.items():
+                if v in self.state:  # in place: generated code holds these arrays
+                    np.copyto(self.state[v], a)
         self._initialized_all = True
 
     def state_view(self):

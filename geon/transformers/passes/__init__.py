@@ -27,7 +27,8 @@ class Graph:
                 s = og.snap(a)
                 if s is not a:
                     op.replace_arg(a, s)
-        self.initial = set(self.ops())
+        self.initial_order = self.ops()
+        self.initial = set(self.initial_order)
         self._assigns = any(isinstance(op, ASSIGN_CLASSES) for op in self.initial)
 
     def ops(self):
