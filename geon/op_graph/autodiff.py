@@ -175,7 +175,8 @@ def _prod(op, d): return (og.Broadcast(d * op, op.args[0].axes) / op.args[0],)
 @R(og.Max, og.Min)
 def _maxmin(op, d):
     x = op.args[0]
-    return (og.Equal(x, op) * d,)
+    hit = og.Equal(x, op)  # tied extremes share the derivative equally
+    return (hit * (d / og.Sum(hit, reduction_axes=op.reduction_axes)),)
 @R(og.Broadcast, og.AxesWithOrder, pr.Copy)
 def _same(op, d): return (d,)
 @R(og.CastAxes)
@@ -203,7 +204,9 @@ def _rsum(op, d): return (_expand_back(op, d),)
 @R(pr.ReduceProd)
 def _rprod(op, d): return (_expand_back(op, d * op) / op.args[0],)
 @R(pr.ReduceMax, pr.ReduceMin)
-def _rmax(op, d): return (_expand_back(op, d) * og.Equal(op.args[0], _expand_back(op, op)),)
+def _rmax(op, d):
+    hit = og.Equal(op.args[0], _expand_back(op, op))
+    return (_expand_back(op, d / pr.ReduceSum(hit, op.axis)) * hit,)
 @R(pr.Dimshuffle)
 def _dimshuffle(op, d):
     inv = [0] * len(op.perm)

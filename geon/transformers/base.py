@@ -131,13 +131,15 @@ class Transformer:
     name = None
     base_set = STANDARD_BASE_SET
     computation_class = Computation
+    backend_steps = ()  # names of optional backend steps that ``disable`` accepts
 
     def __init__(self, disable=()):
         self.disabled = set(disable)
-        unknown = self.disabled - {p.name for p in self.passes()}
+        known = [p.name for p in self.passes()] + list(self.backend_steps)
+        unknown = self.disabled - set(known)
         if unknown:
             raise ValueError(f"unknown pass name(s) {sorted(unknown)}; passes are "
-                             f"{[p.name for p in self.passes()]}")
+                             f"{known}")
         self.computations = []
         self.state = {}
         self._initialized = set()

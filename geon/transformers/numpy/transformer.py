@@ -25,7 +25,9 @@ from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
+from geon.transformers import memory
 from geon.transformers.base import Computation, Transformer, register_transformer
+from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
 NUMPY_CODE = {}
 
@@ -131,15 +133,24 @@ class NumPyComputation(Computation):
 
     def _generate(self):
         taken = {"np", "setup", "run"}
-        names, buffers, consts, variables = {}, {}, {}, {}
+        names, consts, variables = {}, {}, {}
         scalars = {}
         dynamic = set()
         setup, body = [], []
-        for i, p in enumerate(self.params):
+        for p in self.params:
             names[p] = _ident(f"{p.name}", taken)
             dynamic.add(p)
         self._copy_feeds = False
         order = schedule(self.results)
+        if "memory" in self.transformer.disabled:
+            plan = unshared_plan(order, self.results)
+        else:
+            plan = plan_memory(order, self.results)
+        if memory.VERIFY:
+            verify_plan(order, self.results, plan)
+        self.plan = plan
+        arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
+        fresh = set()
         for op in order:
             if op in names:
                 continue
@@ -169,7 +180,15 @@ class NumPyComputation(Computation):
                         self._copy_feeds = True
                 else:
                     out = names[op] = _ident("t_" + op.name, taken)
-                    buffers[out] = (op.axes.shape, op.dtype)
+                    shape, dtype = op.axes.shape, op.dtype
+                    if op in plan.slot:
+                        setup.append(f"    {out} = {arenas[plan.slot[op]]}"
+                                     f"[:{op.axes.size * dtype.itemsize}]"
+                                     f".view(np.{dtype.name}).reshape({shape})")
+                    else:  # a result: a new array each call, handed to the caller
+                        body.append(f"    {out} = np.empty({shape}, np.{dtype.name})")
+                        dynamic.add(op)
+                        fresh.add(op)
                 args = [scalars.get(a) or names[a] if isinstance(op, og.ElementWise)
                         else names[a] for a in op.args]
                 lines = rule(op, out, args)
@@ -179,14 +198,18 @@ class NumPyComputation(Computation):
         for r in self.results:
             if isinstance(r, og.VoidOp):
                 returns.append("None")
+            elif r in fresh:
+                returns.append(names[r])
             else:
                 returns.append(f"np.array({names[r]})")
         params = ", ".join(names[p] for p in self.params)
         glob = [ln.split(" = ")[0].strip() for ln in setup]
         src = [f"# geon NumPy transformer: computation of "
                f"{', '.join(getattr(r, 'name', '?') for r in self.requested)}"]
-        for n, (shape, dtype) in buffers.items():
-            src.append(f"# buffer {n}: {dtype} {shape}")
+        for a, size in zip(arenas, plan.sizes):
+            src.append(f"# {a}: {size} bytes, shared by "
+                       + ", ".join(names[o] for o, k in plan.slot.items()
+                                   if arenas[k] == a))
         src.append("def setup():")
         if glob:
             src.append("    global " + ", ".join(glob))
@@ -194,8 +217,9 @@ class NumPyComputation(Computation):
         src.append(f"def run({params}):")
         src.extend(body)
         src.append(f"    return ({', '.join(returns)},)")
+        self._arenas = dict(zip(arenas, plan.sizes))
         self._source = "\n".join(src) + "\n"
-        self._buffers, self._consts, self._variables = buffers, consts, variables
+        self._consts, self._variables = consts, variables
         fname = f"<geon-numpy-{id(self):x}>"
         linecache.cache[fname] = (len(self._source), None, self._source.splitlines(True),
                                   fname)
@@ -211,8 +235,8 @@ class NumPyComputation(Computation):
         state = self.transformer.state
         for n, v in self._variables.items():
             ns[n] = state[v]
-        for n, (shape, dtype) in self._buffers.items():
-            ns[n] = np.empty(shape, dtype)
+        for n, size in self._arenas.items():
+            ns[n] = np.empty(size, np.uint8)
         ns.update(self._consts)
         exec(self._code, ns)
         ns["setup"]()
@@ -229,6 +253,8 @@ class NumPyTransformer(Transformer):
 
     name = "numpy"
     computation_class = NumPyComputation
+    backend_steps = ("memory",)  # liveness-based buffer sharing; disable to get one
+                                 # buffer per value
 
 
 register_transformer("numpy", NumPyTransformer)

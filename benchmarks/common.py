@@ -1,0 +1,38 @@
+"""Shared helpers for the benchmarks: interleaved timing with medians, table printing."""
+
+import statistics
+import time
+
+
+def interleaved(fns, repeats=15, inner=1, warmup=2):
+    """Median seconds per call of each function in ``fns`` (a dict name -> callable),
+    timing them round-robin so that machine noise hits all of them alike."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    samples = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                f()
+            samples[k].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def table(title, header, rows):
+    """Print a Markdown table."""
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    return rows
+
+
+def ms(s):
+    return f"{s * 1e3:.3f} ms"
+
+
+def us(s):
+    return f"{s * 1e6:.2f} µs"

@@ -1,0 +1,99 @@
+"""MLP training step, 784-512-512-10, ReLU, softmax cross-entropy, SGD on all weights
+and biases, float32: geon against hand-written NumPy, plus the matrix products alone."""
+
+import numpy as np
+
+import geon as be
+
+SIZES = (784, 512, 512, 10)
+LR = 0.01
+
+
+def init_params(seed=0):
+    rng = np.random.default_rng(seed)
+    params = []
+    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
+        params.append((rng.standard_normal((fan_out, fan_in)).astype(np.float32)
+                       * np.float32(np.sqrt(2.0 / fan_in)),
+                       np.zeros(fan_out, np.float32)))
+    return params
+
+
+def data(batch, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((SIZES[0], batch)).astype(np.float32)
+    t = np.eye(SIZES[-1], dtype=np.float32)[rng.integers(0, SIZES[-1], batch)].T.copy()
+    return x, t
+
+
+def geon_step(batch, params, transformer=None):
+    """The geon training step: returns (computation, transformer)."""
+    axes = [be.Axis(n, f"L{i}") for i, n in enumerate(SIZES)]
+    N = be.Axis(batch, "N", batch=True)
+    x = be.placeholder([axes[0], N], name="x")
+    t = be.placeholder([axes[-1], N], name="t")
+    h = x
+    variables = []
+    for i, (W, b) in enumerate(params):
+        Wv = be.Variable(axes=[axes[i + 1], axes[i]], initial_value=W, name=f"W{i}")
+        bv = be.Variable(axes=[axes[i + 1]], initial_value=b, name=f"b{i}")
+        variables += [Wv, bv]
+        h = be.dot(Wv, h) + bv
+        if i < len(params) - 1:
+            h = be.maximum(h, 0.0)
+    y = be.softmax(h)
+    loss = be.sum(be.cross_entropy_multi(y, t), out_axes=()) / batch
+    updates = [be.SetItem(v, v - LR * be.deriv(loss, v)) for v in variables]
+    tr = transformer or be.NumPyTransformer()
+    return tr.computation([loss] + updates, x, t), tr
+
+
+def numpy_step(params):
+    """Hand-written NumPy, the natural way: ``@``, ``np.maximum``, new arrays."""
+    params = [(W.copy(), b.copy()) for W, b in params]
+
+    def step(x, t):
+        acts, pre = [x], []
+        h = x
+        for i, (W, b) in enumerate(params):
+            z = W @ h + b[:, None]
+            pre.append(z)
+            h = np.maximum(z, 0) if i < len(params) - 1 else z
+            acts.append(h)
+        z = acts[-1]
+        e = np.exp(z - z.max(axis=0, keepdims=True))
+        p = e / e.sum(axis=0, keepdims=True)
+        batch = x.shape[1]
+        loss = -np.sum(t * np.log(p)) / batch
+        d = (p - t) / batch
+        for i in reversed(range(len(params))):
+            W, b = params[i]
+            dW = d @ acts[i].T
+            db = d.sum(axis=1)
+            if i:
+                d = (W.T @ d) * (pre[i - 1] > 0)
+            W -= LR * dW
+            b -= LR * db
+        return loss
+
+    return step
+
+
+def matmul_only(params):
+    """Only the matrix products of the same step (forward and backward)."""
+    Ws = [W for W, _ in params]
+
+    def step(x, t):
+        acts = [x]
+        h = x
+        for W in Ws:
+            h = W @ h
+            acts.append(h)
+        d = h[: SIZES[-1]]
+        for i in reversed(range(len(Ws))):
+            d @ acts[i].T
+            if i:
+                d = Ws[i].T @ d
+        return d
+
+    return step

@@ -1,0 +1,162 @@
+"""Memory planning: liveness-based buffer sharing and in-place execution.
+
+The planner gives every op that produces a value (a *producer*: not storage, not a
+view, not a requested result) a place in an *arena*, a byte buffer shared over time by
+values whose lifetimes do not overlap. A value lives from the step that computes it to
+the last step that reads it, directly or through views of it. An elementwise op may
+write into the arena of an argument that dies at that op, when it reads that argument
+only directly, with its own shape (in-place execution).
+
+Persistent state (variables), constants, placeholders and requested results are never
+placed in arenas. :func:`verify_plan` replays a plan and proves that no value is
+overwritten while a later step still reads it; the tests run it on every computation.
+"""
+
+from geon.errors import GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+
+#: Set by the test suite: verify every plan the NumPy transformer makes.
+VERIFY = False
+
+
+class Plan:
+    """``slot[op]`` is the arena index of each planned producer; ``sizes[i]`` the byte
+    size of arena ``i``; ``inplace`` the producers written over one of their args."""
+
+    def __init__(self):
+        self.slot = {}
+        self.sizes = []
+        self.inplace = set()
+
+    @property
+    def total_bytes(self):
+        return sum(self.sizes)
+
+
+def _nbytes(op):
+    return op.axes.size * op.dtype.itemsize
+
+
+def is_producer(op):
+    """Whether ``op`` computes a new value into a buffer."""
+    return isinstance(op, og.TensorOp) and not isinstance(
+        op, (og.AssignableTensorOp, pr.ViewOp))
+
+
+def value_roots(order):
+    """``{op: producer or storage whose elements op's value is}`` (views resolved)."""
+    root = {}
+    for op in order:
+        if isinstance(op, pr.ViewOp):
+            root[op] = root.get(op.args[0], op.args[0])
+        elif isinstance(op, og.TensorOp):
+            root[op] = op
+    return root
+
+
+def _reads(order, root):
+    """For each step, the roots it reads (through args)."""
+    return [[root.get(a, a) for a in op.args] for op in order]
+
+
+def _inplace_ok(op, arg_root, root):
+    """``op`` may overwrite ``arg_root`` while computing: elementwise, and every arg of
+    ``op`` rooted there is ``arg_root`` itself with ``op``'s shape."""
+    if not isinstance(op, og.ElementWise) or _nbytes(arg_root) != _nbytes(op) \
+            or arg_root.dtype != op.dtype:
+        return False
+    return all(a is arg_root and a.axes.lengths == op.axes.lengths
+               for a in op.args if root.get(a, a) is arg_root)
+
+
+def plan_memory(order, results, inplace=True):
+    """Plan arenas for the producers in ``order`` (a schedule) that are not in
+    ``results``. Returns a :class:`Plan`."""
+    root = value_roots(order)
+    reads = _reads(order, root)
+    last = {}
+    for i, rs in enumerate(reads):
+        for r in rs:
+            last[r] = i
+    end = len(order)
+    for r in results:
+        last[root.get(r, r)] = end  # results and what they view live to the end
+    keep = {root.get(r, r) for r in results}
+    plan = Plan()
+    free = []        # arena indices free now
+    occupant = {}    # arena -> producer held
+    for i, op in enumerate(order):
+        dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
+        if is_producer(op) and op not in keep:
+            need = _nbytes(op)
+            arena = None
+            if inplace:
+                for r in dying:
+                    if _inplace_ok(op, r, root):
+                        arena = plan.slot[r]
+                        plan.inplace.add(op)
+                        break
+            if arena is None:
+                fits = [a for a in free if plan.sizes[a] >= need]
+                if fits:
+                    arena = min(fits, key=lambda a: plan.sizes[a])
+                elif free:
+                    arena = max(free, key=lambda a: plan.sizes[a])
+                    plan.sizes[arena] = need
+                else:
+                    arena = len(plan.sizes)
+                    plan.sizes.append(need)
+                if arena in free:
+                    free.remove(arena)
+            plan.slot[op] = arena
+            occupant[arena] = op
+        for r in dying:
+            a = plan.slot[r]
+            if occupant.get(a) is r:
+                occupant.pop(a)
+                free.append(a)
+    return plan
+
+
+def verify_plan(order, results, plan):
+    """Replay ``plan`` over ``order``; raise :class:`GeonError` if some step reads a
+    value whose arena was overwritten since it was computed, or if a step overwrites
+    an arg it reads in a way that is not a safe elementwise in-place update."""
+    root = value_roots(order)
+    holder = {}  # arena -> producer whose value it holds now
+    for i, op in enumerate(order):
+        read = [root.get(a, a) for a in op.args]
+        for r in read:
+            a = plan.slot.get(r)
+            if a is not None and holder.get(a) is not r:
+                raise GeonError(f"memory plan: step {i} ({op.name}) reads {r.name} from "
+                                f"arena {a}, which now holds "
+                                f"{getattr(holder.get(a), 'name', 'nothing')}")
+        a = plan.slot.get(op)
+        if a is not None:
+            for r in read:
+                if plan.slot.get(r) == a and not _inplace_ok(op, r, root):
+                    raise GeonError(f"memory plan: {op.name} overwrites its input "
+                                    f"{r.name} in arena {a} unsafely")
+            if _nbytes(op) > plan.sizes[a]:
+                raise GeonError(f"memory plan: {op.name} does not fit arena {a}")
+            holder[a] = op
+    for r in results:
+        r = root.get(r, r)
+        a = plan.slot.get(r)
+        if a is not None and holder.get(a) is not r:
+            raise GeonError(f"memory plan: result {r.name} was overwritten")
+    return True
+
+
+def unshared_plan(order, results):
+    """One arena per producer (no sharing, nothing in place): the plan with memory
+    planning switched off."""
+    plan = Plan()
+    keep = {value_roots(order).get(r, r) for r in results}
+    for op in order:
+        if is_producer(op) and op not in keep:
+            plan.slot[op] = len(plan.sizes)
+            plan.sizes.append(_nbytes(op))
+    return plan

@@ -1,0 +1,465 @@
+"""The op table: one list of cases that drives the forward tests (tests/test_ops.py) and
+the gradient checks (tests/test_gradcheck.py).
+
+Each :class:`OpCase` says
+
+- ``name``: a readable test id;
+- ``op``: the public geon function it covers (``"add"``, ``"sum"``, ...), so that
+  coverage of the whole op set can be asserted;
+- ``inputs``: one :class:`Inp` per input: its axes, its value domain (positive for
+  ``log``, tie-free for ``max`` ...), and whether it holds floats or integer labels;
+- ``build(*input_ops)``: the geon graph under test;
+- ``out``: the names of the result's axes, in order (the axes rule is checked too);
+- ``expect(*arrays)``: the expected value, written directly with NumPy on float64
+  copies of the inputs (laid out as their ``Inp.axes``), with every axis order explicit.
+  It never calls geon, so it is independent of geon's reference evaluator;
+- ``grad``: whether the gradient checker applies (a derivative exists almost
+  everywhere and the inputs' domain keeps away from kinks and ties; for piecewise
+  constant ops such as ``sign`` or comparisons that derivative is zero);
+- ``out_dtype``: ``None`` for the float type of the inputs, else a fixed dtype;
+- ``pass_dtype``: ``build`` takes the float type as a ``dtype=`` keyword.
+
+The axes are fresh objects with small, mostly distinct lengths so that a transposition
+or a wrong axis choice changes shapes or values.
+"""
+
+import dataclasses
+import zlib
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+import geon as be
+
+# --- axes ------------------------------------------------------------------------------
+C = be.Axis(3, "C")
+H = be.Axis(4, "H")
+W = be.Axis(2, "W")
+N = be.Axis(5, "N", batch=True)
+T = be.Axis(2, "T", recurrent=True)
+C2 = be.Axis(3, "C2")   # for cast_axes
+H2 = be.Axis(4, "H2")
+
+
+# --- value domains ----------------------------------------------------------------------
+def _grid(rng, shape, offset):
+    return rng.integers(-8, 9, size=shape) * 0.25 + offset
+
+
+def _distinct(rng, shape):
+    n = int(np.prod(shape, dtype=np.int64))
+    return ((rng.permutation(n) - n // 2) * 0.25 + 0.125).reshape(shape)
+
+
+def _nonzero(rng, shape):
+    return rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def _with_zeros(rng, shape):
+    v = rng.uniform(0.0, 2.0, shape)
+    v.reshape(-1)[::3] = 0.0
+    return v
+
+
+#: domain name -> fn(rng, shape) -> float64 array. All values are exact or far from the
+#: kinks of the ops that use them.
+DOMAINS = {
+    "real": lambda rng, s: rng.uniform(-2.0, 2.0, s),
+    "positive": lambda rng, s: rng.uniform(0.5, 2.0, s),
+    "nonzero": _nonzero,                      # |x| >= 0.5 (abs, sign, reciprocal, prod)
+    "unit": lambda rng, s: rng.uniform(0.05, 0.95, s),   # probabilities / targets
+    "wide": lambda rng, s: rng.uniform(-40.0, 40.0, s),  # sigmoid saturation
+    "distinct": _distinct,                    # no ties inside one tensor (max, argmax)
+    "grid0": lambda rng, s: _grid(rng, s, 0.0),     # multiples of 1/4 ...
+    "grid1": lambda rng, s: _grid(rng, s, 0.125),   # ... never equal to these (>= 1/8 apart)
+    "int3": lambda rng, s: rng.integers(-1, 2, s).astype(np.float64),  # many ties
+    "with_zeros": _with_zeros,                # exact zeros (safelog's floor, sign(0))
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Inp:
+    """An input: its axes, value domain, and kind (``"float"`` or ``"label"``; labels are
+    int64 in ``[0, high)``)."""
+
+    axes: Tuple[be.Axis, ...]
+    domain: str = "real"
+    kind: str = "float"
+    high: int = 0
+
+    def make(self, rng, dtype):
+        shape = tuple(a.length for a in self.axes)
+        if self.kind == "label":
+            return rng.integers(0, self.high, size=shape).astype(np.int64)
+        return np.asarray(DOMAINS[self.domain](rng, shape), dtype=dtype)
+
+    def dtype(self, float_dtype):
+        return np.dtype(np.int64) if self.kind == "label" else np.dtype(float_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+    name: str
+    op: str
+    inputs: Tuple[Inp, ...]
+    build: Callable
+    out: Tuple[str, ...]
+    expect: Callable
+    grad: bool = True
+    out_dtype: Optional[str] = None
+    pass_dtype: bool = False
+
+    def __repr__(self):
+        return self.name
+
+    def arrays(self, dtype, seed=0):
+        """Deterministic input values for this case in float type ``dtype``."""
+        rng = np.random.default_rng(zlib.crc32(self.name.encode()) + seed)
+        return [i.make(rng, dtype) for i in self.inputs]
+
+    def result_dtype(self, float_dtype):
+        return np.dtype(self.out_dtype) if self.out_dtype else np.dtype(float_dtype)
+
+    def make(self, xs, float_dtype):
+        """Build the op under test from input ops ``xs``."""
+        if self.pass_dtype:
+            return self.build(*xs, dtype=float_dtype)
+        return self.build(*xs)
+
+    def expected(self, arrays):
+        """The NumPy expectation from the (rounded) input values, in float64."""
+        args = [a if a.dtype.kind == "i" else a.astype(np.float64) for a in arrays]
+        with np.errstate(all="raise"):
+            return np.asarray(self.expect(*args))
+
+
+CASES = []
+
+
+def case(name, op, inputs, build, out, expect, **kw):
+    inputs = tuple(i if isinstance(i, Inp) else Inp(tuple(i)) for i in inputs)
+    CASES.append(OpCase(name, op, inputs, build, tuple(out), expect, **kw))
+
+
+def I(*axes, domain="real"):  # noqa: E743 - short on purpose: I(C, N, domain="positive")
+    return Inp(tuple(axes), domain)
+
+
+def softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softmax0(x, axes=(0,)):
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+# --- elementwise binary, with broadcasting by name -------------------------------------
+case("add(C,N)+(C,N)", "add", [I(C, N), I(C, N)], be.add, "CN", lambda a, b: a + b)
+case("add(C,N)+(N)", "add", [I(C, N), I(N)], be.add, "CN", lambda a, b: a + b[None, :])
+case("add(C)+(N)->outer", "add", [I(C), I(N)], be.add, "CN",
+     lambda a, b: a[:, None] + b[None, :])
+case("add(C,H)+(H,C)", "add", [I(C, H), I(H, C)], lambda a, b: a + b, "CH",
+     lambda a, b: a + b.T)
+case("add_scalar", "add", [I(C, N)], lambda a: a + 1.5, "CN", lambda a: a + 1.5)
+case("subtract(C,H)-(H,C)", "subtract", [I(C, H), I(H, C)], be.subtract, "CH",
+     lambda a, b: a - b.T)
+case("subtract(N)-(C,N)", "subtract", [I(N), I(C, N)], be.subtract, "NC",
+     lambda a, b: a[:, None] - b.T)
+case("rsubtract_scalar", "subtract", [I(C, N)], lambda a: 1.0 - a, "CN", lambda a: 1.0 - a)
+case("multiply(N)*(C,N)", "multiply", [I(N), I(C, N)], be.multiply, "NC",
+     lambda a, b: a[:, None] * b.T)
+case("multiply(C,H,N)*(N,C)", "multiply", [I(C, H, N), I(N, C)], lambda a, b: a * b,
+     "CHN", lambda a, b: a * b.T[:, None, :])
+case("multiply(H,C)*(C,N,H)", "multiply", [I(H, C), I(C, N, H)], be.multiply, "HCN",
+     lambda a, b: a[:, :, None] * np.einsum("cnh->hcn", b))
+case("divide(C,N)/(N)", "divide", [I(C, N), I(N, domain="nonzero")], be.divide, "CN",
+     lambda a, b: a / b[None, :])
+case("divide(N)/(N,C)", "divide", [I(N), I(N, C, domain="nonzero")], lambda a, b: a / b,
+     "NC", lambda a, b: a[:, None] / b)
+case("rdivide_scalar", "divide", [I(C, N, domain="nonzero")], lambda a: 2.0 / a, "CN",
+     lambda a: 2.0 / a)
+case("power(C,N)**(N)", "power", [I(C, N, domain="positive"), I(N)], be.power, "CN",
+     lambda a, b: a ** b[None, :])
+case("power(H,C)**(C,H)", "power", [I(H, C, domain="positive"), I(C, H)], be.power,
+     "HC", lambda a, b: a ** b.T)
+case("power_scalar3", "power", [I(C, N)], lambda a: a ** 3.0, "CN", lambda a: a ** 3)
+case("power_scalar2", "power", [I(C, N)], lambda a: a ** 2, "CN", lambda a: a * a)
+case("rpower_scalar", "power", [I(C, N)], lambda a: 2.0 ** a, "CN", lambda a: 2.0 ** a)
+case("maximum(C,N),(N)", "maximum", [I(C, N, domain="grid0"), I(N, domain="grid1")],
+     be.maximum, "CN", lambda a, b: np.maximum(a, b[None, :]))
+case("maximum(N),(N,C)", "maximum", [I(N, domain="grid1"), I(N, C, domain="grid0")],
+     be.maximum, "NC", lambda a, b: np.maximum(a[:, None], b))
+case("minimum(C,N),(N,C)", "minimum", [I(C, N, domain="grid0"), I(N, C, domain="grid1")],
+     be.minimum, "CN", lambda a, b: np.minimum(a, b.T))
+case("minimum(H),(C,H)", "minimum", [I(H, domain="grid1"), I(C, H, domain="grid0")],
+     be.minimum, "HC", lambda a, b: np.minimum(a[:, None], b.T))
+
+# --- comparisons: 1.0 / 0.0 in the float type. With ties (forward only) ... -------------
+for _name, _fn, _npfn in [("equal", be.equal, np.equal),
+                          ("not_equal", be.not_equal, np.not_equal),
+                          ("less", be.less, np.less),
+                          ("less_equal", be.less_equal, np.less_equal),
+                          ("greater", be.greater, np.greater),
+                          ("greater_equal", be.greater_equal, np.greater_equal)]:
+    case(f"{_name}(C,N),(N)", _name, [I(C, N, domain="int3"), I(N, domain="int3")], _fn,
+         "CN", lambda a, b, f=_npfn: f(a, b[None, :]).astype(np.float64), grad=False)
+    case(f"{_name}(H,C),(C,H)", _name, [I(H, C, domain="int3"), I(C, H, domain="int3")],
+         _fn, "HC", lambda a, b, f=_npfn: f(a, b.T).astype(np.float64), grad=False)
+# ... and tie-free, where the (zero) derivative is checked.
+case("less_tiefree", "less", [I(C, N, domain="grid0"), I(N, domain="grid1")],
+     lambda a, b: a < b, "CN", lambda a, b: (a < b[None, :]).astype(np.float64))
+case("greater_equal_tiefree", "greater_equal",
+     [I(C, N, domain="grid1"), I(N, C, domain="grid0")], lambda a, b: a >= b, "CN",
+     lambda a, b: (a >= b.T).astype(np.float64))
+
+# --- elementwise unary -------------------------------------------------------------------
+case("negative", "negative", [I(C, N)], be.negative, "CN", lambda x: -x)
+case("negative_op", "negative", [I(C, N)], lambda x: -x, "CN", lambda x: -x)
+case("absolute", "absolute", [I(C, N, domain="nonzero")], be.absolute, "CN", np.abs)
+case("sign", "sign", [I(C, N, domain="nonzero")], be.sign, "CN", np.sign)
+case("sign_zeros", "sign", [I(C, N, domain="int3")], be.sign, "CN", np.sign, grad=False)
+case("square", "square", [I(C, N)], be.square, "CN", lambda x: x * x)
+case("sqrt", "sqrt", [I(C, N, domain="positive")], be.sqrt, "CN", np.sqrt)
+case("reciprocal", "reciprocal", [I(C, N, domain="nonzero")], be.reciprocal, "CN",
+     lambda x: 1.0 / x)
+case("exp", "exp", [I(C, N)], be.exp, "CN", np.exp)
+case("log", "log", [I(C, N, domain="positive")], be.log, "CN", np.log)
+case("log_exp", "log", [I(C, N)], lambda x: be.log(be.exp(x)), "CN", lambda x: x)
+case("safelog", "safelog", [I(C, N, domain="positive")], be.safelog, "CN", np.log)
+case("safelog_zeros", "safelog", [I(C, N, domain="with_zeros")], be.safelog, "CN",
+     lambda x: np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), -50.0), grad=False)
+case("sin", "sin", [I(C, N)], be.sin, "CN", np.sin)
+case("cos", "cos", [I(C, N)], be.cos, "CN", np.cos)
+case("tanh", "tanh", [I(C, N)], be.tanh, "CN", np.tanh)
+case("sigmoid", "sigmoid", [I(C, N)], be.sigmoid, "CN", sigmoid)
+case("sigmoid_wide", "sigmoid", [I(C, N, domain="wide")], be.sigmoid, "CN", sigmoid)
+
+# --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
+_RED = {
+    "sum": (be.sum, np.sum, "real"),
+    "max": (be.max, np.max, "distinct"),
+    "min": (be.min, np.min, "distinct"),
+    "mean": (be.mean, np.mean, "real"),
+    "prod": (be.prod, np.prod, "nonzero"),
+    "variance": (be.variance, np.var, "real"),
+}
+for _name, (_fn, _npfn, _dom) in _RED.items():
+    x3 = I(C, H, N, domain=_dom)
+    case(f"{_name}_default", _name, [x3], _fn, "N",
+         lambda x, f=_npfn: f(x, axis=(0, 1)))
+    case(f"{_name}_red(H)", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=H), "CN",
+         lambda x, f=_npfn: f(x, axis=1))
+    case(f"{_name}_red(N,C)", _name, [x3],
+         lambda x, fn=_fn: fn(x, reduction_axes=be.Axes(N, C)), "H",
+         lambda x, f=_npfn: f(x, axis=(0, 2)))
+    case(f"{_name}_out(N,C)", _name, [x3], lambda x, fn=_fn: fn(x, out_axes=(N, C)), "NC",
+         lambda x, f=_npfn: f(x, axis=1).T)
+    case(f"{_name}_all", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=x.axes), "",
+         lambda x, f=_npfn: f(x))
+case("sum_default_recurrent", "sum", [I(C, T, N)], be.sum, "TN",
+     lambda x: x.sum(axis=0))
+case("sum_red_and_out", "sum", [I(C, H, N)],
+     lambda x: be.sum(x, reduction_axes=(C, H), out_axes=(N,)), "N",
+     lambda x: x.sum(axis=(0, 1)))
+case("mean_red(N)", "mean", [I(C, N)], lambda x: be.mean(x, reduction_axes=N), "C",
+     lambda x: x.mean(axis=1))
+case("max_vector", "max", [I(C, domain="distinct")], be.max, "", np.max)
+# Ties: max(x, x, x, x) = x, so tied extremes must share the derivative (sum 1, not 4).
+case("max_over_broadcast", "max", [I(C)],
+     lambda x: be.max(be.broadcast(x, (H, C)), reduction_axes=H), "C", lambda x: x)
+case("min_over_broadcast", "min", [I(C, N)],
+     lambda x: be.min(be.broadcast(x, (N, H, C)), out_axes=(N, C)), "NC", lambda x: x.T)
+case("max_ties", "max", [I(C, H, N, domain="int3")], be.max, "N",
+     lambda x: x.max(axis=(0, 1)), grad=False)
+
+
+def _argred(np_arg, x, keep, red):
+    """Index of the extreme of ``x`` (axes C, H, N = 0, 1, 2) row-major over the
+    positions ``red`` (in x's order), for each index of the positions ``keep``."""
+    xt = np.transpose(x, list(keep) + list(red))
+    shape = xt.shape[:len(keep)]
+    return np_arg(xt.reshape(shape + (-1,)), axis=-1)
+
+
+for _name, _fn, _npfn in [("argmax", be.argmax, np.argmax), ("argmin", be.argmin, np.argmin)]:
+    x3 = I(C, H, N, domain="distinct")
+    kw = dict(grad=False, out_dtype="int64")
+    case(f"{_name}_default", _name, [x3], _fn, "N",
+         lambda x, f=_npfn: _argred(f, x, [2], [0, 1]), **kw)
+    case(f"{_name}_red(H)", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=H), "CN",
+         lambda x, f=_npfn: f(x, axis=1), **kw)
+    case(f"{_name}_red(N,C)", _name, [x3],
+         lambda x, fn=_fn: fn(x, reduction_axes=(N, C)), "H",
+         lambda x, f=_npfn: _argred(f, x, [1], [0, 2]), **kw)
+    case(f"{_name}_out(N,C)", _name, [x3], lambda x, fn=_fn: fn(x, out_axes=(N, C)), "NC",
+         lambda x, f=_npfn: f(x, axis=1).T, **kw)
+    case(f"{_name}_all", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=x.axes), "",
+         lambda x, f=_npfn: f(x.reshape(-1)), **kw)
+
+# --- dot: contracts the shared axes; result = a's other axes then b's other axes ---------
+case("dot_vv", "dot", [I(C), I(C)], be.dot, "", lambda a, b: a @ b)
+case("dot_mv", "dot", [I(C, H), I(H)], be.dot, "C", lambda a, b: a @ b)
+case("dot_vm", "dot", [I(H), I(C, H)], be.dot, "C", lambda a, b: b @ a)
+case("dot_mm", "dot", [I(C, H), I(H, W)], be.dot, "CW", lambda a, b: a @ b)
+case("dot_mm_transposed", "dot", [I(H, C), I(W, H)], be.dot, "CW",
+     lambda a, b: a.T @ b.T)
+case("dot_batch", "dot", [I(C, H), I(H, N)], be.dot, "CN", lambda a, b: a @ b)
+case("dot_two_shared", "dot", [I(C, H, W), I(W, N, H)], be.dot, "CN",
+     lambda a, b: np.einsum("chw,wnh->cn", a, b))
+case("dot_two_shared_interleaved", "dot", [I(H, C, W), I(N, W, H)], be.dot, "CN",
+     lambda a, b: np.einsum("hcw,nwh->cn", a, b))
+case("dot_full_contraction", "dot", [I(C, H), I(H, C)], be.dot, "",
+     lambda a, b: np.einsum("ch,hc->", a, b))
+case("dot_full_contraction_3d", "dot", [I(C, H, N), I(N, C, H)], be.dot, "",
+     lambda a, b: np.einsum("chn,nch->", a, b))
+case("dot_outer_vv", "dot", [I(C), I(N)], be.dot, "CN", lambda a, b: np.outer(a, b))
+case("dot_outer_mv", "dot", [I(C, H), I(N)], be.dot, "CHN",
+     lambda a, b: a[:, :, None] * b[None, None, :])
+case("dot_scalar_vector", "dot", [I(), I(C)], be.dot, "C", lambda a, b: a * b)
+
+# --- softmax and cross-entropy -----------------------------------------------------------
+case("softmax(C,N)", "softmax", [I(C, N)], be.softmax, "CN", softmax0)
+case("softmax(N,C)", "softmax", [I(N, C)], be.softmax, "NC",
+     lambda x: softmax0(x, (1,)))
+case("softmax(C,H,N)", "softmax", [I(C, H, N)], be.softmax, "CHN",
+     lambda x: softmax0(x, (0, 1)))
+case("softmax_norm(H)", "softmax", [I(C, H, N)],
+     lambda x: be.softmax(x, normalization_axes=H), "CHN", lambda x: softmax0(x, (1,)))
+case("softmax_large_logits", "softmax", [I(C, N, domain="wide")], be.softmax, "CN",
+     softmax0)
+case("cross_entropy_multi(softmax)", "cross_entropy_multi",
+     [I(C, N), I(C, N, domain="unit")],
+     lambda x, t: be.cross_entropy_multi(be.softmax(x), t), "N",
+     lambda x, t: -(t * np.log(softmax0(x))).sum(axis=0))
+case("cross_entropy_multi(softmax,(C,H,N))", "cross_entropy_multi",
+     [I(C, H, N), I(N, H, C, domain="unit")],
+     lambda x, t: be.cross_entropy_multi(be.softmax(x), t), "N",
+     lambda x, t: -(np.einsum("nhc->chn", t) * np.log(softmax0(x, (0, 1)))).sum(axis=(0, 1)))
+case("cross_entropy_multi(softmax,wide)", "cross_entropy_multi",
+     [I(C, N, domain="wide"), I(C, N, domain="unit")],
+     lambda x, t: be.cross_entropy_multi(be.softmax(x), t), "N",
+     lambda x, t: -(t * (x - x.max(0) - np.log(np.exp(x - x.max(0)).sum(0)))).sum(0))
+case("cross_entropy_multi_usebits", "cross_entropy_multi",
+     [I(C, N), I(C, N, domain="unit")],
+     lambda x, t: be.cross_entropy_multi(be.softmax(x), t, usebits=True), "N",
+     lambda x, t: -(t * np.log2(softmax0(x))).sum(axis=0))
+case("cross_entropy_multi_out(N)", "cross_entropy_multi",
+     [I(C, N), I(C, N, domain="unit")],
+     lambda x, t: be.cross_entropy_multi(be.softmax(x), t, out_axes=(N,)), "N",
+     lambda x, t: -(t * np.log(softmax0(x))).sum(axis=0))
+case("cross_entropy_multi(plain)", "cross_entropy_multi",
+     [I(C, N, domain="unit"), I(C, N, domain="unit")],
+     be.cross_entropy_multi, "N", lambda y, t: -(t * np.log(y)).sum(axis=0))
+case("cross_entropy_binary(sigmoid)", "cross_entropy_binary",
+     [I(C, N), I(C, N, domain="unit")],
+     lambda x, t: be.cross_entropy_binary(be.sigmoid(x), t), "N",
+     lambda x, t: (softplus(x) - x * t).sum(axis=0))
+case("cross_entropy_binary(sigmoid,wide)", "cross_entropy_binary",
+     [I(C, N, domain="wide"), I(N, C, domain="unit")],
+     lambda x, t: be.cross_entropy_binary(be.sigmoid(x), t), "N",
+     lambda x, t: (softplus(x) - x * t.T).sum(axis=0))
+case("cross_entropy_binary(plain)", "cross_entropy_binary",
+     [I(C, N, domain="unit"), I(C, N, domain="unit")],
+     be.cross_entropy_binary, "N",
+     lambda y, t: -(t * np.log(y) + (1 - t) * np.log(1 - y)).sum(axis=0))
+case("cross_entropy_binary(plain,out(C,N))", "cross_entropy_binary",
+     [I(C, N, domain="unit"), I(C, N, domain="unit")],
+     lambda y, t: be.cross_entropy_binary(y, t, out_axes=(C, N)), "CN",
+     lambda y, t: -(t * np.log(y) + (1 - t) * np.log(1 - y)))
+
+# --- one_hot, stop_gradient, tensor_size ---------------------------------------------------
+case("one_hot(N)", "one_hot", [Inp((N,), kind="label", high=3)],
+     lambda x: be.one_hot(x, C), "CN",
+     lambda x: (np.arange(3)[:, None] == x[None, :]).astype(np.float64),
+     grad=False, out_dtype="float32")
+case("one_hot(H,N)_dtype", "one_hot", [Inp((H, N), kind="label", high=3)],
+     lambda x, dtype: be.one_hot(x, C, dtype=dtype), "CHN",
+     lambda x: (np.arange(3)[:, None, None] == x[None]).astype(np.float64),
+     grad=False, pass_dtype=True)
+case("stop_gradient", "stop_gradient", [I(C, N)], be.stop_gradient, "CN", lambda x: x,
+     grad=False)  # its derivative is zero on purpose; see test_stop_gradient_derivative
+case("tensor_size", "tensor_size", [I(C, H, N)], be.tensor_size, "",
+     lambda x: np.float64(x.size), out_dtype="float32")
+case("tensor_size_red(C,H)", "tensor_size", [I(C, H, N)],
+     lambda x: be.tensor_size(x, reduction_axes=(C, H)), "", lambda x: np.float64(12),
+     out_dtype="float32")
+case("tensor_size_out(N)", "tensor_size", [I(C, H, N)],
+     lambda x: be.tensor_size(x, out_axes=(N,)), "", lambda x: np.float64(12),
+     out_dtype="float32")
+
+# --- shaping ------------------------------------------------------------------------------
+case("broadcast(C)->(C,N)", "broadcast", [I(C)], lambda x: be.broadcast(x, (C, N)), "CN",
+     lambda x: np.broadcast_to(x[:, None], (3, 5)))
+case("broadcast(N)->(C,H,N)", "broadcast", [I(N)], lambda x: be.broadcast(x, (C, H, N)),
+     "CHN", lambda x: np.broadcast_to(x[None, None, :], (3, 4, 5)))
+case("broadcast(C,N)->(N,H,C)", "broadcast", [I(C, N)],
+     lambda x: be.broadcast(x, (N, H, C)), "NHC",
+     lambda x: np.broadcast_to(x.T[:, None, :], (5, 4, 3)))
+case("axes_with_order(C,H,N)->(N,C,H)", "axes_with_order", [I(C, H, N)],
+     lambda x: be.axes_with_order(x, (N, C, H)), "NCH",
+     lambda x: np.einsum("chn->nch", x))
+case("transpose_T", "axes_with_order", [I(C, H, N)], lambda x: x.T, "NHC",
+     lambda x: np.einsum("chn->nhc", x))
+case("cast_axes", "cast_axes", [I(C, H)], lambda x: be.cast_axes(x, (C2, H2)), ("C2", "H2"),
+     lambda x: x)
+case("cast_axes_then_dot", "cast_axes", [I(C, H), I(C, H)],
+     lambda a, b: be.dot(be.cast_axes(a, (C2, H)), b), ("C2", "C"),
+     lambda a, b: a @ b.T)
+case("flatten_all", "flatten", [I(C, H, N)], be.flatten, ("(C*H*N)",),
+     lambda x: x.reshape(-1))
+case("flatten_groups", "flatten", [I(C, H, N)],
+     lambda x: be.flatten(x, [be.Axes(C, H), N]), ("(C*H)", "N"),
+     lambda x: x.reshape(12, 5))
+case("flatten_transposed", "flatten", [I(C, H, N)],
+     lambda x: be.flatten(be.axes_with_order(x, (N, C, H)), [N, be.Axes(C, H)]),
+     ("N", "(C*H)"), lambda x: np.einsum("chn->nch", x).reshape(5, 12))
+case("unflatten(flatten)", "unflatten", [I(C, H, N)],
+     lambda x: be.unflatten(be.flatten(x, [C, be.Axes(H, N)])), "CHN", lambda x: x)
+case("unflatten_after_op", "unflatten", [I(C, H, N)],
+     lambda x: be.unflatten(be.exp(be.flatten(x))), "CHN", np.exp)
+case("slice[1:3]", "slice_along_axis", [I(C, H, N)],
+     lambda x: be.slice_along_axis(x, H, slice(1, 3)), ("C", "H[1:3:]", "N"),
+     lambda x: x[:, 1:3, :])
+case("slice[::2]", "slice_along_axis", [I(C, H, N)],
+     lambda x: be.slice_along_axis(x, N, slice(None, None, 2)), ("C", "H", "N[::2]"),
+     lambda x: x[:, :, ::2])
+case("slice[3:0:-2]", "slice_along_axis", [I(C, H, N)],
+     lambda x: be.slice_along_axis(x, H, slice(3, 0, -2)), ("C", "H[3:0:-2]", "N"),
+     lambda x: x[:, 3:0:-2, :])
+case("slice_index", "slice_along_axis", [I(C, H, N)],
+     lambda x: be.slice_along_axis(x, H, 2), "CN", lambda x: x[:, 2, :])
+case("slice_index_negative", "slice_along_axis", [I(C, H, N)],
+     lambda x: be.slice_along_axis(x, C, -1), "HN", lambda x: x[-1])
+case("slice_then_add", "slice_along_axis", [I(C, H, N), I(C, N)],
+     lambda x, y: be.slice_along_axis(x, H, 0) + y, "CN", lambda x, y: x[:, 0, :] + y)
+
+# --- compound graphs -------------------------------------------------------------------------
+case("mlp_layer", "dot", [I(C, H), I(H, N), I(C)],
+     lambda w, x, b: be.tanh(be.dot(w, x) + b), "CN",
+     lambda w, x, b: np.tanh(w @ x + b[:, None]))
+case("mlp_softmax_ce", "cross_entropy_multi",
+     [I(C, H), I(H, N), Inp((N,), kind="label", high=3)],
+     lambda w, x, y: be.cross_entropy_multi(be.softmax(be.dot(w, x)), be.one_hot(y, C)),
+     "N", lambda w, x, y: -np.log(softmax0(w @ x))[y, np.arange(5)])
+case("normalize_batch", "variance", [I(C, N)],
+     lambda x: (x - be.mean(x, reduction_axes=N)) / be.sqrt(
+         be.variance(x, reduction_axes=N) + 1e-3),
+     "CN", lambda x: (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-3))
+
+#: The public ops the table must cover.
+REQUIRED_OPS = {
+    "add", "subtract", "multiply", "divide", "power", "negative", "absolute", "sign",
+    "square", "sqrt", "reciprocal", "exp", "log", "safelog", "sin", "cos", "tanh",
+    "sigmoid", "maximum", "minimum", "equal", "not_equal", "less", "less_equal",
+    "greater", "greater_equal", "sum", "max", "min", "mean", "prod", "variance", "argmax",
+    "argmin", "dot", "softmax", "cross_entropy_multi", "cross_entropy_binary", "one_hot",
+    "stop_gradient", "broadcast", "axes_with_order", "cast_axes", "flatten", "unflatten",
+    "slice_along_axis", "tensor_size",
+}
+
+GRAD_CASES = [c for c in CASES if c.grad]
