@@ -16,7 +16,10 @@ from geon.op_graph.op_graph import (  # noqa: E402
     maximum, mean, min, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
     prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
     stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance)
-from geon.op_graph.autodiff import deriv  # noqa: E402
+from geon.op_graph.autodiff import deriv, gradients  # noqa: E402
+from geon.op_graph.forward import hvp, jvp  # noqa: E402
+from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
+from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
 from geon.op_graph.reference import evaluate  # noqa: E402

@@ -31,3 +31,8 @@ class CheckpointError(GeonError, ValueError):
 
 class UnknownTransformerError(GeonError, ValueError):
     """``make_transformer`` was given a name no transformer is registered under."""
+
+
+class SerializationError(GeonError, ValueError):
+    """A graph cannot be written as JSON, or a JSON text is not a graph geon can load
+    (malformed, an unknown version or op type, a dangling reference ...)."""

@@ -103,13 +103,24 @@ def deriv(c, w, error=None):
     """The derivative of ``c`` with respect to ``w``, an op with ``w``'s axes.
 
     ``c`` must be a scalar unless ``error`` (an op with ``c``'s axes, the adjoint to
-    propagate) is given. If ``c`` does not depend on ``w`` the result is zeros.
+    propagate) is given. If ``c`` does not depend on ``w`` the result is zeros. For a
+    list (or tuple) ``w`` the result is a list, one derivative per entry, all from one
+    reverse pass.
     """
+    if isinstance(w, (list, tuple)):
+        return [deriv(c, wi, error) for wi in w]
     w = as_op(w)
     d = adjoints(c, error).get(snap(w))
     if d is None:
         return og.Constant(0.0, axes=w.axes, dtype=snap(as_op(c)).dtype)
     return d
+
+
+def gradients(c, error=None):
+    """``{variable: deriv(c, variable)}`` over ``c.variables()`` (the trainable
+    variables ``c`` depends on, in graph order)."""
+    c = snap(as_op(c))
+    return {v: deriv(c, v, error) for v in c.variables()}
 
 
 # --- rules -----------------------------------------------------------------------------

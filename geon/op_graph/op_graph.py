@@ -376,9 +376,11 @@ class ElementWise(ComputationOp):
 
     def _infer_axes(self):
         args = self.args
+        axes = args[0].axes
+        if all(a.axes is axes or not len(a.axes) for a in args[1:]):
+            return axes  # the common case: nothing to match
         check_lengths([(a.name, a.axes) for a in args], f"{type(self).__name__} {self.name}",
                       self._where())
-        axes = args[0].axes
         for a in args[1:]:
             if a.axes != axes:
                 axes = axes | a.axes

@@ -19,6 +19,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.transformers.passes import DeadCodeElimination, Graph
+from geon.transformers.passes.cse import CommonSubexpressionElimination
 from geon.transformers.passes.lower import LowerAxesPass
 from geon.transformers.passes.simplify import SimplifyPass
 from geon.transformers.passes.verify import VerifyBaseSet
@@ -125,7 +126,9 @@ class Transformer:
 
     Subclasses set ``name``, ``base_set`` and ``computation_class``, and may extend
     :meth:`passes`. ``disable`` names passes to skip (for testing an optimization
-    against its absence; lowering and verification cannot be skipped).
+    against its absence; lowering and verification cannot be skipped). ``dump_after``
+    names passes after which each computation's graph is printed (one line per op, see
+    :func:`geon.op_graph.printing.graph_text`) to ``dump_file`` (default: stderr).
     """
 
     name = None
@@ -133,13 +136,19 @@ class Transformer:
     computation_class = Computation
     backend_steps = ()  # names of optional backend steps that ``disable`` accepts
 
-    def __init__(self, disable=()):
+    def __init__(self, disable=(), dump_after=(), dump_file=None):
         self.disabled = set(disable)
         known = [p.name for p in self.passes()] + list(self.backend_steps)
         unknown = self.disabled - set(known)
         if unknown:
             raise ValueError(f"unknown pass name(s) {sorted(unknown)}; passes are "
                              f"{known}")
+        self.dump_after = {dump_after} if isinstance(dump_after, str) else set(dump_after)
+        self.dump_file = dump_file
+        unknown = self.dump_after - {p.name for p in self.passes()}
+        if unknown:
+            raise ValueError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
+                             f"passes are {[p.name for p in self.passes()]}")
         self.computations = []
         self.state = {}
         self._initialized = set()
@@ -153,10 +162,14 @@ class Transformer:
           ``log(exp(x))`` are still visible;
         - ``lower`` produces only semi-primitive ops;
         - ``fold`` (simplify again) folds the views and constants lowering created;
+        - ``cse`` merges identical ops after ``lower`` and ``fold``, so it also merges
+          the duplicate views and constants lowering makes (identical user ops lower
+          alike and then merge bottom-up); it must run before ``dce``, which marks what
+          the results no longer need;
         - ``dce`` drops what no result needs; ``verify`` must come last.
         """
         return [SimplifyPass(), LowerAxesPass(), SimplifyPass(name="fold"),
-                DeadCodeElimination(), VerifyBaseSet()]
+                CommonSubexpressionElimination(), DeadCodeElimination(), VerifyBaseSet()]
 
     _required = {"lower", "verify"}
 
@@ -165,6 +178,9 @@ class Transformer:
             if p.name in self.disabled and p.name not in self._required:
                 continue
             p.run(graph, self)
+            if p.name in self.dump_after:
+                from geon.op_graph.printing import dump
+                dump(graph.results, f"after pass {p.name}", self.dump_file)
 
     # --- computations --------------------------------------------------------------
     def computation(self, results, *params):

@@ -70,15 +70,30 @@ def _inplace_ok(op, arg_root, root):
                for a in op.args if root.get(a, a) is arg_root)
 
 
-def plan_memory(order, results, inplace=True):
+def _group_spans(order, groups, root):
+    """``[(last step of group, roots it reads through views)]`` for fused groups."""
+    from geon.transformers.fusion import view_reads
+    pos = {op: i for i, op in enumerate(order)}
+    return [(pos[g.members[-1]], view_reads(g, root)) for g in groups]
+
+
+def plan_memory(order, results, inplace=True, groups=()):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
-    ``results``. Returns a :class:`Plan`."""
+    ``results``, nor internal to a fused group (``groups``, see
+    :mod:`geon.transformers.fusion`). Returns a :class:`Plan`."""
     root = value_roots(order)
     reads = _reads(order, root)
     last = {}
     for i, rs in enumerate(reads):
         for r in rs:
             last[r] = i
+    # A fused group reads views at other positions than it writes: keep those alive.
+    for end_step, roots in _group_spans(order, groups, root):
+        for r in roots:
+            last[r] = max(last.get(r, end_step), end_step)
+    internal = set()
+    for g in groups:
+        internal |= g.internal
     end = len(order)
     for r in results:
         last[root.get(r, r)] = end  # results and what they view live to the end
@@ -88,7 +103,7 @@ def plan_memory(order, results, inplace=True):
     occupant = {}    # arena -> producer held
     for i, op in enumerate(order):
         dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
-        if is_producer(op) and op not in keep:
+        if is_producer(op) and op not in keep and op not in internal:
             need = _nbytes(op)
             arena = None
             if inplace:
@@ -119,13 +134,22 @@ def plan_memory(order, results, inplace=True):
     return plan
 
 
-def verify_plan(order, results, plan):
+def verify_plan(order, results, plan, groups=()):
     """Replay ``plan`` over ``order``; raise :class:`GeonError` if some step reads a
     value whose arena was overwritten since it was computed, or if a step overwrites
-    an arg it reads in a way that is not a safe elementwise in-place update."""
+    an arg it reads in a way that is not a safe elementwise in-place update. A fused
+    group's reads through views must survive to the group's end."""
     root = value_roots(order)
+    spans = {}
+    for end_step, roots in _group_spans(order, groups, root):
+        spans.setdefault(end_step, set()).update(roots)
     holder = {}  # arena -> producer whose value it holds now
     for i, op in enumerate(order):
+        for r in spans.get(i - 1, ()):
+            a = plan.slot.get(r)
+            if a is not None and holder.get(a) is not r:
+                raise GeonError(f"memory plan: a fused group reads {r.name} through a "
+                                f"view, but arena {a} was overwritten inside the group")
         read = [root.get(a, a) for a in op.args]
         for r in read:
             a = plan.slot.get(r)
@@ -142,6 +166,11 @@ def verify_plan(order, results, plan):
             if _nbytes(op) > plan.sizes[a]:
                 raise GeonError(f"memory plan: {op.name} does not fit arena {a}")
             holder[a] = op
+    for r in spans.get(len(order) - 1, ()):
+        a = plan.slot.get(r)
+        if a is not None and holder.get(a) is not r:
+            raise GeonError(f"memory plan: a fused group's view input {r.name} was "
+                            f"overwritten inside the group")
     for r in results:
         r = root.get(r, r)
         a = plan.slot.get(r)
@@ -150,11 +179,13 @@ def verify_plan(order, results, plan):
     return True
 
 
-def unshared_plan(order, results):
+def unshared_plan(order, results, groups=()):
     """One arena per producer (no sharing, nothing in place): the plan with memory
     planning switched off."""
     plan = Plan()
     keep = {value_roots(order).get(r, r) for r in results}
+    for g in groups:
+        keep |= g.internal
     for op in order:
         if is_producer(op) and op not in keep:
             plan.slot[op] = len(plan.sizes)

@@ -10,7 +10,8 @@ Each computation becomes a small module with two functions:
 
 :data:`NUMPY_CODE` maps each base-set class to a function ``fn(op, out, args)`` that
 returns the lines computing ``op`` into the buffer named ``out`` from the names in
-``args``.
+``args``. ``out`` may be the buffer of an arg (the memory planner works in place), so
+only the first line may read the args; later lines read and write ``out`` alone.
 """
 
 import keyword
@@ -27,6 +28,8 @@ from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
 from geon.transformers import memory
 from geon.transformers.base import Computation, Transformer, register_transformer
+from geon.transformers import fusion
+from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
 NUMPY_CODE = {}
@@ -58,17 +61,22 @@ for _cls, _fn in NP_UFUNCS.items():
 
 @numpy_code(og.Sigmoid)
 def _sigmoid(op, out, args):
-    # exp(-log(1 + exp(-x))): no overflow for any x, full relative precision.
+    # 1 / (1 + exp(-x)) with -x clipped below exp's overflow: accurate to the last bit
+    # wherever the result is a normal number, and no overflow warnings.
     x, = args
-    return [f"np.negative({x}, out={out})", f"np.logaddexp(0, {out}, out={out})",
-            f"np.negative({out}, out={out})", f"np.exp({out}, out={out})"]
+    limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
+    return [f"np.negative({x}, out={out})", f"np.minimum({out}, {limit}, out={out})",
+            f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
+            f"np.reciprocal({out}, out={out})"]
 
 
 @numpy_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, out, args):
     x, t = args
-    # np.subtract(..., out=): an augmented assignment would make the buffer a local name
-    return [f"np.logaddexp(0, {x}, out={out})", f"np.subtract({out}, {x} * {t}, out={out})"]
+    # softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|)); one line, because
+    # the memory planner may give ``out`` the buffer of x or t (in place).
+    return [f"np.subtract(np.maximum({x}, 0) + np.log1p(np.exp(-np.abs({x}))), "
+            f"{x} * {t}, out={out})"]
 
 
 @numpy_code(pr.Gemm)
@@ -132,26 +140,50 @@ class NumPyComputation(Computation):
         self._fn = None
 
     def _generate(self):
-        taken = {"np", "setup", "run"}
-        names, consts, variables = {}, {}, {}
+        t = self.transformer
+        taken = {"np", "setup", "run", "_run_blocks"}
+        names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
-        dynamic = set()
         setup, body = [], []
         for p in self.params:
             names[p] = _ident(f"{p.name}", taken)
-            dynamic.add(p)
-        self._copy_feeds = False
+        self._copy_feeds = any(isinstance(op, pr.Assign) and isinstance(op.args[0],
+                                                                        og.Placeholder)
+                               for op in self.ops)
         order = schedule(self.results)
-        if "memory" in self.transformer.disabled:
-            plan = unshared_plan(order, self.results)
-        else:
-            plan = plan_memory(order, self.results)
-        if memory.VERIFY:
-            verify_plan(order, self.results, plan)
-        self.plan = plan
-        arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
-        fresh = set()
+        root = memory.value_roots(order)
+        # Results get a new array each call (handed to the caller); views of them and
+        # of the fed arrays must be made per call, the rest once in setup().
+        fresh = {root.get(r, r) for r in self.results}
+        fresh = {r for r in fresh if memory.is_producer(r)}
+        dynamic = set(self.params) | fresh
         for op in order:
+            if isinstance(op, pr.ViewOp) and op.args[0] in dynamic:
+                dynamic.add(op)
+
+        def emits(op):
+            return not isinstance(op, og.AssignableTensorOp) and (
+                not isinstance(op, pr.ViewOp) or op in dynamic)
+
+        groups = [] if "fusion" in t.disabled else find_groups(order, self.results, emits)
+        if "memory" in t.disabled:
+            plan = unshared_plan(order, self.results, groups)
+        else:
+            plan = plan_memory(order, self.results, groups=groups)
+        if memory.VERIFY:
+            verify_plan(order, self.results, plan, groups)
+        self.plan, self.groups = plan, groups
+        first = {g.members[0]: g for g in groups}
+        in_group = {m for g in groups for m in g.members}
+        arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
+
+        def arg_names(op, local=None):
+            local = local or {}
+            return [local.get(a) or (scalars.get(a) or names[a]
+                                     if isinstance(op, og.ElementWise) else names[a])
+                    for a in op.args]
+
+        for op in order:  # storage first: a fused group reads ahead in the order
             if op in names:
                 continue
             if isinstance(op, og.Variable):
@@ -163,35 +195,24 @@ class NumPyComputation(Computation):
                 if op.scalar is not None:
                     scalars[op] = _ident("s_" + op.name, taken)
                     consts[scalars[op]] = op.value[()]
-            elif isinstance(op, pr.ViewOp):
-                x = op.args[0]
+        for op in order:
+            if op in names:
+                continue
+            if isinstance(op, pr.ViewOp):
                 names[op] = _ident("v_" + op.name, taken)
-                line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[x])}"
-                if x in dynamic:
-                    dynamic.add(op)
-                    body.append(self._annotate(line, op))
-                else:
-                    setup.append(self._annotate(line, op))
+                line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
+                (body if op in dynamic else setup).append(self._annotate(line, op))
+            elif op in first:
+                body.extend(self._group_code(first[op], names, arg_names, plan, arenas,
+                                             setup, fresh, scratch, taken))
+            elif op in in_group:
+                continue  # emitted with its group
             else:
-                rule = find_rule(NUMPY_CODE, op)
-                if isinstance(op, og.VoidOp):
-                    out = None
-                    if isinstance(op, pr.Assign) and isinstance(op.args[0], og.Placeholder):
-                        self._copy_feeds = True
-                else:
+                out = None
+                if not isinstance(op, og.VoidOp):
                     out = names[op] = _ident("t_" + op.name, taken)
-                    shape, dtype = op.axes.shape, op.dtype
-                    if op in plan.slot:
-                        setup.append(f"    {out} = {arenas[plan.slot[op]]}"
-                                     f"[:{op.axes.size * dtype.itemsize}]"
-                                     f".view(np.{dtype.name}).reshape({shape})")
-                    else:  # a result: a new array each call, handed to the caller
-                        body.append(f"    {out} = np.empty({shape}, np.{dtype.name})")
-                        dynamic.add(op)
-                        fresh.add(op)
-                args = [scalars.get(a) or names[a] if isinstance(op, og.ElementWise)
-                        else names[a] for a in op.args]
-                lines = rule(op, out, args)
+                    body.extend(self._buffer_line(op, out, plan, arenas, setup, fresh))
+                lines = find_rule(NUMPY_CODE, op)(op, out, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
         returns = []
@@ -218,12 +239,94 @@ class NumPyComputation(Computation):
         src.extend(body)
         src.append(f"    return ({', '.join(returns)},)")
         self._arenas = dict(zip(arenas, plan.sizes))
+        self._scratch = scratch
         self._source = "\n".join(src) + "\n"
         self._consts, self._variables = consts, variables
         fname = f"<geon-numpy-{id(self):x}>"
         linecache.cache[fname] = (len(self._source), None, self._source.splitlines(True),
                                   fname)
         self._code = compile(self._source, fname, "exec")
+
+    @staticmethod
+    def _buffer_line(op, out, plan, arenas, setup, fresh):
+        """Where ``op``'s value lives: a view of its arena made in setup(), or (for a
+        result) a new array each call. Returns the body lines, if any."""
+        shape, dtype = op.axes.shape, op.dtype
+        if op in plan.slot:
+            setup.append(f"    {out} = {arenas[plan.slot[op]]}"
+                         f"[:{op.axes.size * dtype.itemsize}]"
+                         f".view(np.{dtype.name}).reshape({shape})")
+            return []
+        assert op in fresh, op
+        return [f"    {out} = np.empty({shape}, np.{dtype.name})"]
+
+    def _group_code(self, g, names, arg_names, plan, arenas, setup, fresh, scratch, taken):
+        """A fused group: a nested function that runs the members over a range of rows,
+        one block at a time; internal values live in small per-thread scratch arrays,
+        everything else is read and written one block at a time. Large groups are
+        split over threads (NumPy releases the GIL inside ufunc loops)."""
+        lines = []
+        members = g.members
+        for m in members:
+            if m not in g.internal:
+                names[m] = _ident("t_" + m.name, taken)
+                lines.extend(self._buffer_line(m, names[m], plan, arenas, setup, fresh))
+        B, rows = g.rows_per_block, g.rows
+        fn = _ident("fused", taken)
+        body = [f"        _j = min(_i + {B}, _hi)"]
+        local = {}
+        for m in members:
+            for a in m.args:
+                if a in local or a in g.internal or a in members:
+                    continue
+                if isinstance(a, og.Constant) and a.scalar is not None:
+                    continue
+                local[a] = _ident("b_" + names[a], taken)
+                body.append(f"        {local[a]} = {names[a]}[_i:_j]")
+        last = {}
+        for k, m in enumerate(members):
+            for a in m.args:
+                last[a] = k
+        free, temp_of, temps = [], {}, []
+        for k, m in enumerate(members):
+            if m in g.internal:
+                tmp = None
+                for a in m.args:  # in place over an internal arg that dies here
+                    if a in temp_of and last[a] == k and temps[temp_of[a]][1] == m.dtype:
+                        tmp = temp_of[a]
+                        break
+                if tmp is None:
+                    same = [f for f in free if temps[f][1] == m.dtype]
+                    if same:
+                        tmp = same[0]
+                        free.remove(tmp)
+                    else:
+                        tmp = len(temps)
+                        temps.append(((B,) + m.axes.shape[1:], m.dtype))
+                temp_of[m] = tmp
+                out = _ident("b_" + m.name, taken)
+                body.append(f"        {out} = _s{tmp}[:_j - _i]")
+            else:
+                out = _ident("b_" + names[m], taken)
+                body.append(f"        {out} = {names[m]}[_i:_j]")
+            local[m] = out
+            code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+            body.append("    " + self._annotate(code[0], m))
+            body.extend("        " + ln for ln in code[1:])
+            for a in dict.fromkeys(m.args):
+                if a in temp_of and last[a] == k and temp_of[a] != temp_of.get(m):
+                    free.append(temp_of[a])
+        sets = _ident("scratch", taken)
+        threads = fusion.threads_for(g)
+        scratch[sets] = (threads, temps)
+        lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
+                     f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
+        params = "".join(f", _s{k}" for k in range(len(temps)))
+        lines.append(f"    def {fn}(_lo, _hi{params}):")
+        lines.append(f"        for _i in range(_lo, _hi, {B}):")
+        lines.extend("    " + ln for ln in body)
+        lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
+        return lines
 
     @staticmethod
     def _annotate(line, op):
@@ -237,6 +340,10 @@ class NumPyComputation(Computation):
             ns[n] = state[v]
         for n, size in self._arenas.items():
             ns[n] = np.empty(size, np.uint8)
+        for n, (threads, temps) in self._scratch.items():
+            ns[n] = [[np.empty(shape, dtype) for shape, dtype in temps]
+                     for _ in range(threads)]
+        ns["_run_blocks"] = fusion.run_blocks
         ns.update(self._consts)
         exec(self._code, ns)
         ns["setup"]()
@@ -253,8 +360,9 @@ class NumPyTransformer(Transformer):
 
     name = "numpy"
     computation_class = NumPyComputation
-    backend_steps = ("memory",)  # liveness-based buffer sharing; disable to get one
-                                 # buffer per value
+    # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
+    # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
+    backend_steps = ("memory", "fusion")
 
 
 register_transformer("numpy", NumPyTransformer)

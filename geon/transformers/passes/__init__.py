@@ -22,18 +22,30 @@ class Graph:
     def __init__(self, results):
         self.results = [og.snap(r) for r in results]
         # Ops built after an earlier transformation may still point at replaced ops.
+        stale = False
         for op in self.ops():
             for a in op.all_deps():
                 s = og.snap(a)
                 if s is not a:
                     op.replace_arg(a, s)
+                    stale = True
+        if stale:
+            self._ops = None
         self.initial_order = self.ops()
         self.initial = set(self.initial_order)
         self._assigns = any(isinstance(op, ASSIGN_CLASSES) for op in self.initial)
 
+    _ops = None
+
     def ops(self):
-        """All ops, each after its dependencies."""
-        return og.toposort(self.results)
+        """All ops, each after its dependencies (cached until the next replacement)."""
+        if self._ops is None:
+            self._ops = og.toposort(self.results)
+        return self._ops
+
+    def invalidate(self):
+        """Forget the cached op order; call after changing args or deps directly."""
+        self._ops = None
 
     def replace(self, old, new):
         """Make every user of ``old`` use ``new`` and set ``old.forward = new``.
@@ -60,7 +72,9 @@ class Graph:
             for d in old.other_deps:
                 user.add_other_dep(d)
         old.forward = new
-        self.results = [new if r is old else r for r in self.results]
+        self._ops = None
+        if old in self.results:
+            self.results = [new if r is old else r for r in self.results]
 
 
 def _reads_storage(op):

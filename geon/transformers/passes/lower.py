@@ -51,10 +51,16 @@ def as_matrix(x, rows, cols, unit):
     return x if x.axes == shape else pr.Reshape(x, shape)
 
 
+def _scalar(a):
+    return not len(a.axes) and isinstance(a, og.Constant)
+
+
 def lower_elementwise(op):  # f(a, b) -> f(view(a), view(b)) with equal layouts
-    if all(a.axes == op.axes for a in op.args):
+    # Scalar constants stay as they are: every backend broadcasts a number.
+    if all(a.axes == op.axes or _scalar(a) for a in op.args):
         return None
-    return type(op)(*[view_as(a, op.axes) for a in op.args], dtype=op.dtype)
+    return type(op)(*[a if _scalar(a) else view_as(a, op.axes) for a in op.args],
+                    dtype=op.dtype)
 
 
 def lower_dot(op):  # dot(a, b) -> reshape(gemm(a as (M, K), b as (K, N)))

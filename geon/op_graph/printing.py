@@ -1,0 +1,198 @@
+"""Printing graphs: a text dump (one line per op) and DOT for graphviz.
+
+Each line of :func:`graph_text` reads ::
+
+    name = OpType(arg, arg; attribute=value) : (axis:length, ...) dtype [after dep] {tag}  # file:line <- origin
+
+``after`` lists other_deps (ops that must run first, such as an earlier ``SetItem``),
+``origin`` is the ``derived_from`` of an op a pass built (``"<Class> <name>"`` of the
+user's op it computes), and ``file:line`` is where the user built the op, or the op it
+came from. Ops are listed after their args. A name used by several ops is followed by
+``#n`` (the n-th of that name) so references stay unambiguous.
+
+To see a graph after a pass of a transformer's pipeline, build the transformer with
+``dump_after=["lower"]`` (it prints during compilation) or call :func:`graph_after`,
+which works on a copy and leaves the user's graph alone.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from geon.errors import GeonError
+from geon.op_graph import op_graph as og
+from geon.op_graph.serialize import _show_array, _show_axes, graph_ops, spec_for
+
+
+def _labels(order):
+    count = {}
+    for op in order:
+        count[op.name] = count.get(op.name, 0) + 1
+    seen, labels = {}, {}
+    for op in order:
+        if count[op.name] == 1:
+            labels[op] = op.name
+        else:
+            k = seen.get(op.name, 0) + 1
+            seen[op.name] = k
+            labels[op] = f"{op.name}#{k}"
+    return labels
+
+
+def _location(op, full_paths):
+    fn = str(op.filename)
+    if not full_paths and not fn.startswith("<"):
+        fn = os.path.basename(fn)
+    return f"{fn}:{op.lineno}"
+
+
+def describe_attrs(op):
+    """The attributes of ``op`` as text (``"reduction_axes=(C:3)"``), or ``""``."""
+    if isinstance(op, og.Constant):
+        return f"{op._number!r}, weak" if op.weak else _show_array(op.value)
+    if isinstance(op, og.Variable):
+        v = op.initial_value
+        parts = ["initial=" + ("<function>" if callable(v) else _show_array(v))]
+        if not op.trainable:
+            parts.append("trainable=False")
+        if not op.persistent:
+            parts.append("persistent=False")
+        return ", ".join(parts)
+    spec = spec_for(op)
+    return spec.show(op) if spec is not None else ""
+
+
+def _type(op):
+    return f"{_show_axes(op.axes)} {op.dtype}" if isinstance(op, og.TensorOp) else "void"
+
+
+def op_line(op, labels=None, full_paths=False):
+    """The text line of one op (see the module docstring)."""
+    labels = labels or {}
+
+    def ref(x):
+        x = og.snap(x)
+        return labels.get(x, x.name)
+    args = ", ".join(ref(a) for a in op.args)
+    attrs = describe_attrs(op)
+    inside = args + ("; " if args and attrs else "") + attrs
+    line = f"{labels.get(op, op.name)} = {type(op).__name__}({inside}) : {_type(op)}"
+    if op.other_deps:
+        line += " after [" + ", ".join(ref(d) for d in op.other_deps) + "]"
+    if op.tags:
+        line += " {" + ", ".join(sorted(map(str, op.tags))) + "}"
+    line += f"  # {_location(op, full_paths)}"
+    if op.derived_from:
+        line += f" <- {op.derived_from}"
+    return line
+
+
+def graph_text(ops, full_paths=False):
+    """The graph that ``ops`` (an op or a list) need, one line per op (see the module
+    docstring), args first; ``full_paths`` prints whole file names, not base names."""
+    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    order = graph_ops(results)
+    labels = _labels(order)
+    head = (f"# {len(order)} ops; results: "
+            + ", ".join(labels[og.snap(r)] for r in results))
+    return "\n".join([head] + [op_line(op, labels, full_paths) for op in order]) + "\n"
+
+
+def dump(ops, title="graph", file=None):
+    """Print ``graph_text(ops)`` under a ``# title`` line to ``file`` (default stderr)."""
+    file = sys.stderr if file is None else file
+    print(f"# {title}\n{graph_text(ops)}", end="", file=file)
+
+
+def graph_after(ops, pass_name, transformer=None):
+    """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
+
+    Works on a copy (:func:`~geon.op_graph.serialize.clone_graph`): ``ops`` are not
+    transformed. ``transformer`` is a transformer instance (default: a new NumPy
+    transformer); its disabled passes are skipped as in a real computation.
+    """
+    from geon.op_graph.serialize import clone_graph
+    from geon.transformers.passes import Graph
+    if transformer is None:
+        from geon.transformers.numpy import NumPyTransformer
+        transformer = NumPyTransformer()
+    passes = transformer.passes()
+    names = [p.name for p in passes]
+    if pass_name not in names:
+        raise ValueError(f"unknown pass name {pass_name!r}; passes are {names}")
+    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    mapping = clone_graph(results)
+    graph = Graph([mapping[og.snap(r)] for r in results])
+    for p in passes:
+        if p.name not in transformer.disabled or p.name in transformer._required:
+            p.run(graph, transformer)
+        if p.name == pass_name:
+            break
+    return graph_text(graph.results)
+
+
+# --- DOT ----------------------------------------------------------------------------------
+
+def _dot_quote(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _shape(op):
+    if isinstance(op, og.Placeholder):
+        return "invhouse"
+    if isinstance(op, og.Variable):
+        return "cylinder"
+    if isinstance(op, og.Constant):
+        return "note"
+    if isinstance(op, og.VoidOp):
+        return "octagon"
+    return "box"
+
+
+def graph_dot(ops, full_paths=False, name="geon"):
+    """The graph of ``ops`` in graphviz's DOT language.
+
+    Each op is a node labelled with its name, type, attributes, axes and dtype, and
+    source location; an edge runs from each arg to its user (labelled with the arg's
+    position when there are several) and a dashed edge from each other_dep. Render it
+    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`.
+    """
+    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    order = graph_ops(results)
+    labels = _labels(order)
+    ids = {op: f"n{i}" for i, op in enumerate(order)}
+    lines = [f"digraph {_dot_quote(name)} {{",
+             '  node [fontname="monospace", fontsize=10];',
+             '  edge [fontname="monospace", fontsize=9];']
+    for op in order:
+        attrs = describe_attrs(op)
+        text = f"{labels[op]}\n{type(op).__name__}" + (f"({attrs})" if attrs else "") \
+            + f"\n{_type(op)}\n{_location(op, full_paths)}"
+        if op.derived_from:
+            text += f"\n<- {op.derived_from}"
+        extra = ", penwidth=2" if op in results else ""
+        lines.append(f"  {ids[op]} [label={_dot_quote(text)}, shape={_shape(op)}{extra}];")
+    for op in order:
+        for i, a in enumerate(op.args):
+            label = f" [label=\"{i}\"]" if len(op.args) > 1 else ""
+            lines.append(f"  {ids[og.snap(a)]} -> {ids[op]}{label};")
+        for d in op.other_deps:
+            lines.append(f"  {ids[og.snap(d)]} -> {ids[op]} [style=dashed];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_dot(dot_text, path, format=None):
+    """Render DOT text to ``path`` with graphviz's ``dot`` program (``format`` defaults
+    to the file's extension, e.g. ``svg`` or ``png``). graphviz is optional: without
+    it this raises :class:`GeonError`; :func:`graph_dot` itself never needs it."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise GeonError("rendering needs graphviz's 'dot' program, which is not "
+                        "installed; write the DOT text to a file and render it elsewhere")
+    fmt = format or os.path.splitext(os.fspath(path))[1].lstrip(".") or "svg"
+    run = subprocess.run([exe, f"-T{fmt}", "-o", os.fspath(path)], input=dot_text,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise GeonError(f"dot failed: {run.stderr.strip()}")

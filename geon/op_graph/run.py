@@ -1,0 +1,329 @@
+"""One-shot execution with reuse: ``be.run(targets, feeds={placeholder: array})``.
+
+A :class:`Runner` owns a transformer (a NumPy transformer by default) and compiles
+what each call asks for, caching the computations. It remembers the value of every
+target it returned, with the state of the inputs that value came from, and reuses it
+instead of computing it again while those inputs are unchanged.
+
+What is reused, exactly
+-----------------------
+
+The runner remembers the value of each *target* op of a call (not intermediates) that
+has a value and whose dependencies contain no assignment. With it, it records its
+*inputs*: the placeholders the op depends on, each with a digest of the fed array
+(dtype, shape and bytes), and the Variables it depends on, each with a version number.
+
+In a later call, a remembered op whose inputs are unchanged (every placeholder fed an
+array with the same dtype, shape and bytes, every variable at the same version) is not
+computed: as a target, its value is returned directly; inside the graph of another
+target, it is fed in place of its subgraph, and what only it needed is not computed.
+
+A variable's version changes when
+
+- a call of this runner runs an assignment to it (``SetItem``): every remembered value
+  that depends on it is recomputed next time;
+- :meth:`Runner.initialize` with ``force=True``, :meth:`Runner.restore` or
+  :meth:`Runner.invalidate` is called.
+
+Never reused: void ops (a ``SetItem`` runs on every call); values whose dependencies
+(args or other_deps) include an assignment, since computing them runs the assignment
+again; placeholders, variables and constants themselves (they cost no primitive).
+Not seen by the runner: writes into its storage behind its back (``np.copyto`` into
+``runner.transformer.state_view()`` arrays); call :meth:`Runner.invalidate` after them.
+
+The user's graph is never transformed: each computation is compiled from a copy
+(:func:`~geon.op_graph.serialize.clone_graph`) that shares the placeholders and
+variables, with a fresh placeholder standing in for each reused value.
+
+Counting
+--------
+
+``last_primitives`` is the number of primitives the last call executed (the ops of the
+lowered graphs it ran, views included, placeholders, variables and constants not), and
+``primitives_executed`` their total; ``computations_built`` counts compilations.
+"""
+
+import collections
+import hashlib
+import weakref
+
+import numpy as np
+
+from geon.errors import FeedError
+from geon.op_graph import op_graph as og
+from geon.op_graph.ordering import ASSIGN_CLASSES
+from geon.op_graph.serialize import clone_graph, graph_ops, live_deps
+
+
+def fingerprint(array):
+    """A digest of ``array``'s dtype, shape and bytes."""
+    a = np.ascontiguousarray(array)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+    return h.digest()
+
+
+def count_primitives(computation):
+    """The primitives one call of ``computation`` executes: the ops of its lowered graph
+    other than placeholders, variables and constants."""
+    return sum(1 for op in computation.ops if not isinstance(op, og.AssignableTensorOp))
+
+
+class _Entry:
+    __slots__ = ("computation", "placeholders", "reused", "primitives", "assigned")
+
+    def __init__(self, computation, placeholders, reused, primitives, assigned):
+        self.computation, self.placeholders, self.reused = computation, placeholders, reused
+        self.primitives, self.assigned = primitives, assigned
+
+
+class Runner:
+    """Runs ops on demand with reuse (see the module docstring).
+
+    Args:
+        transformer: the transformer that compiles and holds the variables' state
+            (default: a new :class:`~geon.transformers.numpy.NumPyTransformer`).
+        max_computations: how many compiled computations to keep (least recently used
+            ones are dropped; the variables' state stays).
+    """
+
+    def __init__(self, transformer=None, max_computations=64):
+        if transformer is None:
+            from geon.transformers.numpy import NumPyTransformer
+            transformer = NumPyTransformer()
+        self.transformer = transformer
+        self.max_computations = max_computations
+        self._computations = collections.OrderedDict()
+        self._memo = weakref.WeakKeyDictionary()      # op -> (inputs signature, array)
+        self._versions = weakref.WeakKeyDictionary()  # Variable -> int
+        self.primitives_executed = 0
+        self.last_primitives = 0
+        self.computations_built = 0
+
+    # --- state -------------------------------------------------------------------------
+    def invalidate(self, variables=None):
+        """Forget remembered values that depend on ``variables`` (default: forget all).
+        Call it after writing into the variables' storage directly."""
+        if variables is None:
+            self._memo = weakref.WeakKeyDictionary()
+            return
+        for v in ([variables] if isinstance(variables, og.Op) else variables):
+            self._versions[v] = self._versions.get(v, 0) + 1
+
+    def initialize(self, force=False):
+        """Initialize the variables of the computations built so far (all of them again
+        if ``force``, which forgets every remembered value)."""
+        self.transformer.initialize(force=force)
+        if force:
+            self.invalidate()
+
+    def save(self, path):
+        """Save the variables (see :meth:`Transformer.save`)."""
+        self.transformer.save(path)
+
+    def restore(self, path):
+        """Restore the variables (see :meth:`Transformer.restore`); forgets every
+        remembered value."""
+        self.transformer.restore(path)
+        self.invalidate()
+
+    def clear(self):
+        """Drop the compiled computations and the remembered values (the variables keep
+        their state)."""
+        for entry in self._computations.values():
+            self._drop(entry)
+        self._computations.clear()
+        self.invalidate()
+
+    def _drop(self, entry):
+        comps = self.transformer.computations
+        if entry.computation in comps:
+            comps.remove(entry.computation)
+
+    # --- running -------------------------------------------------------------------------
+    def run(self, targets, feeds=None):
+        """Compute ``targets`` (an op, or a list or tuple of ops) from ``feeds``
+        (``{placeholder: array}``, one for every placeholder the targets need).
+
+        Returns an array for one op, else a list (``None`` for void ops such as
+        ``SetItem``, which are executed). Arrays are fresh copies.
+        """
+        single = isinstance(targets, og.Op)
+        targets = [targets] if single else list(targets)
+        for t in targets:
+            if not isinstance(t, og.Op):
+                raise TypeError(f"run: targets must be ops, not {type(t).__name__} {t!r}")
+        live = [og.require_valid(t) for t in targets]
+        order = graph_ops(live, initializers=False)
+        arrays = self._feeds(feeds, order)
+        sig = _Signatures(order, arrays, self._versions)
+
+        values = [None] * len(live)
+        compute = []
+        for i, op in enumerate(live):
+            hit = self._lookup(op, sig)
+            if hit is not None:
+                values[i] = hit.copy()
+            else:
+                compute.append(op)
+        compute = list(dict.fromkeys(compute))
+        self.last_primitives = 0
+        if compute:
+            entry = self._computation(compute, order, sig)
+            args = [arrays[p] for p in entry.placeholders] + \
+                [self._memo[c][1] for c in entry.reused]
+            out = entry.computation(*args)
+            self.last_primitives = entry.primitives
+            self.primitives_executed += entry.primitives
+            got = dict(zip(compute, out))
+            for op, value in got.items():
+                if value is not None and sig.memoizable(op):
+                    self._memo[op] = (sig.of(op), np.array(value))
+            for v in entry.assigned:
+                self._versions[v] = self._versions.get(v, 0) + 1
+            for i, op in enumerate(live):
+                if op in got:
+                    values[i] = None if got[op] is None else np.array(got[op])
+        return values[0] if single else values
+
+    def _feeds(self, feeds, order):
+        feeds = dict(feeds or {})
+        for p in feeds:
+            if not isinstance(p, og.Placeholder):
+                raise FeedError(f"run: feeds are keyed by placeholders, not "
+                                f"{type(p).__name__} {getattr(p, 'name', p)!r}")
+        arrays = {}
+        for p in order:
+            if not isinstance(p, og.Placeholder):
+                continue
+            if p not in feeds:
+                raise FeedError(f"run: no value fed for placeholder {p.name} "
+                                f"({', '.join(map(repr, p.axes))}), built at {p.file_info}")
+            a = np.asarray(feeds[p])
+            if a.shape != p.axes.shape:
+                raise FeedError(f"placeholder {p.name} expects axes "
+                                f"({', '.join(map(repr, p.axes))}) i.e. shape "
+                                f"{p.axes.shape}; got shape {a.shape}")
+            if a.dtype != p.dtype:
+                if not np.can_cast(a.dtype, p.dtype, "same_kind"):
+                    raise FeedError(f"placeholder {p.name} has dtype {p.dtype}; cannot "
+                                    f"safely convert {a.dtype} to it")
+                a = a.astype(p.dtype)
+            arrays[p] = a
+        return arrays
+
+    def _lookup(self, op, sig):
+        """The remembered value of ``op`` if its inputs are unchanged, else ``None``."""
+        if not sig.memoizable(op):
+            return None
+        hit = self._memo.get(op)
+        if hit is None or hit[0] != sig.of(op):
+            return None
+        return hit[1]
+
+    def _computation(self, compute, order, sig):
+        # Walk down from the ops to compute; stop at values that can be reused.
+        reused, placeholders, assigned = [], [], []
+        seen = set(compute)
+        stack = list(compute)
+        for op in compute:
+            if isinstance(op, og.Placeholder):
+                placeholders.append(op)
+            if isinstance(op, ASSIGN_CLASSES):
+                assigned.append(og.snap(op.args[0]))
+        while stack:
+            for d in live_deps(stack.pop()):
+                if d in seen:
+                    continue
+                seen.add(d)
+                if self._lookup(d, sig) is not None:
+                    reused.append(d)
+                    continue
+                if isinstance(d, og.Placeholder):
+                    placeholders.append(d)
+                if isinstance(d, ASSIGN_CLASSES):
+                    assigned.append(og.snap(d.args[0]))
+                stack.append(d)
+        pos = {op: i for i, op in enumerate(order)}
+        reused.sort(key=pos.get)
+        placeholders.sort(key=pos.get)
+        key = (tuple(compute), tuple(reused))
+        entry = self._computations.get(key)
+        if entry is not None:
+            self._computations.move_to_end(key)
+            return entry
+        stand_ins = {}
+        for c in reused:
+            p = og.Placeholder(c.axes, dtype=c.dtype, name=f"{c.name}_reused")
+            p.filename, p.lineno = c.filename, c.lineno
+            stand_ins[c] = p
+        mapping = clone_graph(compute, replace=stand_ins)
+        comp = self.transformer.computation([mapping[op] for op in compute],
+                                            *placeholders, *[stand_ins[c] for c in reused])
+        self.computations_built += 1
+        entry = _Entry(comp, placeholders, reused, count_primitives(comp),
+                       [v for v in dict.fromkeys(assigned) if isinstance(v, og.Variable)])
+        self._computations[key] = entry
+        while len(self._computations) > self.max_computations:
+            _, old = self._computations.popitem(last=False)
+            self._drop(old)
+        return entry
+
+
+class _Signatures:
+    """Per call: which ops may be remembered, and the state of each op's inputs."""
+
+    def __init__(self, order, arrays, versions):
+        self._arrays, self._versions = arrays, versions
+        self._tokens = {}
+        self._inputs = {}
+        self._volatile = set()
+        empty = frozenset()
+        for op in order:
+            deps = live_deps(op)
+            if isinstance(op, (og.Placeholder, og.Variable)):
+                self._inputs[op] = frozenset((op,))
+                continue
+            if isinstance(op, og.AssignableTensorOp) and not isinstance(op, og.Constant):
+                self._volatile.add(op)  # storage of a kind the runner does not track
+            if isinstance(op, ASSIGN_CLASSES) or any(d in self._volatile for d in deps):
+                self._volatile.add(op)
+            self._inputs[op] = empty.union(*(self._inputs[d] for d in deps))
+
+    def memoizable(self, op):
+        """Whether a value of ``op`` may be remembered and reused."""
+        return isinstance(op, og.TensorOp) and not isinstance(op, og.AssignableTensorOp) \
+            and op not in self._volatile
+
+    def _token(self, s):
+        t = self._tokens.get(s)
+        if t is None:
+            t = fingerprint(self._arrays[s]) if isinstance(s, og.Placeholder) \
+                else ("version", self._versions.get(s, 0))
+            self._tokens[s] = t
+        return t
+
+    def of(self, op):
+        """The state of ``op``'s inputs (placeholder digests, variable versions)."""
+        return frozenset((s, self._token(s)) for s in self._inputs[op])
+
+
+_default = None
+
+
+def default_runner():
+    """The :class:`Runner` that :func:`run` uses (made on first use)."""
+    global _default
+    if _default is None:
+        _default = Runner()
+    return _default
+
+
+def run(targets, feeds=None):
+    """Compute ``targets`` (an op or a list of ops) with the default :class:`Runner`,
+    feeding ``feeds`` (``{placeholder: array}``). Values whose inputs did not change
+    since an earlier call that returned them are reused, not recomputed (see
+    :mod:`geon.op_graph.run` for exactly which changes invalidate what). Variables keep
+    their values between calls, in the default runner's transformer."""
+    return default_runner().run(targets, feeds)

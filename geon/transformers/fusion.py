@@ -1,0 +1,135 @@
+"""Elementwise fusion: runs of elementwise ops executed block by block.
+
+A *group* is a run of consecutive elementwise ops (in schedule order, among the ops that
+execute code) of one shape with at least :data:`MIN_ELEMENTS` elements. A backend runs
+the group one block of rows at a time, so the values passed between its members stay
+in cache. A member whose value nobody outside the group reads, directly, is *internal*:
+it only ever exists one block at a time and gets no full-size buffer.
+
+Blocked execution reads an input through a view (a broadcast bias, a transpose) at
+positions other than the block being written, so the memory planner keeps every value
+read through a view alive until the group ends (see ``plan_memory(groups=...)``).
+"""
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+
+#: Groups work on blocks of about this many elements.
+BLOCK_ELEMENTS = 32768
+#: Only tensors at least this big are worth blocking.
+MIN_ELEMENTS = 65536
+#: Groups at least this big are split over threads.
+PARALLEL_ELEMENTS = 1 << 20
+#: At most this many threads per group (default: the CPUs this process may use).
+MAX_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    else (os.cpu_count() or 1)
+
+
+class Group:
+    """A fused run: ``members`` in order, the ``internal`` ones, and the number of rows
+    (of the first dimension) per block."""
+
+    def __init__(self, members, internal):
+        self.members = members
+        self.internal = internal
+        shape = members[0].axes.shape
+        row = 1
+        for n in shape[1:]:
+            row *= n
+        self.rows = shape[0]
+        self.rows_per_block = max(1, BLOCK_ELEMENTS // max(row, 1))
+
+    def __repr__(self):
+        return f"<Group of {len(self.members)} ops, {len(self.internal)} internal>"
+
+
+def _fusable(op):
+    return (isinstance(op, og.ElementWise) and len(op.axes) >= 1
+            and op.axes.size >= MIN_ELEMENTS)
+
+
+def find_groups(order, results, emits):
+    """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
+    in the backend's body (ops that do not, such as storage and views made once, may
+    sit between members)."""
+    readers = {}
+    for op in order:
+        for a in op.args:
+            readers.setdefault(a, []).append(op)
+    runs, cur = [], []
+    for op in order:
+        if not emits(op):
+            continue
+        if _fusable(op) and (not cur or op.axes.lengths == cur[0].axes.lengths):
+            cur.append(op)
+            continue
+        if len(cur) > 1:
+            runs.append(cur)
+        cur = [op] if _fusable(op) else []
+    if len(cur) > 1:
+        runs.append(cur)
+    keep = set(results)
+    groups = []
+    for run in runs:
+        members = set(run)
+        internal = set()
+        for op in run:
+            rs = readers.get(op, ())
+            if op not in keep and rs and all(r in members for r in rs):
+                internal.add(op)
+        groups.append(Group(run, internal))
+    return groups
+
+
+def view_reads(group, root):
+    """Roots the group's members read through a view (not block-aligned reads)."""
+    out = set()
+    for op in group.members:
+        for a in op.args:
+            if isinstance(a, pr.ViewOp):
+                out.add(root.get(a, a))
+    return out
+
+
+def threads_for(group):
+    """How many threads run ``group``."""
+    size = group.members[0].axes.size
+    if size < PARALLEL_ELEMENTS or MAX_THREADS < 2:
+        return 1
+    blocks = -(-group.rows // group.rows_per_block)
+    return max(1, min(MAX_THREADS, blocks))
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _get_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(1, MAX_THREADS - 1),
+                                       thread_name_prefix="geon-fused")
+        return _pool
+
+
+def run_blocks(fn, rows, block, scratch_sets):
+    """Run ``fn(lo, hi, *scratch)`` over ``range(rows)`` split into as many block-aligned
+    parts as there are scratch sets; part 0 runs in the calling thread."""
+    parts = len(scratch_sets)
+    if parts == 1:
+        fn(0, rows, *scratch_sets[0])
+        return
+    blocks = -(-rows // block)
+    per = -(-blocks // parts) * block
+    bounds = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
+    pool = _get_pool()
+    futures = [pool.submit(fn, lo, hi, *scratch_sets[k])
+               for k, (lo, hi) in enumerate(bounds[1:], 1)]
+    fn(bounds[0][0], bounds[0][1], *scratch_sets[0])
+    for f in futures:
+        f.result()

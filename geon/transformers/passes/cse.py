@@ -1,0 +1,76 @@
+"""Hash-consing: merge ops that compute the same value (common subexpression elimination).
+
+Two ops are merged when they have the same class, the same attributes (the ones
+:mod:`geon.op_graph.serialize` writes: reduction axes, slice keys, permutations ...),
+the same result axes and dtype, the same args (after earlier merges), the same
+other_deps and the same tags. The later op (in dependency order) is replaced by the
+earlier one with :meth:`~geon.transformers.passes.Graph.replace`, so handles to it
+follow ``forward`` to the survivor.
+
+Never merged:
+
+- placeholders and variables (each is its own storage), and any op class without a
+  serialization rule (its attributes are unknown);
+- void ops (``SetItem``, ``Assign``): each is an effect;
+- ops with ``initializers``.
+
+Constants merge when their dtype, shape, weakness and bytes are equal (``0.0`` and
+``-0.0`` stay apart; two NaN constants with the same bits merge).
+
+other_deps are part of the key, so two reads of a variable built on either side of a
+``SetItem`` (the later one runs after it) stay apart, while two identical reads on the
+same side merge.
+"""
+
+from geon.op_graph import op_graph as og
+from geon.op_graph.serialize import spec_for
+from geon.transformers.passes import Pass
+
+
+def cse_key(op):
+    """The hash-consing key of ``op``, or ``None`` if it must never be merged."""
+    if isinstance(op, og.VoidOp) or op.initializers:
+        return None
+    if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
+        return None
+    spec = spec_for(op)
+    if spec is None:
+        return None
+    if isinstance(op, og.Constant):
+        v = op.value
+        attrs = (bool(op.weak), v.dtype.str, v.shape, v.tobytes())
+    else:
+        attrs = spec.key(op)
+    axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
+        else None
+    return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op.tags))
+
+
+class CommonSubexpressionElimination(Pass):
+    """Merge structurally identical ops (see the module docstring).
+
+    After :meth:`run`, ``before`` and ``after`` hold the graph's op counts.
+    """
+
+    name = "cse"
+
+    def __init__(self, name=None):
+        if name is not None:
+            self.name = name
+        self.before = self.after = None
+
+    def run(self, graph, transformer):
+        order = list(graph.ops())
+        self.before = len(order)
+        seen = {}
+        for op in order:
+            # Ops are visited after their args, whose merges already rewired op's args.
+            if op.forward is not None:
+                continue
+            key = cse_key(op)
+            if key is None:
+                continue
+            first = seen.setdefault(key, op)
+            if first is not op:
+                graph.replace(op, first)
+        self.after = len(graph.ops())

@@ -1,0 +1,79 @@
+"""Fused elementwise groups: with the size thresholds lowered so that every small test
+graph is fused (and run on two threads), results equal the unfused ones."""
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers import fusion
+from op_table import CASES
+
+from test_ops import TOL
+
+
+@pytest.fixture
+def fuse_everything(monkeypatch):
+    monkeypatch.setattr(fusion, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 3)     # several blocks per group
+    monkeypatch.setattr(fusion, "PARALLEL_ELEMENTS", 1)  # and split over threads
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fused_op_table_matches_numpy(case, fuse_everything):
+    dtype = np.float64
+    arrays = case.arrays(dtype)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(dtype)) for i in case.inputs]
+    op = case.make(xs, dtype)
+    got = np.asarray(be.NumPyTransformer().computation(op, *xs)(*arrays))
+    want = case.expected(arrays)
+    if got.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **TOL[np.dtype(got.dtype)])
+
+
+def _mlp(dtype=np.float64):
+    F, H, Y = be.Axis(7, "fF"), be.Axis(5, "fH"), be.Axis(3, "fY")
+    N = be.Axis(6, "fN", batch=True)
+    rng = np.random.default_rng(3)
+    x = be.placeholder([F, N], dtype=dtype)
+    t = be.placeholder([Y, N], dtype=dtype)
+    W1 = be.Variable(axes=[H, F], initial_value=rng.standard_normal((5, 7)), dtype=dtype)
+    W2 = be.Variable(axes=[Y, H], initial_value=rng.standard_normal((3, 5)), dtype=dtype)
+    b1 = be.Variable(axes=[H], initial_value=0.1, dtype=dtype)
+    h = be.maximum(be.dot(W1, x) + b1, 0.0)
+    y = be.softmax(be.dot(W2, be.sigmoid(h) * h))
+    loss = be.sum(be.cross_entropy_multi(y, t), out_axes=())
+    ups = [be.SetItem(v, v - 0.1 * be.deriv(loss, v)) for v in (W1, W2, b1)]
+    return [loss] + ups, (x, t), (W1, W2, b1)
+
+
+def test_fused_training_step_matches_unfused(fuse_everything):
+    rng = np.random.default_rng(0)
+    xs, ts = rng.standard_normal((7, 6)), np.eye(3)[rng.integers(0, 3, 6)].T
+    runs = []
+    for disable in ([], ["fusion"]):
+        results, params, variables = _mlp()
+        t = be.NumPyTransformer(disable=disable)
+        step = t.computation(results, *params)
+        losses = [step(xs, ts)[0] for _ in range(3)]
+        runs.append((losses, [t.state[v].copy() for v in variables], step))
+    (l1, s1, fused), (l2, s2, plain) = runs
+    assert fused.groups and not plain.groups
+    assert "_run_blocks" in fused.source and "_run_blocks" not in plain.source
+    np.testing.assert_allclose(l1, l2, rtol=1e-12)
+    for a, b in zip(s1, s2):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_internal_values_get_no_buffer(fuse_everything):
+    A = be.Axis(10, "fA")
+    x = be.placeholder([A], dtype=np.float64)
+    y = be.tanh(be.exp(x * 0.5) + 1.0)
+    f = be.NumPyTransformer().computation(y, x)
+    (g,) = f.groups
+    assert len(g.members) == 4 and len(g.internal) == 3
+    assert f.plan.sizes == []  # the three intermediates live in scratch blocks only
+    v = np.linspace(-1, 1, 10)
+    np.testing.assert_allclose(f(v), np.tanh(np.exp(v * 0.5) + 1.0), rtol=1e-15)
