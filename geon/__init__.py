@@ -26,3 +26,7 @@ from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,
                                register_transformer)
+from geon.errors import SerializationError  # noqa: E402
+from geon.op_graph.serialize import deserialize, deserialize_graph, serialize  # noqa: E402
+from geon.op_graph.printing import graph_after, graph_dot, graph_text  # noqa: E402
+from geon.op_graph.run import Runner, run  # noqa: E402

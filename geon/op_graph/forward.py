@@ -16,6 +16,8 @@ where it has them in another order). Rules built from ops that match operands by
 that read operands by position use :func:`direction_axes` to keep them trailing.
 """
 
+import numpy as np
+
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -97,7 +99,6 @@ def _as_list(x):
 def _seed(x, t):
     """The tangent ``t`` given for input ``x`` as an op with ``x``'s axes in order."""
     if not isinstance(t, og.Op):
-        import numpy as np
         arr = np.asarray(t, dtype=_float_dtype(x))
         t = og.Constant(arr, axes=x.axes if arr.ndim else None, dtype=arr.dtype)
     if len(t.axes - x.axes):
@@ -125,7 +126,7 @@ def jvp(outputs, inputs, tangents):
     """
     outs, single = _as_list(outputs)
     ins, one_in = _as_list(inputs)
-    ts, _ = _as_list(tangents) if not one_in else ([tangents], True)
+    ts = [tangents] if one_in else _as_list(tangents)[0]
     if len(ts) != len(ins):
         raise GeonError(f"jvp: {len(ins)} input(s) but {len(ts)} tangent(s)")
     outs = [snap(as_op(o)) for o in outs]
@@ -349,7 +350,8 @@ def forward_from_reverse(reverse):
             term = og.Sum(prod, reduction_axes=prod.axes)
             s = term if s is None else s + term
         return None if s is None else deriv(s, u)
-    rule.__doc__ = f"Forward rule derived from {getattr(reverse, '__name__', 'a reverse rule')}."
+    name = getattr(reverse, "__name__", "a reverse rule")
+    rule.__doc__ = f"Forward rule derived from {name}."
     return rule
 
 

@@ -28,9 +28,45 @@ def alias_roots(order):
     return root
 
 
-def schedule(roots):
+def _after(order, position, asg):
+    """The ops of ``order`` that depend on ``asg`` (and ``asg`` itself)."""
+    after = {asg}
+    for op in order[position[asg] + 1:]:
+        if any(d in after for d in op.all_deps()):
+            after.add(op)
+    return after
+
+
+def stale_view_reads(order):
+    """``[(op, i)]``: arg ``i`` of ``op`` is a view of storage that an assignment
+    overwrites before ``op`` runs (``op`` depends on the assignment), though the view was
+    taken before it. Such a read must go through a copy made before the assignment."""
+    assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
+    if not assigns:
+        return []
+    root = alias_roots(order)
+    position = {op: i for i, op in enumerate(order)}
+    found = []
+    for asg in assigns:
+        target = asg.args[0]
+        after = _after(order, position, asg)
+        for op in order:
+            if op is asg or op not in after or isinstance(op, VIEW_CLASSES):
+                continue
+            for i, a in enumerate(op.args):
+                if a is not target and a not in after and root.get(a) is target:
+                    found.append((op, i))
+    return found
+
+
+def schedule(roots, strict=True):
     """A run order for ``roots``: every op after its args and other_deps, and every
-    assignment after the reads of its target that do not depend on it."""
+    assignment after the reads of its target that do not depend on it.
+
+    With ``strict``, a read of a view taken before an assignment by an op that runs
+    after it raises (backends whose views alias storage copy such reads first, see
+    :func:`stale_view_reads`); the reference evaluator, whose views are snapshots,
+    passes ``strict=False``."""
     order = og.toposort(roots)
     assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
     if not assigns:
@@ -49,13 +85,12 @@ def schedule(roots):
     position = {op: i for i, op in enumerate(order)}
     extra = {}
     for asg in assigns:
-        after = {asg}
-        for op in order[position[asg] + 1:]:
-            if any(d in after for d in op.all_deps()):
-                after.add(op)
+        after = _after(order, position, asg)
         for reader, via in readers.get(asg.args[0], ()):
+            if reader is asg:  # it reads its value (even a view of its target) first
+                continue
             if reader in after:
-                if via is not asg.args[0] and via not in after:
+                if strict and via is not asg.args[0] and via not in after:
                     raise GeonError(
                         f"{reader.name} (built at {reader.file_info}) runs after "
                         f"{asg.name} but reads {via.name}, a view of "

@@ -376,10 +376,15 @@ class OpSpec:
     ``build(cls, args, attrs, out, kw) -> op`` calls the constructor: ``out`` is
     ``(axes, dtype)`` for a tensor op (``None`` for a void op) and ``kw`` holds
     ``name``, ``tags`` and ``follows``. ``arity`` is the number of args (``None``: any).
+    ``dtype_from_args``: the class always has its arg's dtype, so the constructor is
+    not given one (``out[1]`` is ``None``) and the result is checked against the
+    document instead.
     """
 
-    def __init__(self, cls, fields=(), build=None, get=None, arity=None, type_name=None):
+    def __init__(self, cls, fields=(), build=None, get=None, arity=None, type_name=None,
+                 dtype_from_args=False):
         self.cls = cls
+        self.dtype_from_args = dtype_from_args
         self.type_name = type_name or cls.__name__
         self.fields = tuple((f, KINDS[k]) for f, k in fields)
         self.build = build or _build_infer
@@ -408,13 +413,13 @@ SPECS = {}
 _BY_CLASS = {}
 
 
-def register_op(cls, fields=(), build=None, get=None, arity=None):
+def register_op(cls, fields=(), build=None, get=None, arity=None, dtype_from_args=False):
     """Make ``cls`` serializable (and mergeable by CSE, printable with attributes).
 
     See :class:`OpSpec` for the arguments. The class is written under its class name;
     two classes with one name cannot both be registered.
     """
-    spec = OpSpec(cls, fields, build, get, arity)
+    spec = OpSpec(cls, fields, build, get, arity, dtype_from_args=dtype_from_args)
     old = SPECS.get(spec.type_name)
     if old is not None and old.cls is not cls:
         raise ValueError(f"another op class is already registered as {spec.type_name!r} "
@@ -446,8 +451,10 @@ def _user_op_spec(cls):
 
 
 def _spec_by_name(name):
+    if not isinstance(name, str):
+        return None
     spec = SPECS.get(name)
-    if spec is None and isinstance(name, str) and name.startswith("user:"):
+    if spec is None and name.startswith("user:"):
         try:
             from geon.op_graph.user_ops import USER_OPS
         except ImportError:  # pragma: no cover
@@ -613,17 +620,19 @@ def _register_standard_ops():
         register_op(cls, [("reduction_axes", "axes")], build=_build_reduction, arity=1)
     register_op(og.TensorSize, [("reduction_axes", "axes")], build=_build_tensor_size,
                 arity=1)
+    # Views, renamings and copies have their arg's dtype.
+    same = dict(arity=1, dtype_from_args=True)
     for cls in (og.Broadcast, og.AxesWithOrder, og.CastAxes, og.Flatten, pr.Reshape):
-        register_op(cls, build=_build_axes, arity=1)
+        register_op(cls, build=_build_axes, **same)
     for cls in (og.Unflatten, og.StopGradient, pr.Copy):
-        register_op(cls, arity=1)
+        register_op(cls, **same)
     register_op(og.Slice, [("axis_pos", "int"), ("key", "index")], build=_build_slice,
-                arity=1)
+                **same)
     register_op(og.OneHot, [("axis", "axis")], build=_build_one_hot, arity=1)
-    register_op(pr.Dimshuffle, [("perm", "ints")], build=_build_dimshuffle, arity=1)
-    register_op(pr.Expand, [("dim_map", "opt_ints")], build=_build_expand, arity=1)
-    register_op(pr.SliceView, [("key", "indices")], build=_build_sliceview, arity=1)
-    register_op(pr.Unslice, [("key", "indices")], build=_build_unslice, arity=1)
+    register_op(pr.Dimshuffle, [("perm", "ints")], build=_build_dimshuffle, **same)
+    register_op(pr.Expand, [("dim_map", "opt_ints")], build=_build_expand, **same)
+    register_op(pr.SliceView, [("key", "indices")], build=_build_sliceview, **same)
+    register_op(pr.Unslice, [("key", "indices")], build=_build_unslice, **same)
     for cls in pr.REDUCE_PRIMS:
         register_op(cls, [("axis", "int")], build=_build_reduce_prim, arity=1)
 
@@ -638,8 +647,9 @@ def _rebuild(spec, args, attrs, out, name, tags, other_deps):
     rest of the graph (``SetItem`` sets its target's ``user_deps``; args' ``user_deps``
     join ``other_deps``): the copy gets exactly ``other_deps``."""
     saved = [(a, a.user_deps) for a in args]
+    given = (out[0], None) if out is not None and spec.dtype_from_args else out
     try:
-        op = spec.build(spec.cls, list(args), attrs, out,
+        op = spec.build(spec.cls, list(args), attrs, given,
                         dict(name=name, tags=set(tags), follows=list(other_deps)))
     finally:
         for a, deps in saved:

@@ -19,6 +19,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.transformers.passes import DeadCodeElimination, Graph
+from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
 from geon.transformers.passes.lower import LowerAxesPass
 from geon.transformers.passes.simplify import SimplifyPass
@@ -78,34 +79,51 @@ class Computation:
         """The code the backend generated for this computation, as text."""
         return self._source
 
-    def _check_feeds(self, args):
+    def _check_feed(self, i, v):
+        """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
+        :class:`FeedError` naming the placeholder."""
+        p, shape, dtype = self._shapes[i]
+        a = np.asarray(v)
+        if a.shape != shape:
+            raise FeedError(f"placeholder {p.name} expects axes "
+                            f"({', '.join(map(repr, p.axes))}) i.e. shape {shape}; got "
+                            f"shape {a.shape}")
+        if a.dtype != dtype:
+            if not np.can_cast(a.dtype, dtype, "same_kind"):
+                raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
+                                f"safely convert {a.dtype} to it")
+            a = a.astype(dtype)
+        return a
+
+    def __call__(self, *args):
         if len(args) != len(self._shapes):
             raise FeedError(f"computation takes {len(self._shapes)} value(s) ("
                             + ", ".join(p.name for p in self.params)
                             + f"), got {len(args)}")
-        out = []
-        for (p, shape, dtype), v in zip(self._shapes, args):
-            a = np.asarray(v)
-            if a.shape != shape:
-                raise FeedError(f"placeholder {p.name} expects axes ({', '.join(map(repr, p.axes))}) "
-                                f"i.e. shape {shape}; got shape {a.shape}")
-            if a.dtype != dtype:
-                if not np.can_cast(a.dtype, dtype, "same_kind"):
-                    raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
-                                    f"safely convert {a.dtype} to it")
-                a = a.astype(dtype)
-            out.append(a)
-        return out
+        return self._entry(*args)
 
-    def __call__(self, *args):
+    def _entry(self, *args):
+        # The first call (and the first after the transformer changed) allocates and
+        # initializes, then installs the backend's fast entry point.
         t = self.transformer
         if not t._allocated:
             t.allocate()
         if not t._initialized_all:
             t.initialize()
-        values = self._run(self._check_feeds(args))
-        self._last = values
-        return values[0] if self.single else tuple(values)
+        self._entry = self._fast_entry()
+        return self._entry(*args)
+
+    def _fast_entry(self):
+        """A function taking the feeds and returning what the call returns. Backends
+        may return generated code; this generic one checks and converts each feed."""
+        def entry(*args):
+            values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
+            self._last = values
+            return values[0] if self.single else tuple(values)
+        return entry
+
+    def _reset_entry(self):
+        self.__dict__.pop("_entry", None)
 
     def value(self, op):
         """The value ``op`` had in the last call; ``op`` must be one of the requested
@@ -166,12 +184,16 @@ class Transformer:
           the duplicate views and constants lowering makes (identical user ops lower
           alike and then merge bottom-up); it must run before ``dce``, which marks what
           the results no longer need;
-        - ``dce`` drops what no result needs; ``verify`` must come last.
+        - ``dce`` drops what no result needs;
+        - ``alias`` copies views an assignment would change under a later reader; it
+          needs the final graph, so it runs after every rewriting pass;
+        - ``verify`` must come last.
         """
         return [SimplifyPass(), LowerAxesPass(), SimplifyPass(name="fold"),
-                CommonSubexpressionElimination(), DeadCodeElimination(), VerifyBaseSet()]
+                CommonSubexpressionElimination(), DeadCodeElimination(), CopyStaleViews(),
+                VerifyBaseSet()]
 
-    _required = {"lower", "verify"}
+    _required = {"lower", "alias", "verify"}
 
     def _run_passes(self, graph):
         for p in self.passes():
@@ -189,6 +211,8 @@ class Transformer:
         comp = self.computation_class(self, results, params)
         self.computations.append(comp)
         self._initialized_all = False
+        for c in self.computations:  # the next call of each goes through initialize
+            c._reset_entry()
         if self._allocated:
             self._allocate_variables(comp.variables)
             comp._allocate()
@@ -213,6 +237,7 @@ class Transformer:
         self._allocate_variables(self.variables())
         for c in self.computations:
             c._allocate()
+            c._reset_entry()
         self._allocated = True
 
     def initialize(self, force=False):

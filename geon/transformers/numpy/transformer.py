@@ -116,7 +116,8 @@ NUMPY_VIEWS = {
     pr.Expand: lambda op, x: "np.broadcast_to({}.reshape({}), {})".format(
         x, tuple(1 if m is None else op.args[0].axes.shape[m] for m in op.dim_map),
         op.axes.shape),
-    pr.SliceView: lambda op, x: f"{x}[{op.key!r}]",
+    # "..." keeps the result a view when every entry is an index (x[0] would be a copy)
+    pr.SliceView: lambda op, x: f"{x}[{op.key + (Ellipsis,)!r}]",
 }
 
 
@@ -141,7 +142,8 @@ class NumPyComputation(Computation):
 
     def _generate(self):
         t = self.transformer
-        taken = {"np", "setup", "run", "_run_blocks"}
+        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last"}
+        taken.update(f"_dt{i}" for i in range(len(self.params)))
         names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
         setup, body = [], []
@@ -223,6 +225,23 @@ class NumPyComputation(Computation):
                 returns.append(names[r])
             else:
                 returns.append(f"np.array({names[r]})")
+        # Feeds: arrays of the right shape and dtype pass with three comparisons; the
+        # rest goes through Computation._check_feed (conversion or a FeedError).
+        checks = []
+        for i, p in enumerate(self.params):
+            n = names[p]
+            checks.append(f"    if {n}.__class__ is not _ndarray or {n}.dtype is not _dt{i}"
+                          f" or {n}.shape != {p.axes.shape}:")
+            checks.append(f"        {n} = _feed({i}, {n})")
+            if self._copy_feeds:  # the computation assigns to a placeholder
+                checks.append(f"    {n} = {n}.copy()")
+        body[:0] = checks
+        if self.single:
+            body.append(f"    _last[0] = ({returns[0]},)")
+            returns_line = "    return _last[0][0]"
+        else:
+            body.append(f"    _last[0] = ({', '.join(returns)},)")
+            returns_line = "    return _last[0]"
         params = ", ".join(names[p] for p in self.params)
         glob = [ln.split(" = ")[0].strip() for ln in setup]
         src = [f"# geon NumPy transformer: computation of "
@@ -237,7 +256,7 @@ class NumPyComputation(Computation):
         src.extend(setup or ["    pass"])
         src.append(f"def run({params}):")
         src.extend(body)
-        src.append(f"    return ({', '.join(returns)},)")
+        src.append(returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
         self._scratch = scratch
         self._source = "\n".join(src) + "\n"
@@ -344,15 +363,26 @@ class NumPyComputation(Computation):
             ns[n] = [[np.empty(shape, dtype) for shape, dtype in temps]
                      for _ in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
+        ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
+        for i, p in enumerate(self.params):
+            ns[f"_dt{i}"] = p.dtype
+        self._ns = ns
         ns.update(self._consts)
         exec(self._code, ns)
         ns["setup"]()
         self._fn = ns["run"]
 
-    def _run(self, feeds):
-        if self._copy_feeds:
-            feeds = [np.array(f) for f in feeds]
-        return self._fn(*feeds)
+    def _fast_entry(self):
+        return self._fn
+
+    @property
+    def _last(self):
+        ns = getattr(self, "_ns", None)
+        return ns["_last"][0] if ns else None
+
+    @_last.setter
+    def _last(self, value):
+        pass  # the generated code keeps the last results itself
 
 
 class NumPyTransformer(Transformer):

@@ -33,7 +33,8 @@ class Graph:
             self._ops = None
         self.initial_order = self.ops()
         self.initial = set(self.initial_order)
-        self._assigns = any(isinstance(op, ASSIGN_CLASSES) for op in self.initial)
+        self._assigned = {op.args[0] for op in self.initial
+                          if isinstance(op, ASSIGN_CLASSES)}
 
     _ops = None
 
@@ -60,9 +61,12 @@ class Graph:
                     f"internal: replacement of {old.name} ({old.axes!r} {old.dtype}) by "
                     f"{getattr(new, 'name', new)} ({getattr(new, 'axes', None)!r} "
                     f"{getattr(new, 'dtype', None)}) changes its type")
-        if self._assigns and old in self.results and _reads_storage(new):
-            # A result is returned after every op ran; a result that is now storage (or
-            # a view of it) would show later assignments. Copy it where ``old`` ran.
+        if self._assigned and _storage_of(new) in self._assigned and (
+                old in self.results or isinstance(new, og.AssignableTensorOp)):
+            # ``old`` read the storage where it ran. Its users (and the caller, for a
+            # result) read later, maybe after an assignment: copy the storage (or the
+            # view of it) where ``old`` ran. Views built by the rule are handled by the
+            # alias pass.
             with rewriting(old):
                 new = pr.Copy(new)
         for user in list(old.users) + list(old._dep_users):
@@ -77,11 +81,11 @@ class Graph:
             self.results = [new if r is old else r for r in self.results]
 
 
-def _reads_storage(op):
-    """Whether ``op`` is a Variable or placeholder, or a view of one."""
+def _storage_of(op):
+    """The Variable or placeholder ``op`` is (or is a view of), else ``None``."""
     while isinstance(op, VIEW_CLASSES):
         op = op.args[0]
-    return isinstance(op, og.AssignableTensorOp) and not op.is_constant
+    return op if isinstance(op, og.AssignableTensorOp) and not op.is_constant else None
 
 
 class Pass:
