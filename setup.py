@@ -15,7 +15,7 @@ setup(
     package_data={"geon.examples": ["data/*.npz", "data/*.txt"]},
     install_requires=["numpy>=1.24"],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "sphinx>=6"],  # sphinx: the docs build test
         "gpu": ["pycuda>=2022.1"],
         "docs": ["sphinx>=6"],
     },

@@ -317,3 +317,43 @@ def test_ten_thousand_op_chain_without_recursion():
             g = g * 1.0001
     np.testing.assert_allclose(cv, v.sum(), rtol=1e-10)
     np.testing.assert_allclose(dv, g, rtol=1e-8)
+
+
+def test_simplified_results_keep_ordering_and_side_effects():
+    v = be.Variable(axes=[A], initial_value=1.0, name="v_simpl")
+    before = v * 1.0               # simplifies to a read of v, taken before the SetItem
+    s = be.SetItem(v, v + 5.0)
+    after = be.stop_gradient(v)    # lowers to a read of v, after the SetItem
+    t = be.NumPyTransformer()
+    b, a, none = t.computation([before, after, s])()
+    np.testing.assert_array_equal(b, [1, 1, 1])
+    np.testing.assert_array_equal(a, [6, 6, 6])
+    # a result that simplifies away must not drop the assignment it was ordered after
+    w = be.Variable(axes=[A], initial_value=1.0, name="w_simpl")
+    x = be.placeholder([A], name="x_simpl")
+    be.SetItem(w, w + 5.0)
+    r = w * 0.0 + be.exp(x)        # -> exp(x), but built after the SetItem
+    t2 = be.NumPyTransformer()
+    np.testing.assert_allclose(t2.computation(r, x)(np.zeros(3)), [1, 1, 1])
+    np.testing.assert_array_equal(t2.state[w], [6, 6, 6])
+
+
+def test_stale_view_read_after_assignment_is_copied():
+    v = be.Variable(axes=[A, B], initial_value=np.arange(12.0).reshape(3, 4), name="v_view")
+    old_t = be.axes_with_order(v, [B, A])   # a view of v taken before the SetItem
+    s = be.SetItem(v, v * 10.0)
+    r = old_t + be.axes_with_order(v, [B, A])  # built after: old view plus new value
+    t = be.NumPyTransformer()
+    got, _ = t.computation([r, s])()
+    np.testing.assert_array_equal(got, np.arange(12.0).reshape(3, 4).T * 11)
+
+
+def test_arrays_take_the_axes_of_a_same_shaped_operand():
+    x = be.placeholder([A, B], dtype=np.float64)
+    arr = np.arange(12.0).reshape(3, 4)
+    f = be.NumPyTransformer().computation([x + arr, arr * x], x)
+    a, b = f(np.ones((3, 4)))
+    np.testing.assert_array_equal(a, arr + 1)
+    np.testing.assert_array_equal(b, arr)
+    with pytest.raises(be.AxisMismatchError, match="shape \\(5,\\)"):
+        x + np.ones(5)

@@ -117,6 +117,7 @@ class TensorOp(Op):
         return self.axes.shape
 
     schema = None  # set by helpers such as softmax() whose result has a known structure
+    __array_ufunc__ = None  # ``array + op`` builds an op (NumPy defers to __radd__)
 
     # Magic methods build ops; ``==`` and ``!=`` stay identity so ops can live in sets.
     def __add__(self, o): return Add(self, o)
@@ -148,12 +149,17 @@ class ComputationOp(TensorOp):
 
 
 def result_dtype(args):
-    """NumPy's promotion over args, ignoring weak (Python-number) constants."""
+    """NumPy's promotion over args where weak (Python-number) constants only decide the
+    kind: a Python float with integer tensors gives float64, as in NumPy."""
     strong = [a.dtype for a in args
               if isinstance(a, TensorOp) and not getattr(a, "weak", False)]
     if not strong:
         return DEFAULT_DTYPE
-    return np.result_type(*strong) if len(strong) > 1 else strong[0]
+    dt = np.result_type(*strong) if len(strong) > 1 else strong[0]
+    if dt.kind in "iub" and any(getattr(a, "weak", False) and isinstance(
+            a._number, float) for a in args):
+        return np.result_type(dt, np.float64)
+    return dt
 
 
 def as_op(value):
@@ -164,8 +170,27 @@ def as_op(value):
         return Constant(value)
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return Constant(value[()], dtype=value.dtype)
-    raise TypeError(f"cannot use {type(value).__name__} {value!r} as an op; wrap arrays "
-                    f"in be.Constant(array, axes=...)")
+    raise TypeError(f"cannot use {type(value).__name__} {value!r} here as an op; wrap "
+                    f"arrays in be.Constant(array, axes=...)")
+
+
+def _arrays_as_constants(args, what):
+    """Give each array in ``args`` the axes of the first op arg of the same shape."""
+    ops = [a for a in args if isinstance(a, Op)]
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray) and a.ndim:
+            like = next((o for o in ops if isinstance(o, TensorOp) and
+                         o.axes.lengths_known and o.axes.shape == a.shape), None)
+            if like is None:
+                raise AxisMismatchError(
+                    f"{what}: cannot tell the axes of an array of shape {a.shape} (no "
+                    f"operand has that shape: "
+                    + "; ".join(f"{o.name} ({_fmt(o.axes)})" for o in ops)
+                    + "); wrap it in be.Constant(array, axes=...)")
+            a = Constant(a, axes=like.axes)
+        out.append(a)
+    return out
 
 
 # --- graph walks -----------------------------------------------------------------------
@@ -372,7 +397,17 @@ def _mismatch(op, what, args):
 
 class ElementWise(ComputationOp):
     """Elementwise ops. Args are matched by axis name: the result has the first arg's
-    axes followed by each later arg's axes that are not yet present."""
+    axes followed by each later arg's axes that are not yet present.
+
+    A NumPy array among the args takes the axes of the first op arg whose shape it has
+    (``x + np.ones(3)`` for ``x`` with axes ``(C:3,)``); otherwise wrap it in
+    :class:`Constant` with its axes.
+    """
+
+    def __init__(self, *args, **kwargs):
+        if any(isinstance(a, np.ndarray) and a.ndim for a in args):
+            args = _arrays_as_constants(args, type(self).__name__)
+        super().__init__(*args, **kwargs)
 
     def _infer_axes(self):
         args = self.args

@@ -16,6 +16,7 @@ only the first line may read the args; later lines read and write ``out`` alone.
 
 import keyword
 import linecache
+import weakref
 import re
 
 import numpy as np
@@ -152,7 +153,7 @@ class NumPyComputation(Computation):
         self._copy_feeds = any(isinstance(op, pr.Assign) and isinstance(op.args[0],
                                                                         og.Placeholder)
                                for op in self.ops)
-        order = schedule(self.results)
+        order = schedule(self.graph.roots)
         root = memory.value_roots(order)
         # Results get a new array each call (handed to the caller); views of them and
         # of the fed arrays must be made per call, the rest once in setup().
@@ -263,7 +264,8 @@ class NumPyComputation(Computation):
         self._consts, self._variables = consts, variables
         fname = f"<geon-numpy-{id(self):x}>"
         linecache.cache[fname] = (len(self._source), None, self._source.splitlines(True),
-                                  fname)
+                                  fname)  # tracebacks show generated lines
+        weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
 
     @staticmethod

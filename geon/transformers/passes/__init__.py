@@ -21,6 +21,8 @@ class Graph:
 
     def __init__(self, results):
         self.results = [og.snap(r) for r in results]
+        # What replaced results had to run after (their other_deps) stays in the graph.
+        self.extra_roots = []
         # Ops built after an earlier transformation may still point at replaced ops.
         stale = False
         for op in self.ops():
@@ -41,8 +43,13 @@ class Graph:
     def ops(self):
         """All ops, each after its dependencies (cached until the next replacement)."""
         if self._ops is None:
-            self._ops = og.toposort(self.results)
+            self._ops = og.toposort(self.roots)
         return self._ops
+
+    @property
+    def roots(self):
+        """The results, then the ops that replaced results had to run after."""
+        return self.results + self.extra_roots
 
     def invalidate(self):
         """Forget the cached op order; call after changing args or deps directly."""
@@ -77,8 +84,12 @@ class Graph:
                 user.add_other_dep(d)
         old.forward = new
         self._ops = None
+        if old in self.extra_roots:
+            self.extra_roots = [new if r is old else r for r in self.extra_roots]
         if old in self.results:
             self.results = [new if r is old else r for r in self.results]
+            self.extra_roots.extend(d for d in old.other_deps
+                                    if d not in self.extra_roots and d is not new)
 
 
 def _storage_of(op):

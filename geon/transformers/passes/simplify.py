@@ -97,8 +97,14 @@ def fold_constants(op):  # f(constants) -> constant
     if any(a.value.size > FOLD_LIMIT for a in op.args) and not all(
             _const_value(a) is not None for a in op.args):
         return None
-    from geon.op_graph.reference import evaluate
-    value = evaluate(op)
+    from geon.op_graph.autodiff import find_rule
+    from geon.op_graph.reference import EVALUATORS
+    fn = find_rule(EVALUATORS, op)
+    if fn is None:
+        return None
+    # The op alone on its constants; evaluate(op) would also run its other_deps (the
+    # assignments it is ordered after), which may need feeds.
+    value = np.array(fn(op, *[a.array() for a in op.args]))
     flat = value.reshape(-1)
     if flat.size and np.all(flat == flat[0]) and not np.isnan(flat[0]):
         return og.Constant(flat[0], axes=op.axes, dtype=op.dtype)
