@@ -19,6 +19,8 @@ value (NumPy) and its derivative (geon ops).
 import ast
 import inspect
 
+import re
+
 import numpy as np
 
 from geon.errors import GeonError
@@ -182,7 +184,8 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
 
 def _register_evaluation(cls, elementwise):
     from geon.op_graph.reference import EVALUATORS, align
-    from geon.transformers.numpy.transformer import NUMPY_CODE, NumPyTransformer
+    from geon.transformers.numpy.transformer import (NUMPY_CODE, NUMPY_GLOBALS,
+                                                     NumPyTransformer)
 
     def evaluate(op, *vals):
         if elementwise:
@@ -199,9 +202,11 @@ def _register_evaluation(cls, elementwise):
 
     def code(op, out, args):
         kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
-        fn = f'__import__("geon").op_graph.user_ops.impl({cls.registry_key!r})'
+        fn = global_name
         return [f"np.copyto({out}, {fn}({', '.join(args)}{kw}), casting='unsafe')"]
 
+    global_name = "user_" + re.sub(r"\W", "_", cls.registry_key)
+    NUMPY_GLOBALS[global_name] = impl(cls.registry_key)
     EVALUATORS[cls] = evaluate
     NUMPY_CODE[cls] = code
     NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {cls})

@@ -34,6 +34,8 @@ from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
 NUMPY_CODE = {}
+#: Names every generated module can use besides ``np`` (e.g. a user op's function).
+NUMPY_GLOBALS = {}
 
 
 def numpy_code(*classes):
@@ -145,6 +147,7 @@ class NumPyComputation(Computation):
         t = self.transformer
         taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last"}
         taken.update(f"_dt{i}" for i in range(len(self.params)))
+        taken.update(NUMPY_GLOBALS)
         names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
         setup, body = [], []
@@ -355,7 +358,7 @@ class NumPyComputation(Computation):
         return f"    {line:<60} # {type(op).__name__}{origin}, {op.file_info}"
 
     def _allocate(self):
-        ns = {"np": np}
+        ns = dict(NUMPY_GLOBALS, np=np)
         state = self.transformer.state
         for n, v in self._variables.items():
             ns[n] = state[v]
