@@ -9,14 +9,16 @@ SIZES = (784, 512, 512, 10)
 LR = 0.01
 
 
+def layer_params(i, seed=0):
+    """Weights and bias of layer ``i`` (deterministic; He initialization)."""
+    rng = np.random.default_rng((seed, i))
+    fan_in, fan_out = SIZES[i], SIZES[i + 1]
+    W = rng.standard_normal((fan_out, fan_in)).astype(np.float32)
+    return W * np.float32(np.sqrt(2.0 / fan_in)), np.zeros(fan_out, np.float32)
+
+
 def init_params(seed=0):
-    rng = np.random.default_rng(seed)
-    params = []
-    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
-        params.append((rng.standard_normal((fan_out, fan_in)).astype(np.float32)
-                       * np.float32(np.sqrt(2.0 / fan_in)),
-                       np.zeros(fan_out, np.float32)))
-    return params
+    return [layer_params(i, seed) for i in range(len(SIZES) - 1)]
 
 
 def data(batch, seed=1):
@@ -26,20 +28,26 @@ def data(batch, seed=1):
     return x, t
 
 
-def geon_step(batch, params, transformer=None):
-    """The geon training step: returns (computation, transformer)."""
+def geon_step(batch, params=None, transformer=None):
+    """The geon training step: returns (computation, transformer). Without ``params``
+    the variables are initialized by callables, so no second copy is kept."""
     axes = [be.Axis(n, f"L{i}") for i, n in enumerate(SIZES)]
     N = be.Axis(batch, "N", batch=True)
     x = be.placeholder([axes[0], N], name="x")
     t = be.placeholder([axes[-1], N], name="t")
     h = x
     variables = []
-    for i, (W, b) in enumerate(params):
+    layers = len(SIZES) - 1
+    for i in range(layers):
+        if params is not None:
+            W, b = params[i]
+        else:
+            W, b = (lambda shape, i=i: layer_params(i)[0]), 0.0
         Wv = be.Variable(axes=[axes[i + 1], axes[i]], initial_value=W, name=f"W{i}")
         bv = be.Variable(axes=[axes[i + 1]], initial_value=b, name=f"b{i}")
         variables += [Wv, bv]
         h = be.dot(Wv, h) + bv
-        if i < len(params) - 1:
+        if i < layers - 1:
             h = be.maximum(h, 0.0)
     y = be.softmax(h)
     loss = be.sum(be.cross_entropy_multi(y, t), out_axes=()) / batch
@@ -48,9 +56,10 @@ def geon_step(batch, params, transformer=None):
     return tr.computation([loss] + updates, x, t), tr
 
 
-def numpy_step(params):
+def numpy_step(params, copy=True):
     """Hand-written NumPy, the natural way: ``@``, ``np.maximum``, new arrays."""
-    params = [(W.copy(), b.copy()) for W, b in params]
+    if copy:
+        params = [(W.copy(), b.copy()) for W, b in params]
 
     def step(x, t):
         acts, pre = [x], []

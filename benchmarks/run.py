@@ -186,52 +186,59 @@ def bench_overhead(repeats):
 
 
 _MEM_CHILD = """
-import sys, numpy as np
+import gc, sys
 from benchmarks import mlp
 which, batch = sys.argv[1], int(sys.argv[2])
-params = mlp.init_params(); x, t = mlp.data(batch)
-step = mlp.geon_step(batch, params)[0] if which == 'geon' else mlp.numpy_step(params)
+x, t = mlp.data(batch)
+
+def status(key):
+    with open('/proc/self/status') as f:
+        return int([l for l in f if l.startswith(key)][0].split()[1]) * 1024
+
+base = status('VmRSS')
+if which == 'geon':
+    step, tr = mlp.geon_step(batch)
+    tr.allocate()
+    tr.initialize()
+else:
+    step = mlp.numpy_step(mlp.init_params(), copy=False)
+gc.collect()
+built = status('VmRSS')
+with open('/proc/self/clear_refs', 'w') as f:
+    f.write('5')  # the peak (VmHWM) restarts here: initialization temporaries don't count
 for _ in range(3):
     step(x, t)
-with open('/proc/self/status') as f:
-    hwm = [l for l in f if l.startswith('VmHWM')][0].split()[1]
-print(int(hwm) * 1024)
-"""
-
-_BASE_CHILD = """
-import numpy as np
-import geon
-from benchmarks import mlp
-with open('/proc/self/status') as f:
-    print(int([l for l in f if l.startswith('VmHWM')][0].split()[1]) * 1024)
+print(built - base, status('VmHWM') - built)
 """
 
 
 def _child(code, *args):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                         text=True, check=True, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
-    return int(out.stdout.split()[-1])
+                         text=True, check=True, cwd=root)
+    return [int(v) for v in out.stdout.split()[-2:]]
 
 
 def bench_memory():
-    if not os.path.exists("/proc/self/status"):
-        return table("5. Peak memory", ["note"], [["needs /proc (Linux)"]])
+    if not os.path.exists("/proc/self/clear_refs"):
+        return table("5. Peak memory", ["note"], [["needs Linux /proc"]])
     rows = []
-    base = _child(_BASE_CHILD)
+    sizes = mlp.SIZES
+    params = 4 * sum(o * i + o for i, o in zip(sizes[:-1], sizes[1:]))
     for batch in (128, 1024):
-        sizes = mlp.SIZES
-        params = sum(o * i + o for i, o in zip(sizes[:-1], sizes[1:]))
-        acts = sum(sizes[1:]) * batch
-        minimum = 4 * (2 * params + acts + sizes[0] * batch + sizes[-1] * batch)
-        g = _child(_MEM_CHILD, "geon", str(batch)) - base
-        n = _child(_MEM_CHILD, "numpy", str(batch)) - base
-        rows.append([batch, f"{minimum / 2**20:.1f} MiB", f"{g / 2**20:.1f} MiB",
-                     f"{n / 2**20:.1f} MiB", f"{g / minimum:.2f}", f"{n / minimum:.2f}"])
-    return table("5. Peak memory of the MLP step above an idle interpreter with geon "
-                 "imported (VmHWM)",
+        # parameters, their gradients, and every layer's output for the backward pass
+        minimum = 2 * params + 4 * sum(sizes[1:]) * batch
+        g_model, g_step = _child(_MEM_CHILD, "geon", str(batch))
+        n_model, n_step = _child(_MEM_CHILD, "numpy", str(batch))
+        g, n = params + g_step, params + n_step
+        mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
+        rows.append([batch, mib(minimum), mib(g), mib(n), f"{g / minimum:.2f}",
+                     f"{n / minimum:.2f}", f"{g / n:.2f}",
+                     f"{mib(g_model - params)} / {mib(n_model - params)}"])
+    return table("5. Peak memory of the MLP step: parameters plus the peak growth while "
+                 "stepping (VmHWM, one process each)",
                  ["batch", "minimum working set", "geon", "NumPy", "geon / minimum",
-                  "NumPy / minimum"], rows)
+                  "NumPy / minimum", "geon / NumPy", "model objects geon / NumPy"], rows)
 
 
 def main(argv=None):

@@ -142,10 +142,16 @@ def _pow(op, d):
 @R(og.Maximum)
 def _maximum(op, d):
     a, b = op.args
+    if isinstance(b, og.Constant):
+        # max(a, c), as in ReLU: take the mask from the result, so the input need not be
+        # kept for the backward pass (the derivative at a == c is then 0).
+        return d * (op > b), None
     return d * (a >= b), d * (a < b)
 @R(og.Minimum)
 def _minimum(op, d):
     a, b = op.args
+    if isinstance(b, og.Constant):  # min(a, c): the mask from the result (see above)
+        return d * (op < b), None
     return d * (a <= b), d * (a > b)
 @R(og.Comparison, og.Sign, og.ArgMax, og.TensorSize, og.OneHot, pr.ReduceArgMax)
 def _zero(op, d): return (None,) * len(op.args)

@@ -12,6 +12,7 @@ import math
 from geon.errors import AxisMismatchError
 
 _anonymous = itertools.count()
+_length_epoch = 0
 
 
 class Axis:
@@ -50,6 +51,8 @@ class Axis:
                 raise ValueError(f"axis {self.name}: length must be an integer >= 0, not {value!r}")
             value = int(value)
         self._length = value
+        global _length_epoch
+        _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
     def __eq__(self, other):
         return isinstance(other, Axis) and other.name == self.name
@@ -97,11 +100,12 @@ class Axes:
     that a lacks, ``a & b`` keeps a's axes that b has.
     """
 
-    __slots__ = ("_axes", "_names")
+    __slots__ = ("_axes", "_names", "_lengths")
 
     def __init__(self, *axes):
         if len(axes) == 1 and not isinstance(axes[0], Axis):
             axes = axes[0]
+        self._lengths = None
         if isinstance(axes, Axes):
             self._axes, self._names = axes._axes, axes._names
             return
@@ -155,7 +159,12 @@ class Axes:
     @property
     def lengths(self):
         """The axes' lengths, in order (``None`` where unset)."""
-        return tuple(a.length for a in self._axes)
+        cached = self._lengths
+        if cached is not None and cached[0] == _length_epoch:
+            return cached[1]
+        lengths = tuple(a.length for a in self._axes)
+        self._lengths = (_length_epoch, lengths)
+        return lengths
 
     @property
     def lengths_known(self):

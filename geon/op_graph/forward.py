@@ -199,10 +199,14 @@ def _pow(op, ts):  # d(a**b) = b a**(b-1) da + log(a) a**b db
 @F(og.Maximum)
 def _maximum(op, ts):
     a, b = op.args
+    if isinstance(b, og.Constant):  # as the reverse rule: the mask from the result
+        return _terms((ts[0], lambda t: t * (op > b)))
     return _terms((ts[0], lambda t: t * (a >= b)), (ts[1], lambda t: t * (a < b)))
 @F(og.Minimum)
 def _minimum(op, ts):
     a, b = op.args
+    if isinstance(b, og.Constant):
+        return _terms((ts[0], lambda t: t * (op < b)))
     return _terms((ts[0], lambda t: t * (a <= b)), (ts[1], lambda t: t * (a > b)))
 @F(og.Comparison, og.Sign, og.ArgMax, og.TensorSize, og.OneHot, pr.ReduceArgMax,
    og.StopGradient)

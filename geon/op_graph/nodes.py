@@ -80,6 +80,41 @@ class DebugInfo:
         return f'File "{self.filename}", line {self.lineno}'
 
 
+class WeakNodeSet:
+    """A set of nodes held by weak references (a lighter ``weakref.WeakSet``): the ops
+    that use a node must not keep each other alive."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self):
+        self._d = {}
+
+    def add(self, node):
+        self._d[id(node)] = weakref.ref(node)
+
+    def discard(self, node):
+        r = self._d.get(id(node))
+        if r is not None and r() is node:
+            del self._d[id(node)]
+
+    def __contains__(self, node):
+        r = self._d.get(id(node))
+        return r is not None and r() is node
+
+    def __iter__(self):
+        live = []
+        for k, r in list(self._d.items()):
+            node = r()
+            if node is None:
+                del self._d[k]  # its node is gone (the id may be reused later)
+            else:
+                live.append(node)
+        return iter(live)
+
+    def __len__(self):
+        return len(list(iter(self)))
+
+
 class OrderedSet:
     """A small insertion-ordered set (a dict's keys), for deterministic dependency lists."""
 
@@ -165,8 +200,8 @@ class Node(NameableValue, DebugInfo):
         self._args = tuple(args)
         self.other_deps = OrderedSet(follows)
         self.user_deps = OrderedSet()
-        self.users = weakref.WeakSet()
-        self._dep_users = weakref.WeakSet()
+        self.users = WeakNodeSet()
+        self._dep_users = WeakNodeSet()
         self.forward = None
         src = _note_created(self)
         if src is None:

@@ -51,12 +51,28 @@ def stale_view_reads(order):
         target = asg.args[0]
         after = _after(order, position, asg)
         for op in order:
-            if op is asg or op not in after or isinstance(op, VIEW_CLASSES):
+            # Views count too: a rewrite may build a view of the old view that runs
+            # after the assignment (it inherits the other_deps of the op it lowers).
+            if op is asg or op not in after:
                 continue
             for i, a in enumerate(op.args):
                 if a is not target and a not in after and root.get(a) is target:
                     found.append((op, i))
     return found
+
+
+def _smaller_first(roots, limit=64):
+    """``roots`` ordered by how many ops each needs, fewest first (stable).
+
+    The depth-first order then finishes cheap results before expensive ones: in a
+    training step the last layer's update runs before the first layer's, so each
+    layer's activations die as early as the backward pass allows.
+    """
+    roots = list(roots)
+    if len(roots) < 2 or len(roots) > limit:
+        return roots
+    size = {id(r): len(og.toposort([r])) for r in roots}
+    return sorted(roots, key=lambda r: size[id(r)])
 
 
 def schedule(roots, strict=True):
@@ -67,6 +83,7 @@ def schedule(roots, strict=True):
     after it raises (backends whose views alias storage copy such reads first, see
     :func:`stale_view_reads`); the reference evaluator, whose views are snapshots,
     passes ``strict=False``."""
+    roots = _smaller_first(roots)
     order = og.toposort(roots)
     assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
     if not assigns:
@@ -74,7 +91,10 @@ def schedule(roots, strict=True):
     root = alias_roots(order)
     readers = {}
     for op in order:
-        if isinstance(op, VIEW_CLASSES):
+        # Views alias storage, so they are not reads, except for the reference
+        # evaluator (not ``strict``): its views are snapshots, so one taken before an
+        # assignment must be evaluated before it.
+        if strict and isinstance(op, VIEW_CLASSES):
             continue
         for i, a in enumerate(op.args):
             if i == 0 and isinstance(op, ASSIGN_CLASSES):

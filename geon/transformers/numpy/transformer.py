@@ -182,6 +182,7 @@ class NumPyComputation(Computation):
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
+        self._arena_views = {}
 
         def arg_names(op, local=None):
             local = local or {}
@@ -216,8 +217,8 @@ class NumPyComputation(Computation):
             else:
                 out = None
                 if not isinstance(op, og.VoidOp):
-                    out = names[op] = _ident("t_" + op.name, taken)
-                    body.extend(self._buffer_line(op, out, plan, arenas, setup, fresh))
+                    out = names[op] = self._buffer(op, plan, arenas, setup, body, fresh,
+                                                   taken)
                 lines = find_rule(NUMPY_CODE, op)(op, out, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
@@ -250,10 +251,11 @@ class NumPyComputation(Computation):
         glob = [ln.split(" = ")[0].strip() for ln in setup]
         src = [f"# geon NumPy transformer: computation of "
                f"{', '.join(getattr(r, 'name', '?') for r in self.requested)}"]
-        for a, size in zip(arenas, plan.sizes):
-            src.append(f"# {a}: {size} bytes, shared by "
-                       + ", ".join(names[o] for o, k in plan.slot.items()
-                                   if arenas[k] == a))
+        held = {}
+        for o, k in plan.slot.items():
+            held.setdefault(k, []).append(o.name)
+        for k, (a, size) in enumerate(zip(arenas, plan.sizes)):
+            src.append(f"# {a}: {size} bytes, holds in turn: {', '.join(held.get(k, ()))}")
         src.append("def setup():")
         if glob:
             src.append("    global " + ", ".join(glob))
@@ -271,18 +273,24 @@ class NumPyComputation(Computation):
         weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
 
-    @staticmethod
-    def _buffer_line(op, out, plan, arenas, setup, fresh):
-        """Where ``op``'s value lives: a view of its arena made in setup(), or (for a
-        result) a new array each call. Returns the body lines, if any."""
+    def _buffer(self, op, plan, arenas, setup, body, fresh, taken):
+        """The name of ``op``'s buffer. A planned value is a view of its arena, made
+        once in setup() and shared by every value of that arena with the same shape
+        and dtype; a result is a new array each call (a line added to ``body``)."""
         shape, dtype = op.axes.shape, op.dtype
         if op in plan.slot:
-            setup.append(f"    {out} = {arenas[plan.slot[op]]}"
-                         f"[:{op.axes.size * dtype.itemsize}]"
-                         f".view(np.{dtype.name}).reshape({shape})")
-            return []
+            key = (plan.slot[op], shape, dtype)
+            name = self._arena_views.get(key)
+            if name is None:
+                arena = arenas[plan.slot[op]]
+                name = self._arena_views[key] = _ident(f"{arena}_{dtype.name}", taken)
+                setup.append(f"    {name} = {arena}[:{op.axes.size * dtype.itemsize}]"
+                             f".view(np.{dtype.name}).reshape({shape})")
+            return name
         assert op in fresh, op
-        return [f"    {out} = np.empty({shape}, np.{dtype.name})"]
+        name = _ident("t_" + op.name, taken)
+        body.append(f"    {name} = np.empty({shape}, np.{dtype.name})")
+        return name
 
     def _group_code(self, g, names, arg_names, plan, arenas, setup, fresh, scratch, taken):
         """A fused group: a nested function that runs the members over a range of rows,
@@ -293,8 +301,7 @@ class NumPyComputation(Computation):
         members = g.members
         for m in members:
             if m not in g.internal:
-                names[m] = _ident("t_" + m.name, taken)
-                lines.extend(self._buffer_line(m, names[m], plan, arenas, setup, fresh))
+                names[m] = self._buffer(m, plan, arenas, setup, lines, fresh, taken)
         B, rows = g.rows_per_block, g.rows
         fn = _ident("fused", taken)
         body = [f"        _j = min(_i + {B}, _hi)"]
