@@ -41,12 +41,21 @@ class NameableValue:
         self._name = value
 
 
+# Per code object: is it geon's library code? (Code objects, never ops.)
+_library_code = {}
+
+
 def _user_frame():
     """The innermost stack frame that is not geon's library code."""
     f = sys._getframe(2)
+    lib = _library_code
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_GEON_DIR) or fn.startswith(_USER_DIRS):
+        code = f.f_code
+        is_lib = lib.get(code)
+        if is_lib is None:
+            fn = code.co_filename
+            is_lib = lib[code] = fn.startswith(_GEON_DIR) and not fn.startswith(_USER_DIRS)
+        if not is_lib:
             return f
         f = f.f_back
     return None
@@ -121,7 +130,7 @@ class OrderedSet:
     __slots__ = ("_d",)
 
     def __init__(self, items=()):
-        self._d = dict.fromkeys(items)
+        self._d = dict.fromkeys(items) if items else {}
 
     def add(self, item):
         self._d[item] = None

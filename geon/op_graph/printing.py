@@ -2,7 +2,10 @@
 
 Each line of :func:`graph_text` reads ::
 
-    name = OpType(arg, arg; attribute=value) : (axis:length, ...) dtype [after dep] {tag}  # file:line <- origin
+    name = OpType(arg, arg; attribute=value) : (axis:length, ...) dtype \
+        after [dep] {tag}  # file:line <- origin
+
+(on one line; ``after``, the tags and ``<- origin`` appear only when there are any).
 
 ``after`` lists other_deps (ops that must run first, such as an earlier ``SetItem``),
 ``origin`` is the ``derived_from`` of an op a pass built (``"<Class> <name>"`` of the

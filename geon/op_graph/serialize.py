@@ -161,14 +161,16 @@ def _dict(data, where, allowed=None, required=()):
 
 
 def _json_type(data):
+    """A short description of a JSON value for messages: ``null``, ``'abc'``, ``2``..."""
     if data is None:
         return "null"
     if isinstance(data, bool):
-        return f"{str(data).lower()}"
+        return str(data).lower()
     if isinstance(data, (int, float)):
-        return f"the number {data!r}"
+        text = repr(data)
+        return text if len(text) <= 40 else text[:37] + "..."
     if isinstance(data, str):
-        return f"the string {data[:40]!r}"
+        return repr(data[:40] + ("..." if len(data) > 40 else ""))
     return {list: "a list", dict: "an object"}.get(type(data), type(data).__name__)
 
 
@@ -300,9 +302,10 @@ class Kind:
     the values mean the same) and printed (``show(value)``). ``optional`` kinds may be
     ``None`` (written as an absent key)."""
 
-    def __init__(self, encode, decode, key, show=repr, optional=False):
+    def __init__(self, encode, decode, key, show=repr, optional=False, inline=False):
         self.encode, self.decode, self.key, self.show = encode, decode, key, show
         self.optional = optional
+        self.inline = inline  # shown without its attribute name (user op parameters)
 
 
 def _opt(kind):
@@ -353,7 +356,7 @@ KINDS = {
                      lambda d, dc, w: {k: _decode_literal(x, f"{w}.{k}")
                                        for k, x in _dict(d, w).items()},
                      lambda v: tuple(sorted((k, repr(x)) for k, x in v.items())),
-                     lambda v: ", ".join(f"{k}={x!r}" for k, x in v.items())),
+                     lambda v: ", ".join(f"{k}={x!r}" for k, x in v.items()), inline=True),
 }
 for _k in ("array", "number", "value"):
     KINDS["opt_" + _k] = _opt(KINDS[_k])
@@ -404,8 +407,9 @@ class OpSpec:
     def show(self, op):
         """``name=value`` text of the attributes (for printing)."""
         attrs = self.get(op)
-        return ", ".join(f"{f}={kind.show(attrs[f])}" for f, kind in self.fields
-                         if not (kind.optional and attrs[f] is None))
+        parts = [kind.show(attrs[f]) if kind.inline else f"{f}={kind.show(attrs[f])}"
+                 for f, kind in self.fields if not (kind.optional and attrs[f] is None)]
+        return ", ".join(p for p in parts if p)
 
 
 #: class name -> :class:`OpSpec` (the ``"op"`` field of a document).
@@ -1164,6 +1168,7 @@ def _read_schema(data, ops, where, op):
                 raise _fail(f"{where}.normalization_axes[{j}]",
                             f"{_json_type(n)} is not an axis of the op")
             red.append(a)
-        red = Axes(red) if len(set(names)) == len(names) else Axes()
-        return sc.SoftmaxSchema(ref("x"), ref("shifted"), ref("Z"), red)
+        if len(set(red)) != len(red):
+            raise _fail(f"{where}.normalization_axes", "an axis is listed twice")
+        return sc.SoftmaxSchema(ref("x"), ref("shifted"), ref("Z"), Axes(red))
     raise _fail(f"{where}.kind", f"unknown schema kind {_json_type(data['kind'])}")

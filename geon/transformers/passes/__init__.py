@@ -74,8 +74,13 @@ class Graph:
             # result) read later, maybe after an assignment: copy the storage (or the
             # view of it) where ``old`` ran. Views built by the rule are handled by the
             # alias pass.
+            # ``old`` may have run after assignments to that storage only through its
+            # args (``-(-v)`` built after a SetItem of v): the copy follows them too.
+            storage = _storage_of(new)
+            follows = [op for op in og.toposort([old]) if isinstance(op, ASSIGN_CLASSES)
+                       and op.args[0] is storage]
             with rewriting(old):
-                new = pr.Copy(new)
+                new = pr.Copy(new, follows=follows)
         for user in list(old.users) + list(old._dep_users):
             if user is new:
                 continue
