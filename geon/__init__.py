@@ -15,7 +15,8 @@ from geon.op_graph.op_graph import (  # noqa: E402
     divide, dot, equal, exp, flatten, greater, greater_equal, less, less_equal, log, max,
     maximum, mean, min, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
     prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
-    stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance)
+    stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance, split,
+    max_argmax, MultiOutput, Output)
 from geon.op_graph.autodiff import deriv, gradients  # noqa: E402
 from geon.op_graph.forward import hvp, jvp  # noqa: E402
 from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402

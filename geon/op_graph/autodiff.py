@@ -92,6 +92,13 @@ def adjoints(c, error=None):
         for arg, da in zip(op.args, rule(op, d)):
             if da is None or arg not in needs:
                 continue
+            if isinstance(arg, og.MultiOutput):
+                # A multi-output op's adjoint is a list: one entry per output.
+                out = arg.outputs[op.index]
+                parts = adj.setdefault(arg, [None] * len(arg.outputs))
+                da = _fit(da, out)
+                parts[op.index] = da if parts[op.index] is None else parts[op.index] + da
+                continue
             da = _fit(da, arg)
             prev = adj.get(arg)
             adj[arg] = da if prev is None else prev + da
@@ -240,6 +247,36 @@ def _expand(op, d):
 def _sliceview(op, d): return (pr.Unslice(d, op.args[0].axes, op.key),)
 @R(pr.Unslice)
 def _unslice(op, d): return (pr.SliceView(d, op.key, op.args[0].axes),)
+
+
+# Multi-output ops: ``d`` is a list of the outputs' adjoints (None where none flows).
+@R(og.Output)
+def _output(op, d): return (d,)
+@R(og.Split)
+def _split(op, d):
+    x = op.args[0]
+    total = None
+    for k, dk in zip(op.keys, d):
+        if dk is None:
+            continue
+        key = [slice(None)] * len(x.axes)
+        key[op.axis_pos] = k
+        part = pr.Unslice(dk, x.axes, key)
+        total = part if total is None else total + part
+    return (total,)
+@R(og.MaxArgMax)
+def _max_argmax(op, d):
+    if d[0] is None:
+        return (None,)
+    x = op.args[0]
+    hit = og.Equal(x, op.outputs[0])  # tied maxima share the derivative, as for Max
+    return (hit * (d[0] / og.Sum(hit, reduction_axes=op.reduction_axes)),)
+@R(pr.ReduceMaxArgMax)
+def _reduce_max_argmax(op, d):
+    if d[0] is None:
+        return (None,)
+    hit = og.Equal(op.args[0], _expand_back(op, op.outputs[0]))
+    return (_expand_back(op, d[0] / pr.ReduceSum(hit, op.axis)) * hit,)
 
 
 def _expand_back(op, v):

@@ -85,7 +85,13 @@ def propagate(outputs, seeds, directions=Axes()):
             raise GeonError(f"jvp: no forward rule for {type(op).__name__} {op.name} "
                             f"(built at {op.file_info})")
         t = rule(op, ts)
-        if t is not None:
+        if t is None:
+            continue
+        if isinstance(op, og.MultiOutput):  # one tangent per output (None: zero)
+            tangents[op] = tuple(None if ti is None else
+                                 fit_tangent(as_op(ti), out, directions)
+                                 for ti, out in zip(t, op.outputs))
+        else:
             tangents[op] = fit_tangent(as_op(t), op, directions)
     return tangents
 
@@ -363,3 +369,23 @@ def _sum_extra(d, arg, extra):
     """``d`` summed over axes that neither ``arg`` nor the direction axes have."""
     stray = d.axes - (arg.axes + extra)
     return og.Sum(d, reduction_axes=stray) if len(stray) else d
+
+
+# Multi-output ops: their tangent is a tuple, one entry per output; Output picks one.
+@F(og.Output)
+def _output(op, ts):
+    return ts[0][op.index]
+@F(og.Split)
+def _split(op, ts):
+    t, x = ts[0], op.args[0]
+    axis = x.axes[op.axis_pos]
+    return tuple(og.Slice(t, axis, k, new_axis=out.axes[op.axis_pos])
+                 for k, out in zip(op.keys, op.outputs))
+@F(og.MaxArgMax)
+def _max_argmax(op, ts):
+    hit = og.Equal(op.args[0], op.outputs[0])
+    return (_tied_mean(hit, ts[0], op.reduction_axes), None)
+@F(pr.ReduceMaxArgMax)
+def _reduce_max_argmax(op, ts):
+    hit = og.Equal(op.args[0], _expand_back(op, op.outputs[0]))
+    return (_tied_mean(hit, ts[0], _prim_reduced(op)), None)

@@ -6,6 +6,7 @@ semi-primitive ops in :mod:`geon.op_graph.primitives` interpret their operands b
 position, and lowering only ever produces them in forms where both readings agree.
 """
 
+import builtins
 import numbers
 
 import numpy as np
@@ -15,6 +16,20 @@ from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
 from geon.op_graph.nodes import Node, OrderedSet
 
 DEFAULT_DTYPE = np.dtype(np.float32)
+
+#: Hooks of the other op families (NumPy, Simple Axes), keyed by name and installed by
+#: :mod:`geon.op_graph.coercion`: ``"elementwise"`` (``fn(cls, args, kwargs) -> (args,
+#: kwargs)``, run before an elementwise op is built), ``"dot"`` (``fn(a, b)``, checks the
+#: operands of a dot), and ``"getitem"``, ``"matmul"``, ``"transpose"`` (``x[key]``,
+#: ``x @ y`` and ``x.T`` of positional tensors).
+FAMILY_HOOKS = {}
+
+
+def _family_hook(name, what):
+    hook = FAMILY_HOOKS.get(name)
+    if hook is None:
+        raise TypeError(f"{what} is defined for NumPy-family tensors only (geon.np)")
+    return hook
 
 
 class _Invalid:
@@ -138,10 +153,19 @@ class TensorOp(Op):
     def __ge__(self, o): return GreaterEqual(self, o)
     __hash__ = Op.__hash__
 
+    # NumPy-family tensors (positional axes) index, multiply and transpose like arrays.
+    def __getitem__(self, key): return _family_hook("getitem", "x[key]")(self, key)
+    def __matmul__(self, o): return _family_hook("matmul", "x @ y")(self, o)
+    def __rmatmul__(self, o): return _family_hook("matmul", "x @ y")(o, self)
+
     @property
     def T(self):
-        """The axes in reverse order."""
-        return axes_with_order(self, Axes(reversed(tuple(self.axes))))
+        """The axes in reverse order (a NumPy-family tensor: its transpose)."""
+        hook = FAMILY_HOOKS.get("transpose")
+        t = hook(self) if hook is not None else None
+        if t is None:
+            t = axes_with_order(self, Axes(reversed(tuple(self.axes))))
+        return t
 
 
 class ComputationOp(TensorOp):
@@ -405,6 +429,9 @@ class ElementWise(ComputationOp):
     """
 
     def __init__(self, *args, **kwargs):
+        hook = FAMILY_HOOKS.get("elementwise")
+        if hook is not None:  # NumPy broadcasting, coercions between families
+            args, kwargs = hook(type(self), args, kwargs)
         if any(isinstance(a, np.ndarray) and a.ndim for a in args):
             args = _arrays_as_constants(args, type(self).__name__)
         super().__init__(*args, **kwargs)
@@ -534,6 +561,12 @@ def safelog(x, limit=-50.0):
 class Dot(ComputationOp):
     """Sum of products over the axes ``a`` and ``b`` share; the result has ``a``'s other
     axes followed by ``b``'s other axes."""
+
+    def __init__(self, a, b, **kwargs):
+        hook = FAMILY_HOOKS.get("dot")
+        if hook is not None:  # operands of other op families are refused
+            hook(a, b)
+        super().__init__(a, b, **kwargs)
 
     def _infer_axes(self):
         a, b = self.args
@@ -859,3 +892,102 @@ class StopGradient(TensorOp):
 def stop_gradient(x):
     """``x``'s value, treated as a constant by :func:`deriv`."""
     return StopGradient(x)
+
+
+# --- ops with several results ----------------------------------------------------------
+
+class MultiOutput(Op):
+    """An op that computes several values at once.
+
+    It has no value of its own: ``outputs`` holds one :class:`Output` op per value, each a
+    tensor usable like any other. Subclasses implement ``_output_types()`` returning
+    ``[(axes, dtype), ...]``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outputs = tuple(Output(self, i, axes=axes, dtype=dtype)
+                             for i, (axes, dtype) in enumerate(self._output_types()))
+
+    def _output_types(self):
+        raise NotImplementedError
+
+
+class Output(TensorOp):
+    """Value number ``index`` of the :class:`MultiOutput` op that is its only arg."""
+
+    def __init__(self, op, index, axes, dtype, **kwargs):
+        self.index = index
+        super().__init__(op, axes=axes, dtype=dtype, **kwargs)
+
+    @property
+    def source(self):
+        return self.args[0]
+
+
+class Split(MultiOutput):
+    """``x`` cut along ``axis`` into consecutive parts of the given lengths; part ``i``
+    has the axis replaced by ``"<axis>[start:stop]"``."""
+
+    def __init__(self, x, axis, lengths, **kwargs):
+        x = as_op(x)
+        if axis not in x.axes:
+            raise AxisMismatchError(f"split: axis {axis!r} is not in {x.name} "
+                                    f"({_fmt(x.axes)})")
+        self.axis_pos = x.axes.index(axis)
+        full = x.axes[self.axis_pos]
+        lengths = [int(n) for n in lengths]
+        if any(n <= 0 for n in lengths) or builtins.sum(lengths) != full.length:
+            raise AxisMismatchError(f"split: parts {lengths} do not add up to axis "
+                                    f"{full!r} of {x.name}")
+        self.keys, start = [], 0
+        for n in lengths:
+            self.keys.append(slice(start, start + n))
+            start += n
+        super().__init__(x, **kwargs)
+
+    def _output_types(self):
+        x = self.args[0]
+        full = x.axes[self.axis_pos]
+        types = []
+        for k in self.keys:
+            part = Axis(k.stop - k.start, f"{full.name}[{k.start}:{k.stop}]", full.batch,
+                        full.recurrent)
+            axes = tuple(x.axes)
+            types.append((Axes(axes[:self.axis_pos] + (part,) + axes[self.axis_pos + 1:]),
+                          x.dtype))
+        return types
+
+
+def split(x, axis, parts):
+    """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
+    lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""
+    x = as_op(x)
+    n = x.axes[x.axes.index(axis)].length
+    if isinstance(parts, int):
+        if parts <= 0 or n % parts:
+            raise AxisMismatchError(f"split: axis {axis!r} of length {n} does not split "
+                                    f"into {parts} equal parts")
+        parts = [n // parts] * parts
+    return Split(x, axis, parts).outputs
+
+
+class MaxArgMax(MultiOutput):
+    """The maximum over the reduction axes and where it is (row-major index over them),
+    from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
+
+    def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
+        x = as_op(x)
+        probe = Max(x, reduction_axes, out_axes)  # the axes rule and its checks, once
+        self.reduction_axes, self.out_axes = probe.reduction_axes, probe.axes
+        for a in probe.args:
+            a.users.discard(probe)
+        super().__init__(x, **kwargs)
+
+    def _output_types(self):
+        return [(self.out_axes, self.args[0].dtype), (self.out_axes, np.dtype(np.int64))]
+
+
+def max_argmax(x, reduction_axes=None, out_axes=None):
+    """``(max, argmax)`` of ``x`` over the reduction axes, computed together."""
+    return MaxArgMax(x, reduction_axes, out_axes).outputs

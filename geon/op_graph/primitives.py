@@ -19,6 +19,8 @@ elementwise               any :class:`ElementWise` op whose args all have the op
 :class:`Unslice`          zeros with the arg written into a slice (slicing's adjoint)
 :class:`Copy`             a contiguous copy
 :class:`Assign`           write a value into storage (void)
+:class:`ReduceMaxArgMax`  maximum and its index over one position (two outputs)
+:class:`Output`           one value of a multi-output op
 ========================  ============================================================
 
 Each keeps an ``axes`` describing its result so that graphs stay printable and
@@ -27,6 +29,7 @@ differentiable after lowering; backends only use the shapes.
 
 from geon.errors import AxisMismatchError
 from geon.op_graph.axes import Axes, as_axes
+from geon.op_graph import op_graph as og
 from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
                                     _fmt)
 import numpy as np
@@ -172,3 +175,20 @@ class Assign(VoidOp):
 
 VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)
 REDUCE_PRIMS = (ReduceSum, ReduceProd, ReduceMax, ReduceMin, ReduceArgMax, ReduceArgMin)
+
+
+class ReduceMaxArgMax(og.MultiOutput):
+    """The maximum over one position ``axis`` of a tensor of at most 2 dimensions and its
+    index there, as two outputs (value, int64 index)."""
+
+    def __init__(self, x, axis, **kwargs):
+        self.axis = axis
+        super().__init__(x, **kwargs)
+
+    def _output_types(self):
+        x = self.args[0]
+        if not (0 <= self.axis < len(x.axes) <= 2):
+            raise AxisMismatchError(f"ReduceMaxArgMax: cannot reduce position {self.axis} "
+                                    f"of ({_fmt(x.axes)})")
+        axes = x.axes - Axes(x.axes[self.axis])
+        return [(axes, x.dtype), (axes, np.dtype(np.int64))]

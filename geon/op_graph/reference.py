@@ -87,14 +87,12 @@ def _dot(op, a, b):
     return np.einsum(spec, a, b).astype(op.dtype)
 
 
-def _reduce_layout(op, x):
-    """``x`` reshaped to (kept axes in op order..., product of reduced axes)."""
-    axes = op.args[0].axes
-    red = op.reduction_axes
-    keep = [axes.index(a) for a in op.axes]
-    rpos = [axes.index(a) for a in red]
+def _reduce_layout(in_axes, red, out_axes, x):
+    """``x`` (laid out by ``in_axes``) reshaped to (``out_axes``..., product of ``red``)."""
+    keep = [in_axes.index(a) for a in out_axes]
+    rpos = [in_axes.index(a) for a in red]
     x = np.transpose(x, keep + rpos)
-    return x.reshape(op.axes.shape + (-1,))
+    return x.reshape(out_axes.shape + (-1,))
 
 
 _REDUCERS = {og.Sum: np.sum, og.Prod: np.prod, og.Max: np.max, og.Min: np.min,
@@ -103,7 +101,8 @@ _REDUCERS = {og.Sum: np.sum, og.Prod: np.prod, og.Max: np.max, og.Min: np.min,
 
 @evaluator(og.Reduction)
 def _reduction(op, x):
-    y = _REDUCERS[type(op)](_reduce_layout(op, x), axis=-1)
+    y = _REDUCERS[type(op)](_reduce_layout(op.args[0].axes, op.reduction_axes, op.axes, x),
+                            axis=-1)
     return np.asarray(y).astype(op.dtype)
 
 
@@ -183,6 +182,32 @@ def _unslice(op, x):
     out = np.zeros(op.axes.shape, op.dtype)
     out[op.key] = x
     return out
+
+
+@evaluator(og.Split)
+def _split(op, x):
+    outs = []
+    for k in op.keys:
+        key = [slice(None)] * x.ndim
+        key[op.axis_pos] = k
+        outs.append(x[tuple(key)])
+    return tuple(outs)
+
+
+@evaluator(og.MaxArgMax)
+def _max_argmax(op, x):
+    flat = _reduce_layout(op.args[0].axes, op.reduction_axes, op.out_axes, x)
+    return np.max(flat, axis=-1), np.argmax(flat, axis=-1).astype(np.int64)
+
+
+@evaluator(pr.ReduceMaxArgMax)
+def _reduce_max_argmax(op, x):
+    return np.max(x, axis=op.axis), np.argmax(x, axis=op.axis).astype(np.int64)
+
+
+@evaluator(og.Output)
+def _output(op, values):
+    return np.asarray(values[op.index]).astype(op.dtype)
 
 
 def evaluate(results, feeds=None, state=None):

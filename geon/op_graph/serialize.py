@@ -597,6 +597,18 @@ def _build_reduce_prim(cls, args, attrs, out, kw):
     return cls(*args, attrs["axis"], dtype=out[1], **kw)
 
 
+def _build_split(cls, args, attrs, out, kw):
+    x = args[0]
+    if not 0 <= attrs["axis_pos"] < len(x.axes):
+        raise SerializationError(f"axis_pos {attrs['axis_pos']} is not a position of "
+                                 f"{_show_axes(x.axes)}")
+    return cls(x, x.axes[attrs["axis_pos"]], attrs["lengths"], **kw)
+
+
+def _build_max_argmax(cls, args, attrs, out, kw):
+    return cls(args[0], attrs["reduction_axes"], attrs["out_axes"], **kw)
+
+
 def _build_user(cls, args, attrs, out, kw):
     return cls(*args, dtype=out[1], **attrs["params"], **kw)
 
@@ -639,6 +651,16 @@ def _register_standard_ops():
     register_op(pr.Unslice, [("key", "indices")], build=_build_unslice, **same)
     for cls in pr.REDUCE_PRIMS:
         register_op(cls, [("axis", "int")], build=_build_reduce_prim, arity=1)
+    register_op(pr.ReduceMaxArgMax, [("axis", "int")],
+                build=lambda cls, args, attrs, out, kw: cls(args[0], attrs["axis"], **kw),
+                arity=1)
+    register_op(og.Split, [("axis_pos", "int"), ("lengths", "ints")], build=_build_split,
+                get=lambda op: {"axis_pos": op.axis_pos,
+                                "lengths": [k.stop - k.start for k in op.keys]}, arity=1)
+    register_op(og.MaxArgMax, [("reduction_axes", "axes"), ("out_axes", "axes")],
+                build=_build_max_argmax, arity=1)
+    # Outputs are written as references; the spec serves CSE and printing.
+    register_op(og.Output, [("index", "int")], arity=1)
 
 
 _register_standard_ops()
@@ -705,6 +727,9 @@ def clone_graph(results, replace=None):
             continue
         if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
             mapping[op] = op
+            continue
+        if isinstance(op, og.Output):  # the copy of its op already made it
+            mapping[op] = mapping[og.snap(op.args[0])].outputs[op.index]
             continue
         spec = spec_for(op)
         if spec is None:
@@ -816,12 +841,19 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
         order = graph_ops(results)
     except GeonError as e:
         raise SerializationError(str(e)) from None
-    ids = {op: i for i, op in enumerate(order)}
+    # An Output op has no record: it is referred to as [its multi-output op, index].
+    ids, n = {}, 0
+    for op in order:  # all ids first: user_deps and initializers may point forward
+        if isinstance(op, og.Output):
+            ids[op] = ids[og.snap(op.args[0])]
+        else:
+            ids[op], n = n, n + 1
     enc = _Encoder()
-    records = [_record(op, i, ids, enc, values, debug_info) for i, op in enumerate(order)]
+    records = [_record(op, ids[op], ids, enc, values, debug_info) for op in order
+               if not isinstance(op, og.Output)]
     doc = {"format": FORMAT, "version": VERSION, "producer": f"geon {geon.__version__}",
            "single": single, "axes": enc.table, "ops": records,
-           "results": [[ids[r], 0 if isinstance(r, og.TensorOp) else None]
+           "results": [[ids[r], _out_index(r) if isinstance(r, og.TensorOp) else None]
                        for r in results]}
     if metadata is not None:
         doc["metadata"] = metadata
@@ -829,6 +861,11 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
         return json.dumps(doc, indent=indent, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise SerializationError(f"metadata is not JSON-compatible: {e}") from None
+
+
+def _out_index(op):
+    """Which output of its op ``op`` is: its index for an :class:`Output`, else 0."""
+    return op.index if isinstance(op, og.Output) else 0
 
 
 def _record(op, i, ids, enc, values, debug_info):
@@ -839,12 +876,11 @@ def _record(op, i, ids, enc, values, debug_info):
                                  f"{type(op).__name__} (register one with "
                                  f"geon.op_graph.serialize.register_op)")
     rec = {"id": i, "op": spec.type_name, "name": op.name}
-    if isinstance(op, og.TensorOp):
-        rec["outputs"] = [{"axes": [enc.axis(a, where) for a in op.axes],
-                           "dtype": _dtype_name(op.dtype, where)}]
-    else:
-        rec["outputs"] = []
-    rec["args"] = [[ids[og.snap(a)], 0] for a in op.args]
+    outs = op.outputs if isinstance(op, og.MultiOutput) else \
+        [op] if isinstance(op, og.TensorOp) else []
+    rec["outputs"] = [{"axes": [enc.axis(a, where) for a in o.axes],
+                       "dtype": _dtype_name(o.dtype, where)} for o in outs]
+    rec["args"] = [[ids[s], _out_index(s)] for s in (og.snap(a) for a in op.args)]
     for key, deps in (("other_deps", op.other_deps), ("user_deps", op.user_deps),
                       ("initializers", op.initializers)):
         refs = [ids[s] for s in (og.snap(d) for d in deps) if s in ids]
@@ -885,7 +921,7 @@ def _schema_record(op, ids):
 
     def ref(x):
         s = og.snap(x)
-        return [ids[s], 0] if s in ids else None
+        return [ids[s], _out_index(s)] if s in ids else None
     if isinstance(schema, sc.SoftmaxSchema):
         refs = [ref(schema.x), ref(schema.shifted), ref(schema.Z)]
         if None not in refs:
@@ -1060,7 +1096,7 @@ def _read_ref(data, limit, ops, n_out, where, allow_op=False):
     k = _int(k, f"{where}[1]")
     if not 0 <= k < n_out[i]:
         raise _fail(where, f"op {i} ({ops[i].name}) has {n_out[i]} output(s), no output {k}")
-    return ops[i]
+    return ops[i].outputs[k] if isinstance(ops[i], og.MultiOutput) else ops[i]
 
 
 def _read_op(i, rec, ops, n_out, dec):
@@ -1075,15 +1111,21 @@ def _read_op(i, rec, ops, n_out, dec):
     name = _str(rec["name"], f"{where}.name")
     where = f"ops[{i}] ({type_name} {name!r})"
     outputs = _list(rec["outputs"], f"{where}.outputs")
+    if spec.cls is og.Output:
+        raise _fail(f"{where}.op", "an Output has no record of its own; refer to it as "
+                                   "[its multi-output op, output index]")
     tensor = issubclass(spec.cls, og.TensorOp)
-    if len(outputs) != (1 if tensor else 0):
+    multi = issubclass(spec.cls, og.MultiOutput)
+    if multi and not outputs or not multi and len(outputs) != (1 if tensor else 0):
         raise _fail(f"{where}.outputs", f"has {len(outputs)} entries; a {type_name} op has "
-                                        f"{1 if tensor else 0} in format version {VERSION}")
-    out = None
-    if tensor:
-        o = _dict(outputs[0], f"{where}.outputs[0]", {"axes", "dtype"}, ("axes", "dtype"))
-        out = (dec.axes(o["axes"], f"{where}.outputs[0].axes"),
-               _dtype(o["dtype"], f"{where}.outputs[0].dtype"))
+                                        + ("at least 1" if multi else
+                                           str(1 if tensor else 0)))
+    types = []
+    for k, o in enumerate(outputs):
+        o = _dict(o, f"{where}.outputs[{k}]", {"axes", "dtype"}, ("axes", "dtype"))
+        types.append((dec.axes(o["axes"], f"{where}.outputs[{k}].axes"),
+                      _dtype(o["dtype"], f"{where}.outputs[{k}].dtype")))
+    out = types[0] if tensor else None
     args = [_read_ref(r, i, ops, n_out, f"{where}.args[{j}]")
             for j, r in enumerate(_list(rec["args"], f"{where}.args"))]
     if spec.arity is not None and len(args) != spec.arity:
@@ -1117,6 +1159,15 @@ def _read_op(i, rec, ops, n_out, dec):
         derived = _str(derived, f"{where}.derived_from")
     try:
         op = _rebuild(spec, args, attrs, out, name, tags, deps)
+        if multi:
+            got = [(o.axes, o.dtype) for o in op.outputs]
+            if len(got) != len(types) or any(
+                    g[0].names != t[0].names or g[0].lengths != t[0].lengths or g[1] != t[1]
+                    for g, t in zip(got, types)):
+                raise SerializationError(
+                    "the document's outputs (" + "; ".join(
+                        f"{_show_axes(a)} {d}" for a, d in types) + ") are not what the "
+                    "args give (" + "; ".join(f"{_show_axes(a)} {d}" for a, d in got) + ")")
     except SerializationError as e:
         raise _fail(where, str(e)) from None
     except Exception as e:  # the constructor's own checks, in the user's terms

@@ -34,7 +34,7 @@ STANDARD_BASE_SET = frozenset({
     og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy,
     pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
     pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
-    pr.Copy, pr.Assign,
+    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output,
 })
 
 

@@ -77,6 +77,22 @@ def _group_spans(order, groups, root):
     return [(pos[g.members[-1]], view_reads(g, root)) for g in groups]
 
 
+def _take(plan, free, need):
+    """A free arena for ``need`` bytes: the smallest that fits, else the largest free one
+    grown, else a new one."""
+    fits = [a for a in free if plan.sizes[a] >= need]
+    if fits:
+        arena = min(fits, key=lambda a: plan.sizes[a])
+    elif free:
+        arena = max(free, key=lambda a: plan.sizes[a])
+        plan.sizes[arena] = need
+    else:
+        plan.sizes.append(need)
+        return len(plan.sizes) - 1
+    free.remove(arena)
+    return arena
+
+
 def plan_memory(order, results, inplace=True, groups=()):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
     ``results``, nor internal to a fused group (``groups``, see
@@ -101,9 +117,18 @@ def plan_memory(order, results, inplace=True, groups=()):
     plan = Plan()
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
+    present = set(order)
     for i, op in enumerate(order):
         dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
-        if is_producer(op) and op not in keep and op not in internal:
+        if isinstance(op, og.MultiOutput):
+            # Its outputs are written at this step (never over an input).
+            for out in op.outputs:
+                if out in present and out not in keep:
+                    arena = _take(plan, free, _nbytes(out))
+                    plan.slot[out] = arena
+                    occupant[arena] = out
+        elif is_producer(op) and op not in keep and op not in internal \
+                and not isinstance(op, og.Output):
             need = _nbytes(op)
             arena = None
             if inplace:
@@ -113,17 +138,7 @@ def plan_memory(order, results, inplace=True, groups=()):
                         plan.inplace.add(op)
                         break
             if arena is None:
-                fits = [a for a in free if plan.sizes[a] >= need]
-                if fits:
-                    arena = min(fits, key=lambda a: plan.sizes[a])
-                elif free:
-                    arena = max(free, key=lambda a: plan.sizes[a])
-                    plan.sizes[arena] = need
-                else:
-                    arena = len(plan.sizes)
-                    plan.sizes.append(need)
-                if arena in free:
-                    free.remove(arena)
+                arena = _take(plan, free, need)
             plan.slot[op] = arena
             occupant[arena] = op
         for r in dying:
@@ -157,15 +172,20 @@ def verify_plan(order, results, plan, groups=()):
                 raise GeonError(f"memory plan: step {i} ({op.name}) reads {r.name} from "
                                 f"arena {a}, which now holds "
                                 f"{getattr(holder.get(a), 'name', 'nothing')}")
-        a = plan.slot.get(op)
-        if a is not None:
+        written = [op] if not isinstance(op, og.MultiOutput) else list(op.outputs)
+        if isinstance(op, og.Output):
+            written = []  # written by its multi-output op, at that op's step
+        for w in written:
+            a = plan.slot.get(w)
+            if a is None:
+                continue
             for r in read:
-                if plan.slot.get(r) == a and not _inplace_ok(op, r, root):
+                if plan.slot.get(r) == a and not (w is op and _inplace_ok(op, r, root)):
                     raise GeonError(f"memory plan: {op.name} overwrites its input "
                                     f"{r.name} in arena {a} unsafely")
-            if _nbytes(op) > plan.sizes[a]:
-                raise GeonError(f"memory plan: {op.name} does not fit arena {a}")
-            holder[a] = op
+            if _nbytes(w) > plan.sizes[a]:
+                raise GeonError(f"memory plan: {w.name} does not fit arena {a}")
+            holder[a] = w
     for r in spans.get(len(order) - 1, ()):
         a = plan.slot.get(r)
         if a is not None and holder.get(a) is not r:

@@ -96,6 +96,18 @@ def _reduce(op, out, args):
     return [f"np.{_REDUCE_FN[type(op)]}({args[0]}, axis={op.axis}, out={out})"]
 
 
+@numpy_code(pr.ReduceMaxArgMax)
+def _reduce_max_argmax(op, outs, args):
+    # A multi-output op gets one buffer name per output (None: nobody reads it).
+    x, = args
+    lines = []
+    if outs[0] is not None:
+        lines.append(f"np.max({x}, axis={op.axis}, out={outs[0]})")
+    if outs[1] is not None:
+        lines.append(f"np.argmax({x}, axis={op.axis}, out={outs[1]})")
+    return lines
+
+
 @numpy_code(pr.Copy)
 def _copy(op, out, args):
     return [f"np.copyto({out}, {args[0]})"]
@@ -168,7 +180,7 @@ class NumPyComputation(Computation):
                 dynamic.add(op)
 
         def emits(op):
-            return not isinstance(op, og.AssignableTensorOp) and (
+            return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
         groups = [] if "fusion" in t.disabled else find_groups(order, self.results, emits)
@@ -212,8 +224,18 @@ class NumPyComputation(Computation):
             elif op in first:
                 body.extend(self._group_code(first[op], names, arg_names, plan, arenas,
                                              setup, fresh, scratch, taken))
-            elif op in in_group:
-                continue  # emitted with its group
+            elif op in in_group or isinstance(op, og.Output):
+                continue  # emitted with its group / by its multi-output op
+            elif isinstance(op, og.MultiOutput):
+                present = set(order)
+                outs = []
+                for o in op.outputs:
+                    if o in present:
+                        names[o] = self._buffer(o, plan, arenas, setup, body, fresh, taken)
+                    outs.append(names.get(o))
+                lines = find_rule(NUMPY_CODE, op)(op, outs, arg_names(op))
+                body.append(self._annotate(lines[0], op))
+                body.extend("    " + ln for ln in lines[1:])
             else:
                 out = None
                 if not isinstance(op, og.VoidOp):

@@ -150,6 +150,33 @@ def reshape_contiguous(op):  # reshape(noncontiguous view) -> reshape(copy(view)
     return pr.Reshape(pr.Copy(x), op.axes)
 
 
+def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
+    m = op.args[0]
+    if isinstance(m, og.Split):
+        x = m.args[0]
+        key = [slice(None)] * len(x.axes)
+        key[m.axis_pos] = m.keys[op.index]
+        return pr.SliceView(x, key, op.axes)
+    if isinstance(m, og.MaxArgMax):
+        x, red = m.args[0], m.reduction_axes
+        if not len(red):
+            return view_as(x, op.axes) if op.index == 0 else \
+                og.Constant(0, axes=op.axes, dtype=op.dtype)
+        prim = m.__dict__.get("_lowered")  # both outputs share one primitive
+        if prim is None:
+            if len(m.out_axes):
+                prim = pr.ReduceMaxArgMax(as_matrix(x, m.out_axes, red, "_red"), 1)
+            else:
+                flat = view_as(x, red)
+                if len(red) > 1:
+                    flat = pr.Reshape(flat, Axes(FlattenedAxis(red)))
+                prim = pr.ReduceMaxArgMax(flat, 0)
+            m._lowered = prim
+        out = prim.outputs[op.index]
+        return out if out.axes == op.axes else pr.Reshape(out, op.axes)
+    return None
+
+
 class LowerAxesPass(RewritePass):
     """Axes ops -> semi-primitive ops on row-major buffers."""
 
@@ -166,4 +193,5 @@ class LowerAxesPass(RewritePass):
         (og.StopGradient, lower_stop_gradient),
         (og.SetItem, lower_setitem),
         (pr.Reshape, reshape_contiguous),
+        (og.Output, lower_output),
     ]

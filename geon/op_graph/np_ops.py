@@ -1,0 +1,702 @@
+"""The NumPy family: tensors with positional shapes and ops with NumPy's names and rules.
+
+Use it as ``be.np``::
+
+    x = be.np.placeholder((32, 784))
+    w = be.np.variable(np.zeros((784, 10)))
+    y = be.np.tanh(x @ w + be.np.zeros(10))
+    loss = be.np.mean(be.np.sum(y * y, axis=-1))
+
+A NumPy-family tensor is an ordinary op whose axes are *positional*: the k-th axis from
+the right is the :class:`~geon.op_graph.coercion.PositionalAxis` named ``-k``. Every
+function here builds the standard ops of the Axes family over such axes (renaming
+axes where NumPy's positions call for it), so derivatives (``be.deriv``, ``be.jvp``),
+the reference evaluator, lowering, memory planning and fusion work unchanged: there is
+no second execution path. The one op added here is :class:`Select` (``where``), a
+semi-primitive with an entry in every table.
+
+Tensors of the Simple-Axes family (:mod:`geon.op_graph.simple_axes`) also have named
+sample and recurrent axes; every function here works on their positional (feature)
+dimensions and carries the named axes along. ``axis=`` counts positional dimensions
+only.
+
+Differences from NumPy: comparisons give 1.0 / 0.0 in the operands' float type (float32
+for integer operands), as everywhere in geon; ``==`` and ``!=`` between ops are
+identity (use :func:`equal`); placeholders, variables and filled constants default to
+float32; batched ``matmul`` (more than two dimensions) is a broadcast multiply and a
+sum.
+"""
+
+import numbers
+
+import numpy as np
+
+from geon.errors import AxisMismatchError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph.axes import Axes
+from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
+                                    PositionalAxis, broadcast_result, canonical_axes,
+                                    drop_stretched, family, family_error, positional,
+                                    positional_shape, split_axes, temp_axis, with_axes)
+
+__all__ = [
+    "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
+    "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
+    "divide", "dot", "equal", "exp", "expand_dims", "full", "greater", "greater_equal",
+    "less", "less_equal", "log", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
+    "power", "prod", "ravel", "reciprocal", "reshape", "shape", "sign", "sin", "sqrt",
+    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "transpose",
+    "true_divide", "variable", "where", "with_axes", "zeros",
+]
+
+_builtin_sum, _builtin_max, _builtin_min, _builtin_abs = sum, max, min, abs
+
+
+# --- operands ------------------------------------------------------------------------------
+
+def _shape(shape):
+    if isinstance(shape, (numbers.Integral, np.integer)):
+        shape = (shape,)
+    shape = tuple(shape)
+    for n in shape:
+        if isinstance(n, bool) or not isinstance(n, (numbers.Integral, np.integer)) or n < 0:
+            raise ValueError(f"a shape holds integers >= 0, not {shape!r}")
+    return tuple(int(n) for n in shape)
+
+
+def _arg(x):
+    """An elementwise operand: ops and Python numbers as they are, arrays as constants."""
+    if isinstance(x, (og.Op, numbers.Number)) and not isinstance(x, np.generic):
+        return x
+    return constant(x)
+
+
+def _tensor(x, what):
+    """``x`` as a tensor op of the NumPy or Simple-Axes family (or a scalar)."""
+    if not isinstance(x, og.Op):
+        return constant(x)
+    if not isinstance(x, og.TensorOp):
+        raise TypeError(f"{what}: {x!r} has no value")
+    if family(x) == AXES:
+        raise family_error(what, [x], "a NumPy-family function needs a positional tensor")
+    return x
+
+
+def _front(x):
+    """``x`` with its named (sample, recurrent) axes first: the order of the family."""
+    special, pos = split_axes(x)
+    order = special + pos
+    if [a.name for a in order] != list(x.axes.names):
+        return og.AxesWithOrder(x, Axes(order))
+    return x
+
+
+def _rename(x, names):
+    """``x`` with its positional axes renamed, in order, to ``names`` (a CastAxes)."""
+    special, pos = split_axes(x)
+    if [a.name for a in pos] == list(names):
+        return x
+    it = iter(names)
+    new = [a if not isinstance(a, PositionalAxis) else PositionalAxis(a.length, next(it))
+           for a in x.axes]
+    return og.CastAxes(x, Axes(new))
+
+
+def _with_pos(x, shape):
+    """The axes of ``x``'s named axes followed by canonical axes of ``shape``."""
+    special, _ = split_axes(x)
+    return Axes(special + list(canonical_axes(shape)))
+
+
+def _normalize_axis(axis, n, what):
+    if isinstance(axis, bool) or not isinstance(axis, (numbers.Integral, np.integer)):
+        raise TypeError(f"{what}: an axis is an integer, not {axis!r}")
+    if not -n <= axis < n:
+        raise AxisMismatchError(f"{what}: axis {axis} is out of bounds for array of "
+                                f"dimension {n}")
+    return int(axis) % n
+
+
+def _axis_list(axis, n, what):
+    if axis is None:
+        return list(range(n))
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for ax in items:
+        ax = _normalize_axis(ax, n, what)
+        if ax in out:
+            raise ValueError(f"{what}: duplicate value in 'axis'")
+        out.append(ax)
+    return sorted(out)
+
+
+# --- making tensors -----------------------------------------------------------------------
+
+def placeholder(shape, dtype=None, name=None):
+    """A NumPy-family tensor of ``shape`` fed when a computation is called (float32
+    unless ``dtype`` says otherwise)."""
+    return og.Placeholder(canonical_axes(_shape(shape)), dtype=dtype, name=name)
+
+
+def variable(initial_value=0.0, shape=None, dtype=None, name=None, trainable=True,
+             persistent=True):
+    """A NumPy-family Variable. ``initial_value`` is an array (its shape and, for an
+    ndarray, its dtype are the variable's), a number filling ``shape``, or a function
+    ``f(shape) -> array`` (``shape`` is then required). The dtype defaults to float32."""
+    if shape is None:
+        if callable(initial_value):
+            raise TypeError("variable: an initial value given by a function needs shape=")
+        shape = np.shape(initial_value)
+    if dtype is None and isinstance(initial_value, np.ndarray):
+        dtype = initial_value.dtype
+    return og.Variable(canonical_axes(_shape(shape)), initial_value=initial_value,
+                       dtype=dtype, name=name, trainable=trainable, persistent=persistent)
+
+
+def constant(value, dtype=None, name=None):
+    """A NumPy-family constant holding ``value`` (an array-like; its dtype unless
+    ``dtype`` is given)."""
+    arr = np.asarray(value, dtype=dtype)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"constant: cannot hold {arr.dtype} values")
+    return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype, name=name)
+
+
+def asarray(a, dtype=None):
+    """``a`` as a NumPy-family tensor: NumPy-family ops as they are, arrays as constants.
+    An Axes-family tensor raises :class:`FamilyError` (see :func:`positional`)."""
+    if isinstance(a, og.Op):
+        a = _tensor(a, "asarray")
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            raise TypeError(f"asarray: {a.name} has dtype {a.dtype}; geon has no cast op")
+        return a
+    return constant(a, dtype=dtype)
+
+
+def full(shape, fill_value, dtype=None, name=None):
+    """A constant of ``shape`` filled with ``fill_value`` (float32 by default)."""
+    return og.Constant(fill_value, axes=canonical_axes(_shape(shape)),
+                       dtype=dtype or og.DEFAULT_DTYPE, name=name)
+
+
+def zeros(shape, dtype=None, name=None):
+    """A constant of zeros (float32 by default)."""
+    return full(shape, 0, dtype, name)
+
+
+def ones(shape, dtype=None, name=None):
+    """A constant of ones (float32 by default)."""
+    return full(shape, 1, dtype, name)
+
+
+def shape(a):
+    """The NumPy shape of ``a`` (its positional dimensions)."""
+    return positional_shape(_tensor(a, "shape"))
+
+
+def ndim(a):
+    """The number of positional dimensions of ``a``."""
+    return len(shape(a))
+
+
+# --- elementwise ----------------------------------------------------------------------------
+
+class Select(og.ElementWise):
+    """``where(c, a, b)``: ``a`` where ``c`` is nonzero, else ``b``, elementwise.
+
+    A semi-primitive (it has an evaluator, NumPy code, reverse and forward rules, and is
+    in the NumPy transformer's base set): composing it from arithmetic would turn an
+    infinite or NaN value in the branch not taken into NaN.
+    """
+
+    def _infer_dtype(self):
+        return og.result_dtype(self.args[1:])
+
+
+def _elementwise(cls, name, n):
+    def fn(*args):
+        if len(args) != n:
+            raise TypeError(f"{name} takes {n} argument(s), got {len(args)}")
+        return cls(*[_arg(a) for a in args])
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"NumPy's ``{name}`` (broadcast as NumPy does; the result has NumPy's "
+                  f"dtype)." if not issubclass(cls, og.Comparison) else
+                  f"NumPy's ``{name}``, giving 1.0 where true and 0.0 where false.")
+    return fn
+
+
+add = _elementwise(og.Add, "add", 2)
+subtract = _elementwise(og.Subtract, "subtract", 2)
+multiply = _elementwise(og.Multiply, "multiply", 2)
+divide = _elementwise(og.Divide, "divide", 2)
+true_divide = _elementwise(og.Divide, "true_divide", 2)
+power = _elementwise(og.Power, "power", 2)
+maximum = _elementwise(og.Maximum, "maximum", 2)
+minimum = _elementwise(og.Minimum, "minimum", 2)
+equal = _elementwise(og.Equal, "equal", 2)
+not_equal = _elementwise(og.NotEqual, "not_equal", 2)
+less = _elementwise(og.Less, "less", 2)
+less_equal = _elementwise(og.LessEqual, "less_equal", 2)
+greater = _elementwise(og.Greater, "greater", 2)
+greater_equal = _elementwise(og.GreaterEqual, "greater_equal", 2)
+negative = _elementwise(og.Negative, "negative", 1)
+absolute = _elementwise(og.Absolute, "absolute", 1)
+abs = absolute  # noqa: A001 - NumPy's name
+sign = _elementwise(og.Sign, "sign", 1)
+square = _elementwise(og.Square, "square", 1)
+sqrt = _elementwise(og.Sqrt, "sqrt", 1)
+reciprocal = _elementwise(og.Reciprocal, "reciprocal", 1)
+exp = _elementwise(og.Exp, "exp", 1)
+log = _elementwise(og.Log, "log", 1)
+sin = _elementwise(og.Sin, "sin", 1)
+cos = _elementwise(og.Cos, "cos", 1)
+tanh = _elementwise(og.Tanh, "tanh", 1)
+
+
+def where(condition, x, y):
+    """NumPy's ``where(condition, x, y)``: ``x`` where ``condition`` is nonzero, else
+    ``y`` (all three broadcast together). Derivatives flow to the branch taken."""
+    return Select(_arg(condition), _arg(x), _arg(y))
+
+
+def clip(a, a_min, a_max):
+    """NumPy's ``clip``: ``minimum(maximum(a, a_min), a_max)`` (either bound may be
+    ``None``)."""
+    if a_min is None and a_max is None:
+        raise ValueError("clip: one of a_min and a_max must be given")
+    r = _arg(a)
+    if a_min is not None:
+        r = og.Maximum(r, _arg(a_min))
+    if a_max is not None:
+        r = og.Minimum(r, _arg(a_max))
+    return r
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+def _reduce(cls, a, axis, keepdims, what, dtype=None):
+    x = _front(_tensor(a, what))
+    special, pos = split_axes(x)
+    idx = _axis_list(axis, len(pos), what)
+    red = Axes(pos[i] for i in idx)
+    if dtype is None:
+        dtype = x.dtype
+    r = cls(x, reduction_axes=red, dtype=dtype)
+    if keepdims:
+        if not len(red):
+            return r
+        target = special + [PositionalAxis(1, p.name) if i in idx else p
+                            for i, p in enumerate(pos)]
+        return og.Broadcast(r, Axes(target))
+    kept = len(pos) - len(idx)
+    return _rename(r, [f"-{kept - j}" for j in range(kept)])
+
+
+def _sum_dtype(x, fn):
+    with np.errstate(all="ignore"):
+        return fn(np.ones(1, x.dtype)).dtype
+
+
+def sum(a, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+    """NumPy's ``sum`` over ``axis`` (an int, a tuple, or ``None`` for every positional
+    dimension); small integer and bool inputs sum in int64 as in NumPy."""
+    x = _tensor(a, "sum")
+    return _reduce(og.Sum, x, axis, keepdims, "sum", _sum_dtype(x, np.sum))
+
+
+def prod(a, axis=None, keepdims=False):
+    """NumPy's ``prod`` (see :func:`sum` for ``axis``)."""
+    x = _tensor(a, "prod")
+    return _reduce(og.Prod, x, axis, keepdims, "prod", _sum_dtype(x, np.prod))
+
+
+def max(a, axis=None, keepdims=False):  # noqa: A001
+    """NumPy's ``max`` (``amax``)."""
+    return _reduce(og.Max, a, axis, keepdims, "max")
+
+
+def min(a, axis=None, keepdims=False):  # noqa: A001
+    """NumPy's ``min`` (``amin``)."""
+    return _reduce(og.Min, a, axis, keepdims, "min")
+
+
+def mean(a, axis=None, keepdims=False):
+    """NumPy's ``mean``: the sum divided by the number of elements reduced (float64 for
+    integer inputs)."""
+    x = _tensor(a, "mean")
+    pos = positional_shape(x)
+    idx = _axis_list(axis, len(pos), "mean")
+    n = 1
+    for i in idx:
+        n *= pos[i]
+    return sum(x, axis, keepdims) / float(n)
+
+
+def _arg_reduce(cls, a, axis, keepdims, what):
+    if isinstance(axis, (tuple, list)):
+        raise TypeError(f"{what}: axis must be an integer or None")
+    x = _tensor(a, what)
+    r = _reduce(cls, x, axis, False, what, np.dtype(np.int64))
+    if not keepdims:
+        return r
+    special, pos = split_axes(_front(x))
+    if axis is None:
+        return reshape(r, (1,) * len(pos))
+    i = _normalize_axis(axis, len(pos), what)
+    return expand_dims(r, i)
+
+
+def argmax(a, axis=None, keepdims=False):
+    """NumPy's ``argmax``: with ``axis=None`` the index into the flattened array
+    (row-major), else the index along ``axis`` (int64)."""
+    return _arg_reduce(og.ArgMax, a, axis, keepdims, "argmax")
+
+
+def argmin(a, axis=None, keepdims=False):
+    """NumPy's ``argmin`` (see :func:`argmax`)."""
+    return _arg_reduce(og.ArgMin, a, axis, keepdims, "argmin")
+
+
+# --- products -------------------------------------------------------------------------------
+
+def dot(a, b):
+    """NumPy's ``dot``: for 1-D and 2-D operands the inner / matrix product; for N-D
+    operands the sum over the last axis of ``a`` and the second-to-last of ``b``
+    (``dot(a, b)[i, j, k, m] = sum(a[i, j, :] * b[k, :, m])``); a 0-d operand
+    multiplies."""
+    a, b = _tensor(a, "dot"), _tensor(b, "dot")
+    sa, pa = split_axes(a)
+    sb, pb = split_axes(b)
+    if not pa or not pb:
+        return multiply(a, b)
+    shared = {x.name for x in sa} & {x.name for x in sb}
+    if shared:
+        raise AxisMismatchError(f"dot: both operands have the named axes {sorted(shared)}, "
+                                f"which a product by position cannot keep apart: "
+                                f"{a.name}, {b.name}")
+    ka, kb = pa[-1], (pb[-2] if len(pb) >= 2 else pb[0])
+    if ka.length != kb.length:
+        raise AxisMismatchError(
+            f"dot: shapes {positional_shape(a)} and {positional_shape(b)} not aligned: "
+            f"{ka.length} (dim {len(pa) - 1}) != {kb.length} (dim {_builtin_max(len(pb) - 2, 0)})")
+    a_other = pa[:-1]
+    b_other = pb[:-2] + pb[-1:] if len(pb) >= 2 else []
+    r = len(a_other) + len(b_other)
+    names = [f"-{r - i}" for i in range(r)]
+    k = temp_axis(ka.length)
+    na = iter(names[:len(a_other)])
+    nb = iter(names[len(a_other):])
+    a2 = og.CastAxes(a, Axes(k if x is ka else (PositionalAxis(x.length, next(na))
+                                               if isinstance(x, PositionalAxis) else x)
+                             for x in a.axes))
+    b2 = og.CastAxes(b, Axes(k if x is kb else (PositionalAxis(x.length, next(nb))
+                                               if isinstance(x, PositionalAxis) else x)
+                             for x in b.axes))
+    return _front(og.Dot(a2, b2))
+
+
+def matmul(a, b):
+    """NumPy's ``matmul`` (``a @ b``): matrix products over the last two dimensions,
+    broadcasting the others; a 1-D operand is a row (``a``) or column (``b``) vector
+    whose unit dimension is removed from the result."""
+    if isinstance(a, og.Op) and family(a) == AXES or isinstance(b, og.Op) and \
+            family(b) == AXES:
+        ops = [x for x in (a, b) if isinstance(x, og.Op)]
+        raise family_error("matmul", ops, "@ multiplies positional tensors")
+    a, b = _tensor(a, "matmul"), _tensor(b, "matmul")
+    pa, pb = positional_shape(a), positional_shape(b)
+    if not pa or not pb:
+        raise ValueError("matmul: Input operand does not have enough dimensions")
+    if len(pa) <= 2 and len(pb) <= 2:
+        if pa[-1] != pb[0 if len(pb) == 1 else -2]:
+            raise AxisMismatchError(
+                f"matmul: Input operand 1 has a mismatch in its core dimension 0, with "
+                f"gufunc signature (n?,k),(k,m?)->(n?,m?) (size {pb[0 if len(pb) == 1 else -2]} "
+                f"is different from {pa[-1]}): {a.name} {pa} @ {b.name} {pb}")
+        return dot(a, b)
+    a2 = a if len(pa) >= 2 else expand_dims(a, 0)
+    b2 = b if len(pb) >= 2 else expand_dims(b, -1)
+    if positional_shape(a2)[-1] != positional_shape(b2)[-2]:
+        raise AxisMismatchError(f"matmul: core dimensions of {a.name} {pa} and {b.name} "
+                                f"{pb} do not match")
+    r = sum(multiply(expand_dims(a2, -1), expand_dims(b2, -3)), axis=-2)
+    if len(pa) == 1:
+        r = squeeze(r, -2)
+    if len(pb) == 1:
+        r = squeeze(r, -1)
+    return r
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+def reshape(a, newshape):
+    """NumPy's ``reshape`` (row-major; one dimension may be -1)."""
+    x = _front(_tensor(a, "reshape"))
+    pos = positional_shape(x)
+    if isinstance(newshape, (numbers.Integral, np.integer)):
+        newshape = (newshape,)
+    newshape = [int(n) for n in newshape]
+    size = 1
+    for n in pos:
+        size *= n
+    if newshape.count(-1) > 1:
+        raise ValueError("reshape: can only specify one unknown dimension")
+    if -1 in newshape:
+        rest = 1
+        for n in newshape:
+            rest *= n if n != -1 else 1
+        if rest == 0 or size % rest:
+            raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
+                             f"{tuple(newshape)}")
+        newshape[newshape.index(-1)] = size // rest
+    newshape = _shape(newshape)
+    known = 1
+    for n in newshape:
+        known *= n
+    if known != size:
+        raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
+                         f"{newshape}")
+    if newshape == pos:
+        return x
+    return pr.Reshape(x, _with_pos(x, newshape))
+
+
+def ravel(a):
+    """NumPy's ``ravel``: the elements in row-major order, 1-D."""
+    return reshape(a, -1)
+
+
+def transpose(a, axes=None):
+    """NumPy's ``transpose``: the dimensions permuted (reversed by default)."""
+    x = _front(_tensor(a, "transpose"))
+    special, pos = split_axes(x)
+    n = len(pos)
+    perm = list(range(n))[::-1] if axes is None else \
+        [_normalize_axis(p, n, "transpose") for p in axes]
+    if sorted(perm) != list(range(n)):
+        raise ValueError(f"transpose: axes {tuple(axes)} don't match array")
+    if perm == list(range(n)):
+        return x
+    # Rename first (a view of x as it is), then reorder: source dimension perm[i] gets
+    # the canonical name of destination i.
+    dest = {p: i for i, p in enumerate(perm)}
+    y = _rename(x, [f"-{n - dest[i]}" for i in range(n)])
+    target = special + [y.axes.find(f"-{n - i}") for i in range(n)]
+    return og.AxesWithOrder(y, Axes(target))
+
+
+def swapaxes(a, axis1, axis2):
+    """NumPy's ``swapaxes``."""
+    n = ndim(a)
+    i, j = _normalize_axis(axis1, n, "swapaxes"), _normalize_axis(axis2, n, "swapaxes")
+    perm = list(range(n))
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(a, perm)
+
+
+def expand_dims(a, axis):
+    """NumPy's ``expand_dims``: unit dimensions inserted at ``axis`` (an int or tuple,
+    positions in the result)."""
+    x = _tensor(a, "expand_dims")
+    pos = positional_shape(x)
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    n = len(pos) + len(items)
+    where_ = _axis_list(tuple(items), n, "expand_dims")
+    it = iter(pos)
+    return reshape(x, tuple(1 if i in where_ else next(it) for i in range(n)))
+
+
+def squeeze(a, axis=None):
+    """NumPy's ``squeeze``: unit dimensions removed (all of them, or those at
+    ``axis``)."""
+    x = _tensor(a, "squeeze")
+    pos = positional_shape(x)
+    if axis is None:
+        drop = [i for i, n in enumerate(pos) if n == 1]
+    else:
+        drop = _axis_list(axis, len(pos), "squeeze")
+        if any(pos[i] != 1 for i in drop):
+            raise ValueError("squeeze: cannot select an axis to squeeze out which has size "
+                             "not equal to one")
+    return reshape(x, tuple(n for i, n in enumerate(pos) if i not in drop))
+
+
+def broadcast_to(a, shape):
+    """NumPy's ``broadcast_to``."""
+    x = _front(_tensor(a, "broadcast_to"))
+    shape = _shape(shape)
+    pos = positional_shape(x)
+    ok = len(pos) <= len(shape) and all(
+        p in (1, s) for p, s in zip(pos[::-1], shape[::-1]))
+    if not ok:
+        raise AxisMismatchError(f"broadcast_to: cannot broadcast a tensor of shape {pos} "
+                                f"to {shape} ({x.name})")
+    out = _with_pos(x, shape)
+    y = drop_stretched(x, out)
+    return y if y.axes.names == out.names else og.Broadcast(y, out)
+
+
+def concatenate(arrays, axis=0):
+    """NumPy's ``concatenate``: each array written into its part of the result (an
+    ``Unslice``) and the parts added."""
+    xs = [_front(_tensor(x, "concatenate")) for x in arrays]
+    if not xs:
+        raise ValueError("concatenate: need at least one array to concatenate")
+    shapes = [positional_shape(x) for x in xs]
+    nd = len(shapes[0])
+    if nd == 0:
+        raise ValueError("concatenate: zero-dimensional arrays cannot be concatenated")
+    if any(len(s) != nd for s in shapes):
+        raise ValueError("concatenate: all the input arrays must have same number of "
+                         "dimensions")
+    ax = _normalize_axis(axis, nd, "concatenate")
+    for s in shapes[1:]:
+        if any(s[i] != shapes[0][i] for i in range(nd) if i != ax):
+            raise ValueError(f"concatenate: all the input array dimensions except for the "
+                             f"concatenation axis must match exactly: {shapes}")
+    if len(xs) == 1:
+        return xs[0]
+    total = _builtin_sum(s[ax] for s in shapes)
+    out_shape = tuple(total if i == ax else n for i, n in enumerate(shapes[0]))
+    special = [a for a in broadcast_result([x for x in xs if len(x.axes)], "concatenate")
+               if not isinstance(a, PositionalAxis)]
+    out = Axes(special + list(canonical_axes(out_shape)))
+    parts, offset = [], 0
+    for x, s in zip(xs, shapes):
+        own = Axes(special + [a for a in x.axes if isinstance(a, PositionalAxis)])
+        if own.names != x.axes.names:
+            x = og.Broadcast(x, own)
+        key = [slice(None)] * len(out)
+        key[len(special) + ax] = slice(offset, offset + s[ax])
+        offset += s[ax]
+        parts.append(pr.Unslice(x, out, key))
+    r = parts[0]
+    for p in parts[1:]:
+        r = og.Add(r, p)
+    return r
+
+
+def stack(arrays, axis=0):
+    """NumPy's ``stack``: arrays of one shape joined along a new dimension."""
+    xs = [_tensor(x, "stack") for x in arrays]
+    if not xs:
+        raise ValueError("stack: need at least one array to stack")
+    shapes = {positional_shape(x) for x in xs}
+    if len(shapes) != 1:
+        raise ValueError(f"stack: all input arrays must have the same shape: {sorted(shapes)}")
+    n = len(next(iter(shapes))) + 1
+    ax = _normalize_axis(axis, n, "stack")
+    return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
+
+
+def getitem(x, key):
+    """``x[key]`` with basic slicing (slices, integers, ``None``, ``...``) over the
+    positional dimensions."""
+    x = _front(_tensor(x, "x[key]"))
+    special, pos = split_axes(x)
+    if not isinstance(key, tuple):
+        key = (key,)
+    if _builtin_sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = _builtin_sum(1 for k in key if k is not None and k is not Ellipsis)
+    if used > len(pos):
+        raise IndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
+                         f"but {used} were indexed")
+    if any(k is Ellipsis for k in key):
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (len(pos) - used) + key[i + 1:]
+    else:
+        key = key + (slice(None),) * (len(pos) - used)
+    view, shape_out, d = [], [], 0
+    for k in key:
+        if k is None:
+            shape_out.append(1)
+            continue
+        n = pos[d].length
+        d += 1
+        if isinstance(k, slice):
+            for v in (k.start, k.stop, k.step):
+                if v is not None and (isinstance(v, bool) or not isinstance(
+                        v, (numbers.Integral, np.integer))):
+                    raise TypeError(f"slice indices must be integers or None, not {v!r}")
+            if k.step == 0:
+                raise ValueError("slice step cannot be zero")
+            k = slice(*(None if v is None else int(v) for v in (k.start, k.stop, k.step)))
+            view.append(k)
+            shape_out.append(len(range(*k.indices(n))))
+        elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
+            view.append(int(k) % n)
+        else:
+            raise TypeError(f"only basic indexing (integers, slices, None, ...) is "
+                            f"supported, not {type(k).__name__} {k!r}")
+    r = x
+    if any(k != slice(None) for k in view):
+        kept = [len(range(*k.indices(p.length))) for k, p in zip(view, pos)
+                if isinstance(k, slice)]
+        full_key = [slice(None)] * len(special) + view
+        r = pr.SliceView(x, full_key, _with_pos(x, kept))
+    if positional_shape(r) != tuple(shape_out):
+        r = reshape(r, tuple(shape_out))
+    return r
+
+
+# --- hooks: x[key], x @ y, x.T on positional tensors --------------------------------------
+
+def _getitem_hook(x, key):
+    if family(x) in (NUMPY, SIMPLE, SCALAR):
+        return getitem(x, key)
+    raise TypeError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
+                    f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
+                    f"be.np.positional(x) first")
+
+
+def _transpose_hook(x):
+    return transpose(x) if family(x) in (NUMPY, SIMPLE) else None
+
+
+# --- Select's tables --------------------------------------------------------------------------
+
+def _register():
+    from geon.op_graph.autodiff import adjoint_rule
+    from geon.op_graph.coercion import NUMPY_DTYPE_RULES
+    from geon.op_graph.forward import forward_rule
+    from geon.op_graph.reference import ELEMENTWISE_FUNCS
+    from geon.op_graph.serialize import register_op
+    from geon.transformers.numpy.transformer import NUMPY_CODE, NumPyTransformer
+
+    def select(c, a, b):
+        return np.where(c, a, b)
+
+    ELEMENTWISE_FUNCS[Select] = select
+    NUMPY_DTYPE_RULES[Select] = select
+
+    def code(op, out, args):
+        c, a, b = args
+        return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
+
+    NUMPY_CODE[Select] = code
+
+    @adjoint_rule(Select)
+    def _select_adjoint(op, delta):  # d where(c, a, b) = where(c, da, 0) + where(c, 0, db)
+        c = op.args[0]
+        return None, Select(c, delta, 0.0), Select(c, 0.0, delta)
+
+    @forward_rule(Select)
+    def _select_forward(op, tangents):
+        _, ta, tb = tangents
+        if ta is None and tb is None:
+            return None
+        return Select(op.args[0], 0.0 if ta is None else ta, 0.0 if tb is None else tb)
+
+    register_op(Select, arity=3)
+    NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {Select})
+    og.FAMILY_HOOKS["getitem"] = _getitem_hook
+    og.FAMILY_HOOKS["matmul"] = matmul
+    og.FAMILY_HOOKS["transpose"] = _transpose_hook
+
+
+_register()

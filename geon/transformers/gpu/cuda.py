@@ -1,0 +1,237 @@
+"""CUDA C tables: C types, literals, the prelude, and each elementwise op's expression.
+
+:data:`CUDA_CODE` maps an elementwise op class to ``fn(op, args, ctype) -> expression``:
+``args`` are C expressions already converted to the op's *compute type* (see
+:func:`compute_dtype`) and ``ctype`` is that type's C name. The expression's value is
+converted to the op's dtype by the caller. Adding an elementwise op to the GPU
+transformer is one entry here (user ops made by :func:`geon.define_op` with ``cuda=``
+get theirs automatically, see :func:`user_op_code`).
+"""
+
+import re
+import struct
+
+import numpy as np
+
+from geon.errors import LoweringError
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph import schemas as sc
+
+#: NumPy dtype -> C type of the generated code.
+C_TYPES = {
+    np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+    np.dtype(np.int8): "signed char", np.dtype(np.int16): "short",
+    np.dtype(np.int32): "int", np.dtype(np.int64): "long long",
+    np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.uint32): "unsigned int", np.dtype(np.uint64): "unsigned long long",
+    np.dtype(np.bool_): "bool",
+}
+
+
+def ctype(dtype):
+    """The C type of ``dtype``; a :class:`LoweringError` for dtypes the GPU lacks."""
+    t = C_TYPES.get(np.dtype(dtype))
+    if t is None:
+        raise LoweringError(f"the gpu transformer does not support dtype {np.dtype(dtype)}")
+    return t
+
+
+def literal(value, dtype):
+    """A C literal of ``value`` in ``dtype`` that reads back bit for bit."""
+    dtype = np.dtype(dtype)
+    v = np.asarray(value).astype(dtype)[()]
+    if dtype.kind == "f":
+        if not np.isfinite(v):  # no portable literal: the bit pattern
+            if dtype.itemsize == 4:
+                return f"geon_f32(0x{struct.unpack('<I', struct.pack('<f', v))[0]:08x}u)"
+            return f"geon_f64(0x{struct.unpack('<Q', struct.pack('<d', v))[0]:016x}ull)"
+        # str() of a NumPy float is the shortest text that reads back in its own type
+        text = str(v) if dtype.itemsize <= 4 else repr(float(v))
+        if "e" not in text and "." not in text:
+            text += ".0"
+        if dtype.itemsize == 8:
+            return text
+        if dtype.itemsize == 4:
+            return text + "f"
+        raise LoweringError(f"the gpu transformer does not support dtype {dtype}")
+    if dtype.kind == "b":
+        return "true" if v else "false"
+    if dtype.kind == "u":
+        return f"{int(v)}ull" if dtype.itemsize == 8 else f"{int(v)}u"
+    if dtype.itemsize == 8:
+        if int(v) == -2 ** 63:
+            return "(-9223372036854775807ll - 1)"
+        return f"{int(v)}ll"
+    return str(int(v))
+
+
+def fn(name, dtype):
+    """The C math function ``name`` for ``dtype`` (``expf`` for float32, ``exp`` else)."""
+    return name + "f" if np.dtype(dtype) == np.float32 else name
+
+
+#: Definitions every kernel may use. Written so that nvcc and an ordinary C++ compiler
+#: (the emulator, see :mod:`geon.transformers.gpu.emulator`) both accept them.
+PRELUDE = r"""// geon CUDA prelude
+static __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
+static __device__ __forceinline__ double geon_f64(unsigned long long b) {
+    return __longlong_as_double((long long)b);
+}
+// NaN-propagating max / min, as NumPy's maximum and minimum (a != a: a is NaN)
+template <typename T> static __device__ __forceinline__ T geon_max(T a, T b) {
+    return (a > b || a != a) ? a : b;
+}
+template <typename T> static __device__ __forceinline__ T geon_min(T a, T b) {
+    return (a < b || a != a) ? a : b;
+}
+template <typename T> static __device__ __forceinline__ T geon_sign(T a) {
+    return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a);
+}
+// sigmoid without overflow: exp of a non-positive number only
+static __device__ __forceinline__ float geon_sigmoid(float x) {
+    if (x >= 0.0f) { return 1.0f / (1.0f + expf(-x)); }
+    const float e = expf(x);
+    return e / (1.0f + e);
+}
+static __device__ __forceinline__ double geon_sigmoid(double x) {
+    if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
+    const double e = exp(x);
+    return e / (1.0 + e);
+}
+// softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
+static __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
+    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))) - x * t;
+}
+static __device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
+    return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))) - x * t;
+}
+"""
+
+CUDA_CODE = {}
+
+
+def cuda_code(*classes):
+    """Register ``fn(op, args, ctype) -> C expression`` for ``classes``."""
+    def register(f):
+        for cls in classes:
+            CUDA_CODE[cls] = f
+        return f
+    return register
+
+
+def _binary(symbol):
+    return lambda op, args, t: f"({args[0]} {symbol} {args[1]})"
+
+
+for _cls, _sym in [(og.Add, "+"), (og.Subtract, "-"), (og.Multiply, "*"),
+                   (og.Divide, "/")]:
+    CUDA_CODE[_cls] = _binary(_sym)
+
+for _cls, _sym in [(og.Equal, "=="), (og.NotEqual, "!="), (og.Less, "<"),
+                   (og.LessEqual, "<="), (og.Greater, ">"), (og.GreaterEqual, ">=")]:
+    # 1 or 0 (converted to the op's float type by the caller)
+    CUDA_CODE[_cls] = _binary(_sym)
+
+
+def _math(name):
+    return lambda op, args, t: f"{fn(name, compute_dtype(op))}({', '.join(args)})"
+
+
+for _cls, _name in [(og.Power, "pow"), (og.Sqrt, "sqrt"), (og.Exp, "exp"), (og.Log, "log"),
+                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh")]:
+    CUDA_CODE[_cls] = _math(_name)
+
+
+@cuda_code(og.Maximum)
+def _maximum(op, args, t):
+    return f"geon_max<{t}>({args[0]}, {args[1]})"
+
+
+@cuda_code(og.Minimum)
+def _minimum(op, args, t):
+    return f"geon_min<{t}>({args[0]}, {args[1]})"
+
+
+@cuda_code(og.Negative)
+def _negative(op, args, t):
+    return f"(-{args[0]})"
+
+
+@cuda_code(og.Absolute)
+def _absolute(op, args, t):
+    if compute_dtype(op).kind == "f":
+        return f"{fn('fabs', compute_dtype(op))}({args[0]})"
+    return f"({args[0]} < 0 ? -{args[0]} : {args[0]})"
+
+
+@cuda_code(og.Sign)
+def _sign(op, args, t):
+    return f"geon_sign<{t}>({args[0]})"
+
+
+@cuda_code(og.Square)
+def _square(op, args, t):
+    return f"({args[0]} * {args[0]})"
+
+
+@cuda_code(og.Reciprocal)
+def _reciprocal(op, args, t):
+    return f"(({t})1 / {args[0]})"
+
+
+@cuda_code(og.Sigmoid)
+def _sigmoid(op, args, t):
+    return f"geon_sigmoid(({_float_type(op)}){args[0]})"
+
+
+@cuda_code(sc.SigmoidCrossEntropy)
+def _sigmoid_ce(op, args, t):
+    ft = _float_type(op)
+    return f"geon_sigmoid_ce(({ft}){args[0]}, ({ft}){args[1]})"
+
+
+@cuda_code(pr.Copy)
+def _copy(op, args, t):
+    return args[0]
+
+
+def _float_type(op):
+    return "float" if compute_dtype(op) == np.float32 else "double"
+
+
+_DEVICE_FN = re.compile(r"__device__\s+[\w\s\*]*?\b(\w+)\s*\(")
+
+
+def user_op_code(cls):
+    """``(function name, source)`` of a user elementwise op defined with ``cuda=``."""
+    from geon.op_graph.user_ops import CUDA_SOURCES
+    src = CUDA_SOURCES[cls]
+    m = _DEVICE_FN.search(src)
+    if m is None:
+        raise LoweringError(f"the CUDA source of {cls.__name__} defines no __device__ "
+                            f"function: {src!r}")
+    return m.group(1), src
+
+
+def cuda_rule(op):
+    """The expression function for ``op``'s class (or its nearest base), or ``None``."""
+    for cls in type(op).__mro__:
+        f = CUDA_CODE.get(cls)
+        if f is not None:
+            return f
+    return None
+
+
+def compute_dtype(op):
+    """The type an elementwise op computes in: comparisons in their operands' common
+    type; float results in their own type; integer results in the operands' promoted
+    type (``int + 0.5`` computes in floating point and converts, as NumPy does)."""
+    if isinstance(op, pr.Copy):
+        return op.dtype
+    dts = [a.dtype for a in op.args]
+    if isinstance(op, og.Comparison):
+        return np.result_type(*dts)
+    if op.dtype.kind == "f":
+        return op.dtype
+    return np.result_type(*dts) if dts else op.dtype

@@ -1,0 +1,659 @@
+"""CUDA C kernel templates: fused elementwise, reductions, GEMM, and Unslice.
+
+Every kernel is specialized to its shapes and strides, which appear in its source as
+constants (index arithmetic by constants is cheap, and bounds checks that a shape makes
+unnecessary disappear). Its arguments are pointers only: each is a buffer's base
+address plus a byte offset, fixed when the transformer allocates. The kernel's name is
+``geon_<kind>_<hash of its source>``, so equal kernels (from any computation) are
+compiled once.
+
+Kernels use only what both nvcc and an ordinary C++ compiler with a small shim accept
+(no warp intrinsics), so that :mod:`geon.transformers.gpu.emulator` can run them on the
+CPU.
+"""
+
+import hashlib
+
+import numpy as np
+
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.transformers.gpu import cuda
+from geon.transformers.gpu.cuda import ctype, literal
+from geon.transformers.gpu.layout import offset_expr, scalar_constant
+
+#: Threads per block of elementwise and Unslice kernels.
+EW_THREADS = 256
+#: Elements each elementwise thread handles per loop iteration (loads in flight).
+EW_ITEMS = 4
+#: At most this many blocks; a grid-stride loop covers the rest.
+MAX_BLOCKS = 8192
+#: Reductions over more than this many elements per output row with few rows are
+#: split over several blocks per row (partial results, then a second pass).
+SPLIT_LENGTH = 16384
+#: Few rows: fewer than this many blocks would be launched without splitting.
+SPLIT_BLOCKS = 264
+
+
+class Kernel:
+    """A generated kernel and how to launch it.
+
+    ``source`` is the complete kernel (its name included); ``deps`` are helper
+    definitions it needs besides the prelude (user ops' device functions); ``args`` are
+    ``(buffer, byte_offset)`` per parameter; ``grid`` and ``block`` are 3-tuples;
+    ``ops`` the ops it computes (for the annotated source).
+    """
+
+    def __init__(self, kind, params, body, threads, grid, block, ops, deps=(), note=""):
+        self.kind = kind
+        decl = ", ".join(params.declarations())
+        template = (f'extern "C" __global__ void __launch_bounds__({threads}) '
+                    f"KERNEL({decl})\n{{\n{body}}}\n")
+        digest = hashlib.sha1(("".join(deps) + template).encode()).hexdigest()[:16]
+        self.name = f"geon_{kind}_{digest}"
+        self.source = template.replace("KERNEL(", self.name + "(", 1)
+        self.deps = tuple(deps)
+        self.args = params.args()
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.block = tuple(block) + (1,) * (3 - len(block))
+        self.ops = list(ops)
+        self.note = note
+
+    def __repr__(self):
+        return f"<Kernel {self.name} grid={self.grid} block={self.block}>"
+
+
+class Params:
+    """The pointer parameters of a kernel: one per distinct (buffer, byte offset, type).
+
+    A pointer is ``__restrict__`` only if no other parameter points into its buffer, so
+    an in-place update (an output over one of its inputs) is one plain pointer.
+    """
+
+    def __init__(self):
+        self._items = []  # [buffer, byte_offset, ctype, written]
+        self._index = {}
+
+    def pointer(self, buffer, byte_offset, ct, written=False):
+        key = (buffer, byte_offset, ct)
+        k = self._index.get(key)
+        if k is None:
+            k = self._index[key] = len(self._items)
+            self._items.append([buffer, byte_offset, ct, written])
+        elif written:
+            self._items[k][3] = True
+        return f"p{k}"
+
+    def declarations(self):
+        count = {}
+        for buf, _, _, _ in self._items:
+            count[buf] = count.get(buf, 0) + 1
+        out = []
+        for k, (buf, _, ct, written) in enumerate(self._items):
+            const = "" if written else "const "
+            restrict = " __restrict__" if count[buf] == 1 else ""
+            out.append(f"{const}{ct}*{restrict} p{k}")
+        return out
+
+    def args(self):
+        return [(buf, off) for buf, off, _, _ in self._items]
+
+
+def _grid_1d(n, per_block):
+    return min(max(1, -(-n // per_block)), MAX_BLOCKS)
+
+
+def _itype(n, layouts=()):
+    """``int`` when every index and offset stays far below 2**31, else ``long long``."""
+    big = n + MAX_BLOCKS * EW_THREADS * EW_ITEMS
+    for lay in layouts:
+        span = lay.span()
+        if span:
+            big = max(big, abs(span[0]) + 1, abs(span[1]) + 1)
+    return "int" if big < 2 ** 30 else "long long"
+
+
+def describe(op):
+    """One line about ``op`` for comments: its class, name, origin and source line."""
+    origin = f" <- {op.derived_from}" if op.derived_from else ""
+    return f"{type(op).__name__} {op.name}{origin}, {op.file_info}"
+
+
+# --- fused elementwise ---------------------------------------------------------------
+
+class Fused:
+    """Code for a run of elementwise members (ElementWise, Copy, Assign) of one shape,
+    evaluated at one row-major element index. ``ctx`` gives buffers and layouts (see
+    :class:`geon.transformers.gpu.codegen.Context`)."""
+
+    def __init__(self, ctx, members, internal, params):
+        self.ctx, self.members, self.internal = ctx, members, internal
+        self.params = params
+        self.member_set = set(members)
+        self.loads = {}      # (pointer, dims, ctype) -> load number
+        self.load_list = []  # [(pointer, dims, ctype)]
+        self.deps = []
+
+    def _load(self, a):
+        """The load number of the non-member arg ``a``."""
+        lay = self.ctx.layout(a)
+        ptr = self.ctx.pointer(self.params, lay)
+        key = (ptr, tuple(lay.dims()), ctype(a.dtype))
+        k = self.loads.get(key)
+        if k is None:
+            k = self.loads[key] = len(self.load_list)
+            self.load_list.append(key)
+        return k
+
+    def plan_loads(self):
+        for m in self.members:
+            for a in m.args:
+                if a in self.member_set or scalar_constant(self.ctx.root(a)):
+                    continue
+                if isinstance(m, pr.Assign) and a is m.args[0]:
+                    continue
+                self._load(a)
+
+    def load_lines(self, index, target):
+        """``target(k)``: the C lvalue of load ``k``; one line per load at ``index``."""
+        return [f"{target(k)} = {ptr}[{offset_expr(dims, index)}];"
+                for k, (ptr, dims, _) in enumerate(self.load_list)]
+
+    def compute_lines(self, index, loaded):
+        """Lines computing every member at ``index`` and storing the ones with a
+        buffer; ``loaded(k)`` is the C expression of load ``k``."""
+        lines, var = [], {}
+
+        def arg_expr(a, want):
+            if a in var:
+                expr, dt = var[a], a.dtype
+            else:
+                root = self.ctx.root(a)
+                if scalar_constant(root):
+                    return literal(root.scalar, want)
+                lay = self.ctx.layout(a)
+                ptr = self.ctx.pointer(self.params, lay)
+                expr = loaded(self.loads[(ptr, tuple(lay.dims()), ctype(a.dtype))])
+                dt = a.dtype
+            return expr if dt == want else f"(({ctype(want)}){expr})"
+
+        for k, m in enumerate(self.members):
+            if isinstance(m, pr.Assign):
+                target, value = m.args
+                ptr = self.ctx.pointer(self.params, self.ctx.layout(target), written=True)
+                lines.append(f"{ptr}[{index}] = {arg_expr(value, target.dtype)};"
+                             f"  // Assign to {target.name}")
+                continue
+            cdt = cuda.compute_dtype(m)
+            rule = self.ctx.rule(m)
+            args = [arg_expr(a, cdt) for a in m.args]
+            if isinstance(rule, str):  # a user op's device function
+                expr = f"{rule}({', '.join(args)})"
+            else:
+                expr = rule(m, args, ctype(cdt))
+            v = f"v{k}"
+            out_t = ctype(m.dtype)
+            if isinstance(m, og.Comparison) or (m.dtype != cdt):
+                expr = f"({out_t})({expr})"
+            lines.append(f"const {out_t} {v} = {expr};  // {type(m).__name__}")
+            var[m] = v
+            if m not in self.internal:
+                ptr = self.ctx.pointer(self.params, self.ctx.layout(m), written=True)
+                lines.append(f"{ptr}[{index}] = {v};")
+        return lines
+
+
+def elementwise_kernel(ctx, members, internal):
+    """One kernel for a fused group (or a single elementwise op): one thread per
+    element, :data:`EW_ITEMS` elements per thread and iteration (all loads first, so
+    they are in flight together), in a grid-stride loop."""
+    shape = _shape_of(members[0])
+    n = int(np.prod(shape, dtype=np.int64))
+    params = Params()
+    f = Fused(ctx, members, internal, params)
+    f.plan_loads()
+    lays = [ctx.layout(a) for m in members for a in m.args]
+    it = _itype(n, lays)
+    T, U = EW_THREADS, EW_ITEMS
+    body = [f"    const {it} n = {n};",
+            f"    for ({it} base = ({it})blockIdx.x * {T * U} + ({it})threadIdx.x; "
+            f"base < n; base += ({it})gridDim.x * {T * U}) {{"]
+    for k, (_, _, ct) in enumerate(f.load_list):
+        body.append(f"        {ct} x{k}[{U}];")
+    if f.load_list:
+        body.append("#pragma unroll")
+        body.append(f"        for (int u = 0; u < {U}; ++u) {{")
+        body.append(f"            const {it} i = base + u * {T};")
+        body.append("            if (i < n) {")
+        body.extend("                " + ln for ln in f.load_lines("i", lambda k: f"x{k}[u]"))
+        body.append("            }")
+        body.append("        }")
+    body.append("#pragma unroll")
+    body.append(f"        for (int u = 0; u < {U}; ++u) {{")
+    body.append(f"            const {it} i = base + u * {T};")
+    body.append("            if (i < n) {")
+    compute = f.compute_lines("i", lambda k: f"x{k}[u]")
+    body.extend("                " + ln for ln in compute)
+    body.append("            }")
+    body.append("        }")
+    body.append("    }")
+    deps = ctx.deps_of(members)
+    return Kernel("ew", params, "\n".join(body) + "\n", T, (_grid_1d(n, T * U),), (T,),
+                  members, deps=deps, note=f"{len(members)} elementwise op(s) over "
+                                           f"{n} elements")
+
+
+def _shape_of(m):
+    return m.args[0].axes.shape if isinstance(m, pr.Assign) else m.axes.shape
+
+
+# --- reductions ------------------------------------------------------------------------
+
+def _reduce_init(cls, dt):
+    if cls in (pr.ReduceSum,):
+        return literal(0, dt)
+    if cls in (pr.ReduceProd,):
+        return literal(1, dt)
+    maxlike = cls in (pr.ReduceMax, pr.ReduceArgMax)
+    if dt.kind == "f":
+        return literal(-np.inf if maxlike else np.inf, dt)
+    info = np.iinfo(dt) if dt.kind in "iu" else None
+    if info is None:  # bool
+        return "false" if maxlike else "true"
+    return literal(info.min if maxlike else info.max, dt)
+
+
+def _combine(cls, T, a, b):
+    """C expression combining partial values ``a`` and ``b``."""
+    if cls is pr.ReduceSum:
+        return f"{a} + {b}"
+    if cls is pr.ReduceProd:
+        return f"{a} * {b}"
+    if cls is pr.ReduceMax:
+        return f"geon_max<{T}>({a}, {b})"
+    return f"geon_min<{T}>({a}, {b})"
+
+
+def _better(cls, dt, v, i, bv, bi):
+    """C condition: candidate ``(v, i)`` beats the best so far ``(bv, bi)`` (NumPy's
+    argmax / argmin: the first extreme, a NaN being the most extreme)."""
+    cmp = ">" if cls is pr.ReduceArgMax else "<"
+    if dt.kind == "f":
+        return (f"(({v}) != ({v})) ? (({bv}) == ({bv}) || {i} < {bi}) : "
+                f"(({bv}) == ({bv}) && (({v}) {cmp} ({bv}) || (({v}) == ({bv}) && "
+                f"{i} < {bi})))")
+    return f"({v}) {cmp} ({bv}) || (({v}) == ({bv}) && {i} < {bi})"
+
+
+class ReduceSpec:
+    """A reduction of ``R`` rows of ``L`` elements each.
+
+    ``value(r, k, lines)`` appends lines computing element ``(r, k)`` and returns
+    ``(expression, index expression)``; ``lanes_on_k`` says whether adjacent threads
+    should take adjacent ``k`` (the contiguous direction) or adjacent rows.
+    """
+
+    def __init__(self, cls, dt, R, L, lanes_on_k):
+        self.cls, self.dt, self.R, self.L = cls, np.dtype(dt), R, L
+        self.lanes_on_k = lanes_on_k
+        self.arg = cls in (pr.ReduceArgMax, pr.ReduceArgMin)
+
+
+def reduce_config(spec):
+    """``(TX, TY, P, chunk)``: threads along the fast direction and across, the number
+    of parts each row is split into and the elements per part."""
+    R, L = spec.R, spec.L
+    if spec.lanes_on_k:
+        TX = 32 if L <= 256 else 128 if L <= 2048 else 256
+        TY = 256 // TX
+        blocks = -(-R // TY)
+        per = TX * 16
+    else:
+        TX, TY = 32, 8
+        blocks = -(-R // TX)
+        per = TY * 256
+    P = 1
+    if L > SPLIT_LENGTH and blocks < SPLIT_BLOCKS:
+        P = max(2, min(-(-L // per), max(1, 1024 // blocks)))
+    step = TX if spec.lanes_on_k else TY
+    chunk = -(-L // P)
+    chunk = -(-chunk // step) * step
+    P = max(1, -(-L // chunk)) if L else 1
+    return TX, TY, P, chunk
+
+
+def reduce_kernel(ctx, spec, params, value, out, out_index=None, ops=(), deps=(),
+                  part=None):
+    """The kernel of ``spec``. ``value(r, k, lines)`` as in :class:`ReduceSpec`;
+    ``out`` the pointer of the results (``out_index`` the pointer of the partial
+    indices of an arg reduction's first pass); ``part`` is ``(P, chunk)`` of a first
+    pass (results go to ``out[r * P + part]``), ``None`` for a direct reduction."""
+    cls, dt, R, L = spec.cls, spec.dt, spec.R, spec.L
+    T = ctype(dt)
+    TX, TY, P, chunk = reduce_config(spec)
+    if part is None:
+        P, chunk = 1, max(L, 1)
+    else:
+        P, chunk = part
+    lanes_k = spec.lanes_on_k
+    threads = TX * TY
+    it = "long long" if R * max(L, 1) >= 2 ** 30 else "int"
+    body = [f"    __shared__ {T} sv[{TY}][{TX}];"]
+    if spec.arg:
+        body.append(f"    __shared__ long long si[{TY}][{TX}];")
+    body.append("    const int tx = threadIdx.x, ty = threadIdx.y;")
+    if lanes_k:
+        body.append(f"    const {it} r = ({it})blockIdx.x * {TY} + ty;")
+        kstart, kstep = "tx", TX
+    else:
+        body.append(f"    const {it} r = ({it})blockIdx.x * {TX} + tx;")
+        kstart, kstep = "ty", TY
+    body.append(f"    const {it} k0 = ({it})blockIdx.y * {chunk};")
+    body.append(f"    const {it} k1 = k0 + {chunk} < {L} ? k0 + {chunk} : {L};")
+    body.append(f"    {T} acc = {_reduce_init(cls, dt)};")
+    if spec.arg:
+        body.append("    long long ai = 9223372036854775807ll;")
+    body.append(f"    if (r < {R}) {{")
+    body.append(f"        for ({it} k = k0 + {kstart}; k < k1; k += {kstep}) {{")
+    lines = []
+    expr, idx = value("r", "k", lines)
+    body.extend("            " + ln for ln in lines)
+    if spec.arg:
+        body.append(f"            const {T} v = {expr};")
+        body.append(f"            const long long vi = {idx};")
+        body.append(f"            if ({_better(cls, dt, 'v', 'vi', 'acc', 'ai')}) "
+                    f"{{ acc = v; ai = vi; }}")
+    else:
+        body.append(f"            acc = {_combine(cls, T, 'acc', expr)};")
+    body.append("        }")
+    body.append("    }")
+    body.append("    sv[ty][tx] = acc;")
+    if spec.arg:
+        body.append("    si[ty][tx] = ai;")
+    body.append("    __syncthreads();")
+    if lanes_k:
+        lane, width, me, other = "tx", TX, "sv[ty][tx]", "sv[ty][tx + s]"
+        mi, oi = "si[ty][tx]", "si[ty][tx + s]"
+    else:
+        lane, width, me, other = "ty", TY, "sv[ty][tx]", "sv[ty + s][tx]"
+        mi, oi = "si[ty][tx]", "si[ty + s][tx]"
+    body.append(f"    for (int s = {width // 2}; s > 0; s >>= 1) {{")
+    body.append(f"        if ({lane} < s) {{")
+    if spec.arg:
+        body.append(f"            if ({_better(cls, dt, other, oi, me, mi)}) "
+                    f"{{ {me} = {other}; {mi} = {oi}; }}")
+    else:
+        body.append(f"            {me} = {_combine(cls, T, me, other)};")
+    body.append("        }")
+    body.append("        __syncthreads();")
+    body.append("    }")
+    first = "sv[ty][0]" if lanes_k else "sv[0][tx]"
+    first_i = "si[ty][0]" if lanes_k else "si[0][tx]"
+    body.append(f"    if ({lane} == 0 && r < {R}) {{")
+    slot = "r" if part is None else f"r * {P} + blockIdx.y"
+    if spec.arg and part is None:
+        body.append(f"        {out}[r] = {first_i};")
+    else:
+        body.append(f"        {out}[{slot}] = {first};")
+        if spec.arg:
+            body.append(f"        {out_index}[{slot}] = {first_i};")
+    body.append("    }")
+    grid_x = -(-R // TY) if lanes_k else -(-R // TX)
+    block = (TX, TY)
+    kind = "reduce" if part is None else "reduce_part"
+    note = (f"{cls.__name__} of {R} row(s) of {L}" if part is None else
+            f"{cls.__name__}, first pass: {R} row(s) of {L} in {P} parts")
+    return Kernel(kind, params, "\n".join(body) + "\n", threads, (grid_x, P), block, ops,
+                  deps=deps, note=note)
+
+
+# --- GEMM ----------------------------------------------------------------------------
+
+#: (BM, BN, BK, TM, TN): tile of C per block, K step, and C elements per thread
+#: (in groups of 4 rows / 4 columns spread over the tile, so that shared-memory reads
+#: of a warp are conflict free). 256 threads each.
+GEMM_LARGE = (128, 128, 8, 8, 8)
+GEMM_SMALL = (64, 64, 8, 4, 4)
+
+
+def gemm_config(M, N, K, dt):
+    if np.dtype(dt) == np.float32 and -(-M // 128) * -(-N // 128) >= 132:
+        return GEMM_LARGE
+    return GEMM_SMALL
+
+
+def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, cfg=None):
+    """``C (M, N) = A (M, K) @ B (K, N)``: ``a``, ``b``, ``c`` are pointer names, ``sa`` =
+    (row stride, column stride) of A and ``sb`` of B, in elements; C is row-major.
+    ``vec_*``: float4 accesses are allowed (contiguous direction, 16-byte alignment and
+    whole tiles were checked by the caller). Tiles of A and B go through shared memory,
+    double buffered: the next tile's global loads are issued before the current tile is
+    used."""
+    dt = np.dtype(dt)
+    T = ctype(dt)
+    BM, BN, BK, TM, TN = cfg or gemm_config(M, N, K, dt)
+    threads = 256
+    GM, GN = TM // 4, TN // 4          # groups of 4 rows / columns per thread
+    even_m, even_n, even_k = M % BM == 0, N % BN == 0, K % BK == 0
+    vec = dt == np.float32
+    sam, sak = sa
+    sbk, sbn = sb
+    # Which direction of each tile adjacent threads load (the one with the smaller
+    # stride, for coalescing).
+    a_fast_k = abs(sak) <= abs(sam) if M > 1 else True
+    b_fast_n = abs(sbn) <= abs(sbk) if K > 1 else True
+    vec_a = vec_a and vec and even_m and even_k
+    vec_b = vec_b and vec and even_n and even_k
+    vec_c = vec_c and vec and even_m and even_n
+    it = "long long" if max(M * max(abs(sam), 1), K * max(abs(sak), abs(sbk), 1),
+                            N * max(abs(sbn), 1), M * N) >= 2 ** 30 else "int"
+    L = []
+    L.append(f"    __shared__ {T} As[2][{BK}][{BM + 4}];")
+    L.append(f"    __shared__ {T} Bs[2][{BK}][{BN + 4}];")
+    L.append("    const int tid = threadIdx.x;")
+    L.append(f"    const int tx = tid % {BN // TN}, ty = tid / {BN // TN};")
+    L.append(f"    const {it} m0 = ({it})blockIdx.y * {BM}, n0 = ({it})blockIdx.x * {BN};")
+    L.append(f"    {T} acc[{TM}][{TN}];")
+    L.append("#pragma unroll")
+    L.append(f"    for (int i = 0; i < {TM}; ++i) {{")
+    L.append("#pragma unroll")
+    L.append(f"        for (int j = 0; j < {TN}; ++j) {{ acc[i][j] = {literal(0, dt)}; }}")
+    L.append("    }")
+
+    def load_plan(rows, cols, fast_cols, vector):
+        """Per thread: ``[(row expr, col expr)]`` of a rows x cols tile, adjacent
+        threads along ``cols`` if ``fast_cols``; vector: float4 along the fast side."""
+        total = rows * cols // (4 if vector else 1)
+        per = -(-total // threads)
+        out = []
+        for j in range(per):
+            e = f"(tid + {j * threads})"
+            guard = None if (j + 1) * threads <= total else f"{e} < {total}"
+            if fast_cols:
+                w = cols // 4 if vector else cols
+                r, c = f"({e} / {w})", (f"({e} % {w}) * 4" if vector else f"({e} % {w})")
+            else:
+                w = rows // 4 if vector else rows
+                r, c = (f"({e} % {w}) * 4" if vector else f"({e} % {w})"), f"({e} / {w})"
+            out.append((r, c, guard))
+        return out
+
+    # A tile: rows m (BM), cols k (BK); B tile: rows k (BK), cols n (BN)
+    plan_a = load_plan(BM, BK, a_fast_k, vec_a)
+    plan_b = load_plan(BK, BN, b_fast_n, vec_b)
+    na = len(plan_a) * (4 if vec_a else 1)
+    nb = len(plan_b) * (4 if vec_b else 1)
+    L.append(f"    {T} ra[{na}];")
+    L.append(f"    {T} rb[{nb}];")
+
+    def emit_loads(which):
+        out = []
+        if which == "a":
+            plan, v, reg, ptr = plan_a, vec_a, "ra", a
+            s_r, s_c, base_r, base_c = sam, sak, "m0", "kt"
+            lim_r, lim_c, ev_r, ev_c, fast_c = M, K, even_m, even_k, a_fast_k
+        else:
+            plan, v, reg, ptr = plan_b, vec_b, "rb", b
+            s_r, s_c, base_r, base_c = sbk, sbn, "kt", "n0"
+            lim_r, lim_c, ev_r, ev_c, fast_c = K, N, even_k, even_n, b_fast_n
+        for j, (r, c, guard) in enumerate(plan):
+            row, col = f"({base_r} + {r})", f"({base_c} + {c})"
+            pre = f"if ({guard}) " if guard else ""
+            if v:
+                addr = f"{row} * {s_r} + {col} * {s_c}"
+                out.append(f"{pre}{{ const float4 q = *reinterpret_cast<const float4*>("
+                           f"{ptr} + {addr}); {reg}[{4 * j}] = q.x; {reg}[{4 * j + 1}] = q.y; "
+                           f"{reg}[{4 * j + 2}] = q.z; {reg}[{4 * j + 3}] = q.w; }}")
+                continue
+            conds = []
+            if not ev_r:
+                conds.append(f"{row} < {lim_r}")
+            if not ev_c:
+                conds.append(f"{col} < {lim_c}")
+            addr = f"{ptr}[{row} * {s_r} + {col} * {s_c}]"
+            if conds:
+                val = f"({' && '.join(conds)}) ? {addr} : {literal(0, dt)}"
+            else:
+                val = addr
+            out.append(f"{pre}{{ {reg}[{j}] = {val}; }}")
+        return out
+
+    def emit_stores(which, buf):
+        out = []
+        if which == "a":
+            plan, v, reg, tile, fast_c = plan_a, vec_a, "ra", "As", a_fast_k
+        else:
+            plan, v, reg, tile, fast_c = plan_b, vec_b, "rb", "Bs", b_fast_n
+        for j, (r, c, guard) in enumerate(plan):
+            pre = f"if ({guard}) " if guard else ""
+            if v:
+                for q in range(4):
+                    rr, cc = (r, f"{c} + {q}") if fast_c else (f"{r} + {q}", c)
+                    out.append(f"{pre}{_tile_store(which, tile, buf, rr, cc)} = {reg}[{4 * j + q}];")
+            else:
+                out.append(f"{pre}{_tile_store(which, tile, buf, r, c)} = {reg}[{j}];")
+        return out
+
+    L.append(f"    {it} kt = 0;")
+    L.extend("    " + ln for ln in emit_loads("a") + emit_loads("b"))
+    L.extend("    " + ln for ln in emit_stores("a", "0") + emit_stores("b", "0"))
+    L.append("    __syncthreads();")
+    L.append(f"    const int tiles = {-(-K // BK)};")
+    L.append("    for (int t = 0; t < tiles; ++t) {")
+    L.append("        const int cur = t & 1;")
+    L.append("        if (t + 1 < tiles) {")
+    L.append(f"            kt = ({it})(t + 1) * {BK};")
+    L.extend("            " + ln for ln in emit_loads("a") + emit_loads("b"))
+    L.append("        }")
+    L.append("#pragma unroll")
+    L.append(f"        for (int kk = 0; kk < {BK}; ++kk) {{")
+    L.append(f"            {T} fa[{TM}], fb[{TN}];")
+    for g in range(GM):
+        base = f"{g * (BM // GM)} + ty * 4"
+        if vec:
+            L.append(f"            {{ const float4 q = *reinterpret_cast<const float4*>("
+                     f"&As[cur][kk][{base}]); fa[{4 * g}] = q.x; fa[{4 * g + 1}] = q.y; "
+                     f"fa[{4 * g + 2}] = q.z; fa[{4 * g + 3}] = q.w; }}")
+        else:
+            for q in range(4):
+                L.append(f"            fa[{4 * g + q}] = As[cur][kk][{base} + {q}];")
+    for g in range(GN):
+        base = f"{g * (BN // GN)} + tx * 4"
+        if vec:
+            L.append(f"            {{ const float4 q = *reinterpret_cast<const float4*>("
+                     f"&Bs[cur][kk][{base}]); fb[{4 * g}] = q.x; fb[{4 * g + 1}] = q.y; "
+                     f"fb[{4 * g + 2}] = q.z; fb[{4 * g + 3}] = q.w; }}")
+        else:
+            for q in range(4):
+                L.append(f"            fb[{4 * g + q}] = Bs[cur][kk][{base} + {q}];")
+    L.append("#pragma unroll")
+    L.append(f"            for (int i = 0; i < {TM}; ++i) {{")
+    L.append("#pragma unroll")
+    L.append(f"                for (int j = 0; j < {TN}; ++j) {{ acc[i][j] += fa[i] * fb[j]; }}")
+    L.append("            }")
+    L.append("        }")
+    L.append("        if (t + 1 < tiles) {")
+    L.extend("            " + ln for ln in emit_stores("a", "cur ^ 1") + emit_stores("b", "cur ^ 1"))
+    L.append("        }")
+    L.append("        __syncthreads();")
+    L.append("    }")
+    # epilogue: C[m][n], row-major with leading dimension N
+    for gi in range(GM):
+        for qi in range(4):
+            i = 4 * gi + qi
+            L.append(f"    {{ const {it} m = m0 + {gi * (BM // GM)} + ty * 4 + {qi};")
+            if not even_m:
+                L.append(f"      if (m < {M}) {{")
+            for gj in range(GN):
+                n_expr = f"n0 + {gj * (BN // GN)} + tx * 4"
+                if vec_c:
+                    L.append(f"        *reinterpret_cast<float4*>({c} + m * {N} + {n_expr}) = "
+                             f"make_float4(acc[{i}][{4 * gj}], acc[{i}][{4 * gj + 1}], "
+                             f"acc[{i}][{4 * gj + 2}], acc[{i}][{4 * gj + 3}]);")
+                    continue
+                for qj in range(4):
+                    j = 4 * gj + qj
+                    if even_n:
+                        L.append(f"        {c}[m * {N} + {n_expr} + {qj}] = acc[{i}][{j}];")
+                    else:
+                        L.append(f"        if ({n_expr} + {qj} < {N}) {{ "
+                                 f"{c}[m * {N} + {n_expr} + {qj}] = acc[{i}][{j}]; }}")
+            if not even_m:
+                L.append("      }")
+            L.append("    }")
+    grid = (-(-N // BN), -(-M // BM))
+    return Kernel("gemm", params, "\n".join(L) + "\n", threads, grid, (threads,), ops,
+                  note=f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, "
+                       f"{TM} x {TN} per thread")
+
+
+def _tile_store(which, tile, buf, r, c):
+    # Both tiles are stored k-major: As[k][m], Bs[k][n].
+    if which == "a":
+        return f"{tile}[{buf}][{c}][{r}]"
+    return f"{tile}[{buf}][{r}][{c}]"
+
+
+# --- Unslice -------------------------------------------------------------------------
+
+def unslice_kernel(params, op, out, src, src_lay, ops):
+    """Zeros of ``op``'s shape with the arg written at ``op.key``: one thread per
+    output element, which finds the arg element it receives, if any."""
+    shape = op.axes.shape
+    n = int(np.prod(shape, dtype=np.int64))
+    T = ctype(op.dtype)
+    it = _itype(n, [src_lay])
+    lines = [f"    const {it} n = {n};",
+             f"    for ({it} i = ({it})blockIdx.x * {EW_THREADS} + ({it})threadIdx.x; "
+             f"i < n; i += ({it})gridDim.x * {EW_THREADS}) {{",
+             f"        {T} v = {literal(0, op.dtype)};",
+             "        bool in = true;",
+             f"        {it} src = 0;"]
+    inner = 1
+    strides = list(src_lay.strides)
+    sdim = len(strides)
+    parts = []
+    for d in range(len(shape) - 1, -1, -1):
+        parts.append((d, inner))
+        inner *= shape[d]
+    kept = [d for d, k in enumerate(op.key) if isinstance(k, slice)]
+    stride_of = {d: strides[j] for j, d in enumerate(kept)} if len(kept) == sdim else {}
+    for d, inner_d in reversed(parts):
+        k = op.key[d]
+        idx = f"((i / {inner_d}) % {shape[d]})" if inner_d != 1 else f"(i % {shape[d]})"
+        if isinstance(k, slice):
+            start, stop, step = k.indices(shape[d])
+            count = len(range(start, stop, step))
+            lines.append(f"        {{ const {it} j = {idx} - {start};")
+            lines.append(f"          if (j % {step} != 0 || j / {step} < 0 || "
+                         f"j / {step} >= {count}) {{ in = false; }}")
+            lines.append(f"          else {{ src += (j / {step}) * {stride_of.get(d, 0)}; }} }}")
+        else:
+            kk = int(k) % shape[d] if shape[d] else 0
+            lines.append(f"        if ({idx} != {kk}) {{ in = false; }}")
+    lines.append(f"        if (in) {{ v = {src}[src]; }}")
+    lines.append(f"        {out}[i] = v;")
+    lines.append("    }")
+    return Kernel("unslice", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops,
+                  note=f"Unslice into {shape}")
