@@ -26,7 +26,6 @@ import dataclasses
 import math
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -362,6 +361,7 @@ KINDS = (["unary"] * 4 + ["rewrite"] * 2 + ["binary"] * 5 + ["reduce"] * 3 + ["d
 REWRITES = ["x*1", "1*x", "x+0", "0+x", "x-0", "x/1", "x**1", "x**2", "x*0", "-(-x)",
             "log(exp(x))", "stop_gradient"]
 PLAIN_UNARY = [n for n in UNARY if n not in REWRITES]
+SCALARS = [0.0, 1.0, 2.0, -0.5, 1.5]
 
 
 def _subset(draw, items, min_size=0, max_size=None):
@@ -405,7 +405,7 @@ def draw_input(draw, g, kinds=("placeholder", "variable", "constant", "fill", "s
     base = [name for name, _, _ in g.axes]
     kind = draw(st.sampled_from(kinds))
     if kind == "scalar":
-        return g.add(("scalar", draw(st.sampled_from([0.0, 1.0, 2.0, -0.5, 1.5]))))
+        return g.add(("scalar", draw(st.sampled_from(SCALARS))))
     axes = _subset(draw, base, max_size=3)
     if kind == "variable":
         return g.add(("variable", axes, draw(st.booleans())))
@@ -436,6 +436,8 @@ def draw_op(draw, g, kind):
         if i is None:
             return False
         a = g.info(i)
+        if draw(st.integers(0, 2)) == 0:  # often a number, the most recent candidate
+            g.add(("scalar", draw(st.sampled_from(SCALARS))))
         j = _pick(draw, g.usable(lambda b: ok(b) and len(set(a.axes) | set(b.axes)) <= MAX_RANK
                                  and op.bound(a.M, a.E, b.M, b.E)[0] <= M_CAP))
         if j is None:
@@ -603,7 +605,7 @@ def recipes(draw, state=False, max_ops=12):
     for _ in range(draw(st.integers(1, max_ops))):
         draw_op(draw, g, draw(st.sampled_from(kinds)))
     if state and not any(step[0] == "setitem" for step in g.steps):
-        assign(g, 0, len(g.steps) - 1) or assign(g, 0, 0)
+        assign(g, 0, g.usable()[-1]) or assign(g, 0, 0)
     values = [k for k, info in enumerate(g.tr.vals) if info.kind in ("value", "int")]
     if not values:
         g.add(("unary", "tanh", 0))
@@ -797,6 +799,22 @@ def test_optional_steps_are_known_and_exclude_required():
     assert {"simplify", "fold", "dce", "memory"} <= set(OPTIONAL)
     assert not {"lower", "verify"} & set(OPTIONAL)
     be.NumPyTransformer(disable=OPTIONAL)  # every name is accepted
+
+
+def test_multiply_by_one_stays_with_the_optional_steps_off():
+    A = be.Axis(3, "DiffM")
+
+    def build():  # passes rewrite the graph they run on: one graph per transformer
+        x = be.placeholder([A], dtype=np.float64)
+        return x * 1.0 + 0.0, x
+
+    off = be.NumPyTransformer(disable=OPTIONAL).computation(*build())
+    on = be.NumPyTransformer().computation(*build())
+    assert "np.multiply" in off.source and "np.add" in off.source
+    assert "np.multiply" not in on.source and "np.add" not in on.source
+    xv = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_array_equal(on(xv), xv)
+    np.testing.assert_array_equal(off(xv), xv)
 
 
 def test_disabled_transformer_runs_without_the_optional_steps():
