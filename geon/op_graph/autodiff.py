@@ -11,6 +11,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.axes import Axes
+from geon.op_graph.nodes import no_gc
 from geon.op_graph.op_graph import as_op, snap, toposort
 
 ADJOINTS = {}
@@ -78,6 +79,13 @@ def adjoints(c, error=None):
             raise GeonError(f"deriv: error axes {delta.axes!r} differ from {c.name}'s "
                             f"{c.axes!r}")
         delta = _fit(delta, c)
+    with no_gc():
+        adj = _reverse_walk(c, delta)
+    cache[key] = (error, adj)
+    return adj
+
+
+def _reverse_walk(c, delta):
     order = toposort([c], deps=False)
     needs = _needs_grad(order)
     adj = {c: delta}
@@ -102,7 +110,6 @@ def adjoints(c, error=None):
             da = _fit(da, arg)
             prev = adj.get(arg)
             adj[arg] = da if prev is None else prev + da
-    cache[key] = (error, adj)
     return adj
 
 

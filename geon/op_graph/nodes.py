@@ -5,6 +5,7 @@
 derive from ``Node``.
 """
 
+import gc
 import os
 import sys
 import weakref
@@ -164,6 +165,21 @@ _rewrite_stack = []
 
 def _rewrite_source():
     return _rewrite_stack[-1][0] if _rewrite_stack else None
+
+
+class no_gc:
+    """Context manager pausing the cyclic garbage collector while a pass or ``deriv``
+    builds many ops and frees few: its repeated full scans would make that superlinear."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            gc.enable()
+        return False
 
 
 class rewriting:
