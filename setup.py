@@ -20,6 +20,7 @@ setup(
         "docs": ["sphinx>=6"],
     },
     entry_points={
-        "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer"],
+        "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer",
+                              "gpu = geon.transformers.gpu:GPUTransformer"],
     },
 )

@@ -148,11 +148,11 @@ _CONVERT_HINT = ("convert explicitly: be.np.with_axes(x, axes) names the axes of
                  "view of an Axes tensor")
 
 
-def family_error(what, operands, why):
+def family_error(what, operands, why, hint=True):
     """A :class:`FamilyError` naming the operands, their families and shapes or axes,
     and the user's source line."""
     return FamilyError(f"{what}: {why}: " + "; ".join(describe(o) for o in operands)
-                       + f"; {_CONVERT_HINT} (at {_where()})")
+                       + (f"; {_CONVERT_HINT}" if hint else "") + f" (at {_where()})")
 
 
 # --- coercion ops ------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def drop_stretched(x, out_axes):
     return pr.Reshape(x, Axes(a for a in x.axes if a.name not in drop))
 
 
-def _numpy_dtype(fn, args):
+def numpy_dtype(fn, args):
     """The dtype NumPy's ``fn`` gives for operands like ``args`` (Python numbers stay
     Python numbers, so they are weak as in NumPy), or ``None``."""
     samples = []
@@ -281,15 +281,13 @@ def _numpy_dtype(fn, args):
         return None
 
 
-def _select(c, a, b):
-    return np.where(c, a, b)
-
-
-#: Elementwise op class -> the NumPy function whose dtype rule it follows.
+#: Elementwise op class -> the NumPy function whose dtype rule it follows (the ufuncs
+#: of the standard classes; a plugin adds its elementwise primitives here).
 NUMPY_DTYPE_RULES = {}
 
 
-def _dtype_rule(cls):
+def numpy_dtype_rule(cls):
+    """The NumPy function of ``cls`` or its nearest registered base class, or ``None``."""
     for c in cls.__mro__:
         fn = NUMPY_DTYPE_RULES.get(c)
         if fn is not None:
@@ -321,8 +319,8 @@ def elementwise_hook(cls, args, kwargs):
         i = next(i for i, a in enumerate(new) if isinstance(a, og.TensorOp) and len(a.axes))
         new[i] = og.Broadcast(new[i], out)
     if "dtype" not in kwargs and not issubclass(cls, og.Comparison):
-        fn = _dtype_rule(cls)
-        dtype = _numpy_dtype(fn, args) if fn is not None else None
+        fn = numpy_dtype_rule(cls)
+        dtype = numpy_dtype(fn, args) if fn is not None else None
         if dtype is not None:
             kwargs = dict(kwargs, dtype=dtype)
     return new, kwargs
@@ -353,9 +351,10 @@ def dot_hook(a, b):
     if fa in (NUMPY, SIMPLE) or fb in (NUMPY, SIMPLE):
         if fa in (SCALAR, SAMPLE) or fb in (SCALAR, SAMPLE):
             return
+        mixed = AXES in (fa, fb)
         raise family_error("dot", [a, b], "dot contracts axes by name; NumPy-family "
                                           "tensors are contracted by position with "
-                                          "be.np.dot, be.np.matmul or @")
+                                          "be.np.dot, be.np.matmul or @", hint=mixed)
 
 
 def _install():

@@ -36,8 +36,8 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes
 from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
-                                    PositionalAxis, broadcast_result, canonical_axes,
-                                    drop_stretched, family, family_error, positional,
+                                    PositionalAxis, canonical_axes, drop_stretched, family,
+                                    family_error, numpy_dtype, numpy_dtype_rule, positional,
                                     positional_shape, split_axes, temp_axis, with_axes)
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
-_builtin_sum, _builtin_max, _builtin_min, _builtin_abs = sum, max, min, abs
+_builtin_sum, _builtin_max = sum, max  # before the NumPy names shadow them
 
 
 # --- operands ------------------------------------------------------------------------------
@@ -93,15 +93,40 @@ def _front(x):
     return x
 
 
+def cast_through_reorder(x, axes, cls=og.CastAxes):
+    """``cls(x, axes)`` (a renaming), built below the reorderings ``x`` is made of: a
+    rename of a transposed view would need a copy when lowered, a transposed view of a
+    rename does not."""
+    axes = Axes(axes)
+    if not isinstance(x, og.AxesWithOrder):
+        return cls(x, axes)
+    y = x.args[0]
+    new_of = {old.name: new for old, new in zip(x.axes, axes)}
+    return og.AxesWithOrder(cast_through_reorder(y, [new_of[a.name] for a in y.axes], cls),
+                            axes)
+
+
 def _rename(x, names):
-    """``x`` with its positional axes renamed, in order, to ``names`` (a CastAxes)."""
+    """``x`` with its positional axes renamed, in order, to ``names``."""
     special, pos = split_axes(x)
     if [a.name for a in pos] == list(names):
         return x
     it = iter(names)
     new = [a if not isinstance(a, PositionalAxis) else PositionalAxis(a.length, next(it))
            for a in x.axes]
-    return og.CastAxes(x, Axes(new))
+    return cast_through_reorder(x, new)
+
+
+def _named_union(xs, what):
+    """The named (sample, recurrent) axes of ``xs``, in order of appearance."""
+    seen = {}
+    for x in xs:
+        for a in split_axes(x)[0]:
+            old = seen.setdefault(a.name, a)
+            if old.length != a.length:
+                raise AxisMismatchError(f"{what}: axis {a.name} has lengths {old.length} "
+                                        f"and {a.length}")
+    return list(seen.values())
 
 
 def _with_pos(x, shape):
@@ -215,11 +240,23 @@ class Select(og.ElementWise):
         return og.result_dtype(self.args[1:])
 
 
+def _numpy_kwargs(cls, args):
+    # Positional operands get NumPy's dtype from the family hook; 0-d ones (which have
+    # no positional axes to tell their family) get it here.
+    if issubclass(cls, og.Comparison) or any(
+            isinstance(a, og.TensorOp) and len(a.axes) for a in args):
+        return {}
+    fn = numpy_dtype_rule(cls)
+    dtype = numpy_dtype(fn, args) if fn is not None else None
+    return {} if dtype is None else {"dtype": dtype}
+
+
 def _elementwise(cls, name, n):
     def fn(*args):
         if len(args) != n:
             raise TypeError(f"{name} takes {n} argument(s), got {len(args)}")
-        return cls(*[_arg(a) for a in args])
+        args = [_arg(a) for a in args]
+        return cls(*args, **_numpy_kwargs(cls, args))
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"NumPy's ``{name}`` (broadcast as NumPy does; the result has NumPy's "
                   f"dtype)." if not issubclass(cls, og.Comparison) else
@@ -258,7 +295,8 @@ tanh = _elementwise(og.Tanh, "tanh", 1)
 def where(condition, x, y):
     """NumPy's ``where(condition, x, y)``: ``x`` where ``condition`` is nonzero, else
     ``y`` (all three broadcast together). Derivatives flow to the branch taken."""
-    return Select(_arg(condition), _arg(x), _arg(y))
+    args = [_arg(condition), _arg(x), _arg(y)]
+    return Select(*args, **_numpy_kwargs(Select, args))
 
 
 def clip(a, a_min, a_max):
@@ -268,9 +306,9 @@ def clip(a, a_min, a_max):
         raise ValueError("clip: one of a_min and a_max must be given")
     r = _arg(a)
     if a_min is not None:
-        r = og.Maximum(r, _arg(a_min))
+        r = maximum(r, a_min)
     if a_max is not None:
-        r = og.Minimum(r, _arg(a_max))
+        r = minimum(r, a_max)
     return r
 
 
@@ -283,6 +321,9 @@ def _reduce(cls, a, axis, keepdims, what, dtype=None):
     red = Axes(pos[i] for i in idx)
     if dtype is None:
         dtype = x.dtype
+    if not len(red) and cls is not og.ArgMax and cls is not og.ArgMin:
+        # Nothing to reduce: x itself, in the dtype NumPy gives (x + 0 converts).
+        return x if x.dtype == dtype else og.Add(x, 0, dtype=dtype)
     r = cls(x, reduction_axes=red, dtype=dtype)
     if keepdims:
         if not len(red):
@@ -388,12 +429,12 @@ def dot(a, b):
     k = temp_axis(ka.length)
     na = iter(names[:len(a_other)])
     nb = iter(names[len(a_other):])
-    a2 = og.CastAxes(a, Axes(k if x is ka else (PositionalAxis(x.length, next(na))
-                                               if isinstance(x, PositionalAxis) else x)
-                             for x in a.axes))
-    b2 = og.CastAxes(b, Axes(k if x is kb else (PositionalAxis(x.length, next(nb))
-                                               if isinstance(x, PositionalAxis) else x)
-                             for x in b.axes))
+    a2 = cast_through_reorder(a, [k if x is ka else (PositionalAxis(x.length, next(na))
+                                                     if isinstance(x, PositionalAxis) else x)
+                                  for x in a.axes])
+    b2 = cast_through_reorder(b, [k if x is kb else (PositionalAxis(x.length, next(nb))
+                                                     if isinstance(x, PositionalAxis) else x)
+                                  for x in b.axes])
     return _front(og.Dot(a2, b2))
 
 
@@ -560,8 +601,7 @@ def concatenate(arrays, axis=0):
         return xs[0]
     total = _builtin_sum(s[ax] for s in shapes)
     out_shape = tuple(total if i == ax else n for i, n in enumerate(shapes[0]))
-    special = [a for a in broadcast_result([x for x in xs if len(x.axes)], "concatenate")
-               if not isinstance(a, PositionalAxis)]
+    special = _named_union(xs, "concatenate")
     out = Axes(special + list(canonical_axes(out_shape)))
     parts, offset = [], 0
     for x, s in zip(xs, shapes):

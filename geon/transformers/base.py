@@ -9,18 +9,22 @@ procedures ``allocate``, ``initialize``, ``save`` and ``restore``.
 
 import os
 import tempfile
+import types
 import zipfile
 from importlib import metadata
 
 import numpy as np
 
-from geon.errors import CheckpointError, FeedError, GeonError, UnknownTransformerError
+from geon.errors import (CheckpointError, FeedError, GeonError, LoweringError,
+                         UnknownTransformerError)
 from geon.op_graph import op_graph as og
+from geon.op_graph.nodes import no_gc
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
-from geon.transformers.passes import DeadCodeElimination, Graph
+from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
+from geon.transformers.passes.layout import LAYOUTS, LayoutPass
 from geon.transformers.passes.lower import LowerAxesPass
 from geon.transformers.passes.simplify import SimplifyPass
 from geon.transformers.passes.verify import VerifyBaseSet
@@ -147,14 +151,28 @@ class Transformer:
     against its absence; lowering and verification cannot be skipped). ``dump_after``
     names passes after which each computation's graph is printed (one line per op, see
     :func:`geon.op_graph.printing.graph_text`) to ``dump_file`` (default: stderr).
+
+    ``sample_axis`` (a class attribute, or the keyword to override it) is the
+    transformer's preferred place for the sample axis, ``"first"`` or ``"last"``: the
+    pipeline then has a ``layout`` pass that lays out computed values that way
+    (:mod:`geon.transformers.passes.layout`); ``None`` keeps the layouts of the graph.
+    ``frontend_ops`` maps names to functions that build this transformer's own ops;
+    frontends get them with :func:`transformer_ops`.
     """
 
     name = None
     base_set = STANDARD_BASE_SET
     computation_class = Computation
     backend_steps = ()  # names of optional backend steps that ``disable`` accepts
+    sample_axis = None
+    frontend_ops = {}
 
-    def __init__(self, disable=(), dump_after=(), dump_file=None):
+    def __init__(self, disable=(), dump_after=(), dump_file=None, sample_axis=None):
+        if sample_axis is not None:
+            self.sample_axis = sample_axis
+        if self.sample_axis not in (None,) + LAYOUTS:
+            raise ValueError(f"sample_axis must be None or one of {LAYOUTS}, not "
+                             f"{self.sample_axis!r}")
         self.disabled = set(disable)
         known = [p.name for p in self.passes()] + list(self.backend_steps)
         unknown = self.disabled - set(known)
@@ -178,6 +196,9 @@ class Transformer:
 
         - ``simplify`` runs first, on the Axes ops, where patterns such as
           ``log(exp(x))`` are still visible;
+        - ``layout`` (only with a ``sample_axis`` preference) reorders the axes of Axes
+          ops, so it runs before ``lower`` and after ``simplify`` (whose rules then see
+          the graph as it was built);
         - ``lower`` produces only semi-primitive ops;
         - ``fold`` (simplify again) folds the views and constants lowering created;
         - ``cse`` merges identical ops after ``lower`` and ``fold``, so it also merges
@@ -189,13 +210,20 @@ class Transformer:
           needs the final graph, so it runs after every rewriting pass;
         - ``verify`` must come last.
         """
-        return [SimplifyPass(), LowerAxesPass(), SimplifyPass(name="fold"),
+        layout = [LayoutPass(self.sample_axis)] if self.sample_axis else []
+        return [SimplifyPass()] + layout + [LowerAxesPass(), SimplifyPass(name="fold"),
                 CommonSubexpressionElimination(), DeadCodeElimination(), CopyStaleViews(),
                 VerifyBaseSet()]
 
     _required = {"lower", "alias", "verify"}
 
     def _run_passes(self, graph):
+        try:
+            self._run_pipeline(graph)
+        except LoweringError as e:
+            raise _name_owners(e, graph, self) from None
+
+    def _run_pipeline(self, graph):
         for p in self.passes():
             if p.name in self.disabled and p.name not in self._required:
                 continue
@@ -208,7 +236,8 @@ class Transformer:
     def computation(self, results, *params):
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
         from the placeholders ``params`` (its call arguments, in order)."""
-        comp = self.computation_class(self, results, params)
+        with no_gc():
+            comp = self.computation_class(self, results, params)
         self.computations.append(comp)
         self._initialized_all = False
         for c in self.computations:  # the next call of each goes through initialize
@@ -352,10 +381,7 @@ def available_transformers():
     return sorted(set(_REGISTRY) | set(_entry_points()))
 
 
-def make_transformer(name="numpy", **kwargs):
-    """A new transformer registered under ``name`` (built in, through
-    :func:`register_transformer`, or installed under the ``geon.transformers``
-    entry-point group)."""
+def _factory(name):
     factory = _REGISTRY.get(name)
     if factory is None:
         ep = _entry_points().get(name)
@@ -365,4 +391,76 @@ def make_transformer(name="numpy", **kwargs):
                 f"{', '.join(available_transformers())}")
         factory = ep.load()
         _REGISTRY[name] = factory
-    return factory(**kwargs)
+    return factory
+
+
+def make_transformer(name="numpy", **kwargs):
+    """A new transformer registered under ``name`` (built in, through
+    :func:`register_transformer`, or installed under the ``geon.transformers``
+    entry-point group)."""
+    return _factory(name)(**kwargs)
+
+
+# --- plugins -------------------------------------------------------------------------------
+
+def insert_passes(passes, new, *, after=None, before=None):
+    """A copy of the pipeline ``passes`` with ``new`` (a pass or a list of passes) right
+    after the pass named ``after``, or right before the one named ``before``.
+
+    The named points are the pass names of the pipeline (see
+    :meth:`Transformer.passes`); an unknown name raises ``ValueError`` listing them.
+    """
+    if (after is None) == (before is None):
+        raise TypeError("insert_passes: give exactly one of after= and before=")
+    names = [p.name for p in passes]
+    anchor = after if after is not None else before
+    if anchor not in names:
+        raise ValueError(f"insert_passes: no pass named {anchor!r}; passes are {names}")
+    i = names.index(anchor) + (1 if after is not None else 0)
+    new = [new] if isinstance(new, Pass) else list(new)
+    return list(passes[:i]) + new + list(passes[i:])
+
+
+def pass_named(passes, name):
+    """The pass of the pipeline ``passes`` named ``name`` (to add rules to it with
+    ``add_rule``)."""
+    for p in passes:
+        if p.name == name:
+            return p
+    raise ValueError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
+
+
+def transformers_with(op_class):
+    """Names of the registered or installed transformers whose base set has
+    ``op_class`` (installed ones are loaded to find out)."""
+    found = []
+    for name in available_transformers():
+        try:
+            factory = _factory(name)
+        except Exception:  # a broken plugin must not hide the answer for the others
+            continue
+        base = getattr(factory, "base_set", None)
+        if isinstance(base, (set, frozenset)) and issubclass(op_class, tuple(base)):
+            found.append(name)
+    return found
+
+
+def transformer_ops(name):
+    """The ops the transformer ``name`` exposes to frontends (its ``frontend_ops``), as
+    attributes: ``be.transformer_ops("geon-axpy").axpy(a, x, y)``."""
+    return types.SimpleNamespace(**dict(getattr(_factory(name), "frontend_ops", {}) or {}))
+
+
+def _name_owners(error, graph, transformer):
+    """``error`` (from a pipeline) with the transformers that do have the op it names."""
+    base = tuple(transformer.base_set)
+    for op in graph.ops():
+        if isinstance(op, base):
+            continue
+        owners = [n for n in transformers_with(type(op)) if n != transformer.name]
+        if owners:
+            return LoweringError(f"{error}; {type(op).__name__} is an op of the "
+                                 f"transformer(s) {', '.join(owners)}, which have it in "
+                                 f"their base set")
+        break
+    return error

@@ -74,36 +74,36 @@ def fn(name, dtype):
 #: Definitions every kernel may use. Written so that nvcc and an ordinary C++ compiler
 #: (the emulator, see :mod:`geon.transformers.gpu.emulator`) both accept them.
 PRELUDE = r"""// geon CUDA prelude
-static __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
-static __device__ __forceinline__ double geon_f64(unsigned long long b) {
+__device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
+__device__ __forceinline__ double geon_f64(unsigned long long b) {
     return __longlong_as_double((long long)b);
 }
 // NaN-propagating max / min, as NumPy's maximum and minimum (a != a: a is NaN)
-template <typename T> static __device__ __forceinline__ T geon_max(T a, T b) {
+template <typename T> __device__ __forceinline__ T geon_max(T a, T b) {
     return (a > b || a != a) ? a : b;
 }
-template <typename T> static __device__ __forceinline__ T geon_min(T a, T b) {
+template <typename T> __device__ __forceinline__ T geon_min(T a, T b) {
     return (a < b || a != a) ? a : b;
 }
-template <typename T> static __device__ __forceinline__ T geon_sign(T a) {
+template <typename T> __device__ __forceinline__ T geon_sign(T a) {
     return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a);
 }
 // sigmoid without overflow: exp of a non-positive number only
-static __device__ __forceinline__ float geon_sigmoid(float x) {
+__device__ __forceinline__ float geon_sigmoid(float x) {
     if (x >= 0.0f) { return 1.0f / (1.0f + expf(-x)); }
     const float e = expf(x);
     return e / (1.0f + e);
 }
-static __device__ __forceinline__ double geon_sigmoid(double x) {
+__device__ __forceinline__ double geon_sigmoid(double x) {
     if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
     const double e = exp(x);
     return e / (1.0 + e);
 }
 // softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
-static __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
+__device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
     return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))) - x * t;
 }
-static __device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
+__device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
     return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))) - x * t;
 }
 """

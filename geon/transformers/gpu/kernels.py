@@ -16,6 +16,7 @@ import hashlib
 
 import numpy as np
 
+from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.transformers.gpu import cuda
@@ -124,7 +125,9 @@ def describe(op):
 class Fused:
     """Code for a run of elementwise members (ElementWise, Copy, Assign) of one shape,
     evaluated at one row-major element index. ``ctx`` gives buffers and layouts (see
-    :class:`geon.transformers.gpu.codegen.Context`)."""
+    :class:`geon.transformers.gpu.codegen.Context`). A member's value read by a later
+    member (directly or through a view with the same elements in the same order) is a
+    register, never reloaded."""
 
     def __init__(self, ctx, members, internal, params):
         self.ctx, self.members, self.internal = ctx, members, internal
@@ -132,7 +135,6 @@ class Fused:
         self.member_set = set(members)
         self.loads = {}      # (pointer, dims, ctype) -> load number
         self.load_list = []  # [(pointer, dims, ctype)]
-        self.deps = []
 
     def _load(self, a):
         """The load number of the non-member arg ``a``."""
@@ -148,7 +150,7 @@ class Fused:
     def plan_loads(self):
         for m in self.members:
             for a in m.args:
-                if a in self.member_set or scalar_constant(self.ctx.root(a)):
+                if self.ctx.source(a) in self.member_set or scalar_constant(self.ctx.root(a)):
                     continue
                 if isinstance(m, pr.Assign) and a is m.args[0]:
                     continue
@@ -165,8 +167,9 @@ class Fused:
         lines, var = [], {}
 
         def arg_expr(a, want):
-            if a in var:
-                expr, dt = var[a], a.dtype
+            src = self.ctx.source(a)  # a member read element for element: its register
+            if src in var:
+                expr, dt = var[src], src.dtype
             else:
                 root = self.ctx.root(a)
                 if scalar_constant(root):
@@ -322,12 +325,14 @@ def reduce_config(spec):
     return TX, TY, P, chunk
 
 
-def reduce_kernel(ctx, spec, params, value, out, out_index=None, ops=(), deps=(),
-                  part=None):
+def reduce_kernel(spec, params, value, out, out_index=None, ops=(), deps=(), part=None,
+                  extent=0, out_value=None):
     """The kernel of ``spec``. ``value(r, k, lines)`` as in :class:`ReduceSpec`;
     ``out`` the pointer of the results (``out_index`` the pointer of the partial
-    indices of an arg reduction's first pass); ``part`` is ``(P, chunk)`` of a first
-    pass (results go to ``out[r * P + part]``), ``None`` for a direct reduction."""
+    indices of an arg reduction's first pass; ``out_value`` that of the extreme values
+    an arg reduction may also give, and then ``out`` may be ``None``); ``part`` is
+    ``(P, chunk)`` of a first pass (results go to ``out[r * P + part]``), ``None`` for
+    a direct reduction."""
     cls, dt, R, L = spec.cls, spec.dt, spec.R, spec.L
     T = ctype(dt)
     TX, TY, P, chunk = reduce_config(spec)
@@ -337,7 +342,7 @@ def reduce_kernel(ctx, spec, params, value, out, out_index=None, ops=(), deps=()
         P, chunk = part
     lanes_k = spec.lanes_on_k
     threads = TX * TY
-    it = "long long" if R * max(L, 1) >= 2 ** 30 else "int"
+    it = "long long" if max(R * max(L, 1), extent) >= 2 ** 30 else "int"
     body = [f"    __shared__ {T} sv[{TY}][{TX}];"]
     if spec.arg:
         body.append(f"    __shared__ long long si[{TY}][{TX}];")
@@ -392,7 +397,10 @@ def reduce_kernel(ctx, spec, params, value, out, out_index=None, ops=(), deps=()
     body.append(f"    if ({lane} == 0 && r < {R}) {{")
     slot = "r" if part is None else f"r * {P} + blockIdx.y"
     if spec.arg and part is None:
-        body.append(f"        {out}[r] = {first_i};")
+        if out is not None:
+            body.append(f"        {out}[r] = {first_i};")
+        if out_value is not None:
+            body.append(f"        {out_value}[r] = {first};")
     else:
         body.append(f"        {out}[{slot}] = {first};")
         if spec.arg:
@@ -448,11 +456,16 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
     it = "long long" if max(M * max(abs(sam), 1), K * max(abs(sak), abs(sbk), 1),
                             N * max(abs(sbn), 1), M * N) >= 2 ** 30 else "int"
     L = []
-    L.append(f"    __shared__ {T} As[2][{BK}][{BM + 4}];")
-    L.append(f"    __shared__ {T} Bs[2][{BK}][{BN + 4}];")
+    L.append(f"    __shared__ __align__(16) {T} As[2][{BK}][{BM + 4}];")
+    L.append(f"    __shared__ __align__(16) {T} Bs[2][{BK}][{BN + 4}];")
     L.append("    const int tid = threadIdx.x;")
     L.append(f"    const int tx = tid % {BN // TN}, ty = tid / {BN // TN};")
-    L.append(f"    const {it} m0 = ({it})blockIdx.y * {BM}, n0 = ({it})blockIdx.x * {BN};")
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    swap = tiles_m > 65535  # gridDim.y is at most 65535; gridDim.x far more
+    if swap and tiles_n > 65535:
+        raise LoweringError(f"Gemm ({M} x {K}) @ ({K} x {N}) is too large for one launch")
+    my, nx = ("x", "y") if swap else ("y", "x")
+    L.append(f"    const {it} m0 = ({it})blockIdx.{my} * {BM}, n0 = ({it})blockIdx.{nx} * {BN};")
     L.append(f"    {T} acc[{TM}][{TN}];")
     L.append("#pragma unroll")
     L.append(f"    for (int i = 0; i < {TM}; ++i) {{")
@@ -491,11 +504,11 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
         if which == "a":
             plan, v, reg, ptr = plan_a, vec_a, "ra", a
             s_r, s_c, base_r, base_c = sam, sak, "m0", "kt"
-            lim_r, lim_c, ev_r, ev_c, fast_c = M, K, even_m, even_k, a_fast_k
+            lim_r, lim_c, ev_r, ev_c = M, K, even_m, even_k
         else:
             plan, v, reg, ptr = plan_b, vec_b, "rb", b
             s_r, s_c, base_r, base_c = sbk, sbn, "kt", "n0"
-            lim_r, lim_c, ev_r, ev_c, fast_c = K, N, even_k, even_n, b_fast_n
+            lim_r, lim_c, ev_r, ev_c = K, N, even_k, even_n
         for j, (r, c, guard) in enumerate(plan):
             row, col = f"({base_r} + {r})", f"({base_c} + {c})"
             pre = f"if ({guard}) " if guard else ""
@@ -601,7 +614,7 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
             if not even_m:
                 L.append("      }")
             L.append("    }")
-    grid = (-(-N // BN), -(-M // BM))
+    grid = (tiles_m, tiles_n) if swap else (tiles_n, tiles_m)
     return Kernel("gemm", params, "\n".join(L) + "\n", threads, grid, (threads,), ops,
                   note=f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, "
                        f"{TM} x {TN} per thread")
@@ -627,7 +640,7 @@ def unslice_kernel(params, op, out, src, src_lay, ops):
              f"    for ({it} i = ({it})blockIdx.x * {EW_THREADS} + ({it})threadIdx.x; "
              f"i < n; i += ({it})gridDim.x * {EW_THREADS}) {{",
              f"        {T} v = {literal(0, op.dtype)};",
-             "        bool in = true;",
+             "        bool inside = true;",
              f"        {it} src = 0;"]
     inner = 1
     strides = list(src_lay.strides)
@@ -646,14 +659,42 @@ def unslice_kernel(params, op, out, src, src_lay, ops):
             count = len(range(start, stop, step))
             lines.append(f"        {{ const {it} j = {idx} - {start};")
             lines.append(f"          if (j % {step} != 0 || j / {step} < 0 || "
-                         f"j / {step} >= {count}) {{ in = false; }}")
+                         f"j / {step} >= {count}) {{ inside = false; }}")
             lines.append(f"          else {{ src += (j / {step}) * {stride_of.get(d, 0)}; }} }}")
         else:
             kk = int(k) % shape[d] if shape[d] else 0
-            lines.append(f"        if ({idx} != {kk}) {{ in = false; }}")
-    lines.append(f"        if (in) {{ v = {src}[src]; }}")
+            lines.append(f"        if ({idx} != {kk}) {{ inside = false; }}")
+    lines.append(f"        if (inside) {{ v = {src}[src]; }}")
     lines.append(f"        {out}[i] = v;")
     lines.append("    }")
     return Kernel("unslice", params, "\n".join(lines) + "\n", EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops,
                   note=f"Unslice into {shape}")
+
+
+# --- transposing copy ----------------------------------------------------------------
+
+def transpose_kernel(params, op, out, src, R, C, sr, sc, ops):
+    """A copy whose source is a transpose (element ``(r, c)`` of the row-major (R, C)
+    result is ``src[r * sr + c * sc]`` with ``sr`` the smaller stride): 32 x 32 tiles
+    through shared memory (one row of padding against bank conflicts), so that both the
+    reads and the writes are coalesced."""
+    T = ctype(op.dtype)
+    it = "long long" if max(R * C, R * abs(sr) + C * abs(sc)) >= 2 ** 30 else "int"
+    lines = [f"    __shared__ {T} tile[32][33];",
+             "    const int tx = threadIdx.x, ty = threadIdx.y;",
+             f"    const {it} r0 = ({it})blockIdx.y * 32, c0 = ({it})blockIdx.x * 32;",
+             "    for (int j = ty; j < 32; j += 8) {",
+             f"        const {it} r = r0 + tx, c = c0 + j;",
+             f"        if (r < {R} && c < {C}) {{ tile[j][tx] = {src}[r * {sr} + c * {sc}]; }}",
+             "    }",
+             "    __syncthreads();",
+             "    for (int j = ty; j < 32; j += 8) {",
+             f"        const {it} r = r0 + j, c = c0 + tx;",
+             f"        if (r < {R} && c < {C}) {{ {out}[r * {C} + c] = tile[tx][j]; }}",
+             "    }"]
+    grid = (-(-C // 32), -(-R // 32))
+    if grid[1] > 65535:
+        raise LoweringError(f"a transposing copy of {R} x {C} is too large for one launch")
+    return Kernel("transpose", params, "\n".join(lines) + "\n", 256, grid, (32, 8), ops,
+                  note=f"Copy of a transpose, {R} x {C}")

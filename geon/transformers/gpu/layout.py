@@ -83,7 +83,7 @@ def scalar_constant(op):
     return isinstance(op, og.Constant) and op.scalar is not None
 
 
-def _reshape(lay, shape):
+def reshape_layout(lay, shape):
     if lay.contiguous:
         return Layout(lay.root, lay.offset, shape, row_major(shape))
     if all(s == 0 for s in lay.strides):  # a broadcast number stays one
@@ -147,7 +147,7 @@ def view_layout(op, lay):
                 offset += (k + n if k < 0 else k) * s
         return Layout(lay.root, offset, shape, strides)
     if isinstance(op, pr.Reshape):
-        new = _reshape(lay, op.axes.shape)
+        new = reshape_layout(lay, op.axes.shape)
         if new is None:
             raise GeonError(f"internal: the gpu transformer cannot view {op.args[0].name} "
                             f"{lay} as shape {op.axes.shape} without a copy (built at "

@@ -62,6 +62,7 @@ class LayoutPass(RewritePass):
         self.add_rule(og.ElementWise, self.elementwise)
         self.add_rule(og.Dot, self.dot)
         self.add_rule(og.Reduction, self.reduction)
+        self.add_rule(og.CastAxes, self.cast)
 
     def __repr__(self):
         return f"<pass {self.name} (sample axis {self.sample_axis})>"
@@ -93,6 +94,12 @@ class LayoutPass(RewritePass):
         if _same(f, op.args[0]) and _same(s, op.args[1]):
             return None
         return _ordered(og.Dot(f, s, dtype=op.dtype), op.axes)
+
+    def cast(self, op):  # cast(reorder(x)) -> reorder(cast(x)): a view, not a copy
+        if not isinstance(op.args[0], og.AxesWithOrder):
+            return None
+        from geon.op_graph.np_ops import cast_through_reorder
+        return cast_through_reorder(op.args[0], op.axes, type(op))
 
     def reduction(self, op):  # sum(x) : (C, N) -> reorder(sum(x) : (N, C))
         x = op.args[0]

@@ -1,0 +1,249 @@
+"""GPU benchmarks: ``python -m benchmarks.gpu`` from the repository root, on a machine
+with a CUDA GPU and pycuda (``pip install -e ".[gpu]"``). PyTorch, if installed, is
+measured side by side (never a dependency); so is cuBLAS through CuPy, if installed.
+
+Prints four Markdown tables, each against the issue's target:
+
+1. the device's copy bandwidth (device-to-device copy, bytes read + written);
+2. a 20-op elementwise chain on 64M float32 (the chain of benchmarks/run.py), inputs
+   and output in device-resident variables: one fused kernel; target >= 80% of (1);
+3. the MLP training step of benchmarks/mlp.py (784-512-512-10, batch 128 and 1024;
+   data fed from host arrays and the loss returned to the host in both) against
+   PyTorch eager with the same weights; target <= 1.0x;
+4. GEMM 4096 x 4096 x 4096 float32 against torch.matmul; target >= 0.7x. TF32 is off
+   in both (geon's generated GEMM uses plain fp32 FMA; PyTorch is told not to use
+   TF32; CuPy's cuBLAS does not unless CUPY_TF32=1).
+
+Times are medians of interleaved repeats after warm-up, with the device synchronized
+around each timed call. ``--quick`` uses fewer repeats.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import geon as be
+from benchmarks import mlp
+from benchmarks.common import ms, table
+from benchmarks.run import CHAIN, chain_eager, chain_geon
+
+try:
+    import torch
+except ImportError:  # optional
+    torch = None
+
+
+def _timer(sync):
+    def measure(fns, repeats, warmup=2):
+        for f in fns.values():
+            for _ in range(warmup):
+                f()
+        sync()
+        samples = {k: [] for k in fns}
+        for _ in range(repeats):
+            for k, f in fns.items():
+                sync()
+                t0 = time.perf_counter()
+                f()
+                sync()
+                samples[k].append(time.perf_counter() - t0)
+        return {k: statistics.median(v) for k, v in samples.items()}
+    return measure
+
+
+def _torch_ok():
+    return torch is not None and torch.cuda.is_available()
+
+
+def _sync_all(rt):
+    def sync():
+        rt.synchronize()
+        if _torch_ok():
+            torch.cuda.synchronize()
+    return sync
+
+
+def bench_copy(rt, measure, repeats, scale=1):
+    n = 256 * 2 ** 20 // scale
+    src, dst = rt.alloc(n), rt.alloc(n)
+    fns = {"geon": lambda: rt.copy(int(dst), int(src), n)}
+    if _torch_ok():
+        a = torch.empty(n, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        fns["torch"] = lambda: b.copy_(a)
+    r = measure(fns, repeats)
+    bw = {k: 2 * n / v for k, v in r.items()}
+    rows = [[f"device copy, {n / 2 ** 20:g} MiB", f"{bw['geon'] / 1e9:.0f} GB/s",
+             ms(r["geon"])]]
+    if "torch" in bw:
+        rows.append(["torch copy_, 256 MiB", f"{bw['torch'] / 1e9:.0f} GB/s", ms(r["torch"])])
+    table("1. Copy bandwidth (bytes read + written)", ["copy", "bandwidth", "time"], rows)
+    return max(bw.values())
+
+
+def bench_chain(make, measure, repeats, copy_bw, scale=1):
+    n = 64 * 2 ** 20 // scale
+    E = be.Axis(n, "E")
+    rng = np.random.default_rng(0)
+    x = be.Variable([E], initial_value=lambda s: rng.standard_normal(s).astype(np.float32),
+                    name="x")
+    y = be.Variable([E], initial_value=0.0, name="y")
+    t = make()
+    f = t.computation(be.SetItem(y, chain_geon(x)))
+    f()
+    head = np.array(t.state[x][:1 << 20])
+    np.testing.assert_allclose(t.state[y][:1 << 20], chain_eager(head), rtol=1e-4, atol=1e-5)
+    t.state.push()  # (reading the state marked it for copying back)
+    kernels = [k.note for k in f.program.launches]
+    r = measure({"geon": f}, repeats)
+    bw = 2 * n * 4 / r["geon"]
+    rows = [[ms(r["geon"]), f"{bw / 1e9:.0f} GB/s", f"{bw / copy_bw:.2f}", ">= 0.80",
+             f"{len(kernels)}: {kernels[0]}"]]
+    table(f"2. {len(CHAIN)}-op elementwise chain, {n / 2 ** 20:g}M float32, device-resident",
+          ["time", "bandwidth", "/ copy bandwidth", "target", "kernels"], rows)
+
+
+def _torch_mlp(params, batch):
+    dev = "cuda"
+    ws = [(torch.tensor(W, device=dev, requires_grad=True),
+           torch.tensor(b, device=dev, requires_grad=True)) for W, b in params]
+
+    def step(x, t):
+        xd = torch.from_numpy(x).to(dev)
+        td = torch.from_numpy(t).to(dev)
+        h = xd
+        for i, (W, b) in enumerate(ws):
+            h = W @ h + b[:, None]
+            if i < len(ws) - 1:
+                h = torch.relu(h)
+        logp = torch.log_softmax(h, dim=0)
+        loss = -(td * logp).sum() / batch
+        loss.backward()
+        with torch.no_grad():
+            for W, b in ws:
+                W -= mlp.LR * W.grad
+                b -= mlp.LR * b.grad
+                W.grad = None
+                b.grad = None
+        return loss.item()
+    return step
+
+
+def bench_mlp(make, measure, repeats, batches=(128, 1024)):
+    rows = []
+    for batch in batches:
+        params = mlp.init_params()
+        x, t = mlp.data(batch)
+        g, _ = mlp.geon_step(batch, params, transformer=make())
+        fns = {"geon": lambda: g(x, t)}
+        loss = float(g(x, t)[0])
+        row = [batch, None, "-", "-", "<= 1.00"]
+        if _torch_ok():
+            ts = _torch_mlp(params, batch)
+            tl = ts(x, t)
+            assert abs(loss - tl) <= 1e-3 * max(1.0, abs(tl)), (loss, tl)
+            fns["torch"] = lambda: ts(x, t)
+        r = measure(fns, repeats)
+        row[1] = ms(r["geon"])
+        if "torch" in r:
+            row[2], row[3] = ms(r["torch"]), f"{r['geon'] / r['torch']:.2f}"
+        rows.append(row)
+    table("3. MLP training step 784-512-512-10, float32 (host data in, loss out)",
+          ["batch", "geon", "torch eager", "geon / torch", "target"], rows)
+
+
+def bench_gemm(make, measure, repeats, n=4096):
+    A, B, C = be.Axis(n, "GA"), be.Axis(n, "GB"), be.Axis(n, "GC")
+    rng = np.random.default_rng(0)
+    init = lambda s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    a, b = be.Variable((A, B), initial_value=init), be.Variable((B, C), initial_value=init)
+    c = be.Variable((A, C), initial_value=0.0)
+    flops = 2 * n ** 3
+    fns, notes = {}, {}
+    choices = ["generated"]
+    try:
+        import cupy  # noqa: F401
+        if probe_gemm(make):
+            choices.append("cublas")
+    except ImportError:
+        pass
+    ts = {}
+    for gemm in choices:
+        t = make(gemm=gemm)
+        f = t.computation(be.SetItem(c, be.dot(a, b)))
+        f()
+        ts[gemm] = t
+        fns[f"geon ({gemm})"] = f
+        notes[f"geon ({gemm})"] = f.program.launches[0].note
+    av, bv = ts["generated"].state[a], ts["generated"].state[b]
+    got = ts["generated"].state[c]
+    want = av[:64].astype(np.float64) @ bv
+    np.testing.assert_allclose(got[:64], want, rtol=1e-3, atol=1e-2)
+    if _torch_ok():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        ta, tb = torch.from_numpy(av).cuda(), torch.from_numpy(bv).cuda()
+        tc = torch.empty_like(ta)
+        fns["torch"] = lambda: torch.matmul(ta, tb, out=tc)
+        notes["torch"] = "cuBLAS, TF32 off"
+    r = measure(fns, repeats)
+    rows = []
+    for k, v in r.items():
+        ratio = f"{r['torch'] / v:.2f}" if "torch" in r else "-"
+        rows.append([k, ms(v), f"{flops / v / 1e12:.1f} TFLOP/s", ratio,
+                     ">= 0.70" if k == "geon (generated)" else "", notes[k]])
+    table(f"4. GEMM {n}^3 float32 (geon's includes copying C into its variable)",
+          ["implementation", "time", "rate", "torch / this", "target", "note"], rows)
+
+
+def probe_gemm(make):
+    """Whether cuBLAS through CuPy works here."""
+    try:
+        make(gemm="cublas")
+        return True
+    except Exception as e:
+        print(f"(cuBLAS through CuPy unavailable: {e})")
+        return False
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes on the CPU emulator: checks this script, measures "
+                         "nothing")
+    args = ap.parse_args(argv)
+    from geon.transformers.gpu import GPUTransformer, GPUUnavailableError
+    runtime = "emulator" if args.smoke else None
+    try:
+        probe = GPUTransformer(device=args.device, runtime=runtime)
+    except GPUUnavailableError as e:
+        print(f"cannot run the GPU benchmarks: {e}", file=sys.stderr)
+        return 1
+    rt = probe.runtime
+    repeats = 1 if args.smoke else 5 if args.quick else 20
+    print(f"Device: {rt.key}; torch: {torch.__version__ if _torch_ok() else 'absent'}")
+    print(f"Command: python -m benchmarks.gpu{' --quick' if args.quick else ''}")
+    measure = _timer(_sync_all(rt))
+
+    def make(**kw):
+        return GPUTransformer(device=args.device, runtime=rt, **kw)
+    if args.smoke:
+        copy_bw = bench_copy(rt, measure, repeats, scale=2 ** 12)
+        bench_chain(make, measure, repeats, copy_bw, scale=2 ** 12)
+        bench_mlp(make, measure, repeats, batches=(8,))
+        bench_gemm(make, measure, repeats, n=128)
+        return 0
+    copy_bw = bench_copy(rt, measure, repeats)
+    bench_chain(make, measure, repeats, copy_bw)
+    bench_mlp(make, measure, repeats)
+    bench_gemm(make, measure, repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The GPU transformer: the standard passes, GPU fusion and memory planning, CUDA C
+kernels launched through PyCUDA, and variables that live on the device.
+
+:class:`CudaCodegenTransformer` does everything up to the CUDA source and the launch
+plan and needs neither pycuda nor a GPU (its computations have a ``source`` and a
+``program`` but cannot be called). :class:`GPUTransformer` adds a runtime: PyCUDA on a
+CUDA device (the default), or the CPU emulator (``runtime="emulator"``, for tests).
+"""
+
+from collections.abc import MutableMapping
+
+import numpy as np
+
+from geon.errors import GeonError, UnknownTransformerError
+from geon.op_graph import op_graph as og
+from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
+from geon.transformers.gpu.codegen import generate
+
+
+class GPUUnavailableError(UnknownTransformerError):
+    """The GPU transformer was asked for where it cannot run (no pycuda, no driver or
+    no device); the message says what is missing and which transformers are available.
+    A subclass of :class:`~geon.errors.UnknownTransformerError` (so also of
+    ``GeonError`` and ``ValueError``)."""
+
+
+def _user_elementwise_with_cuda():
+    from geon.op_graph.user_ops import CUDA_SOURCES
+    return frozenset(c for c in CUDA_SOURCES if issubclass(c, og.ElementWise))
+
+
+class CudaComputation(Computation):
+    """A computation lowered to CUDA C: ``source`` (annotated CUDA) and ``program``
+    (:class:`geon.transformers.gpu.codegen.Program`, the kernels and launch plan)."""
+
+    def __init__(self, transformer, results, params):
+        super().__init__(transformer, results, params)
+        t = transformer
+        self.program = generate(self, fusion="fusion" not in t.disabled,
+                                plan_memory="memory" not in t.disabled)
+        self._source = self.program.source
+
+    @property
+    def kernels(self):
+        """The distinct kernels of this computation, by name."""
+        return self.program.kernels
+
+    def _allocate(self):
+        raise GeonError(f"the {self.transformer.name} transformer only generates code; "
+                        f"use make_transformer('gpu') to run computations")
+
+
+class GPUComputation(CudaComputation):
+    """A computation run on a device (see :mod:`geon.transformers.gpu`)."""
+
+    def _allocate(self):
+        t = self.transformer
+        rt = t.runtime
+        prog = self.program
+        bufs = {}
+        for k, size in enumerate(prog.arenas):
+            bufs[("arena", k)] = rt.alloc(size)
+        for i, p in enumerate(prog.feeds):
+            bufs[("feed", i)] = rt.alloc(p.axes.size * p.dtype.itemsize)
+        for j, size in enumerate(prog.result_bytes):
+            bufs[("result", j)] = rt.alloc(size)
+        for j, size in enumerate(prog.scratch):
+            bufs[("scratch", j)] = rt.alloc(size)
+        for j, arr in enumerate(prog.constants):
+            bufs[("const", j)] = b = rt.alloc(arr.nbytes)
+            rt.htod(int(b), arr)
+        for j, v in enumerate(prog.variables):
+            bufs[("var", j)] = t.state.device_buffer(v)
+        self._bufs = bufs  # keeps the allocations alive
+        rt.compile(list(prog.kernels.values()))
+        launches = [(k, k.grid, k.block, [int(bufs[b]) + off for b, off in k.args])
+                    for k in prog.launches]
+        self._run_kernels = rt.launcher(launches, t._blas)
+        self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
+        self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
+
+    @staticmethod
+    def _fetcher(spec, bufs, rt):
+        if spec.void:
+            return lambda: None
+        if spec.array is not None:
+            arr = spec.array
+            return arr.copy
+        from geon.transformers.gpu.codegen import host_view
+        from geon.transformers.gpu.layout import Layout
+        dtype, shape = spec.dtype, spec.shape
+        item = dtype.itemsize
+        lay = Layout(None, spec.offset, shape, spec.strides)
+        base = int(bufs[spec.buffer])
+        if lay.contiguous or lay.size <= 1:
+            address = base + spec.offset * item
+
+            def fetch():
+                out = np.empty(shape, dtype)
+                rt.dtoh(out, address)
+                return out
+            return fetch
+        lo, hi = lay.span()
+        rel = Layout(None, spec.offset - lo, shape, spec.strides)
+
+        def fetch_strided():
+            flat = np.empty(hi - lo + 1, dtype)
+            rt.dtoh(flat, base + lo * item)
+            return host_view(flat, rel)
+        return fetch_strided
+
+    def _fast_entry(self):
+        t = self.transformer
+        rt, state = t.runtime, t.state
+        checks = [(p.axes.shape, p.dtype) for p in self.params]
+        ptrs = self._feed_ptrs
+        run, fetch = self._run_kernels, self._fetch
+        assigned = list(self.program.assigned)
+        single, check = self.single, self._check_feed
+        ndarray = np.ndarray
+
+        def entry(*args):
+            for i, a in enumerate(args):
+                shape, dt = checks[i]
+                if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
+                    a = check(i, a)
+                rt.htod(ptrs[i], a)
+            if state.host_dirty:
+                state.push()
+            run()
+            if assigned:
+                state.written(assigned)
+            values = [f() for f in fetch]
+            self._last = values
+            return values[0] if single else tuple(values)
+        return entry
+
+
+class DeviceState(MutableMapping):
+    """``{variable: array}`` whose values live on the device.
+
+    Reading ``state[v]`` returns a host copy synchronized at that moment (the same
+    array object each time); writes into it reach the device before the next
+    computation runs. This keeps :meth:`Transformer.save`, ``restore`` and
+    ``initialize`` (which read and write ``state[v]``) working as on the CPU, with
+    the same checkpoint files.
+    """
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self._host = {}
+        self._device = {}
+        self.host_dirty = set()     # handed out or set: push before the next run
+        self._device_dirty = set()  # written by a computation: pull before reading
+
+    def __getitem__(self, v):
+        host = self._host[v]
+        if v in self._device_dirty:
+            self.runtime.dtoh(host, int(self._device[v]))
+            self._device_dirty.discard(v)
+        self.host_dirty.add(v)
+        return host
+
+    def __setitem__(self, v, value):
+        host = np.array(value, dtype=v.dtype, order="C")
+        if host.shape != v.axes.shape:
+            raise ValueError(f"state of {v.name}: shape {host.shape}, expected "
+                             f"{v.axes.shape}")
+        if v not in self._device:
+            self._device[v] = self.runtime.alloc(max(host.nbytes, 1))
+        self._host[v] = host
+        self._device_dirty.discard(v)
+        self.host_dirty.add(v)
+
+    def __delitem__(self, v):
+        del self._host[v]
+        del self._device[v]
+        self.host_dirty.discard(v)
+        self._device_dirty.discard(v)
+
+    def __contains__(self, v):
+        return v in self._host
+
+    def __iter__(self):
+        return iter(self._host)
+
+    def __len__(self):
+        return len(self._host)
+
+    def device_buffer(self, v):
+        """The device allocation holding ``v``."""
+        return self._device[v]
+
+    def push(self):
+        """Copy the host copies that may have changed to the device."""
+        for v in self.host_dirty:
+            self.runtime.htod(int(self._device[v]), self._host[v])
+        self.host_dirty.clear()
+
+    def written(self, variables):
+        """Note that a computation wrote ``variables`` on the device."""
+        self._device_dirty.update(variables)
+
+
+class CudaCodegenTransformer(Transformer):
+    """Generates CUDA C and a launch plan for each computation, without pycuda or a
+    GPU; its computations have ``source`` and ``program`` but cannot run. Backend steps
+    that ``disable`` accepts: ``"memory"`` and ``"fusion"`` (as on the CPU)."""
+
+    name = "cuda-codegen"
+    computation_class = CudaComputation
+    backend_steps = ("memory", "fusion")
+    _required = Transformer._required | {"views"}
+
+    def passes(self):
+        """The standard pipeline, then ``views`` (a copy where a reshape cannot be
+        strides: the GPU has no implicit copies) before ``alias``, which needs the
+        final graph."""
+        from geon.transformers.gpu.passes import ContiguousReshapes
+        ps = super().passes()
+        at = [p.name for p in ps].index("alias")
+        return ps[:at] + [ContiguousReshapes()] + ps[at:]
+
+    @property
+    def base_set(self):
+        """The standard base set plus user elementwise ops given CUDA source."""
+        return STANDARD_BASE_SET | _user_elementwise_with_cuda()
+
+
+class GPUTransformer(CudaCodegenTransformer):
+    """Runs computations on a CUDA GPU through PyCUDA.
+
+    Args:
+        device: the CUDA device ordinal (default 0).
+        runtime: ``None`` (PyCUDA on ``device``), ``"emulator"`` (the generated code on
+            the CPU, see :mod:`geon.transformers.gpu.emulator`), or a runtime object.
+        gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
+            through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
+            here, else the generated GEMM).
+        disable, dump_after, dump_file: as for every transformer.
+
+    Without pycuda, a CUDA driver or a device, making one raises
+    :class:`GPUUnavailableError` saying what is missing.
+    """
+
+    name = "gpu"
+    computation_class = GPUComputation
+
+    def __init__(self, device=0, runtime=None, gemm="generated", **kwargs):
+        if runtime is None:
+            from geon.transformers.gpu.runtime import gpu_status, pycuda_runtime
+            ok, why = gpu_status(device)
+            if not ok:
+                from geon.transformers.base import available_transformers
+                others = [n for n in available_transformers() if n != "gpu"]
+                raise GPUUnavailableError(
+                    f"the gpu transformer is not available: {why}; available "
+                    f"transformers: {', '.join(others)}")
+            runtime = pycuda_runtime(device)
+        elif runtime == "emulator":
+            from geon.transformers.gpu.emulator import EmulatorRuntime
+            runtime = EmulatorRuntime()
+        self.runtime = runtime
+        self.gemm = gemm
+        self._blas = runtime.blas_for(gemm)
+        super().__init__(**kwargs)
+        self.state = DeviceState(runtime)
+
+    def synchronize(self):
+        """Wait until every kernel launched so far has finished."""
+        self.runtime.synchronize()
+
+    def save(self, path):
+        # Reading the state to save it leaves the host copies equal to the device's:
+        # they need not be copied back before the next run.
+        before = set(self.state.host_dirty)
+        super().save(path)
+        self.state.host_dirty.intersection_update(before)

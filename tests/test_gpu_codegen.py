@@ -1,0 +1,733 @@
+"""The GPU transformer's code generation, checked without a GPU.
+
+- Every kernel generated for the op table (tests/op_table.py: forward values and
+  gradients, float32 and float64) and for a few larger graphs (the big GEMM tiles,
+  split reductions, vector loads, integer ops, a user op with CUDA source) is compiled
+  with ``nvcc -ptx -arch=sm_90``, all in one invocation (skipped only without nvcc).
+- The same kernels run on the CPU emulator (geon/transformers/gpu/emulator.py: the
+  CUDA C compiled as C++, CUDA threads as fibers), and every result is compared with
+  the NumPy transformer (skipped only without a C++ compiler).
+- Memory plans of every computation are proved by ``verify_plan`` (tests/conftest.py).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.op_graph import primitives as pr
+from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
+from geon.transformers.gpu import kernels as K
+from geon.transformers.gpu.codegen import module_source
+from geon.transformers.gpu.emulator import EmulatorRuntime, find_compiler
+from op_table import CASES, GRAD_CASES
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6),
+       np.dtype(np.float64): dict(rtol=1e-11, atol=1e-12)}
+#: Graphs whose float32 results are sums of many products, compared more loosely (the
+#: GEMM and NumPy's BLAS round differently; the op table itself uses TOL).
+LOOSE = {"gemm_big_f32": dict(rtol=1e-4, atol=1e-4), "gemm_even": dict(rtol=1e-4, atol=1e-4),
+         "gemm_large_tiles": dict(rtol=1e-4, atol=1e-4),
+         "gemm_large_even": dict(rtol=1e-4, atol=1e-4),
+         "split_f32": dict(rtol=1e-4, atol=1e-4), "multi_output": dict(rtol=1e-4, atol=1e-2)}
+NVCC = shutil.which("nvcc")
+CXX = find_compiler()
+
+
+# --- the graphs --------------------------------------------------------------------------
+
+def _case_graph(case, dtype, grad):
+    """``(results, placeholders, arrays)`` of an op-table case; with ``grad``, also the
+    derivative of the sum of the result with respect to every float input."""
+    xs = [be.placeholder(i.axes, dtype=i.dtype(dtype)) for i in case.inputs]
+    op = case.make(xs, dtype)
+    results = [op]
+    if grad:
+        cost = be.sum(op * op, out_axes=())  # a delta that depends on the values
+        results += [be.deriv(cost, x) for x, i in zip(xs, case.inputs) if i.kind == "float"]
+    return results, xs, case.arrays(dtype)
+
+
+LARGE_TILES = "large GEMM tiles"  # a graph's 4th entry: generate with K.GEMM_LARGE
+
+
+def _extra_graphs():
+    """Graphs that reach the code paths the small op table does not."""
+    rng = np.random.default_rng(7)
+    out = {}
+    M, Kd, Nn = (be.Axis(n, f"G{n}") for n in (256, 136, 264))
+
+    def mm(dtype):
+        a = be.placeholder((M, Kd), dtype=dtype)
+        b = be.placeholder((Kd, Nn), dtype=dtype)
+        bt = be.placeholder((Nn, Kd), dtype=dtype)
+        vals = [rng.standard_normal(s).astype(dtype) for s in ((256, 136), (136, 264), (264, 136))]
+        return [be.dot(a, b), be.dot(a, bt), be.tanh(be.dot(b, a))], [a, b, bt], vals
+    out["gemm_big_f32"] = mm(np.float32)  # float32 sums of 136 products: see LOOSE
+    out["gemm_big_f64"] = mm(np.float64)
+
+    # GEMM with all tiles whole and float4 loads and stores
+    E1, E2, E3 = be.Axis(128, "E1"), be.Axis(64, "E2"), be.Axis(128 * 9, "E3")
+
+    def mm_even():
+        a = be.placeholder((E1, E2))
+        b = be.placeholder((E2, E3))
+        return [be.dot(a, b)], [a, b], [rng.standard_normal((128, 64)).astype(np.float32),
+                                        rng.standard_normal((64, 1152)).astype(np.float32)]
+    out["gemm_even"] = mm_even()
+
+    # the large tiles (chosen for big products; forced here on moderate ones, with
+    # partial tiles, transposed operands and whole-tile float4 paths)
+    out["gemm_large_tiles"] = mm(np.float32) + (LARGE_TILES,)
+    F1, F2, F3 = be.Axis(256, "F1"), be.Axis(32, "F2"), be.Axis(128, "F3")
+
+    a = be.placeholder((F1, F2))
+    b = be.placeholder((F2, F3))
+    at = be.placeholder((F2, F1))
+    out["gemm_large_even"] = ([be.dot(a, b), be.dot(at, b)], [a, b, at],
+                              [rng.standard_normal(s).astype(np.float32)
+                               for s in ((256, 32), (32, 128), (32, 256))], LARGE_TILES)
+
+    # reductions long enough to be split in two passes, along and across memory
+    L1, R1 = be.Axis(40000, "L1"), be.Axis(3, "R1")
+
+    def split(dtype):
+        x = be.placeholder((R1, L1), dtype=dtype)
+        v = rng.standard_normal((3, 40000)).astype(dtype)
+        return ([be.sum(x, reduction_axes=L1), be.max(x, reduction_axes=L1),
+                 be.argmax(x, reduction_axes=L1), be.argmin(x, reduction_axes=L1),
+                 be.sum(x * x, reduction_axes=L1),
+                 be.sum(be.axes_with_order(x, (L1, R1)) * 2.0, reduction_axes=L1),
+                 be.min(x, reduction_axes=(R1, L1)),
+                 be.argmax(x, reduction_axes=(L1, R1))], [x], [v])
+    out["split_f32"] = split(np.float32)
+    out["split_f64"] = split(np.float64)
+
+    # a long elementwise chain on a few blocks' worth of elements, views and a result
+    # read back through a transpose
+    A1, A2 = be.Axis(96, "A1"), be.Axis(50, "A2")
+
+    def chain():
+        x = be.placeholder((A1, A2))
+        y = be.placeholder(A2)
+        h = x
+        for k in range(20):
+            h = be.tanh(h * 1.01 + 0.5) if k % 2 else be.maximum(h, y) - 0.25
+        return ([h, be.axes_with_order(h, (A2, A1)), be.sigmoid(h) + be.exp(-h)], [x, y],
+                [rng.standard_normal((96, 50)).astype(np.float32),
+                 rng.standard_normal(50).astype(np.float32)])
+    out["chain"] = chain()
+
+    # copies of transposes (tiled through shared memory), with partial tiles, a
+    # reversed slice, and float64
+    T1, T2, T3 = be.Axis(70, "T1"), be.Axis(45, "T2"), be.Axis(3, "T3")
+
+    def transposes():
+        x = be.placeholder((T1, T2))
+        y = be.placeholder((T3, T1, T2), dtype=np.float64)
+        rev = be.slice_along_axis(x, T1, slice(None, None, -1))
+        return ([be.flatten(be.axes_with_order(x, (T2, T1))),
+                 be.flatten(be.axes_with_order(rev, (T2, rev.axes[0]))),
+                 be.flatten(be.axes_with_order(y, (T3, T2, T1)))], [x, y],
+                [rng.standard_normal((70, 45)).astype(np.float32),
+                 rng.standard_normal((3, 70, 45))])
+    out["transposes"] = transposes()
+
+    # multi-output ops: max_argmax (one ReduceMaxArgMax, also split in two passes; one
+    # output unused) and split (views)
+    M1, M2, M3, M4 = (be.Axis(n, f"M{n}") for n in (3, 4, 50, 20000))
+
+    def multi():
+        x = be.placeholder((M1, M2, M3))
+        y = be.placeholder((M1, M4))
+        m, a = be.max_argmax(x, reduction_axes=(M1, M2))
+        _, a3 = be.max_argmax(x, reduction_axes=M1)
+        m2, a2 = be.max_argmax(y, reduction_axes=M4)
+        p1, p2 = be.split(x, M3, 2)
+        return ([m, a, m2 * 2.0, a2, a3, be.sum(p1 - be.cast_axes(p2, p1.axes), out_axes=())],
+                [x, y], [rng.standard_normal((3, 4, 50)).astype(np.float32),
+                         rng.standard_normal((3, 20000)).astype(np.float32)])
+    out["multi_output"] = multi()
+
+    # integers: labels, counters, comparisons and argmax
+    Cl, Nl = be.Axis(4, "Cl"), be.Axis(6, "Nl")
+
+    def ints():
+        lab = be.placeholder(Nl, dtype=np.int64)
+        f = be.placeholder((Cl, Nl))
+        one = be.one_hot(lab, Cl)
+        return ([lab + 1, lab * 2, be.maximum(lab, 2), be.argmax(f * one, reduction_axes=Cl),
+                 be.sum(lab, out_axes=()), be.equal(lab, 2), be.negative(lab)],
+                [lab, f], [np.array([0, 3, 1, 2, 2, 0]),
+                           rng.standard_normal((4, 6)).astype(np.float32)])
+    out["ints"] = ints()
+    return out
+
+
+def _user_op_graph():
+    softplus = be.elementwise_op(
+        "SoftplusGPUTest", numpy=lambda x: np.logaddexp(0.0, x), derivative=be.sigmoid,
+        cuda="__device__ float softplus_gpu_test(float x) { return log1pf(expf(-fabsf(x))) "
+             "+ fmaxf(x, 0.0f); }")
+    X = be.Axis(7, "X")
+    x = be.placeholder(X)
+    y = softplus(x) * 2.0
+    return [y, be.deriv(be.sum(y, out_axes=()), x)], [x], [np.linspace(-3, 3, 7, dtype=np.float32)]
+
+
+def _all_graphs():
+    graphs = {}
+    grad_names = {c.name for c in GRAD_CASES}
+    for case in CASES:
+        for dt in DTYPES:
+            key = f"{case.name}-{np.dtype(dt).name}"
+            graphs[key] = lambda case=case, dt=dt: _case_graph(
+                case, dt, grad=case.name in grad_names)
+    for name, g in _extra_graphs().items():
+        graphs[name] = lambda g=g: g
+    graphs["user_op"] = _user_op_graph
+    return graphs
+
+
+GRAPHS = _all_graphs()
+
+
+def build_all(make_transformer):
+    """``{name: (gpu computation, numpy computation, arrays)}`` for every graph, the
+    GPU ones from ``make_transformer()`` (tests/test_gpu.py uses this on a GPU)."""
+    out = {}
+    for name, make in GRAPHS.items():
+        results, xs, arrays, *options = make()
+        with pytest.MonkeyPatch.context() as mp:
+            if LARGE_TILES in options:
+                mp.setattr(K, "gemm_config", lambda *a: K.GEMM_LARGE)
+            gpu = make_transformer().computation(results, *xs)
+        cpu = be.NumPyTransformer().computation(results, *xs)
+        out[name] = (gpu, cpu, arrays)
+    return out
+
+
+def check_graph(name, gpu, cpu, arrays):
+    """The GPU computation matches the NumPy one, twice (buffers are reused)."""
+    want = cpu(*arrays)
+    for _ in range(2):
+        got = gpu(*arrays)
+        for g, w in zip(got, want):
+            _compare(g, w, LOOSE.get(name))
+
+
+@pytest.fixture(scope="module")
+def built():
+    """``(emulator runtime, build_all(...))``; kernels are compiled by ``compiled``."""
+    runtime = EmulatorRuntime(seed=3)
+    return runtime, build_all(lambda: GPUTransformer(runtime=runtime))
+
+
+@pytest.fixture(scope="module")
+def nvcc_job(built, tmp_path_factory):
+    """nvcc on every kernel, started in the background (it runs while the emulator
+    compiles and runs): ``(process, kernels, ptx path)``."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    ks = _kernels(built)
+    folder = tmp_path_factory.mktemp("nvcc")
+    src = folder / "all.cu"
+    src.write_text(module_source(list(ks.values())))
+    ptx = folder / "all.ptx"
+    proc = subprocess.Popen([NVCC, "-ptx", "-arch=sm_90", "-o", str(ptx), str(src)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc, ks, ptx
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_nvcc_started(nvcc_job):
+    """Starts nvcc early so that it runs beside the emulator's tests."""
+    assert nvcc_job[0].pid
+
+
+def _kernels(built):
+    ks = {}
+    for gpu, _, _ in built[1].values():
+        ks.update(gpu.kernels)
+    return ks
+
+
+# --- the emulator -------------------------------------------------------------------------
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler for the GPU emulator")
+
+
+@pytest.fixture(scope="module")
+def compiled(built):
+    if CXX is None:
+        pytest.skip("no C++ compiler for the GPU emulator")
+    runtime, graphs = built
+    runtime.compile(list(_kernels(built).values()))
+    return graphs
+
+
+def _compare(got, want, tol=None):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if got.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **(tol or TOL[np.dtype(got.dtype)]))
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_emulated_matches_numpy(name, compiled):
+    check_graph(name, *compiled[name])
+
+
+# --- nvcc (started by test_nvcc_started, before the emulator's tests; checked last) -----
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_nvcc_compiles_every_kernel(nvcc_job):
+    proc, ks, ptx = nvcc_job
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-5000:]
+    assert "warning" not in err, err[-5000:]      # PyCUDA would show them to users
+    kinds = {k.kind for k in ks.values()}
+    assert {"ew", "reduce", "reduce_part", "gemm", "unslice", "transpose"} <= kinds, kinds
+    text = ptx.read_text()
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", text))
+    assert entries == set(ks), sorted(set(ks) ^ entries)[:5]
+    # Every launch fits the device: <= 1024 threads, <= 48 KB of static shared memory.
+    for k in ks.values():
+        assert np.prod(k.block) <= 1024 and k.grid[1] < 65536 and k.grid[2] < 65536
+    shared = re.findall(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]", text)
+    assert shared and all(int(n) <= 48 * 1024 for n in shared)
+
+
+# --- fusion, memory and hazards -------------------------------------------------------------
+
+def _gpu(**kw):
+    return GPUTransformer(runtime=EmulatorRuntime(seed=11), **kw)
+
+
+def test_elementwise_chain_is_one_kernel_with_values_in_registers():
+    X, Y = be.Axis(64, "X"), be.Axis(32, "Y")
+    x, b = be.placeholder((X, Y)), be.placeholder(Y)
+    h = x
+    for _ in range(5):
+        h = be.tanh(h * 2.0 + b)
+    c = CudaCodegenTransformer().computation(h, x, b)
+    assert [k.kind for k in c.program.launches] == ["ew"]
+    (g,) = c.program.groups
+    assert len(g.members) == 15 and len(g.internal) == 14   # only the result is stored
+    assert c.program.arenas == []                             # nothing else needs memory
+    src = c.source
+    assert "tanhf(" in src and "15 elementwise op(s) over 2048 elements" in src
+    assert "Tanh Tanh_" in src and "test_gpu_codegen.py" in src  # the user's line
+
+
+def test_reduction_joins_the_elementwise_run_it_reads():
+    X, Y = be.Axis(64, "X"), be.Axis(32, "Y")
+    x = be.placeholder((X, Y))
+    s = be.sum(be.exp(x) * 3.0, reduction_axes=Y)
+    c = CudaCodegenTransformer().computation(s, x)
+    assert [k.kind for k in c.program.launches] == ["reduce"]
+    assert "ReduceSum of 64 row(s) of 32" in c.source and "expf(" in c.source
+
+
+def test_fusion_and_memory_can_be_disabled():
+    X = be.Axis(10, "X")
+    x = be.placeholder(X)
+    y = be.exp(x) + be.sin(x) * 2.0
+    fused = CudaCodegenTransformer().computation(y, x)
+    plain = CudaCodegenTransformer(disable=["fusion", "memory"]).computation(y, x)
+    assert len(fused.program.launches) == 1 and len(plain.program.launches) == 4
+    assert len(plain.program.arenas) == 3                     # one buffer per value
+
+
+def test_views_are_strides_not_copies():
+    X, Y = be.Axis(6, "X"), be.Axis(4, "Y")
+    x = be.placeholder((X, Y))
+    b = be.placeholder(X)
+    y = be.axes_with_order(x, (Y, X)) + b                     # a transpose and a broadcast
+    c = CudaCodegenTransformer().computation(y, x, b)
+    assert [k.kind for k in c.program.launches] == ["ew"]
+    assert "[(i / 6) + (i % 6) * 4]" in c.source              # x read through strides
+    assert "[(i % 6)]" in c.source                           # b broadcast along Y
+
+
+def test_reshape_of_a_transpose_gets_a_copy():
+    X, Y, Z = be.Axis(3, "X"), be.Axis(4, "Y"), be.Axis(5, "Z")
+    x = be.placeholder((X, Y, Z))
+    t = CudaCodegenTransformer(dump_after=["views"], dump_file=open(os.devnull, "w"))
+    c = t.computation(be.flatten(be.axes_with_order(x, (Z, X, Y))), x)
+    assert "views" in [p.name for p in t.passes()]
+    assert any(isinstance(op, pr.Copy) for op in c.ops)
+
+
+def test_hazard_splits_a_group_whose_output_overlaps_a_read():
+    # t2 (float64) would take y's arena (float32, freed after t1 reads it) and grow it:
+    # thread i writing 8 bytes at 8 i would clobber y elements other threads still
+    # read. The group is split, so t1 gets a buffer of its own.
+    A, A2, B = be.Axis(16, "A"), be.Axis(16, "A2"), be.Axis(8, "B")
+    w, x = be.placeholder((A, B)), be.placeholder((B, A2))
+    y = be.dot(w, x)                                          # a Gemm: y is in an arena
+    big = be.constant(np.linspace(0, 1, 256).reshape(16, 16), axes=(A, A2))
+    t1 = y * 2.0
+    t2 = t1 + big                                             # needs a buffer: a Gemm reads it
+    v = be.placeholder(A2, dtype=np.float64)
+    r = be.dot(t2, v)
+    c = CudaCodegenTransformer().computation(r, w, x, v)
+    kinds = [k.kind for k in c.program.launches]
+    assert kinds == ["gemm", "ew", "ew", "gemm"], kinds
+    if CXX is not None:
+        rng = np.random.default_rng(0)
+        vals = [rng.standard_normal((16, 8)).astype(np.float32),
+                rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal(16)]
+        ref = be.NumPyTransformer().computation(r, w, x, v)(*vals)
+        got = _gpu().computation(r, w, x, v)(*vals)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_assign_after_a_transposed_read_is_not_fused():
+    A = be.Axis(8, "A")
+    A2 = be.Axis(8, "A2")
+    w = be.Variable((A, A2), initial_value=lambda s: np.arange(64.0).reshape(s))
+    upd = be.SetItem(w, be.cast_axes(be.axes_with_order(w, (A2, A)), (A, A2)) + 1.0)
+    c = CudaCodegenTransformer().computation(upd)
+    # copy (of the transpose) and add fused; the assignment alone (its target is read
+    # through a transpose in the group)
+    assert len(c.program.launches) == 2
+    if CXX is not None:
+        t = _gpu()
+        f = t.computation(upd)
+        f()
+        np.testing.assert_array_equal(t.state[w], np.arange(64.0).reshape(8, 8).T + 1)
+
+
+def test_find_groups_closes_at_an_assign():
+    A = be.Axis(8, "A")
+    v = be.Variable(A)
+    x = be.placeholder(A)
+    c = CudaCodegenTransformer().computation([be.SetItem(v, x * 2.0), x + 1.0], x)
+    g = c.program.groups
+    assert all(not isinstance(m, pr.Assign) for grp in g for m in grp.members[:-1])
+
+
+def test_unsupported_dtype_is_a_lowering_error():
+    x = be.placeholder(be.Axis(3, "X"), dtype=np.complex64)
+    with pytest.raises(be.LoweringError, match="complex64"):
+        CudaCodegenTransformer().computation(x * 2, x)
+
+
+def test_codegen_only_transformer_cannot_run():
+    x = be.placeholder(be.Axis(3, "X"))
+    c = CudaCodegenTransformer().computation(x * 2, x)
+    with pytest.raises(be.GeonError, match="only generates code"):
+        c(np.ones(3))
+
+
+# --- state on the device, checkpoints (emulator) ------------------------------------------
+
+def _model(t):
+    F, H = be.Axis(5, "F"), be.Axis(3, "H")
+    N = be.Axis(4, "N", batch=True)
+    x = be.placeholder((F, N), name="x")
+    w = be.Variable((H, F), initial_value=lambda s: np.linspace(-1, 1, 15).reshape(s),
+                    name="w")
+    b = be.Variable(H, initial_value=0.5, name="b")
+    steps = be.Variable((), initial_value=0, dtype=np.int64, trainable=False, name="steps")
+    loss = be.sum(be.tanh(be.dot(w, x) + b) ** 2, out_axes=())
+    gw, gb = be.deriv(loss, w), be.deriv(loss, b)
+    train = t.computation([loss, be.SetItem(w, w - 0.1 * gw), be.SetItem(b, b - 0.1 * gb),
+                           be.SetItem(steps, steps + 1)], x)
+    return train, (w, b, steps)
+
+
+X_TRAIN = np.linspace(-2, 2, 20).reshape(5, 4).astype(np.float32)
+
+
+@needs_cxx
+def test_state_lives_on_the_device_and_syncs_on_access():
+    check_state_sync(_gpu)
+
+
+def check_state_sync(make_gpu):
+    """Device state and ``t.state``: reads see the device, writes reach it."""
+    t = make_gpu()
+    train, (w, b, steps) = _model(t)
+    cpu = be.NumPyTransformer()
+    train_cpu, (wc, bc, sc) = _model(cpu)
+    for _ in range(3):
+        np.testing.assert_allclose(train(X_TRAIN)[0], train_cpu(X_TRAIN)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.state[w], cpu.state[wc], rtol=1e-5, atol=1e-6)
+    assert int(t.state[steps]) == 3
+    t.state[b][...] = 0.0               # a write into the host copy reaches the device
+    cpu.state[bc][...] = 0.0
+    np.testing.assert_allclose(train(X_TRAIN)[0], train_cpu(X_TRAIN)[0], rtol=1e-5, atol=1e-6)
+    t.initialize(force=True)
+    assert int(t.state[steps]) == 0 and np.allclose(t.state[b], 0.5)
+    assert set(t.state) == {w, b, steps} and len(t.state) == 3
+
+
+@needs_cxx
+def test_checkpoints_move_between_cpu_and_gpu(tmp_path):
+    check_checkpoints(_gpu, tmp_path)
+
+
+def check_checkpoints(make_gpu, tmp_path):
+    """Saved on the CPU, restored on the GPU, trained, saved, restored on the CPU."""
+    cpu = be.NumPyTransformer()
+    train_cpu, (wc, bc, sc) = _model(cpu)
+    for _ in range(2):
+        train_cpu(X_TRAIN)
+    cpu.save(tmp_path / "cpu.npz")
+
+    gpu = make_gpu()
+    train_gpu, (wg, bg, sg) = _model(gpu)
+    gpu.restore(tmp_path / "cpu.npz")
+    np.testing.assert_array_equal(gpu.state[wg], cpu.state[wc])
+    assert int(gpu.state[sg]) == 2
+    a, b = train_gpu(X_TRAIN)[0], train_cpu(X_TRAIN)[0]      # both continue alike
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    gpu.save(tmp_path / "gpu.npz")
+
+    back = be.NumPyTransformer()
+    train_back, (wb, bb, sb) = _model(back)
+    back.restore(tmp_path / "gpu.npz")
+    np.testing.assert_allclose(back.state[wb], cpu.state[wc], rtol=1e-5, atol=1e-6)
+    assert int(back.state[sb]) == 3
+    with np.load(tmp_path / "gpu.npz") as f, np.load(tmp_path / "cpu.npz") as g:
+        assert sorted(f.files) == sorted(g.files) == ["b", "steps", "w"]
+        assert all(f[k].dtype == g[k].dtype and f[k].shape == g[k].shape for k in f.files)
+    with pytest.raises(be.CheckpointError):
+        gpu.restore(tmp_path / "missing.npz")
+
+
+@needs_cxx
+def test_digits_example_trains_on_the_emulated_gpu(tmp_path, monkeypatch):
+    check_digits(_gpu, tmp_path, monkeypatch, epochs=1, accuracy=0.85)
+
+
+def check_digits(make_gpu, tmp_path, monkeypatch, epochs, accuracy):
+    """The example trains on the GPU (its transformer swapped in) and its checkpoint
+    evaluates the same on the CPU."""
+    from geon.examples import digits
+    monkeypatch.setattr(be, "NumPyTransformer", make_gpu)
+    r = digits.main(["--quiet", "--epochs", str(epochs), "--checkpoint",
+                     str(tmp_path / "d.npz")])
+    assert r["test_accuracy"] >= accuracy, r
+    monkeypatch.undo()
+    again = digits.main(["--quiet", "--epochs", "0", "--resume", "--checkpoint",
+                         str(tmp_path / "d.npz")])         # restored on the CPU
+    assert abs(again["test_accuracy"] - r["test_accuracy"]) <= 1 / 359
+
+
+# --- the PyCUDA runtime, against a stand-in for pycuda built on the emulator -------------
+
+def _stand_in_pycuda(monkeypatch):
+    """Modules ``pycuda``, ``pycuda.driver``, ``pycuda.compiler``, ``pycuda.tools`` with
+    the calls geon's runtime makes (as PyCUDA documents them), backed by host memory and
+    the emulator. It checks how the runtime drives PyCUDA, not PyCUDA itself."""
+    import ctypes
+    import types
+    from geon.transformers.gpu import emulator
+    calls = []
+    emu = EmulatorRuntime(seed=5)
+
+    drv = types.ModuleType("pycuda.driver")
+    drv.init = lambda: calls.append("init")
+
+    class Context:
+        def push(self):
+            calls.append("push")
+
+        def pop(self):
+            calls.append("pop")
+
+        @staticmethod
+        def synchronize():
+            calls.append("sync")
+
+    class Device:
+        def __init__(self, ordinal):
+            assert ordinal == 0
+
+        count = staticmethod(lambda: 1)
+        name = lambda self: "Stand-in GPU"  # noqa: E731
+        pci_bus_id = lambda self: "0000:00:00.0"  # noqa: E731
+        compute_capability = lambda self: (9, 0)  # noqa: E731
+        retain_primary_context = lambda self: Context()  # noqa: E731
+
+    drv.Device, drv.Context = Device, Context
+    drv.mem_alloc = lambda n: emu.alloc(n)
+
+    def memcpy_htod(dest, src):
+        assert isinstance(dest, int) and src.flags.c_contiguous
+        ctypes.memmove(dest, src.ctypes.data, src.nbytes)
+
+    def memcpy_dtoh(dest, src):
+        assert isinstance(src, int) and dest.flags.c_contiguous and dest.flags.writeable
+        ctypes.memmove(dest.ctypes.data, src, dest.nbytes)
+    drv.memcpy_htod, drv.memcpy_dtoh = memcpy_htod, memcpy_dtoh
+    drv.memcpy_dtod = lambda d, s, n: ctypes.memmove(int(d), int(s), n)
+
+    comp = types.ModuleType("pycuda.compiler")
+
+    class SourceModule:
+        def __init__(self, source, no_extern_c=False, arch=None, **kw):
+            assert no_extern_c and arch == "sm_90" and not kw
+            calls.append("compile")
+            emulator._get_scheduler()  # the kernels link against it
+            self.lib = ctypes.CDLL(emulator._build(emulator.SHIM + source, "standin"))
+
+        def get_function(self, name):
+            return Function(ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value,
+                            name)
+
+    class Function:
+        def __init__(self, address, name):
+            self.address, self.name, self.format = address, name, None
+
+        def prepare(self, fmt):
+            assert set(fmt) <= {"P"}
+            self.format = fmt
+
+        def prepared_call(self, grid, block, *args):
+            assert self.format is not None and len(args) == len(self.format)
+            assert len(grid) == 2 and len(block) == 3
+            arr = (ctypes.c_void_p * max(1, len(args)))(*args)
+            rc = emulator._get_scheduler().geon_emu_launch(
+                self.address, len(args), arr, grid[0], grid[1], 1, *block, 1)
+            assert rc == 0, self.name
+    comp.SourceModule = SourceModule
+    tools = types.ModuleType("pycuda.tools")
+    tools.clear_context_caches = lambda: None
+    pkg = types.ModuleType("pycuda")
+    pkg.__path__ = []
+    pkg.driver, pkg.compiler, pkg.tools = drv, comp, tools
+    for name, mod in [("pycuda", pkg), ("pycuda.driver", drv), ("pycuda.compiler", comp),
+                      ("pycuda.tools", tools)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    from geon.transformers.gpu import runtime
+    monkeypatch.setattr(runtime, "_runtimes", {})
+    return calls
+
+
+@needs_cxx
+def test_pycuda_runtime_drives_pycuda_as_documented(monkeypatch, tmp_path):
+    calls = _stand_in_pycuda(monkeypatch)
+    from geon.transformers.gpu import gpu_status
+    assert gpu_status() == (True, "")
+    t = be.make_transformer("gpu")
+    assert t.runtime.key == "Stand-in GPU (0000:00:00.0, sm_90)"
+    train, (w, b, steps) = _model(t)
+    cpu = be.NumPyTransformer()
+    train_cpu, (wc, bc, sc) = _model(cpu)
+    for _ in range(2):
+        np.testing.assert_allclose(train(X_TRAIN)[0], train_cpu(X_TRAIN)[0],
+                                   rtol=1e-5, atol=1e-6)
+    assert calls.count("compile") == 1 and calls[:2] == ["init", "init"]
+    t.save(tmp_path / "m.npz")
+    t.synchronize()
+    assert "sync" in calls
+    with pytest.raises(be.GeonError, match="needs a working CuPy"):
+        monkeypatch.setitem(sys.modules, "cupy", None)
+        GPUTransformer(gemm="cublas")
+
+
+def _stand_in_cupy(monkeypatch):
+    """``cupy`` with the calls geon's cuBLAS path makes, on host memory and NumPy."""
+    import ctypes
+    import types
+    calls = []
+    cp = types.ModuleType("cupy")
+    cuda_ns = types.SimpleNamespace()
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id=None):
+            self.ptr, self.size = ptr, size
+
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+    def ndarray(shape, dtype, memptr, strides):
+        dt = np.dtype(dtype)
+        raw = (ctypes.c_char * memptr.mem.size).from_address(memptr.ptr)
+        flat = np.frombuffer(raw, dtype=np.uint8)
+        return np.lib.stride_tricks.as_strided(flat.view(dt), shape=shape, strides=strides)
+
+    def matmul(a, b, out):
+        calls.append((a.shape, b.shape, a.strides, b.strides))
+        np.matmul(a, b, out=out)
+    cuda_ns.UnownedMemory, cuda_ns.MemoryPointer = UnownedMemory, MemoryPointer
+    cp.cuda, cp.ndarray, cp.matmul = cuda_ns, ndarray, matmul
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    return calls
+
+
+@needs_cxx
+def test_cublas_option_drives_cupy_as_documented(monkeypatch):
+    _stand_in_pycuda(monkeypatch)
+    calls = _stand_in_cupy(monkeypatch)
+    M, Kx, N = be.Axis(5, "M"), be.Axis(3, "Kx"), be.Axis(4, "N")
+    a, bt = be.placeholder((M, Kx)), be.placeholder((N, Kx))
+    f = GPUTransformer(gemm="cublas").computation(be.tanh(be.dot(a, bt)), a, bt)
+    rng = np.random.default_rng(2)
+    va, vb = rng.standard_normal((5, 3)), rng.standard_normal((4, 3))
+    got = f(va.astype(np.float32), vb.astype(np.float32))
+    np.testing.assert_allclose(got, np.tanh(va @ vb.T), rtol=1e-5, atol=1e-6)
+    # the self-test product, then ours, with B read through its transpose's strides
+    assert len(calls) == 2 and calls[1][:2] == ((5, 3), (3, 4))
+    assert calls[1][3] == (4, 12)
+
+
+def test_gemm_grid_swaps_axes_for_very_tall_products():
+    params = K.Params()
+    k = K.gemm_kernel(params, "pa", "pb", "pc", 128 * 70000, 8, 16, (16, 1), (8, 1),
+                      np.float32, False, False, True, [])
+    assert k.grid == (70000, 1, 1) and "blockIdx.x * 128, n0" in k.source
+
+
+def test_updates_fuse_with_their_assignment():
+    # The SGD updates of both layers are scheduled after the products that still read
+    # the old weights, so each update is one kernel ending in its assignment.
+    F, H, Y = be.Axis(6, "F"), be.Axis(5, "H"), be.Axis(4, "Y")
+    N = be.Axis(3, "N", batch=True)
+    x = be.placeholder((F, N))
+    w1 = be.Variable((H, F), initial_value=lambda s: np.linspace(-1, 1, 30).reshape(s))
+    w2 = be.Variable((Y, H), initial_value=lambda s: np.linspace(1, -1, 20).reshape(s))
+    loss = be.sum(be.tanh(be.dot(w2, be.tanh(be.dot(w1, x)))) ** 2, out_axes=())
+    ups = [be.SetItem(w, w - 0.1 * be.deriv(loss, w)) for w in (w1, w2)]
+    c = CudaCodegenTransformer().computation([loss] + ups, x)
+    assigns = [k for k in c.program.launches if any(isinstance(o, pr.Assign) for o in k.ops)]
+    assert len(assigns) == 2 and all(len(k.ops) == 3 for k in assigns), \
+        [[type(o).__name__ for o in k.ops] for k in assigns]
+    if CXX is not None:
+        t, cpu = _gpu(), be.NumPyTransformer()
+        f, g = t.computation([loss] + ups, x), cpu.computation([loss] + ups, x)
+        X = np.linspace(-1, 1, 18).reshape(6, 3)
+        for _ in range(3):
+            np.testing.assert_allclose(f(X)[0], g(X)[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(t.state[w1], cpu.state[w1], rtol=1e-5, atol=1e-6)
+
+
+def test_every_standard_primitive_has_gpu_code():
+    """A primitive added to the standard base set needs a GPU rule too (an elementwise
+    one: an entry in geon.transformers.gpu.cuda.CUDA_CODE)."""
+    from geon.op_graph import op_graph as og
+    from geon.transformers.base import STANDARD_BASE_SET
+    from geon.transformers.gpu.cuda import CUDA_CODE
+    handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
+               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice)
+    missing = [c.__name__ for c in STANDARD_BASE_SET
+               if not issubclass(c, handled)
+               and not (issubclass(c, og.ElementWise)
+                        and any(k in CUDA_CODE for k in c.__mro__))]
+    assert not missing, missing
