@@ -174,7 +174,8 @@ def build(args, n_features, n_test):
     updates = [be.SetItem(w, w - args.lr * g) for w, g in zip(model.params, grads)]
     count = be.SetItem(model.epoch, model.epoch + 1)
 
-    t = be.NumPyTransformer()
+    t = be.NumPyTransformer() if args.transformer == "numpy" else \
+        be.make_transformer(args.transformer)
     evaluate = t.computation([predicted, test_loss], x_test, y_test)
     epoch_value = t.computation(model.epoch)
     train_step = t.computation([loss] + updates, x, labels)
@@ -198,6 +199,8 @@ def parse_args(argv=None):
                    help="restore the checkpoint before training")
     p.add_argument("--no-save", action="store_true", help="do not write the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--transformer", default="numpy",
+                   help="transformer to run on (default numpy; e.g. gpu)")
     args = p.parse_args(argv)
     if args.epochs < 0:
         p.error("--epochs must be >= 0")
@@ -276,7 +279,7 @@ def main(argv=None):
 def _cli():
     try:
         main()
-    except be.CheckpointError as e:
+    except (be.CheckpointError, be.UnknownTransformerError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
