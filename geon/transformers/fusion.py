@@ -19,9 +19,9 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 
 #: Groups work on blocks of about this many elements.
-BLOCK_ELEMENTS = 32768
-#: Only tensors at least this big are worth blocking.
-MIN_ELEMENTS = 65536
+BLOCK_ELEMENTS = 131072
+#: Only tensors bigger than a few blocks are worth blocking (smaller ones stay in cache).
+MIN_ELEMENTS = 2 * BLOCK_ELEMENTS
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
 #: At most this many threads per group (default: the CPUs this process may use).

@@ -93,7 +93,64 @@ def _take(plan, free, need):
     return arena
 
 
-def plan_memory(order, results, inplace=True, groups=()):
+def assign_in_place(order, results):
+    """Write updates such as ``w - lr * g`` straight into ``w``.
+
+    Returns ``(order, {value op: storage})``. For each ``Assign(w, v)`` whose value is an
+    elementwise op of ``w``'s shape and dtype read only by the assignment, ``v`` and the
+    chain of elementwise ops only it reads are moved to just before the assignment (so
+    the reads of ``w`` scheduled in between come first); then ``v`` is computed into
+    ``w`` and the ``Assign`` does nothing. It is skipped where ``v`` reads ``w`` other
+    than element by element, or where the move would carry a read of some storage past
+    an assignment to it.
+    """
+    from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
+    order = list(order)
+    root = {}
+    for op in order:  # storage reached through views
+        if isinstance(op, og.AssignableTensorOp):
+            root[op] = op
+        elif isinstance(op, VIEW_CLASSES) and op.args[0] in root:
+            root[op] = root[op.args[0]]
+    users = {}
+    for op in order:
+        for a in op.args:
+            users.setdefault(a, []).append(op)
+    kept = set(results)
+    out = {}
+    for asg in [op for op in order if isinstance(op, pr.Assign)]:
+        w, v = asg.args
+        if not isinstance(w, og.Variable) or not isinstance(v, og.ElementWise) \
+                or v in kept or v.dtype != w.dtype or v.axes.lengths != w.axes.lengths \
+                or users.get(v) != [asg]:
+            continue
+        if any(root.get(a) is w and a is not w for a in v.args):
+            continue  # reads the storage through a view: not element by element
+        chain, todo = {v}, [v]
+        while todo:  # the elementwise ops that only feed v
+            for a in todo.pop().args:
+                if isinstance(a, og.ElementWise) and a not in kept and a not in chain \
+                        and len(users.get(a, ())) == 1 and users[a][0] in chain:
+                    chain.add(a)
+                    todo.append(a)
+        pos = {op: i for i, op in enumerate(order)}
+        first, end = min(pos[c] for c in chain), pos[asg]
+        between = order[first:end]
+        read = {root[a] for c in chain for a in c.args if a in root}
+        if any(isinstance(op, ASSIGN_CLASSES) and op not in chain and op.args[0] in read
+               for op in between):
+            continue
+        if any(op not in chain and any(root.get(a) is w for a in op.args)
+               for op in order[pos[v] + 1:end]) and any(
+                op not in chain and any(d in chain for d in op.all_deps()) for op in between):
+            continue  # (defensive: nothing but the assignment may depend on the chain)
+        moved = [op for op in between if op in chain]
+        order[first:end] = [op for op in between if op not in chain] + moved
+        out[v] = w
+    return order, out
+
+
+def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
     ``results``, nor internal to a fused group (``groups``, see
     :mod:`geon.transformers.fusion`). Returns a :class:`Plan`."""
@@ -113,7 +170,7 @@ def plan_memory(order, results, inplace=True, groups=()):
     end = len(order)
     for r in results:
         last[root.get(r, r)] = end  # results and what they view live to the end
-    keep = {root.get(r, r) for r in results}
+    keep = {root.get(r, r) for r in results} | set(exclude)
     plan = Plan()
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
@@ -199,11 +256,11 @@ def verify_plan(order, results, plan, groups=()):
     return True
 
 
-def unshared_plan(order, results, groups=()):
+def unshared_plan(order, results, groups=(), exclude=()):
     """One arena per producer (no sharing, nothing in place): the plan with memory
     planning switched off."""
     plan = Plan()
-    keep = {value_roots(order).get(r, r) for r in results}
+    keep = {value_roots(order).get(r, r) for r in results} | set(exclude)
     for g in groups:
         keep |= g.internal
     for op in order:

@@ -169,6 +169,10 @@ class NumPyComputation(Computation):
                                                                         og.Placeholder)
                                for op in self.ops)
         order = schedule(self.graph.roots)
+        self._into = {}
+        if "memory" not in t.disabled:
+            # an update such as ``w - lr * g`` is written straight into ``w``
+            order, self._into = memory.assign_in_place(order, self.results)
         root = memory.value_roots(order)
         # Results get a new array each call (handed to the caller); views of them and
         # of the fed arrays must be made per call, the rest once in setup().
@@ -184,10 +188,15 @@ class NumPyComputation(Computation):
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
         groups = [] if "fusion" in t.disabled else find_groups(order, self.results, emits)
+        for g in groups:  # blocked groups read views at other places than they write
+            seen = fusion.view_reads(g, root)
+            for m in g.members:
+                if self._into.get(m) in seen:
+                    del self._into[m]
         if "memory" in t.disabled:
             plan = unshared_plan(order, self.results, groups)
         else:
-            plan = plan_memory(order, self.results, groups=groups)
+            plan = plan_memory(order, self.results, groups=groups, exclude=self._into)
         if memory.VERIFY:
             verify_plan(order, self.results, plan, groups)
         self.plan, self.groups = plan, groups
@@ -195,6 +204,7 @@ class NumPyComputation(Computation):
         in_group = {m for g in groups for m in g.members}
         arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
         self._arena_views = {}
+        self._names = names
 
         def arg_names(op, local=None):
             local = local or {}
@@ -236,6 +246,8 @@ class NumPyComputation(Computation):
                 lines = find_rule(NUMPY_CODE, op)(op, outs, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
+            elif isinstance(op, pr.Assign) and op.args[1] in self._into:
+                body.append(f"    # {op.name}: its value was computed in {names[op.args[0]]}")
             else:
                 out = None
                 if not isinstance(op, og.VoidOp):
@@ -300,6 +312,9 @@ class NumPyComputation(Computation):
         once in setup() and shared by every value of that arena with the same shape
         and dtype; a result is a new array each call (a line added to ``body``)."""
         shape, dtype = op.axes.shape, op.dtype
+        storage = self._into.get(op)
+        if storage is not None:  # computed in place of the variable it is assigned to
+            return self._names[storage]
         if op in plan.slot:
             key = (plan.slot[op], shape, dtype)
             name = self._arena_views.get(key)
@@ -393,9 +408,19 @@ class NumPyComputation(Computation):
             ns[n] = state[v]
         for n, size in self._arenas.items():
             ns[n] = np.empty(size, np.uint8)
+        # Fused groups run one after another, so they share their scratch memory:
+        # scratch k of thread j of every group is a view of one buffer (j, k).
+        sizes = {}
+        for threads, temps in self._scratch.values():
+            for j in range(threads):
+                for k, (shape, dtype) in enumerate(temps):
+                    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                    sizes[j, k] = max(sizes.get((j, k), 0), n)
+        shared = {jk: np.empty(n, np.uint8) for jk, n in sizes.items()}
         for n, (threads, temps) in self._scratch.items():
-            ns[n] = [[np.empty(shape, dtype) for shape, dtype in temps]
-                     for _ in range(threads)]
+            ns[n] = [[shared[j, k][:int(np.prod(shape)) * np.dtype(dtype).itemsize]
+                      .view(dtype).reshape(shape) for k, (shape, dtype) in enumerate(temps)]
+                     for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
         for i, p in enumerate(self.params):
