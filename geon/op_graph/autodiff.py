@@ -13,26 +13,16 @@ from geon.op_graph import schemas as sc
 from geon.op_graph.axes import Axes
 from geon.op_graph.nodes import no_gc
 from geon.op_graph.op_graph import as_op, snap, toposort
+from geon.op_graph.tables import OpTable
 
-ADJOINTS = {}
-
-
-def adjoint_rule(*classes):
-    """Register ``fn(op, delta) -> deltas`` as the adjoint rule of ``classes``."""
-    def register(fn):
-        for cls in classes:
-            ADJOINTS[cls] = fn
-        return fn
-    return register
+ADJOINTS = OpTable("ADJOINTS", "fn(op, delta) -> one delta per arg")
+#: Decorator: ``@adjoint_rule(Cls, ...)`` registers ``fn(op, delta) -> deltas``.
+adjoint_rule = ADJOINTS.register
 
 
 def find_rule(table, op):
     """The rule for ``type(op)`` or its nearest registered base class, or ``None``."""
-    for cls in type(op).__mro__:
-        rule = table.get(cls)
-        if rule is not None:
-            return rule
-    return None
+    return OpTable.find(table, op)
 
 
 def _fit(d, arg):

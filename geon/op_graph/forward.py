@@ -25,17 +25,11 @@ from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import _expand_back, find_rule
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.op_graph import as_op, snap, toposort
+from geon.op_graph.tables import OpTable
 
-FORWARD = {}
-
-
-def forward_rule(*classes):
-    """Register ``fn(op, tangents) -> tangent`` as the forward rule of ``classes``."""
-    def register(fn):
-        for cls in classes:
-            FORWARD[cls] = fn
-        return fn
-    return register
+FORWARD = OpTable("FORWARD", "fn(op, tangents of the args) -> tangent")
+#: Decorator: ``@forward_rule(Cls, ...)`` registers ``fn(op, tangents) -> tangent``.
+forward_rule = FORWARD.register
 
 
 def direction_axes(t, arg):

@@ -14,17 +14,11 @@ from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import ASSIGN_CLASSES, schedule
+from geon.op_graph.tables import OpTable
 
-EVALUATORS = {}
-
-
-def evaluator(*classes):
-    """Register ``fn(op, *arg_values)`` as the reference evaluator of ``classes``."""
-    def register(fn):
-        for cls in classes:
-            EVALUATORS[cls] = fn
-        return fn
-    return register
+EVALUATORS = OpTable("EVALUATORS", "fn(op, *arg_values) -> array")
+#: Decorator: ``@evaluator(Cls, ...)`` registers ``fn(op, *arg_values) -> array``.
+evaluator = EVALUATORS.register
 
 
 def align(value, axes, to_axes):

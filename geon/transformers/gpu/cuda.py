@@ -17,6 +17,7 @@ from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph.tables import OpTable
 
 #: NumPy dtype -> C type of the generated code.
 C_TYPES = {
@@ -108,16 +109,9 @@ __device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
 }
 """
 
-CUDA_CODE = {}
-
-
-def cuda_code(*classes):
-    """Register ``fn(op, args, ctype) -> C expression`` for ``classes``."""
-    def register(f):
-        for cls in classes:
-            CUDA_CODE[cls] = f
-        return f
-    return register
+CUDA_CODE = OpTable("CUDA_CODE", "fn(op, args, ctype) -> C expression")
+#: Decorator: ``@cuda_code(Cls, ...)`` registers ``fn(op, args, ctype) -> C expression``.
+cuda_code = CUDA_CODE.register
 
 
 def _binary(symbol):

@@ -27,24 +27,18 @@ from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
+from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import Computation, Transformer, register_transformer
 from geon.transformers import fusion
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
-NUMPY_CODE = {}
+NUMPY_CODE = OpTable("NUMPY_CODE", "fn(op, out, args) -> [source lines]")
+#: Decorator: ``@numpy_code(Cls, ...)`` registers ``fn(op, out, args) -> [lines]``.
+numpy_code = NUMPY_CODE.register
 #: Names every generated module can use besides ``np`` (e.g. a user op's function).
 NUMPY_GLOBALS = {}
-
-
-def numpy_code(*classes):
-    """Register ``fn(op, out, args) -> [lines]`` as the NumPy code of ``classes``."""
-    def register(fn):
-        for cls in classes:
-            NUMPY_CODE[cls] = fn
-        return fn
-    return register
 
 
 def _ufunc_code(name):
