@@ -219,23 +219,25 @@ def _arrays_as_constants(args, what):
 
 # --- graph walks -----------------------------------------------------------------------
 
-def toposort(roots, deps=True, extra=None):
+def toposort(roots, deps=True, extra=None, children=None):
     """All ops reachable from ``roots`` (through args, and other_deps if ``deps``),
     each after everything it depends on; iterative, linear, deterministic.
 
-    ``extra`` maps an op to further ops that must come before it. A cycle raises.
+    ``extra`` maps an op to further ops that must come before it; ``children(op)``, if
+    given, replaces both rules. A cycle raises.
     """
     order, done, onstack = [], set(), set()
 
-    def children(op):
-        kids = op.all_deps() if deps else op.args
-        more = extra.get(op) if extra else None
-        return iter(kids + tuple(more) if more else kids)
+    if children is None:
+        def children(op):
+            kids = op.all_deps() if deps else op.args
+            more = extra.get(op) if extra else None
+            return kids + tuple(more) if more else kids
 
     for root in roots:
         if root in done:
             continue
-        stack = [(root, children(root))]
+        stack = [(root, iter(children(root)))]
         onstack.add(root)
         while stack:
             op, it = stack[-1]
@@ -245,7 +247,7 @@ def toposort(roots, deps=True, extra=None):
                                     f"({type(child).__name__}, built at {child.file_info})")
                 if child not in done:
                     onstack.add(child)
-                    stack.append((child, children(child)))
+                    stack.append((child, iter(children(child))))
                     break
             else:
                 stack.pop()

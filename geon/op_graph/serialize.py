@@ -62,27 +62,7 @@ def _fail(where, message):
 def _toposort(roots, children):
     """Every op reachable from ``roots`` through ``children(op)``, each after its
     children. A cycle raises :class:`GeonError`."""
-    order, done, onstack = [], set(), set()
-    for root in roots:
-        if root in done:
-            continue
-        stack = [(root, iter(children(root)))]
-        onstack.add(root)
-        while stack:
-            op, it = stack[-1]
-            for child in it:
-                if child in onstack:
-                    raise GeonError(f"dependency cycle through {child.name}")
-                if child not in done:
-                    onstack.add(child)
-                    stack.append((child, iter(children(child))))
-                    break
-            else:
-                stack.pop()
-                onstack.discard(op)
-                done.add(op)
-                order.append(op)
-    return order
+    return og.toposort(roots, children=children)
 
 
 def live_deps(op):
