@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import geon as be
-from geon.examples import digits
+from example_graphs import digits_graphs
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.transformers.passes import Graph
@@ -127,17 +127,7 @@ def test_void_ops_are_never_merged():
 
 
 def _digits_graphs(monkeypatch):
-    class Recorder:
-        def __init__(self):
-            self.calls = []
-
-        def computation(self, results, *params):
-            self.calls.append((results, params))
-    monkeypatch.setattr(be, "NumPyTransformer", Recorder)
-    args = digits.parse_args(["--hidden", "16", "--batch-size", "8"])
-    rec, *_ = digits.build(args, 64, 12)
-    monkeypatch.undo()
-    return rec.calls
+    return digits_graphs(monkeypatch, batch_size=8, n_test=12)
 
 
 def _user_level_counts(results):

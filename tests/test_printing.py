@@ -76,7 +76,7 @@ def test_attributes_deps_tags_and_constants():
     later = be.exp(w)
     text = be.graph_text([y, upd, later])
     lines = lines_by_name(text)
-    assert f"Slice(x; axis_pos=1, key=1:3:) : (C:3, H[1:3:]:2, N:5) float64" in \
+    assert "Slice(x; axis_pos=1, key=1:3:) : (C:3, H[1:3:]:2, N:5) float64" in \
         lines[sl.name]
     assert lines["k"].startswith("k = Constant([0., 1., 2.]) : (C:3) float64")
     assert lines["wf"].startswith("wf = Variable(initial=<function>, trainable=False)")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import geon as be
+from example_graphs import digits_graphs
 from geon.examples import digits
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -248,18 +249,8 @@ def test_clone_shares_storage_and_leaves_the_original_alone():
 def test_example_model_round_trip(monkeypatch, tmp_path):
     # Record the digits example's computations instead of compiling them, write all
     # their ops as one document, and train the original and the loaded graph side by side.
-    class Recorder:
-        def __init__(self):
-            self.calls = []
-
-        def computation(self, results, *params):
-            self.calls.append((results, params))
-
-    monkeypatch.setattr(be, "NumPyTransformer", Recorder)
-    args = digits.parse_args(["--hidden", "16", "--batch-size", "16"])
-    rec, *_ = digits.build(args, 64, 20)
-    monkeypatch.undo()
-    calls = [(list(r) if isinstance(r, list) else [r], p) for r, p in rec.calls]
+    calls = [(list(r) if isinstance(r, list) else [r], p)
+             for r, p in digits_graphs(monkeypatch, batch_size=16, n_test=20)]
     flat = [op for results, _ in calls for op in results]
     text = be.serialize(flat)
     loaded = be.deserialize_graph(text)

@@ -217,6 +217,18 @@ def _arrays_as_constants(args, what):
     return out
 
 
+def as_op_list(ops, what):
+    """``(list of ops, single)`` for an op or a list / tuple of ops; ``single`` says an
+    op was given (callers then return one value, not a list). ``what`` names the
+    argument in the error for something that is not an op."""
+    single = isinstance(ops, Op)
+    ops = [ops] if single else list(ops)
+    for op in ops:
+        if not isinstance(op, Op):
+            raise TypeError(f"{what} must be ops, not {type(op).__name__} {op!r}")
+    return ops, single
+
+
 # --- graph walks -----------------------------------------------------------------------
 
 def toposort(roots, deps=True, extra=None, children=None):

@@ -211,8 +211,8 @@ def evaluate(results, feeds=None, state=None):
     updated by assignments (variables missing from it start at their initial value).
     Returns an array, or a list for a list (``None`` for void ops).
     """
-    single = isinstance(results, og.Op)
-    ops = [og.snap(r) for r in ([results] if single else results)]
+    ops, single = og.as_op_list(results, "evaluate: results")
+    ops = [og.snap(r) for r in ops]
     feeds = dict(feeds or {})
     state = state if state is not None else {}
     values = {}

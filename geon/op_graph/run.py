@@ -149,11 +149,7 @@ class Runner:
         Returns an array for one op, else a list (``None`` for void ops such as
         ``SetItem``, which are executed). Arrays are fresh copies.
         """
-        single = isinstance(targets, og.Op)
-        targets = [targets] if single else list(targets)
-        for t in targets:
-            if not isinstance(t, og.Op):
-                raise TypeError(f"run: targets must be ops, not {type(t).__name__} {t!r}")
+        targets, single = og.as_op_list(targets, "run: targets")
         live = [og.require_valid(t) for t in targets]
         order = graph_ops(live, initializers=False)
         arrays = self._feeds(feeds, order)

@@ -810,11 +810,7 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
     unsupported dtype, a tag that is not a string, or two different axes with one name.
     """
     import geon
-    single = isinstance(ops, og.Op)
-    results = [ops] if single else list(ops)
-    for r in results:
-        if not isinstance(r, og.Op):
-            raise TypeError(f"serialize takes ops, not {type(r).__name__} {r!r}")
+    results, single = og.as_op_list(ops, "serialize: ops")
     results = [og.require_valid(r) for r in results]
     values = dict(values or {})
     try:

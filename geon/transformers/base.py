@@ -52,11 +52,7 @@ class Computation:
 
     def __init__(self, transformer, results, params):
         self.transformer = transformer
-        self.single = isinstance(results, og.Op)
-        self.requested = [results] if self.single else list(results)
-        for r in self.requested:
-            if not isinstance(r, og.Op):
-                raise TypeError(f"computation results must be ops, not {r!r}")
+        self.requested, self.single = og.as_op_list(results, "computation results")
         self.params = list(params)
         for p in self.params:
             if not isinstance(p, og.Placeholder):
