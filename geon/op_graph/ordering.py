@@ -29,11 +29,15 @@ def alias_roots(order):
 
 
 def _after(order, position, asg):
-    """The ops of ``order`` that depend on ``asg`` (and ``asg`` itself)."""
-    after = {asg}
-    for op in order[position[asg] + 1:]:
-        if any(d in after for d in op.all_deps()):
-            after.add(op)
+    """The ops of ``order`` that depend on ``asg`` (and ``asg`` itself): a walk over
+    users, so its cost follows what depends on ``asg``, not the graph's size."""
+    after, stack = {asg}, [asg]
+    while stack:
+        op = stack.pop()
+        for user in list(op.users) + list(op._dep_users):
+            if user in position and user not in after:
+                after.add(user)
+                stack.append(user)
     return after
 
 
@@ -50,10 +54,10 @@ def stale_view_reads(order):
     for asg in assigns:
         target = asg.args[0]
         after = _after(order, position, asg)
-        for op in order:
+        for op in sorted(after, key=position.__getitem__):
             # Views count too: a rewrite may build a view of the old view that runs
             # after the assignment (it inherits the other_deps of the op it lowers).
-            if op is asg or op not in after:
+            if op is asg:
                 continue
             for i, a in enumerate(op.args):
                 if a is not target and a not in after and root.get(a) is target:

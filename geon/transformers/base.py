@@ -61,6 +61,10 @@ class Computation:
                                  f"placeholders can be fed")
         self.graph = Graph(self.requested)
         transformer._run_passes(self.graph)
+        # What initialize() needs of the user's graph; the rest of it may be freed.
+        self.initializers = list(dict.fromkeys(
+            i for op in self.graph.initial_order for i in op.initializers))
+        del self.graph.initial, self.graph.initial_order
         self.results = list(self.graph.results)
         self.ops = self.graph.ops()
         needed = [op for op in self.ops if isinstance(op, og.Placeholder)]
@@ -125,11 +129,15 @@ class Computation:
     def _reset_entry(self):
         self.__dict__.pop("_entry", None)
 
+    def _last_values(self):
+        """The values of the last call, one per result (``None`` before any call)."""
+        return self._last
+
     def value(self, op):
         """The value ``op`` had in the last call; ``op`` must be one of the requested
         ops (or forward to one)."""
         s = og.require_valid(op)
-        for r, v in zip(self.results, self._last or ()):
+        for r, v in zip(self.results, self._last_values() or ()):
             if r is s:
                 return v
         raise GeonError(f"{op.name} is not a result of this computation (or it has not "
@@ -184,6 +192,7 @@ class Transformer:
         self.computations = []
         self.state = {}
         self._initialized = set()
+        self._inits_done = set()
         self._allocated = False
         self._initialized_all = False
 
@@ -274,9 +283,11 @@ class Transformer:
         for v in todo:
             np.copyto(self.state[v], v.initial_array())
             self._initialized.add(v)
-        inits = [i for c in self.computations for op in c.graph.initial_order
-                 for i in op.initializers]
-        if inits and todo:
+        # Initializers run once each (all again with ``force``).
+        inits = [i for c in self.computations for i in c.initializers
+                 if force or i not in self._inits_done]
+        self._inits_done.update(inits)
+        if inits:
             from geon.op_graph.reference import evaluate
             values = dict(self.state)
             evaluate(inits, state=values)

@@ -60,16 +60,25 @@ def find_groups(order, results, emits):
     for op in order:
         for a in op.args:
             readers.setdefault(a, []).append(op)
-    runs, cur = [], []
+    root = {}  # view -> the op whose elements it shows
+    for op in order:
+        if isinstance(op, pr.ViewOp):
+            root[op] = root.get(op.args[0], op.args[0])
+    runs, cur, members = [], [], set()
     for op in order:
         if not emits(op):
             continue
-        if _fusable(op) and (not cur or op.axes.lengths == cur[0].axes.lengths):
+        # A member must read the others element by element (same block), not through
+        # a view such as a transpose.
+        if _fusable(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+                not any(root.get(a) in members for a in op.args):
             cur.append(op)
+            members.add(op)
             continue
         if len(cur) > 1:
             runs.append(cur)
         cur = [op] if _fusable(op) else []
+        members = set(cur)
     if len(cur) > 1:
         runs.append(cur)
     keep = set(results)

@@ -29,10 +29,6 @@ class Plan:
         self.sizes = []
         self.inplace = set()
 
-    @property
-    def total_bytes(self):
-        return sum(self.sizes)
-
 
 def _nbytes(op):
     return op.axes.size * op.dtype.itemsize
@@ -118,6 +114,7 @@ def assign_in_place(order, results):
             users.setdefault(a, []).append(op)
     kept = set(results)
     out = {}
+    pos = {op: i for i, op in enumerate(order)}
     for asg in [op for op in order if isinstance(op, pr.Assign)]:
         w, v = asg.args
         if not isinstance(w, og.Variable) or not isinstance(v, og.ElementWise) \
@@ -133,19 +130,18 @@ def assign_in_place(order, results):
                         and len(users.get(a, ())) == 1 and users[a][0] in chain:
                     chain.add(a)
                     todo.append(a)
-        pos = {op: i for i, op in enumerate(order)}
         first, end = min(pos[c] for c in chain), pos[asg]
         between = order[first:end]
         read = {root[a] for c in chain for a in c.args if a in root}
         if any(isinstance(op, ASSIGN_CLASSES) and op not in chain and op.args[0] in read
                for op in between):
             continue
-        if any(op not in chain and any(root.get(a) is w for a in op.args)
-               for op in order[pos[v] + 1:end]) and any(
-                op not in chain and any(d in chain for d in op.all_deps()) for op in between):
-            continue  # (defensive: nothing but the assignment may depend on the chain)
+        if any(op not in chain and any(d in chain for d in op.all_deps()) for op in between):
+            continue  # only the assignment may depend on the chain
         moved = [op for op in between if op in chain]
         order[first:end] = [op for op in between if op not in chain] + moved
+        for k in range(first, end):
+            pos[order[k]] = k
         out[v] = w
     return order, out
 
@@ -167,6 +163,10 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     internal = set()
     for g in groups:
         internal |= g.internal
+    # A group runs block by block: an arena freed inside it may only be reused (other
+    # than in place) once the whole group has run.
+    group_end = _group_steps(order, groups)
+    pending = {}
     end = len(order)
     for r in results:
         last[root.get(r, r)] = end  # results and what they view live to the end
@@ -202,8 +202,20 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
             a = plan.slot[r]
             if occupant.get(a) is r:
                 occupant.pop(a)
-                free.append(a)
+                pending.setdefault(group_end.get(i, i), []).append(a)
+        free.extend(pending.pop(i, ()))
     return plan
+
+
+def _group_steps(order, groups):
+    """``{step of a fused group's member: step of the group's last member}``."""
+    pos = {op: i for i, op in enumerate(order)}
+    out = {}
+    for g in groups:
+        end = pos[g.members[-1]]
+        for m in g.members:
+            out[pos[m]] = end
+    return out
 
 
 def verify_plan(order, results, plan, groups=()):
@@ -215,6 +227,13 @@ def verify_plan(order, results, plan, groups=()):
     spans = {}
     for end_step, roots in _group_spans(order, groups, root):
         spans.setdefault(end_step, set()).update(roots)
+    # Inside a group, a member may overwrite a value other members read only in place.
+    pos = {op: i for i, op in enumerate(order)}
+    group_reads = {}
+    for g in groups:
+        reads = {root.get(a, a) for m in g.members for a in m.args}
+        for m in g.members:
+            group_reads[pos[m]] = reads
     holder = {}  # arena -> producer whose value it holds now
     for i, op in enumerate(order):
         for r in spans.get(i - 1, ()):
@@ -242,6 +261,11 @@ def verify_plan(order, results, plan, groups=()):
                                     f"{r.name} in arena {a} unsafely")
             if _nbytes(w) > plan.sizes[a]:
                 raise GeonError(f"memory plan: {w.name} does not fit arena {a}")
+            prior = holder.get(a)
+            if prior is not None and prior in group_reads.get(i, ()) and not (
+                    prior in read and _inplace_ok(op, prior, root)):
+                raise GeonError(f"memory plan: fused {op.name} overwrites {prior.name}, "
+                                f"which its group still reads block by block")
             holder[a] = w
     for r in spans.get(len(order) - 1, ()):
         a = plan.slot.get(r)

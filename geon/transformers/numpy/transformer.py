@@ -206,6 +206,7 @@ class NumPyComputation(Computation):
                                      if isinstance(op, og.ElementWise) else names[a])
                     for a in op.args]
 
+        present = set(order)
         for op in order:  # storage first: a fused group reads ahead in the order
             if op in names:
                 continue
@@ -231,7 +232,6 @@ class NumPyComputation(Computation):
             elif op in in_group or isinstance(op, og.Output):
                 continue  # emitted with its group / by its multi-output op
             elif isinstance(op, og.MultiOutput):
-                present = set(order)
                 outs = []
                 for o in op.outputs:
                     if o in present:
@@ -428,14 +428,9 @@ class NumPyComputation(Computation):
     def _fast_entry(self):
         return self._fn
 
-    @property
-    def _last(self):
-        ns = getattr(self, "_ns", None)
+    def _last_values(self):
+        ns = getattr(self, "_ns", None)  # the generated code keeps the last results
         return ns["_last"][0] if ns else None
-
-    @_last.setter
-    def _last(self, value):
-        pass  # the generated code keeps the last results itself
 
 
 class NumPyTransformer(Transformer):

@@ -105,9 +105,14 @@ def _storage_of(op):
 
 
 class Pass:
-    """A graph pass. Subclasses set ``name`` and implement :meth:`run`."""
+    """A graph pass. Subclasses set ``name`` (or pass ``name=``) and implement
+    :meth:`run`."""
 
     name = "pass"
+
+    def __init__(self, name=None):
+        if name is not None:
+            self.name = name
 
     def run(self, graph, transformer):
         raise NotImplementedError
@@ -127,8 +132,7 @@ class RewritePass(Pass):
     rules = ()
 
     def __init__(self, extra_rules=(), name=None):
-        if name is not None:
-            self.name = name
+        super().__init__(name)
         self._table = {}
         for classes, fn in list(self.rules) + list(extra_rules):
             self.add_rule(classes, fn)
@@ -152,6 +156,7 @@ class RewritePass(Pass):
         initial = graph.ops()
         work = collections.deque(initial)
         queued = set(initial)
+        members = set(initial)  # users outside this graph are not this pass's business
         budget = 100 * len(initial) + 1000
         while work:
             op = work.popleft()
@@ -164,7 +169,9 @@ class RewritePass(Pass):
                 if new is None or new is op:
                     continue
                 graph.replace(op, new)
-                for n in ctx.created + [new] + list(new.users):
+                members.update(ctx.created)
+                members.add(new)
+                for n in ctx.created + [new] + [u for u in new.users if u in members]:
                     if n not in queued and n.forward is None:
                         work.append(n)
                         queued.add(n)

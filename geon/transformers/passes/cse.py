@@ -55,8 +55,7 @@ class CommonSubexpressionElimination(Pass):
     name = "cse"
 
     def __init__(self, name=None):
-        if name is not None:
-            self.name = name
+        super().__init__(name)
         self.before = self.after = None
 
     def run(self, graph, transformer):

@@ -150,6 +150,18 @@ def reshape_contiguous(op):  # reshape(noncontiguous view) -> reshape(copy(view)
     return pr.Reshape(pr.Copy(x), op.axes)
 
 
+def _lowered_sibling(m, op):
+    """The ReduceMaxArgMax a sibling output of ``m`` was already lowered to, if any."""
+    for o in m.outputs:
+        if o is op or o.forward is None:
+            continue
+        s = og.snap(o)
+        s = s.args[0] if isinstance(s, pr.Reshape) else s
+        if isinstance(s, og.Output) and isinstance(s.args[0], pr.ReduceMaxArgMax):
+            return s.args[0]
+    return None
+
+
 def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
     m = op.args[0]
     if isinstance(m, og.Split):
@@ -162,7 +174,7 @@ def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
         if not len(red):
             return view_as(x, op.axes) if op.index == 0 else \
                 og.Constant(0, axes=op.axes, dtype=op.dtype)
-        prim = m.__dict__.get("_lowered")  # both outputs share one primitive
+        prim = _lowered_sibling(m, op)  # both outputs share one primitive
         if prim is None:
             if len(m.out_axes):
                 prim = pr.ReduceMaxArgMax(as_matrix(x, m.out_axes, red, "_red"), 1)
@@ -171,7 +183,6 @@ def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
                 if len(red) > 1:
                     flat = pr.Reshape(flat, Axes(FlattenedAxis(red)))
                 prim = pr.ReduceMaxArgMax(flat, 0)
-            m._lowered = prim
         out = prim.outputs[op.index]
         return out if out.axes == op.axes else pr.Reshape(out, op.axes)
     return None

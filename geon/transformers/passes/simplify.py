@@ -97,9 +97,16 @@ def fold_constants(op):  # f(constants) -> constant
     if any(a.value.size > FOLD_LIMIT for a in op.args) and not all(
             _const_value(a) is not None for a in op.args):
         return None
-    from geon.op_graph.autodiff import find_rule
-    from geon.op_graph.reference import EVALUATORS
-    fn = find_rule(EVALUATORS, op)
+    from geon.op_graph.reference import ELEMENTWISE_FUNCS, EVALUATORS
+    numbers = [_const_value(a) for a in op.args]
+    ew = ELEMENTWISE_FUNCS.get(type(op))
+    if ew is not None and all(v is not None for v in numbers):
+        # One number everywhere in, one number out: no full-size arrays.
+        with np.errstate(all="ignore"):
+            v = np.asarray(ew(*[np.asarray(n, a.dtype) for n, a in zip(numbers, op.args)]))
+        if not np.isnan(v):
+            return og.Constant(v.astype(op.dtype)[()], axes=op.axes, dtype=op.dtype)
+    fn = EVALUATORS.find(op)
     if fn is None:
         return None
     # The op alone on its constants; evaluate(op) would also run its other_deps (the
