@@ -77,3 +77,33 @@ def test_internal_values_get_no_buffer(fuse_everything):
     assert f.plan.sizes == []  # the three intermediates live in scratch blocks only
     v = np.linspace(-1, 1, 10)
     np.testing.assert_allclose(f(v), np.tanh(np.exp(v * 0.5) + 1.0), rtol=1e-15)
+
+
+def test_a_member_is_never_read_through_a_view(fuse_everything):
+    A2, B2 = be.Axis(6, "fvA"), be.Axis(6, "fvB")
+    x = be.placeholder([A2, B2], dtype=np.float64)
+    xt = be.placeholder([B2, A2], dtype=np.float64)
+    y = (be.exp(xt) + be.exp(x)) * 2.0  # exp(x) is read transposed by the add
+    f = be.NumPyTransformer().computation(y, x, xt)
+    a, b = np.random.default_rng(1).random((2, 6, 6))
+    np.testing.assert_allclose(f(a, b), (np.exp(b) + np.exp(a).T) * 2, rtol=1e-15)
+
+
+def test_group_outputs_do_not_reuse_arenas_the_group_still_reads(fuse_everything):
+    from geon.op_graph import op_graph as og
+    A2, B2, K2 = be.Axis(8, "frA"), be.Axis(4, "frB"), be.Axis(3, "frK")
+    x = be.placeholder([A2, B2], dtype=np.float32)
+    P = be.placeholder([A2, K2], dtype=np.float64)
+    Q = be.placeholder([K2, B2], dtype=np.float64)
+    mask = be.greater(x, 0.0)                      # float32, dies inside the group
+    g = be.dot(P, Q)
+    w = be.tanh(og.Multiply(mask, g, dtype=np.float64))  # float64: bigger elements
+    outs = [be.sum(mask, out_axes=()), be.sum(w, out_axes=()) + be.sum(g, out_axes=())]
+    rng = np.random.default_rng(0)
+    v, p, q = (rng.standard_normal((8, 4)).astype(np.float32),
+               rng.standard_normal((8, 3)), rng.standard_normal((3, 4)))
+    f = be.NumPyTransformer().computation(outs, x, P, Q)  # the plan is verified too
+    assert f.groups
+    gg = p @ q
+    np.testing.assert_allclose(f(v, p, q)[1], np.tanh((v > 0) * gg).sum() + gg.sum(),
+                               rtol=1e-12)

@@ -357,3 +357,46 @@ def test_arrays_take_the_axes_of_a_same_shaped_operand():
     np.testing.assert_array_equal(b, arr)
     with pytest.raises(be.AxisMismatchError, match="shape \\(5,\\)"):
         x + np.ones(5)
+
+
+def test_deriv_built_after_a_setitem_uses_the_values_the_cost_used():
+    w = be.Variable(axes=[A], initial_value=np.array([1.0, 2.0, 3.0]), dtype=np.float64)
+    loss = be.sum(w * w, out_axes=())
+    upd = be.SetItem(w, w * 10.0)
+    g = be.deriv(loss, w)  # built after the SetItem, but for loss (which reads old w)
+    np.testing.assert_array_equal(be.evaluate([loss, upd, g])[2], [2, 4, 6])
+    got_loss, _, got_g = be.NumPyTransformer().computation([loss, upd, g])()
+    assert got_loss == 14.0
+    np.testing.assert_array_equal(got_g, [2, 4, 6])
+
+
+def test_shared_weak_constant_keeps_each_users_precision():
+    x32 = be.placeholder([A], dtype=np.float32)
+    h16 = be.placeholder([A], dtype=np.float16)
+    c = be.Constant(0.1)
+    a = x32 * c
+    h16 * c  # a second user of another dtype must not change a's constant
+    assert a.args[1].dtype == np.float32
+    np.testing.assert_array_equal(be.evaluate(a, feeds={x32: np.ones(3)}),
+                                  np.full(3, np.float32(0.1)))
+
+
+def test_integer_literals_stay_exact():
+    x = be.placeholder([A], dtype=np.int64)
+    y = be.placeholder([A], dtype=np.int64)
+    big = 16777217  # not representable in float32
+    f = be.NumPyTransformer().computation([x + big, be.less(x, big), be.equal(x, y)], x, y)
+    xs, ys = np.full(3, 16777216), np.full(3, 16777217)
+    for got in (f(xs, ys), be.evaluate([x + big, be.less(x, big), be.equal(x, y)],
+                                       feeds={x: xs, y: ys})):
+        np.testing.assert_array_equal(got[0], [16777216 + big] * 3)
+        np.testing.assert_array_equal(got[1], [1, 1, 1])
+        np.testing.assert_array_equal(got[2], [0, 0, 0])
+
+
+def test_length_check_after_an_unset_length():
+    from geon.op_graph.axes import check_lengths
+    Q = be.Axis(None, "Qu")
+    with pytest.raises(be.AxisMismatchError, match="Qu"):
+        check_lengths([("a", be.Axes(Q)), ("b", be.Axes(be.Axis(3, "Qu"))),
+                       ("c", be.Axes(be.Axis(4, "Qu")))], "test")

@@ -259,3 +259,24 @@ def test_initializers_run_once_in_initialize():
     np.testing.assert_array_equal(total, [7, 7, 7])  # v was set to 5 by u's initializer
     total, _ = f()
     np.testing.assert_array_equal(total, [8, 8, 8])  # and not again on later calls
+
+
+def test_initializers_do_not_rerun_for_a_later_computation():
+    v = be.Variable(axes=[A], initial_value=0.0, name="init_once_v")
+    r = be.negative(v)
+    r.initializers = [be.SetItem(v, 5.0, sequence=False)]
+    t = be.NumPyTransformer()
+    f = t.computation([r, be.SetItem(v, v + 1.0)])
+    f()
+    np.testing.assert_array_equal(t.state[v], [6, 6, 6])
+    u = be.Variable(axes=[A], initial_value=2.0, name="init_once_u")
+    np.testing.assert_array_equal(t.computation(u + 1.0)(), [3, 3, 3])
+    np.testing.assert_array_equal(t.state[v], [6, 6, 6])  # not reset to 5
+
+
+def test_passes_leave_ops_outside_the_computation_alone():
+    x = be.placeholder([A], name="x_alone")
+    w = be.Variable(axes=[A, B], name="w_alone")
+    other = be.dot(x, w)  # never requested
+    be.NumPyTransformer().computation(be.exp(be.stop_gradient(x)) * 2.0, x)
+    assert other.forward is None and isinstance(other, be.Op)

@@ -11,7 +11,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.axes import Axes
-from geon.op_graph.nodes import no_gc
+from geon.op_graph.nodes import no_gc, rewriting
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
 
@@ -87,20 +87,27 @@ def _reverse_walk(c, delta):
         if rule is None:
             raise GeonError(f"deriv: no derivative rule for {type(op).__name__} {op.name} "
                             f"(built at {op.file_info})")
-        for arg, da in zip(op.args, rule(op, d)):
-            if da is None or arg not in needs:
-                continue
-            if isinstance(arg, og.MultiOutput):
-                # A multi-output op's adjoint is a list: one entry per output.
-                out = arg.outputs[op.index]
-                parts = adj.setdefault(arg, [None] * len(arg.outputs))
-                da = _fit(da, out)
-                parts[op.index] = da if parts[op.index] is None else parts[op.index] + da
-                continue
-            da = _fit(da, arg)
-            prev = adj.get(arg)
-            adj[arg] = da if prev is None else prev + da
+        # The adjoint ops read what ``op`` read, when ``op`` read it: they take its
+        # other_deps (not the user_deps of assignments built since) and its location.
+        with rewriting(op, by_pass=False):
+            _accumulate(adj, op, rule(op, d), needs)
     return adj
+
+
+def _accumulate(adj, op, deltas, needs):
+    for arg, da in zip(op.args, deltas):
+        if da is None or arg not in needs:
+            continue
+        if isinstance(arg, og.MultiOutput):
+            # A multi-output op's adjoint is a list: one entry per output.
+            out = arg.outputs[op.index]
+            parts = adj.setdefault(arg, [None] * len(arg.outputs))
+            da = _fit(da, out)
+            parts[op.index] = da if parts[op.index] is None else parts[op.index] + da
+            continue
+        da = _fit(da, arg)
+        prev = adj.get(arg)
+        adj[arg] = da if prev is None else prev + da
 
 
 def deriv(c, w, error=None):
@@ -142,7 +149,8 @@ def _div(op, d): return d / op.args[1], -d * op / op.args[1]
 @R(og.Power)
 def _pow(op, d):
     a, b = op.args
-    return d * b * a ** (b - 1), d * og.Log(a) * op
+    db = None if isinstance(b, og.Constant) else d * og.Log(a) * op  # x ** 2: none
+    return d * b * a ** (b - 1), db
 @R(og.Maximum)
 def _maximum(op, d):
     a, b = op.args

@@ -35,7 +35,8 @@ class Axis:
             raise ValueError(f"an axis name must be a non-empty string, not {name!r}")
         self.name = name
         self._length = None
-        self.length = length
+        if length is not None:
+            self._set_length(length)  # a new axis changes no cached lengths
         self.batch = bool(batch)
         self.recurrent = bool(recurrent)
 
@@ -46,13 +47,16 @@ class Axis:
 
     @length.setter
     def length(self, value):
+        self._set_length(value)
+        global _length_epoch
+        _length_epoch += 1  # Axes objects cache their lengths until some length changes
+
+    def _set_length(self, value):
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ValueError(f"axis {self.name}: length must be an integer >= 0, not {value!r}")
             value = int(value)
         self._length = value
-        global _length_epoch
-        _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
     def __eq__(self, other):
         return isinstance(other, Axis) and other.name == self.name
@@ -251,7 +255,7 @@ def check_lengths(groups, what, where=""):
                 raise AxisMismatchError(
                     f"{what}: axis {a.name} has length {old.length} in one operand and "
                     f"{a.length} in another ({detail}){where}")
-            if old is None:
+            if old is None or old.length is None:
                 seen[a.name] = a
 
 

@@ -81,10 +81,6 @@ def temp_axis(length):
     return PositionalAxis(length, f"~{next(_temp_names)}")
 
 
-def is_positional(axis):
-    return isinstance(axis, PositionalAxis)
-
-
 def _special(axis):
     return not isinstance(axis, PositionalAxis) and (axis.batch or axis.recurrent)
 
@@ -297,7 +293,7 @@ def numpy_dtype_rule(cls):
 
 def elementwise_hook(cls, args, kwargs):
     """Run before an elementwise op is built (see the module docstring)."""
-    if nodes._rewrite_stack or not any(_has_positional(a) for a in args):
+    if nodes.in_pass() or not any(_has_positional(a) for a in args):
         return args, kwargs
     args = [_np_constant(a) if isinstance(a, np.ndarray) and a.ndim else a for a in args]
     tensors = [a for a in args if isinstance(a, og.TensorOp)]
@@ -343,7 +339,7 @@ def _coerce_to_axes(what, args, tensors, fams):
 
 def dot_hook(a, b):
     """Refuse NumPy-family operands of the name-matching ``dot``."""
-    if nodes._rewrite_stack or not (_has_positional(a) or _has_positional(b)):
+    if nodes.in_pass() or not (_has_positional(a) or _has_positional(b)):
         return
     fa, fb = family(og.as_op(a)), family(og.as_op(b))
     if INTERNAL in (fa, fb):

@@ -183,17 +183,21 @@ class no_gc:
 
 
 class rewriting:
-    """Context manager used by passes: ops built inside stand in for ``source``.
+    """Context manager used by passes (and ``deriv``): ops built inside stand in for
+    ``source``, whose location and other_deps they take.
 
-    ``created`` lists, in build order, the ops built inside the block.
+    ``created`` lists, in build order, the ops built inside the block. ``by_pass``
+    says a pass is rewriting (frontend conveniences such as family coercions are then
+    off); ``deriv`` builds its ops with ``by_pass=False``.
     """
 
-    def __init__(self, source):
+    def __init__(self, source, by_pass=True):
         self.source = source
         self.created = []
+        self.by_pass = by_pass
 
     def __enter__(self):
-        _rewrite_stack.append((self.source, self.created))
+        _rewrite_stack.append((self.source, self.created, self.by_pass))
         return self
 
     def __exit__(self, *exc):
@@ -204,10 +208,15 @@ class rewriting:
 def _note_created(node):
     """Record ``node`` in the active rewrite; returns the source op (or None)."""
     if _rewrite_stack:
-        src, created = _rewrite_stack[-1]
+        src, created, _ = _rewrite_stack[-1]
         created.append(node)
         return src
     return None
+
+
+def in_pass():
+    """Whether a pass is rewriting the graph right now."""
+    return bool(_rewrite_stack) and _rewrite_stack[-1][2]
 
 
 class Node(NameableValue, DebugInfo):

@@ -115,10 +115,28 @@ class TensorOp(Op):
         super().__init__(*args, **kwargs)
         self.axes = as_axes(axes) if axes is not None else self._infer_axes()
         self.dtype = np.dtype(dtype) if dtype is not None else self._infer_dtype()
-        if self.dtype.kind in "fc":
-            for a in self.args:
-                if getattr(a, "weak", False) and a.dtype != self.dtype:
-                    a._adopt(self.dtype)
+        weak = [a for a in self.args if getattr(a, "weak", False)]
+        if weak:
+            self._adopt_weak(weak)
+
+    def _adopt_weak(self, weak):
+        """Give Python-number constants among the args the dtype of the other operands
+        (NumPy's promotion), so ``x_int64 + 16777217`` stays exact. A constant another
+        op already uses keeps its dtype; this op gets its own copy."""
+        target = result_dtype(self.args)
+        if target.kind not in "iufc":
+            return
+        for a in weak:
+            if a.dtype == target:
+                continue
+            if any(u is not self for u in a.users):
+                new = Constant(a._number, dtype=target)
+                new.weak = True
+                self._args = tuple(new if x is a else x for x in self._args)
+                a.users.discard(self)
+                new.users.add(self)
+            else:
+                a._adopt(target)
 
     def _infer_axes(self):
         return Axes()
@@ -609,30 +627,36 @@ class Reduction(ComputationOp):
         super().__init__(x, **kwargs)
 
     def _infer_axes(self):
-        x = self.args[0]
-        red, out = self._red_spec, self._out_spec
-        if red is not None and out is not None:
-            red, out = as_axes(red), as_axes(out)
-            if not (red + out).same_set(x.axes):
-                raise _mismatch(self, f"reduction_axes ({_fmt(red)}) and out_axes "
-                                      f"({_fmt(out)}) must split the input's axes", [x])
-        elif red is not None:
-            red = as_axes(red)
-            out = x.axes - red
-        elif out is not None:
-            out = as_axes(out)
-            red = x.axes - out
-        else:
-            red = x.axes.sample_axes()
-            out = x.axes - red
-        missing = (red | out) - x.axes
-        if len(missing):
-            raise _mismatch(self, f"axes {_fmt(missing)} are not in the input", [x])
-        check_lengths([("input", x.axes), ("reduction/out axes", red + out)],
-                      f"{type(self).__name__} {self.name}", self._where())
-        self.reduction_axes = x.axes & red
+        self.reduction_axes, out = reduction_split(
+            self.args[0], self._red_spec, self._out_spec, self)
         del self._red_spec, self._out_spec
         return out
+
+
+def reduction_split(x, red, out, op, default=None):
+    """``(reduction axes in x's order, result axes)`` for reducing ``x`` with the given
+    ``red`` / ``out`` (either may be ``None``; ``default`` is the reduction axes when both
+    are: all but batch and recurrent axes unless given). Errors name ``op``."""
+    if red is not None and out is not None:
+        red, out = as_axes(red), as_axes(out)
+        if not (red + out).same_set(x.axes):
+            raise _mismatch(op, f"reduction_axes ({_fmt(red)}) and out_axes "
+                                f"({_fmt(out)}) must split the input's axes", [x])
+    elif red is not None:
+        red = as_axes(red)
+        out = x.axes - red
+    elif out is not None:
+        out = as_axes(out)
+        red = x.axes - out
+    else:
+        red = x.axes.sample_axes() if default is None else as_axes(default)
+        out = x.axes - red
+    missing = (red | out) - x.axes
+    if len(missing):
+        raise _mismatch(op, f"axes {_fmt(missing)} are not in the input", [x])
+    check_lengths([("input", x.axes), ("reduction/out axes", red + out)],
+                  f"{type(op).__name__} {op.name}", op._where())
+    return x.axes & red, out
 
 
 class Sum(Reduction): """Sum over the reduction axes."""
@@ -705,16 +729,10 @@ class TensorSize(ComputationOp):
     constant when the graph is transformed)."""
 
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
-        self._spec = (reduction_axes, out_axes)
         super().__init__(x, axes=(), **kwargs)
-        red, out = self._spec
-        x = self.args[0]
-        if red is None and out is None:
-            red = x.axes
-        elif red is None:
-            red = x.axes - as_axes(out)
-        self.reduction_axes = x.axes & as_axes(red)
-        del self._spec
+        x = self.args[0]  # by default the size of all of x
+        self.reduction_axes, _ = reduction_split(x, reduction_axes, out_axes, self,
+                                                 default=x.axes)
 
     def _infer_dtype(self):
         return DEFAULT_DTYPE
@@ -991,15 +1009,13 @@ class MaxArgMax(MultiOutput):
     from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
 
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
-        x = as_op(x)
-        probe = Max(x, reduction_axes, out_axes)  # the axes rule and its checks, once
-        self.reduction_axes, self.out_axes = probe.reduction_axes, probe.axes
-        for a in probe.args:
-            a.users.discard(probe)
+        self._spec = (reduction_axes, out_axes)
         super().__init__(x, **kwargs)
 
     def _output_types(self):
-        return [(self.out_axes, self.args[0].dtype), (self.out_axes, np.dtype(np.int64))]
+        x = self.args[0]
+        self.reduction_axes, self.out_axes = reduction_split(x, *self._spec, self)
+        return [(self.out_axes, x.dtype), (self.out_axes, np.dtype(np.int64))]
 
 
 def max_argmax(x, reduction_axes=None, out_axes=None):

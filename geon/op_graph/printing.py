@@ -94,7 +94,7 @@ def op_line(op, labels=None, full_paths=False):
 def graph_text(ops, full_paths=False):
     """The graph that ``ops`` (an op or a list) need, one line per op (see the module
     docstring), args first; ``full_paths`` prints whole file names, not base names."""
-    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    results = og.as_op_list(ops, "ops")[0]
     order = graph_ops(results)
     labels = _labels(order)
     head = (f"# {len(order)} ops; results: "
@@ -116,6 +116,7 @@ def graph_after(ops, pass_name, transformer=None):
     transformer); its disabled passes are skipped as in a real computation.
     """
     from geon.op_graph.serialize import clone_graph
+    from geon.op_graph.nodes import no_gc
     from geon.transformers.passes import Graph
     if transformer is None:
         from geon.transformers.numpy import NumPyTransformer
@@ -124,14 +125,11 @@ def graph_after(ops, pass_name, transformer=None):
     names = [p.name for p in passes]
     if pass_name not in names:
         raise ValueError(f"unknown pass name {pass_name!r}; passes are {names}")
-    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    results, _ = og.as_op_list(ops, "graph_after: ops")
     mapping = clone_graph(results)
     graph = Graph([mapping[og.snap(r)] for r in results])
-    for p in passes:
-        if p.name not in transformer.disabled or p.name in transformer._required:
-            p.run(graph, transformer)
-        if p.name == pass_name:
-            break
+    with no_gc():
+        transformer._run_passes(graph, stop_after=pass_name)
     return graph_text(graph.results)
 
 
@@ -161,7 +159,7 @@ def graph_dot(ops, full_paths=False, name="geon"):
     position when there are several) and a dashed edge from each other_dep. Render it
     with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`.
     """
-    results = [ops] if isinstance(ops, og.Op) else list(ops)
+    results = og.as_op_list(ops, "ops")[0]
     order = graph_ops(results)
     labels = _labels(order)
     ids = {op: f"n{i}" for i, op in enumerate(order)}

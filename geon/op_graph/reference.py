@@ -61,9 +61,9 @@ ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
 @evaluator(og.ElementWise)
 def _elementwise(op, *vals):
     fn = ELEMENTWISE_FUNCS[type(op)]
-    args = [align(v, a.axes, op.axes).astype(op.dtype, copy=False)
-            if a.dtype != op.dtype and a.dtype.kind != "f" else align(v, a.axes, op.axes)
-            for v, a in zip(vals, op.args)]
+    # Operands keep their dtypes (NumPy promotes them, as in generated code); only the
+    # result takes the op's dtype (e.g. 1.0 / 0.0 for a comparison).
+    args = [align(v, a.axes, op.axes) for v, a in zip(vals, op.args)]
     with np.errstate(all="ignore"):
         r = fn(*args)
     return np.broadcast_to(r, op.axes.shape).astype(op.dtype)

@@ -59,12 +59,6 @@ def _fail(where, message):
 
 # --- graph walks (iterative; they follow ``forward`` like a transformer does) -----------
 
-def _toposort(roots, children):
-    """Every op reachable from ``roots`` through ``children(op)``, each after its
-    children. A cycle raises :class:`GeonError`."""
-    return og.toposort(roots, children=children)
-
-
 def live_deps(op):
     """``op``'s args then other_deps, each followed to the live op (:func:`og.snap`)."""
     return [og.snap(d) for d in op.all_deps()]
@@ -80,7 +74,7 @@ def graph_ops(results, stop=(), initializers=True):
     def children(op):
         return () if op in stop else live_deps(op)
 
-    order = _toposort(roots, children)
+    order = og.toposort(roots, children=children)
     if not initializers:
         return order
     seen = set(order)
@@ -89,7 +83,7 @@ def graph_ops(results, stop=(), initializers=True):
         extra = [i for i in dict.fromkeys(extra) if i not in seen]
         if not extra:
             return order
-        more = [op for op in _toposort(extra, children) if op not in seen]
+        more = [op for op in og.toposort(extra, children=children) if op not in seen]
         order.extend(more)
         seen.update(more)
 

@@ -189,7 +189,8 @@ def _register_evaluation(cls, elementwise):
 
     def evaluate(op, *vals):
         if elementwise:
-            vals = [align(v, a.axes, op.axes) for v, a in zip(vals, op.args)]
+            vals = [np.broadcast_to(align(v, a.axes, op.axes), op.axes.shape)
+                    for v, a in zip(vals, op.args)]  # as the generated code passes them
         with np.errstate(all="ignore"):
             r = np.asarray(op.compute(*vals))
         if elementwise:

@@ -222,20 +222,23 @@ class Transformer:
 
     _required = {"lower", "alias", "verify"}
 
-    def _run_passes(self, graph):
+    def _run_passes(self, graph, stop_after=None):
+        """Run the pipeline over ``graph`` (up to and including the pass named
+        ``stop_after``, if given)."""
         try:
-            self._run_pipeline(graph)
+            self._run_pipeline(graph, stop_after)
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
 
-    def _run_pipeline(self, graph):
+    def _run_pipeline(self, graph, stop_after=None):
         for p in self.passes():
-            if p.name in self.disabled and p.name not in self._required:
-                continue
-            p.run(graph, self)
-            if p.name in self.dump_after:
-                from geon.op_graph.printing import dump
-                dump(graph.results, f"after pass {p.name}", self.dump_file)
+            if p.name not in self.disabled or p.name in self._required:
+                p.run(graph, self)
+                if p.name in self.dump_after:
+                    from geon.op_graph.printing import dump
+                    dump(graph.results, f"after pass {p.name}", self.dump_file)
+            if p.name == stop_after:
+                return
 
     # --- computations --------------------------------------------------------------
     def computation(self, results, *params):
