@@ -1,5 +1,7 @@
 """The digits example's graphs, recorded instead of compiled (shared by tests)."""
 
+import pytest
+
 import geon as be
 from geon.examples import digits
 
@@ -14,10 +16,10 @@ class _Recorder:
         self.calls.append((results, params))
 
 
-def digits_graphs(monkeypatch, batch_size, n_test, hidden=16):
+def digits_graphs(batch_size, n_test, hidden=16):
     """``[(results, params)]`` of every computation the digits example builds."""
-    monkeypatch.setattr(be, "NumPyTransformer", _Recorder)
-    args = digits.parse_args(["--hidden", str(hidden), "--batch-size", str(batch_size)])
-    rec, *_ = digits.build(args, 64, n_test)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(be, "NumPyTransformer", _Recorder)
+        args = digits.parse_args(["--hidden", str(hidden), "--batch-size", str(batch_size)])
+        rec, *_ = digits.build(args, 64, n_test)
     return rec.calls

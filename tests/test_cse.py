@@ -126,8 +126,8 @@ def test_void_ops_are_never_merged():
     assert count(t.computations[0], be.SetItem) + count(t.computations[0], pr.Assign) == 2
 
 
-def _digits_graphs(monkeypatch):
-    return digits_graphs(monkeypatch, batch_size=8, n_test=12)
+def _digits_graphs():
+    return digits_graphs(batch_size=8, n_test=12)
 
 
 def _user_level_counts(results):
@@ -151,17 +151,17 @@ def _compiled_counts(build):
     return counts, values
 
 
-def test_op_counts_example_model(monkeypatch, capsys):
+def test_op_counts_example_model(capsys):
     report = []
     for i, label in enumerate(["evaluate", "epoch_value", "train_step", "next_epoch"]):
         def build(i=i):
-            results, params = _digits_graphs(monkeypatch)[i]
+            results, params = _digits_graphs()[i]
             rng = np.random.default_rng(0)
             feeds = [rng.integers(0, 10, p.axes.shape) if p.dtype.kind == "i"
                      else rng.uniform(0, 1, p.axes.shape) for p in params]
             return results, params, feeds
         (on, off), (v_on, v_off) = _compiled_counts(build)
-        results, _ = _digits_graphs(monkeypatch)[i]
+        results, _ = _digits_graphs()[i]
         before, after = _user_level_counts(results if isinstance(results, list)
                                            else [results])
         report.append(f"digits {label}: user graph {before} -> {after} ops; "

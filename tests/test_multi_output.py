@@ -99,8 +99,10 @@ def test_split_with_an_unused_part_and_only_argmax():
     i = be.max_argmax(x, reduction_axes=[A])[1]
     xv = _x(rng, A, B)
     np.testing.assert_array_equal(be.NumPyTransformer().computation(i, x)(xv), xv.argmax(0))
-    assert be.deriv(be.sum(x * 1.0, out_axes=()) + be.sum(i * 1.0, out_axes=()), x).axes \
-        == x.axes
+    d = be.deriv(be.sum(x * 1.0, out_axes=()) + be.sum(i * 1.0, out_axes=()), x)
+    # the argmax term contributes nothing
+    np.testing.assert_array_equal(be.NumPyTransformer().computation(d, x)(xv),
+                                  np.ones((6, 3)))
 
 
 @pytest.mark.parametrize("path", ["numpy", "reference"])
@@ -148,7 +150,7 @@ def test_json_round_trip_cse_and_run():
     text = be.serialize(results)
     loaded = be.deserialize_graph(text)
     xv = _x(rng, A, B)
-    want = be.evaluate(results, feeds={x: xv})
+    want = [2 * xv[:2], xv[2:] ** 2, xv.max(0), xv.argmax(0)]
     got = be.NumPyTransformer().computation(loaded.results, loaded.op("mx"))(xv)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)

@@ -72,7 +72,8 @@ def check(key, build, expect, arrays, exact=False, reference=True):
         assert g.shape == w.shape, (key, i, g.shape, w.shape)
         assert g.dtype == w.dtype, (key, i, g.dtype, w.dtype)
         tol = dict(rtol=0, atol=0) if exact else dict(
-            rtol=1e-5 if g.dtype == np.float32 else 1e-12, atol=1e-6)
+            rtol=1e-5 if g.dtype == np.float32 else 1e-12,
+            atol=1e-6 if g.dtype == np.float32 else 1e-14)
         np.testing.assert_allclose(g, w, err_msg=f"{key} result {i}", **tol)
         if evaluated is not None:
             np.testing.assert_allclose(evaluated[i], w, err_msg=f"{key} reference {i}", **tol)

@@ -140,8 +140,10 @@ def test_recurrent_axis_and_feature_ops(preference):
     V = np.linspace(-1, 1, 24).reshape(2, 3, 4)
     H = np.tanh(V @ (np.arange(8.0).reshape(4, 2) / 8))
     got = comp(V)
-    assert np.allclose(got[0], H) and np.allclose(got[1], H.max(-1))
-    assert np.allclose(got[2], H[..., 0]) and np.isclose(got[3], H.sum())
+    np.testing.assert_allclose(got[0], H, rtol=1e-14)
+    np.testing.assert_allclose(got[1], H.max(-1), rtol=1e-14)
+    np.testing.assert_allclose(got[2], H[..., 0], rtol=1e-14)
+    np.testing.assert_allclose(got[3], H.sum(), rtol=1e-13)
 
 
 def test_from_axes_and_errors():
