@@ -54,7 +54,8 @@ class Axis:
     def _set_length(self, value):
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
-                raise ArgumentError(f"axis {self.name}: length must be an integer >= 0, not {value!r}")
+                raise ArgumentError(f"axis {self.name}: length must be an integer >= 0, "
+                                    f"not {value!r}")
             value = int(value)
         self._length = value
 

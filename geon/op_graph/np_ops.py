@@ -490,7 +490,7 @@ def reshape(a, newshape):
             rest *= n if n != -1 else 1
         if rest == 0 or size % rest:
             raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
-                             f"{tuple(newshape)}")
+                                f"{tuple(newshape)}")
         newshape[newshape.index(-1)] = size // rest
     newshape = _shape(newshape)
     known = 1
@@ -498,7 +498,7 @@ def reshape(a, newshape):
         known *= n
     if known != size:
         raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
-                         f"{newshape}")
+                            f"{newshape}")
     if newshape == pos:
         return x
     return pr.Reshape(x, _with_pos(x, newshape))
@@ -560,7 +560,7 @@ def squeeze(a, axis=None):
         drop = _axis_list(axis, len(pos), "squeeze")
         if any(pos[i] != 1 for i in drop):
             raise ArgumentError("squeeze: cannot select an axis to squeeze out which has size "
-                             "not equal to one")
+                                "not equal to one")
     return reshape(x, tuple(n for i, n in enumerate(pos) if i not in drop))
 
 
@@ -591,12 +591,12 @@ def concatenate(arrays, axis=0):
         raise ArgumentError("concatenate: zero-dimensional arrays cannot be concatenated")
     if any(len(s) != nd for s in shapes):
         raise ArgumentError("concatenate: all the input arrays must have same number of "
-                         "dimensions")
+                            "dimensions")
     ax = _normalize_axis(axis, nd, "concatenate")
     for s in shapes[1:]:
         if any(s[i] != shapes[0][i] for i in range(nd) if i != ax):
             raise ArgumentError(f"concatenate: all the input array dimensions except for the "
-                             f"concatenation axis must match exactly: {shapes}")
+                                f"concatenation axis must match exactly: {shapes}")
     if len(xs) == 1:
         return xs[0]
     total = _builtin_sum(s[ax] for s in shapes)
@@ -643,7 +643,7 @@ def getitem(x, key):
     used = _builtin_sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > len(pos):
         raise AxisIndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
-                         f"but {used} were indexed")
+                             f"but {used} were indexed")
     if any(k is Ellipsis for k in key):
         i = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (len(pos) - used) + key[i + 1:]
@@ -672,7 +672,7 @@ def getitem(x, key):
             view.append(int(k) % n)
         else:
             raise ArgumentError(f"only basic indexing (integers, slices, None, ...) is "
-                            f"supported, not {type(k).__name__} {k!r}")
+                                f"supported, not {type(k).__name__} {k!r}")
     r = x
     if any(k != slice(None) for k in view):
         kept = [len(range(*k.indices(p.length))) for k, p in zip(view, pos)
@@ -690,8 +690,8 @@ def _getitem_hook(x, key):
     if family(x) in (NUMPY, SIMPLE, SCALAR):
         return getitem(x, key)
     raise ArgumentError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
-                    f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
-                    f"be.np.positional(x) first")
+                        f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
+                        f"be.np.positional(x) first")
 
 
 def _transpose_hook(x):

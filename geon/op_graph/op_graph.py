@@ -431,7 +431,7 @@ class Variable(AssignableTensorOp):
                     f"{self.axes!r} need {self.axes.shape}{self._where()}")
             if arr.ndim and not np.can_cast(arr.dtype, self.dtype, "same_kind"):
                 raise ArgumentError(f"Variable {self.name}: initial value of dtype "
-                                 f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
+                                    f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
         self.initial_value = initial_value
 
     def initial_array(self):
@@ -509,7 +509,7 @@ class SetItem(VoidOp):
     def __init__(self, tensor, value, sequence=True, **kwargs):
         if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
             raise ArgumentError(f"SetItem needs a Variable or placeholder to assign to, not "
-                            f"{tensor!r}")
+                                f"{tensor!r}")
         super().__init__(tensor, value, **kwargs)
         value = self.args[1]
         extra = value.axes - tensor.axes

@@ -59,11 +59,11 @@ class UserOp:
         for k, v in params.items():
             if not _literal(v):
                 raise ArgumentError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
-                                f"number, string, bool, None or a tuple of those (it is "
-                                f"written into generated code)")
+                                    f"number, string, bool, None or a tuple of those (it is "
+                                    f"written into generated code)")
         if self.arity is not None and len(args) != self.arity:
             raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
-                            f"{len(args)}")
+                                f"{len(args)}")
         self.params = params
         super().__init__(*args, **kwargs)
 
@@ -156,11 +156,11 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
     bad = [p for p in params if p in _RESERVED or not p.isidentifier()]
     if bad:
         raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved or "
-                         f"not identifiers")
+                            f"not identifiers")
     elementwise = axes is None
     if elementwise and params:
         raise ArgumentError(f"define_op {name}: an elementwise op takes no parameters "
-                         f"(lowering rebuilds it from its args); close over them instead")
+                            f"(lowering rebuilds it from its args); close over them instead")
     key = _unique_key(name)
     base = _UserElementWise if elementwise else _UserTensorOp
     cls = type(name, (base,), {

@@ -233,19 +233,19 @@ class Transformer:
             self.sample_axis = sample_axis
         if self.sample_axis not in (None,) + LAYOUTS:
             raise ArgumentError(f"sample_axis must be None or one of {LAYOUTS}, not "
-                             f"{self.sample_axis!r}")
+                                f"{self.sample_axis!r}")
         self.disabled = set(disable)
         known = [p.name for p in self.passes()] + list(self.backend_steps)
         unknown = self.disabled - set(known)
         if unknown:
             raise ArgumentError(f"unknown pass name(s) {sorted(unknown)}; passes are "
-                             f"{known}")
+                                f"{known}")
         self.dump_after = {dump_after} if isinstance(dump_after, str) else set(dump_after)
         self.dump_file = dump_file
         unknown = self.dump_after - {p.name for p in self.passes()}
         if unknown:
             raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
-                             f"passes are {[p.name for p in self.passes()]}")
+                                f"passes are {[p.name for p in self.passes()]}")
         self.computations = []
         self.state = {}
         self._initialized = set()
