@@ -11,6 +11,7 @@ import os
 import tempfile
 import types
 import warnings
+import weakref
 import zipfile
 from importlib import metadata
 
@@ -20,7 +21,8 @@ from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, Feed
                          GeonError, GeonWarning, LoweringError, UnknownTransformerError)
 from geon.op_graph import op_graph as og
 from geon.op_graph.nodes import no_gc, user_stacklevel
-from geon.op_graph.ordering import assignment_inputs, explain_pulled_in, pulled_in
+from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
+                                    pulled_in)
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
@@ -247,9 +249,12 @@ class Transformer:
             raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
                                 f"passes are {[p.name for p in self.passes()]}")
         self.computations = []
-        self.state = {}
-        self._initialized = set()
-        self._inits_done = set()
+        # Held weakly: state of a Variable nothing else refers to any more (no
+        # computation, no user code) is freed with it.
+        self.state = weakref.WeakKeyDictionary()
+        self._initialized = weakref.WeakSet()
+        self._inits_done = weakref.WeakSet()
+        self._writes = weakref.WeakKeyDictionary()  # Variable -> writes by procedures
         self._allocated = False
         self._initialized_all = False
 
@@ -343,6 +348,7 @@ class Transformer:
         for v in todo:
             np.copyto(self.state[v], v.initial_array())
             self._initialized.add(v)
+            self._wrote(v)
         # Initializers run once each (all again with ``force``).
         inits = [i for c in self.computations for i in c.initializers
                  if force or i not in self._inits_done]
@@ -354,7 +360,19 @@ class Transformer:
             for v, a in values.items():
                 if v in self.state:  # in place: generated code holds these arrays
                     np.copyto(self.state[v], a)
+            for op in og.toposort(inits):
+                if isinstance(op, ASSIGN_CLASSES):
+                    self._wrote(og.snap(op.args[0]))
         self._initialized_all = True
+
+    def _wrote(self, v):
+        self._writes[v] = self._writes.get(v, 0) + 1
+
+    def write_count(self, v):
+        """How many times the procedures (``initialize``, the ``initializers`` it runs,
+        ``restore``) have written Variable ``v``; computations' assignments are not
+        counted. A cache of values computed from ``v`` is stale when it changed."""
+        return self._writes.get(v, 0)
 
     def state_view(self):
         """``{variable: array}``: the live storage of the variables (not a copy)."""
@@ -424,6 +442,7 @@ class Transformer:
         for n, v in names.items():
             np.copyto(self.state[v], loaded[n])
             self._initialized.add(v)
+            self._wrote(v)
 
 
 # --- registry --------------------------------------------------------------------------
