@@ -215,6 +215,10 @@ def test_unset_axis_length_at_computation():
      "Variable has no 'init' keyword; it takes axes, initial_value"),
     (lambda x, w: be.sum(x, foo=1), "be.sum has no 'foo' keyword; it takes x, "
                                     "reduction_axes, out_axes, name"),
+    (lambda x, w: be.exp(x, out=x), "be.exp has no 'out' keyword: .*be.SetItem"),
+    (lambda x, w: be.constant(1.0, shape=(3,)), "be.constant has no 'shape' keyword"),
+    (lambda x, w: be.cross_entropy_multi(be.softmax(w), w, axes=[Y]),
+     "be.cross_entropy_multi has no 'axes' keyword: use out_axes="),
 ])
 def test_unknown_keywords_name_the_right_one(build, message):
     x = be.placeholder([C, N], name="x")
@@ -256,3 +260,5 @@ def test_feed_of_a_wrong_kind_says_what_it_got(value, shown):
     comp = be.NumPyTransformer().computation(x * 2, x)
     with pytest.raises(be.FeedError, match=re.escape(shown)):
         comp(value)
+    with pytest.raises(be.FeedError, match=re.escape(shown)):
+        be.Runner().run(x * 2, {x: value})

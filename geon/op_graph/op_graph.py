@@ -14,8 +14,8 @@ import numpy as np
 import functools
 import inspect
 
-from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, GeonError,
-                         InvalidValueError, TruthValueError)
+from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
+                         GeonError, InvalidValueError, TruthValueError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
 from geon.op_graph.nodes import Node, OrderedSet, user_location
 
@@ -399,6 +399,34 @@ class Placeholder(AssignableTensorOp):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.tags.add("in")
 
+    def as_feed(self, value):
+        """``value``, fed for this placeholder, as an array of its shape and dtype, or a
+        :class:`FeedError` naming the placeholder and saying what was passed."""
+        shape, dtype = self.axes.shape, self.dtype
+        try:
+            a = np.asarray(value)
+        except (TypeError, ValueError) as e:  # a ragged list
+            raise FeedError(f"placeholder {self.name}: cannot make an array of shape "
+                            f"{shape} from {_short(value)}: {e}") from None
+        if a.dtype == object:  # a dict, None, a list of arrays ...: say what it was
+            raise FeedError(f"placeholder {self.name} expects an array of axes "
+                            f"({_fmt(self.axes)}) i.e. shape {shape}; got {_short(value)}")
+        if a.shape != shape:
+            raise FeedError(f"placeholder {self.name} expects axes ({_fmt(self.axes)}) "
+                            f"i.e. shape {shape}; got shape {a.shape}")
+        if a.dtype != dtype:
+            if not np.can_cast(a.dtype, dtype, "same_kind"):
+                raise FeedError(f"placeholder {self.name} has dtype {dtype}; cannot "
+                                f"safely convert {a.dtype} to it")
+            a = a.astype(dtype)
+        return a
+
+
+def _short(value, limit=60):
+    """``value``'s type and a repr of at most ``limit`` characters."""
+    text = repr(value)
+    return f"{type(value).__name__} " + (text if len(text) <= limit else text[:limit] + "...")
+
 
 @keywords({"shape": "give axes= (be.Axis objects; be.np.placeholder takes a shape)"})
 def placeholder(axes, dtype=None, name=None, **kwargs):
@@ -492,6 +520,7 @@ class Constant(AssignableTensorOp):
         return np.broadcast_to(self.value, self.axes.shape)
 
 
+@keywords({"shape": "give axes= (the shape follows them)"})
 def constant(value, axes=None, dtype=None, name=None):
     """Shorthand for :class:`Constant`."""
     return Constant(value, axes=axes, dtype=dtype, name=name)
@@ -681,12 +710,19 @@ def cos(x): return Cos(x)
 def tanh(x): return Tanh(x)
 
 
+_ELEMENTWISE_HINTS = {
+    "out": "an op computes a new tensor; write it into a Variable with be.SetItem(v, op)",
+    "dtype": "the result's dtype follows the operands' (NumPy's promotion)",
+}
+
 for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal,
            less, less_equal, greater, greater_equal, negative, absolute, sign, square,
            sqrt, reciprocal, exp, log, sin, cos, tanh):
     _f.__doc__ = "Elementwise " + _f.__name__ + " (operands matched by axis name)."
+    globals()[_f.__name__] = keywords(_ELEMENTWISE_HINTS)(_f)
 
 
+@keywords()
 def sigmoid(x):
     """The logistic function; the result carries a schema that
     :func:`cross_entropy_binary` uses to compute from the logits."""
@@ -696,6 +732,7 @@ def sigmoid(x):
     return y
 
 
+@keywords()
 def safelog(x, limit=-50.0):
     """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
     return Log(Maximum(x, float(np.exp(limit))))
@@ -878,6 +915,7 @@ class Broadcast(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def broadcast(x, axes):
     """Repeat ``x`` along the axes of ``axes`` it lacks, in the order ``axes`` gives."""
     return Broadcast(x, axes)
@@ -896,6 +934,7 @@ class AxesWithOrder(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def axes_with_order(x, axes):
     """Reorder the axes of ``x`` (the same set of axes in a new order)."""
     return AxesWithOrder(x, axes)
@@ -916,6 +955,7 @@ class CastAxes(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def cast_axes(x, axes):
     """Give the axes of ``x`` new names (``axes`` position by position)."""
     return CastAxes(x, axes)
@@ -938,6 +978,7 @@ class Flatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def flatten(x, groups=None):
     """Merge axes of ``x``. ``groups`` lists, in order, Axes (merged into one
     :class:`FlattenedAxis`) or single axes; by default all axes become one."""
@@ -967,6 +1008,7 @@ class Unflatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def unflatten(x):
     """Split every flattened axis of ``x`` back into its parts."""
     return Unflatten(x)
@@ -1013,6 +1055,7 @@ class Slice(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def slice_along_axis(x, axis, key, new_axis=None):
     """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
     return Slice(x, axis, key, new_axis)
@@ -1032,6 +1075,7 @@ class OneHot(TensorOp):
         return Axes(self.axis) + x.axes
 
 
+@keywords()
 def one_hot(x, axis, dtype=None):
     """One-hot encode integer labels ``x`` along the new axis ``axis`` (first)."""
     return OneHot(x, axis, dtype=dtype)
@@ -1047,6 +1091,7 @@ class StopGradient(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def stop_gradient(x):
     """``x``'s value, treated as a constant by :func:`deriv`."""
     return StopGradient(x)
@@ -1117,6 +1162,7 @@ class Split(MultiOutput):
         return types
 
 
+@keywords()
 def split(x, axis, parts):
     """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
     lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""

@@ -213,17 +213,7 @@ class Runner:
             if p not in feeds:
                 raise FeedError(f"run: no value fed for placeholder {p.name} "
                                 f"({', '.join(map(repr, p.axes))}), built at {p.file_info}")
-            a = np.asarray(feeds[p])
-            if a.shape != p.axes.shape:
-                raise FeedError(f"placeholder {p.name} expects axes "
-                                f"({', '.join(map(repr, p.axes))}) i.e. shape "
-                                f"{p.axes.shape}; got shape {a.shape}")
-            if a.dtype != p.dtype:
-                if not np.can_cast(a.dtype, p.dtype, "same_kind"):
-                    raise FeedError(f"placeholder {p.name} has dtype {p.dtype}; cannot "
-                                    f"safely convert {a.dtype} to it")
-                a = a.astype(p.dtype)
-            arrays[p] = a
+            arrays[p] = p.as_feed(feeds[p])
         return arrays
 
     def _version(self, v):

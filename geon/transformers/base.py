@@ -46,11 +46,6 @@ STANDARD_BASE_SET = frozenset({
 })
 
 
-def _short(value, limit=60):
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _grouped(placeholders, needed_by):
     """``{(assignment, reader): [placeholder, ...]}`` for the ``placeholders`` that
     ``needed_by`` attributes to a pulled-in assignment."""
@@ -133,26 +128,7 @@ class Computation:
     def _check_feed(self, i, v):
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
         :class:`FeedError` naming the placeholder."""
-        p, shape, dtype = self._shapes[i]
-        try:
-            a = np.asarray(v)
-        except (TypeError, ValueError) as e:  # a ragged list
-            raise FeedError(f"placeholder {p.name}: cannot make an array of shape {shape} "
-                            f"from {type(v).__name__} {_short(v)}: {e}") from None
-        if a.dtype == object:  # a dict, None, a ragged list ...: say what it was
-            raise FeedError(f"placeholder {p.name} expects an array of axes "
-                            f"({', '.join(map(repr, p.axes))}) i.e. shape {shape}; got "
-                            f"{type(v).__name__} {_short(v)}")
-        if a.shape != shape:
-            raise FeedError(f"placeholder {p.name} expects axes "
-                            f"({', '.join(map(repr, p.axes))}) i.e. shape {shape}; got "
-                            f"shape {a.shape}")
-        if a.dtype != dtype:
-            if not np.can_cast(a.dtype, dtype, "same_kind"):
-                raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
-                                f"safely convert {a.dtype} to it")
-            a = a.astype(dtype)
-        return a
+        return self._shapes[i][0].as_feed(v)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
