@@ -175,8 +175,8 @@ class Computation:
         for r, v in zip(self.results, self._last_values() or ()):
             if r is s:
                 return v
-        raise GeonError(f"{op.name} is not a result of this computation (or it has not "
-                        f"been called yet)")
+        raise ArgumentError(f"{op.name} is not a result of this computation (or it has not "
+                            f"been called yet)")
 
     def _run(self, feeds):
         raise NotImplementedError
