@@ -109,9 +109,10 @@ def explain_pulled_in(asg, reader, placeholders=()):
     """Why a computation runs the assignment ``asg`` that ``reader`` is ordered after
     (and needs the ``placeholders``), and the ways out; it starts with ``"; "``."""
     target = asg.args[0]
-    need = "".join(f"{', '.join(p.name for p in placeholders)} "
-                   f"{'is' if len(placeholders) == 1 else 'are'} read by "
-                   for _ in placeholders[:1])
+    need = ""
+    if placeholders:
+        need = (f"{', '.join(p.name for p in placeholders)} "
+                f"{'is' if len(placeholders) == 1 else 'are'} read by ")
     return (f"; {need}{type(asg).__name__} {asg.name} (an assignment to {target.name}, "
             f"built at {asg.file_info}), which the computation runs though it was not "
             f"requested: {type(reader).__name__} {reader.name} (built at "
