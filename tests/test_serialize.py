@@ -363,7 +363,7 @@ ERRORS = [
     ("base64", lambda: _edit(lambda d: _op(d, "Variable")["attrs"]["initial_value"].update(
         data="!!")), "not valid base64"),
     ("setitem on constant", lambda: _edit(lambda d: _op(d, "SetItem").update(
-        args=[[_idx(d, "Constant"), 0], [_idx(d, "Tanh"), 0]])), "TypeError: SetItem needs"),
+        args=[[_idx(d, "Constant"), 0], [_idx(d, "Tanh"), 0]])), "ArgumentError: SetItem needs"),
     ("name", lambda: _edit(lambda d: _op(d, "Tanh").update(name="")),
      "expected a non-empty string"),
     ("tags", lambda: _edit(lambda d: _op(d, "Tanh").update(tags=[["x"]])),

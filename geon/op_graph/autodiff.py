@@ -6,12 +6,12 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 (broadcast); :func:`_fit` does that, in this one place, as it accumulates.
 """
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, AxisMismatchError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.axes import Axes
-from geon.op_graph.nodes import no_gc, rewriting
+from geon.op_graph.nodes import no_gc, rewriting, user_location
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
 
@@ -60,14 +60,19 @@ def adjoints(c, error=None):
         return hit[1]
     if error is None:
         if len(c.axes):
-            raise GeonError(f"deriv: {c.name} has axes ({', '.join(map(repr, c.axes))}); "
-                            f"a non-scalar cost needs error= (an op with the same axes)")
+            raise ArgumentError(
+                f"deriv: {type(c).__name__} {c.name} (built at {c.file_info}) has axes "
+                f"({og._fmt(c.axes)}); a non-scalar cost needs error= (an op with the same "
+                f"axes) (deriv called at {user_location()})")
         delta = og.Constant(1.0, dtype=c.dtype)
     else:
         delta = as_op(error)
         if not delta.axes.same_set(c.axes):
-            raise GeonError(f"deriv: error axes {delta.axes!r} differ from {c.name}'s "
-                            f"{c.axes!r}")
+            raise AxisMismatchError(
+                f"deriv: error= {type(delta).__name__} {delta.name} has axes "
+                f"({og._fmt(delta.axes)}) but the cost {type(c).__name__} {c.name} (built "
+                f"at {c.file_info}) has ({og._fmt(c.axes)}); they must be the same axes, "
+                f"in any order (deriv called at {user_location()})")
         delta = _fit(delta, c)
     with no_gc():
         adj = _reverse_walk(c, delta)

@@ -18,12 +18,13 @@ that read operands by position use :func:`direction_axes` to keep them trailing.
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, AxisMismatchError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import _expand_back, find_rule
 from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.nodes import user_location
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
 
@@ -102,8 +103,9 @@ def _seed(x, t):
         arr = np.asarray(t, dtype=_float_dtype(x))
         t = og.Constant(arr, axes=x.axes if arr.ndim else None, dtype=arr.dtype)
     if len(t.axes - x.axes):
-        raise GeonError(f"jvp: tangent {t.name} ({t.axes!r}) has axes that input "
-                        f"{x.name} ({x.axes!r}) lacks")
+        raise AxisMismatchError(f"jvp: tangent {t.name} ({og._fmt(t.axes)}) has axes that "
+                                f"input {x.name} ({og._fmt(x.axes)}) lacks (at "
+                                f"{user_location()})")
     return fit_tangent(t, x)
 
 
@@ -128,7 +130,8 @@ def jvp(outputs, inputs, tangents):
     ins, one_in = _as_list(inputs)
     ts = [tangents] if one_in else _as_list(tangents)[0]
     if len(ts) != len(ins):
-        raise GeonError(f"jvp: {len(ins)} input(s) but {len(ts)} tangent(s)")
+        raise ArgumentError(f"jvp: {len(ins)} input(s) but {len(ts)} tangent(s) (at "
+                            f"{user_location()})")
     outs = [snap(as_op(o)) for o in outs]
     seeds = {}
     for x, t in zip(ins, ts):

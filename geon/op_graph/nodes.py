@@ -11,6 +11,7 @@ import sys
 import weakref
 
 import geon
+from geon.errors import ArgumentError
 
 _GEON_DIR = os.path.dirname(os.path.abspath(geon.__file__)) + os.sep
 _USER_DIRS = tuple(os.path.join(_GEON_DIR, d) + os.sep for d in ("examples",))
@@ -38,7 +39,7 @@ class NameableValue:
     @name.setter
     def name(self, value):
         if not isinstance(value, str) or not value:
-            raise ValueError(f"a name must be a non-empty string, not {value!r}")
+            raise ArgumentError(f"a name must be a non-empty string, not {value!r}")
         self._name = value
 
 
@@ -60,6 +61,23 @@ def _user_frame():
             return f
         f = f.f_back
     return None
+
+
+def user_stacklevel():
+    """The ``stacklevel`` for ``warnings.warn`` called right here that makes the
+    warning point at the user's code (the innermost frame outside geon)."""
+    f, level = sys._getframe(1), 1
+    target = _user_frame()
+    while f is not None and f is not target:
+        f, level = f.f_back, level + 1
+    return level
+
+
+def user_location():
+    """``File "path", line N`` of the user's code calling into geon right now (for
+    errors raised outside any op, such as ``deriv``'s)."""
+    f = _user_frame()
+    return "<unknown>" if f is None else f'File "{f.f_code.co_filename}", line {f.f_lineno}'
 
 
 class DebugInfo:

@@ -31,7 +31,7 @@ import numbers
 
 import numpy as np
 
-from geon.errors import AxisMismatchError
+from geon.errors import ArgumentError, AxisIndexError, AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes
@@ -62,7 +62,7 @@ def _shape(shape):
     shape = tuple(shape)
     for n in shape:
         if isinstance(n, bool) or not isinstance(n, (numbers.Integral, np.integer)) or n < 0:
-            raise ValueError(f"a shape holds integers >= 0, not {shape!r}")
+            raise ArgumentError(f"a shape holds integers >= 0, not {shape!r}")
     return tuple(int(n) for n in shape)
 
 
@@ -78,7 +78,7 @@ def _tensor(x, what):
     if not isinstance(x, og.Op):
         return constant(x)
     if not isinstance(x, og.TensorOp):
-        raise TypeError(f"{what}: {x!r} has no value")
+        raise ArgumentError(f"{what}: {x!r} has no value")
     if family(x) == AXES:
         raise family_error(what, [x], "a NumPy-family function needs a positional tensor")
     return x
@@ -137,7 +137,7 @@ def _with_pos(x, shape):
 
 def _normalize_axis(axis, n, what):
     if isinstance(axis, bool) or not isinstance(axis, (numbers.Integral, np.integer)):
-        raise TypeError(f"{what}: an axis is an integer, not {axis!r}")
+        raise ArgumentError(f"{what}: an axis is an integer, not {axis!r}")
     if not -n <= axis < n:
         raise AxisMismatchError(f"{what}: axis {axis} is out of bounds for array of "
                                 f"dimension {n}")
@@ -152,7 +152,7 @@ def _axis_list(axis, n, what):
     for ax in items:
         ax = _normalize_axis(ax, n, what)
         if ax in out:
-            raise ValueError(f"{what}: duplicate value in 'axis'")
+            raise ArgumentError(f"{what}: duplicate value in 'axis'")
         out.append(ax)
     return sorted(out)
 
@@ -172,7 +172,7 @@ def variable(initial_value=0.0, shape=None, dtype=None, name=None, trainable=Tru
     ``f(shape) -> array`` (``shape`` is then required). The dtype defaults to float32."""
     if shape is None:
         if callable(initial_value):
-            raise TypeError("variable: an initial value given by a function needs shape=")
+            raise ArgumentError("variable: an initial value given by a function needs shape=")
         shape = np.shape(initial_value)
     if dtype is None and isinstance(initial_value, np.ndarray):
         dtype = initial_value.dtype
@@ -185,7 +185,7 @@ def constant(value, dtype=None, name=None):
     ``dtype`` is given)."""
     arr = np.asarray(value, dtype=dtype)
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"constant: cannot hold {arr.dtype} values")
+        raise ArgumentError(f"constant: cannot hold {arr.dtype} values")
     return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype, name=name)
 
 
@@ -195,7 +195,7 @@ def asarray(a, dtype=None):
     if isinstance(a, og.Op):
         a = _tensor(a, "asarray")
         if dtype is not None and np.dtype(dtype) != a.dtype:
-            raise TypeError(f"asarray: {a.name} has dtype {a.dtype}; geon has no cast op")
+            raise ArgumentError(f"asarray: {a.name} has dtype {a.dtype}; geon has no cast op")
         return a
     return constant(a, dtype=dtype)
 
@@ -254,7 +254,7 @@ def _numpy_kwargs(cls, args):
 def _elementwise(cls, name, n):
     def fn(*args):
         if len(args) != n:
-            raise TypeError(f"{name} takes {n} argument(s), got {len(args)}")
+            raise ArgumentError(f"{name} takes {n} argument(s), got {len(args)}")
         args = [_arg(a) for a in args]
         return cls(*args, **_numpy_kwargs(cls, args))
     fn.__name__ = fn.__qualname__ = name
@@ -303,7 +303,7 @@ def clip(a, a_min, a_max):
     """NumPy's ``clip``: ``minimum(maximum(a, a_min), a_max)`` (either bound may be
     ``None``)."""
     if a_min is None and a_max is None:
-        raise ValueError("clip: one of a_min and a_max must be given")
+        raise ArgumentError("clip: one of a_min and a_max must be given")
     r = _arg(a)
     if a_min is not None:
         r = maximum(r, a_min)
@@ -377,7 +377,7 @@ def mean(a, axis=None, keepdims=False):
 
 def _arg_reduce(cls, a, axis, keepdims, what):
     if isinstance(axis, (tuple, list)):
-        raise TypeError(f"{what}: axis must be an integer or None")
+        raise ArgumentError(f"{what}: axis must be an integer or None")
     x = _tensor(a, what)
     r = _reduce(cls, x, axis, False, what, np.dtype(np.int64))
     if not keepdims:
@@ -449,7 +449,7 @@ def matmul(a, b):
     a, b = _tensor(a, "matmul"), _tensor(b, "matmul")
     pa, pb = positional_shape(a), positional_shape(b)
     if not pa or not pb:
-        raise ValueError("matmul: Input operand does not have enough dimensions")
+        raise ArgumentError("matmul: Input operand does not have enough dimensions")
     if len(pa) <= 2 and len(pb) <= 2:
         if pa[-1] != pb[0 if len(pb) == 1 else -2]:
             raise AxisMismatchError(
@@ -483,22 +483,22 @@ def reshape(a, newshape):
     for n in pos:
         size *= n
     if newshape.count(-1) > 1:
-        raise ValueError("reshape: can only specify one unknown dimension")
+        raise ArgumentError("reshape: can only specify one unknown dimension")
     if -1 in newshape:
         rest = 1
         for n in newshape:
             rest *= n if n != -1 else 1
         if rest == 0 or size % rest:
-            raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
-                             f"{tuple(newshape)}")
+            raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
+                                f"{tuple(newshape)}")
         newshape[newshape.index(-1)] = size // rest
     newshape = _shape(newshape)
     known = 1
     for n in newshape:
         known *= n
     if known != size:
-        raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
-                         f"{newshape}")
+        raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
+                            f"{newshape}")
     if newshape == pos:
         return x
     return pr.Reshape(x, _with_pos(x, newshape))
@@ -517,7 +517,7 @@ def transpose(a, axes=None):
     perm = list(range(n))[::-1] if axes is None else \
         [_normalize_axis(p, n, "transpose") for p in axes]
     if sorted(perm) != list(range(n)):
-        raise ValueError(f"transpose: axes {tuple(axes)} don't match array")
+        raise ArgumentError(f"transpose: axes {tuple(axes)} don't match array")
     if perm == list(range(n)):
         return x
     # Rename first (a view of x as it is), then reorder: source dimension perm[i] gets
@@ -559,8 +559,8 @@ def squeeze(a, axis=None):
     else:
         drop = _axis_list(axis, len(pos), "squeeze")
         if any(pos[i] != 1 for i in drop):
-            raise ValueError("squeeze: cannot select an axis to squeeze out which has size "
-                             "not equal to one")
+            raise ArgumentError("squeeze: cannot select an axis to squeeze out which has size "
+                                "not equal to one")
     return reshape(x, tuple(n for i, n in enumerate(pos) if i not in drop))
 
 
@@ -584,19 +584,19 @@ def concatenate(arrays, axis=0):
     ``Unslice``) and the parts added."""
     xs = [_front(_tensor(x, "concatenate")) for x in arrays]
     if not xs:
-        raise ValueError("concatenate: need at least one array to concatenate")
+        raise ArgumentError("concatenate: need at least one array to concatenate")
     shapes = [positional_shape(x) for x in xs]
     nd = len(shapes[0])
     if nd == 0:
-        raise ValueError("concatenate: zero-dimensional arrays cannot be concatenated")
+        raise ArgumentError("concatenate: zero-dimensional arrays cannot be concatenated")
     if any(len(s) != nd for s in shapes):
-        raise ValueError("concatenate: all the input arrays must have same number of "
-                         "dimensions")
+        raise ArgumentError("concatenate: all the input arrays must have same number of "
+                            "dimensions")
     ax = _normalize_axis(axis, nd, "concatenate")
     for s in shapes[1:]:
         if any(s[i] != shapes[0][i] for i in range(nd) if i != ax):
-            raise ValueError(f"concatenate: all the input array dimensions except for the "
-                             f"concatenation axis must match exactly: {shapes}")
+            raise ArgumentError(f"concatenate: all the input array dimensions except for the "
+                                f"concatenation axis must match exactly: {shapes}")
     if len(xs) == 1:
         return xs[0]
     total = _builtin_sum(s[ax] for s in shapes)
@@ -622,10 +622,10 @@ def stack(arrays, axis=0):
     """NumPy's ``stack``: arrays of one shape joined along a new dimension."""
     xs = [_tensor(x, "stack") for x in arrays]
     if not xs:
-        raise ValueError("stack: need at least one array to stack")
+        raise ArgumentError("stack: need at least one array to stack")
     shapes = {positional_shape(x) for x in xs}
     if len(shapes) != 1:
-        raise ValueError(f"stack: all input arrays must have the same shape: {sorted(shapes)}")
+        raise ArgumentError(f"stack: all input arrays must have the same shape: {sorted(shapes)}")
     n = len(next(iter(shapes))) + 1
     ax = _normalize_axis(axis, n, "stack")
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
@@ -639,11 +639,11 @@ def getitem(x, key):
     if not isinstance(key, tuple):
         key = (key,)
     if _builtin_sum(1 for k in key if k is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+        raise AxisIndexError("an index can only have a single ellipsis ('...')")
     used = _builtin_sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > len(pos):
-        raise IndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
-                         f"but {used} were indexed")
+        raise AxisIndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
+                             f"but {used} were indexed")
     if any(k is Ellipsis for k in key):
         i = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (len(pos) - used) + key[i + 1:]
@@ -660,19 +660,19 @@ def getitem(x, key):
             for v in (k.start, k.stop, k.step):
                 if v is not None and (isinstance(v, bool) or not isinstance(
                         v, (numbers.Integral, np.integer))):
-                    raise TypeError(f"slice indices must be integers or None, not {v!r}")
+                    raise ArgumentError(f"slice indices must be integers or None, not {v!r}")
             if k.step == 0:
-                raise ValueError("slice step cannot be zero")
+                raise ArgumentError("slice step cannot be zero")
             k = slice(*(None if v is None else int(v) for v in (k.start, k.stop, k.step)))
             view.append(k)
             shape_out.append(len(range(*k.indices(n))))
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
             if not -n <= k < n:
-                raise IndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
+                raise AxisIndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
             view.append(int(k) % n)
         else:
-            raise TypeError(f"only basic indexing (integers, slices, None, ...) is "
-                            f"supported, not {type(k).__name__} {k!r}")
+            raise ArgumentError(f"only basic indexing (integers, slices, None, ...) is "
+                                f"supported, not {type(k).__name__} {k!r}")
     r = x
     if any(k != slice(None) for k in view):
         kept = [len(range(*k.indices(p.length))) for k, p in zip(view, pos)
@@ -689,9 +689,9 @@ def getitem(x, key):
 def _getitem_hook(x, key):
     if family(x) in (NUMPY, SIMPLE, SCALAR):
         return getitem(x, key)
-    raise TypeError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
-                    f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
-                    f"be.np.positional(x) first")
+    raise ArgumentError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
+                        f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
+                        f"be.np.positional(x) first")
 
 
 def _transpose_hook(x):

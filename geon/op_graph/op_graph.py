@@ -11,9 +11,13 @@ import numbers
 
 import numpy as np
 
-from geon.errors import AxisMismatchError, GeonError, InvalidValueError
+import functools
+import inspect
+
+from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
+                         GeonError, InvalidValueError, TruthValueError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
-from geon.op_graph.nodes import Node, OrderedSet
+from geon.op_graph.nodes import Node, OrderedSet, user_location
 
 DEFAULT_DTYPE = np.dtype(np.float32)
 
@@ -28,7 +32,7 @@ FAMILY_HOOKS = {}
 def _family_hook(name, what):
     hook = FAMILY_HOOKS.get(name)
     if hook is None:
-        raise TypeError(f"{what} is defined for NumPy-family tensors only (geon.np)")
+        raise ArgumentError(f"{what} is defined for NumPy-family tensors only (geon.np)")
     return hook
 
 
@@ -84,13 +88,27 @@ class Op(Node):
     numbers and NumPy arrays are coerced to :class:`Constant`.
     """
 
-    def __init__(self, *args, name=None, tags=None, initializers=None, follows=()):
+    def __init__(self, *args, name=None, tags=None, initializers=None, follows=(),
+                 **unknown):
+        if unknown:
+            raise _unknown_keywords(type(self).__name__, unknown, _accepted(type(self)))
         super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
-        self.tags = set(tags or ())
+        # A string is one tag, not a set of characters.
+        self.tags = {tags} if isinstance(tags, str) else set(tags or ())
         self.initializers = list(initializers or ())
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name}>"
+
+    def __bool__(self):
+        # ``if y < 0:`` would otherwise always run: an op is a graph node, its value is
+        # only known when a computation runs.
+        raise TruthValueError(
+            f"{type(self).__name__} {self.name}{self._where()} has no truth value while "
+            f"the graph is built (its value is known only when a computation runs): "
+            f"`if y < 0:` does not test values. Compute with the comparison instead "
+            f"(be.maximum(y, 0), y * (y > 0)); test whether a variable holds an op with "
+            f"`x is not None`")
 
     def variables(self):
         """The trainable :class:`Variable` s this op's value depends on, in graph order."""
@@ -212,8 +230,78 @@ def as_op(value):
         return Constant(value)
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return Constant(value[()], dtype=value.dtype)
-    raise TypeError(f"cannot use {type(value).__name__} {value!r} here as an op; wrap "
-                    f"arrays in be.Constant(array, axes=...)")
+    if isinstance(value, np.ndarray):
+        raise ArgumentError(f"cannot tell the axes of a NumPy array of shape "
+                            f"{value.shape} here; wrap it in be.Constant(array, axes=...) "
+                            f"(at {user_location()})")
+    raise ArgumentError(f"cannot use {type(value).__name__} {value!r} here as an op; wrap "
+                        f"arrays in be.Constant(array, axes=...) (at {user_location()})")
+
+
+# --- keyword checks ------------------------------------------------------------------
+#: The keywords every op takes (see :class:`Op`).
+OP_KEYWORDS = ("name", "tags", "initializers", "follows")
+
+
+def _accepted(cls):
+    """The keyword names the constructor of op class ``cls`` accepts, in MRO order."""
+    names = []
+    for k in cls.__mro__:
+        init = k.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self" \
+                    and p.name not in names:
+                names.append(p.name)
+    return names
+
+
+def _unknown_keywords(what, unknown, accepted, hints=None):
+    """The :class:`ArgumentError` for keywords ``unknown`` given to ``what``."""
+    k = next(iter(unknown))
+    hint = (hints or {}).get(k)
+    if hint is not None:
+        return ArgumentError(f"{what} has no {k!r} keyword: {hint} (at {user_location()})")
+    return ArgumentError(f"{what} has no {k!r} keyword; it takes "
+                         f"{', '.join(accepted)} (at {user_location()})")
+
+
+def keywords(hints=None):
+    """Decorator for public op-building functions: a keyword the function does not
+    take raises :class:`ArgumentError` naming it (with ``hints[keyword]``, the right
+    keyword to use, where given) instead of reaching an op's constructor, where it
+    could silently set something else (``axes=`` would set a result's axes). A
+    function with ``**kw`` takes the keywords of every op (:data:`OP_KEYWORDS`)."""
+    def decorate(fn):
+        params = inspect.signature(fn).parameters.values()
+        accepted = [p.name for p in params
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            accepted += [k for k in OP_KEYWORDS if k not in accepted]
+        known = frozenset(accepted)
+
+        @functools.wraps(fn)
+        def checked(*args, **kw):
+            for k in kw:
+                if k not in known:
+                    raise _unknown_keywords(f"be.{fn.__name__}", {k: kw[k]}, accepted,
+                                            hints)
+            return fn(*args, **kw)
+        return checked
+    return decorate
+
+
+_REDUCE_HINTS = {
+    "axes": "use reduction_axes= (the axes to reduce) or out_axes= (the axes to keep)",
+    "axis": "use reduction_axes= (the Axis objects to reduce, not positions) or "
+            "out_axes= (the axes to keep)",
+    "keepdims": "the result has the out_axes=; put reduced axes back with be.broadcast",
+}
+_DOT_HINT = ("it sums over the axes its operands share and keeps the others (a's, "
+             "then b's); rename an axis with be.cast_axes to keep it out of the sum, "
+             "reorder the result with be.axes_with_order")
+_DOT_HINTS = dict.fromkeys(("axes", "axis", "reduction_axes", "out_axes"), _DOT_HINT)
 
 
 def _arrays_as_constants(args, what):
@@ -229,7 +317,7 @@ def _arrays_as_constants(args, what):
                     f"{what}: cannot tell the axes of an array of shape {a.shape} (no "
                     f"operand has that shape: "
                     + "; ".join(f"{o.name} ({_fmt(o.axes)})" for o in ops)
-                    + "); wrap it in be.Constant(array, axes=...)")
+                    + f"); wrap it in be.Constant(array, axes=...) (at {user_location()})")
             a = Constant(a, axes=like.axes)
         out.append(a)
     return out
@@ -243,7 +331,7 @@ def as_op_list(ops, what):
     ops = [ops] if single else list(ops)
     for op in ops:
         if not isinstance(op, Op):
-            raise TypeError(f"{what} must be ops, not {type(op).__name__} {op!r}")
+            raise ArgumentError(f"{what} must be ops, not {type(op).__name__} {op!r}")
     return ops, single
 
 
@@ -311,7 +399,36 @@ class Placeholder(AssignableTensorOp):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.tags.add("in")
 
+    def as_feed(self, value):
+        """``value``, fed for this placeholder, as an array of its shape and dtype, or a
+        :class:`FeedError` naming the placeholder and saying what was passed."""
+        shape, dtype = self.axes.shape, self.dtype
+        try:
+            a = np.asarray(value)
+        except (TypeError, ValueError) as e:  # a ragged list
+            raise FeedError(f"placeholder {self.name}: cannot make an array of shape "
+                            f"{shape} from {_short(value)}: {e}") from None
+        if a.dtype == object:  # a dict, None, a list of arrays ...: say what it was
+            raise FeedError(f"placeholder {self.name} expects an array of axes "
+                            f"({_fmt(self.axes)}) i.e. shape {shape}; got {_short(value)}")
+        if a.shape != shape:
+            raise FeedError(f"placeholder {self.name} expects axes ({_fmt(self.axes)}) "
+                            f"i.e. shape {shape}; got shape {a.shape}")
+        if a.dtype != dtype:
+            if not np.can_cast(a.dtype, dtype, "same_kind"):
+                raise FeedError(f"placeholder {self.name} has dtype {dtype}; cannot "
+                                f"safely convert {a.dtype} to it")
+            a = a.astype(dtype)
+        return a
 
+
+def _short(value, limit=60):
+    """``value``'s type and a repr of at most ``limit`` characters."""
+    text = repr(value)
+    return f"{type(value).__name__} " + (text if len(text) <= limit else text[:limit] + "...")
+
+
+@keywords({"shape": "give axes= (be.Axis objects; be.np.placeholder takes a shape)"})
 def placeholder(axes, dtype=None, name=None, **kwargs):
     """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32."""
     return Placeholder(axes, dtype=dtype, name=name, **kwargs)
@@ -341,8 +458,8 @@ class Variable(AssignableTensorOp):
                     f"Variable {self.name}: initial value has shape {arr.shape} but axes "
                     f"{self.axes!r} need {self.axes.shape}{self._where()}")
             if arr.ndim and not np.can_cast(arr.dtype, self.dtype, "same_kind"):
-                raise ValueError(f"Variable {self.name}: initial value of dtype "
-                                 f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
+                raise ArgumentError(f"Variable {self.name}: initial value of dtype "
+                                    f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
         self.initial_value = initial_value
 
     def initial_array(self):
@@ -403,6 +520,7 @@ class Constant(AssignableTensorOp):
         return np.broadcast_to(self.value, self.axes.shape)
 
 
+@keywords({"shape": "give axes= (the shape follows them)"})
 def constant(value, axes=None, dtype=None, name=None):
     """Shorthand for :class:`Constant`."""
     return Constant(value, axes=axes, dtype=dtype, name=name)
@@ -419,8 +537,8 @@ class SetItem(VoidOp):
 
     def __init__(self, tensor, value, sequence=True, **kwargs):
         if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
-            raise TypeError(f"SetItem needs a Variable or placeholder to assign to, not "
-                            f"{tensor!r}")
+            raise ArgumentError(f"SetItem needs a Variable or placeholder to assign to, not "
+                                f"{tensor!r}")
         super().__init__(tensor, value, **kwargs)
         value = self.args[1]
         extra = value.axes - tensor.axes
@@ -437,6 +555,30 @@ class SetItem(VoidOp):
     @property
     def tensor(self):
         return self.args[0]
+
+
+def value_of(tensor):
+    """The value stored in ``tensor`` (a Variable or placeholder), read without the
+    ordering after earlier assignments that reading ``tensor`` itself gets.
+
+    An op built after ``SetItem(w, ...)`` that reads ``w`` runs after the assignment,
+    so a computation of it runs the assignment too. An op that reads
+    ``be.value_of(w)`` instead does not: in a computation without the assignment it
+    reads what is stored (what the last call that assigned left there); in one with
+    it, it reads the value from before the assignment, like an op built before it.
+    Derivatives flow through it as through ``w``.
+    """
+    if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
+        raise ArgumentError(f"value_of needs a Variable or placeholder, not {tensor!r} "
+                            f"(at {user_location()})")
+    # A reordering that keeps the order: a view of the storage (it lowers to nothing)
+    # that, unlike every op built with ``tensor`` as an arg, does not take the
+    # tensor's user_deps.
+    view = AxesWithOrder(tensor, tensor.axes, name=f"{tensor.name}_stored")
+    for d in tensor.user_deps:
+        view.other_deps.discard(d)
+        d._dep_users.discard(view)
+    return view
 
 
 def _fmt(axes):
@@ -568,12 +710,19 @@ def cos(x): return Cos(x)
 def tanh(x): return Tanh(x)
 
 
+_ELEMENTWISE_HINTS = {
+    "out": "an op computes a new tensor; write it into a Variable with be.SetItem(v, op)",
+    "dtype": "the result's dtype follows the operands' (NumPy's promotion)",
+}
+
 for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal,
            less, less_equal, greater, greater_equal, negative, absolute, sign, square,
            sqrt, reciprocal, exp, log, sin, cos, tanh):
     _f.__doc__ = "Elementwise " + _f.__name__ + " (operands matched by axis name)."
+    globals()[_f.__name__] = keywords(_ELEMENTWISE_HINTS)(_f)
 
 
+@keywords()
 def sigmoid(x):
     """The logistic function; the result carries a schema that
     :func:`cross_entropy_binary` uses to compute from the logits."""
@@ -583,6 +732,7 @@ def sigmoid(x):
     return y
 
 
+@keywords()
 def safelog(x, limit=-50.0):
     """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
     return Log(Maximum(x, float(np.exp(limit))))
@@ -611,6 +761,7 @@ class Dot(ComputationOp):
         return self.args[0].axes & self.args[1].axes
 
 
+@keywords(_DOT_HINTS)
 def dot(a, b, **kwargs):
     """Contract ``a`` and ``b`` over their shared axes (see :class:`Dot`)."""
     return Dot(a, b, **kwargs)
@@ -676,47 +827,56 @@ class ArgMin(ArgMax):
     """Index (row-major over the reduction axes) of the minimum; int64."""
 
 
+@keywords(_REDUCE_HINTS)
 def sum(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001 - the public name
     """Sum (see :class:`Reduction` for the axes rule)."""
     return Sum(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def prod(x, reduction_axes=None, out_axes=None, **kw):
     """Product (see :class:`Reduction`)."""
     return Prod(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def max(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
     """Maximum (see :class:`Reduction`)."""
     return Max(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def min(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
     """Minimum (see :class:`Reduction`)."""
     return Min(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def argmax(x, reduction_axes=None, out_axes=None, **kw):
     """Index of the maximum (see :class:`Reduction`)."""
     return ArgMax(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def argmin(x, reduction_axes=None, out_axes=None, **kw):
     """Index of the minimum (see :class:`Reduction`)."""
     return ArgMin(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def tensor_size(x, reduction_axes=None, out_axes=None):
     """The number of elements a reduction of ``x`` with these axes combines, as an op."""
     return TensorSize(x, reduction_axes, out_axes)
 
 
+@keywords(_REDUCE_HINTS)
 def mean(x, reduction_axes=None, out_axes=None, **kw):
     """Mean (see :class:`Reduction`)."""
-    s = Sum(x, reduction_axes, out_axes, **kw)
-    return s / TensorSize(x, s.reduction_axes, None)
+    s = Sum(x, reduction_axes, out_axes)
+    return Divide(s, TensorSize(x, s.reduction_axes, None), **kw)  # kw name the mean
 
 
+@keywords(_REDUCE_HINTS)
 def variance(x, reduction_axes=None, out_axes=None, **kw):
     """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
     m = mean(x, reduction_axes, out_axes)
@@ -755,6 +915,7 @@ class Broadcast(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def broadcast(x, axes):
     """Repeat ``x`` along the axes of ``axes`` it lacks, in the order ``axes`` gives."""
     return Broadcast(x, axes)
@@ -773,6 +934,7 @@ class AxesWithOrder(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def axes_with_order(x, axes):
     """Reorder the axes of ``x`` (the same set of axes in a new order)."""
     return AxesWithOrder(x, axes)
@@ -793,6 +955,7 @@ class CastAxes(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def cast_axes(x, axes):
     """Give the axes of ``x`` new names (``axes`` position by position)."""
     return CastAxes(x, axes)
@@ -815,6 +978,7 @@ class Flatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def flatten(x, groups=None):
     """Merge axes of ``x``. ``groups`` lists, in order, Axes (merged into one
     :class:`FlattenedAxis`) or single axes; by default all axes become one."""
@@ -844,6 +1008,7 @@ class Unflatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def unflatten(x):
     """Split every flattened axis of ``x`` back into its parts."""
     return Unflatten(x)
@@ -860,7 +1025,7 @@ class Slice(TensorOp):
         x = as_op(x)
         if axis not in x.axes:
             raise AxisMismatchError(f"Slice: axis {axis!r} is not in {x.name} "
-                                    f"({_fmt(x.axes)})")
+                                    f"({_fmt(x.axes)}) (at {user_location()})")
         pos = x.axes.index(axis)
         axis = x.axes[pos]
         if isinstance(key, slice):
@@ -871,13 +1036,16 @@ class Slice(TensorOp):
             elif new_axis.length is None:
                 new_axis.length = n
             elif new_axis.length != n:
-                raise AxisMismatchError(f"Slice: new axis {new_axis!r} but the slice has "
-                                        f"{n} entries")
+                raise AxisMismatchError(f"Slice: new axis {new_axis!r} but the slice of "
+                                        f"{x.name} ({_fmt(x.axes)}) has {n} entries (at "
+                                        f"{user_location()})")
             out = Axes(tuple(x.axes)[:pos] + (new_axis,) + tuple(x.axes)[pos + 1:])
         else:
             key = int(key)
             if not -axis.length <= key < axis.length:
-                raise IndexError(f"Slice: index {key} out of range for axis {axis!r}")
+                raise AxisIndexError(f"Slice: index {key} is out of range for axis "
+                                     f"{axis!r} of {x.name} ({_fmt(x.axes)}) (at "
+                                     f"{user_location()})")
             key %= axis.length
             out = x.axes - Axes(axis)
         self.axis_pos, self.key = pos, key
@@ -887,6 +1055,7 @@ class Slice(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def slice_along_axis(x, axis, key, new_axis=None):
     """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
     return Slice(x, axis, key, new_axis)
@@ -906,6 +1075,7 @@ class OneHot(TensorOp):
         return Axes(self.axis) + x.axes
 
 
+@keywords()
 def one_hot(x, axis, dtype=None):
     """One-hot encode integer labels ``x`` along the new axis ``axis`` (first)."""
     return OneHot(x, axis, dtype=dtype)
@@ -921,6 +1091,7 @@ class StopGradient(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def stop_gradient(x):
     """``x``'s value, treated as a constant by :func:`deriv`."""
     return StopGradient(x)
@@ -965,13 +1136,13 @@ class Split(MultiOutput):
         x = as_op(x)
         if axis not in x.axes:
             raise AxisMismatchError(f"split: axis {axis!r} is not in {x.name} "
-                                    f"({_fmt(x.axes)})")
+                                    f"({_fmt(x.axes)}) (at {user_location()})")
         self.axis_pos = x.axes.index(axis)
         full = x.axes[self.axis_pos]
         lengths = [int(n) for n in lengths]
         if any(n <= 0 for n in lengths) or builtins.sum(lengths) != full.length:
             raise AxisMismatchError(f"split: parts {lengths} do not add up to axis "
-                                    f"{full!r} of {x.name}")
+                                    f"{full!r} of {x.name} (at {user_location()})")
         self.keys, start = [], 0
         for n in lengths:
             self.keys.append(slice(start, start + n))
@@ -991,6 +1162,7 @@ class Split(MultiOutput):
         return types
 
 
+@keywords()
 def split(x, axis, parts):
     """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
     lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""
@@ -999,7 +1171,7 @@ def split(x, axis, parts):
     if isinstance(parts, int):
         if parts <= 0 or n % parts:
             raise AxisMismatchError(f"split: axis {axis!r} of length {n} does not split "
-                                    f"into {parts} equal parts")
+                                    f"into {parts} equal parts (at {user_location()})")
         parts = [n // parts] * parts
     return Split(x, axis, parts).outputs
 
@@ -1018,6 +1190,7 @@ class MaxArgMax(MultiOutput):
         return [(self.out_axes, x.dtype), (self.out_axes, np.dtype(np.int64))]
 
 
+@keywords(_REDUCE_HINTS)
 def max_argmax(x, reduction_axes=None, out_axes=None):
     """``(max, argmax)`` of ``x`` over the reduction axes, computed together."""
     return MaxArgMax(x, reduction_axes, out_axes).outputs

@@ -27,7 +27,7 @@ Each keeps an ``axes`` describing its result so that graphs stay printable and
 differentiable after lowering; backends only use the shapes.
 """
 
-from geon.errors import AxisMismatchError
+from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph.axes import Axes, as_axes
 from geon.op_graph import op_graph as og
 from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
@@ -163,7 +163,7 @@ class Assign(VoidOp):
     def __init__(self, tensor, value, **kwargs):
         super().__init__(tensor, value, **kwargs)
         if not isinstance(tensor, AssignableTensorOp):
-            raise TypeError(f"Assign needs storage, not {tensor!r}")
+            raise ArgumentError(f"Assign needs storage, not {tensor!r}")
         if tensor.axes.lengths != self.args[1].axes.lengths:
             raise AxisMismatchError(f"Assign: value ({_fmt(self.args[1].axes)}) does not "
                                     f"fit tensor {tensor.name} ({_fmt(tensor.axes)})")

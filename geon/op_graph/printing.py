@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.serialize import _show_array, _show_axes, graph_ops, spec_for
 
@@ -124,7 +124,7 @@ def graph_after(ops, pass_name, transformer=None):
     passes = transformer.passes()
     names = [p.name for p in passes]
     if pass_name not in names:
-        raise ValueError(f"unknown pass name {pass_name!r}; passes are {names}")
+        raise ArgumentError(f"unknown pass name {pass_name!r}; passes are {names}")
     results, _ = og.as_op_list(ops, "graph_after: ops")
     mapping = clone_graph(results)
     graph = Graph([mapping[og.snap(r)] for r in results])

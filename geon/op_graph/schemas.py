@@ -9,8 +9,13 @@ logits and their log-sum-exp instead of taking the log of a rounded probability.
 import numpy as np
 
 from geon.op_graph.axes import as_axes
-from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, as_op, max, safelog,
-                                    stop_gradient, sum)
+from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, as_op, keywords, max,
+                                    safelog, stop_gradient, sum)
+
+_AXES_HINT = {k: "use normalization_axes= (the axes to normalize over)"
+              for k in ("axes", "axis", "reduction_axes")}
+_OUT_HINT = {k: "use out_axes= (the axes to keep; the others are summed over)"
+             for k in ("axes", "axis", "reduction_axes")}
 
 
 class SoftmaxSchema:
@@ -28,6 +33,7 @@ class SigmoidSchema:
         self.x = x
 
 
+@keywords(_AXES_HINT)
 def softmax(x, normalization_axes=None):
     """Softmax over ``normalization_axes`` (default: all but batch and recurrent axes).
 
@@ -47,6 +53,7 @@ def softmax(x, normalization_axes=None):
     return y
 
 
+@keywords(_OUT_HINT)
 def cross_entropy_multi(y, t, usebits=False, out_axes=None):
     """``-sum(t * log(y))`` over the sample axes (``out_axes`` keeps others).
 
@@ -66,6 +73,7 @@ class SigmoidCrossEntropy(BinaryElementWise):
     ``x``, computed as ``softplus(x) - x t``; its derivative is ``sigmoid(x) - t``."""
 
 
+@keywords(_OUT_HINT)
 def cross_entropy_binary(y, t, out_axes=None):
     """Binary cross-entropy summed over the sample axes (``out_axes`` keeps others).
 

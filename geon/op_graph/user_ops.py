@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import as_axes
 
@@ -55,15 +55,15 @@ class UserOp:
         params = {k: kwargs.pop(k) for k in self.param_names if k in kwargs}
         missing = [k for k in self.param_names if k not in params]
         if missing:
-            raise TypeError(f"{type(self).__name__} needs parameter(s) {', '.join(missing)}")
+            raise ArgumentError(f"{type(self).__name__} needs parameter(s) {', '.join(missing)}")
         for k, v in params.items():
             if not _literal(v):
-                raise TypeError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
-                                f"number, string, bool, None or a tuple of those (it is "
-                                f"written into generated code)")
+                raise ArgumentError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
+                                    f"number, string, bool, None or a tuple of those (it is "
+                                    f"written into generated code)")
         if self.arity is not None and len(args) != self.arity:
-            raise TypeError(f"{type(self).__name__} takes {self.arity} arg(s), got "
-                            f"{len(args)}")
+            raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
+                                f"{len(args)}")
         self.params = params
         super().__init__(*args, **kwargs)
 
@@ -149,18 +149,18 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
     Returns the op class; call it with the args (and parameters) to build an op.
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"define_op: name must be an identifier, not {name!r}")
+        raise ArgumentError(f"define_op: name must be an identifier, not {name!r}")
     if not callable(numpy):
-        raise TypeError(f"define_op {name}: numpy must be a function of arrays")
+        raise ArgumentError(f"define_op {name}: numpy must be a function of arrays")
     params = tuple(params)
     bad = [p for p in params if p in _RESERVED or not p.isidentifier()]
     if bad:
-        raise ValueError(f"define_op {name}: parameter name(s) {bad} are reserved or "
-                         f"not identifiers")
+        raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved or "
+                            f"not identifiers")
     elementwise = axes is None
     if elementwise and params:
-        raise ValueError(f"define_op {name}: an elementwise op takes no parameters "
-                         f"(lowering rebuilds it from its args); close over them instead")
+        raise ArgumentError(f"define_op {name}: an elementwise op takes no parameters "
+                            f"(lowering rebuilds it from its args); close over them instead")
     key = _unique_key(name)
     base = _UserElementWise if elementwise else _UserTensorOp
     cls = type(name, (base,), {

@@ -10,15 +10,19 @@ procedures ``allocate``, ``initialize``, ``save`` and ``restore``.
 import os
 import tempfile
 import types
+import warnings
+import weakref
 import zipfile
 from importlib import metadata
 
 import numpy as np
 
-from geon.errors import (CheckpointError, FeedError, GeonError, LoweringError,
-                         UnknownTransformerError)
+from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
+                         GeonError, GeonWarning, LoweringError, UnknownTransformerError)
 from geon.op_graph import op_graph as og
-from geon.op_graph.nodes import no_gc
+from geon.op_graph.nodes import no_gc, user_stacklevel
+from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
+                                    pulled_in)
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
@@ -42,6 +46,27 @@ STANDARD_BASE_SET = frozenset({
 })
 
 
+def _grouped(placeholders, needed_by):
+    """``{(assignment, reader): [placeholder, ...]}`` for the ``placeholders`` that
+    ``needed_by`` attributes to a pulled-in assignment."""
+    groups = {}
+    for p in placeholders:
+        if p in needed_by:
+            groups.setdefault(needed_by[p], []).append(p)
+    return groups.items()
+
+
+def _lengths_set(order):
+    """Raise, naming the op, if an op of ``order`` has an axis without a length."""
+    for op in order:
+        if isinstance(op, og.TensorOp) and not op.axes.lengths_known:
+            unset = [a.name for a in op.axes if a.length is None]
+            raise AxisMismatchError(
+                f"{type(op).__name__} {op.name} (built at {op.file_info}) has axes "
+                f"({og._fmt(op.axes)}): axis {', '.join(unset)} has no length; set it "
+                f"(e.g. ax.{unset[0]}.length = 10) before building a computation")
+
+
 class Computation:
     """A callable that computes some ops from placeholder values.
 
@@ -54,12 +79,24 @@ class Computation:
         self.transformer = transformer
         self.requested, self.single = og.as_op_list(results, "computation results")
         self.params = list(params)
+        seen = set()
         for p in self.params:
             if not isinstance(p, og.Placeholder):
-                raise ValueError(f"computation parameter {getattr(p, 'name', p)!r} is "
-                                 f"not a placeholder ({type(p).__name__}); only "
-                                 f"placeholders can be fed")
+                raise ArgumentError(f"computation parameter {getattr(p, 'name', p)!r} is "
+                                    f"not a placeholder ({type(p).__name__}); only "
+                                    f"placeholders can be fed")
+            if p in seen:
+                raise ArgumentError(f"computation: placeholder {p.name} (built at "
+                                    f"{p.file_info}) is given twice as a parameter; give "
+                                    f"each placeholder once")
+            seen.add(p)
         self.graph = Graph(self.requested)
+        _lengths_set(self.graph.initial_order)
+        #: ``[(assignment, reader)]``: assignments this computation runs though they
+        #: were not requested, each with the op that is ordered after it (see
+        #: :func:`~geon.op_graph.ordering.pulled_in`); a :class:`GeonWarning` names them.
+        self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
+        needed_by = assignment_inputs(self.graph.results, self.pulled_in)
         transformer._run_passes(self.graph)
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers = list(dict.fromkeys(
@@ -70,10 +107,15 @@ class Computation:
         needed = [op for op in self.ops if isinstance(op, og.Placeholder)]
         missing = [p for p in needed if p not in self.params]
         if missing:
-            raise ValueError("the computation needs placeholder(s) "
-                             + ", ".join(f"{p.name} ({p.axes!r}, built at {p.file_info})"
-                                         for p in missing)
-                             + " but they are not among its parameters")
+            raise ArgumentError("the computation needs placeholder(s) "
+                                + ", ".join(f"{p.name} ({p.axes!r}, built at "
+                                            f"{p.file_info})" for p in missing)
+                                + " but they are not among its parameters"
+                                + "".join(explain_pulled_in(a, r, placeholders=ps)
+                                          for (a, r), ps in _grouped(missing, needed_by)))
+        if self.pulled_in:
+            warnings.warn("".join(explain_pulled_in(a, r) for a, r in self.pulled_in)
+                          .lstrip("; "), GeonWarning, stacklevel=user_stacklevel())
         self.variables = [op for op in self.ops if isinstance(op, og.Variable)]
         self._shapes = [(p, p.axes.shape, p.dtype) for p in self.params]
         self._last = None
@@ -86,20 +128,13 @@ class Computation:
     def _check_feed(self, i, v):
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
         :class:`FeedError` naming the placeholder."""
-        p, shape, dtype = self._shapes[i]
-        a = np.asarray(v)
-        if a.shape != shape:
-            raise FeedError(f"placeholder {p.name} expects axes "
-                            f"({', '.join(map(repr, p.axes))}) i.e. shape {shape}; got "
-                            f"shape {a.shape}")
-        if a.dtype != dtype:
-            if not np.can_cast(a.dtype, dtype, "same_kind"):
-                raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
-                                f"safely convert {a.dtype} to it")
-            a = a.astype(dtype)
-        return a
+        return self._shapes[i][0].as_feed(v)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            raise FeedError(f"a computation takes its values by position, one per "
+                            f"parameter ({', '.join(p.name for p in self.params)}); got "
+                            f"keyword(s) {', '.join(kwargs)}")
         if len(args) != len(self._shapes):
             raise FeedError(f"computation takes {len(self._shapes)} value(s) ("
                             + ", ".join(p.name for p in self.params)
@@ -140,8 +175,8 @@ class Computation:
         for r, v in zip(self.results, self._last_values() or ()):
             if r is s:
                 return v
-        raise GeonError(f"{op.name} is not a result of this computation (or it has not "
-                        f"been called yet)")
+        raise ArgumentError(f"{op.name} is not a result of this computation (or it has not "
+                            f"been called yet)")
 
     def _run(self, feeds):
         raise NotImplementedError
@@ -175,24 +210,27 @@ class Transformer:
         if sample_axis is not None:
             self.sample_axis = sample_axis
         if self.sample_axis not in (None,) + LAYOUTS:
-            raise ValueError(f"sample_axis must be None or one of {LAYOUTS}, not "
-                             f"{self.sample_axis!r}")
+            raise ArgumentError(f"sample_axis must be None or one of {LAYOUTS}, not "
+                                f"{self.sample_axis!r}")
         self.disabled = set(disable)
         known = [p.name for p in self.passes()] + list(self.backend_steps)
         unknown = self.disabled - set(known)
         if unknown:
-            raise ValueError(f"unknown pass name(s) {sorted(unknown)}; passes are "
-                             f"{known}")
+            raise ArgumentError(f"unknown pass name(s) {sorted(unknown)}; passes are "
+                                f"{known}")
         self.dump_after = {dump_after} if isinstance(dump_after, str) else set(dump_after)
         self.dump_file = dump_file
         unknown = self.dump_after - {p.name for p in self.passes()}
         if unknown:
-            raise ValueError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
-                             f"passes are {[p.name for p in self.passes()]}")
+            raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
+                                f"passes are {[p.name for p in self.passes()]}")
         self.computations = []
-        self.state = {}
-        self._initialized = set()
-        self._inits_done = set()
+        # Held weakly: state of a Variable nothing else refers to any more (no
+        # computation, no user code) is freed with it.
+        self.state = weakref.WeakKeyDictionary()
+        self._initialized = weakref.WeakSet()
+        self._inits_done = weakref.WeakSet()
+        self._writes = weakref.WeakKeyDictionary()  # Variable -> writes by procedures
         self._allocated = False
         self._initialized_all = False
 
@@ -286,6 +324,7 @@ class Transformer:
         for v in todo:
             np.copyto(self.state[v], v.initial_array())
             self._initialized.add(v)
+            self._wrote(v)
         # Initializers run once each (all again with ``force``).
         inits = [i for c in self.computations for i in c.initializers
                  if force or i not in self._inits_done]
@@ -297,7 +336,19 @@ class Transformer:
             for v, a in values.items():
                 if v in self.state:  # in place: generated code holds these arrays
                     np.copyto(self.state[v], a)
+            for op in og.toposort(inits):
+                if isinstance(op, ASSIGN_CLASSES):
+                    self._wrote(og.snap(op.args[0]))
         self._initialized_all = True
+
+    def _wrote(self, v):
+        self._writes[v] = self._writes.get(v, 0) + 1
+
+    def write_count(self, v):
+        """How many times the procedures (``initialize``, the ``initializers`` it runs,
+        ``restore``) have written Variable ``v``; computations' assignments are not
+        counted. A cache of values computed from ``v`` is stale when it changed."""
+        return self._writes.get(v, 0)
 
     def state_view(self):
         """``{variable: array}``: the live storage of the variables (not a copy)."""
@@ -367,6 +418,7 @@ class Transformer:
         for n, v in names.items():
             np.copyto(self.state[v], loaded[n])
             self._initialized.add(v)
+            self._wrote(v)
 
 
 # --- registry --------------------------------------------------------------------------
@@ -421,11 +473,11 @@ def insert_passes(passes, new, *, after=None, before=None):
     :meth:`Transformer.passes`); an unknown name raises ``ValueError`` listing them.
     """
     if (after is None) == (before is None):
-        raise TypeError("insert_passes: give exactly one of after= and before=")
+        raise ArgumentError("insert_passes: give exactly one of after= and before=")
     names = [p.name for p in passes]
     anchor = after if after is not None else before
     if anchor not in names:
-        raise ValueError(f"insert_passes: no pass named {anchor!r}; passes are {names}")
+        raise ArgumentError(f"insert_passes: no pass named {anchor!r}; passes are {names}")
     i = names.index(anchor) + (1 if after is not None else 0)
     new = [new] if isinstance(new, Pass) else list(new)
     return list(passes[:i]) + new + list(passes[i:])
@@ -437,7 +489,7 @@ def pass_named(passes, name):
     for p in passes:
         if p.name == name:
             return p
-    raise ValueError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
+    raise ArgumentError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
 
 
 def transformers_with(op_class):

@@ -25,7 +25,7 @@ import weakref
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 
 #: Kernels are called through a switch on their number of (pointer) arguments.
 MAX_ARGS = 64
@@ -262,7 +262,7 @@ class EmulatorRuntime:
 
     def blas_for(self, choice):
         if choice not in ("auto", "cublas", "generated"):
-            raise ValueError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
+            raise ArgumentError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
         if choice == "cublas":
             raise GeonError("gemm='cublas' needs a GPU; the emulator runs the generated GEMM")
         return None

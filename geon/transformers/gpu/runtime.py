@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 
 _runtimes = {}
 
@@ -149,7 +149,7 @@ class PyCUDARuntime:
         that does not work here); ``"auto"`` (cuBLAS if it works, with a warning if
         CuPy is installed but fails)."""
         if choice not in ("auto", "cublas", "generated"):
-            raise ValueError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
+            raise ArgumentError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
         if choice == "generated":
             return None
         if self._blas is None:

@@ -11,7 +11,7 @@ from collections.abc import MutableMapping
 
 import numpy as np
 
-from geon.errors import GeonError, UnknownTransformerError
+from geon.errors import ArgumentError, GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
@@ -164,8 +164,8 @@ class DeviceState(MutableMapping):
     def __setitem__(self, v, value):
         host = np.array(value, dtype=v.dtype, order="C")
         if host.shape != v.axes.shape:
-            raise ValueError(f"state of {v.name}: shape {host.shape}, expected "
-                             f"{v.axes.shape}")
+            raise ArgumentError(f"state of {v.name}: shape {host.shape}, expected "
+                                f"{v.axes.shape}")
         if v not in self._device:
             self._device[v] = self.runtime.alloc(max(host.nbytes, 1))
         self._host[v] = host
