@@ -507,3 +507,47 @@ def test_user_defined_ops():
     # A process that has not defined the op cannot load it.
     with pytest.raises(be.SerializationError, match="unknown op type 'user:NoSuchOp'"):
         be.deserialize(text.replace(f"user:{scale.registry_key}", "user:NoSuchOp"))
+
+
+def _hostile_schema(edit):
+    """A softmax written with an unrelated op ``u`` beside it, its schema changed by
+    ``edit(schema, id of u)``; returns the document text."""
+    x = be.placeholder((C, N), name="x", dtype=np.float64)
+    u = be.placeholder((C, N), name="u", dtype=np.float64)
+    doc = json.loads(be.serialize([be.softmax(x), u]))
+    sm = next(o for o in doc["ops"] if "schema" in o)
+    edit(sm["schema"], next(o["id"] for o in doc["ops"] if o["name"] == "u"))
+    return json.dumps(doc)
+
+
+def _point(schema, key, target):
+    ref = schema[key]
+    (ref["op"] if isinstance(ref, dict) else ref)[0] = target
+
+
+@pytest.mark.parametrize("key", ["shifted", "Z", "x"])
+def test_a_schema_pointing_at_an_unrelated_op_is_rejected(key):
+    # Cross-entropy trusts a softmax schema (log y = shifted - log Z): one pointing at
+    # another op must not load, or the loaded graph would compute garbage silently.
+    text = _hostile_schema(lambda s, u: _point(s, key, u))
+    with pytest.raises(be.SerializationError, match=r"schema: the softmax schema does "
+                                                    r"not describe this op"):
+        be.deserialize(text)
+
+
+def test_a_schema_over_other_axes_is_rejected():
+    def edit(s, u):
+        n = s["normalization_axes"]
+        (n["axes"] if isinstance(n, dict) else n)[:] = ["N"]   # format 2 tags the axes
+    with pytest.raises(be.SerializationError, match="does not describe this op"):
+        be.deserialize(_hostile_schema(edit))
+
+
+def test_a_sigmoid_schema_must_name_the_sigmoid_arg():
+    x = be.placeholder((C,), name="x", dtype=np.float64)
+    u = be.placeholder((C,), name="u", dtype=np.float64)
+    doc = json.loads(be.serialize([be.sigmoid(x), u]))
+    sg = next(o for o in doc["ops"] if "schema" in o)
+    _point(sg["schema"], "x", next(o["id"] for o in doc["ops"] if o["name"] == "u"))
+    with pytest.raises(be.SerializationError, match="sigmoid schema does not describe"):
+        be.deserialize(json.dumps(doc))
