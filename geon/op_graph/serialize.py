@@ -1,32 +1,14 @@
-"""JSON serialization of op graphs.
+"""JSON serialization of op graphs: :func:`serialize` writes the ops some results need
+as one document (format ``"geon-graph"``, version 2, described in
+``doc/interchange.rst``); :func:`deserialize` reads it back into fresh ops.
 
-:func:`serialize` writes the ops reachable from some result ops (through args,
-other_deps and initializers) as one JSON document; :func:`deserialize` reads it back
-into fresh ops. The format (``"format": "geon-graph"``, ``"version": 2``) is described
-field by field in ``doc/interchange.rst``. In short::
-
-    {"format": "geon-graph", "version": 2, "producer": "geon 0.1.0", "single": true,
-     "axes": {"C": {"length": 3}, "N": {"length": 5, "batch": true}},
-     "ops": [{"id": 0, "op": "Placeholder", "name": "x",
-              "outputs": [{"axes": ["C", "N"], "dtype": "float32"}], "args": [],
-              "tags": ["in"], "loc": ["model.py", 12]},
-             {"id": 1, "op": "Sum", "name": "Sum_0",
-              "outputs": [{"axes": ["N"], "dtype": "float32"}], "args": [[0, 0]],
-              "attrs": {"reduction_axes": {"axes": ["C"]}}}],
-     "results": [[1, 0]]}
-
-A value is referred to as ``[op id, output index]``. An op's ``"attrs"`` are its class's
-``attrs`` (:class:`~geon.op_graph.op_graph.Op`), but for ``axes`` and ``dtype``, which
-its ``"outputs"`` give. This module knows no op class: it encodes parameter values by
-their Python type (:data:`CODECS`).
-
-Loading never executes code from the document: op types are looked up by name among
-the op classes the program has defined (:func:`~geon.op_graph.params.op_classes`;
-nothing is imported), numbers are checked, arrays are raw little-endian bytes (base64),
-every op is rebuilt through its class's constructor, so the checks that run when a user
-builds the op (axes, dtypes, shapes) run again, and a schema is kept only if it
-describes its op. Anything wrong raises :class:`~geon.errors.SerializationError` naming
-the place in the document.
+An op's ``"attrs"`` are its class's ``attrs`` (:class:`~geon.op_graph.op_graph.Op`) but
+``axes`` and ``dtype``, which its ``"outputs"`` give; values are encoded by their Python
+type (:data:`CODECS`). This module knows no op class. Loading executes nothing from the
+document: op types are looked up among the op classes the program defined
+(:func:`~geon.op_graph.params.op_classes`), every op is rebuilt through its constructor
+(so the checks of graph building run again), and a schema is kept only if it describes
+its op. Anything wrong raises :class:`~geon.errors.SerializationError` naming the place.
 """
 
 import base64
@@ -52,6 +34,7 @@ VERSION = 2
 DTYPES = {n: np.dtype(n) for n in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
+_DT = ", ".join(DTYPES)
 
 
 def _fail(where, message):
@@ -60,33 +43,28 @@ def _fail(where, message):
 
 # --- checked reading of JSON values -----------------------------------------------------
 
-def _int(data, where, lo=None):
-    if not isinstance(data, int) or isinstance(data, bool):
-        raise _fail(where, f"expected an integer, got {_json_type(data)}")
-    if lo is not None and data < lo:
+def _expect(ok, what):
+    def check(data, where):
+        if not ok(data):
+            raise _fail(where, f"expected {what}, got {_json_type(data)}")
+        return data
+    return check
+
+
+_bool = _expect(lambda d: isinstance(d, bool), "true or false")
+_str = _expect(lambda d: isinstance(d, str) and d, "a non-empty string")
+_list = _expect(lambda d: isinstance(d, list), "a list")
+_is_int = _expect(lambda d: isinstance(d, int) and not isinstance(d, bool), "an integer")
+_b64 = _expect(lambda d: isinstance(d, str), "a base64 string")
+
+
+def _int(data, where, lo=-math.inf):
+    if _is_int(data, where) < lo:
         raise _fail(where, f"expected an integer >= {lo}, got {data}")
     return data
 
 
-def _bool(data, where):
-    if not isinstance(data, bool):
-        raise _fail(where, f"expected true or false, got {_json_type(data)}")
-    return data
-
-
-def _str(data, where):
-    if not isinstance(data, str) or not data:
-        raise _fail(where, f"expected a non-empty string, got {_json_type(data)}")
-    return data
-
-
-def _list(data, where):
-    if not isinstance(data, list):
-        raise _fail(where, f"expected a list, got {_json_type(data)}")
-    return data
-
-
-def _dict(data, where, allowed=None, required=()):
+def _dict(data, where, allowed=None, required=(), what="key"):
     if not isinstance(data, dict):
         raise _fail(where, f"expected an object, got {_json_type(data)}")
     if allowed is not None:
@@ -96,36 +74,31 @@ def _dict(data, where, allowed=None, required=()):
                                f"{', '.join(sorted(allowed)) or 'none'})")
     for k in required:
         if k not in data:
-            raise _fail(where, f"missing key {k!r}")
+            raise _fail(where, f"missing {what} {k!r}")
     return data
 
 
 def _json_type(data):
     """A short description of a JSON value for messages: ``null``, ``'abc'``, ``2``..."""
-    if data is None:
-        return "null"
-    if isinstance(data, bool):
-        return str(data).lower()
-    if isinstance(data, (int, float)):
-        text = repr(data)
+    if data is None or isinstance(data, bool):
+        return json.dumps(data)
+    if isinstance(data, (int, float, str)):
+        text = repr(data[:40] + ("..." if len(data) > 40 else "") if isinstance(data, str)
+                    else data)
         return text if len(text) <= 40 else text[:37] + "..."
-    if isinstance(data, str):
-        return repr(data[:40] + ("..." if len(data) > 40 else ""))
     return {list: "a list", dict: "an object"}.get(type(data), type(data).__name__)
 
 
 def _dtype_name(dtype, where=""):
     dtype = np.dtype(dtype)
     if DTYPES.get(dtype.name) != dtype:
-        raise _fail(where, f"dtype {dtype} cannot be serialized (supported: "
-                           f"{', '.join(DTYPES)})")
+        raise _fail(where, f"dtype {dtype} cannot be serialized (supported: {_DT})")
     return dtype.name
 
 
 def _dtype(data, where):
     if not isinstance(data, str) or data not in DTYPES:
-        raise _fail(where, f"unknown dtype {_json_type(data)} (supported: "
-                           f"{', '.join(DTYPES)})")
+        raise _fail(where, f"unknown dtype {_json_type(data)} (supported: {_DT})")
     return DTYPES[data]
 
 
@@ -144,9 +117,7 @@ def decode_array(data, where):
     dtype = _dtype(data["dtype"], f"{where}.dtype")
     shape = tuple(_int(n, f"{where}.shape[{i}]", 0)
                   for i, n in enumerate(_list(data["shape"], f"{where}.shape")))
-    if not isinstance(data["data"], str):
-        raise _fail(f"{where}.data", f"expected a base64 string, got "
-                                     f"{_json_type(data['data'])}")
+    _b64(data["data"], f"{where}.data")
     want = math.prod(shape) * dtype.itemsize
     if len(data["data"]) > 4 * (want // 3 + 1):
         raise _fail(f"{where}.data", f"longer than {dtype} {list(shape)} needs")
@@ -157,28 +128,23 @@ def decode_array(data, where):
     if len(raw) != want:
         raise _fail(f"{where}.data", f"{len(raw)} bytes, but {dtype} {list(shape)} needs "
                                      f"{want}")
-    if dtype.kind == "b":
-        arr = np.frombuffer(raw, np.uint8) != 0
-    else:
-        arr = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype)
-    arr = arr.reshape(shape)
+    arr = (np.frombuffer(raw, np.uint8) != 0 if dtype.kind == "b" else
+           np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype)).reshape(shape)
     arr.setflags(write=False)
     return arr
 
 
 class MissingValue:
     """A parameter that was a function when the graph was written (a Variable's
-    initial value): calling it raises. Restore a checkpoint before running, or
-    serialize with ``values=``."""
+    initial value): calling it raises."""
 
     def __init__(self, name):
         self.name = name
 
     def __call__(self, shape):
-        raise SerializationError(
-            f"{self.name} was serialized without its value (its initial value is a "
-            f"function); restore a checkpoint before running, or serialize with "
-            f"values=transformer.state_view()")
+        raise SerializationError(f"{self.name} was serialized without its value (its initial "
+                                 f"value is a function); restore a checkpoint before running, "
+                                 f"or serialize with values=transformer.state_view()")
 
     def __repr__(self):
         return "<not serialized>"
@@ -188,10 +154,10 @@ class MissingValue:
 
 def _float(data, where):
     if isinstance(data, dict) and set(data) == {"float"}:
-        if data["float"] not in ("nan", "inf", "-inf"):
-            raise _fail(where, f"bad float {_json_type(data['float'])}")
-        return float(data["float"])
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        data = data["float"]
+        if data in ("nan", "inf", "-inf"):
+            return float(data)
+    elif isinstance(data, (int, float)) and not isinstance(data, bool):
         return float(data)
     raise _fail(where, f"expected a number, got {_json_type(data)}")
 
@@ -200,12 +166,10 @@ def _encode_float(v):
     return v if math.isfinite(v) else {"float": repr(v)}
 
 
-def _decode_slice(dec, data, where):
-    parts = _list(data, where)
-    if len(parts) != 3:
-        raise _fail(where, f"expected [start, stop, step], got {len(parts)} entries")
-    return slice(*[None if p is None else _int(p, f"{where}[{i}]")
-                   for i, p in enumerate(parts)])
+def _parts(data, n, where):
+    if len(_list(data, where)) != n:
+        raise _fail(where, f"expected a list of {n}, got {len(data)} entries")
+    return enumerate(data)
 
 
 def _encode_slice(enc, k, where):
@@ -220,12 +184,12 @@ def _encode_slice(enc, k, where):
 CODECS = {
     float: ("float", None, lambda d, x, w: _float({"float": x}, w)),  # non-finite only
     complex: ("complex", lambda e, v, w: [_encode_float(v.real), _encode_float(v.imag)],
-              lambda d, x, w: complex(*[_float(p, f"{w}[{i}]") for i, p in
-                                        enumerate(_pair(x, w))])),
+              lambda d, x, w: complex(*[_float(p, f"{w}[{i}]") for i, p in _parts(x, 2, w)])),
     tuple: ("tuple", lambda e, v, w: [e.value(x, f"{w}[{i}]") for i, x in enumerate(v)],
             lambda d, x, w: tuple(d.value(p, f"{w}[{i}]")
                                   for i, p in enumerate(_list(x, w)))),
-    slice: ("slice", _encode_slice, _decode_slice),
+    slice: ("slice", _encode_slice, lambda d, x, w: slice(*[
+        None if p is None else _int(p, f"{w}[{i}]") for i, p in _parts(x, 3, w)])),
     Axis: ("axis", lambda e, v, w: e.axis(v, w), lambda d, x, w: d.axis(x, w)),
     Axes: ("axes", lambda e, v, w: [e.axis(a, w) for a in v], lambda d, x, w: d.axes(x, w)),
     np.dtype: ("dtype", lambda e, v, w: _dtype_name(v, w), lambda d, x, w: _dtype(x, w)),
@@ -238,38 +202,24 @@ _TAGS = {tag: dec for tag, _, dec in CODECS.values() if dec is not None}
 _TAGS["function"] = lambda d, x, w: MissingValue(d.op_name)
 
 
-def _pair(data, where):
-    if len(_list(data, where)) != 2:
-        raise _fail(where, "expected [real, imaginary]")
-    return data
-
-
 # --- writing ------------------------------------------------------------------------------
 
 class _Encoder:
     def __init__(self, ids):
-        self.ids = ids
-        self.table = {}     # name -> entry (JSON)
-        self._axes = {}     # name -> Axis written under it
+        self.ids, self.table, self._axes = ids, {}, {}  # table: JSON entry, _axes: Axis
 
     def axis(self, a, where=""):
         old = self._axes.get(a.name)
         if old is not None:
-            if old is not a and not _same_axis(old, a):
-                raise _fail(where, f"two different axes are named {a.name!r} ({old!r} "
-                                   f"{_flags(old)} and {a!r} {_flags(a)}); an axis name "
-                                   f"must mean one axis within a graph")
+            if old is not a and _axis_key(old) != _axis_key(a):
+                raise _fail(where, f"two different axes are named {a.name!r} ({old!r} and "
+                                   f"{a!r}: length, batch, recurrent {_axis_key(old)} and "
+                                   f"{_axis_key(a)}); a name must mean one axis in a graph")
             return a.name
-        if isinstance(a, FlattenedAxis):
-            entry = {"parts": [self.axis(p, where) for p in a.axes]}
-        else:
-            entry = {"length": a.length}
-            if a.batch:
-                entry["batch"] = True
-            if a.recurrent:
-                entry["recurrent"] = True
         self._axes[a.name] = a
-        self.table[a.name] = entry
+        self.table[a.name] = {"parts": [self.axis(p, where) for p in a.axes]} \
+            if isinstance(a, FlattenedAxis) else {"length": a.length, **{
+                k: True for k in ("batch", "recurrent") if getattr(a, k)}}
         return a.name
 
     def ref(self, op, where):
@@ -280,41 +230,33 @@ class _Encoder:
 
     def value(self, v, where):
         """The JSON form of a parameter value (see :data:`CODECS`)."""
-        if v is None or isinstance(v, (bool, str)):
+        if v is None or isinstance(v, (bool, str)) or isinstance(v, float) and math.isfinite(v):
             return v
-        if isinstance(v, (int, np.integer)) and not isinstance(v, np.bool_):
+        if isinstance(v, (int, np.integer)):
             return int(v)
-        if isinstance(v, float) and math.isfinite(v):
-            return v
-        for klass in type(v).__mro__:
-            codec = CODECS.get(klass)
-            if codec is not None:
-                tag, encode, _ = codec
-                return {tag: encode(self, v, where) if encode else repr(v)}
+        codec = next((CODECS[k] for k in type(v).__mro__ if k in CODECS), None)
+        if codec is not None:
+            return {codec[0]: codec[1](self, v, where) if codec[1] else repr(v)}
         if callable(v):
             return {"function": None}   # read back as a MissingValue
         raise _fail(where, f"cannot write a value of type {type(v).__name__} ({v!r})")
 
 
-def _flags(a):
-    return ("batch " if a.batch else "") + ("recurrent" if a.recurrent else "")
+def _axis_key(a):
+    return tuple(map(_axis_key, a.axes)) if isinstance(a, FlattenedAxis) else \
+        (a.length, a.batch, a.recurrent)
 
 
-def _same_axis(a, b):
-    if isinstance(a, FlattenedAxis) or isinstance(b, FlattenedAxis):
-        return isinstance(a, FlattenedAxis) and isinstance(b, FlattenedAxis) and \
-            len(a.axes) == len(b.axes) and all(_same_axis(x, y) for x, y in zip(a.axes, b.axes))
-    return (a.length, a.batch, a.recurrent) == (b.length, b.batch, b.recurrent)
+def _outputs(op):  # the tensors op computes
+    return op.outputs if isinstance(op, og.MultiOutput) else \
+        [op] if isinstance(op, og.TensorOp) else []
 
 
-def _out_index(op):
-    """Which output of its op ``op`` is: its index for an :class:`Output`, else 0."""
+def _out_index(op):  # which output of its op ``op`` is
     return op.index if isinstance(op, og.Output) else 0
 
 
-def _written_attrs(cls):
-    """The attrs a record holds: all but ``axes`` and ``dtype`` of a tensor op, which its
-    outputs give."""
+def _written_attrs(cls):  # all but a tensor op's axes and dtype (its outputs give them)
     tensor = issubclass(cls, og.TensorOp)
     return [n for n in cls.attrs if not (tensor and n in ("axes", "dtype"))]
 
@@ -328,18 +270,16 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
 
     Args:
         ops: the result ops; :func:`deserialize` returns the same structure.
-        values: ``{Variable: array}`` written as those variables' initial values (for
-            example ``transformer.state_view()`` to save trained weights with the
-            graph). Other variables keep an initial value that is a number or an array;
-            one that is a function is written as absent, and the loaded variable raises
-            :class:`SerializationError` if it is initialized without a restore.
+        values: ``{Variable: array}`` written as those variables' initial values (e.g.
+            ``transformer.state_view()``, to save trained weights with the graph). An
+            initial value that is a function is not written: the loaded variable
+            raises :class:`SerializationError` if it is initialized without a restore.
         indent: passed to :func:`json.dumps` (``None``: one line).
         debug_info: write each op's source location and ``derived_from``.
         metadata: a JSON-compatible dict stored as ``"metadata"`` (not interpreted).
 
-    Raises :class:`SerializationError` for an op class whose name another op class also
-    has, a parameter of a type that cannot be written, an unsupported dtype, a tag that
-    is not a string, or two different axes with one name.
+    Raises :class:`SerializationError` for two op classes with one name, a parameter or
+    dtype that cannot be written, a tag that is not a string, or two axes with one name.
     """
     import geon
     results, single = og.as_op_list(ops, "serialize: ops")
@@ -349,16 +289,13 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
         order = graph_ops(results)
     except GeonError as e:
         raise SerializationError(str(e)) from None
-    # An Output op has no record: it is referred to as [its multi-output op, index].
-    ids, n = {}, 0
-    for op in order:  # all ids first: user_deps and initializers may point forward
-        if isinstance(op, og.Output):
-            ids[op] = ids[og.snap(op.args[0])]
-        else:
-            ids[op], n = n, n + 1
+    # All ids first (user_deps and initializers may point forward). An Output op has no
+    # record: it is referred to as [its multi-output op, index].
+    written = [op for op in order if not isinstance(op, og.Output)]
+    ids = {op: i for i, op in enumerate(written)}
+    ids.update((op, ids[og.snap(op.args[0])]) for op in order if isinstance(op, og.Output))
     enc, classes = _Encoder(ids), op_classes()
-    records = [_record(op, ids[op], enc, classes, values, debug_info) for op in order
-               if not isinstance(op, og.Output)]
+    records = [_record(op, ids[op], enc, classes, values, debug_info) for op in written]
     doc = {"format": FORMAT, "version": VERSION, "producer": f"geon {geon.__version__}",
            "single": single, "axes": enc.table, "ops": records,
            "results": [[ids[r], _out_index(r) if isinstance(r, og.TensorOp) else None]
@@ -378,21 +315,17 @@ def _record(op, i, enc, classes, values, debug_info):
     if classes.get(name) is not cls:
         raise _fail(where, f"another op class is also named {name!r}; a document could "
                            f"not tell them apart (rename one)")
-    rec = {"id": i, "op": name, "name": op.name}
-    outs = op.outputs if isinstance(op, og.MultiOutput) else \
-        [op] if isinstance(op, og.TensorOp) else []
-    rec["outputs"] = [{"axes": [enc.axis(a, where) for a in o.axes],
-                       "dtype": _dtype_name(o.dtype, where)} for o in outs]
-    rec["args"] = [enc.ref(a, f"{where}, args") for a in op.args]
+    rec = {"id": i, "op": name, "name": op.name, "outputs": [
+        {"axes": [enc.axis(a, where) for a in o.axes], "dtype": _dtype_name(o.dtype, where)}
+        for o in _outputs(op)], "args": [enc.ref(a, f"{where}, args") for a in op.args]}
     for key, deps in (("other_deps", op.other_deps), ("user_deps", op.user_deps),
                       ("initializers", op.initializers)):
         refs = [enc.ids[s] for s in (og.snap(d) for d in deps) if s in enc.ids]
         if refs:
             rec[key] = refs
-    if op.tags:
-        bad = [t for t in op.tags if not isinstance(t, str)]
-        if bad:
-            raise _fail(where, f"tag {bad[0]!r} is not a string")
+    for t in op.tags:
+        if not isinstance(t, str):
+            raise _fail(where, f"tag {t!r} is not a string")
         rec["tags"] = sorted(op.tags)
     attrs = op.attr_values()
     if isinstance(op, og.Variable) and op in values:
@@ -404,12 +337,11 @@ def _record(op, i, enc, classes, values, debug_info):
     written = {k: enc.value(attrs[k], f"{where}, attribute {k}") for k in _written_attrs(cls)}
     if written:
         rec["attrs"] = written
-    schema = op.schema if isinstance(op, og.TensorOp) else None
-    if schema is not None and all(og.snap(getattr(schema, k)) in enc.ids
-                                  for k in schema.attrs
-                                  if isinstance(getattr(schema, k), og.Op)):
-        rec["schema"] = {"kind": schema.kind, **{
-            k: enc.value(getattr(schema, k), f"{where}, schema {k}") for k in schema.attrs}}
+    schema = getattr(op, "schema", None)
+    refs = [] if schema is None else [getattr(schema, k) for k in schema.attrs]
+    if schema is not None and all(og.snap(r) in enc.ids for r in refs if isinstance(r, og.Op)):
+        rec["schema"] = {"kind": schema.kind, **{k: enc.value(r, f"{where}, schema {k}")
+                                                 for k, r in zip(schema.attrs, refs)}}
     if debug_info:
         rec["loc"] = [str(op.filename), int(op.lineno)]
         if op.derived_from is not None:
@@ -420,9 +352,8 @@ def _record(op, i, enc, classes, values, debug_info):
 # --- reading --------------------------------------------------------------------------------
 
 class LoadedGraph:
-    """What :func:`deserialize_graph` read: ``results`` (a list), ``ops`` (every op, in
-    document order), ``single`` (whether :func:`serialize` was given one op) and
-    ``metadata``."""
+    """What :func:`deserialize_graph` read: ``results`` (a list), ``ops`` (in document
+    order), ``single`` (:func:`serialize` was given one op) and ``metadata``."""
 
     def __init__(self, results, ops, single, metadata):
         self.results, self.ops, self.single, self.metadata = results, ops, single, metadata
@@ -432,15 +363,11 @@ class LoadedGraph:
         """The results as :func:`serialize` was given them: an op, or a list."""
         return self.results[0] if self.single else list(self.results)
 
-    @property
-    def placeholders(self):
-        """The placeholders, in document order."""
-        return [op for op in self.ops if isinstance(op, og.Placeholder)]
-
-    @property
-    def variables(self):
-        """The variables, in document order."""
-        return [op for op in self.ops if isinstance(op, og.Variable)]
+    placeholders = property(lambda self: [op for op in self.ops
+                                          if isinstance(op, og.Placeholder)],
+                            doc="The placeholders, in document order.")
+    variables = property(lambda self: [op for op in self.ops if isinstance(op, og.Variable)],
+                         doc="The variables, in document order.")
 
     def op(self, name):
         """The op called ``name``; raises :class:`KeyError` if there is none or several."""
@@ -452,8 +379,7 @@ class LoadedGraph:
 
 class _Decoder:
     def __init__(self):
-        self.table = {}
-        self.ops, self.n_out = [], []
+        self.table, self.ops, self.n_out, self.types = {}, [], [], []
         self.limit = 0          # ops before this id may be referred to
         self.op_name = None     # the op being read (for MissingValue)
 
@@ -463,11 +389,17 @@ class _Decoder:
         return self.table[data]
 
     def axes(self, data, where):
-        items = [self.axis(n, f"{where}[{i}]") for i, n in enumerate(_list(data, where))]
-        try:
-            return Axes(items)
-        except (GeonError, ValueError) as e:
-            raise _fail(where, str(e)) from None
+        return _checked(Axes, where, [self.axis(n, f"{where}[{i}]")
+                                      for i, n in enumerate(_list(data, where))])
+
+    def id_list(self, rec, key, where, limit):
+        """The ops whose ids ``rec[key]`` lists (each below ``limit``)."""
+        out = []
+        for j, d in enumerate(_list(rec.get(key, []), f"{where}.{key}")):
+            if not 0 <= _int(d, f"{where}.{key}[{j}]") < limit:
+                raise _fail(f"{where}.{key}[{j}]", f"dangling reference to op {d}")
+            out.append(self.ops[d])
+        return out
 
     def read_axes(self, data):
         _dict(data, "axes")
@@ -478,18 +410,13 @@ class _Decoder:
             if "parts" in entry:
                 if len(entry) != 1:
                     raise _fail(where, "a flattened axis has only \"parts\"")
-                parts = [self.axis(p, f"{where}.parts[{i}]")
-                         for i, p in enumerate(_list(entry["parts"], f"{where}.parts"))]
-                try:
-                    a = FlattenedAxis(parts)
-                except (GeonError, ValueError) as e:
-                    raise _fail(where, str(e)) from None
+                a = _checked(FlattenedAxis, where, [
+                    self.axis(p, f"{where}.parts[{i}]")
+                    for i, p in enumerate(_list(entry["parts"], f"{where}.parts"))])
                 if a.name != name:
                     raise _fail(where, f"the parts make an axis named {a.name!r}")
             else:
-                if "length" not in entry:
-                    raise _fail(where, "missing key 'length'")
-                length = entry["length"]
+                length = _dict(entry, where, required=("length",))["length"]
                 if length is not None:
                     _int(length, f"{where}.length", 0)
                 a = Axis(length, name, _bool(entry.get("batch", False), f"{where}.batch"),
@@ -499,9 +426,7 @@ class _Decoder:
     def ref(self, data, where, allow_op=False):
         """``[id, output]`` of an op before ``limit``; ``[id, null]`` (the op itself, for
         a result) if ``allow_op``."""
-        _list(data, where)
-        if len(data) != 2:
-            raise _fail(where, f"expected [op id, output index], got {len(data)} entries")
+        _parts(data, 2, where)
         i, limit = _int(data[0], f"{where}[0]"), self.limit
         if not 0 <= i < limit:
             raise _fail(where, f"dangling reference to op {i}"
@@ -535,6 +460,13 @@ _TOP_KEYS = {"format", "version", "producer", "single", "axes", "ops", "results"
              "metadata"}
 
 
+def _checked(make, where, arg):
+    try:
+        return make(arg)
+    except (GeonError, ValueError) as e:
+        raise _fail(where, str(e)) from None
+
+
 def _reject_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -544,46 +476,43 @@ def deserialize_graph(text):
 
     ``text`` is a ``str`` (or UTF-8 ``bytes``). Raises :class:`SerializationError`,
     naming the place, for text that is not JSON, another format or version, an unknown
-    op type, axis or dtype, a reference to an op not defined before, an op whose
-    constructor rejects what the document says, or a schema that does not describe its
-    op.
+    op type, axis or dtype, a dangling reference, an op whose constructor rejects what
+    the document says, or a schema that does not describe its op.
     """
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SerializationError(f"not UTF-8 text: {e}") from None
-    if not isinstance(text, str):
+    if not isinstance(text, (str, bytes, bytearray)):
         raise TypeError(f"deserialize takes a JSON str, not {type(text).__name__}")
     try:
+        text = bytes(text).decode("utf-8") if not isinstance(text, str) else text
         doc = json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError as e:
+        raise SerializationError(f"not UTF-8 text: {e}") from None
     except RecursionError:
         raise SerializationError("not valid JSON: nested too deeply") from None
     except ValueError as e:  # json.JSONDecodeError, and the integer digit limit
         raise SerializationError(f"not valid JSON: {e}") from None
     _dict(doc, "document", _TOP_KEYS, ("format", "version", "axes", "ops", "results"))
     if doc["format"] != FORMAT:
-        raise SerializationError(f"format: expected {FORMAT!r}, got "
-                                 f"{_json_type(doc['format'])}")
+        raise _fail("format", f"expected {FORMAT!r}, got {_json_type(doc['format'])}")
     version = doc["version"]
-    if version != VERSION or not isinstance(version, int) or isinstance(version, bool):
+    if type(version) is not int or version != VERSION:
         raise SerializationError(f"version: this geon reads version {VERSION}, the document "
                                  f"has version {_json_type(version)}")
     single = _bool(doc.get("single", False), "single")
     dec, classes = _Decoder(), op_classes()
     dec.read_axes(doc["axes"])
     records = _list(doc["ops"], "ops")
-    weak = []
     for i, rec in enumerate(records):
         dec.limit = i
-        op, n = _read_op(i, rec, dec, classes)
-        dec.ops.append(op)
-        dec.n_out.append(n)
-        if isinstance(op, og.Constant) and op.weak:
-            weak.append((op, op.dtype))
-    dec.limit = len(records)
-    for i, rec in enumerate(records):
-        _read_links(i, rec, dec)
+        _read_op(i, rec, dec, classes)
+    # Building a user adopts a weak constant arg's dtype: give back the document's.
+    weak = [(op, t[1]) for op, t in zip(dec.ops, dec.types) if getattr(op, "weak", False)]
+    dec.limit = n = len(records)
+    for i, (rec, op) in enumerate(zip(records, dec.ops)):  # may point forward
+        where = f"ops[{i}] ({rec['op']} {op.name!r})"
+        op.user_deps = OrderedSet(dec.id_list(rec, "user_deps", where, n))
+        op.initializers = dec.id_list(rec, "initializers", where, n)
+        if "schema" in rec:
+            op.schema = _read_schema(rec["schema"], dec, f"{where}.schema", op)
     restore_weak(weak)
     results = [dec.ref(r, f"results[{j}]", allow_op=True)
                for j, r in enumerate(_list(doc["results"], "results"))]
@@ -594,8 +523,8 @@ def deserialize_graph(text):
 
 
 def deserialize(text):
-    """The ops of a document written by :func:`serialize`: an op if it was given one op,
-    else a list (see :func:`deserialize_graph` for the errors, and for the other ops)."""
+    """The results of a document: an op or a list, as :func:`serialize` was given them
+    (see :func:`deserialize_graph`)."""
     return deserialize_graph(text).value
 
 
@@ -615,10 +544,9 @@ def _read_op(i, rec, dec, classes):
                                    "[its multi-output op, output index]")
     outputs = _list(rec["outputs"], f"{where}.outputs")
     tensor, multi = issubclass(cls, og.TensorOp), issubclass(cls, og.MultiOutput)
-    if multi and not outputs or not multi and len(outputs) != (1 if tensor else 0):
-        raise _fail(f"{where}.outputs", f"has {len(outputs)} entries; a {type_name_} op "
-                                        "has " + ("at least 1" if multi else
-                                                  str(1 if tensor else 0)))
+    if (not outputs) if multi else len(outputs) != tensor:
+        raise _fail(f"{where}.outputs", f"has {len(outputs)} entries; a {type_name_} op has "
+                                        f"{'at least 1' if multi else int(tensor)}")
     types = []
     for k, o in enumerate(outputs):
         o = _dict(o, f"{where}.outputs[{k}]", {"axes", "dtype"}, ("axes", "dtype"))
@@ -626,66 +554,33 @@ def _read_op(i, rec, dec, classes):
                       _dtype(o["dtype"], f"{where}.outputs[{k}].dtype")))
     args = [dec.ref(r, f"{where}.args[{j}]")
             for j, r in enumerate(_list(rec["args"], f"{where}.args"))]
-    deps = []
-    for j, d in enumerate(_list(rec.get("other_deps", []), f"{where}.other_deps")):
-        d = _int(d, f"{where}.other_deps[{j}]")
-        if not 0 <= d < i:
-            raise _fail(f"{where}.other_deps[{j}]", f"dangling reference to op {d}")
-        deps.append(dec.ops[d])
+    deps = dec.id_list(rec, "other_deps", where, i)
     tags = [_str(t, f"{where}.tags[{j}]")
             for j, t in enumerate(_list(rec.get("tags", []), f"{where}.tags"))]
     names = _written_attrs(cls)
-    data = _dict(rec.get("attrs", {}), f"{where}.attrs", set(names))
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise _fail(f"{where}.attrs", f"missing attribute {missing[0]!r}")
+    data = _dict(rec.get("attrs", {}), f"{where}.attrs", set(names), names, "attribute")
     attrs = {n: dec.value(data[n], f"{where}.attrs.{n}") for n in names}
     if tensor:
         attrs.update({k: v for k, v in zip(("axes", "dtype"), types[0]) if k in cls.attrs})
-    filename, lineno = "<unknown>", 0
-    if "loc" in rec:
-        loc = _list(rec["loc"], f"{where}.loc")
-        if len(loc) != 2 or not isinstance(loc[0], str):
-            raise _fail(f"{where}.loc", "expected [file name, line number]")
-        filename, lineno = loc[0], _int(loc[1], f"{where}.loc[1]", 0)
+    loc = _list(rec.get("loc", ["<unknown>", 0]), f"{where}.loc")
+    if len(loc) != 2 or not isinstance(loc[0], str):
+        raise _fail(f"{where}.loc", "expected [file name, line number]")
     derived = rec.get("derived_from")
-    if derived is not None:
-        derived = _str(derived, f"{where}.derived_from")
+    derived = None if derived is None else _str(derived, f"{where}.derived_from")
     try:
         op = build(cls, args, attrs, name, tags, deps)
     except Exception as e:  # the constructor's own checks, in the user's terms
         raise _fail(where, f"{type(e).__name__}: {e}") from None
-    got = [(o.axes, o.dtype) for o in op.outputs] if multi else [(op.axes, op.dtype)] \
-        if tensor else []
+    got = [(o.axes, o.dtype) for o in _outputs(op)]
     if any(g[0].names != t[0].names or g[0].lengths != t[0].lengths or g[1] != t[1]
            for g, t in zip(got, types)) or len(got) != len(types):
         raise _fail(where, "the document says " + "; ".join(
             f"{show_axes(a)} {d}" for a, d in types) + ", but the args give " + "; ".join(
             f"{show_axes(a)} {d}" for a, d in got))
-    copy_debug_info(op, filename, lineno, derived)
-    return op, len(outputs)
-
-
-def _read_links(i, rec, dec):
-    """References that may point forward: user_deps, initializers, schema."""
-    op = dec.ops[i]
-    where = f"ops[{i}] ({rec['op']} {op.name!r})"
-    n = len(dec.ops)
-
-    def one(d, w):
-        d = _int(d, w)
-        if not 0 <= d < n:
-            raise _fail(w, f"dangling reference to op {d}")
-        return dec.ops[d]
-    for key in ("user_deps", "initializers"):
-        refs = [one(d, f"{where}.{key}[{j}]")
-                for j, d in enumerate(_list(rec.get(key, []), f"{where}.{key}"))]
-        if key == "user_deps":
-            op.user_deps = OrderedSet(refs)
-        else:
-            op.initializers = refs
-    if "schema" in rec:
-        op.schema = _read_schema(rec["schema"], dec, f"{where}.schema", op)
+    copy_debug_info(op, loc[0], _int(loc[1], f"{where}.loc[1]", 0), derived)
+    dec.ops.append(op)
+    dec.n_out.append(len(outputs))
+    dec.types.append(types[0] if tensor else None)
 
 
 def _read_schema(data, dec, where, op):
