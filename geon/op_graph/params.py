@@ -132,14 +132,21 @@ def type_name(cls):
 
 
 def op_classes():
-    """``{type name: class}`` of every op class this process has defined (a name that two
-    live classes share maps to ``None``). Nothing is imported."""
-    table, stack = {}, [og.Op]
+    """``{type name: class}`` of every op class this process has defined. Nothing is
+    imported. A name two live classes share maps to geon's class if one is geon's (a
+    program cannot shadow geon's ops), else to ``None`` (neither can be written)."""
+    by_name, seen, stack = {}, set(), [og.Op]
     while stack:
         cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        name = type_name(cls)
-        table[name] = cls if table.get(name, cls) is cls else None
+        if cls not in seen:
+            seen.add(cls)
+            stack.extend(cls.__subclasses__())
+            by_name.setdefault(type_name(cls), []).append(cls)
+    table = {}
+    for name, classes in by_name.items():
+        ours = [c for c in classes if c.__module__.startswith("geon.")]
+        table[name] = classes[0] if len(classes) == 1 else ours[0] if len(ours) == 1 \
+            else None
     return table
 
 
