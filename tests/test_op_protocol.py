@@ -12,6 +12,7 @@ import geon as be
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph.autodiff import adjoint_rule
+from geon.op_graph.forward import forward_rule
 from geon.op_graph.params import clone_graph, graph_ops, rebuild, value_key
 from geon.op_graph.reference import EVALUATORS
 from geon.op_graph.user_ops import UserOp
@@ -57,6 +58,11 @@ def _roll_adjoint(op, delta):  # the transpose of a cyclic shift shifts back
     return (Roll(delta, op.axis, -op.shift),)
 
 
+@forward_rule(Roll)
+def _roll_forward(op, tangents):  # linear: the tangent rolls the same way
+    return Roll(tangents[0], op.axis, op.shift)
+
+
 @numpy_code(Roll)
 def _roll_code(op, out, args):
     pos = op.args[0].axes.index(op.axis)
@@ -89,6 +95,8 @@ def test_new_op_rules_and_derivative():
     g = be.deriv(be.sum(Roll(x, H, 1) * w, out_axes=()), x)
     W = np.random.default_rng(0).standard_normal(V.shape)
     np.testing.assert_allclose(_run(g, [x, w], V, W), np.roll(W, -1, axis=1), rtol=1e-14)
+    t = be.jvp(Roll(x, H, 1), x, W)
+    np.testing.assert_array_equal(be.evaluate(t, {x: V}), np.roll(W, 1, axis=1))
     with pytest.raises(AxisMismatchError, match="Roll"):
         Roll(be.placeholder((C,)), H, 1)
 

@@ -574,7 +574,7 @@ def _read_op(i, rec, dec, classes):
     got = [(o.axes, o.dtype) for o in _outputs(op)]
     if any(g[0].names != t[0].names or g[0].lengths != t[0].lengths or g[1] != t[1]
            for g, t in zip(got, types)) or len(got) != len(types):
-        raise _fail(where, "the document says " + "; ".join(
+        raise _fail(where + ".outputs" * multi, "the document says " + "; ".join(
             f"{show_axes(a)} {d}" for a, d in types) + ", but the args give " + "; ".join(
             f"{show_axes(a)} {d}" for a, d in got))
     copy_debug_info(op, loc[0], _int(loc[1], f"{where}.loc[1]", 0), derived)
