@@ -13,6 +13,7 @@ A new op class declares ``attrs`` and needs nothing here.
 """
 
 import inspect
+import weakref
 
 import numpy as np
 
@@ -255,10 +256,17 @@ def clone_graph(results, replace=None):
     return mapping
 
 
+_DEFAULTS = weakref.WeakKeyDictionary()   # class -> defaults; does not keep classes
+
+
 def signature_defaults(cls):
     """``{parameter: default}`` of ``cls``'s constructor (for printing non-defaults)."""
-    try:
-        params = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not p.empty}
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        try:
+            params = inspect.signature(cls).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        found = _DEFAULTS[cls] = {p.name: p.default for p in params
+                                  if p.default is not p.empty}
+    return found

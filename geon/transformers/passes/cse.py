@@ -2,8 +2,8 @@
 
 Two ops are merged when they have the same class, the same parameters (the values of
 the class's ``attrs``: reduction axes, slice keys, permutations ..., compared with
-:func:`~geon.op_graph.params.value_key`), the same result axes and dtype, the same args (after earlier merges), the same
-other_deps and the same tags. The later op (in dependency order) is replaced by the
+:func:`~geon.op_graph.params.value_key`), the same result axes and dtype, the same args
+(after earlier merges), the same other_deps and the same tags. The later op (in dependency order) is replaced by the
 earlier one with :meth:`~geon.transformers.passes.Graph.replace`, so handles to it
 follow ``forward`` to the survivor.
 
