@@ -144,6 +144,25 @@ def test_new_op_clone_and_json_round_trip():
         be.deserialize(bad)
 
 
+def test_a_mutable_parameter_is_reported_by_name():
+    class Pick(og.ComputationOp):
+        attrs = ("index", "dtype")
+
+        def __init__(self, x, index, **kwargs):
+            self.index = index
+            super().__init__(x, **kwargs)
+
+        def _infer_axes(self):
+            return self.args[0].axes
+
+    y = Pick(be.placeholder((C,)), [0, 1], name="pick")
+    with pytest.raises(be.GeonError, match="Pick pick: a parameter value of type list"):
+        cse_key(y)
+    with pytest.raises(be.SerializationError, match="pick.*attribute index: cannot write "
+                                                    "a value of type list"):
+        be.serialize(y)
+
+
 # --- every op class of geon -------------------------------------------------------------------
 
 def _geon_op_classes():

@@ -21,6 +21,7 @@ other_deps are part of the key, so two reads of a variable built on either side 
 same side merge.
 """
 
+from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.params import value_key
 from geon.transformers.passes import Pass
@@ -32,7 +33,11 @@ def cse_key(op):
         return None
     if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
         return None
-    attrs = tuple(value_key(v) for v in op.attr_values().values())
+    try:
+        attrs = tuple(value_key(v) for v in op.attr_values().values())
+    except TypeError as e:
+        raise GeonError(f"{type(op).__name__} {op.name}: {e}; an op's parameters (its "
+                        f"class's attrs) are immutable values") from None
     axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
         else None
     return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op.tags))
