@@ -163,6 +163,21 @@ def test_a_mutable_parameter_is_reported_by_name():
         be.serialize(y)
 
 
+def test_user_op_parameters_are_attrs():
+    Scale = be.define_op("ProtoScale", lambda x, k: x * k, axes=lambda x, k: x.axes,
+                         params=("k",))
+    assert Scale.attrs == ("dtype", "k")
+    x = be.placeholder((C,), dtype=np.float64, name="x")
+    a, b, c = Scale(x, k=2.5), Scale(x, k=2.5), Scale(x, k=3.0, name="c")
+    assert a.k == 2.5 == a.params["k"] and _rebuilt_equal(a)
+    assert cse_key(a) == cse_key(b) != cse_key(c)
+    assert "ProtoScale(x; k=3.0)" in be.graph_text(c)
+    for bad in ("forward", "args", "type_name", "_hidden"):
+        with pytest.raises(ValueError, match="reserved"):
+            be.define_op("ProtoBad", lambda x, **kw: x, axes=lambda x, **kw: x.axes,
+                         params=(bad,))
+
+
 # --- every op class of geon -------------------------------------------------------------------
 
 def _geon_op_classes():

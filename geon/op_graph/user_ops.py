@@ -53,6 +53,7 @@ class UserOp:
     arity = None
     param_names = ()
     registry_key = None
+    type_name = None
     cuda_source = None
     _axes_rule = None
     _dtype_rule = None
