@@ -255,3 +255,23 @@ def test_parameters_the_user_chose_survive_rebuild_and_json():
     for a, b in zip([s, r, d], loaded):
         assert type(b) is type(a) and _attr_keys(b) == _attr_keys(a)
     assert loaded[2].args[1].weak and loaded[2].args[1]._number == 1
+
+
+def test_primitive_constructors_check_what_a_document_could_get_wrong():
+    # Loading rebuilds every op through its constructor, so these checks (once made by
+    # the serializer) guard documents and hand-built graphs alike.
+    from geon.op_graph import primitives as pr
+    x = be.placeholder((C,), name="x")
+    with pytest.raises(AxisMismatchError, match="Expand: bad dimension map"):
+        pr.Expand(x, be.Axes(H), (0,))                        # reads C:3 as H:4
+    with pytest.raises(AxisMismatchError, match=r"SliceView .*cuts \(C:3\) to shape \(2,\)"):
+        pr.SliceView(x, (slice(0, 2),), be.Axes(be.Axis(3, "K")))
+    with pytest.raises(AxisMismatchError, match="one slice or int per dimension"):
+        pr.SliceView(x, (slice(0, 2), 0), be.Axes(be.Axis(2, "K")))
+    with pytest.raises(AxisMismatchError, match="Unslice"):
+        pr.Unslice(x, be.Axes(H), (slice(0, 2),))
+    with pytest.raises(TypeError):
+        pr.Dimshuffle(x, ("0",))
+    with pytest.raises(TypeError, match="Tanh takes 1 arg"):
+        og.Tanh(x, x)
+    assert pr.SliceView(x, (slice(1, 3),), be.Axes(be.Axis(2, "K"))).axes.lengths == (2,)
