@@ -132,7 +132,7 @@ def _digits_graphs():
 
 def _user_level_counts(results):
     """Op counts of the user's graph before and after CSE alone (on a copy)."""
-    from geon.op_graph.serialize import clone_graph
+    from geon.op_graph.params import clone_graph
     m = clone_graph(results)
     g = Graph([m[be.snap(r)] for r in results])
     p = CommonSubexpressionElimination()

@@ -51,7 +51,7 @@ def test_text_of_the_user_graph():
     me = "test_printing.py"
     assert lines["x"] == f"x = Placeholder() : (C:3, N:5) float32 {{in}}  # {me}:" \
                          f"{x.lineno}"
-    assert lines["w"].startswith("w = Variable(initial=0.5) : (H:4, C:3) float32")
+    assert lines["w"].startswith("w = Variable(initial_value=0.5) : (H:4, C:3) float32")
     dot = h.args[0]
     assert lines[dot.name] == (f"{dot.name} = Dot(w, x) : (H:4, N:5) float32  # {me}:"
                                f"{line_of('MARK-dot')}")
@@ -76,13 +76,13 @@ def test_attributes_deps_tags_and_constants():
     later = be.exp(w)
     text = be.graph_text([y, upd, later])
     lines = lines_by_name(text)
-    assert "Slice(x; axis_pos=1, key=1:3:) : (C:3, H[1:3:]:2, N:5) float64" in \
-        lines[sl.name]
-    assert lines["k"].startswith("k = Constant([0., 1., 2.]) : (C:3) float64")
-    assert lines["wf"].startswith("wf = Variable(initial=<function>, trainable=False)")
+    assert "Slice(x; axis=H:4, key=1:3:, new_axis=H[1:3:]:2) : (C:3, H[1:3:]:2, N:5) " \
+        "float64" in lines[sl.name]
+    assert lines["k"].startswith("k = Constant(value=[0., 1., 2.]) : (C:3) float64")
+    assert lines["wf"].startswith("wf = Variable(initial_value=<function>, trainable=False)")
     assert " {act}  # " in lines["out"]
     assert f"after [{upd.name}]" in lines[later.name]
-    assert "Constant(1, weak) : () float32" in text
+    assert "Constant(value=1, weak=True) : () float32" in text
 
 
 def test_duplicate_names_are_numbered():

@@ -236,6 +236,8 @@ class Select(og.ElementWise):
     infinite or NaN value in the branch not taken into NaN.
     """
 
+    arity = 3
+
     def _infer_dtype(self):
         return og.result_dtype(self.args[1:])
 
@@ -705,7 +707,6 @@ def _register():
     from geon.op_graph.coercion import NUMPY_DTYPE_RULES
     from geon.op_graph.forward import forward_rule
     from geon.op_graph.reference import ELEMENTWISE_FUNCS
-    from geon.op_graph.serialize import register_op
     from geon.transformers.numpy.transformer import NUMPY_CODE, NumPyTransformer
 
     def select(c, a, b):
@@ -732,7 +733,6 @@ def _register():
             return None
         return Select(op.args[0], 0.0 if ta is None else ta, 0.0 if tb is None else tb)
 
-    register_op(Select, arity=3)
     NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {Select})
     og.FAMILY_HOOKS["getitem"] = _getitem_hook
     og.FAMILY_HOOKS["matmul"] = matmul

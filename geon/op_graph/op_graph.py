@@ -8,6 +8,7 @@ position, and lowering only ever produces them in forms where both readings agre
 
 import builtins
 import numbers
+import operator
 
 import numpy as np
 
@@ -86,12 +87,29 @@ class Op(Node):
     (ops run by the transformer's ``initialize``), ``follows`` (ops that must run
     first, added to ``other_deps``). Positional arguments are the op's args; Python
     numbers and NumPy arrays are coerced to :class:`Constant`.
+
+    ``attrs`` names the op's static parameters: each is a keyword argument of the
+    constructor and an attribute of the op holding that value, so that
+    ``type(op)(*args, **op.attr_values(), name=..., tags=..., follows=...)`` builds an
+    equivalent op. Equality (the CSE key), copying, printing and serialization are all
+    derived from it (:mod:`geon.op_graph.params`). Values are immutable and of the types
+    :mod:`geon.op_graph.serialize` encodes: ``None``, ``bool``, ``int``, ``float``,
+    ``complex``, ``str``, tuples of these, ``slice``, :class:`Axis`, :class:`Axes`,
+    ``np.dtype`` and NumPy arrays. ``axes`` and ``dtype`` are listed where the caller
+    chooses them (otherwise they are inferred from the args).
     """
+
+    attrs = ()
+    #: The number of args the op takes (``None``: any; checked when it is built).
+    arity = None
 
     def __init__(self, *args, name=None, tags=None, initializers=None, follows=(),
                  **unknown):
         if unknown:
             raise _unknown_keywords(type(self).__name__, unknown, _accepted(type(self)))
+        if self.arity is not None and len(args) != self.arity:
+            raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
+                                f"{len(args)}")
         super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
         # A string is one tag, not a set of characters.
         self.tags = {tags} if isinstance(tags, str) else set(tags or ())
@@ -109,6 +127,10 @@ class Op(Node):
             f"`if y < 0:` does not test values. Compute with the comparison instead "
             f"(be.maximum(y, 0), y * (y > 0)); test whether a variable holds an op with "
             f"`x is not None`")
+
+    def attr_values(self):
+        """``{name: value}`` of the op's static parameters (see ``attrs``)."""
+        return {n: getattr(self, n) for n in self.attrs}
 
     def variables(self):
         """The trainable :class:`Variable` s this op's value depends on, in graph order."""
@@ -148,8 +170,7 @@ class TensorOp(Op):
             if a.dtype == target:
                 continue
             if any(u is not self for u in a.users):
-                new = Constant(a._number, dtype=target)
-                new.weak = True
+                new = Constant(a._number, dtype=target, weak=True)
                 self._args = tuple(new if x is a else x for x in self._args)
                 a.users.discard(self)
                 new.users.add(self)
@@ -205,7 +226,10 @@ class TensorOp(Op):
 
 
 class ComputationOp(TensorOp):
-    """A tensor op that computes a new value from its args (not storage, not a view)."""
+    """A tensor op that computes a new value from its args (not storage, not a view);
+    its ``dtype`` may be chosen by the caller."""
+
+    attrs = ("dtype",)
 
 
 def result_dtype(args):
@@ -394,6 +418,7 @@ class Placeholder(AssignableTensorOp):
     """A tensor whose value is passed in when a computation is called (marked ``in``)."""
 
     is_input = True
+    attrs = ("axes", "dtype")
 
     def __init__(self, axes, dtype=None, **kwargs):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
@@ -446,12 +471,16 @@ class Variable(AssignableTensorOp):
         persistent: whether ``save`` / ``restore`` include it (default True).
     """
 
+    attrs = ("axes", "dtype", "initial_value", "trainable", "persistent")
+
     def __init__(self, axes=None, initial_value=0, dtype=None, trainable=True,
                  persistent=True, **kwargs):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.trainable = bool(trainable)
         self.persistent = bool(persistent)
         if not callable(initial_value):
+            if not isinstance(initial_value, (numbers.Number, np.ndarray)):
+                initial_value = np.asarray(initial_value)  # a list: keep an array
             arr = np.asarray(initial_value)
             if arr.ndim and self.axes.lengths_known and arr.shape != self.axes.shape:
                 raise AxisMismatchError(
@@ -480,16 +509,23 @@ class Constant(AssignableTensorOp):
     whose shape matches ``axes``.
 
     A constant built from a Python number is *weak*: it takes the dtype of the tensors
-    it is combined with, so ``0.01 * w`` stays float32 for a float32 ``w``.
+    it is combined with, so ``0.01 * w`` stays float32 for a float32 ``w``. Given
+    ``dtype=``, it is strong unless ``weak=True`` (a weak constant already adopted
+    ``dtype``; the value must then be a Python number).
     """
 
     is_constant = True
+    attrs = ("value", "axes", "dtype", "weak")
 
-    def __init__(self, value, axes=None, dtype=None, **kwargs):
+    def __init__(self, value, axes=None, dtype=None, weak=False, **kwargs):
         axes = as_axes(axes)
         arr = np.asarray(value)
-        self.weak = dtype is None and arr.ndim == 0 and isinstance(
-            value, (numbers.Number, np.bool_)) and not isinstance(value, np.generic)
+        number = arr.ndim == 0 and isinstance(value, numbers.Number) and not isinstance(
+            value, np.generic)
+        if weak and not number:
+            raise TypeError(f"Constant: a weak constant's value is a Python number, not "
+                            f"{value!r}")
+        self.weak = number and (weak or dtype is None)
         if dtype is None:
             dtype = arr.dtype if (arr.dtype.kind in "iub" or arr.dtype.kind == "f"
                                   and not self.weak) else DEFAULT_DTYPE
@@ -501,6 +537,14 @@ class Constant(AssignableTensorOp):
                                     f"but axes {axes!r}{self._where()}")
         self._number = value
         self._adopt(self.dtype)
+
+    def attr_values(self):
+        # A weak constant is rebuilt from its Python number (full precision, and int
+        # or float decides promotion), not from the value it adopted.
+        values = super().attr_values()
+        if self.weak:
+            values["value"] = self._number
+        return values
 
     def _adopt(self, dtype):
         # A weak constant takes the dtype of the op that uses it, at full precision.
@@ -624,13 +668,15 @@ class ElementWise(ComputationOp):
 
 
 class UnaryElementWise(ElementWise):
+    arity = 1
+
     def _infer_dtype(self):
         dt = self.args[0].dtype
         return dt if dt.kind in "fc" else DEFAULT_DTYPE
 
 
 class BinaryElementWise(ElementWise):
-    pass
+    arity = 2
 
 
 class Comparison(BinaryElementWise):
@@ -771,10 +817,16 @@ def dot(a, b, **kwargs):
 
 class Reduction(ComputationOp):
     """Reduce ``x`` over ``reduction_axes``. By default every axis but the batch and
-    recurrent ones is reduced; ``out_axes=`` names the axes to keep (in that order)."""
+    recurrent ones is reduced; ``out_axes=`` (or ``axes=``, the result's axes) names the
+    axes to keep (in that order)."""
 
-    def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
-        self._red_spec, self._out_spec = reduction_axes, out_axes
+    attrs = ("reduction_axes", "axes", "dtype")
+
+    def __init__(self, x, reduction_axes=None, out_axes=None, axes=None, **kwargs):
+        if axes is not None and out_axes is not None:
+            raise TypeError(f"{type(self).__name__}: give out_axes or axes, not both")
+        self._red_spec = reduction_axes
+        self._out_spec = out_axes if axes is None else axes
         super().__init__(x, **kwargs)
 
     def _infer_axes(self):
@@ -888,6 +940,8 @@ class TensorSize(ComputationOp):
     """The element count of ``x`` over its reduction axes (a scalar, folded to a
     constant when the graph is transformed)."""
 
+    attrs = ("reduction_axes", "dtype")
+
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
         super().__init__(x, axes=(), **kwargs)
         x = self.args[0]  # by default the size of all of x
@@ -902,6 +956,8 @@ class TensorSize(ComputationOp):
 
 class Broadcast(TensorOp):
     """``x`` repeated along ``axes`` it lacks; the result has exactly ``axes``."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -924,6 +980,8 @@ def broadcast(x, axes):
 class AxesWithOrder(TensorOp):
     """``x`` with its axes put in the order ``axes`` gives (a transpose)."""
 
+    attrs = ("axes",)
+
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
         x = self.args[0]
@@ -942,6 +1000,8 @@ def axes_with_order(x, axes):
 
 class CastAxes(TensorOp):
     """``x`` with its axes renamed, position by position; lengths must match."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -963,6 +1023,8 @@ def cast_axes(x, axes):
 
 class Flatten(TensorOp):
     """``x`` with consecutive axes merged into :class:`FlattenedAxis` es."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -1018,8 +1080,10 @@ class Slice(TensorOp):
     """``x`` restricted along ``axis`` by a Python slice or an index.
 
     An index removes the axis; a slice replaces it with a new axis named
-    ``axis_name`` (default ``"<name>[start:stop:step]"``) of the sliced length.
+    ``new_axis`` (default ``"<name>[start:stop:step]"``) of the sliced length.
     """
+
+    attrs = ("axis", "key", "new_axis")
 
     def __init__(self, x, axis, key, new_axis=None, **kwargs):
         x = as_op(x)
@@ -1048,7 +1112,9 @@ class Slice(TensorOp):
                                      f"{user_location()})")
             key %= axis.length
             out = x.axes - Axes(axis)
+            new_axis = None
         self.axis_pos, self.key = pos, key
+        self.axis, self.new_axis = axis, new_axis
         super().__init__(x, axes=out, **kwargs)
 
     def _infer_dtype(self):
@@ -1063,6 +1129,8 @@ def slice_along_axis(x, axis, key, new_axis=None):
 
 class OneHot(TensorOp):
     """``one_hot(x, axis)``: 1.0 where ``axis``'s index equals the value of ``x``."""
+
+    attrs = ("axis", "dtype")
 
     def __init__(self, x, axis, dtype=None, **kwargs):
         self.axis = axis
@@ -1083,6 +1151,8 @@ def one_hot(x, axis, dtype=None):
 
 class StopGradient(TensorOp):
     """The value of ``x``; derivatives do not flow through it."""
+
+    arity = 1
 
     def _infer_axes(self):
         return self.args[0].axes
@@ -1119,6 +1189,8 @@ class MultiOutput(Op):
 class Output(TensorOp):
     """Value number ``index`` of the :class:`MultiOutput` op that is its only arg."""
 
+    attrs = ("index", "axes", "dtype")
+
     def __init__(self, op, index, axes, dtype, **kwargs):
         self.index = index
         super().__init__(op, axes=axes, dtype=dtype, **kwargs)
@@ -1132,14 +1204,16 @@ class Split(MultiOutput):
     """``x`` cut along ``axis`` into consecutive parts of the given lengths; part ``i``
     has the axis replaced by ``"<axis>[start:stop]"``."""
 
+    attrs = ("axis", "lengths")
+
     def __init__(self, x, axis, lengths, **kwargs):
         x = as_op(x)
         if axis not in x.axes:
             raise AxisMismatchError(f"split: axis {axis!r} is not in {x.name} "
                                     f"({_fmt(x.axes)}) (at {user_location()})")
         self.axis_pos = x.axes.index(axis)
-        full = x.axes[self.axis_pos]
-        lengths = [int(n) for n in lengths]
+        full = self.axis = x.axes[self.axis_pos]
+        self.lengths = lengths = tuple(operator.index(n) for n in lengths)
         if any(n <= 0 for n in lengths) or builtins.sum(lengths) != full.length:
             raise AxisMismatchError(f"split: parts {lengths} do not add up to axis "
                                     f"{full!r} of {x.name} (at {user_location()})")
@@ -1179,6 +1253,8 @@ def split(x, axis, parts):
 class MaxArgMax(MultiOutput):
     """The maximum over the reduction axes and where it is (row-major index over them),
     from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
+
+    attrs = ("reduction_axes", "out_axes")
 
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
         self._spec = (reduction_axes, out_axes)

@@ -27,6 +27,8 @@ Each keeps an ``axes`` describing its result so that graphs stay printable and
 differentiable after lowering; backends only use the shapes.
 """
 
+import operator
+
 from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph.axes import Axes, as_axes
 from geon.op_graph import op_graph as og
@@ -37,6 +39,8 @@ import numpy as np
 
 class Gemm(ComputationOp):
     """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N); the result has axes (M, N)."""
+
+    arity = 2
 
     def _infer_axes(self):
         a, b = self.args
@@ -49,8 +53,10 @@ class Gemm(ComputationOp):
 class ReducePrim(ComputationOp):
     """Reduce one dimension, ``axis`` (a position), of a tensor of at most 2 dimensions."""
 
+    attrs = ("axis", "dtype")
+
     def __init__(self, x, axis, **kwargs):
-        self.axis = axis
+        self.axis = operator.index(axis)
         super().__init__(x, **kwargs)
 
     def _infer_axes(self):
@@ -91,8 +97,10 @@ class ViewOp(TensorOp):
 class Dimshuffle(ViewOp):
     """Transpose view: result dimension ``i`` is the arg's dimension ``perm[i]``."""
 
+    attrs = ("perm",)
+
     def __init__(self, x, perm, **kwargs):
-        self.perm = tuple(perm)
+        self.perm = tuple(operator.index(p) for p in perm)
         super().__init__(x, **kwargs)
 
     def _infer_axes(self):
@@ -106,6 +114,8 @@ class Dimshuffle(ViewOp):
 class Reshape(ViewOp):
     """The arg's elements in row-major order, described by ``axes`` (same size)."""
 
+    attrs = ("axes",)
+
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
         x = self.args[0]
@@ -118,30 +128,41 @@ class Expand(ViewOp):
     """Broadcast view. ``dim_map[i]`` is the arg dimension that result dimension ``i``
     reads, or ``None`` for a new (stride 0) dimension; arg dimensions keep their order."""
 
+    attrs = ("axes", "dim_map")
+
     def __init__(self, x, axes, dim_map, **kwargs):
-        self.dim_map = tuple(dim_map)
+        self.dim_map = tuple(None if d is None else operator.index(d) for d in dim_map)
         super().__init__(x, axes=as_axes(axes), **kwargs)
+        x = self.args[0]
         used = [d for d in self.dim_map if d is not None]
-        if used != list(range(len(self.args[0].axes))) or len(self.dim_map) != len(self.axes):
+        if used != list(range(len(x.axes))) or len(self.dim_map) != len(self.axes) or any(
+                d is not None and None not in (a.length, x.axes[d].length)
+                and a.length != x.axes[d].length for a, d in zip(self.axes, self.dim_map)):
             raise AxisMismatchError(f"Expand: bad dimension map {self.dim_map} from "
-                                    f"({_fmt(self.args[0].axes)}) to ({_fmt(self.axes)})")
+                                    f"({_fmt(x.axes)}) to ({_fmt(self.axes)})")
 
 
 class SliceView(ViewOp):
     """Basic slicing: ``key`` holds one ``slice`` or ``int`` per arg dimension."""
 
+    attrs = ("key", "axes")
+
     def __init__(self, x, key, axes, **kwargs):
         self.key = tuple(key)
         super().__init__(x, axes=as_axes(axes), **kwargs)
+        _check_key(self, self.key, self.args[0].axes, self.axes)
 
 
 class Unslice(ComputationOp):
     """Zeros with ``axes``, except that ``arg`` is written at ``key`` (the adjoint of
     slicing; ``key`` holds one ``slice`` or ``int`` per result dimension)."""
 
+    attrs = ("axes", "key")
+
     def __init__(self, x, axes, key, **kwargs):
         self.key = tuple(key)
         super().__init__(x, axes=as_axes(axes), **kwargs)
+        _check_key(self, self.key, self.axes, self.args[0].axes)
 
     def _infer_dtype(self):
         return self.args[0].dtype
@@ -149,6 +170,9 @@ class Unslice(ComputationOp):
 
 class Copy(ComputationOp):
     """A contiguous copy of the arg."""
+
+    attrs = ()
+    arity = 1
 
     def _infer_axes(self):
         return self.args[0].axes
@@ -173,6 +197,24 @@ class Assign(VoidOp):
         return self.args[0]
 
 
+_INT = (int, np.integer)
+
+
+def _check_key(op, key, full, part):
+    """``key`` (one slice or int per dimension of ``full``) must cut ``full`` to ``part``."""
+    if len(key) != len(full) or not all(
+            isinstance(k, slice) and all(v is None or isinstance(v, _INT) for v in
+                                         (k.start, k.stop, k.step))
+            or isinstance(k, _INT) for k in key):
+        raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} needs one slice "
+                                f"or int per dimension of ({_fmt(full)})")
+    if full.lengths_known and part.lengths_known:
+        got = np.broadcast_to(np.zeros((), np.int8), full.shape)[key].shape
+        if got != part.shape:
+            raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} cuts "
+                                    f"({_fmt(full)}) to shape {got}, not ({_fmt(part)})")
+
+
 VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)
 REDUCE_PRIMS = (ReduceSum, ReduceProd, ReduceMax, ReduceMin, ReduceArgMax, ReduceArgMin)
 
@@ -181,8 +223,10 @@ class ReduceMaxArgMax(og.MultiOutput):
     """The maximum over one position ``axis`` of a tensor of at most 2 dimensions and its
     index there, as two outputs (value, int64 index)."""
 
+    attrs = ("axis",)
+
     def __init__(self, x, axis, **kwargs):
-        self.axis = axis
+        self.axis = operator.index(axis)
         super().__init__(x, **kwargs)
 
     def _output_types(self):

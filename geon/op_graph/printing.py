@@ -25,7 +25,7 @@ import sys
 
 from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
-from geon.op_graph.serialize import _show_array, _show_axes, graph_ops, spec_for
+from geon.op_graph.params import graph_ops, show_axes, show_value, signature_defaults, value_key
 
 
 def _labels(order):
@@ -51,23 +51,22 @@ def _location(op, full_paths):
 
 
 def describe_attrs(op):
-    """The attributes of ``op`` as text (``"reduction_axes=(C:3)"``), or ``""``."""
-    if isinstance(op, og.Constant):
-        return f"{op._number!r}, weak" if op.weak else _show_array(op.value)
-    if isinstance(op, og.Variable):
-        v = op.initial_value
-        parts = ["initial=" + ("<function>" if callable(v) else _show_array(v))]
-        if not op.trainable:
-            parts.append("trainable=False")
-        if not op.persistent:
-            parts.append("persistent=False")
-        return ", ".join(parts)
-    spec = spec_for(op)
-    return spec.show(op) if spec is not None else ""
+    """The parameters of ``op`` (its class's ``attrs``) as text, such as
+    ``"reduction_axes=(C:3)"``, or ``""``. ``axes`` and ``dtype`` are shown as the op's
+    type, and parameters equal to the constructor's default are left out."""
+    defaults = signature_defaults(type(op))
+    parts = []
+    for k, v in op.attr_values().items():
+        if k in ("axes", "dtype") and isinstance(op, og.TensorOp):
+            continue
+        if k in defaults and not callable(v) and value_key(v) == value_key(defaults[k]):
+            continue
+        parts.append(f"{k}={show_value(v)}")
+    return ", ".join(parts)
 
 
 def _type(op):
-    return f"{_show_axes(op.axes)} {op.dtype}" if isinstance(op, og.TensorOp) else "void"
+    return f"{show_axes(op.axes)} {op.dtype}" if isinstance(op, og.TensorOp) else "void"
 
 
 def op_line(op, labels=None, full_paths=False):
@@ -111,11 +110,11 @@ def dump(ops, title="graph", file=None):
 def graph_after(ops, pass_name, transformer=None):
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
-    Works on a copy (:func:`~geon.op_graph.serialize.clone_graph`): ``ops`` are not
+    Works on a copy (:func:`~geon.op_graph.params.clone_graph`): ``ops`` are not
     transformed. ``transformer`` is a transformer instance (default: a new NumPy
     transformer); its disabled passes are skipped as in a real computation.
     """
-    from geon.op_graph.serialize import clone_graph
+    from geon.op_graph.params import clone_graph
     from geon.op_graph.nodes import no_gc
     from geon.transformers.passes import Graph
     if transformer is None:

@@ -42,7 +42,7 @@ is therefore never reused, and a program that makes fresh Variables in a loop do
 grow.
 
 The user's graph is never transformed: each computation is compiled from a copy
-(:func:`~geon.op_graph.serialize.clone_graph`) that shares the placeholders and
+(:func:`~geon.op_graph.params.clone_graph`) that shares the placeholders and
 variables, with a fresh placeholder standing in for each reused value.
 
 Counting
@@ -62,7 +62,7 @@ import numpy as np
 from geon.errors import FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.ordering import ASSIGN_CLASSES
-from geon.op_graph.serialize import clone_graph, graph_ops, live_deps
+from geon.op_graph.params import clone_graph, graph_ops, live_deps
 
 
 def fingerprint(array):

@@ -32,21 +32,28 @@ USER_OPS = {}
 #: user op class -> CUDA C source given to :func:`define_op` (for GPU transformers)
 CUDA_SOURCES = {}
 
-_RESERVED = {"name", "axes", "dtype", "tags", "initializers", "follows"}
+# Keywords of every op, and attributes ops set on themselves: parameters cannot shadow
+# them (parameters become attributes of the op).
+_RESERVED = {"name", "axes", "dtype", "tags", "initializers", "follows", "params",
+             "filename", "lineno", "other_deps", "user_deps", "users", "forward"}
 
 
 class UserOp:
     """Mixin of every class made by :func:`define_op`.
 
     Class attributes: ``numpy_impl`` (the NumPy function), ``param_names``,
-    ``registry_key`` (its key in :data:`USER_OPS`), ``cuda_source``. Instances hold
-    their keyword parameters in ``params``.
+    ``registry_key`` (its key in :data:`USER_OPS`), ``cuda_source``, ``type_name``
+    (``"user:<registry key>"``, the op type in serialized graphs). Instances hold their
+    keyword parameters in ``params``; each parameter is also an attribute of the op and
+    one of its ``attrs`` (after ``dtype``), so CSE, copying, printing and serialization
+    treat user ops like any other op.
     """
 
     numpy_impl = None
     arity = None
     param_names = ()
     registry_key = None
+    type_name = None
     cuda_source = None
     _axes_rule = None
     _dtype_rule = None
@@ -61,9 +68,6 @@ class UserOp:
                 raise ArgumentError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
                                     f"number, string, bool, None or a tuple of those (it is "
                                     f"written into generated code)")
-        if self.arity is not None and len(args) != self.arity:
-            raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
-                                f"{len(args)}")
         self.params = params
         super().__init__(*args, **kwargs)
 
@@ -153,17 +157,22 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
     if not callable(numpy):
         raise ArgumentError(f"define_op {name}: numpy must be a function of arrays")
     params = tuple(params)
-    bad = [p for p in params if p in _RESERVED or not p.isidentifier()]
-    if bad:
-        raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved or "
-                            f"not identifiers")
     elementwise = axes is None
+    base = _UserElementWise if elementwise else _UserTensorOp
+    bad = [p for p in params if not isinstance(p, str) or p in _RESERVED
+           or not p.isidentifier() or p.startswith("_") or hasattr(base, p)]
+    if bad:
+        raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved, "
+                            f"attributes of every op, or not identifiers")
     if elementwise and params:
         raise ArgumentError(f"define_op {name}: an elementwise op takes no parameters "
                             f"(lowering rebuilds it from its args); close over them instead")
     key = _unique_key(name)
-    base = _UserElementWise if elementwise else _UserTensorOp
     cls = type(name, (base,), {
+        **{p: property(lambda self, p=p: self.params[p], doc=f"Parameter {p}.")
+           for p in params},
+        "attrs": base.attrs + params,
+        "type_name": "user:" + key,
         "__doc__": doc or f"User-defined op {name}.",
         "__module__": _caller_module(),
         "numpy_impl": staticmethod(numpy),
