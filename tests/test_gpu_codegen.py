@@ -24,7 +24,7 @@ from geon.op_graph import primitives as pr
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
 from geon.transformers.gpu import kernels as K
 from geon.transformers.gpu.codegen import module_source
-from geon.transformers.gpu.emulator import EmulatorRuntime, find_compiler
+from cuda_emulator import EmulatorRuntime, find_compiler
 from op_table import CASES, GRAD_CASES
 
 DTYPES = [np.float32, np.float64]
@@ -541,7 +541,7 @@ def _stand_in_pycuda(monkeypatch):
     the emulator. It checks how the runtime drives PyCUDA, not PyCUDA itself."""
     import ctypes
     import types
-    from geon.transformers.gpu import emulator
+    import cuda_emulator as emulator
     calls = []
     emu = EmulatorRuntime(seed=5)
 

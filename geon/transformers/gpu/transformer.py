@@ -4,7 +4,7 @@ kernels launched through PyCUDA, and variables that live on the device.
 :class:`CudaCodegenTransformer` does everything up to the CUDA source and the launch
 plan and needs neither pycuda nor a GPU (its computations have a ``source`` and a
 ``program`` but cannot be called). :class:`GPUTransformer` adds a runtime: PyCUDA on a
-CUDA device (the default), or the CPU emulator (``runtime="emulator"``, for tests).
+CUDA device.
 """
 
 from collections.abc import MutableMapping
@@ -232,8 +232,9 @@ class GPUTransformer(CudaCodegenTransformer):
 
     Args:
         device: the CUDA device ordinal (default 0).
-        runtime: ``None`` (PyCUDA on ``device``), ``"emulator"`` (the generated code on
-            the CPU, see :mod:`geon.transformers.gpu.emulator`), or a runtime object.
+        runtime: ``None`` (PyCUDA on ``device``), or an object offering the runtime
+            interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime` (the test
+            suite passes a CPU emulator of the generated kernels this way).
         gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
             through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
             here, else the generated GEMM).
@@ -257,9 +258,6 @@ class GPUTransformer(CudaCodegenTransformer):
                     f"the gpu transformer is not available: {why}; available "
                     f"transformers: {', '.join(others)}")
             runtime = pycuda_runtime(device)
-        elif runtime == "emulator":
-            from geon.transformers.gpu.emulator import EmulatorRuntime
-            runtime = EmulatorRuntime()
         self.runtime = runtime
         self.gemm = gemm
         self._blas = runtime.blas_for(gemm)
