@@ -4,7 +4,7 @@
   gradients, float32 and float64) and for a few larger graphs (the big GEMM tiles,
   split reductions, vector loads, integer ops, a user op with CUDA source) is compiled
   with ``nvcc -ptx -arch=sm_90``, all in one invocation (skipped only without nvcc).
-- The same kernels run on the CPU emulator (geon/transformers/gpu/emulator.py: the
+- The same kernels run on the CPU emulator (tests/cuda_emulator.py: the
   CUDA C compiled as C++, CUDA threads as fibers), and every result is compared with
   the NumPy transformer (skipped only without a C++ compiler).
 - Memory plans of every computation are proved by ``verify_plan`` (tests/conftest.py).

@@ -73,7 +73,7 @@ def fn(name, dtype):
 
 
 #: Definitions every kernel may use. Written so that nvcc and an ordinary C++ compiler
-#: (the emulator, see :mod:`geon.transformers.gpu.emulator`) both accept them.
+#: (the test suite's emulator, tests/cuda_emulator.py) both accept them.
 PRELUDE = r"""// geon CUDA prelude
 __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
 __device__ __forceinline__ double geon_f64(unsigned long long b) {

@@ -8,8 +8,8 @@ address plus a byte offset, fixed when the transformer allocates. The kernel's n
 compiled once.
 
 Kernels use only what both nvcc and an ordinary C++ compiler with a small shim accept
-(no warp intrinsics), so that :mod:`geon.transformers.gpu.emulator` can run them on the
-CPU.
+(no warp intrinsics), so that the test suite's CPU emulator (tests/cuda_emulator.py)
+can run them.
 """
 
 import hashlib
