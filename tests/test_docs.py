@@ -27,7 +27,7 @@ _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|source
 #: Languages of samples that are shown, not run.
 SHOWN = {"text", "console", "toml", "ini", "none"}
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
-REGISTRIES = [("geon.transformers.base", "_REGISTRY"),
+REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),

@@ -14,6 +14,7 @@ from geon.examples import digits
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph.user_ops import UserOp
 from geon.op_graph.serialize import (SPECS, VERSION, MissingValue, clone_graph, graph_ops,
                                      register_op)
 from op_table import CASES
@@ -68,7 +69,8 @@ def test_lowered_graph_round_trip(case):
 
 def test_every_standard_op_class_is_registered():
     from geon.op_graph import serialize
-    classes = set(be.NumPyTransformer.base_set) | {
+    # UserOp: the base of every user op (each one is registered when defined)
+    classes = set(be.NumPyTransformer.base_set) - {UserOp} | {
         og.Dot, og.Sum, og.Prod, og.Max, og.Min, og.ArgMax, og.ArgMin, og.TensorSize,
         og.Broadcast, og.AxesWithOrder, og.CastAxes, og.Flatten, og.Unflatten, og.Slice,
         og.OneHot, og.StopGradient, og.SetItem}

@@ -26,6 +26,7 @@ import sys
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.serialize import _show_array, _show_axes, graph_ops, spec_for
+from geon.registry import make_transformer
 
 
 def _labels(order):
@@ -112,25 +113,17 @@ def graph_after(ops, pass_name, transformer=None):
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
     Works on a copy (:func:`~geon.op_graph.serialize.clone_graph`): ``ops`` are not
-    transformed. ``transformer`` is a transformer instance (default: a new NumPy
-    transformer); its disabled passes are skipped as in a real computation.
+    transformed. ``transformer`` is a transformer instance (default: a new ``"numpy"``
+    transformer from :func:`geon.make_transformer`); its disabled passes are skipped as
+    in a real computation.
     """
     from geon.op_graph.serialize import clone_graph
-    from geon.op_graph.nodes import no_gc
-    from geon.transformers.passes import Graph
     if transformer is None:
-        from geon.transformers.numpy import NumPyTransformer
-        transformer = NumPyTransformer()
-    passes = transformer.passes()
-    names = [p.name for p in passes]
-    if pass_name not in names:
-        raise ValueError(f"unknown pass name {pass_name!r}; passes are {names}")
+        transformer = make_transformer("numpy")
     results, _ = og.as_op_list(ops, "graph_after: ops")
     mapping = clone_graph(results)
-    graph = Graph([mapping[og.snap(r)] for r in results])
-    with no_gc():
-        transformer._run_passes(graph, stop_after=pass_name)
-    return graph_text(graph.results)
+    return graph_text(transformer.transform([mapping[og.snap(r)] for r in results],
+                                            stop_after=pass_name))
 
 
 # --- DOT ----------------------------------------------------------------------------------

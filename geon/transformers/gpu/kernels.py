@@ -190,10 +190,7 @@ class Fused:
             cdt = cuda.compute_dtype(m)
             rule = self.ctx.rule(m)
             args = [arg_expr(a, cdt) for a in m.args]
-            if isinstance(rule, str):  # a user op's device function
-                expr = f"{rule}({', '.join(args)})"
-            else:
-                expr = rule(m, args, ctype(cdt))
+            expr = rule(m, args, ctype(cdt))
             v = f"v{k}"
             out_t = ctype(m.dtype)
             if isinstance(m, og.Comparison) or (m.dtype != cdt):

@@ -13,6 +13,7 @@ import numpy as np
 
 from geon.errors import GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
+from geon.op_graph.user_ops import USER_OPS
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
 
@@ -25,8 +26,8 @@ class GPUUnavailableError(UnknownTransformerError):
 
 
 def _user_elementwise_with_cuda():
-    from geon.op_graph.user_ops import CUDA_SOURCES
-    return frozenset(c for c in CUDA_SOURCES if issubclass(c, og.ElementWise))
+    return frozenset(c for c in USER_OPS.values()
+                     if issubclass(c, og.ElementWise) and c.cuda_source is not None)
 
 
 class CudaComputation(Computation):
