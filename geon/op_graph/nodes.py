@@ -228,6 +228,10 @@ class Node(NameableValue, DebugInfo):
         follows: nodes that must run before this one besides ``args``.
     """
 
+    #: ``(args, other_deps)`` as built, kept when a pass first rewires this node (what
+    #: the printers show by default); ``False`` for nodes a pass built.
+    _as_built = None
+
     def __init__(self, args=(), name=None, follows=()):
         NameableValue.__init__(self, name)
         DebugInfo.__init__(self)
@@ -243,6 +247,8 @@ class Node(NameableValue, DebugInfo):
                 self.other_deps.update(a.user_deps)
         else:
             self.other_deps.update(src.other_deps)
+            if in_pass():
+                self._as_built = False
         for a in self._args:
             a.users.add(self)
         for d in self.other_deps:
@@ -253,14 +259,29 @@ class Node(NameableValue, DebugInfo):
         """The nodes whose values this node uses."""
         return self._args
 
+    def as_built(self):
+        """``(args, other_deps)`` as this node was built, before passes rewired it."""
+        b = self._as_built
+        return b if b else (self._args, tuple(self.other_deps))
+
+    def _keep_as_built(self):
+        if self._as_built is None:
+            self._as_built = (self._args, tuple(self.other_deps))
+
     def add_other_dep(self, dep):
-        """Make ``dep`` run before this node."""
+        """Make ``dep`` run before this node (passes call it: a node built by the user
+        keeps its dependencies as built, see :meth:`as_built`)."""
         if dep is not self and dep not in self.other_deps:
+            self._keep_as_built()
             self.other_deps.add(dep)
             dep._dep_users.add(self)
 
     def replace_arg(self, old, new):
-        """Point every use of ``old`` in ``args`` and ``other_deps`` at ``new``."""
+        """Point every use of ``old`` in ``args`` and ``other_deps`` at ``new`` (passes
+        call it: a node built by the user keeps its dependencies as built, see
+        :meth:`as_built`)."""
+        if old in self._args or old in self.other_deps:
+            self._keep_as_built()
         if old in self._args:
             self._args = tuple(new if a is old else a for a in self._args)
             new.users.add(self)
