@@ -29,6 +29,7 @@ SHOWN = {"text", "console", "toml", "ini", "none"}
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
 REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
+              ("geon.transformers.gpu.cuda", "CUDA_CODE"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
