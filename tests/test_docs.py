@@ -28,8 +28,9 @@ _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|source
 #: Languages of samples that are shown, not run.
 SHOWN = {"text", "console", "toml", "ini", "none"}
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
-REGISTRIES = [("geon.transformers.base", "_REGISTRY"),
+REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
+              ("geon.transformers.gpu.cuda", "CUDA_CODE"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),

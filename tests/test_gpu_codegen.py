@@ -4,7 +4,7 @@
   gradients, float32 and float64) and for a few larger graphs (the big GEMM tiles,
   split reductions, vector loads, integer ops, a user op with CUDA source) is compiled
   with ``nvcc -ptx -arch=sm_90``, all in one invocation (skipped only without nvcc).
-- The same kernels run on the CPU emulator (geon/transformers/gpu/emulator.py: the
+- The same kernels run on the CPU emulator (tests/cuda_emulator.py: the
   CUDA C compiled as C++, CUDA threads as fibers), and every result is compared with
   the NumPy transformer (skipped only without a C++ compiler).
 - Memory plans of every computation are proved by ``verify_plan`` (tests/conftest.py).
@@ -24,7 +24,7 @@ from geon.op_graph import primitives as pr
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
 from geon.transformers.gpu import kernels as K
 from geon.transformers.gpu.codegen import module_source
-from geon.transformers.gpu.emulator import EmulatorRuntime, find_compiler
+from cuda_emulator import EmulatorRuntime, find_compiler
 from op_table import CASES, GRAD_CASES
 
 DTYPES = [np.float32, np.float64]
@@ -541,7 +541,7 @@ def _stand_in_pycuda(monkeypatch):
     the emulator. It checks how the runtime drives PyCUDA, not PyCUDA itself."""
     import ctypes
     import types
-    from geon.transformers.gpu import emulator
+    import cuda_emulator as emulator
     calls = []
     emu = EmulatorRuntime(seed=5)
 

@@ -162,3 +162,27 @@ def test_render_dot_with_graphviz(tmp_path):
     path = tmp_path / "g.svg"
     printing.render_dot(be.graph_dot(be.tanh(be.placeholder((C,)))), path)
     assert path.read_text().lstrip().startswith("<")
+
+
+def test_compiling_leaves_the_printed_graph_as_built():
+    x = be.placeholder((C, N), name="x")
+    w = be.Variable(axes=[C], initial_value=0.5, name="w")
+    h = be.tanh(x * 1.0)  # simplification rewires h to read x directly
+    h.name = "h"
+    s = be.sum(h * w, out_axes=())
+    upd = be.SetItem(w, w + 1.0)
+    later = w * 2.0  # ordered after the SetItem
+    text, dot = be.graph_text([s, upd, later]), be.graph_dot([s, upd, later])
+    assert "h = Tanh(Multiply_" in text and "after [SetItem_" in text
+    f = be.NumPyTransformer().computation([s, upd, later], x)
+    assert be.snap(s) is not s and type(be.snap(s)).__name__ == "ReduceSum"
+    assert be.graph_text([s, upd, later]) == text
+    assert be.graph_dot([s, upd, later]) == dot
+    lowered = be.graph_text([s, upd, later], lowered=True)
+    assert "ReduceSum(" in lowered and "h = Tanh(x)" in lowered and " Sum(" not in lowered
+    assert "ReduceSum(" in be.graph_dot(s, lowered=True)
+    # values still follow the lowered ops
+    X = np.linspace(0, 1, 15).reshape(3, 5)
+    got, _, twice = f(X)
+    np.testing.assert_allclose(got, (np.tanh(X) * 0.5).sum(), rtol=1e-6)
+    np.testing.assert_allclose(twice, np.full(3, 3.0))

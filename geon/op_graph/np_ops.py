@@ -707,19 +707,12 @@ def _register():
     from geon.op_graph.coercion import NUMPY_DTYPE_RULES
     from geon.op_graph.forward import forward_rule
     from geon.op_graph.reference import ELEMENTWISE_FUNCS
-    from geon.transformers.numpy.transformer import NUMPY_CODE, NumPyTransformer
 
     def select(c, a, b):
         return np.where(c, a, b)
 
     ELEMENTWISE_FUNCS[Select] = select
     NUMPY_DTYPE_RULES[Select] = select
-
-    def code(op, out, args):
-        c, a, b = args
-        return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
-
-    NUMPY_CODE[Select] = code
 
     @adjoint_rule(Select)
     def _select_adjoint(op, delta):  # d where(c, a, b) = where(c, da, 0) + where(c, 0, db)
@@ -733,7 +726,6 @@ def _register():
             return None
         return Select(op.args[0], 0.0 if ta is None else ta, 0.0 if tb is None else tb)
 
-    NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {Select})
     og.FAMILY_HOOKS["getitem"] = _getitem_hook
     og.FAMILY_HOOKS["matmul"] = matmul
     og.FAMILY_HOOKS["transpose"] = _transpose_hook

@@ -63,6 +63,7 @@ from geon.errors import FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.ordering import ASSIGN_CLASSES
 from geon.op_graph.params import clone_graph, graph_ops, live_deps
+from geon.registry import make_transformer
 
 
 def fingerprint(array):
@@ -99,15 +100,14 @@ class Runner:
 
     Args:
         transformer: the transformer that compiles and holds the variables' state
-            (default: a new :class:`~geon.transformers.numpy.NumPyTransformer`).
+            (default: a new ``"numpy"`` transformer from :func:`geon.make_transformer`).
         max_computations: how many compiled computations to keep (least recently used
             ones are dropped; the variables' state stays).
     """
 
     def __init__(self, transformer=None, max_computations=64):
         if transformer is None:
-            from geon.transformers.numpy import NumPyTransformer
-            transformer = NumPyTransformer()
+            transformer = make_transformer("numpy")
         self.transformer = transformer
         self.max_computations = max_computations
         self._computations = collections.OrderedDict()

@@ -1,16 +1,19 @@
 """User-defined ops: a new op class with its axes rule, NumPy implementation and
 derivative rules, registered in every table that needs it in one call.
 
-:func:`define_op` makes the class and registers
+:func:`define_op` makes the class, which carries its implementations as data
+(``numpy_impl``, ``cuda_source``), and registers
 
-- the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`) and the NumPy
-  transformer's code (:data:`geon.transformers.numpy.transformer.NUMPY_CODE`), both
-  calling the NumPy implementation, and adds the class to the NumPy transformer's
-  base set (a transformer whose base set lacks it raises
-  :class:`~geon.errors.LoweringError` naming the op);
+- the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`), which calls
+  the NumPy implementation;
 - the reverse rule (:data:`geon.op_graph.autodiff.ADJOINTS`) and the forward rule
   (:data:`geon.op_graph.forward.FORWARD`; derived from the reverse rule when not given);
-- the CUDA source, if given, in :data:`CUDA_SOURCES` for GPU transformers.
+- the class in :data:`USER_OPS` under its ``registry_key``.
+
+Backends need no registration per op: each has one rule for :class:`UserOp` in its code
+table that reads the class's implementation (the NumPy transformer runs every user op;
+the GPU transformer runs the elementwise ones given ``cuda=`` source). A transformer
+that cannot run an op raises :class:`~geon.errors.LoweringError` naming it.
 
 :func:`elementwise_op` is the shortcut for a unary elementwise function given by its
 value (NumPy) and its derivative (geon ops).
@@ -19,18 +22,14 @@ value (NumPy) and its derivative (geon ops).
 import ast
 import inspect
 
-import re
-
 import numpy as np
 
 from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import as_axes
 
-#: registry key -> user op class (the generated NumPy code looks implementations up here)
+#: registry key -> user op class (backends find the classes' implementations here)
 USER_OPS = {}
-#: user op class -> CUDA C source given to :func:`define_op` (for GPU transformers)
-CUDA_SOURCES = {}
 
 # Keywords of every op, and attributes ops set on themselves: parameters cannot shadow
 # them (parameters become attributes of the op).
@@ -42,7 +41,8 @@ class UserOp:
     """Mixin of every class made by :func:`define_op`.
 
     Class attributes: ``numpy_impl`` (the NumPy function), ``param_names``,
-    ``registry_key`` (its key in :data:`USER_OPS`), ``cuda_source``, ``type_name``
+    ``registry_key`` (its key in :data:`USER_OPS`, an identifier), ``cuda_source``
+    (CUDA C source or ``None``), ``type_name``
     (``"user:<registry key>"``, the op type in serialized graphs). Instances hold their
     keyword parameters in ``params``; each parameter is also an attribute of the op and
     one of its ``attrs`` (after ``dtype``), so CSE, copying, printing and serialization
@@ -100,11 +100,6 @@ class _UserElementWise(UserOp, og.ElementWise):
     pass
 
 
-def impl(key):
-    """The NumPy implementation registered under ``key`` (used by generated code)."""
-    return USER_OPS[key].numpy_impl
-
-
 def _caller_module():
     f = inspect.currentframe()
     while f is not None and f.f_globals.get("__name__") == __name__:
@@ -145,9 +140,9 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
         params: names of keyword parameters (``op.params``, passed to ``numpy`` and
             ``axes``); values must be literals (numbers, strings, tuples).
         arity: the number of args, checked when an op is built (default: any).
-        cuda: CUDA C source of the op for GPU transformers (kept in
-            :data:`CUDA_SOURCES`); a transformer that cannot run the op says so by
-            name when a computation is built.
+        cuda: CUDA C source of the op for GPU transformers (kept on the class as
+            ``cuda_source``); a transformer that cannot run the op says so by name
+            when a computation is built.
         doc: the class docstring.
 
     Returns the op class; call it with the args (and parameters) to build an op.
@@ -184,8 +179,6 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
         "_dtype_rule": staticmethod(dtype) if callable(dtype) else dtype,
     })
     USER_OPS[key] = cls
-    if cuda is not None:
-        CUDA_SOURCES[cls] = cuda
     _register_evaluation(cls, elementwise)
     _register_derivatives(cls, reverse, forward)
     return cls
@@ -193,8 +186,6 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
 
 def _register_evaluation(cls, elementwise):
     from geon.op_graph.reference import EVALUATORS, align
-    from geon.transformers.numpy.transformer import (NUMPY_CODE, NUMPY_GLOBALS,
-                                                     NumPyTransformer)
 
     def evaluate(op, *vals):
         if elementwise:
@@ -210,16 +201,7 @@ def _register_evaluation(cls, elementwise):
                             f"{op.axes!r} need {op.axes.shape}{op._where()}")
         return r.astype(op.dtype)
 
-    def code(op, out, args):
-        kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
-        fn = global_name
-        return [f"np.copyto({out}, {fn}({', '.join(args)}{kw}), casting='unsafe')"]
-
-    global_name = "user_" + re.sub(r"\W", "_", cls.registry_key)
-    NUMPY_GLOBALS[global_name] = impl(cls.registry_key)
     EVALUATORS[cls] = evaluate
-    NUMPY_CODE[cls] = code
-    NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {cls})
 
 
 def _register_derivatives(cls, reverse, forward):

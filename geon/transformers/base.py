@@ -1,10 +1,11 @@
-"""Transformers: the base class, computations, procedures, and the registry.
+"""Transformers: the base class, computations, procedures, and plugin helpers.
 
 A transformer turns requested ops into callable :class:`Computation` s. It runs its
 pass pipeline (:meth:`Transformer.passes`) over each computation's graph, down to its
 ``base_set``, then hands the lowered graph to its backend (:meth:`Transformer._compile`).
 It owns the persistent state (Variables) shared by all its computations and the
-procedures ``allocate``, ``initialize``, ``save`` and ``restore``.
+procedures ``allocate``, ``initialize``, ``save`` and ``restore``. The registry of
+transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
 import os
@@ -13,18 +14,19 @@ import types
 import warnings
 import weakref
 import zipfile
-from importlib import metadata
-
 import numpy as np
 
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
-                         GeonError, GeonWarning, LoweringError, UnknownTransformerError)
+                         GeonError, GeonWarning, LoweringError)
 from geon.op_graph import op_graph as og
 from geon.op_graph.nodes import no_gc, user_stacklevel
 from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
                                     pulled_in)
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.registry import (ENTRY_POINT_GROUP, _REGISTRY, _entry_points,  # noqa: F401
+                           available_transformers, make_transformer, register_transformer,
+                           transformer_factory)
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
@@ -268,6 +270,19 @@ class Transformer:
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
 
+    def transform(self, results, stop_after=None):
+        """Run the pipeline over the graph of ``results`` (ops; they are rewritten in
+        place, so pass a copy, see :func:`~geon.op_graph.params.clone_graph`), up
+        to and including the pass named ``stop_after`` (default: all of them). Returns
+        the ops computing the results afterwards. :func:`geon.graph_after` uses it."""
+        names = [p.name for p in self.passes()]
+        if stop_after is not None and stop_after not in names:
+            raise ArgumentError(f"unknown pass name {stop_after!r}; passes are {names}")
+        graph = Graph(og.as_op_list(results, "transform: results")[0])
+        with no_gc():
+            self._run_passes(graph, stop_after)
+        return list(graph.results)
+
     def _run_pipeline(self, graph, stop_after=None):
         for p in self.passes():
             if p.name not in self.disabled or p.name in self._required:
@@ -421,48 +436,6 @@ class Transformer:
             self._wrote(v)
 
 
-# --- registry --------------------------------------------------------------------------
-_REGISTRY = {}
-ENTRY_POINT_GROUP = "geon.transformers"
-
-
-def register_transformer(name, factory):
-    """Make ``make_transformer(name)`` call ``factory(**kwargs)``."""
-    _REGISTRY[name] = factory
-
-
-def _entry_points():
-    try:
-        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    except Exception:  # a broken installed distribution must not break geon
-        return {}
-
-
-def available_transformers():
-    """Names accepted by :func:`make_transformer`, registered or installed."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
-
-
-def _factory(name):
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        ep = _entry_points().get(name)
-        if ep is None:
-            raise UnknownTransformerError(
-                f"no transformer named {name!r}; available: "
-                f"{', '.join(available_transformers())}")
-        factory = ep.load()
-        _REGISTRY[name] = factory
-    return factory
-
-
-def make_transformer(name="numpy", **kwargs):
-    """A new transformer registered under ``name`` (built in, through
-    :func:`register_transformer`, or installed under the ``geon.transformers``
-    entry-point group)."""
-    return _factory(name)(**kwargs)
-
-
 # --- plugins -------------------------------------------------------------------------------
 
 def insert_passes(passes, new, *, after=None, before=None):
@@ -498,7 +471,7 @@ def transformers_with(op_class):
     found = []
     for name in available_transformers():
         try:
-            factory = _factory(name)
+            factory = transformer_factory(name)
         except Exception:  # a broken plugin must not hide the answer for the others
             continue
         base = getattr(factory, "base_set", None)
@@ -510,7 +483,8 @@ def transformers_with(op_class):
 def transformer_ops(name):
     """The ops the transformer ``name`` exposes to frontends (its ``frontend_ops``), as
     attributes: ``be.transformer_ops("geon-axpy").axpy(a, x, y)``."""
-    return types.SimpleNamespace(**dict(getattr(_factory(name), "frontend_ops", {}) or {}))
+    ops = getattr(transformer_factory(name), "frontend_ops", {}) or {}
+    return types.SimpleNamespace(**dict(ops))
 
 
 def _name_owners(error, graph, transformer):

@@ -25,6 +25,7 @@ from geon.errors import GeonError, LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.ordering import schedule
+from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
@@ -264,17 +265,13 @@ class Context:
         r = cuda.cuda_rule(op)
         if r is not None:
             return r
-        from geon.op_graph.user_ops import CUDA_SOURCES
-        if type(op) in CUDA_SOURCES:
-            return cuda.user_op_code(type(op))[0]
         raise LoweringError(f"the gpu transformer has no CUDA code for {op.name} "
                             f"({type(op).__name__}, built at {op.file_info})")
 
     def deps_of(self, members):
-        from geon.op_graph.user_ops import CUDA_SOURCES
         out = []
         for m in members:
-            if cuda.cuda_rule(m) is None and type(m) in CUDA_SOURCES:
+            if isinstance(m, UserOp):
                 src = cuda.user_op_code(type(m))[1]
                 if src not in out:
                     out.append(src)

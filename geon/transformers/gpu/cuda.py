@@ -5,7 +5,7 @@
 :func:`compute_dtype`) and ``ctype`` is that type's C name. The expression's value is
 converted to the op's dtype by the caller. Adding an elementwise op to the GPU
 transformer is one entry here (user ops made by :func:`geon.define_op` with ``cuda=``
-get theirs automatically, see :func:`user_op_code`).
+share one entry, which reads the class's ``cuda_source``, see :func:`user_op_code`).
 """
 
 import re
@@ -18,6 +18,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.tables import OpTable
+from geon.op_graph.user_ops import UserOp
 
 #: NumPy dtype -> C type of the generated code.
 C_TYPES = {
@@ -73,7 +74,7 @@ def fn(name, dtype):
 
 
 #: Definitions every kernel may use. Written so that nvcc and an ordinary C++ compiler
-#: (the emulator, see :mod:`geon.transformers.gpu.emulator`) both accept them.
+#: (the test suite's emulator, tests/cuda_emulator.py) both accept them.
 PRELUDE = r"""// geon CUDA prelude
 __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
 __device__ __forceinline__ double geon_f64(unsigned long long b) {
@@ -199,13 +200,21 @@ _DEVICE_FN = re.compile(r"__device__\s+[\w\s\*]*?\b(\w+)\s*\(")
 
 def user_op_code(cls):
     """``(function name, source)`` of a user elementwise op defined with ``cuda=``."""
-    from geon.op_graph.user_ops import CUDA_SOURCES
-    src = CUDA_SOURCES[cls]
+    src = cls.cuda_source
+    if src is None:
+        raise LoweringError(f"the gpu transformer has no CUDA code for {cls.__name__}: "
+                            f"define it with cuda= source")
     m = _DEVICE_FN.search(src)
     if m is None:
         raise LoweringError(f"the CUDA source of {cls.__name__} defines no __device__ "
                             f"function: {src!r}")
     return m.group(1), src
+
+
+@cuda_code(UserOp)
+def _user_op(op, args, t):
+    # a user elementwise op (geon.define_op with cuda=) carries its __device__ function
+    return f"{user_op_code(type(op))[0]}({', '.join(args)})"
 
 
 def cuda_rule(op):

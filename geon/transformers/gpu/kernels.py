@@ -8,8 +8,8 @@ address plus a byte offset, fixed when the transformer allocates. The kernel's n
 compiled once.
 
 Kernels use only what both nvcc and an ordinary C++ compiler with a small shim accept
-(no warp intrinsics), so that :mod:`geon.transformers.gpu.emulator` can run them on the
-CPU.
+(no warp intrinsics), so that the test suite's CPU emulator (tests/cuda_emulator.py)
+can run them.
 """
 
 import hashlib
@@ -190,10 +190,7 @@ class Fused:
             cdt = cuda.compute_dtype(m)
             rule = self.ctx.rule(m)
             args = [arg_expr(a, cdt) for a in m.args]
-            if isinstance(rule, str):  # a user op's device function
-                expr = f"{rule}({', '.join(args)})"
-            else:
-                expr = rule(m, args, ctype(cdt))
+            expr = rule(m, args, ctype(cdt))
             v = f"v{k}"
             out_t = ctype(m.dtype)
             if isinstance(m, og.Comparison) or (m.dtype != cdt):

@@ -9,7 +9,8 @@ A runtime offers: ``alloc(nbytes) -> buffer`` (``int(buffer)`` is its device add
 once per device: the cache is keyed by the kernel's name, which holds a hash of its
 source, and lives in the runtime of that device), ``launcher(launches)`` (a function
 that runs a list of ``(kernel, grid, block, addresses)``), and ``synchronize()``.
-:mod:`geon.transformers.gpu.emulator` offers the same on the CPU.
+The test suite's CPU emulator (tests/cuda_emulator.py) offers the same and is
+passed as ``GPUTransformer(runtime=...)``.
 """
 
 import atexit

@@ -4,7 +4,7 @@ kernels launched through PyCUDA, and variables that live on the device.
 :class:`CudaCodegenTransformer` does everything up to the CUDA source and the launch
 plan and needs neither pycuda nor a GPU (its computations have a ``source`` and a
 ``program`` but cannot be called). :class:`GPUTransformer` adds a runtime: PyCUDA on a
-CUDA device (the default), or the CPU emulator (``runtime="emulator"``, for tests).
+CUDA device.
 """
 
 from collections.abc import MutableMapping
@@ -13,6 +13,7 @@ import numpy as np
 
 from geon.errors import ArgumentError, GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
+from geon.op_graph.user_ops import USER_OPS
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
 
@@ -25,8 +26,8 @@ class GPUUnavailableError(UnknownTransformerError):
 
 
 def _user_elementwise_with_cuda():
-    from geon.op_graph.user_ops import CUDA_SOURCES
-    return frozenset(c for c in CUDA_SOURCES if issubclass(c, og.ElementWise))
+    return frozenset(c for c in USER_OPS.values()
+                     if issubclass(c, og.ElementWise) and c.cuda_source is not None)
 
 
 class CudaComputation(Computation):
@@ -232,8 +233,9 @@ class GPUTransformer(CudaCodegenTransformer):
 
     Args:
         device: the CUDA device ordinal (default 0).
-        runtime: ``None`` (PyCUDA on ``device``), ``"emulator"`` (the generated code on
-            the CPU, see :mod:`geon.transformers.gpu.emulator`), or a runtime object.
+        runtime: ``None`` (PyCUDA on ``device``), or an object offering the runtime
+            interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime` (the test
+            suite passes a CPU emulator of the generated kernels this way).
         gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
             through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
             here, else the generated GEMM).
@@ -257,9 +259,6 @@ class GPUTransformer(CudaCodegenTransformer):
                     f"the gpu transformer is not available: {why}; available "
                     f"transformers: {', '.join(others)}")
             runtime = pycuda_runtime(device)
-        elif runtime == "emulator":
-            from geon.transformers.gpu.emulator import EmulatorRuntime
-            runtime = EmulatorRuntime()
         self.runtime = runtime
         self.gemm = gemm
         self._blas = runtime.blas_for(gemm)

@@ -25,11 +25,14 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
+from geon.op_graph.np_ops import Select
+from geon.op_graph.user_ops import USER_OPS, UserOp
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
-from geon.transformers.base import Computation, Transformer, register_transformer
+from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
+                                    register_transformer)
 from geon.transformers import fusion
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
@@ -37,7 +40,8 @@ from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 NUMPY_CODE = OpTable("NUMPY_CODE", "fn(op, out, args) -> [source lines]")
 #: Decorator: ``@numpy_code(Cls, ...)`` registers ``fn(op, out, args) -> [lines]``.
 numpy_code = NUMPY_CODE.register
-#: Names every generated module can use besides ``np`` (e.g. a user op's function).
+#: Names every generated module can use besides ``np`` (and each user op's NumPy
+#: function, see :func:`_user_op`).
 NUMPY_GLOBALS = {}
 
 
@@ -54,6 +58,33 @@ def _ufunc_code(name):
 
 for _cls, _fn in NP_UFUNCS.items():
     NUMPY_CODE[_cls] = _ufunc_code(_fn.__name__)
+
+
+@numpy_code(Select)
+def _select(op, out, args):
+    c, a, b = args
+    return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
+
+
+def _user_function(cls):
+    """The name generated code calls user op ``cls``'s NumPy function by."""
+    return "user_" + cls.registry_key  # keys are identifiers, unique per class
+
+
+@numpy_code(UserOp)
+def _user_op(op, out, args):
+    # every user op (geon.define_op) carries its NumPy function: one rule serves them all
+    kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
+    call = f"{_user_function(type(op))}({', '.join(args)}{kw})"
+    return [f"np.copyto({out}, {call}, casting='unsafe')"]
+
+
+def _module_globals():
+    """What the generated modules see besides ``np``: :data:`NUMPY_GLOBALS` and the
+    user ops' NumPy functions."""
+    names = dict(NUMPY_GLOBALS)
+    names.update((_user_function(c), c.numpy_impl) for c in USER_OPS.values())
+    return names
 
 
 @numpy_code(og.Sigmoid)
@@ -153,7 +184,7 @@ class NumPyComputation(Computation):
         t = self.transformer
         taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last"}
         taken.update(f"_dt{i}" for i in range(len(self.params)))
-        taken.update(NUMPY_GLOBALS)
+        taken.update(_module_globals())
         names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
         setup, body = [], []
@@ -396,7 +427,7 @@ class NumPyComputation(Computation):
         return f"    {line:<60} # {type(op).__name__}{origin}, {op.file_info}"
 
     def _allocate(self):
-        ns = dict(NUMPY_GLOBALS, np=np)
+        ns = dict(_module_globals(), np=np)
         state = self.transformer.state
         for n, v in self._variables.items():
             ns[n] = state[v]
@@ -437,6 +468,10 @@ class NumPyTransformer(Transformer):
     """Runs computations on the CPU through generated NumPy code."""
 
     name = "numpy"
+    #: The standard base set, ``where`` (np_ops.Select) and every user op: the classes
+    #: with a rule in :data:`NUMPY_CODE` or handled by the code generator itself (views,
+    #: placeholders, variables, constants).
+    base_set = STANDARD_BASE_SET | {Select, UserOp}
     computation_class = NumPyComputation
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).

@@ -9,8 +9,8 @@ other, in a shuffled order too. Buffers are host memory with guard bytes around 
 checked after every launch, so a kernel writing out of bounds is reported by name.
 
 It offers the runtime interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime`;
-``make_transformer("gpu", runtime="emulator")`` uses it. Use it for tests on machines
-without a GPU; it says nothing about speed, and device-only behaviour (warp
+tests pass it as ``GPUTransformer(runtime=EmulatorRuntime())``. Test support only (not
+installed with geon); it says nothing about speed, and device-only behaviour (warp
 scheduling, memory ordering between blocks) is not reproduced.
 """
 
