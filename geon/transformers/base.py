@@ -342,8 +342,8 @@ class Transformer:
         :class:`CheckpointError` and leaves an existing file at ``path`` untouched.
         """
         with self._lock:
-            self._ready()
             names = self._persistent()
+            self._ready()
             checkpoint.write(path, [(n, self.state[v]) for n, v in names.items()])
 
     def restore(self, path):
@@ -353,17 +353,28 @@ class Transformer:
         of it is read into new arrays, before anything changes: a missing, corrupt or
         mismatched file raises :class:`CheckpointError` and leaves the transformer's
         state as it was (memory used to reject a file is bounded by the variables'
-        sizes, whatever the file claims). Nothing is unpickled. Variables not
-        initialized yet (and the initializers not run yet) are initialized before
-        the restored values are written, so that nothing overwrites them later.
+        sizes, whatever the file claims). Nothing is unpickled. Restored variables
+        count as initialized, and win over ``initializers`` that have not run yet
+        (those run now, so that they cannot overwrite the restored values later).
         """
         with self._lock:
             names = self._persistent()
             loaded = checkpoint.read(path, {n: (v.axes.shape, v.dtype)
                                             for n, v in names.items()})
-            self._ready()
-            for n, v in names.items():
-                np.copyto(self.state[v], loaded[n])
+            if not self._allocated:
+                self.allocate()
+
+            def commit():
+                for n, v in names.items():
+                    np.copyto(self.state[v], loaded[n])
+                    self._initialized.add(v)
+            # Restored variables are never initialized (their initial value may be
+            # unknown, e.g. in a deserialized graph); the rest are, and pending
+            # initializers run, before the restored values are written again.
+            commit()
+            if not self._initialized_all:
+                self.initialize()
+                commit()
 
 
 # --- registry --------------------------------------------------------------------------
