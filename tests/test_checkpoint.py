@@ -333,6 +333,26 @@ def test_rejected_manifests_and_directories_cost_little_memory(tmp_path, trained
         assert peak < 256 * 1024, (label, peak)
 
 
+def test_zip64_end_records_are_read(tmp_path, trained):
+    """Archives whose end record defers to a zip64 one (as large archives and some
+    zip tools write) restore; the directory bound reads the zip64 size."""
+    import struct
+    t, vs = trained
+    saved = snapshot(t)
+    t.save(tmp_path / "ck.npz")
+    data = (tmp_path / "ck.npz").read_bytes()
+    end = data[-22:]
+    entries, size, offset = struct.unpack("<HII", end[10:20])
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries,
+                         size, offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, len(data) - 22, 1)
+    end64 = end[:8] + struct.pack("<HHII", 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF) + end[20:]
+    (tmp_path / "zip64.npz").write_bytes(data[:-22] + record + locator + end64)
+    fill(t, vs, 5)
+    t.restore(tmp_path / "zip64.npz")
+    assert snapshot(t) == saved
+
+
 # --- writing -------------------------------------------------------------------------------
 
 def test_failed_save_keeps_the_previous_file(tmp_path, trained, monkeypatch):

@@ -270,15 +270,17 @@ def _check_directory(f, expected):
                        "is a zip archive without a comment, as save() writes)")
     if end[20:22] != b"\0\0":
         raise _Invalid("has a zip archive comment; checkpoints have none")
-    declared = [struct.unpack("<I", end[12:16])[0]]
-    # zipfile takes the zip64 end record right before the locator when there is one.
+    # zipfile takes the size from the zip64 end record right before the locator when
+    # there is one (the end record may then hold 0xFFFFFFFF), else from the end record.
     if len(tail) == 98 and tail[-42:-38] == b"PK\x06\x07" and tail[:4] == b"PK\x06\x06":
-        declared.append(struct.unpack("<Q", tail[40:48])[0])
+        declared = struct.unpack("<Q", tail[40:48])[0]
+    else:
+        declared = struct.unpack("<I", end[12:16])[0]
     room = 46 + 128 + len(MANIFEST)  # fixed part, extra fields, name
     for i, name in enumerate(expected):
         room += 46 + 128 + max(len(member_name(i)), len(name.encode("utf-8", "replace")) + 4)
-    if max(declared) > room:
-        raise _Invalid(f"declares a zip directory of {max(declared)} bytes; one of these "
+    if declared > room:
+        raise _Invalid(f"declares a zip directory of {declared} bytes; one of these "
                        f"{len(expected)} variable(s) takes at most {room}")
 
 
