@@ -269,7 +269,7 @@ def test_bad_files_raise_checkpoint_error_and_change_nothing(tmp_path, trained):
 def test_save_into_a_missing_folder_names_the_path(tmp_path, trained):
     t, _ = trained
     target = tmp_path / "no" / "such" / "ck.npz"
-    with pytest.raises(be.CheckpointError, match="does not exist") as info:
+    with pytest.raises(be.CheckpointError, match="not an existing folder") as info:
         t.save(target)
     assert str(target) in str(info.value) and ".tmp" not in str(info.value)
 

@@ -77,8 +77,8 @@ def write(path, arrays):
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise CheckpointError(f"cannot save checkpoint {path}: the folder {folder} "
-                              f"does not exist")
+        raise CheckpointError(f"cannot save checkpoint {path}: {folder} is not an "
+                              f"existing folder")
     remove_stale_temps(folder)
     tmp = None
     try:
