@@ -278,7 +278,8 @@ def test_concurrent_calls_give_correct_results():
     t = be.NumPyTransformer()
     f = t.computation(be.tanh(x * 2.0 + 1.0) * s - x, x)
     g = t.computation(be.sum(x * s, out_axes=()), x)
-    inputs = [np.linspace(-k, k, R.length).astype(np.float32) for k in range(1, 7)]
+    # sums differ between inputs by far more than the tolerance (k * 3e4)
+    inputs = [np.linspace(-1, k, R.length).astype(np.float32) for k in range(1, 7)]
     want_f = [np.tanh(a * 2 + 1) * 3 - a for a in inputs]
     want_g = [float(np.sum(a.astype(np.float64) * 3)) for a in inputs]
     wrong = []
