@@ -8,12 +8,10 @@ procedures ``allocate``, ``initialize``, ``save`` and ``restore``. The registry 
 transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
-import os
-import tempfile
+import threading
 import types
 import warnings
 import weakref
-import zipfile
 import numpy as np
 
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
@@ -27,6 +25,7 @@ from geon.op_graph import schemas as sc
 from geon.registry import (ENTRY_POINT_GROUP, _REGISTRY, _entry_points,  # noqa: F401
                            available_transformers, make_transformer, register_transformer,
                            transformer_factory)
+from geon.transformers import checkpoint
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
@@ -147,19 +146,23 @@ class Computation:
         # The first call (and the first after the transformer changed) allocates and
         # initializes, then installs the backend's fast entry point.
         t = self.transformer
-        if not t._allocated:
-            t.allocate()
-        if not t._initialized_all:
-            t.initialize()
-        self._entry = self._fast_entry()
+        with t._lock:
+            t._ready()
+            self._entry = self._fast_entry()
         return self._entry(*args)
 
     def _fast_entry(self):
         """A function taking the feeds and returning what the call returns. Backends
-        may return generated code; this generic one checks and converts each feed."""
+        may return generated code; this generic one checks and converts each feed.
+        Every entry runs under the transformer's ``_lock``: the computations of a
+        transformer share its variables and buffers, so calls from several threads
+        take turns."""
+        lock = self.transformer._lock
+
         def entry(*args):
-            values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
-            self._last = values
+            with lock:
+                values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
+                self._last = values
             return values[0] if self.single else tuple(values)
         return entry
 
@@ -209,6 +212,10 @@ class Transformer:
     frontend_ops = {}
 
     def __init__(self, disable=(), dump_after=(), dump_file=None, sample_axis=None):
+        # Held by every call of a computation and by the procedures: they share the
+        # variables and buffers, so threads take turns (reentrant: procedures call
+        # each other).
+        self._lock = threading.RLock()
         if sample_axis is not None:
             self.sample_axis = sample_axis
         if self.sample_axis not in (None,) + LAYOUTS:
@@ -297,15 +304,15 @@ class Transformer:
     def computation(self, results, *params):
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
         from the placeholders ``params`` (its call arguments, in order)."""
-        with no_gc():
+        with self._lock, no_gc():
             comp = self.computation_class(self, results, params)
-        self.computations.append(comp)
-        self._initialized_all = False
-        for c in self.computations:  # the next call of each goes through initialize
-            c._reset_entry()
-        if self._allocated:
-            self._allocate_variables(comp.variables)
-            comp._allocate()
+            self.computations.append(comp)
+            self._initialized_all = False
+            for c in self.computations:  # the next call of each goes through initialize
+                c._reset_entry()
+            if self._allocated:
+                self._allocate_variables(comp.variables)
+                comp._allocate()
         return comp
 
     # --- procedures ----------------------------------------------------------------
@@ -324,15 +331,20 @@ class Transformer:
 
     def allocate(self):
         """Allocate storage for every computation: variables and buffers."""
-        self._allocate_variables(self.variables())
-        for c in self.computations:
-            c._allocate()
-            c._reset_entry()
-        self._allocated = True
+        with self._lock:
+            self._allocate_variables(self.variables())
+            for c in self.computations:
+                c._allocate()
+                c._reset_entry()
+            self._allocated = True
 
     def initialize(self, force=False):
         """Set every variable not yet initialized (all of them if ``force``) to its
         initial value and run the ``initializers`` of the ops used. Idempotent."""
+        with self._lock:
+            self._initialize(force)
+
+    def _initialize(self, force):
         if not self._allocated:
             self.allocate()
         todo = [v for v in self.variables() if force or v not in self._initialized]
@@ -380,60 +392,56 @@ class Transformer:
             names[v.name] = v
         return names
 
-    def save(self, path):
-        """Write all persistent variables to ``path`` (``.npz``, keyed by variable name).
+    def _ready(self):
+        """Allocate and initialize what the next call needs (what its first call does)."""
+        if not self._initialized_all:
+            self.initialize()
 
-        The file is written to a temporary name beside ``path`` and renamed into place,
-        so an interrupted save never damages an existing checkpoint.
+    def save(self, path):
+        """Write all persistent variables to the checkpoint file ``path``.
+
+        Variables not initialized yet are initialized first, so a checkpoint always
+        holds what a call would start from. The file format and its guarantees are
+        those of :mod:`geon.transformers.checkpoint`: any variable name, an ``.npz``
+        archive NumPy can open, written atomically (temporary file, fsync, rename) with
+        the permissions the umask gives new files. A failure raises
+        :class:`CheckpointError` and leaves an existing file at ``path`` untouched.
         """
-        if not self._allocated:
-            self.allocate()
-        names = self._persistent()
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".geon-ckpt-", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **{n: self.state[v] for n, v in names.items()})
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with self._lock:
+            names = self._persistent()
+            self._ready()
+            checkpoint.write(path, [(n, self.state[v]) for n, v in names.items()])
 
     def restore(self, path):
         """Load persistent variables saved by :meth:`save`.
 
-        Every name, shape and dtype is checked before anything changes: a missing,
-        corrupt or mismatched file raises :class:`CheckpointError` and leaves the
-        current values untouched. Nothing is unpickled.
+        The file's names, shapes and dtypes are checked against the variables, and all
+        of it is read into new arrays, before anything changes: a missing, corrupt or
+        mismatched file raises :class:`CheckpointError` and leaves the transformer's
+        state as it was (memory used to reject a file is bounded by the variables'
+        sizes, whatever the file claims). Nothing is unpickled. Restored variables
+        count as initialized, and win over ``initializers`` that have not run yet
+        (those run now, so that they cannot overwrite the restored values later).
         """
-        if not self._allocated:
-            self.allocate()
-        names = self._persistent()
-        try:
-            with np.load(os.fspath(path), allow_pickle=False) as data:
-                loaded = {k: data[k] for k in data.files}
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint {path} does not exist") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
-        missing = sorted(set(names) - set(loaded))
-        extra = sorted(set(loaded) - set(names))
-        if missing or extra:
-            raise CheckpointError(f"checkpoint {path} does not match the variables: "
-                                  f"missing {missing}, unexpected {extra}")
-        for n, v in names.items():
-            a = loaded[n]
-            if a.shape != v.axes.shape or a.dtype != v.dtype:
-                raise CheckpointError(f"checkpoint {path}: {n} is {a.dtype}{list(a.shape)}, "
-                                      f"variable needs {v.dtype}{list(v.axes.shape)}")
-        for n, v in names.items():
-            np.copyto(self.state[v], loaded[n])
-            self._initialized.add(v)
-            self._wrote(v)
+        with self._lock:
+            names = self._persistent()
+            loaded = checkpoint.read(path, {n: (v.axes.shape, v.dtype)
+                                            for n, v in names.items()})
+            if not self._allocated:
+                self.allocate()
+
+            def commit():
+                for n, v in names.items():
+                    np.copyto(self.state[v], loaded[n])
+                    self._initialized.add(v)
+                    self._wrote(v)
+            # Restored variables are never initialized (their initial value may be
+            # unknown, e.g. in a deserialized graph); the rest are, and pending
+            # initializers run, before the restored values are written again.
+            commit()
+            if not self._initialized_all:
+                self.initialize()
+                commit()
 
 
 # --- plugins -------------------------------------------------------------------------------

@@ -119,20 +119,22 @@ class GPUComputation(CudaComputation):
         assigned = list(self.program.assigned)
         single, check = self.single, self._check_feed
         ndarray = np.ndarray
+        lock = t._lock  # calls take turns: computations share the device buffers
 
         def entry(*args):
-            for i, a in enumerate(args):
-                shape, dt = checks[i]
-                if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
-                    a = check(i, a)
-                rt.htod(ptrs[i], a)
-            if state.host_dirty:
-                state.push()
-            run()
-            if assigned:
-                state.written(assigned)
-            values = [f() for f in fetch]
-            self._last = values
+            with lock:
+                for i, a in enumerate(args):
+                    shape, dt = checks[i]
+                    if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
+                        a = check(i, a)
+                    rt.htod(ptrs[i], a)
+                if state.host_dirty:
+                    state.push()
+                run()
+                if assigned:
+                    state.written(assigned)
+                values = [f() for f in fetch]
+                self._last = values
             return values[0] if single else tuple(values)
         return entry
 
@@ -271,7 +273,10 @@ class GPUTransformer(CudaCodegenTransformer):
 
     def save(self, path):
         # Reading the state to save it leaves the host copies equal to the device's:
-        # they need not be copied back before the next run.
-        before = set(self.state.host_dirty)
-        super().save(path)
-        self.state.host_dirty.intersection_update(before)
+        # they need not be copied back before the next run (but what initialize
+        # wrote must be).
+        with self._lock:
+            self._ready()
+            before = set(self.state.host_dirty)
+            super().save(path)
+            self.state.host_dirty.intersection_update(before)

@@ -182,7 +182,7 @@ class NumPyComputation(Computation):
 
     def _generate(self):
         t = self.transformer
-        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last"}
+        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last", "_lock"}
         taken.update(f"_dt{i}" for i in range(len(self.params)))
         taken.update(_module_globals())
         names, consts, variables, scratch = {}, {}, {}, {}
@@ -320,8 +320,10 @@ class NumPyComputation(Computation):
             src.append("    global " + ", ".join(glob))
         src.extend(setup or ["    pass"])
         src.append(f"def run({params}):")
-        src.extend(body)
-        src.append(returns_line)
+        # Calls take turns: every computation of the transformer shares its buffers.
+        src.append("    with _lock:")
+        src.extend("    " + ln for ln in body)
+        src.append("    " + returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
         self._scratch = scratch
         self._source = "\n".join(src) + "\n"
@@ -448,6 +450,7 @@ class NumPyComputation(Computation):
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
+        ns["_lock"] = self.transformer._lock
         for i, p in enumerate(self.params):
             ns[f"_dt{i}"] = p.dtype
         self._ns = ns
