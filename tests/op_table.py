@@ -27,9 +27,17 @@ import dataclasses
 import zlib
 from typing import Callable, Optional, Tuple
 
+import math
+
 import numpy as np
 
 import geon as be
+
+try:  # the independent reference of the newer ops, where it is installed
+    import torch
+    import torch.nn.functional as TF
+except ImportError:  # pragma: no cover - then plain NumPy formulas
+    torch = TF = None
 
 # --- axes ------------------------------------------------------------------------------
 C = be.Axis(3, "C")
@@ -74,6 +82,7 @@ DOMAINS = {
     "grid1": lambda rng, s: _grid(rng, s, 0.125),   # ... never equal to these (>= 1/8 apart)
     "int3": lambda rng, s: rng.integers(-1, 2, s).astype(np.float64),  # many ties
     "with_zeros": _with_zeros,                # exact zeros (safelog's floor, sign(0))
+    "six": lambda rng, s: rng.uniform(-6.0, 6.0, s),    # hard_sigmoid's kinks at +-3
 }
 
 
@@ -238,6 +247,91 @@ case("cos", "cos", [I(C, N)], be.cos, "CN", np.cos)
 case("tanh", "tanh", [I(C, N)], be.tanh, "CN", np.tanh)
 case("sigmoid", "sigmoid", [I(C, N)], be.sigmoid, "CN", sigmoid)
 case("sigmoid_wide", "sigmoid", [I(C, N, domain="wide")], be.sigmoid, "CN", sigmoid)
+
+
+def ref(torch_fn, numpy_fn):
+    """PyTorch's ``torch_fn`` on the float64 inputs where torch is installed (an
+    independent implementation), else the NumPy formula ``numpy_fn``."""
+    if torch is None:
+        return numpy_fn
+
+    def f(*xs):
+        return torch_fn(*[torch.from_numpy(np.ascontiguousarray(x)) for x in xs]).numpy()
+    return f
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _elu(x, a=1.0):
+    return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))
+
+
+# --- activations and other elementwise newcomers ------------------------------------------
+case("erf", "erf", [I(C, N)], be.erf, "CN", ref(torch.erf if torch else None, _erf))
+case("erf_wide", "erf", [I(C, N, domain="wide")], be.erf, "CN", _erf)  # math.erf
+case("erf_six", "erf", [I(C, N, domain="six")], be.erf, "CN", _erf)
+case("expm1", "expm1", [I(C, N)], be.expm1, "CN", ref(torch.expm1 if torch else None,
+                                                        np.expm1))
+case("softplus", "softplus", [I(C, N)], be.softplus, "CN",
+     ref(TF.softplus if TF else None, softplus))
+# PyTorch returns x above 20; the exact value is log(1 + exp(x)):
+case("softplus_wide", "softplus", [I(C, N, domain="wide")], be.softplus, "CN", softplus)
+case("relu", "relu", [I(C, N)], be.relu, "CN", ref(TF.relu if TF else None,
+                                                     lambda x: np.maximum(x, 0.0)))
+case("leaky_relu", "leaky_relu", [I(C, N)], be.leaky_relu, "CN",
+     ref(TF.leaky_relu if TF else None, lambda x: np.where(x > 0, x, 0.01 * x)))
+case("leaky_relu(0.2)", "leaky_relu", [I(C, N)], lambda x: be.leaky_relu(x, 0.2), "CN",
+     ref(lambda x: TF.leaky_relu(x, 0.2), lambda x: np.where(x > 0, x, 0.2 * x)))
+case("elu", "elu", [I(C, N)], be.elu, "CN", ref(TF.elu if TF else None, _elu))
+case("elu(0.5)_wide", "elu", [I(C, N, domain="wide")], lambda x: be.elu(x, 0.5), "CN",
+     ref(lambda x: TF.elu(x, 0.5), lambda x: _elu(x, 0.5)))
+case("selu", "selu", [I(C, N)], be.selu, "CN",
+     ref(TF.selu if TF else None, lambda x: 1.0507009873554804934193349852946 * _elu(
+         x, 1.6732632423543772848170429916717)))
+case("gelu", "gelu", [I(C, N)], be.gelu, "CN", ref(TF.gelu if TF else None, _gelu))
+case("gelu_wide", "gelu", [I(C, N, domain="six")], be.gelu, "CN", _gelu)
+case("gelu_tanh", "gelu", [I(C, N)], lambda x: be.gelu(x, approximate="tanh"), "CN",
+     ref(lambda x: TF.gelu(x, approximate="tanh"),
+         lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))))
+case("silu", "silu", [I(C, N)], be.silu, "CN",
+     ref(TF.silu if TF else None, lambda x: x * sigmoid(x)))
+case("silu_wide", "silu", [I(C, N, domain="wide")], be.silu, "CN",
+     lambda x: x / (1.0 + np.exp(-x)))
+case("hard_sigmoid", "hard_sigmoid", [I(C, N, domain="six")], be.hard_sigmoid, "CN",
+     ref(TF.hardsigmoid if TF else None, lambda x: np.clip(x / 6 + 0.5, 0.0, 1.0)))
+case("where(C,N),(C,N),(N)", "where", [I(C, N), I(C, N), I(N)],
+     lambda c, a, b: be.where(c > 0.0, a, b), "CN",
+     ref(lambda c, a, b: torch.where(c > 0, a, b[None, :]),
+         lambda c, a, b: np.where(c > 0, a, b[None, :])))
+case("where(N),(C,N),scalar", "where", [I(N), I(N, C)],
+     lambda c, a: be.where(c > 0.0, a, -1.5), "NC",
+     lambda c, a: np.where(c[:, None] > 0, a, -1.5))
+# the branch not taken may be infinite: its derivative must not become NaN
+case("where_safe_log", "where", [I(C, N)],
+     lambda x: be.where(x > 0.0, be.log(be.absolute(x)), x), "CN",
+     lambda x: np.where(x > 0, np.log(np.abs(x)), x))
+case("clip", "clip", [I(C, N)], lambda x: be.clip(x, -0.5, 1.0), "CN",
+     ref(lambda x: torch.clamp(x, -0.5, 1.0), lambda x: np.clip(x, -0.5, 1.0)))
+case("clip_tensor_lo(N)", "clip", [I(C, N, domain="grid0"), I(N, domain="grid1")],
+     lambda x, lo: be.clip(x, lo), "CN", lambda x, lo: np.maximum(x, lo[None, :]))
+case("log_softmax(C,N)", "log_softmax", [I(C, N)], be.log_softmax, "CN",
+     ref(lambda x: torch.log_softmax(x, 0), lambda x: np.log(softmax0(x))))
+case("log_softmax_wide", "log_softmax", [I(C, N, domain="wide")], be.log_softmax, "CN",
+     lambda x: x - x.max(0) - np.log(np.exp(x - x.max(0)).sum(0)))
+case("log_softmax_norm(H)", "log_softmax", [I(C, H, N)],
+     lambda x: be.log_softmax(x, normalization_axes=H), "CHN",
+     ref(lambda x: torch.log_softmax(x, 1), lambda x: np.log(softmax0(x, (1,)))))
+case("logsumexp_default", "logsumexp", [I(C, H, N)], be.logsumexp, "N",
+     ref(lambda x: torch.logsumexp(x, (0, 1)),
+         lambda x: np.log(np.exp(x).sum(axis=(0, 1)))))
+case("logsumexp_out(N,C)_wide", "logsumexp", [I(C, H, N, domain="wide")],
+     lambda x: be.logsumexp(x, out_axes=(N, C)), "NC",
+     lambda x: (x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))).T)
 
 # --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
 _RED = {
@@ -460,6 +554,8 @@ REQUIRED_OPS = {
     "argmin", "dot", "softmax", "cross_entropy_multi", "cross_entropy_binary", "one_hot",
     "stop_gradient", "broadcast", "axes_with_order", "cast_axes", "flatten", "unflatten",
     "slice_along_axis", "tensor_size",
+    "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
+    "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]

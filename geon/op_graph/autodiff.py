@@ -6,6 +6,8 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 (broadcast); :func:`_fit` does that, in this one place, as it accumulates.
 """
 
+import math
+
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -189,6 +191,14 @@ def _cos(op, d): return (-d * og.Sin(op.args[0]),)
 def _tanh(op, d): return (d * (1.0 - op * op),)
 @R(og.Sigmoid)
 def _sigmoid(op, d): return (d * op * (1.0 - op),)
+@R(og.Erf)
+def _erf(op, d):
+    x = op.args[0]
+    return (d * float(2 / math.sqrt(math.pi)) * og.Exp(-(x * x)),)
+@R(og.Expm1)
+def _expm1(op, d): return (d * (op + 1.0),)
+@R(og.Softplus)
+def _softplus(op, d): return (d * og.Sigmoid(op.args[0]),)
 @R(sc.SigmoidCrossEntropy)
 def _sce(op, d):
     x, t = op.args

@@ -16,6 +16,8 @@ where it has them in another order). Rules built from ops that match operands by
 that read operands by position use :func:`direction_axes` to keep them trailing.
 """
 
+import math
+
 import numpy as np
 
 from geon.errors import GeonError
@@ -226,6 +228,9 @@ F(og.Sin)(_scaled(lambda op: og.Cos(op.args[0])))
 F(og.Cos)(_scaled(lambda op: -og.Sin(op.args[0])))
 F(og.Tanh)(_scaled(lambda op: 1.0 - op * op))
 F(og.Sigmoid)(_scaled(lambda op: op * (1.0 - op)))
+F(og.Erf)(_scaled(lambda op: float(2 / math.sqrt(math.pi)) * og.Exp(-(op.args[0] * op.args[0]))))
+F(og.Expm1)(_scaled(lambda op: op + 1.0))
+F(og.Softplus)(_scaled(lambda op: og.Sigmoid(op.args[0])))
 
 
 @F(sc.SigmoidCrossEntropy)

@@ -32,6 +32,7 @@ import numbers
 import numpy as np
 
 from geon.errors import AxisMismatchError
+from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes
@@ -43,10 +44,12 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
     "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
-    "divide", "dot", "equal", "exp", "expand_dims", "full", "greater", "greater_equal",
-    "less", "less_equal", "log", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
+    "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less", "less_equal", "log",
+    "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
-    "power", "prod", "ravel", "reciprocal", "reshape", "shape", "sign", "sin", "sqrt",
+    "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
+    "silu", "sin", "softplus", "sqrt",
     "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "transpose",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
@@ -290,6 +293,28 @@ log = _elementwise(og.Log, "log", 1)
 sin = _elementwise(og.Sin, "sin", 1)
 cos = _elementwise(og.Cos, "cos", 1)
 tanh = _elementwise(og.Tanh, "tanh", 1)
+erf = _elementwise(og.Erf, "erf", 1)
+expm1 = _elementwise(og.Expm1, "expm1", 1)
+softplus = _elementwise(og.Softplus, "softplus", 1)
+erf.__doc__ = "The error function, elementwise (scipy's ``erf``; NumPy has none)."
+softplus.__doc__ = "``log(1 + exp(x))``, elementwise and stable (PyTorch's ``softplus``)."
+
+
+def _activation(fn):
+    def act(x, *args, **kwargs):
+        return fn(_arg(x), *args, **kwargs)
+    act.__name__ = act.__qualname__ = fn.__name__
+    act.__doc__ = fn.__doc__
+    return act
+
+
+relu = _activation(nn_ops.relu)
+leaky_relu = _activation(nn_ops.leaky_relu)
+elu = _activation(nn_ops.elu)
+selu = _activation(nn_ops.selu)
+gelu = _activation(nn_ops.gelu)
+silu = _activation(nn_ops.silu)
+hard_sigmoid = _activation(nn_ops.hard_sigmoid)
 
 
 def where(condition, x, y):
@@ -387,6 +412,25 @@ def _arg_reduce(cls, a, axis, keepdims, what):
         return reshape(r, (1,) * len(pos))
     i = _normalize_axis(axis, len(pos), what)
     return expand_dims(r, i)
+
+
+def logsumexp(a, axis=None, keepdims=False):
+    """``log(sum(exp(a), axis))`` without overflow (scipy's and PyTorch's
+    ``logsumexp``): ``m + log(sum(exp(a - m)))`` with ``m`` the maximum, through which
+    no derivative flows (the value does not depend on it)."""
+    x = _tensor(a, "logsumexp")
+    m = og.StopGradient(max(x, axis, keepdims=True))
+    r = log(sum(exp(x - m), axis, keepdims=keepdims))
+    return r + (m if keepdims else reshape(m, shape(r)))
+
+
+def log_softmax(x, axis=-1):
+    """``x - logsumexp(x, axis, keepdims=True)`` (PyTorch's ``log_softmax``; exact for
+    any logits)."""
+    x = _tensor(x, "log_softmax")
+    _normalize_axis(axis, ndim(x), "log_softmax")
+    shifted = x - og.StopGradient(max(x, axis, keepdims=True))
+    return shifted - log(sum(exp(shifted), axis, keepdims=True))
 
 
 def argmax(a, axis=None, keepdims=False):
@@ -713,6 +757,8 @@ def _register():
 
     ELEMENTWISE_FUNCS[Select] = select
     NUMPY_DTYPE_RULES[Select] = select
+    NUMPY_DTYPE_RULES[og.Erf] = ELEMENTWISE_FUNCS[og.Erf]
+    NUMPY_DTYPE_RULES[og.Softplus] = ELEMENTWISE_FUNCS[og.Softplus]
 
     def code(op, out, args):
         c, a, b = args

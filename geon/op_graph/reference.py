@@ -12,6 +12,7 @@ from geon.errors import FeedError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import ASSIGN_CLASSES, schedule
 from geon.op_graph.tables import OpTable
@@ -41,7 +42,7 @@ NP_UFUNCS = {
     og.GreaterEqual: np.greater_equal, og.Negative: np.negative,
     og.Absolute: np.absolute, og.Sign: np.sign, og.Square: np.square, og.Sqrt: np.sqrt,
     og.Reciprocal: np.reciprocal, og.Exp: np.exp, og.Log: np.log, og.Sin: np.sin,
-    og.Cos: np.cos, og.Tanh: np.tanh,
+    og.Cos: np.cos, og.Tanh: np.tanh, og.Expm1: np.expm1,
 }
 
 
@@ -56,6 +57,8 @@ def _sigmoid_ce(x, t):
 ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
 ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
 ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
+ELEMENTWISE_FUNCS[og.Erf] = special.erf
+ELEMENTWISE_FUNCS[og.Softplus] = lambda x: np.logaddexp(0.0, x)
 
 
 @evaluator(og.ElementWise)

@@ -24,6 +24,7 @@ import numpy as np
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
@@ -65,6 +66,19 @@ def _sigmoid(op, out, args):
     return [f"np.negative({x}, out={out})", f"np.minimum({out}, {limit}, out={out})",
             f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
             f"np.reciprocal({out}, out={out})"]
+
+
+@numpy_code(og.Erf)
+def _erf(op, out, args):
+    return [f"_erf({args[0]}, out={out})"]
+
+
+NUMPY_GLOBALS["_erf"] = special.erf
+
+
+@numpy_code(og.Softplus)
+def _softplus(op, out, args):
+    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
 
 
 @numpy_code(sc.SigmoidCrossEntropy)

@@ -1,0 +1,45 @@
+"""Special functions NumPy lacks, vectorised, for the reference evaluator and the NumPy
+transformer (scipy is not a dependency)."""
+
+import math
+
+import numpy as np
+
+#: Below this |x| the series is used, above it the continued fraction.
+_ERF_SWITCH = 2.5
+_TERMS = 60
+
+
+def erf(x, out=None):
+    """The error function, elementwise, to about 1e-15 relative in float64.
+
+    For ``|x| < 2.5``: ``erf(x) = 2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (2n+1)!!``
+    (all terms of one sign, so nothing cancels; 60 terms reach the last bit). Above:
+    ``erfc(x) = exp(-x^2) / sqrt(pi) / (x + (1/2) / (x + 1 / (x + (3/2) / (x + ...))))``
+    (Laplace's continued fraction, 60 levels evaluated from the bottom) and
+    ``erf = 1 - erfc``. Float32 inputs are computed in float64 and rounded once.
+    """
+    x = np.asarray(x)
+    xd = x.astype(np.float64)
+    a = np.abs(xd)
+    res = np.empty(xd.shape, np.float64)
+    near = a < _ERF_SWITCH
+    s = xd[near]
+    s2 = s * s
+    term, total = s.copy(), s.copy()
+    for n in range(1, _TERMS):
+        term *= 2.0 * s2 / (2 * n + 1)
+        total += term
+    res[near] = (2.0 / math.sqrt(math.pi)) * np.exp(-s2) * total
+    far = ~near
+    b = a[far]
+    with np.errstate(all="ignore"):  # b = inf gives erfc = 0, as it should
+        f = b.copy()
+        for k in range(_TERMS, 0, -1):
+            f = b + (0.5 * k) / f
+        erfc = np.exp(-b * b) / (math.sqrt(math.pi) * f)
+    res[far] = np.copysign(1.0 - erfc, xd[far])
+    if out is None:
+        return res.astype(x.dtype if x.dtype.kind == "f" else np.float64)
+    np.copyto(out, res, casting="unsafe")
+    return out
