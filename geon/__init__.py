@@ -23,9 +23,9 @@ from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
 from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
-from geon.op_graph.nn_ops import (clip, elu, erf, expm1, gelu, hard_sigmoid,  # noqa: E402
-                                  leaky_relu, log_softmax, logsumexp, relu, selu, silu,
-                                  softplus, where)
+from geon.op_graph.nn_ops import (clip, concat, elu, erf, expm1, gelu,  # noqa: E402
+                                  hard_sigmoid, leaky_relu, log_softmax, logsumexp, pad,
+                                  relu, selu, silu, softplus, stack, tile, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,

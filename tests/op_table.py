@@ -333,6 +333,32 @@ case("logsumexp_out(N,C)_wide", "logsumexp", [I(C, H, N, domain="wide")],
      lambda x: be.logsumexp(x, out_axes=(N, C)), "NC",
      lambda x: (x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))).T)
 
+# --- joining, padding, tiling (composites of slices and Unslice) ---------------------------
+S2 = be.Axis(2, "S2")
+case("concat(C,H)+(C,W)", "concat", [I(C, H), I(C, W)],
+     lambda a, b: be.concat([a, b], [H, W]), ("C", "H+W"),
+     ref(lambda a, b: torch.cat([a, b], 1), lambda a, b: np.concatenate([a, b], 1)))
+case("concat_reordered_three", "concat", [I(C, H), I(W, C), I(C, H)],
+     lambda a, b, c: be.concat([a, b, c], [H, W, H], out_axis=be.Axis(10, "CAT")),
+     ("C", "CAT"), ref(lambda a, b, c: torch.cat([a, b.T, c], 1),
+                       lambda a, b, c: np.concatenate([a, b.T, c], 1)))
+case("stack(C,N),(N,C)", "stack", [I(C, N), I(N, C)],
+     lambda a, b: be.stack([a, b], S2, 1), ("C", "S2", "N"),
+     ref(lambda a, b: torch.stack([a, b.T], 1), lambda a, b: np.stack([a, b.T], 1)))
+case("tile(C,H)", "tile", [I(C, H)], lambda x: be.tile(x, {H: 2, "C": 3}), ("C*3", "H*2"),
+     ref(lambda x: x.repeat(3, 2), lambda x: np.tile(x, (3, 2))))
+case("pad_constant", "pad", [I(C, H, N)],
+     lambda x: be.pad(x, {H: (2, 1), C: 1}, value=-0.5), ("C+1+1", "H+2+1", "N"),
+     lambda x: np.pad(x, ((1, 1), (2, 1), (0, 0)), constant_values=-0.5))
+case("pad_reflect", "pad", [I(C, H, N)], lambda x: be.pad(x, {H: (3, 2), N: (0, 4)},
+                                                         mode="reflect"),
+     ("C", "H+3+2", "N+0+4"),
+     lambda x: np.pad(x, ((0, 0), (3, 2), (0, 4)), mode="reflect"))
+case("pad_edge", "pad", [I(C, H, N)], lambda x: be.pad(x, {C: (2, 3), H: (0, 1)},
+                                                      mode="edge"),
+     ("C+2+3", "H+0+1", "N"),
+     lambda x: np.pad(x, ((2, 3), (0, 1), (0, 0)), mode="edge"))
+
 # --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
 _RED = {
     "sum": (be.sum, np.sum, "real"),
@@ -555,7 +581,8 @@ REQUIRED_OPS = {
     "stop_gradient", "broadcast", "axes_with_order", "cast_axes", "flatten", "unflatten",
     "slice_along_axis", "tensor_size",
     "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
-    "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp",
+    "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp", "concat", "stack", "tile",
+    "pad",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]

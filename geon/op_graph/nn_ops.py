@@ -23,14 +23,18 @@ import numpy as np
 
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
-from geon.op_graph.axes import Axes, Axis, as_axes
+from geon.op_graph import primitives as pr
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes
+from geon.op_graph.nodes import DebugInfo
 from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 
 __all__ = [
     "elu", "erf", "expm1", "gelu", "hard_sigmoid", "leaky_relu", "log_softmax",
-    "logsumexp", "relu", "selu", "silu", "softplus", "where", "clip",
+    "logsumexp", "relu", "selu", "silu", "softplus", "where", "clip", "concat", "stack",
+    "tile", "pad",
 ]
 
+builtins_sum = sum
 erf = og.erf
 expm1 = og.expm1
 softplus = og.softplus
@@ -134,6 +138,216 @@ def log_softmax(x, normalization_axes=None):
         else x.axes.sample_axes()
     shifted = x - og.StopGradient(og.Max(x, reduction_axes=red))
     return shifted - og.Log(og.Sum(og.Exp(shifted), reduction_axes=red))
+
+
+# --- joining, padding, tiling -----------------------------------------------------------------
+
+def _where():
+    """`` (built at File "...", line N)`` of the user's call."""
+    return f" (built at {DebugInfo().file_info})"
+
+
+def _axis_in(x, axis, what):
+    """The axis of ``x`` named like ``axis`` (an Axis or a name)."""
+    name = axis if isinstance(axis, str) else axis.name
+    for a in x.axes:
+        if a.name == name:
+            return a
+    raise AxisMismatchError(f"{what}: axis {name} is not in {x.name} ({_fmt(x.axes)})"
+                            f"{_where()}")
+
+
+def _replace(axes, old, new):
+    return Axes(new if a.name == old.name else a for a in axes)
+
+
+def join(parts, part_axes, out_axis, what):
+    """The tensors ``parts`` laid end to end along ``out_axis``: part ``i`` fills the
+    range of ``out_axis`` its axis ``part_axes[i]`` covers, in order. The other axes of
+    every part must match the first's by name and length; the result has the first
+    part's axes, ``part_axes[0]`` replaced by ``out_axis``. Each part is written into
+    its range (an ``Unslice``, whose adjoint is a slice) and the parts are added."""
+    first = parts[0]
+    rest0 = first.axes - Axes(part_axes[0])
+    total = builtins_sum(a.length for a in part_axes)
+    if out_axis.length != total:
+        raise AxisMismatchError(f"{what}: the result axis {out_axis!r} should have length "
+                                f"{total}{_where()}")
+    out = _replace(first.axes, part_axes[0], out_axis)
+    pieces, start = [], 0
+    for i, (p, a) in enumerate(zip(parts, part_axes)):
+        rest = p.axes - Axes(a)
+        if not rest.same_set(rest0) or rest.lengths != Axes(
+                [rest0.find(n) for n in rest.names]).lengths:
+            raise AxisMismatchError(
+                f"{what}: operands must have the same axes except the joined one: "
+                f"operand 0 {first.name} ({_fmt(first.axes)}) joined along {part_axes[0]!r}, "
+                f"operand {i} {p.name} ({_fmt(p.axes)}) along {a!r}{_where()}")
+        target = _replace(out, out_axis, a)
+        if p.axes.names != target.names:
+            p = og.AxesWithOrder(p, target)
+        key = [slice(None)] * len(out)
+        key[out.index(out_axis)] = slice(start, start + a.length)
+        start += a.length
+        pieces.append(pr.Unslice(p, out, key))
+    r = pieces[0]
+    for p in pieces[1:]:
+        r = r + p
+    return r
+
+
+def concat(xs, axis, out_axis=None):
+    """``xs`` laid end to end along ``axis``: a name (or Axis) every operand has, with
+    any lengths, or a list of one Axis per operand. The other axes must agree by name
+    and length (a mismatch raises :class:`AxisMismatchError` naming each operand's axes).
+    The result has the first operand's axes with the joined one replaced by
+    ``out_axis`` (default: an axis of the total length named by the joined axes' names
+    with ``+``, e.g. ``H+W``; an axis name means one axis within a graph)."""
+    xs = [as_op(x) for x in xs]
+    if not xs:
+        raise ValueError("concat: need at least one tensor")
+    if isinstance(axis, (list, tuple)):
+        if len(axis) != len(xs):
+            raise ValueError(f"concat: {len(xs)} tensors but {len(axis)} axes")
+        part_axes = [_axis_in(x, a, "concat") for x, a in zip(xs, axis)]
+    else:
+        part_axes = [_axis_in(x, axis, "concat") for x in xs]
+    total = builtins_sum(a.length for a in part_axes)
+    a0 = part_axes[0]
+    if out_axis is None:
+        out_axis = Axis(total, "+".join(a.name for a in part_axes), a0.batch, a0.recurrent)
+    return join(xs, part_axes, out_axis, "concat")
+
+
+def stack(xs, axis, position=0):
+    """``xs`` (tensors with the same axes) joined along the new axis ``axis`` (of
+    length ``len(xs)``), inserted at ``position`` in the first tensor's axes."""
+    xs = [as_op(x) for x in xs]
+    if not xs:
+        raise ValueError("stack: need at least one tensor")
+    if axis.length != len(xs):
+        raise AxisMismatchError(f"stack: axis {axis!r} for {len(xs)} tensors{_where()}")
+    if axis in xs[0].axes:
+        raise AxisMismatchError(f"stack: axis {axis!r} is already in {xs[0].name} "
+                                f"({_fmt(xs[0].axes)}){_where()}")
+    parts, part_axes = [], []
+    for i, x in enumerate(xs):
+        if not x.axes.same_set(xs[0].axes):
+            raise AxisMismatchError(
+                f"stack: operands must have the same axes: operand 0 {xs[0].name} "
+                f"({_fmt(xs[0].axes)}), operand {i} {x.name} ({_fmt(x.axes)}){_where()}")
+        one = Axis(1, f"{axis.name}[{i}]")
+        axes = list(xs[0].axes)
+        axes.insert(position, one)
+        parts.append(og.Broadcast(x, Axes(axes)))
+        part_axes.append(one)
+    return join(parts, part_axes, axis, "stack")
+
+
+def tile(x, reps, out_axes=None):
+    """``x`` repeated along some of its axes: ``reps`` maps an axis (or name) to a
+    repeat count; the axis is replaced by one ``count`` times as long, holding ``x``
+    that many times in a row (NumPy's ``tile`` along that axis). ``out_axes`` maps an
+    axis name to its replacement; by default ``H`` repeated 3 times becomes ``H*3``."""
+    out_axes = dict(out_axes or {})
+    x = as_op(x)
+    r = x
+    for axis, n in dict(reps).items():
+        a = _axis_in(r, axis, "tile")
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"tile: repeat count {n} for axis {a!r} must be >= 1")
+        if n == 1:
+            continue
+        rep = Axis(n, f"{a.name}*")
+        order = []
+        for b in r.axes:
+            order.extend((rep, b) if b is a else (b,))
+        wide = og.Broadcast(r, Axes(order))
+        flat = og.Flatten(wide, Axes(FlattenedAxis(Axes((rep, b))) if b is a else b
+                                     for b in r.axes))
+        new = out_axes.get(a.name) or Axis(n * a.length, f"{a.name}*{n}", a.batch,
+                                           a.recurrent)
+        r = og.CastAxes(flat, _replace(r.axes, a, new))
+    return r
+
+
+PAD_MODES = ("constant", "reflect", "edge")
+
+
+def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
+    """``x`` padded along its axis ``axis`` with ``before`` and ``after`` entries (see
+    :func:`pad`); the padded axis becomes ``out_axis`` (default: ``H`` padded by 2 and 1
+    becomes ``H+2+1``)."""
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode must be one of {PAD_MODES}, not {mode!r}")
+    before, after = int(before), int(after)
+    n = axis.length
+    if before < 0 or after < 0:
+        raise ValueError(f"pad: negative padding ({before}, {after}) along {axis!r}")
+    if out_axis is None:
+        out_axis = Axis(n + before + after, f"{axis.name}+{before}+{after}", axis.batch,
+                        axis.recurrent)
+    if out_axis.length != n + before + after:
+        raise AxisMismatchError(f"pad: the result axis {out_axis!r} should have length "
+                                f"{n + before + after}{_where()}")
+    if before == after == 0:
+        return og.CastAxes(x, _replace(x.axes, axis, out_axis)) if out_axis is not axis             else x
+    if mode == "constant":
+        out = _replace(x.axes, axis, out_axis)
+        key = [slice(None)] * len(out)
+        key[out.index(out_axis)] = slice(before, before + n)
+        r = pr.Unslice(x, out, key)
+        if value != 0:
+            border = np.full(out_axis.length, float(value))
+            border[before:before + n] = 0.0
+            r = r + og.Constant(border, axes=Axes(out_axis), dtype=x.dtype)
+        return r
+    if n == 0 or (mode == "reflect" and (before >= n or after >= n)):
+        raise AxisMismatchError(f"pad: {mode} padding ({before}, {after}) needs more than "
+                                f"{max(before, after)} entries along {axis!r} of {x.name}"
+                                f"{_where()}")
+    parts, part_axes = [], []
+    for count, side in ((before, 0), (None, None), (after, 1)):
+        if count is None:
+            parts.append(x)
+            part_axes.append(axis)
+            continue
+        if count == 0:
+            continue
+        if mode == "edge":
+            new = Axis(count, f"{axis.name}<{'^$'[side]}")
+            one = og.Slice(x, axis, 0 if side == 0 else n - 1)
+            part = og.Broadcast(one, _replace(x.axes, axis, new))
+        else:  # reflect: the entries next to the edge, mirrored, edge excluded
+            stop = n - 2 - count
+            key = slice(count, 0, -1) if side == 0 else \
+                slice(n - 2, stop if stop >= 0 else None, -1)
+            part = og.Slice(x, axis, key)
+            new = part.axes[x.axes.index(axis)]
+        parts.append(part)
+        part_axes.append(new)
+    return join(parts, part_axes, out_axis, "pad")
+
+
+def pad(x, paddings, mode="constant", value=0.0, out_axes=None):
+    """``x`` padded along some of its axes: ``paddings`` maps an axis (or name) to
+    ``(before, after)`` counts (or one count for both sides). ``mode``: ``"constant"``
+    (``value``), ``"reflect"`` (mirrored at the edge, the edge not repeated: NumPy's
+    and PyTorch's ``reflect``; counts below the axis length) or ``"edge"`` (the edge
+    value repeated; PyTorch's ``replicate``). A padded axis is replaced by a longer one:
+    ``out_axes`` maps an axis name to it; by default ``H`` padded by 2 and 1 becomes
+    ``H+2+1``."""
+    out_axes = dict(out_axes or {})
+    x = as_op(x)
+    r = x
+    for axis, widths in dict(paddings).items():
+        a = _axis_in(r, axis, "pad")
+        if isinstance(widths, (int, np.integer)):
+            widths = (widths, widths)
+        before, after = widths
+        r = pad_axis(r, a, before, after, mode, value, out_axes.get(a.name))
+    return r
 
 
 # --- serialization (until op classes declare ``attrs`` for the serializer) --------------------

@@ -46,11 +46,11 @@ __all__ = [
     "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
     "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
     "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less", "less_equal", "log",
-    "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "transpose",
+    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "tile", "transpose",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -673,6 +673,49 @@ def stack(arrays, axis=0):
     n = len(next(iter(shapes))) + 1
     ax = _normalize_axis(axis, n, "stack")
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
+
+
+def tile(A, reps):
+    """NumPy's ``tile``: ``A`` repeated ``reps[i]`` times along dimension ``i`` (with
+    ``reps`` or the shape padded with leading 1s to the same length)."""
+    x = _tensor(A, "tile")
+    reps = tuple(reps) if isinstance(reps, (tuple, list)) else (reps,)
+    reps = _shape(reps)
+    pos = positional_shape(x)
+    d = _builtin_max(len(pos), len(reps))
+    shape = (1,) * (d - len(pos)) + pos
+    reps = (1,) * (d - len(reps)) + reps
+    if all(r == 1 for r in reps):
+        return reshape(x, shape)
+    pairs = [n for s, r in zip(shape, reps) for n in (r, s)]
+    wide = broadcast_to(reshape(x, [n for s in shape for n in (1, s)]), pairs)
+    return reshape(wide, tuple(s * r for s, r in zip(shape, reps)))
+
+
+def pad(array, pad_width, mode="constant", constant_values=0):
+    """NumPy's ``pad`` for ``mode`` ``"constant"`` (one ``constant_values`` number),
+    ``"reflect"`` and ``"edge"``. ``pad_width`` is an int, ``(before, after)`` or one
+    pair per dimension. Unlike NumPy, ``reflect`` needs each count below the dimension's
+    length (PyTorch's rule): the edge is mirrored once."""
+    x = _front(_tensor(array, "pad"))
+    special, pos = split_axes(x)
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu" or (widths.size and widths.min() < 0):
+        raise ValueError(f"pad: pad_width holds integers >= 0, not {pad_width!r}")
+    try:
+        widths = np.broadcast_to(widths, (len(pos), 2))
+    except ValueError:
+        raise ValueError(f"pad: pad_width {pad_width!r} does not fit an array of "
+                         f"dimension {len(pos)}") from None
+    if np.ndim(constant_values):
+        raise ValueError("pad: constant_values must be one number")
+    r = x
+    for a, (before, after) in zip(pos, widths.tolist()):
+        if before or after:
+            new = PositionalAxis(a.length + before + after, a.name)
+            r = nn_ops.pad_axis(r, r.axes.find(a.name), before, after, mode,
+                                float(constant_values), out_axis=new)
+    return r
 
 
 def getitem(x, key):
