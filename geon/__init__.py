@@ -7,7 +7,8 @@ Use it as ``import geon as be``: build ops over named axes, differentiate them w
 __version__ = "0.1.0"
 
 from geon.errors import (AxisMismatchError, CheckpointError, FeedError, GeonError,  # noqa: E402
-                         InvalidValueError, LoweringError, UnknownTransformerError)
+                         IndexOutOfRangeError, InvalidValueError, LoweringError,
+                         UnknownTransformerError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
@@ -23,9 +24,10 @@ from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
 from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
-from geon.op_graph.nn_ops import (clip, concat, elu, erf, expm1, gelu,  # noqa: E402
+from geon.op_graph.nn_ops import (clip, concat, elu, erf, expm1, gather, gelu,  # noqa: E402
                                   hard_sigmoid, leaky_relu, log_softmax, logsumexp, pad,
-                                  relu, selu, silu, softplus, stack, tile, where)
+                                  relu, scatter_add, selu, silu, softplus, stack, tile,
+                                  where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,

@@ -359,6 +359,24 @@ case("pad_edge", "pad", [I(C, H, N)], lambda x: be.pad(x, {C: (2, 3), H: (0, 1)}
      ("C+2+3", "H+0+1", "N"),
      lambda x: np.pad(x, ((2, 3), (0, 1), (0, 0)), mode="edge"))
 
+# --- gathering by integer indices; the derivative is a scatter-add ---------------------------
+def _scatter(d, ids, n):
+    out = np.zeros((n,) + d.shape[1:])
+    np.add.at(out, ids, d)
+    return out
+
+
+case("gather_embedding", "gather", [I(H, C), Inp((N,), kind="label", high=4)],
+     lambda e, ids: be.gather(e, ids, H), "NC",
+     ref(lambda e, ids: TF.embedding(ids, e), lambda e, ids: e[ids]))
+case("gather_middle_2d_indices", "gather", [I(C, H, N), Inp((W, T), kind="label", high=4)],
+     lambda x, ids: be.gather(x, ids, H), "CWTN", lambda x, ids: np.take(x, ids, axis=1))
+case("gather_negative_indices", "gather", [I(C, H), Inp((N,), kind="label", high=4)],
+     lambda x, ids: be.gather(x, ids - 4, "H"), "CN",
+     lambda x, ids: np.take(x, ids - 4, axis=1))
+case("scatter_add", "scatter_add", [I(N, C), Inp((N,), kind="label", high=4)],
+     lambda d, ids: be.scatter_add(d, ids, H), "HC", lambda d, ids: _scatter(d, ids, 4))
+
 # --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
 _RED = {
     "sum": (be.sum, np.sum, "real"),
@@ -582,7 +600,7 @@ REQUIRED_OPS = {
     "slice_along_axis", "tensor_size",
     "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
     "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp", "concat", "stack", "tile",
-    "pad",
+    "pad", "gather", "scatter_add",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]

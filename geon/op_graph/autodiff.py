@@ -9,6 +9,7 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 import math
 
 from geon.errors import GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -232,6 +233,14 @@ def _slice(op, d):
     return (pr.Unslice(d, x.axes, key),)
 @R(og.StopGradient)
 def _stop(op, d): return (None,)
+@R(nn.Gather)
+def _gather(op, d): return nn.ScatterAdd(d, op.args[1], op.axis), None
+@R(nn.ScatterAdd)
+def _scatter_add(op, d): return nn.Gather(d, op.args[1], op.axis), None
+@R(pr.Take)
+def _take(op, d): return pr.PutAdd(d, op.args[1], op.args[0].axes), None
+@R(pr.PutAdd)
+def _put_add(op, d): return pr.Take(d, op.args[1]), None
 # Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
 @R(pr.Gemm)
 def _gemm(op, d):

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from geon.errors import GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -273,6 +274,12 @@ def _slice(op, ts):
     return og.Slice(ts[0], x.axes[op.axis_pos], op.key, new_axis=new)
 
 
+@F(nn.Gather)
+def _gather(op, ts): return nn.Gather(ts[0], op.args[1], op.axis)
+@F(nn.ScatterAdd)
+def _scatter_add(op, ts): return nn.ScatterAdd(ts[0], op.args[1], op.axis)
+
+
 # Semi-primitives: positional ops, kept differentiable after lowering. Direction axes
 # stay trailing, so positional keys and dimension maps extend by whole trailing dims.
 @F(pr.Gemm)
@@ -315,6 +322,12 @@ def _sliceview(op, ts):
     t = ts[0]
     extra = direction_axes(t, op.args[0])
     return pr.SliceView(t, op.key + (slice(None),) * len(extra), op.axes + extra)
+@F(pr.Take)
+def _take(op, ts): return pr.Take(ts[0], op.args[1])  # direction axes trail
+@F(pr.PutAdd)
+def _put_add(op, ts):
+    t = ts[0]
+    return pr.PutAdd(t, op.args[1], op.axes + direction_axes(t, op.args[0]))
 @F(pr.Unslice)
 def _unslice(op, ts):
     t = ts[0]

@@ -31,7 +31,7 @@ from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 __all__ = [
     "elu", "erf", "expm1", "gelu", "hard_sigmoid", "leaky_relu", "log_softmax",
     "logsumexp", "relu", "selu", "silu", "softplus", "where", "clip", "concat", "stack",
-    "tile", "pad",
+    "tile", "pad", "gather", "scatter_add", "Gather", "ScatterAdd",
 ]
 
 builtins_sum = sum
@@ -350,12 +350,94 @@ def pad(x, paddings, mode="constant", value=0.0, out_axes=None):
     return r
 
 
+# --- gathering --------------------------------------------------------------------------------
+
+def _index_tensor(indices, what):
+    idx = as_op(indices)
+    if idx.dtype.kind not in "iu":
+        raise AxisMismatchError(f"{what}: indices {idx.name} must be integers, not "
+                                f"{idx.dtype}{_where()}")
+    return idx
+
+
+class Gather(og.ComputationOp):
+    """``x`` indexed along its axis ``axis`` by the integer tensor ``indices``: the
+    result has ``x``'s axes with ``axis`` replaced, in place, by the axes of ``indices``
+    (``gather(E, ids, V)`` of an embedding table ``E`` (V, D) and ids (N,) is (N, D)).
+    Negative indices count from the end; others out of range raise
+    :class:`~geon.errors.IndexOutOfRangeError` when the computation runs (on the GPU they
+    are clamped). Lowered to the :class:`~geon.op_graph.primitives.Take` primitive; its
+    adjoint is :class:`ScatterAdd`."""
+
+    attrs = ("axis",)
+
+    def __init__(self, x, indices, axis, **kwargs):
+        x, idx = as_op(x), _index_tensor(indices, "gather")
+        self.axis = _axis_in(x, axis, "gather")
+        super().__init__(x, idx, **kwargs)
+
+    def _infer_axes(self):
+        x, idx = self.args
+        clash = (x.axes - Axes(self.axis)) & idx.axes
+        if len(clash):
+            raise _mismatch(self, f"the indices' axes ({_fmt(idx.axes)}) replace axis "
+                                  f"{self.axis!r}, but {_fmt(clash)} is also another axis "
+                                  f"of the input", [x, idx])
+        p = x.axes.index(self.axis)
+        return Axes(tuple(x.axes)[:p] + tuple(idx.axes) + tuple(x.axes)[p + 1:])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class ScatterAdd(og.ComputationOp):
+    """The adjoint of :class:`Gather`: zeros with axis ``axis`` (a new axis, the one
+    gathered from) in place of the axes of ``indices`` in ``d``, with each slice of
+    ``d`` added at the index ``indices`` gives it (repeated indices accumulate)."""
+
+    attrs = ("axis",)
+
+    def __init__(self, d, indices, axis, **kwargs):
+        self.axis = axis
+        super().__init__(as_op(d), _index_tensor(indices, "scatter_add"), **kwargs)
+
+    def _infer_axes(self):
+        d, idx = self.args
+        if len(idx.axes - d.axes) or self.axis in d.axes:
+            raise _mismatch(self, f"d must have every axis of the indices and not "
+                                  f"{self.axis!r}", [d, idx])
+        names = idx.axes.names
+        first = min(d.axes.index(n) for n in names) if names else len(d.axes)
+        rest = d.axes - idx.axes
+        return Axes(tuple(rest)[:first] + (self.axis,) + tuple(rest)[first:])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def gather(x, indices, axis):
+    """``x`` indexed along ``axis`` by the integer tensor ``indices`` (see
+    :class:`Gather`): an embedding lookup is ``gather(table, ids, vocab_axis)``."""
+    return Gather(x, indices, axis)
+
+
+def scatter_add(d, indices, axis):
+    """Zeros along the new axis ``axis`` with the slices of ``d`` added at ``indices``
+    (see :class:`ScatterAdd`)."""
+    return ScatterAdd(d, indices, axis)
+
+
 # --- serialization (until op classes declare ``attrs`` for the serializer) --------------------
 
 def _register():
     from geon.op_graph.serialize import register_op
-    for cls in (og.Erf, og.Expm1, og.Softplus):
-        register_op(cls, arity=1)
+    for cls in (og.Erf, og.Expm1, og.Softplus, pr.Take):
+        register_op(cls, arity=2 if cls is pr.Take else 1)
+    register_op(pr.PutAdd, build=lambda cls, args, attrs, out, kw: cls(
+        *args, out[0], dtype=out[1], **kw), arity=2)
+    for cls in (Gather, ScatterAdd):
+        register_op(cls, [("axis", "axis")], build=lambda cls, args, attrs, out, kw: cls(
+            *args, attrs["axis"], dtype=out[1], **kw), arity=2)
 
 
 _register()

@@ -50,7 +50,8 @@ __all__ = [
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "tile", "transpose",
+    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
+    "transpose",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -716,6 +717,28 @@ def pad(array, pad_width, mode="constant", constant_values=0):
             r = nn_ops.pad_axis(r, r.axes.find(a.name), before, after, mode,
                                 float(constant_values), out_axis=new)
     return r
+
+
+def take(a, indices, axis=None):
+    """NumPy's ``take``: the entries of ``a`` at the integer ``indices`` (a tensor or an
+    array-like) along ``axis`` (``None``: of the flattened ``a``); the result has shape
+    ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``. Negative indices count from
+    the end; others out of range raise :class:`~geon.errors.IndexOutOfRangeError` when
+    the computation runs. Differentiable in ``a`` (the derivative is a scatter-add)."""
+    x = _front(_tensor(a, "take"))
+    if axis is None:
+        x, axis = ravel(x), 0
+    special, pos = split_axes(x)
+    p = _normalize_axis(axis, len(pos), "take")
+    idx = _tensor(indices, "take")
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"take: indices must be integers, not {idx.dtype}")
+    _, ipos = split_axes(idx)
+    idx = cast_through_reorder(idx, [temp_axis(b.length) if isinstance(b, PositionalAxis)
+                                     else b for b in idx.axes])
+    r = nn_ops.Gather(x, idx, pos[p])
+    n = len(pos) - 1 + len(ipos)
+    return _front(_rename(r, [f"-{n - k}" for k in range(n)]))
 
 
 def getitem(x, key):

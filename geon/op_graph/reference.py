@@ -9,6 +9,7 @@ It favours clarity over speed.
 import numpy as np
 
 from geon.errors import FeedError, GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -179,6 +180,40 @@ def _unslice(op, x):
     out = np.zeros(op.axes.shape, op.dtype)
     out[op.key] = x
     return out
+
+
+def what(op):
+    """The op an index error names: the user's op and where it was built."""
+    return f"{op.derived_from or type(op).__name__ + ' ' + op.name} ({op.file_info})"
+
+
+@evaluator(nn.Gather)
+def _gather(op, x, idx):
+    idx = special.checked_indices(idx, op.axis.length, what(op))
+    return np.take(x, idx, axis=op.args[0].axes.index(op.axis))
+
+
+@evaluator(nn.ScatterAdd)
+def _scatter_add(op, d, idx):
+    dop, iop = op.args
+    p = op.axes.index(op.axis)
+    outer, inner = og.Axes(op.axes[:p]), og.Axes(op.axes[p + 1:])
+    d3 = align(d, dop.axes, outer + iop.axes + inner).reshape(
+        (outer.size, iop.axes.size, inner.size))
+    out = np.zeros((outer.size, op.axis.length, inner.size), op.dtype)
+    idx = special.checked_indices(np.reshape(idx, -1), op.axis.length, what(op))
+    np.add.at(out, (slice(None), idx), d3)
+    return out.reshape(op.axes.shape)
+
+
+@evaluator(pr.Take)
+def _take(op, x, idx):
+    return special.take(x, idx, what(op))
+
+
+@evaluator(pr.PutAdd)
+def _put_add(op, d, idx):
+    return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), what(op))
 
 
 @evaluator(og.Split)

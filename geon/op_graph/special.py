@@ -43,3 +43,46 @@ def erf(x, out=None):
         return res.astype(x.dtype if x.dtype.kind == "f" else np.float64)
     np.copyto(out, res, casting="unsafe")
     return out
+
+
+def checked_indices(idx, n, what):
+    """``idx`` (integers) as int64 in ``[0, n)``: negative indices count from the end, as
+    in NumPy; anything else out of range raises
+    :class:`~geon.errors.IndexOutOfRangeError` naming ``what``."""
+    from geon.errors import IndexOutOfRangeError
+    idx = np.asarray(idx)
+    if idx.dtype.kind not in "iu":
+        raise IndexOutOfRangeError(f"{what}: indices must be integers, not {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -n or hi >= n:
+            bad = lo if lo < -n else hi
+            raise IndexOutOfRangeError(f"{what}: index {bad} is out of range for an axis of "
+                                       f"length {n}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+    return idx
+
+
+def take(x, idx, what, out=None):
+    """``x[:, idx]`` for ``x`` of shape ``(O, N, ...)`` and 1-D ``idx`` (checked)."""
+    idx = checked_indices(idx, x.shape[1], what)
+    return np.take(x, idx, axis=1, out=out)
+
+
+def put_add(d, idx, out, what):
+    """``out`` = zeros, then ``out[:, idx[j]] += d[:, j]`` for every ``j`` (repeated
+    indices accumulate): ``d`` has shape ``(O, M, ...)``, ``out`` ``(O, N, ...)``.
+
+    A segment sum over the indices in sorted order (one stable argsort and one
+    ``np.add.reduceat``), much faster than ``np.add.at``."""
+    idx = checked_indices(idx, out.shape[1], what)
+    out.fill(0)
+    if idx.size == 0:
+        return out
+    order = np.argsort(idx, kind="stable")
+    s = idx[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+    out[:, s[starts]] = np.add.reduceat(d[:, order], starts, axis=1)
+    return out

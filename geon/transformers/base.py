@@ -39,7 +39,7 @@ STANDARD_BASE_SET = frozenset({
     og.Softplus,
     pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
     pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
-    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output,
+    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output, pr.Take, pr.PutAdd,
 })
 
 

@@ -501,9 +501,30 @@ def _emit_single(prog, ctx, op):
             src_lay = ctx.layout(op.args[0])
             src = ctx.pointer(params, src_lay)
             _add(prog, kernels.unslice_kernel(params, op, out, src, src_lay, [op]))
+    elif isinstance(op, (pr.Take, pr.PutAdd)):
+        _emit_indexed(prog, ctx, op)
     else:
         raise LoweringError(f"the gpu transformer cannot run {op.name} "
                             f"({type(op).__name__}, built at {op.file_info})")
+
+
+def _emit_indexed(prog, ctx, op):
+    """Take (a gather) or PutAdd (zeros, then atomic adds at the indices)."""
+    if not op.axes.size:
+        return
+    lay = ctx.layout(op)
+    if isinstance(op, pr.PutAdd):
+        params = kernels.Params()
+        _add(prog, kernels.zero_kernel(params, op, ctx.pointer(params, lay, written=True),
+                                       [op]))
+        if not op.args[0].axes.size:
+            return
+    params = kernels.Params()
+    out = ctx.pointer(params, lay, written=True)
+    src_lay, idx_lay = ctx.layout(op.args[0]), ctx.layout(op.args[1])
+    src, idx = ctx.pointer(params, src_lay), ctx.pointer(params, idx_lay)
+    make = kernels.take_kernel if isinstance(op, pr.Take) else kernels.put_add_kernel
+    _add(prog, make(params, op, out, src, src_lay, idx, idx_lay, [op]))
 
 
 def _emit_transpose(prog, ctx, op):

@@ -101,6 +101,10 @@ __device__ __forceinline__ double geon_sigmoid(double x) {
     const double e = exp(x);
     return e / (1.0 + e);
 }
+#ifndef __CUDACC__
+// the emulator runs one thread at a time between barriers: a plain add is atomic there
+template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+#endif
 // log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), exact for any x
 __device__ __forceinline__ float geon_softplus(float x) {
     return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));

@@ -8,6 +8,7 @@ slicing are explicit views. Named axes are not consulted after this pass.
 
 import numpy as np
 
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
@@ -114,6 +115,40 @@ def lower_one_hot(op):  # one_hot(x, A) -> equal(arange(A), x)
     return og.Equal(idx, x, dtype=op.dtype)
 
 
+def as_three(x, outer, axis, inner, unit):
+    """``x`` (axes ``outer + axis + inner`` in some order) as a 3-D (outer, axis, inner)
+    view; empty groups become unit axes."""
+    x = view_as(x, outer + Axes(axis) + inner)
+    shape = Axes((_group(outer, unit + "_o"), axis, _group(inner, unit + "_i")))
+    return x if x.axes == shape else pr.Reshape(x, shape)
+
+
+def _as_vector(idx, unit):
+    return idx if len(idx.axes) == 1 else pr.Reshape(idx, Axes(_group(idx.axes, unit)))
+
+
+def lower_gather(op):  # gather(x, i, A) -> reshape(take(x as (outer, A, inner), i as (M,)))
+    x, idx = op.args
+    p = x.axes.index(op.axis)
+    outer, inner = Axes(x.axes[:p]), Axes(x.axes[p + 1:])
+    t = pr.Take(as_three(x, outer, op.axis, inner, "_gather"), _as_vector(idx, "_gather_m"),
+                dtype=op.dtype)
+    return t if t.axes == op.axes else pr.Reshape(t, op.axes)
+
+
+def lower_scatter_add(op):  # scatter_add(d, i, A) -> reshape(put_add(d as (o, M, i), i))
+    d, idx = op.args
+    p = op.axes.index(op.axis)
+    outer, inner = Axes(op.axes[:p]), Axes(op.axes[p + 1:])
+    m = _group(idx.axes, "_scatter_m")
+    d3 = view_as(d, outer + idx.axes + inner)
+    o, i = _group(outer, "_scatter_o"), _group(inner, "_scatter_i")
+    if d3.axes != Axes((o, m, i)):
+        d3 = pr.Reshape(d3, Axes((o, m, i)))
+    r = pr.PutAdd(d3, _as_vector(idx, "_scatter_m"), Axes((o, op.axis, i)), dtype=op.dtype)
+    return r if r.axes == op.axes else pr.Reshape(r, op.axes)
+
+
 def lower_tensor_size(op):  # tensor_size(x) -> constant
     n = op.reduction_axes.size if len(op.reduction_axes) else 1
     return og.Constant(n, axes=op.axes, dtype=op.dtype)
@@ -200,6 +235,8 @@ class LowerAxesPass(RewritePass):
         ((og.CastAxes, og.Flatten, og.Unflatten), lower_rename),
         (og.Slice, lower_slice),
         (og.OneHot, lower_one_hot),
+        (nn.Gather, lower_gather),
+        (nn.ScatterAdd, lower_scatter_add),
         (og.TensorSize, lower_tensor_size),
         (og.StopGradient, lower_stop_gradient),
         (og.SetItem, lower_setitem),
