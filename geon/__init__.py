@@ -24,10 +24,10 @@ from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
 from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
-from geon.op_graph.nn_ops import (clip, concat, elu, erf, expm1, gather, gelu,  # noqa: E402
-                                  hard_sigmoid, leaky_relu, log_softmax, logsumexp, pad,
-                                  relu, scatter_add, selu, silu, softplus, stack, tile,
-                                  where)
+from geon.op_graph.nn_ops import (  # noqa: E402
+    argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
+    log_softmax, logsumexp, pad, relu, scatter_add, selu, silu, softplus, sort,
+    sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,

@@ -377,6 +377,38 @@ case("gather_negative_indices", "gather", [I(C, H), Inp((N,), kind="label", high
 case("scatter_add", "scatter_add", [I(N, C), Inp((N,), kind="label", high=4)],
      lambda d, ids: be.scatter_add(d, ids, H), "HC", lambda d, ids: _scatter(d, ids, 4))
 
+# --- running sums, sorting ------------------------------------------------------------------
+case("cumsum(H)", "cumsum", [I(C, H, N)], lambda x: be.cumsum(x, H), "CHN",
+     ref(lambda x: torch.cumsum(x, 1), lambda x: np.cumsum(x, 1)))
+case("cumsum(N)", "cumsum", [I(C, N)], lambda x: be.cumsum(x, "N"), "CN",
+     ref(lambda x: torch.cumsum(x, 1), lambda x: np.cumsum(x, 1)))
+case("cumsum_reverse(C)", "cumsum", [I(C, H, N)], lambda x: be.cumsum(x, C, reverse=True),
+     "CHN", lambda x: np.cumsum(x[::-1], 0)[::-1])
+case("cumsum_exclusive(H)", "cumsum", [I(C, H)], lambda x: be.cumsum(x, H, exclusive=True),
+     "CH", lambda x: np.cumsum(x, 1) - x)
+case("cumsum_reverse_exclusive(H)", "cumsum", [I(H, N)],
+     lambda x: be.cumsum(x, H, reverse=True, exclusive=True), "HN",
+     lambda x: np.cumsum(x[::-1], 0)[::-1] - x)
+case("sort(H)", "sort", [I(C, H, N, domain="distinct")], lambda x: be.sort(x, H), "CHN",
+     ref(lambda x: torch.sort(x, 1).values, lambda x: np.sort(x, 1)))
+case("sort_descending(C)", "sort", [I(C, H, domain="distinct")],
+     lambda x: be.sort(x, C, descending=True), "CH",
+     ref(lambda x: torch.sort(x, 0, descending=True).values, lambda x: -np.sort(-x, 0)))
+case("argsort(N)", "argsort", [I(C, N, domain="distinct")], lambda x: be.argsort(x, N),
+     "CN", ref(lambda x: torch.argsort(x, 1), lambda x: np.argsort(x, 1)),
+     grad=False, out_dtype="int64")
+case("argsort_ties_stable(H)", "argsort", [I(C, H, N, domain="int3")],
+     lambda x: be.argsort(x, H, descending=True), "CHN",
+     ref(lambda x: torch.argsort(x, dim=1, descending=True, stable=True),
+         lambda x: np.argsort(-x, 1, kind="stable")), grad=False, out_dtype="int64")
+case("topk_values(H)", "topk", [I(C, H, N, domain="distinct")],
+     lambda x: be.topk(x, 2, H)[0], ("C", "H[:2]", "N"),
+     ref(lambda x: torch.topk(x, 2, 1).values, lambda x: -np.sort(-x, 1)[:, :2]))
+case("topk_indices(C)", "topk", [I(C, N, domain="distinct")],
+     lambda x: be.topk(x, 1, C)[1], ("C[:1]", "N"),
+     ref(lambda x: torch.topk(x, 1, 0).indices, lambda x: np.argsort(-x, 0)[:1]),
+     grad=False, out_dtype="int64")
+
 # --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
 _RED = {
     "sum": (be.sum, np.sum, "real"),
@@ -600,7 +632,7 @@ REQUIRED_OPS = {
     "slice_along_axis", "tensor_size",
     "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
     "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp", "concat", "stack", "tile",
-    "pad", "gather", "scatter_add",
+    "pad", "gather", "scatter_add", "cumsum", "sort", "argsort", "topk",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]

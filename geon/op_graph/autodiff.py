@@ -241,6 +241,12 @@ def _scatter_add(op, d): return nn.Gather(d, op.args[1], op.axis), None
 def _take(op, d): return pr.PutAdd(d, op.args[1], op.args[0].axes), None
 @R(pr.PutAdd)
 def _put_add(op, d): return pr.Take(d, op.args[1]), None
+@R(nn.CumSum)
+def _cumsum(op, d): return (nn.CumSum(d, op.axis, not op.reverse, op.exclusive),)
+@R(pr.PrefixSum)
+def _prefix_sum(op, d):  # the running sum from the other end: flipped, summed, flipped
+    flip = (slice(None), slice(None, None, -1)) + (slice(None),) * (len(op.axes) - 2)
+    return (pr.SliceView(pr.PrefixSum(pr.SliceView(d, flip, d.axes)), flip, op.axes),)
 # Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
 @R(pr.Gemm)
 def _gemm(op, d):
@@ -295,6 +301,19 @@ def _max_argmax(op, d):
     x = op.args[0]
     hit = og.Equal(x, op.outputs[0])  # tied maxima share the derivative, as for Max
     return (hit * (d[0] / og.Sum(hit, reduction_axes=op.reduction_axes)),)
+@R(nn.Sort, nn.TopK, pr.SortPrim)
+def _sort(op, d):  # the values' delta added back at the positions they came from
+    if d[0] is None:
+        return (None,)
+    flat, index = nn.along_axis_index(op.args[0], op.outputs[1], sorted_axis(op))
+    return (og.Unflatten(nn.ScatterAdd(d[0], index, flat.axes[0])),)
+
+
+def sorted_axis(op):
+    """The axis a Sort, TopK or SortPrim sorts along."""
+    return op.axis if not isinstance(op, pr.SortPrim) else op.args[0].axes[1]
+
+
 @R(pr.ReduceMaxArgMax)
 def _reduce_max_argmax(op, d):
     if d[0] is None:

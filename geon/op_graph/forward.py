@@ -25,7 +25,7 @@ from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
-from geon.op_graph.autodiff import _expand_back, find_rule
+from geon.op_graph.autodiff import _expand_back, find_rule, sorted_axis
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
@@ -278,6 +278,8 @@ def _slice(op, ts):
 def _gather(op, ts): return nn.Gather(ts[0], op.args[1], op.axis)
 @F(nn.ScatterAdd)
 def _scatter_add(op, ts): return nn.ScatterAdd(ts[0], op.args[1], op.axis)
+@F(nn.CumSum)
+def _cumsum(op, ts): return nn.CumSum(ts[0], op.axis, op.reverse, op.exclusive)
 
 
 # Semi-primitives: positional ops, kept differentiable after lowering. Direction axes
@@ -328,6 +330,8 @@ def _take(op, ts): return pr.Take(ts[0], op.args[1])  # direction axes trail
 def _put_add(op, ts):
     t = ts[0]
     return pr.PutAdd(t, op.args[1], op.axes + direction_axes(t, op.args[0]))
+@F(pr.PrefixSum)
+def _prefix_sum(op, ts): return pr.PrefixSum(ts[0])
 @F(pr.Unslice)
 def _unslice(op, ts):
     t = ts[0]
@@ -397,6 +401,12 @@ def _split(op, ts):
 def _max_argmax(op, ts):
     hit = og.Equal(op.args[0], op.outputs[0])
     return (_tied_mean(hit, ts[0], op.reduction_axes), None)
+@F(nn.Sort, nn.TopK, pr.SortPrim)
+def _sort(op, ts):  # the tangent at the positions the values came from
+    t, x = ts[0], op.args[0]
+    flat, index = nn.along_axis_index(x, op.outputs[1], sorted_axis(op))
+    tf = og.Flatten(t, Axes((flat.axes[0],) + tuple(direction_axes(t, x))))
+    return (nn.Gather(tf, index, flat.axes[0]), None)
 @F(pr.ReduceMaxArgMax)
 def _reduce_max_argmax(op, ts):
     hit = og.Equal(op.args[0], _expand_back(op, op.outputs[0]))

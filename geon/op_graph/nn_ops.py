@@ -31,7 +31,8 @@ from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 __all__ = [
     "elu", "erf", "expm1", "gelu", "hard_sigmoid", "leaky_relu", "log_softmax",
     "logsumexp", "relu", "selu", "silu", "softplus", "where", "clip", "concat", "stack",
-    "tile", "pad", "gather", "scatter_add", "Gather", "ScatterAdd",
+    "tile", "pad", "gather", "scatter_add", "Gather", "ScatterAdd", "CumSum", "cumsum",
+    "Sort", "TopK", "sort", "argsort", "sort_with_indices", "topk", "along_axis_index",
 ]
 
 builtins_sum = sum
@@ -427,6 +428,131 @@ def scatter_add(d, indices, axis):
     return ScatterAdd(d, indices, axis)
 
 
+# --- running sums ---------------------------------------------------------------------------
+
+class CumSum(og.ComputationOp):
+    """Running sums of ``x`` along ``axis``: entry ``i`` is the sum of entries ``0..i``
+    (``exclusive``: ``0..i-1``, so the first is 0) or, with ``reverse``, of entries
+    ``i..n-1`` (``i+1..n-1``). The result has ``x``'s axes. Lowered to the
+    :class:`~geon.op_graph.primitives.PrefixSum` primitive (reversal and the shift are
+    views); its adjoint is the running sum in the other direction."""
+
+    attrs = ("axis", "reverse", "exclusive")
+
+    def __init__(self, x, axis, reverse=False, exclusive=False, **kwargs):
+        x = as_op(x)
+        self.axis = _axis_in(x, axis, "cumsum")
+        self.reverse, self.exclusive = bool(reverse), bool(exclusive)
+        super().__init__(x, **kwargs)
+
+    def _infer_axes(self):
+        return self.args[0].axes
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def cumsum(x, axis, reverse=False, exclusive=False):
+    """Running sums along ``axis`` (see :class:`CumSum`)."""
+    return CumSum(x, axis, reverse, exclusive)
+
+
+# --- sorting --------------------------------------------------------------------------------
+
+class Sort(og.MultiOutput):
+    """``x`` sorted along ``axis`` (ascending, or ``descending``) and the int64
+    positions along ``axis`` the values came from; equal values keep their order (a
+    stable sort). Both outputs have ``x``'s axes. Lowered to the
+    :class:`~geon.op_graph.primitives.SortPrim` primitive; the derivative of the values
+    is a scatter-add of the delta to the positions (:func:`along_axis_index`)."""
+
+    attrs = ("axis", "descending")
+
+    def __init__(self, x, axis, descending=False, **kwargs):
+        x = as_op(x)
+        self.axis = _axis_in(x, axis, "sort")
+        self.descending = bool(descending)
+        super().__init__(x, **kwargs)
+
+    def _output_types(self):
+        x = self.args[0]
+        return [(x.axes, x.dtype), (x.axes, np.dtype(np.int64))]
+
+
+class TopK(og.MultiOutput):
+    """The ``k`` largest entries of ``x`` along ``axis``, largest first, and their int64
+    positions along ``axis`` (ties: the earlier position first). In both outputs
+    ``axis`` is replaced by ``new_axis`` of length ``k`` (default ``"<axis>[:k]"``)."""
+
+    attrs = ("axis", "k", "new_axis")
+
+    def __init__(self, x, axis, k, new_axis=None, **kwargs):
+        x = as_op(x)
+        self.axis = _axis_in(x, axis, "topk")
+        self.k = int(k)
+        if not 0 < self.k <= self.axis.length:
+            raise AxisMismatchError(f"topk: k = {self.k} for axis {self.axis!r} of "
+                                    f"{x.name} ({_fmt(x.axes)}){_where()}")
+        if new_axis is None:
+            new_axis = Axis(self.k, f"{self.axis.name}[:{self.k}]", self.axis.batch,
+                            self.axis.recurrent)
+        if new_axis.length != self.k or new_axis.name in x.axes.names:
+            raise AxisMismatchError(f"topk: the new axis {new_axis!r} must have length "
+                                    f"{self.k} and a name not in {x.name} "
+                                    f"({_fmt(x.axes)}){_where()}")
+        self.new_axis = new_axis
+        super().__init__(x, **kwargs)
+
+    def _output_types(self):
+        x = self.args[0]
+        axes = _replace(x.axes, self.axis, self.new_axis)
+        return [(axes, x.dtype), (axes, np.dtype(np.int64))]
+
+
+def sort(x, axis, descending=False):
+    """``x`` sorted along ``axis`` (see :class:`Sort`)."""
+    return Sort(x, axis, descending).outputs[0]
+
+
+def argsort(x, axis, descending=False):
+    """The int64 positions along ``axis`` that sort ``x`` (stable; see :class:`Sort`)."""
+    return Sort(x, axis, descending).outputs[1]
+
+
+def sort_with_indices(x, axis, descending=False):
+    """``(values, indices)`` of :class:`Sort`, from one sort."""
+    return Sort(x, axis, descending).outputs
+
+
+def topk(x, k, axis, new_axis=None):
+    """``(values, indices)``: the ``k`` largest entries along ``axis``, largest first
+    (see :class:`TopK`)."""
+    return TopK(x, axis, k, new_axis).outputs
+
+
+def along_axis_index(x, idx, axis):
+    """``(flat, flat_index)``: ``x`` flattened to one axis and the int64 positions in it
+    of the entries that ``idx`` (positions along ``axis``, with ``x``'s other axes and
+    its own in place of ``axis``) picks, so that ``gather(flat, flat_index, flat axis)``
+    is NumPy's ``take_along_axis``. Sort and top-k differentiate through it: their
+    adjoints are one scatter-add, their tangents one gather."""
+    flat = og.flatten(x)
+    strides, step = {}, 1
+    for a in reversed(tuple(x.axes)):
+        strides[a.name] = step
+        step *= a.length
+    others = x.axes - Axes(axis)
+    offsets = np.zeros(others.shape, np.int64)
+    for d, a in enumerate(others):
+        shape = [1] * len(others)
+        shape[d] = a.length
+        offsets = offsets + np.arange(a.length).reshape(shape) * strides[a.name]
+    index = idx * strides[axis.name]
+    if len(others):
+        index = index + og.Constant(offsets, axes=others, dtype=np.int64)
+    return flat, index
+
+
 # --- serialization (until op classes declare ``attrs`` for the serializer) --------------------
 
 def _register():
@@ -438,6 +564,16 @@ def _register():
     for cls in (Gather, ScatterAdd):
         register_op(cls, [("axis", "axis")], build=lambda cls, args, attrs, out, kw: cls(
             *args, attrs["axis"], dtype=out[1], **kw), arity=2)
+    register_op(pr.PrefixSum, arity=1, dtype_from_args=True)
+    register_op(pr.SortPrim, build=lambda cls, args, attrs, out, kw: cls(*args, **kw),
+                arity=1)
+    register_op(CumSum, [("axis", "axis"), ("reverse", "bool"), ("exclusive", "bool")],
+                build=lambda cls, args, attrs, out, kw: cls(*args, **attrs, **kw),
+                arity=1, dtype_from_args=True)
+    register_op(Sort, [("axis", "axis"), ("descending", "bool")],
+                build=lambda cls, args, attrs, out, kw: cls(*args, **attrs, **kw), arity=1)
+    register_op(TopK, [("axis", "axis"), ("k", "int"), ("new_axis", "axis")],
+                build=lambda cls, args, attrs, out, kw: cls(*args, **attrs, **kw), arity=1)
 
 
 _register()

@@ -22,6 +22,9 @@ elementwise               any :class:`ElementWise` op whose args all have the op
 :class:`ReduceMaxArgMax`  maximum and its index over one position (two outputs)
 :class:`Take`             ``x[:, idx]`` for ``x`` (O, N, ...) and integer ``idx`` (M,)
 :class:`PutAdd`           zeros (O, N, ...) with ``d[:, j]`` added at ``[:, idx[j]]``
+:class:`PrefixSum`        running sums along dimension 1 of (O, N, ...)
+:class:`SortPrim`         stable ascending sort along dimension 1 of (O, N, ...): values
+                          and int64 positions (two outputs)
 :class:`Output`           one value of a multi-output op
 ========================  ============================================================
 
@@ -243,3 +246,34 @@ class PutAdd(ComputationOp):
 
     def _infer_dtype(self):
         return self.args[0].dtype
+
+
+# --- scans and sorts along dimension 1 ------------------------------------------------------
+
+class PrefixSum(ComputationOp):
+    """Inclusive running sums along dimension 1 of ``x`` (O, N, ...): ``cumsum``'s
+    semi-primitive (no composite of the others is linear in N)."""
+
+    attrs = ()
+
+    def _infer_axes(self):
+        x = self.args[0]
+        if len(x.axes) < 2:
+            raise AxisMismatchError(f"PrefixSum: needs (O, N, ...), got ({_fmt(x.axes)})")
+        return x.axes
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class SortPrim(og.MultiOutput):
+    """A stable ascending sort along dimension 1 of ``x`` (O, N, ...): the sorted values
+    and the int64 positions they came from (equal values keep their order)."""
+
+    attrs = ()
+
+    def _output_types(self):
+        x = self.args[0]
+        if len(x.axes) < 2:
+            raise AxisMismatchError(f"SortPrim: needs (O, N, ...), got ({_fmt(x.axes)})")
+        return [(x.axes, x.dtype), (x.axes, np.dtype(np.int64))]

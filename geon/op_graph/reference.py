@@ -216,6 +216,44 @@ def _put_add(op, d, idx):
     return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), what(op))
 
 
+@evaluator(nn.CumSum)
+def _cumsum(op, x):
+    p = op.args[0].axes.index(op.axis)
+    if op.reverse:
+        x = np.flip(x, p)
+    c = np.cumsum(x, axis=p, dtype=op.dtype)
+    if op.exclusive:
+        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=p)),
+                            np.take(c, range(c.shape[p] - 1), axis=p)], axis=p)
+    return np.flip(c, p) if op.reverse else c
+
+
+@evaluator(pr.PrefixSum)
+def _prefix_sum(op, x):
+    return np.cumsum(x, axis=1, dtype=op.dtype)
+
+
+def _sort_along(x, p, descending):
+    idx = np.argsort(-x if descending else x, axis=p, kind="stable")
+    return np.take_along_axis(x, idx, axis=p), idx.astype(np.int64)
+
+
+@evaluator(nn.Sort)
+def _sort(op, x):
+    return _sort_along(x, op.args[0].axes.index(op.axis), op.descending)
+
+
+@evaluator(nn.TopK)
+def _topk(op, x):
+    p = op.args[0].axes.index(op.axis)
+    return tuple(np.take(v, range(op.k), axis=p) for v in _sort_along(x, p, True))
+
+
+@evaluator(pr.SortPrim)
+def _sort_prim(op, x):
+    return _sort_along(x, 1, False)
+
+
 @evaluator(og.Split)
 def _split(op, x):
     outs = []

@@ -86,3 +86,13 @@ def put_add(d, idx, out, what):
     starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
     out[:, s[starts]] = np.add.reduceat(d[:, order], starts, axis=1)
     return out
+
+
+def sort_rows(x, values=None, indices=None):
+    """A stable ascending sort along dimension 1 of ``x``, written into ``values`` and
+    ``indices`` (either may be ``None``: not needed)."""
+    idx = np.argsort(x, axis=1, kind="stable")
+    if indices is not None:
+        np.copyto(indices, idx)
+    if values is not None:
+        np.copyto(values, np.take_along_axis(x, idx, axis=1))

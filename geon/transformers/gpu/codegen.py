@@ -503,6 +503,22 @@ def _emit_single(prog, ctx, op):
             _add(prog, kernels.unslice_kernel(params, op, out, src, src_lay, [op]))
     elif isinstance(op, (pr.Take, pr.PutAdd)):
         _emit_indexed(prog, ctx, op)
+    elif isinstance(op, pr.PrefixSum):
+        if op.axes.size:
+            params = kernels.Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            src_lay = ctx.layout(op.args[0])
+            _add(prog, kernels.prefix_sum_kernel(params, op, out, ctx.pointer(params, src_lay),
+                                                 src_lay, [op]))
+    elif isinstance(op, pr.SortPrim):
+        if op.args[0].axes.size:
+            params = kernels.Params()
+            outs = [ctx.lay.get(o) for o in op.outputs]
+            values, indices = (None if lay is None else ctx.pointer(params, lay, written=True)
+                               for lay in outs)
+            src_lay = ctx.layout(op.args[0])
+            _add(prog, kernels.sort_kernel(params, op, values, indices,
+                                           ctx.pointer(params, src_lay), src_lay, [op]))
     else:
         raise LoweringError(f"the gpu transformer cannot run {op.name} "
                             f"({type(op).__name__}, built at {op.file_info})")

@@ -709,16 +709,15 @@ def _elements(n, it):
             f"i < n; i += ({it})gridDim.x * {EW_THREADS}) {{"]
 
 
-def _coords(shape, it, prefix="i"):
-    """Lines computing ``<prefix>0, <prefix>1, ...``: the row-major coordinates of ``i``."""
+def _coords(shape, it, names=None):
+    """Lines computing the row-major coordinates of ``i`` in ``shape``, named ``names``
+    (default ``i0, i1, ...``)."""
+    names = names or [f"i{d}" for d in range(len(shape))]
     lines, step = [], 1
-    steps = []
     for d in range(len(shape) - 1, -1, -1):
-        steps.append((d, step))
+        lines.append(f"        const {it} {names[d]} = (i / {step}) % {shape[d]};")
         step *= shape[d]
-    for d, s in reversed(steps):
-        lines.append(f"        const {it} {prefix}{d} = (i / {s}) % {shape[d]};")
-    return lines
+    return lines[::-1]
 
 
 def _at(lay, coords, it):
@@ -777,3 +776,60 @@ def put_add_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
     lines.append("    }")
     return Kernel("put_add", params, "\n".join(lines) + "\n", EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PutAdd {shape}")
+
+
+def _columns(shape, it):
+    """A grid-stride loop over the columns ``(o, rest...)`` of (O, N, ...) and their
+    coordinates ``i0``, ``i2``, ``i3`` ... (dimension 1 is walked by the body)."""
+    cols = [shape[0]] + list(shape[2:])
+    n = int(np.prod(cols, dtype=np.int64))
+    lines = _elements(n, it)
+    return n, lines + _coords(cols, it, ["i0"] + [f"i{d}" for d in range(2, len(shape))])
+
+
+def prefix_sum_kernel(params, op, out, src, src_lay, ops):
+    """Running sums along dimension 1: one thread per column, walking it in order."""
+    shape = op.axes.shape
+    it = _itype(op.axes.size, [src_lay])
+    n, lines = _columns(shape, it)
+    T = ctype(op.dtype)
+    from geon.transformers.gpu.layout import row_major
+    out_lay = type(src_lay)(op, 0, shape, row_major(shape))
+    rest = [f"i{d}" for d in range(2, len(shape))]
+    lines += [f"        {T} acc = {literal(0, op.dtype)};",
+              f"        for ({it} j = 0; j < {shape[1]}; ++j) {{",
+              f"            acc += {src}[{_at(src_lay, ['i0', 'j'] + rest, it)}];",
+              f"            {out}[{_at(out_lay, ['i0', 'j'] + rest, it)}] = acc;",
+              "        }", "    }"]
+    return Kernel("prefix_sum", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PrefixSum {shape}")
+
+
+def sort_kernel(params, op, values, indices, src, src_lay, ops):
+    """A stable sort along dimension 1: one thread per element, which counts the
+    elements of its column that go before it (smaller, or equal and earlier) and writes
+    itself at that rank (N comparisons per element: for the moderate lengths sorted
+    inside a model)."""
+    x = op.args[0]
+    shape = x.axes.shape
+    n = int(np.prod(shape, dtype=np.int64))
+    it = _itype(n, [src_lay])
+    from geon.transformers.gpu.layout import row_major
+    lay = type(src_lay)(op, 0, shape, row_major(shape))
+    rest = [f"i{d}" for d in range(2, len(shape))]
+    T = ctype(x.dtype)
+    lines = _elements(n, it) + _coords(shape, it)
+    lines += [f"        const {T} v = {src}[{_at(src_lay, ['i0', 'i1'] + rest, it)}];",
+              f"        {it} rank = 0;",
+              f"        for ({it} j = 0; j < {shape[1]}; ++j) {{",
+              f"            const {T} w = {src}[{_at(src_lay, ['i0', 'j'] + rest, it)}];",
+              "            if (w < v || (w == v && j < i1)) { ++rank; }",
+              "        }",
+              f"        const {it} at = {_at(lay, ['i0', 'rank'] + rest, it)};"]
+    if values is not None:
+        lines.append(f"        {values}[at] = v;")
+    if indices is not None:
+        lines.append(f"        {indices}[at] = (long long)i1;")
+    lines.append("    }")
+    return Kernel("sort", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"SortPrim {shape}")

@@ -139,6 +139,19 @@ def _put_add(op, out, args):
 NUMPY_GLOBALS.update(_take=special.take, _put_add=special.put_add)
 
 
+@numpy_code(pr.PrefixSum)
+def _prefix_sum(op, out, args):
+    return [f"np.cumsum({args[0]}, axis=1, out={out})"]
+
+
+@numpy_code(pr.SortPrim)
+def _sort(op, outs, args):
+    return [f"_sort({args[0]}, {outs[0]}, {outs[1]})"]
+
+
+NUMPY_GLOBALS["_sort"] = special.sort_rows
+
+
 @numpy_code(pr.Assign)
 def _assign(op, out, args):
     t, v = args

@@ -149,6 +149,69 @@ def lower_scatter_add(op):  # scatter_add(d, i, A) -> reshape(put_add(d as (o, M
     return r if r.axes == op.axes else pr.Reshape(r, op.axes)
 
 
+def _outer_inner(x, axis):
+    p = x.axes.index(axis)
+    return Axes(x.axes[:p]), Axes(x.axes[p + 1:])
+
+
+def lower_cumsum(op):  # cumsum(x, A) -> prefix_sum(x as (outer, A, inner)); flips, shift
+    x = op.args[0]
+    outer, inner = _outer_inner(x, op.axis)
+    c = as_three(x, outer, op.axis, inner, "_cumsum")
+    flip = (slice(None), slice(None, None, -1), slice(None))
+    if op.reverse:
+        c = pr.SliceView(c, flip, c.axes)
+    c = pr.PrefixSum(c, dtype=op.dtype)
+    n = op.axis.length
+    if op.exclusive and n:  # entry i is the inclusive sum of i - 1: a shifted copy
+        o, a, i = c.axes
+        head = pr.SliceView(c, (slice(None), slice(0, n - 1), slice(None)),
+                            Axes((o, Axis(n - 1, a.name + "[:-1]"), i)))
+        c = pr.Unslice(head, c.axes, (slice(None), slice(1, n), slice(None)))
+    if op.reverse:
+        c = pr.SliceView(c, flip, c.axes)
+    return c if c.axes == op.axes else pr.Reshape(c, op.axes)
+
+
+def _negated(x):
+    return og.Negative(x) if x.dtype.kind == "f" else og.Subtract(0, x, dtype=x.dtype)
+
+
+def _lowered_sort(m, op):
+    """The SortPrim a sibling output of ``m`` was already lowered to, if any."""
+    for o in m.outputs:
+        if o is op or o.forward is None:
+            continue
+        cur = og.snap(o)
+        for _ in range(6):  # through the reshape, slice, negation and copy on the way
+            if isinstance(cur, og.Output) and isinstance(cur.args[0], pr.SortPrim):
+                return cur.args[0]
+            rest = [a for a in cur.args if not isinstance(a, og.Constant)]
+            if not rest:
+                break
+            cur = rest[0]
+    return None
+
+
+def lower_sort_output(op):  # sort / topk output -> SortPrim output (negated, sliced)
+    m = op.args[0]
+    x = m.args[0]
+    descending = isinstance(m, nn.TopK) or m.descending
+    prim = _lowered_sort(m, op)
+    if prim is None:
+        outer, inner = _outer_inner(x, m.axis)
+        x3 = as_three(x, outer, m.axis, inner, "_sort")
+        prim = pr.SortPrim(_negated(x3) if descending else x3)
+    out = prim.outputs[op.index]
+    if op.index == 0 and descending:
+        out = _negated(out)
+    if isinstance(m, nn.TopK):
+        o, _, i = out.axes
+        out = pr.SliceView(out, (slice(None), slice(0, m.k), slice(None)),
+                           Axes((o, m.new_axis, i)))
+    return out if out.axes == op.axes else pr.Reshape(out, op.axes)
+
+
 def lower_tensor_size(op):  # tensor_size(x) -> constant
     n = op.reduction_axes.size if len(op.reduction_axes) else 1
     return og.Constant(n, axes=op.axes, dtype=op.dtype)
@@ -199,6 +262,8 @@ def _lowered_sibling(m, op):
 
 def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
     m = op.args[0]
+    if isinstance(m, (nn.Sort, nn.TopK)):
+        return lower_sort_output(op)
     if isinstance(m, og.Split):
         x = m.args[0]
         key = [slice(None)] * len(x.axes)
@@ -237,6 +302,7 @@ class LowerAxesPass(RewritePass):
         (og.OneHot, lower_one_hot),
         (nn.Gather, lower_gather),
         (nn.ScatterAdd, lower_scatter_add),
+        (nn.CumSum, lower_cumsum),
         (og.TensorSize, lower_tensor_size),
         (og.StopGradient, lower_stop_gradient),
         (og.SetItem, lower_setitem),
