@@ -43,7 +43,8 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
-    "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
+    "argsort", "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate",
+    "constant", "cos", "cumsum", "sort", "topk",
     "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
     "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less", "less_equal", "log",
     "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "pad",
@@ -739,6 +740,45 @@ def take(a, indices, axis=None):
     r = nn_ops.Gather(x, idx, pos[p])
     n = len(pos) - 1 + len(ipos)
     return _front(_rename(r, [f"-{n - k}" for k in range(n)]))
+
+
+def _along(a, axis, what):
+    """``(x, positional axis)`` for an op along ``axis`` (``None``: of the flattened
+    ``a``)."""
+    x = _front(_tensor(a, what))
+    if axis is None:
+        x, axis = ravel(x), 0
+    _, pos = split_axes(x)
+    return x, pos[_normalize_axis(axis, len(pos), what)]
+
+
+def cumsum(a, axis=None):
+    """NumPy's ``cumsum`` (running sums along ``axis``; ``None``: of the flattened
+    ``a``). The result keeps ``a``'s dtype."""
+    x, ax = _along(a, axis, "cumsum")
+    return nn_ops.CumSum(x, ax)
+
+
+def sort(a, axis=-1):
+    """NumPy's ``sort`` (stable, ascending; ``axis=None`` sorts the flattened ``a``).
+    Differentiable: the derivative moves back to where each value came from."""
+    x, ax = _along(a, axis, "sort")
+    return nn_ops.Sort(x, ax).outputs[0]
+
+
+def argsort(a, axis=-1):
+    """NumPy's ``argsort`` with ``kind="stable"`` (int64)."""
+    x, ax = _along(a, axis, "argsort")
+    return nn_ops.Sort(x, ax).outputs[1]
+
+
+def topk(a, k, axis=-1):
+    """PyTorch's ``topk``: ``(values, indices)`` of the ``k`` largest entries along
+    ``axis``, largest first (ties: the earlier position first)."""
+    x, ax = _along(a, axis, "topk")
+    outs = nn_ops.TopK(x, ax, k, new_axis=temp_axis(int(k))).outputs
+    n = ndim(x)
+    return tuple(_rename(o, [f"-{n - i}" for i in range(n)]) for o in outs)
 
 
 def getitem(x, key):
