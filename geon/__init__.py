@@ -26,7 +26,7 @@ from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  #
                                    softmax)
 from geon.op_graph.nn_ops import (  # noqa: E402
     argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
-    log_softmax, logsumexp, pad, relu, scatter_add, selu, silu, softplus, sort,
+    log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
     sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402

@@ -179,6 +179,8 @@ def test_out_of_range_index_raises_when_run():
     comp = be.NumPyTransformer().computation(be.gather(x, i, H), x, i)
     with pytest.raises(be.IndexOutOfRangeError, match="index 4 is out of range .* 4"):
         comp(np.zeros((3, 4), np.float32), np.array([0, 4]))
+    with pytest.raises(be.IndexOutOfRangeError, match="index -5 is out of range"):
+        be.evaluate(be.gather(x, i, H), feeds={x: np.zeros((3, 4)), i: np.array([0, -5])})
 
 
 def test_reflect_pad_longer_than_the_axis_and_topk_k():

@@ -29,13 +29,13 @@ from geon.op_graph.nodes import DebugInfo
 from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 
 __all__ = [
-    "elu", "erf", "expm1", "gelu", "hard_sigmoid", "leaky_relu", "log_softmax",
-    "logsumexp", "relu", "selu", "silu", "softplus", "where", "clip", "concat", "stack",
-    "tile", "pad", "gather", "scatter_add", "Gather", "ScatterAdd", "CumSum", "cumsum",
-    "Sort", "TopK", "sort", "argsort", "sort_with_indices", "topk", "along_axis_index",
+    "CumSum", "Gather", "ScatterAdd", "Sort", "TopK", "along_axis_index", "argsort",
+    "clip", "concat", "cumsum", "elu", "erf", "expm1", "gather", "gelu", "hard_sigmoid",
+    "leaky_relu", "log_softmax", "logsumexp", "pad", "pad_axis", "relu", "scatter_add",
+    "select", "selu", "silu", "softplus", "sort", "sort_with_indices", "stack", "tile",
+    "topk", "where",
 ]
 
-builtins_sum = sum
 erf = og.erf
 expm1 = og.expm1
 softplus = og.softplus
@@ -53,6 +53,9 @@ def where(condition, x, y):
     infinite or NaN value in the other branch does no harm."""
     from geon.op_graph.np_ops import Select
     return Select(condition, x, y)
+
+
+select = where
 
 
 def clip(x, lo=None, hi=None):
@@ -143,7 +146,7 @@ def log_softmax(x, normalization_axes=None):
 
 # --- joining, padding, tiling -----------------------------------------------------------------
 
-def _where():
+def _built_at():
     """`` (built at File "...", line N)`` of the user's call."""
     return f" (built at {DebugInfo().file_info})"
 
@@ -155,7 +158,7 @@ def _axis_in(x, axis, what):
         if a.name == name:
             return a
     raise AxisMismatchError(f"{what}: axis {name} is not in {x.name} ({_fmt(x.axes)})"
-                            f"{_where()}")
+                            f"{_built_at()}")
 
 
 def _replace(axes, old, new):
@@ -170,10 +173,10 @@ def join(parts, part_axes, out_axis, what):
     its range (an ``Unslice``, whose adjoint is a slice) and the parts are added."""
     first = parts[0]
     rest0 = first.axes - Axes(part_axes[0])
-    total = builtins_sum(a.length for a in part_axes)
+    total = sum(a.length for a in part_axes)
     if out_axis.length != total:
         raise AxisMismatchError(f"{what}: the result axis {out_axis!r} should have length "
-                                f"{total}{_where()}")
+                                f"{total}{_built_at()}")
     out = _replace(first.axes, part_axes[0], out_axis)
     pieces, start = [], 0
     for i, (p, a) in enumerate(zip(parts, part_axes)):
@@ -183,7 +186,7 @@ def join(parts, part_axes, out_axis, what):
             raise AxisMismatchError(
                 f"{what}: operands must have the same axes except the joined one: "
                 f"operand 0 {first.name} ({_fmt(first.axes)}) joined along {part_axes[0]!r}, "
-                f"operand {i} {p.name} ({_fmt(p.axes)}) along {a!r}{_where()}")
+                f"operand {i} {p.name} ({_fmt(p.axes)}) along {a!r}{_built_at()}")
         target = _replace(out, out_axis, a)
         if p.axes.names != target.names:
             p = og.AxesWithOrder(p, target)
@@ -213,7 +216,7 @@ def concat(xs, axis, out_axis=None):
         part_axes = [_axis_in(x, a, "concat") for x, a in zip(xs, axis)]
     else:
         part_axes = [_axis_in(x, axis, "concat") for x in xs]
-    total = builtins_sum(a.length for a in part_axes)
+    total = sum(a.length for a in part_axes)
     a0 = part_axes[0]
     if out_axis is None:
         out_axis = Axis(total, "+".join(a.name for a in part_axes), a0.batch, a0.recurrent)
@@ -227,16 +230,16 @@ def stack(xs, axis, position=0):
     if not xs:
         raise ValueError("stack: need at least one tensor")
     if axis.length != len(xs):
-        raise AxisMismatchError(f"stack: axis {axis!r} for {len(xs)} tensors{_where()}")
+        raise AxisMismatchError(f"stack: axis {axis!r} for {len(xs)} tensors{_built_at()}")
     if axis in xs[0].axes:
         raise AxisMismatchError(f"stack: axis {axis!r} is already in {xs[0].name} "
-                                f"({_fmt(xs[0].axes)}){_where()}")
+                                f"({_fmt(xs[0].axes)}){_built_at()}")
     parts, part_axes = [], []
     for i, x in enumerate(xs):
         if not x.axes.same_set(xs[0].axes):
             raise AxisMismatchError(
                 f"stack: operands must have the same axes: operand 0 {xs[0].name} "
-                f"({_fmt(xs[0].axes)}), operand {i} {x.name} ({_fmt(x.axes)}){_where()}")
+                f"({_fmt(xs[0].axes)}), operand {i} {x.name} ({_fmt(x.axes)}){_built_at()}")
         one = Axis(1, f"{axis.name}[{i}]")
         axes = list(xs[0].axes)
         axes.insert(position, one)
@@ -291,9 +294,9 @@ def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
                         axis.recurrent)
     if out_axis.length != n + before + after:
         raise AxisMismatchError(f"pad: the result axis {out_axis!r} should have length "
-                                f"{n + before + after}{_where()}")
+                                f"{n + before + after}{_built_at()}")
     if before == after == 0:
-        return og.CastAxes(x, _replace(x.axes, axis, out_axis)) if out_axis is not axis             else x
+        return og.CastAxes(x, _replace(x.axes, axis, out_axis))
     if mode == "constant":
         out = _replace(x.axes, axis, out_axis)
         key = [slice(None)] * len(out)
@@ -307,7 +310,7 @@ def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
     if n == 0 or (mode == "reflect" and (before >= n or after >= n)):
         raise AxisMismatchError(f"pad: {mode} padding ({before}, {after}) needs more than "
                                 f"{max(before, after)} entries along {axis!r} of {x.name}"
-                                f"{_where()}")
+                                f"{_built_at()}")
     parts, part_axes = [], []
     for count, side in ((before, 0), (None, None), (after, 1)):
         if count is None:
@@ -357,7 +360,7 @@ def _index_tensor(indices, what):
     idx = as_op(indices)
     if idx.dtype.kind not in "iu":
         raise AxisMismatchError(f"{what}: indices {idx.name} must be integers, not "
-                                f"{idx.dtype}{_where()}")
+                                f"{idx.dtype}{_built_at()}")
     return idx
 
 
@@ -492,14 +495,14 @@ class TopK(og.MultiOutput):
         self.k = int(k)
         if not 0 < self.k <= self.axis.length:
             raise AxisMismatchError(f"topk: k = {self.k} for axis {self.axis!r} of "
-                                    f"{x.name} ({_fmt(x.axes)}){_where()}")
+                                    f"{x.name} ({_fmt(x.axes)}){_built_at()}")
         if new_axis is None:
             new_axis = Axis(self.k, f"{self.axis.name}[:{self.k}]", self.axis.batch,
                             self.axis.recurrent)
         if new_axis.length != self.k or new_axis.name in x.axes.names:
             raise AxisMismatchError(f"topk: the new axis {new_axis!r} must have length "
                                     f"{self.k} and a name not in {x.name} "
-                                    f"({_fmt(x.axes)}){_where()}")
+                                    f"({_fmt(x.axes)}){_built_at()}")
         self.new_axis = new_axis
         super().__init__(x, **kwargs)
 

@@ -772,7 +772,8 @@ def put_add_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
     from geon.transformers.gpu.layout import row_major
     dst = _at(type(src_lay)(op, 0, op.axes.shape, row_major(op.axes.shape)),
               ["i0", "k"] + [f"i{d}" for d in range(2, len(shape))], it)
-    lines.append(f"        atomicAdd(&{out}[{dst}], {src}[{_at(src_lay, [f'i{d}' for d in range(len(shape))], it)}]);")
+    at = _at(src_lay, [f"i{d}" for d in range(len(shape))], it)
+    lines.append(f"        atomicAdd(&{out}[{dst}], {src}[{at}]);")
     lines.append("    }")
     return Kernel("put_add", params, "\n".join(lines) + "\n", EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PutAdd {shape}")
