@@ -49,7 +49,7 @@ C2 = be.Axis(3, "C2")   # for cast_axes
 H2 = be.Axis(4, "H2")
 
 
-# --- value domains ----------------------------------------------------------------------
+# --- value domains ---------------------------------------------------------------------
 def _grid(rng, shape, offset):
     return rng.integers(-8, 9, size=shape) * 0.25 + offset
 
@@ -208,7 +208,7 @@ case("minimum(C,N),(N,C)", "minimum", [I(C, N, domain="grid0"), I(N, C, domain="
 case("minimum(H),(C,H)", "minimum", [I(H, domain="grid1"), I(C, H, domain="grid0")],
      be.minimum, "HC", lambda a, b: np.minimum(a[:, None], b.T))
 
-# --- comparisons: 1.0 / 0.0 in the float type. With ties (forward only) ... -------------
+# --- comparisons: 1.0 / 0.0 in the float type. With ties (forward only) ... ------------
 for _name, _fn, _npfn in [("equal", be.equal, np.equal),
                           ("not_equal", be.not_equal, np.not_equal),
                           ("less", be.less, np.less),
@@ -226,7 +226,7 @@ case("greater_equal_tiefree", "greater_equal",
      [I(C, N, domain="grid1"), I(N, C, domain="grid0")], lambda a, b: a >= b, "CN",
      lambda a, b: (a >= b.T).astype(np.float64))
 
-# --- elementwise unary -------------------------------------------------------------------
+# --- elementwise unary -----------------------------------------------------------------
 case("negative", "negative", [I(C, N)], be.negative, "CN", lambda x: -x)
 case("negative_op", "negative", [I(C, N)], lambda x: -x, "CN", lambda x: -x)
 case("absolute", "absolute", [I(C, N, domain="nonzero")], be.absolute, "CN", np.abs)
@@ -271,7 +271,7 @@ def _elu(x, a=1.0):
     return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))
 
 
-# --- activations and other elementwise newcomers ------------------------------------------
+# --- activations and other elementwise newcomers ---------------------------------------
 case("erf", "erf", [I(C, N)], be.erf, "CN", ref(torch.erf if torch else None, _erf))
 case("erf_wide", "erf", [I(C, N, domain="wide")], be.erf, "CN", _erf)  # math.erf
 case("erf_six", "erf", [I(C, N, domain="six")], be.erf, "CN", _erf)
@@ -333,7 +333,7 @@ case("logsumexp_out(N,C)_wide", "logsumexp", [I(C, H, N, domain="wide")],
      lambda x: be.logsumexp(x, out_axes=(N, C)), "NC",
      lambda x: (x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))).T)
 
-# --- joining, padding, tiling (composites of slices and Unslice) ---------------------------
+# --- joining, padding, tiling (composites of slices and Unslice) -----------------------
 S2 = be.Axis(2, "S2")
 case("concat(C,H)+(C,W)", "concat", [I(C, H), I(C, W)],
      lambda a, b: be.concat([a, b], [H, W]), ("C", "H+W"),
@@ -359,7 +359,7 @@ case("pad_edge", "pad", [I(C, H, N)], lambda x: be.pad(x, {C: (2, 3), H: (0, 1)}
      ("C+2+3", "H+0+1", "N"),
      lambda x: np.pad(x, ((2, 3), (0, 1), (0, 0)), mode="edge"))
 
-# --- gathering by integer indices; the derivative is a scatter-add ---------------------------
+# --- gathering by integer indices; the derivative is a scatter-add ---------------------
 def _scatter(d, ids, n):
     out = np.zeros((n,) + d.shape[1:])
     np.add.at(out, ids, d)
@@ -377,7 +377,7 @@ case("gather_negative_indices", "gather", [I(C, H), Inp((N,), kind="label", high
 case("scatter_add", "scatter_add", [I(N, C), Inp((N,), kind="label", high=4)],
      lambda d, ids: be.scatter_add(d, ids, H), "HC", lambda d, ids: _scatter(d, ids, 4))
 
-# --- running sums, sorting ------------------------------------------------------------------
+# --- running sums, sorting -------------------------------------------------------------
 case("cumsum(H)", "cumsum", [I(C, H, N)], lambda x: be.cumsum(x, H), "CHN",
      ref(lambda x: torch.cumsum(x, 1), lambda x: np.cumsum(x, 1)))
 case("cumsum(N)", "cumsum", [I(C, N)], lambda x: be.cumsum(x, "N"), "CN",
@@ -409,7 +409,7 @@ case("topk_indices(C)", "topk", [I(C, N, domain="distinct")],
      ref(lambda x: torch.topk(x, 1, 0).indices, lambda x: np.argsort(-x, 0)[:1]),
      grad=False, out_dtype="int64")
 
-# --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
+# --- reductions: x(C, H, N); the default keeps the batch axis N ------------------------
 _RED = {
     "sum": (be.sum, np.sum, "real"),
     "max": (be.max, np.max, "distinct"),
@@ -471,7 +471,7 @@ for _name, _fn, _npfn in [("argmax", be.argmax, np.argmax), ("argmin", be.argmin
     case(f"{_name}_all", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=x.axes), "",
          lambda x, f=_npfn: f(x.reshape(-1)), **kw)
 
-# --- dot: contracts the shared axes; result = a's other axes then b's other axes ---------
+# --- dot: contracts the shared axes; result = a's other axes then b's other axes -------
 case("dot_vv", "dot", [I(C), I(C)], be.dot, "", lambda a, b: a @ b)
 case("dot_mv", "dot", [I(C, H), I(H)], be.dot, "C", lambda a, b: a @ b)
 case("dot_vm", "dot", [I(H), I(C, H)], be.dot, "C", lambda a, b: b @ a)
@@ -492,7 +492,7 @@ case("dot_outer_mv", "dot", [I(C, H), I(N)], be.dot, "CHN",
      lambda a, b: a[:, :, None] * b[None, None, :])
 case("dot_scalar_vector", "dot", [I(), I(C)], be.dot, "C", lambda a, b: a * b)
 
-# --- softmax and cross-entropy -----------------------------------------------------------
+# --- softmax and cross-entropy ---------------------------------------------------------
 case("softmax(C,N)", "softmax", [I(C, N)], be.softmax, "CN", softmax0)
 case("softmax(N,C)", "softmax", [I(N, C)], be.softmax, "NC",
      lambda x: softmax0(x, (1,)))
@@ -542,7 +542,7 @@ case("cross_entropy_binary(plain,out(C,N))", "cross_entropy_binary",
      lambda y, t: be.cross_entropy_binary(y, t, out_axes=(C, N)), "CN",
      lambda y, t: -(t * np.log(y) + (1 - t) * np.log(1 - y)))
 
-# --- one_hot, stop_gradient, tensor_size ---------------------------------------------------
+# --- one_hot, stop_gradient, tensor_size -----------------------------------------------
 case("one_hot(N)", "one_hot", [Inp((N,), kind="label", high=3)],
      lambda x: be.one_hot(x, C), "CN",
      lambda x: (np.arange(3)[:, None] == x[None, :]).astype(np.float64),
@@ -562,7 +562,7 @@ case("tensor_size_out(N)", "tensor_size", [I(C, H, N)],
      lambda x: be.tensor_size(x, out_axes=(N,)), "", lambda x: np.float64(12),
      out_dtype="float32")
 
-# --- shaping ------------------------------------------------------------------------------
+# --- shaping ---------------------------------------------------------------------------
 case("broadcast(C)->(C,N)", "broadcast", [I(C)], lambda x: be.broadcast(x, (C, N)), "CN",
      lambda x: np.broadcast_to(x[:, None], (3, 5)))
 case("broadcast(N)->(C,H,N)", "broadcast", [I(N)], lambda x: be.broadcast(x, (C, H, N)),
@@ -608,7 +608,7 @@ case("slice_index_negative", "slice_along_axis", [I(C, H, N)],
 case("slice_then_add", "slice_along_axis", [I(C, H, N), I(C, N)],
      lambda x, y: be.slice_along_axis(x, H, 0) + y, "CN", lambda x, y: x[:, 0, :] + y)
 
-# --- compound graphs -------------------------------------------------------------------------
+# --- compound graphs -------------------------------------------------------------------
 case("mlp_layer", "dot", [I(C, H), I(H, N), I(C)],
      lambda w, x, b: be.tanh(be.dot(w, x) + b), "CN",
      lambda w, x, b: np.tanh(w @ x + b[:, None]))

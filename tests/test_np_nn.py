@@ -155,7 +155,7 @@ def test_gradients(shape, data, seed):
     assert_gradcheck(build, [(axes, x)])
 
 
-# --- build-time errors of the Axes-family forms ------------------------------------------
+# --- build-time errors of the Axes-family forms ----------------------------------------
 C, H, W = be.Axis(3, "C"), be.Axis(4, "H"), be.Axis(2, "W")
 
 

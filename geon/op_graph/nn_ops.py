@@ -45,7 +45,7 @@ SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
 
 
-# --- selection ------------------------------------------------------------------------------
+# --- selection -------------------------------------------------------------------------
 
 def where(condition, x, y):
     """``x`` where ``condition`` is nonzero, else ``y`` (operands matched by axis name,
@@ -71,7 +71,7 @@ def clip(x, lo=None, hi=None):
     return r
 
 
-# --- activations ----------------------------------------------------------------------------
+# --- activations -----------------------------------------------------------------------
 
 def relu(x):
     """``max(x, 0)``."""
@@ -120,7 +120,7 @@ def hard_sigmoid(x):
     return clip(as_op(x) * float(1 / 6) + 0.5, 0.0, 1.0)
 
 
-# --- log-softmax ------------------------------------------------------------------------------
+# --- log-softmax -----------------------------------------------------------------------
 
 def logsumexp(x, reduction_axes=None, out_axes=None):
     """``log(sum(exp(x)))`` over the reduction axes (the rule of
@@ -144,7 +144,7 @@ def log_softmax(x, normalization_axes=None):
     return shifted - og.Log(og.Sum(og.Exp(shifted), reduction_axes=red))
 
 
-# --- joining, padding, tiling -----------------------------------------------------------------
+# --- joining, padding, tiling ----------------------------------------------------------
 
 def _built_at():
     """`` (built at File "...", line N)`` of the user's call."""
@@ -185,7 +185,8 @@ def join(parts, part_axes, out_axis, what):
                 [rest0.find(n) for n in rest.names]).lengths:
             raise AxisMismatchError(
                 f"{what}: operands must have the same axes except the joined one: "
-                f"operand 0 {first.name} ({_fmt(first.axes)}) joined along {part_axes[0]!r}, "
+                f"operand 0 {first.name} ({_fmt(first.axes)}) joined along "
+                f"{part_axes[0]!r}, "
                 f"operand {i} {p.name} ({_fmt(p.axes)}) along {a!r}{_built_at()}")
         target = _replace(out, out_axis, a)
         if p.axes.names != target.names:
@@ -354,7 +355,7 @@ def pad(x, paddings, mode="constant", value=0.0, out_axes=None):
     return r
 
 
-# --- gathering --------------------------------------------------------------------------------
+# --- gathering -------------------------------------------------------------------------
 
 def _index_tensor(indices, what):
     idx = as_op(indices)
@@ -431,7 +432,7 @@ def scatter_add(d, indices, axis):
     return ScatterAdd(d, indices, axis)
 
 
-# --- running sums ---------------------------------------------------------------------------
+# --- running sums ----------------------------------------------------------------------
 
 class CumSum(og.ComputationOp):
     """Running sums of ``x`` along ``axis``: entry ``i`` is the sum of entries ``0..i``
@@ -460,7 +461,7 @@ def cumsum(x, axis, reverse=False, exclusive=False):
     return CumSum(x, axis, reverse, exclusive)
 
 
-# --- sorting --------------------------------------------------------------------------------
+# --- sorting ---------------------------------------------------------------------------
 
 class Sort(og.MultiOutput):
     """``x`` sorted along ``axis`` (ascending, or ``descending``) and the int64
@@ -556,7 +557,7 @@ def along_axis_index(x, idx, axis):
     return flat, index
 
 
-# --- serialization (until op classes declare ``attrs`` for the serializer) --------------------
+# --- serialization (until op classes declare ``attrs`` for the serializer) -------------
 
 def _register():
     from geon.op_graph.serialize import register_op

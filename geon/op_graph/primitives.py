@@ -199,7 +199,7 @@ class ReduceMaxArgMax(og.MultiOutput):
         return [(axes, x.dtype), (axes, np.dtype(np.int64))]
 
 
-# --- indexing by an integer tensor ---------------------------------------------------------
+# --- indexing by an integer tensor -----------------------------------------------------
 
 def _check_index_arg(op, idx):
     if idx.dtype.kind not in "iu" or len(idx.axes) != 1:
@@ -248,7 +248,7 @@ class PutAdd(ComputationOp):
         return self.args[0].dtype
 
 
-# --- scans and sorts along dimension 1 ------------------------------------------------------
+# --- scans and sorts along dimension 1 -------------------------------------------------
 
 class PrefixSum(ComputationOp):
     """Inclusive running sums along dimension 1 of ``x`` (O, N, ...): ``cumsum``'s

@@ -700,7 +700,7 @@ def transpose_kernel(params, op, out, src, R, C, sr, sc, ops):
                   note=f"Copy of a transpose, {R} x {C}")
 
 
-# --- indexing by an integer tensor, scans and sorts: one thread per element ----------------
+# --- indexing by an integer tensor, scans and sorts: one thread per element ------------
 
 def _elements(n, it):
     """The opening lines of a grid-stride loop over ``n`` elements (index ``i``)."""
