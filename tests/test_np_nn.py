@@ -174,6 +174,14 @@ def test_gather_refuses_float_indices_and_clashing_axes():
         be.gather(x, be.placeholder((C,), dtype=np.int64), H)
 
 
+def test_gather_one_python_int_index_removes_the_axis():
+    x = be.placeholder((C, H), dtype=np.float64)
+    y = be.gather(x, -1, H)
+    assert y.axes.names == ("C",)
+    v = np.arange(12.0).reshape(3, 4)
+    np.testing.assert_array_equal(be.NumPyTransformer().computation(y, x)(v), v[:, -1])
+
+
 def test_out_of_range_index_raises_when_run():
     x, i = be.placeholder((C, H)), be.placeholder((W,), dtype=np.int64)
     comp = be.NumPyTransformer().computation(be.gather(x, i, H), x, i)

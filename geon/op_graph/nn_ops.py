@@ -213,7 +213,7 @@ def concat(xs, axis, out_axis=None):
         raise ValueError("concat: need at least one tensor")
     if isinstance(axis, (list, tuple)):
         if len(axis) != len(xs):
-            raise ValueError(f"concat: {len(xs)} tensors but {len(axis)} axes")
+            raise ValueError(f"concat: {len(xs)} tensors but {len(axis)} axes{_built_at()}")
         part_axes = [_axis_in(x, a, "concat") for x, a in zip(xs, axis)]
     else:
         part_axes = [_axis_in(x, axis, "concat") for x in xs]
@@ -261,7 +261,8 @@ def tile(x, reps, out_axes=None):
         a = _axis_in(r, axis, "tile")
         n = int(n)
         if n < 1:
-            raise ValueError(f"tile: repeat count {n} for axis {a!r} must be >= 1")
+            raise ValueError(f"tile: repeat count {n} for axis {a!r} must be >= 1"
+                             f"{_built_at()}")
         if n == 1:
             continue
         rep = Axis(n, f"{a.name}*")
@@ -289,7 +290,8 @@ def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
     before, after = int(before), int(after)
     n = axis.length
     if before < 0 or after < 0:
-        raise ValueError(f"pad: negative padding ({before}, {after}) along {axis!r}")
+        raise ValueError(f"pad: negative padding ({before}, {after}) along {axis!r}"
+                         f"{_built_at()}")
     if out_axis is None:
         out_axis = Axis(n + before + after, f"{axis.name}+{before}+{after}", axis.batch,
                         axis.recurrent)
@@ -358,6 +360,11 @@ def pad(x, paddings, mode="constant", value=0.0, out_axes=None):
 # --- gathering -------------------------------------------------------------------------
 
 def _index_tensor(indices, what):
+    if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
+        return og.Constant(np.int64(indices))  # one index: the axis goes away
+    if isinstance(indices, (list, tuple, np.ndarray)):
+        raise TypeError(f"{what}: give the indices as a tensor with axes, e.g. "
+                        f"be.constant(np.array(...), axes=..., dtype=np.int64)")
     idx = as_op(indices)
     if idx.dtype.kind not in "iu":
         raise AxisMismatchError(f"{what}: indices {idx.name} must be integers, not "
