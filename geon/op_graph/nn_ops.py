@@ -265,7 +265,7 @@ def tile(x, reps, out_axes=None):
                              f"{_built_at()}")
         if n == 1:
             continue
-        rep = Axis(n, f"{a.name}*")
+        rep = Axis(n, f"({a.name})*{n}")
         order = []
         for b in r.axes:
             order.extend((rep, b) if b is a else (b,))
@@ -323,7 +323,7 @@ def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
         if count == 0:
             continue
         if mode == "edge":
-            new = Axis(count, f"{axis.name}<{'^$'[side]}")
+            new = Axis(count, f"{axis.name}{'<>'[side]}{count}")
             one = og.Slice(x, axis, 0 if side == 0 else n - 1)
             part = og.Broadcast(one, _replace(x.axes, axis, new))
         else:  # reflect: the entries next to the edge, mirrored, edge excluded

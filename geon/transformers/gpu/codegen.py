@@ -529,6 +529,9 @@ def _emit_indexed(prog, ctx, op):
     if not op.axes.size:
         return
     lay = ctx.layout(op)
+    if isinstance(op, pr.Take) and not op.args[0].axes.lengths[1]:
+        raise LoweringError(f"{op.name} (built at {op.file_info}) takes entries from an "
+                            f"empty axis")
     if isinstance(op, pr.PutAdd):
         params = kernels.Params()
         _add(prog, kernels.zero_kernel(params, op, ctx.pointer(params, lay, written=True),
