@@ -197,3 +197,19 @@ def test_reflect_pad_longer_than_the_axis_and_topk_k():
         be.pad(x, {C: (3, 0)}, mode="reflect")
     with pytest.raises(be.AxisMismatchError, match="k = 5"):
         be.topk(x, 5, H)
+
+
+def test_two_pads_and_tiles_of_one_tensor_serialize():
+    # every axis they make is named with its length, so one graph never holds two
+    # axes of one name (a serialized graph requires it)
+    x = be.placeholder((C, H), dtype=np.float64)
+    ys = [be.pad(x, {H: (1, 0)}, mode="edge"), be.pad(x, {H: (2, 0)}, mode="edge"),
+          be.tile(x, {C: 2}), be.tile(x, {C: 3})]
+    loaded = be.deserialize_graph(be.serialize(ys))
+    v = np.arange(12.0).reshape(3, 4)
+    got = be.NumPyTransformer().computation(loaded.value, *[
+        o for o in loaded.ops if isinstance(o, be.Placeholder)])(v)
+    want = [np.pad(v, ((0, 0), (1, 0)), mode="edge"), np.pad(v, ((0, 0), (2, 0)), mode="edge"),
+            np.tile(v, (2, 1)), np.tile(v, (3, 1))]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
