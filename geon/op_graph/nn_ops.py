@@ -6,11 +6,12 @@ ordinary ops, so derivatives, lowering and both backends need nothing new. The
 semi-primitives they use where no composite is accurate or fast enough are
 :class:`~geon.op_graph.op_graph.Erf`, :class:`~geon.op_graph.op_graph.Expm1`,
 :class:`~geon.op_graph.op_graph.Softplus` and :class:`~geon.op_graph.np_ops.Select`
-(elementwise), and, from :mod:`geon.op_graph.primitives`, ``Take`` / ``ScatterAdd``
-(``gather``), ``CumSumPrim`` (``cumsum``) and ``SortPrim`` (``sort``, ``argsort``,
-``topk``). The ops here with several results or a data-dependent access pattern
-(:class:`Gather`, :class:`CumSum`, :class:`Sort`, :class:`TopK`) are Axes-family ops
-lowered to those primitives by :mod:`geon.transformers.passes.lower`.
+(elementwise), and, from :mod:`geon.op_graph.primitives`, ``Take`` / ``PutAdd``
+(``gather`` and its adjoint), ``PrefixSum`` (``cumsum``) and ``SortPrim`` (``sort``,
+``argsort``, ``topk``). The ops here with several results or a data-dependent access
+pattern (:class:`Gather`, :class:`ScatterAdd`, :class:`CumSum`, :class:`Sort`,
+:class:`TopK`) are Axes-family ops lowered to those primitives by
+:mod:`geon.transformers.passes.lower`.
 
 Every function here also accepts NumPy-family tensors where that makes sense (the
 elementwise ones); :mod:`geon.op_graph.np_ops` has the positional forms with NumPy's

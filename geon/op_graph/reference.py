@@ -182,14 +182,14 @@ def _unslice(op, x):
     return out
 
 
-def what(op):
+def op_site(op):
     """The op an index error names: the user's op and where it was built."""
     return f"{op.derived_from or type(op).__name__ + ' ' + op.name} ({op.file_info})"
 
 
 @evaluator(nn.Gather)
 def _gather(op, x, idx):
-    idx = special.checked_indices(idx, op.axis.length, what(op))
+    idx = special.checked_indices(idx, op.axis.length, op_site(op))
     return np.take(x, idx, axis=op.args[0].axes.index(op.axis))
 
 
@@ -201,19 +201,19 @@ def _scatter_add(op, d, idx):
     d3 = align(d, dop.axes, outer + iop.axes + inner).reshape(
         (outer.size, iop.axes.size, inner.size))
     out = np.zeros((outer.size, op.axis.length, inner.size), op.dtype)
-    idx = special.checked_indices(np.reshape(idx, -1), op.axis.length, what(op))
+    idx = special.checked_indices(np.reshape(idx, -1), op.axis.length, op_site(op))
     np.add.at(out, (slice(None), idx), d3)
     return out.reshape(op.axes.shape)
 
 
 @evaluator(pr.Take)
 def _take(op, x, idx):
-    return special.take(x, idx, what(op))
+    return special.take(x, idx, op_site(op))
 
 
 @evaluator(pr.PutAdd)
 def _put_add(op, d, idx):
-    return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), what(op))
+    return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), op_site(op))
 
 
 @evaluator(nn.CumSum)

@@ -27,7 +27,7 @@ from geon.op_graph import schemas as sc
 from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
-from geon.op_graph.reference import NP_UFUNCS, what
+from geon.op_graph.reference import NP_UFUNCS, op_site
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import Computation, Transformer, register_transformer
@@ -128,12 +128,12 @@ def _unslice(op, out, args):
 
 @numpy_code(pr.Take)
 def _take(op, out, args):
-    return [f"_take({args[0]}, {args[1]}, {what(op)!r}, out={out})"]
+    return [f"_take({args[0]}, {args[1]}, {op_site(op)!r}, out={out})"]
 
 
 @numpy_code(pr.PutAdd)
 def _put_add(op, out, args):
-    return [f"_put_add({args[0]}, {args[1]}, {out}, {what(op)!r})"]
+    return [f"_put_add({args[0]}, {args[1]}, {out}, {op_site(op)!r})"]
 
 
 NUMPY_GLOBALS.update(_take=special.take, _put_add=special.put_add)
