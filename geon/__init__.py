@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # noqa: E402
                          CheckpointError, FeedError, GeonError, GeonWarning,
-                         InvalidValueError, LoweringError, TruthValueError,
+                         IndexOutOfRangeError, InvalidValueError, LoweringError,
+                         TruthValueError,
                          UnknownTransformerError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
 from geon.op_graph.op_graph import (  # noqa: E402
@@ -25,6 +26,10 @@ from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
 from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
+from geon.op_graph.nn_ops import (  # noqa: E402
+    argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
+    log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
+    sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,

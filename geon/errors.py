@@ -55,3 +55,7 @@ class UnknownTransformerError(GeonError, ValueError):
 class SerializationError(GeonError, ValueError):
     """A graph cannot be written as JSON, or a JSON text is not a graph geon can load
     (malformed, an unknown version or op type, a dangling reference ...)."""
+
+
+class IndexOutOfRangeError(GeonError, IndexError):
+    """An index tensor fed at call time holds an index outside the indexed axis."""

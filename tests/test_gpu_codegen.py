@@ -750,7 +750,8 @@ def test_every_standard_primitive_has_gpu_code():
     from geon.transformers.base import STANDARD_BASE_SET
     from geon.transformers.gpu.cuda import CUDA_CODE
     handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
-               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice)
+               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
+               pr.PrefixSum, pr.SortPrim)
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, handled)
                and not (issubclass(c, og.ElementWise)

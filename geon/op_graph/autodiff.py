@@ -6,7 +6,10 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 (broadcast); :func:`_fit` does that, in this one place, as it accumulates.
 """
 
+import math
+
 from geon.errors import ArgumentError, AxisMismatchError, GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -194,6 +197,14 @@ def _cos(op, d): return (-d * og.Sin(op.args[0]),)
 def _tanh(op, d): return (d * (1.0 - op * op),)
 @R(og.Sigmoid)
 def _sigmoid(op, d): return (d * op * (1.0 - op),)
+@R(og.Erf)
+def _erf(op, d):
+    x = op.args[0]
+    return (d * float(2 / math.sqrt(math.pi)) * og.Exp(-(x * x)),)
+@R(og.Expm1)
+def _expm1(op, d): return (d * (op + 1.0),)
+@R(og.Softplus)
+def _softplus(op, d): return (d * og.Sigmoid(op.args[0]),)
 @R(sc.SigmoidCrossEntropy)
 def _sce(op, d):
     x, t = op.args
@@ -227,6 +238,20 @@ def _slice(op, d):
     return (pr.Unslice(d, x.axes, key),)
 @R(og.StopGradient)
 def _stop(op, d): return (None,)
+@R(nn.Gather)
+def _gather(op, d): return nn.ScatterAdd(d, op.args[1], op.axis), None
+@R(nn.ScatterAdd)
+def _scatter_add(op, d): return nn.Gather(d, op.args[1], op.axis), None
+@R(pr.Take)
+def _take(op, d): return pr.PutAdd(d, op.args[1], op.args[0].axes), None
+@R(pr.PutAdd)
+def _put_add(op, d): return pr.Take(d, op.args[1]), None
+@R(nn.CumSum)
+def _cumsum(op, d): return (nn.CumSum(d, op.axis, not op.reverse, op.exclusive),)
+@R(pr.PrefixSum)
+def _prefix_sum(op, d):  # the running sum from the other end: flipped, summed, flipped
+    flip = (slice(None), slice(None, None, -1)) + (slice(None),) * (len(op.axes) - 2)
+    return (pr.SliceView(pr.PrefixSum(pr.SliceView(d, flip, d.axes)), flip, op.axes),)
 # Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
 @R(pr.Gemm)
 def _gemm(op, d):
@@ -281,6 +306,19 @@ def _max_argmax(op, d):
     x = op.args[0]
     hit = og.Equal(x, op.outputs[0])  # tied maxima share the derivative, as for Max
     return (hit * (d[0] / og.Sum(hit, reduction_axes=op.reduction_axes)),)
+@R(nn.Sort, nn.TopK, pr.SortPrim)
+def _sort(op, d):  # the values' delta added back at the positions they came from
+    if d[0] is None:
+        return (None,)
+    flat, index = nn.along_axis_index(op.args[0], op.outputs[1], sorted_axis(op))
+    return (og.Unflatten(nn.ScatterAdd(d[0], index, flat.axes[0])),)
+
+
+def sorted_axis(op):
+    """The axis a Sort, TopK or SortPrim sorts along."""
+    return op.axis if not isinstance(op, pr.SortPrim) else op.args[0].axes[1]
+
+
 @R(pr.ReduceMaxArgMax)
 def _reduce_max_argmax(op, d):
     if d[0] is None:

@@ -32,6 +32,7 @@ import numbers
 import numpy as np
 
 from geon.errors import ArgumentError, AxisIndexError, AxisMismatchError
+from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes
@@ -42,12 +43,16 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
-    "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
-    "divide", "dot", "equal", "exp", "expand_dims", "full", "greater", "greater_equal",
-    "less", "less_equal", "log", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "argsort", "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate",
+    "constant", "cos", "cumsum", "sort", "topk",
+    "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
+    "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less", "less_equal", "log",
+    "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
-    "power", "prod", "ravel", "reciprocal", "reshape", "shape", "sign", "sin", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "transpose",
+    "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
+    "silu", "sin", "softplus", "sqrt",
+    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
+    "transpose",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -292,6 +297,28 @@ log = _elementwise(og.Log, "log", 1)
 sin = _elementwise(og.Sin, "sin", 1)
 cos = _elementwise(og.Cos, "cos", 1)
 tanh = _elementwise(og.Tanh, "tanh", 1)
+erf = _elementwise(og.Erf, "erf", 1)
+expm1 = _elementwise(og.Expm1, "expm1", 1)
+softplus = _elementwise(og.Softplus, "softplus", 1)
+erf.__doc__ = "The error function, elementwise (scipy's ``erf``; NumPy has none)."
+softplus.__doc__ = "``log(1 + exp(x))``, elementwise and stable (PyTorch's ``softplus``)."
+
+
+def _activation(fn):
+    def act(x, *args, **kwargs):
+        return fn(_arg(x), *args, **kwargs)
+    act.__name__ = act.__qualname__ = fn.__name__
+    act.__doc__ = fn.__doc__
+    return act
+
+
+relu = _activation(nn_ops.relu)
+leaky_relu = _activation(nn_ops.leaky_relu)
+elu = _activation(nn_ops.elu)
+selu = _activation(nn_ops.selu)
+gelu = _activation(nn_ops.gelu)
+silu = _activation(nn_ops.silu)
+hard_sigmoid = _activation(nn_ops.hard_sigmoid)
 
 
 def where(condition, x, y):
@@ -389,6 +416,25 @@ def _arg_reduce(cls, a, axis, keepdims, what):
         return reshape(r, (1,) * len(pos))
     i = _normalize_axis(axis, len(pos), what)
     return expand_dims(r, i)
+
+
+def logsumexp(a, axis=None, keepdims=False):
+    """``log(sum(exp(a), axis))`` without overflow (scipy's and PyTorch's
+    ``logsumexp``): ``m + log(sum(exp(a - m)))`` with ``m`` the maximum, through which
+    no derivative flows (the value does not depend on it)."""
+    x = _tensor(a, "logsumexp")
+    m = og.StopGradient(max(x, axis, keepdims=True))
+    r = log(sum(exp(x - m), axis, keepdims=keepdims))
+    return r + (m if keepdims else reshape(m, shape(r)))
+
+
+def log_softmax(x, axis=-1):
+    """``x - logsumexp(x, axis, keepdims=True)`` (PyTorch's ``log_softmax``; exact for
+    any logits)."""
+    x = _tensor(x, "log_softmax")
+    _normalize_axis(axis, ndim(x), "log_softmax")
+    shifted = x - og.StopGradient(max(x, axis, keepdims=True))
+    return shifted - log(sum(exp(shifted), axis, keepdims=True))
 
 
 def argmax(a, axis=None, keepdims=False):
@@ -633,6 +679,110 @@ def stack(arrays, axis=0):
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
 
 
+def tile(A, reps):
+    """NumPy's ``tile``: ``A`` repeated ``reps[i]`` times along dimension ``i`` (with
+    ``reps`` or the shape padded with leading 1s to the same length)."""
+    x = _tensor(A, "tile")
+    reps = tuple(reps) if isinstance(reps, (tuple, list)) else (reps,)
+    reps = _shape(reps)
+    pos = positional_shape(x)
+    d = _builtin_max(len(pos), len(reps))
+    shape = (1,) * (d - len(pos)) + pos
+    reps = (1,) * (d - len(reps)) + reps
+    if all(r == 1 for r in reps):
+        return reshape(x, shape)
+    pairs = [n for s, r in zip(shape, reps) for n in (r, s)]
+    wide = broadcast_to(reshape(x, [n for s in shape for n in (1, s)]), pairs)
+    return reshape(wide, tuple(s * r for s, r in zip(shape, reps)))
+
+
+def pad(array, pad_width, mode="constant", constant_values=0):
+    """NumPy's ``pad`` for ``mode`` ``"constant"`` (one ``constant_values`` number),
+    ``"reflect"`` and ``"edge"``. ``pad_width`` is an int, ``(before, after)`` or one
+    pair per dimension. Unlike NumPy, ``reflect`` needs each count below the dimension's
+    length (PyTorch's rule): the edge is mirrored once."""
+    x = _front(_tensor(array, "pad"))
+    special, pos = split_axes(x)
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu" or (widths.size and widths.min() < 0):
+        raise ValueError(f"pad: pad_width holds integers >= 0, not {pad_width!r}")
+    try:
+        widths = np.broadcast_to(widths, (len(pos), 2))
+    except ValueError:
+        raise ValueError(f"pad: pad_width {pad_width!r} does not fit an array of "
+                         f"dimension {len(pos)}") from None
+    if np.ndim(constant_values):
+        raise ValueError("pad: constant_values must be one number")
+    r = x
+    for a, (before, after) in zip(pos, widths.tolist()):
+        if before or after:
+            new = PositionalAxis(a.length + before + after, a.name)
+            r = nn_ops.pad_axis(r, r.axes.find(a.name), before, after, mode,
+                                float(constant_values), out_axis=new)
+    return r
+
+
+def take(a, indices, axis=None):
+    """NumPy's ``take``: the entries of ``a`` at the integer ``indices`` (a tensor or an
+    array-like) along ``axis`` (``None``: of the flattened ``a``); the result has shape
+    ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``. Negative indices count from
+    the end; others out of range raise :class:`~geon.errors.IndexOutOfRangeError` when
+    the computation runs. Differentiable in ``a`` (the derivative is a scatter-add)."""
+    x = _front(_tensor(a, "take"))
+    if axis is None:
+        x, axis = ravel(x), 0
+    special, pos = split_axes(x)
+    p = _normalize_axis(axis, len(pos), "take")
+    idx = _tensor(indices, "take")
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"take: indices must be integers, not {idx.dtype}")
+    _, ipos = split_axes(idx)
+    idx = cast_through_reorder(idx, [temp_axis(b.length) if isinstance(b, PositionalAxis)
+                                     else b for b in idx.axes])
+    r = nn_ops.Gather(x, idx, pos[p])
+    n = len(pos) - 1 + len(ipos)
+    return _front(_rename(r, [f"-{n - k}" for k in range(n)]))
+
+
+def _along(a, axis, what):
+    """``(x, positional axis)`` for an op along ``axis`` (``None``: of the flattened
+    ``a``)."""
+    x = _front(_tensor(a, what))
+    if axis is None:
+        x, axis = ravel(x), 0
+    _, pos = split_axes(x)
+    return x, pos[_normalize_axis(axis, len(pos), what)]
+
+
+def cumsum(a, axis=None):
+    """NumPy's ``cumsum`` (running sums along ``axis``; ``None``: of the flattened
+    ``a``). The result keeps ``a``'s dtype."""
+    x, ax = _along(a, axis, "cumsum")
+    return nn_ops.CumSum(x, ax)
+
+
+def sort(a, axis=-1):
+    """NumPy's ``sort`` (stable, ascending; ``axis=None`` sorts the flattened ``a``).
+    Differentiable: the derivative moves back to where each value came from."""
+    x, ax = _along(a, axis, "sort")
+    return nn_ops.Sort(x, ax).outputs[0]
+
+
+def argsort(a, axis=-1):
+    """NumPy's ``argsort`` with ``kind="stable"`` (int64)."""
+    x, ax = _along(a, axis, "argsort")
+    return nn_ops.Sort(x, ax).outputs[1]
+
+
+def topk(a, k, axis=-1):
+    """PyTorch's ``topk``: ``(values, indices)`` of the ``k`` largest entries along
+    ``axis``, largest first (ties: the earlier position first)."""
+    x, ax = _along(a, axis, "topk")
+    outs = nn_ops.TopK(x, ax, k, new_axis=temp_axis(int(k))).outputs
+    n = ndim(x)
+    return tuple(_rename(o, [f"-{n - i}" for i in range(n)]) for o in outs)
+
+
 def getitem(x, key):
     """``x[key]`` with basic slicing (slices, integers, ``None``, ``...``) over the
     positional dimensions."""
@@ -713,6 +863,8 @@ def _register():
 
     ELEMENTWISE_FUNCS[Select] = select
     NUMPY_DTYPE_RULES[Select] = select
+    NUMPY_DTYPE_RULES[og.Erf] = ELEMENTWISE_FUNCS[og.Erf]
+    NUMPY_DTYPE_RULES[og.Softplus] = ELEMENTWISE_FUNCS[og.Softplus]
 
     @adjoint_rule(Select)
     def _select_adjoint(op, delta):  # d where(c, a, b) = where(c, da, 0) + where(c, 0, db)

@@ -730,6 +730,27 @@ class Tanh(UnaryElementWise): """``tanh(x)``"""
 class Sigmoid(UnaryElementWise): """``1 / (1 + exp(-x))``"""
 
 
+class Erf(UnaryElementWise):
+    """The error function ``2/sqrt(pi) int_0^x exp(-t^2) dt`` (a semi-primitive: no
+    composite of the others is accurate)."""
+
+    attrs = ()
+
+
+class Expm1(UnaryElementWise):
+    """``exp(x) - 1``, accurate near 0 (a semi-primitive, as ``exp(x) - 1`` cancels)."""
+
+    attrs = ()
+
+
+class Softplus(UnaryElementWise):
+    """``log(1 + exp(x))``, computed as ``max(x, 0) + log1p(exp(-|x|))``: accurate for
+    any ``x`` (no overflow for large ``x``, no underflow to 0 for very negative ``x``);
+    a semi-primitive, its derivative is ``sigmoid(x)``."""
+
+    attrs = ()
+
+
 def add(a, b): return Add(a, b)
 def subtract(a, b): return Subtract(a, b)
 def multiply(a, b): return Multiply(a, b)
@@ -754,6 +775,9 @@ def log(x): return Log(x)
 def sin(x): return Sin(x)
 def cos(x): return Cos(x)
 def tanh(x): return Tanh(x)
+def erf(x): return Erf(x)
+def expm1(x): return Expm1(x)
+def softplus(x): return Softplus(x)
 
 
 _ELEMENTWISE_HINTS = {
@@ -763,7 +787,7 @@ _ELEMENTWISE_HINTS = {
 
 for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal,
            less, less_equal, greater, greater_equal, negative, absolute, sign, square,
-           sqrt, reciprocal, exp, log, sin, cos, tanh):
+           sqrt, reciprocal, exp, log, sin, cos, tanh, erf, expm1, softplus):
     _f.__doc__ = "Elementwise " + _f.__name__ + " (operands matched by axis name)."
     globals()[_f.__name__] = keywords(_ELEMENTWISE_HINTS)(_f)
 

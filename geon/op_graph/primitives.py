@@ -20,6 +20,11 @@ elementwise               any :class:`ElementWise` op whose args all have the op
 :class:`Copy`             a contiguous copy
 :class:`Assign`           write a value into storage (void)
 :class:`ReduceMaxArgMax`  maximum and its index over one position (two outputs)
+:class:`Take`             ``x[:, idx]`` for ``x`` (O, N, ...) and integer ``idx`` (M,)
+:class:`PutAdd`           zeros (O, N, ...) with ``d[:, j]`` added at ``[:, idx[j]]``
+:class:`PrefixSum`        running sums along dimension 1 of (O, N, ...)
+:class:`SortPrim`         stable ascending sort along dimension 1 of (O, N, ...): values
+                          and int64 positions (two outputs)
 :class:`Output`           one value of a multi-output op
 ========================  ============================================================
 
@@ -236,3 +241,83 @@ class ReduceMaxArgMax(og.MultiOutput):
                                     f"of ({_fmt(x.axes)})")
         axes = x.axes - Axes(x.axes[self.axis])
         return [(axes, x.dtype), (axes, np.dtype(np.int64))]
+
+
+# --- indexing by an integer tensor -----------------------------------------------------
+
+def _check_index_arg(op, idx):
+    if idx.dtype.kind not in "iu" or len(idx.axes) != 1:
+        raise AxisMismatchError(f"{type(op).__name__}: indices must be a 1-D integer "
+                                f"tensor, not {idx.dtype} ({_fmt(idx.axes)})")
+
+
+class Take(ComputationOp):
+    """``x[:, idx]``: ``x`` has at least 2 dimensions (O, N, ...), ``idx`` is a 1-D
+    integer tensor (M,) of positions along dimension 1 (negative ones count from the
+    end); the result is (O, M, ...). A semi-primitive: the data-dependent read of
+    ``gather``."""
+
+    attrs = ()
+
+    def _infer_axes(self):
+        x, idx = self.args
+        _check_index_arg(self, idx)
+        if len(x.axes) < 2:
+            raise AxisMismatchError(f"Take: needs (O, N, ...), got ({_fmt(x.axes)})")
+        return Axes((x.axes[0], idx.axes[0]) + tuple(x.axes)[2:])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class PutAdd(ComputationOp):
+    """Zeros with ``axes`` (O, N, ...), then ``d[:, j]`` added at ``[:, idx[j]]`` for
+    every ``j`` (repeated indices accumulate): the adjoint of :class:`Take`. ``d`` is
+    (O, M, ...), ``idx`` a 1-D integer tensor (M,)."""
+
+    attrs = ("axes",)
+
+    def __init__(self, d, idx, axes, **kwargs):
+        super().__init__(d, idx, axes=as_axes(axes), **kwargs)
+        d, idx = self.args
+        _check_index_arg(self, idx)
+        if len(d.axes) != len(self.axes) or len(d.axes) < 2 or \
+                d.axes.lengths[0] != self.axes.lengths[0] or \
+                d.axes.lengths[1] != idx.axes.lengths[0] or \
+                d.axes.lengths[2:] != self.axes.lengths[2:]:
+            raise AxisMismatchError(f"PutAdd: cannot add ({_fmt(d.axes)}) at indices "
+                                    f"({_fmt(idx.axes)}) into ({_fmt(self.axes)})")
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+# --- scans and sorts along dimension 1 -------------------------------------------------
+
+class PrefixSum(ComputationOp):
+    """Inclusive running sums along dimension 1 of ``x`` (O, N, ...): ``cumsum``'s
+    semi-primitive (no composite of the others is linear in N)."""
+
+    attrs = ()
+
+    def _infer_axes(self):
+        x = self.args[0]
+        if len(x.axes) < 2:
+            raise AxisMismatchError(f"PrefixSum: needs (O, N, ...), got ({_fmt(x.axes)})")
+        return x.axes
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+class SortPrim(og.MultiOutput):
+    """A stable ascending sort along dimension 1 of ``x`` (O, N, ...): the sorted values
+    and the int64 positions they came from (equal values keep their order)."""
+
+    attrs = ()
+
+    def _output_types(self):
+        x = self.args[0]
+        if len(x.axes) < 2:
+            raise AxisMismatchError(f"SortPrim: needs (O, N, ...), got ({_fmt(x.axes)})")
+        return [(x.axes, x.dtype), (x.axes, np.dtype(np.int64))]

@@ -40,10 +40,12 @@ STANDARD_BASE_SET = frozenset({
     og.Add, og.Subtract, og.Multiply, og.Divide, og.Power, og.Maximum, og.Minimum,
     og.Equal, og.NotEqual, og.Less, og.LessEqual, og.Greater, og.GreaterEqual,
     og.Negative, og.Absolute, og.Sign, og.Square, og.Sqrt, og.Reciprocal, og.Exp, og.Log,
-    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy,
+    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy, og.Erf, og.Expm1,
+    og.Softplus,
     pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
     pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
-    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output,
+    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output, pr.Take, pr.PutAdd,
+    pr.PrefixSum, pr.SortPrim,
 })
 
 

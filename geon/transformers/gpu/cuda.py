@@ -17,6 +17,7 @@ from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph.np_ops import Select
 from geon.op_graph.tables import OpTable
 from geon.op_graph.user_ops import UserOp
 
@@ -101,6 +102,17 @@ __device__ __forceinline__ double geon_sigmoid(double x) {
     const double e = exp(x);
     return e / (1.0 + e);
 }
+#ifndef __CUDACC__
+// the emulator runs one thread at a time between barriers: a plain add is atomic there
+template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+#endif
+// log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), exact for any x
+__device__ __forceinline__ float geon_softplus(float x) {
+    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+}
+__device__ __forceinline__ double geon_softplus(double x) {
+    return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)));
+}
 // softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
 __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
     return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))) - x * t;
@@ -134,7 +146,8 @@ def _math(name):
 
 
 for _cls, _name in [(og.Power, "pow"), (og.Sqrt, "sqrt"), (og.Exp, "exp"), (og.Log, "log"),
-                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh")]:
+                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh"), (og.Erf, "erf"),
+                    (og.Expm1, "expm1")]:
     CUDA_CODE[_cls] = _math(_name)
 
 
@@ -178,6 +191,17 @@ def _reciprocal(op, args, t):
 @cuda_code(og.Sigmoid)
 def _sigmoid(op, args, t):
     return f"geon_sigmoid(({_float_type(op)}){args[0]})"
+
+
+@cuda_code(og.Softplus)
+def _softplus(op, args, t):
+    return f"geon_softplus(({_float_type(op)}){args[0]})"
+
+
+@cuda_code(Select)
+def _select(op, args, t):
+    c, a, b = args
+    return f"({c} != ({t})0 ? {a} : {b})"
 
 
 @cuda_code(sc.SigmoidCrossEntropy)

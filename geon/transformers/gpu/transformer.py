@@ -14,6 +14,7 @@ import numpy as np
 from geon.errors import ArgumentError, GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
 from geon.op_graph.user_ops import USER_OPS
+from geon.op_graph.np_ops import Select
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
 
@@ -227,7 +228,7 @@ class CudaCodegenTransformer(Transformer):
     @property
     def base_set(self):
         """The standard base set plus user elementwise ops given CUDA source."""
-        return STANDARD_BASE_SET | _user_elementwise_with_cuda()
+        return STANDARD_BASE_SET | {Select} | _user_elementwise_with_cuda()
 
 
 class GPUTransformer(CudaCodegenTransformer):

@@ -24,11 +24,12 @@ import numpy as np
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.np_ops import Select
 from geon.op_graph.user_ops import USER_OPS, UserOp
 from geon.op_graph.ordering import schedule
-from geon.op_graph.reference import NP_UFUNCS
+from geon.op_graph.reference import NP_UFUNCS, op_site
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
@@ -98,6 +99,19 @@ def _sigmoid(op, out, args):
             f"np.reciprocal({out}, out={out})"]
 
 
+@numpy_code(og.Erf)
+def _erf(op, out, args):
+    return [f"_erf({args[0]}, out={out})"]
+
+
+NUMPY_GLOBALS["_erf"] = special.erf
+
+
+@numpy_code(og.Softplus)
+def _softplus(op, out, args):
+    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
+
+
 @numpy_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, out, args):
     x, t = args
@@ -141,6 +155,32 @@ def _copy(op, out, args):
 @numpy_code(pr.Unslice)
 def _unslice(op, out, args):
     return [f"{out}.fill(0)", f"{out}[{op.key!r}] = {args[0]}"]
+
+
+@numpy_code(pr.Take)
+def _take(op, out, args):
+    return [f"_take({args[0]}, {args[1]}, {op_site(op)!r}, out={out})"]
+
+
+@numpy_code(pr.PutAdd)
+def _put_add(op, out, args):
+    return [f"_put_add({args[0]}, {args[1]}, {out}, {op_site(op)!r})"]
+
+
+NUMPY_GLOBALS.update(_take=special.take, _put_add=special.put_add)
+
+
+@numpy_code(pr.PrefixSum)
+def _prefix_sum(op, out, args):
+    return [f"np.cumsum({args[0]}, axis=1, out={out})"]
+
+
+@numpy_code(pr.SortPrim)
+def _sort(op, outs, args):
+    return [f"_sort({args[0]}, {outs[0]}, {outs[1]})"]
+
+
+NUMPY_GLOBALS["_sort"] = special.sort_rows
 
 
 @numpy_code(pr.Assign)
