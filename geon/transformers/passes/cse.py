@@ -63,6 +63,13 @@ class CommonSubexpressionElimination(Pass):
             # Ops are visited after their args, whose merges already rewired op's args.
             if op.forward is not None:
                 continue
+            if isinstance(op, og.Output):
+                own = op.args[0].outputs[op.index]
+                if own is not op:
+                    # Its multi-output op was merged into another: read the survivor's
+                    # own output, the one its backends compute.
+                    graph.replace(op, own)
+                    continue
             key = cse_key(op)
             if key is None:
                 continue
