@@ -18,8 +18,7 @@ value (NumPy) and its derivative (geon ops).
 
 import ast
 import inspect
-
-import re
+import keyword
 
 import numpy as np
 
@@ -153,10 +152,12 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
     if not callable(numpy):
         raise TypeError(f"define_op {name}: numpy must be a function of arrays")
     params = tuple(params)
-    bad = [p for p in params if p in _RESERVED or not p.isidentifier()]
+    bad = [p for p in params if not isinstance(p, str) or p in _RESERVED
+           or not (p.isascii() and p.isidentifier()) or keyword.iskeyword(p)]
     if bad:
-        raise ValueError(f"define_op {name}: parameter name(s) {bad} are reserved or "
-                         f"not identifiers")
+        raise ValueError(f"define_op {name}: parameter name(s) {bad} are reserved, "
+                         f"keywords or not ASCII identifiers (they are keyword arguments "
+                         f"in generated code)")
     elementwise = axes is None
     if elementwise and params:
         raise ValueError(f"define_op {name}: an elementwise op takes no parameters "
@@ -184,6 +185,7 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
 
 def _register_evaluation(cls, elementwise):
     from geon.op_graph.reference import EVALUATORS, align
+    from geon.transformers.codegen_text import identifier, py_literal
     from geon.transformers.numpy.transformer import (NUMPY_CODE, NUMPY_GLOBALS,
                                                      NumPyTransformer)
 
@@ -202,11 +204,11 @@ def _register_evaluation(cls, elementwise):
         return r.astype(op.dtype)
 
     def code(op, out, args):
-        kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
+        kw = "".join(f", {k}={py_literal(v)}" for k, v in op.params.items())
         fn = global_name
         return [f"np.copyto({out}, {fn}({', '.join(args)}{kw}), casting='unsafe')"]
 
-    global_name = "user_" + re.sub(r"\W", "_", cls.registry_key)
+    global_name = identifier("user_" + cls.registry_key, set(NUMPY_GLOBALS))
     NUMPY_GLOBALS[global_name] = impl(cls.registry_key)
     EVALUATORS[cls] = evaluate
     NUMPY_CODE[cls] = code

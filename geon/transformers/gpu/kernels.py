@@ -19,6 +19,7 @@ import numpy as np
 from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import cuda
 from geon.transformers.gpu.cuda import ctype, literal
 from geon.transformers.gpu.layout import offset_expr, scalar_constant
@@ -50,6 +51,7 @@ class Kernel:
         decl = ", ".join(params.declarations())
         template = (f'extern "C" __global__ void __launch_bounds__({threads}) '
                     f"KERNEL({decl})\n{{\n{body}}}\n")
+        check_lines(template.splitlines(), "CUDA C")
         digest = hashlib.sha1(("".join(deps) + template).encode()).hexdigest()[:16]
         self.name = f"geon_{kind}_{digest}"
         self.source = template.replace("KERNEL(", self.name + "(", 1)
@@ -115,9 +117,10 @@ def _itype(n, layouts=()):
 
 
 def describe(op):
-    """One line about ``op`` for comments: its class, name, origin and source line."""
+    """One line about ``op`` for comments (sanitized): its class, name, origin and
+    source line."""
     origin = f" <- {op.derived_from}" if op.derived_from else ""
-    return f"{type(op).__name__} {op.name}{origin}, {op.file_info}"
+    return comment(f"{type(op).__name__} {op.name}{origin}, {op.file_info}")
 
 
 # --- fused elementwise ---------------------------------------------------------------
@@ -185,7 +188,7 @@ class Fused:
                 target, value = m.args
                 ptr = self.ctx.pointer(self.params, self.ctx.layout(target), written=True)
                 lines.append(f"{ptr}[{index}] = {arg_expr(value, target.dtype)};"
-                             f"  // Assign to {target.name}")
+                             f"  // Assign to {comment(target.name)}")
                 continue
             cdt = cuda.compute_dtype(m)
             rule = self.ctx.rule(m)
@@ -198,7 +201,7 @@ class Fused:
             out_t = ctype(m.dtype)
             if isinstance(m, og.Comparison) or (m.dtype != cdt):
                 expr = f"({out_t})({expr})"
-            lines.append(f"const {out_t} {v} = {expr};  // {type(m).__name__}")
+            lines.append(f"const {out_t} {v} = {expr};  // {comment(type(m).__name__)}")
             var[m] = v
             if m not in self.internal:
                 ptr = self.ctx.pointer(self.params, self.ctx.layout(m), written=True)
