@@ -14,8 +14,9 @@ so that no string can end a comment or a literal and become code:
   written as an escape such as ``\\x0a``, and neither ``*/`` nor ``??`` (a trigraph);
 - :func:`py_literal`: a Python literal (numbers, strings, tuples, slices) in ASCII.
 
-:func:`check_lines` is a generator's last step: every line of its source is printable
-ASCII, so text that bypassed these functions fails loudly instead of running.
+:func:`check_lines` is a generator's last step, applied to each line before the lines
+are joined: every line is printable ASCII, so text that bypassed these functions (a line
+break, NUL, a lone surrogate) fails loudly instead of running.
 """
 
 import builtins
@@ -89,7 +90,8 @@ def py_literal(value):
     if isinstance(value, str):
         return ascii(str.__str__(value))
     if isinstance(value, slice):
-        return f"slice({', '.join(py_literal(v) for v in (value.start, value.stop, value.step))})"
+        parts = (value.start, value.stop, value.step)
+        return f"slice({', '.join(py_literal(v) for v in parts)})"
     if isinstance(value, tuple):
         items = [py_literal(v) for v in value]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
@@ -97,10 +99,14 @@ def py_literal(value):
                     f"generated code")
 
 
-def check_lines(lines, what):
-    """Raise :class:`GeonError` if a line of generated source is not printable ASCII
-    (text from the graph that did not go through this module)."""
+def check_lines(lines, language):
+    """Raise :class:`GeonError` unless every one of ``lines`` (generated source in
+    ``language``, "Python" or "CUDA C") is printable ASCII, does not end with a
+    backslash (which joins the next line to it, in C even to a comment) and, in C, has
+    no ``??`` (a trigraph): text from the graph that bypassed this module fails here
+    instead of running."""
     for n, line in enumerate(lines, 1):
-        if not _PLAIN.match(line):
-            raise GeonError(f"internal: line {n} of the generated {what} has a character "
-                            f"that is not printable ASCII: {line!a}")
+        if not _PLAIN.match(line) or line.endswith("\\") or (
+                language != "Python" and "??" in line):
+            raise GeonError(f"internal: line {n} of the generated {language} code is not "
+                            f"printable ASCII or has a line continuation: {line!a}")

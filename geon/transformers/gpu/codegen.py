@@ -26,7 +26,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.ordering import schedule
 from geon.transformers import memory
-from geon.transformers.codegen_text import comment
+from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
 
@@ -699,6 +699,7 @@ def _source(comp, prog):
         lines.append(f"//      {comment(k.note)}")
         for op in k.ops:
             lines.append(f"//      {kernels.describe(op)}")
+    check_lines(lines, "CUDA C")
     lines.append("")
     lines.append(prog.module_source())
     return "\n".join(lines) + "\n"

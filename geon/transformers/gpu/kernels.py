@@ -40,18 +40,20 @@ SPLIT_BLOCKS = 264
 class Kernel:
     """A generated kernel and how to launch it.
 
-    ``source`` is the complete kernel (its name included); ``deps`` are helper
-    definitions it needs besides the prelude (user ops' device functions); ``args`` are
-    ``(buffer, byte_offset)`` per parameter; ``grid`` and ``block`` are 3-tuples;
-    ``ops`` the ops it computes (for the annotated source).
+    ``source`` is the complete kernel (its name included), made from the lines of its
+    ``body`` (each checked by :func:`~geon.transformers.codegen_text.check_lines`);
+    ``deps`` are helper definitions it needs besides the prelude (user ops' device
+    functions); ``args`` are ``(buffer, byte_offset)`` per parameter; ``grid`` and
+    ``block`` are 3-tuples; ``ops`` the ops it computes (for the annotated source).
     """
 
     def __init__(self, kind, params, body, threads, grid, block, ops, deps=(), note=""):
         self.kind = kind
         decl = ", ".join(params.declarations())
+        check_lines(body, "CUDA C")
+        body = "".join(line + "\n" for line in body)
         template = (f'extern "C" __global__ void __launch_bounds__({threads}) '
                     f"KERNEL({decl})\n{{\n{body}}}\n")
-        check_lines(template.splitlines(), "CUDA C")
         digest = hashlib.sha1(("".join(deps) + template).encode()).hexdigest()[:16]
         self.name = f"geon_{kind}_{digest}"
         self.source = template.replace("KERNEL(", self.name + "(", 1)
@@ -244,7 +246,7 @@ def elementwise_kernel(ctx, members, internal):
     body.append("        }")
     body.append("    }")
     deps = ctx.deps_of(members)
-    return Kernel("ew", params, "\n".join(body) + "\n", T, (_grid_1d(n, T * U),), (T,),
+    return Kernel("ew", params, body, T, (_grid_1d(n, T * U),), (T,),
                   members, deps=deps, note=f"{len(members)} elementwise op(s) over "
                                            f"{n} elements")
 
@@ -414,7 +416,7 @@ def reduce_kernel(spec, params, value, out, out_index=None, ops=(), deps=(), par
     kind = "reduce" if part is None else "reduce_part"
     note = (f"{cls.__name__} of {R} row(s) of {L}" if part is None else
             f"{cls.__name__}, first pass: {R} row(s) of {L} in {P} parts")
-    return Kernel(kind, params, "\n".join(body) + "\n", threads, (grid_x, P), block, ops,
+    return Kernel(kind, params, body, threads, (grid_x, P), block, ops,
                   deps=deps, note=note)
 
 
@@ -618,7 +620,7 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
                 L.append("      }")
             L.append("    }")
     grid = (tiles_m, tiles_n) if swap else (tiles_n, tiles_m)
-    return Kernel("gemm", params, "\n".join(L) + "\n", threads, grid, (threads,), ops,
+    return Kernel("gemm", params, L, threads, grid, (threads,), ops,
                   note=f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, "
                        f"{TM} x {TN} per thread")
 
@@ -670,7 +672,7 @@ def unslice_kernel(params, op, out, src, src_lay, ops):
     lines.append(f"        if (inside) {{ v = {src}[src]; }}")
     lines.append(f"        {out}[i] = v;")
     lines.append("    }")
-    return Kernel("unslice", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("unslice", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops,
                   note=f"Unslice into {shape}")
 
@@ -699,5 +701,5 @@ def transpose_kernel(params, op, out, src, R, C, sr, sc, ops):
     grid = (-(-C // 32), -(-R // 32))
     if grid[1] > 65535:
         raise LoweringError(f"a transposing copy of {R} x {C} is too large for one launch")
-    return Kernel("transpose", params, "\n".join(lines) + "\n", 256, grid, (32, 8), ops,
+    return Kernel("transpose", params, lines, 256, grid, (32, 8), ops,
                   note=f"Copy of a transpose, {R} x {C}")

@@ -385,7 +385,8 @@ class NumPyComputation(Computation):
     @staticmethod
     def _annotate(line, op):
         origin = f" <- {op.derived_from}" if op.derived_from else ""
-        return f"    {line:<60} # " + comment(f"{type(op).__name__}{origin}, {op.file_info}")
+        note = comment(f"{type(op).__name__}{origin}, {op.file_info}")
+        return f"    {line:<60} # {note}"
 
     def _allocate(self):
         ns = dict(NUMPY_GLOBALS, np=np)
