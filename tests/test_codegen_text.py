@@ -349,6 +349,21 @@ def test_user_op_parameter_names_are_ascii_identifiers():
                          params=(bad,))
 
 
+def test_a_code_rule_that_bypasses_the_helpers_fails_instead_of_running(marker, monkeypatch):
+    """The last check: a code rule (here a plugin's) that pastes a name into generated
+    code unescaped makes the computation fail with GeonError; nothing runs."""
+    from geon.op_graph import op_graph as og
+    from geon.transformers.numpy.transformer import NUMPY_CODE
+    monkeypatch.setitem(NUMPY_CODE, og.Tanh,
+                        lambda op, out, args: [f"np.tanh({args[0]}, out={out})  # {op.name}"])
+    for s in hostile_strings(marker)[:12]:
+        x = be.placeholder(C)
+        y = be.tanh(x)
+        y.name = s
+        with pytest.raises(be.GeonError, match="codegen_text"):
+            be.NumPyTransformer().computation(y, x)
+
+
 # --- the emulator's folder of compiled kernels ------------------------------------------
 
 @pytest.fixture

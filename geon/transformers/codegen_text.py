@@ -108,5 +108,6 @@ def check_lines(lines, language):
     for n, line in enumerate(lines, 1):
         if not _PLAIN.match(line) or line.endswith("\\") or (
                 language != "Python" and "??" in line):
-            raise GeonError(f"internal: line {n} of the generated {language} code is not "
-                            f"printable ASCII or has a line continuation: {line!a}")
+            raise GeonError(f"line {n} of the generated {language} code is not printable "
+                            f"ASCII or ends with a line continuation: {line!a} (text from "
+                            f"the graph must go through geon.transformers.codegen_text)")
