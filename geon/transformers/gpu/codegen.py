@@ -27,6 +27,7 @@ from geon.op_graph import primitives as pr
 from geon.op_graph.ordering import schedule
 from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
+from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
 
@@ -707,21 +708,22 @@ def host_view(flat, lay):
 
 
 def _buffer_name(prog, buf):
+    """The buffer ``buf`` for comments (sanitized)."""
     kind, i = buf
     if kind == "feed":
-        return f"feed {prog.feeds[i].name}"
+        return f"feed {comment(prog.feeds[i].name)}"
     if kind == "var":
-        return f"variable {prog.variables[i].name}"
+        return f"variable {comment(prog.variables[i].name)}"
     return f"{kind}{i}"
 
 
 def _source(comp, prog):
     """The annotated CUDA source shown by ``Computation.source``."""
-    lines = [f"// geon GPU transformer: computation of "
-             f"{', '.join(getattr(r, 'name', '?') for r in comp.requested)}"]
+    lines = ["// geon GPU transformer: computation of "
+             + comment(", ".join(getattr(r, "name", "?") for r in comp.requested))]
     for k, size in enumerate(prog.arenas):
         holders = [o.name for o, s in prog.plan.slot.items() if s == k]
-        lines.append(f"// arena{k}: {size} bytes, shared by {', '.join(holders)}")
+        lines.append(f"// arena{k}: {size} bytes, shared by " + comment(", ".join(holders)))
     for j, n in enumerate(prog.result_bytes):
         lines.append(f"// result{j}: {n} bytes")
     for j, n in enumerate(prog.scratch):
@@ -731,9 +733,10 @@ def _source(comp, prog):
         args = ", ".join(f"{_buffer_name(prog, b)}+{off}" if off else _buffer_name(prog, b)
                          for b, off in k.args)
         lines.append(f"//  {n}: {k.name}<<<{k.grid}, {k.block}>>>({args})")
-        lines.append(f"//      {k.note}")
+        lines.append(f"//      {comment(k.note)}")
         for op in k.ops:
             lines.append(f"//      {kernels.describe(op)}")
+    check_lines(lines, "CUDA C")
     lines.append("")
     lines.append(prog.module_source())
     return "\n".join(lines) + "\n"
