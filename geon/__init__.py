@@ -24,6 +24,8 @@ from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
 from geon.op_graph.reference import evaluate  # noqa: E402
+from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
+                                max_pool)
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,
                                register_transformer)

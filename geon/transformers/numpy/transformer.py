@@ -23,6 +23,7 @@ import numpy as np
 
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
@@ -438,6 +439,7 @@ class NumPyTransformer(Transformer):
 
     name = "numpy"
     computation_class = NumPyComputation
+    base_set = Transformer.base_set | CONV_PRIMITIVES
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")

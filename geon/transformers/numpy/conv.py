@@ -1,0 +1,177 @@
+"""NumPy code for the convolution and pooling primitives (:mod:`geon.op_graph.conv`).
+
+A convolution is one copy of a strided window view of the (padded) image into im2col
+order, and one ``matmul``; its transpose in the image is one ``matmul`` and one strided
+add per kernel offset (col2im); its transpose in the filter is one ``matmul`` over the
+window view. Max pooling takes the maximum over one strided view per kernel offset.
+No Python loop runs over output positions.
+"""
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from geon.op_graph import conv as cv
+from geon.transformers.numpy.transformer import NUMPY_GLOBALS, numpy_code
+
+
+def _into(out, shape):
+    """A view of the contiguous buffer ``out`` with ``shape`` (never a copy)."""
+    v = out.view()
+    v.shape = shape
+    return v
+
+
+def _padded(x, pads, value=0):
+    """``x`` with its trailing dimensions padded with ``value`` (``x`` itself if none)."""
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    lead = x.ndim - len(pads)
+    xp = np.empty(x.shape[:lead] + tuple(n + lo + hi for n, (lo, hi) in
+                                         zip(x.shape[lead:], pads)), x.dtype)
+    xp.fill(value)
+    xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in
+                           zip(x.shape[lead:], pads))] = x
+    return xp
+
+
+def _windows(xp, kernel, out, strides, dilation):
+    """A read-only view (..., *kernel, *out) of the windows of ``xp``'s trailing dims."""
+    n = len(kernel)
+    st = xp.strides
+    lead = xp.ndim - n
+    return as_strided(xp, xp.shape[:lead] + tuple(kernel) + tuple(out),
+                      st[:lead] + tuple(s * d for s, d in zip(st[lead:], dilation))
+                      + tuple(s * k for s, k in zip(st[lead:], strides)), writeable=False)
+
+
+def _split_groups(x, groups):
+    """(B, C, *S) -> (B, groups, C / groups, *S)."""
+    return x.reshape(x.shape[:1] + (groups, x.shape[1] // groups) + x.shape[2:])
+
+
+def conv_forward(x, w, out, strides, pads, dilation, groups):
+    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R)."""
+    B, K = out.shape[:2]
+    P, R = out.shape[2:], w.shape[2:]
+    G, Cg = groups, w.shape[1]
+    win = _windows(_split_groups(_padded(x, pads), G), R, P, strides, dilation)
+    cols = np.ascontiguousarray(win).reshape(B, G, Cg * math.prod(R), math.prod(P))
+    np.matmul(w.reshape(G, K // G, -1), cols, out=_into(out, (B, G, K // G, math.prod(P))))
+
+
+def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
+    """``out`` (B, C, *S): the transpose of :func:`conv_forward` in x, applied to dy."""
+    B, K = dy.shape[:2]
+    P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
+    G, Cg = groups, w.shape[1]
+    cols = np.matmul(w.reshape(G, K // G, -1).transpose(0, 2, 1),
+                     dy.reshape(B, G, K // G, math.prod(P)))
+    cols = cols.reshape((B, G * Cg) + tuple(R) + tuple(P))
+    if any(lo or hi for lo, hi in pads):
+        xp = np.zeros((B, G * Cg) + tuple(n + lo + hi for n, (lo, hi) in zip(S, pads)),
+                      out.dtype)
+    else:
+        xp = out
+        xp.fill(0)
+    for tap in np.ndindex(*R):
+        xp[(Ellipsis,) + cv.tap_slices(tap, P, strides, dilation)] += \
+            cols[(slice(None), slice(None)) + tap]
+    if xp is not out:
+        np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in
+                                              zip(S, pads))])
+
+
+def conv_grad_filter(x, dy, out, strides, pads, dilation, groups):
+    """``out`` (K, C/groups, *R): the transpose of :func:`conv_forward` in w."""
+    B, K = dy.shape[:2]
+    P, R = dy.shape[2:], out.shape[2:]
+    G, Cg = groups, out.shape[1]
+    n = len(R)
+    win = _windows(_split_groups(_padded(x, pads), G), R, P, strides, dilation)
+    # (G, Cg, *R, B, *P): one copy, then one matmul contracts B and P together.
+    perm = (1, 2) + tuple(range(3, 3 + n)) + (0,) + tuple(range(3 + n, 3 + 2 * n))
+    cols = np.ascontiguousarray(win.transpose(perm)).reshape(G, Cg * math.prod(R), -1)
+    dyg = np.ascontiguousarray(dy.reshape(B, G, K // G, math.prod(P)).transpose(1, 2, 0, 3))
+    np.matmul(dyg.reshape(G, K // G, -1), cols.transpose(0, 2, 1),
+              out=_into(out, (G, K // G, Cg * math.prod(R))))
+
+
+def _tap_views(xp, kernel, out, strides, dilation):
+    return [xp[(Ellipsis,) + cv.tap_slices(t, out, strides, dilation)]
+            for t in np.ndindex(*kernel)]
+
+
+def max_pool(x, out, kernel, strides, pads, dilation):
+    """``out`` (..., *P): the maximum of each window of x (..., *S)."""
+    P = out.shape[out.ndim - len(kernel):]
+    views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
+    np.copyto(out, views[0])
+    for v in views[1:]:
+        np.maximum(out, v, out=out)
+
+
+def _first_max(x, kernel, P, strides, pads, dilation):
+    """The kernel-order index of each window's first maximum (int16 or wider)."""
+    views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
+    best = views[0].copy()
+    idx = np.zeros(best.shape, np.min_scalar_type(len(views)))
+    for i, v in enumerate(views[1:], 1):
+        better = v > best
+        np.copyto(best, v, where=better)
+        np.copyto(idx, i, where=better, casting="unsafe")
+    return idx
+
+
+def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
+    """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x."""
+    n = len(kernel)
+    P = dy.shape[dy.ndim - n:]
+    idx = _first_max(x, kernel, P, strides, pads, dilation)
+    padded = any(lo or hi for lo, hi in pads)
+    if padded:
+        xp = np.zeros(x.shape[:x.ndim - n] + tuple(m + lo + hi for m, (lo, hi) in
+                                                    zip(x.shape[x.ndim - n:], pads)),
+                      out.dtype)
+    else:
+        xp = out
+        xp.fill(0)
+    for i, v in enumerate(_tap_views(xp, kernel, P, strides, dilation)):
+        v += np.where(idx == i, dy, 0)
+    if padded:
+        np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + m) for m, (lo, _) in
+                                              zip(x.shape[x.ndim - n:], pads))])
+
+
+def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
+    """``out`` (..., *P): v (x's shape) at each window's first maximum of x."""
+    P = out.shape[out.ndim - len(kernel):]
+    idx = _first_max(x, kernel, P, strides, pads, dilation)
+    views = _tap_views(_padded(v, pads), kernel, P, strides, dilation)
+    np.copyto(out, views[0])
+    for i, t in enumerate(views[1:], 1):
+        np.copyto(out, t, where=idx == i)
+
+
+NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_grad_data=conv_grad_data,
+                     _conv_grad_filter=conv_grad_filter, _max_pool=max_pool,
+                     _max_pool_grad=max_pool_grad, _max_pool_gather=max_pool_gather)
+
+_CONV_FN = {cv.Conv: "_conv_forward", cv.ConvGradData: "_conv_grad_data",
+            cv.ConvGradFilter: "_conv_grad_filter"}
+_POOL_FN = {cv.MaxPool: "_max_pool", cv.MaxPoolGrad: "_max_pool_grad",
+            cv.MaxPoolGather: "_max_pool_gather"}
+
+
+@numpy_code(*_CONV_FN)
+def _conv(op, out, args):
+    a, b = args
+    return [f"{_CONV_FN[type(op)]}({a}, {b}, {out}, {op.strides}, {op.pads}, "
+            f"{op.dilation}, {op.groups})"]
+
+
+@numpy_code(*_POOL_FN)
+def _pool(op, out, args):
+    return [f"{_POOL_FN[type(op)]}({', '.join(args)}, {out}, {op.kernel}, {op.strides}, "
+            f"{op.pads}, {op.dilation})"]
