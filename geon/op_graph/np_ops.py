@@ -42,7 +42,8 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
-    "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate", "constant", "cos",
+    "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip", "concatenate",
+    "constant", "conv", "conv_transpose", "cos", "global_avg_pool", "max_pool",
     "divide", "dot", "equal", "exp", "expand_dims", "full", "greater", "greater_equal",
     "less", "less_equal", "log", "matmul", "max", "maximum", "mean", "min", "minimum",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
@@ -740,3 +741,7 @@ def _register():
 
 
 _register()
+
+# Convolution and pooling (PyTorch's layouts) live in their own module.
+from geon.op_graph.np_conv import (avg_pool, conv, conv_transpose,  # noqa: E402
+                                   global_avg_pool, max_pool)
