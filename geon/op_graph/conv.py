@@ -92,20 +92,19 @@ def normalize_padding(padding, lengths, kernel, strides, dilation, what="padding
     return tuple(pads)
 
 
-def _check_windows(op, lengths, kernel, strides, dilation, pads, out):
-    """Every spatial length gives at least one window, and ``out`` has that many."""
+def _check_windows(op, lengths, kernel, strides, dilation, pads, out, labels=None):
+    """Every spatial length gives at least one window, and ``out`` has that many.
+    ``labels`` name the spatial axes in errors (default: their positions)."""
     for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, kernel, strides, dilation, pads)):
         n = out_length(L, k, s, d, lo, hi)
+        label = labels[i] if labels else f"spatial dimension {i} of length {L}"
         if n < 1:
-            raise AxisMismatchError(
-                f"{type(op).__name__} {op.name}: spatial dimension {i} of length {L} "
-                f"(padding {lo}+{hi}) is shorter than the dilated kernel "
-                f"({d} * ({k} - 1) + 1){op._where()}")
+            raise og._mismatch(op, f"{label} (padding {lo}+{hi}) is shorter than the "
+                                   f"dilated kernel ({d} * ({k} - 1) + 1)", op.args)
         if out is not None and out[i] != n:
-            raise AxisMismatchError(
-                f"{type(op).__name__} {op.name}: spatial dimension {i}: length {L}, "
-                f"kernel {k}, stride {s}, dilation {d}, padding ({lo}, {hi}) give "
-                f"{n} outputs, not {out[i]}{op._where()}")
+            raise og._mismatch(op, f"{label}: kernel {k}, stride {s}, dilation {d}, "
+                                   f"padding ({lo}, {hi}) give {n} outputs, not {out[i]}",
+                               op.args)
 
 
 def tap_slices(tap, out, strides, dilation):
@@ -264,8 +263,7 @@ def _find(x, axis, role, op):
         raise og._mismatch(op, f"{role} {axis!r} is not an axis of {x.name}", op.args)
     found = x.axes.find(axis.name)
     if axis.length is not None and found.length != axis.length:
-        raise og._mismatch(op, f"{role} {axis!r} has length {found.length} in {x.name}",
-                           op.args)
+        raise og._mismatch(op, f"{role} is {axis!r} but {x.name} has {found!r}", op.args)
     return found
 
 
@@ -354,7 +352,9 @@ class Convolution(ComputationOp):
                                self.args)
         lengths = [a.length for a in spatial]
         k = [a.length for a in kernel]
-        _check_windows(self, lengths, k, self.strides, self.dilation, self.pads, None)
+        _check_windows(self, lengths, k, self.strides, self.dilation, self.pads, None,
+                       [f"spatial axis {a!r} with kernel axis {b!r}"
+                        for a, b in zip(spatial, kernel)])
         outs = [out_length(L, kk, s, d, lo, hi) for L, kk, s, d, (lo, hi)
                 in zip(lengths, k, self.strides, self.dilation, self.pads)]
         _resolve_out(self, self.out_spatial, outs, "output axis")
@@ -393,7 +393,9 @@ class ConvolutionTranspose(Convolution):
         k = [a.length for a in kernel]
         outs = [a.length for a in self.out_spatial]
         _check_windows(self, outs, k, self.strides, self.dilation, self.pads,
-                       [a.length for a in spatial])
+                       [a.length for a in spatial],
+                       [f"output axis {a!r} for {b!r}" for a, b in zip(self.out_spatial,
+                                                                      spatial)])
         return _replace(x.axes, [c] + spatial, [oc] + list(self.out_spatial), self)
 
 
@@ -437,7 +439,7 @@ class Pooling(ComputationOp):
             raise og._mismatch(self, "average pooling has no dilation", self.args)
         lengths = [a.length for a in spatial]
         _check_windows(self, lengths, self.kernel, self.strides, self.dilation, self.pads,
-                       None)
+                       None, [f"spatial axis {a!r}" for a in spatial])
         _check_real_tap(self, lengths)
         outs = [out_length(L, k, s, d, lo, hi) for L, k, s, d, (lo, hi)
                 in zip(lengths, self.kernel, self.strides, self.dilation, self.pads)]
