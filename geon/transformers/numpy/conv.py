@@ -51,14 +51,46 @@ def _split_groups(x, groups):
     return x.reshape(x.shape[:1] + (groups, x.shape[1] // groups) + x.shape[2:])
 
 
+def _gemm(a, b):
+    """``a @ b`` over stacks of matrices; one stack is one BLAS call on its matrices."""
+    if a.shape[0] == 1:
+        return np.matmul(a[0], b[0])[None]
+    return np.matmul(a, b)
+
+
+def _im2col(x, R, P, strides, pads, dilation, groups):
+    """The windows of x (B, C, *S) as one contiguous (groups, C/groups * R, B * P)
+    array: the copy is the only pass over the windows."""
+    B, C = x.shape[:2]
+    n = len(R)
+    win = _windows(_split_groups(_padded(x, pads), groups), R, P, strides, dilation)
+    cols = np.empty((groups, C // groups) + tuple(R) + (B,) + tuple(P), x.dtype)
+    # (B, G, Cg, *R, *P) -> (G, Cg, *R, B, *P)
+    np.copyto(cols, win.transpose((1, 2) + tuple(range(3, 3 + n)) + (0,)
+                                  + tuple(range(3 + n, 3 + 2 * n))))
+    return cols.reshape(groups, -1, B * math.prod(P))
+
+
+def _by_group(y, groups):
+    """y (B, K, *P) as a contiguous (groups, K/groups, B * P)."""
+    B, K = y.shape[:2]
+    g = y.reshape(B, groups, K // groups, -1).transpose(1, 2, 0, 3)
+    return np.ascontiguousarray(g).reshape(groups, K // groups, -1)
+
+
+def _from_groups(out, y):
+    """Write y (G, K/G, B * P) into out (B, K, *P)."""
+    B, K = out.shape[:2]
+    G = y.shape[0]
+    np.copyto(_into(out, (B, G, K // G, y.shape[2] // B)),
+              y.reshape(G, K // G, B, -1).transpose(2, 0, 1, 3))
+
+
 def conv_forward(x, w, out, strides, pads, dilation, groups):
     """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R)."""
-    B, K = out.shape[:2]
-    P, R = out.shape[2:], w.shape[2:]
-    G, Cg = groups, w.shape[1]
-    win = _windows(_split_groups(_padded(x, pads), G), R, P, strides, dilation)
-    cols = np.ascontiguousarray(win).reshape(B, G, Cg * math.prod(R), math.prod(P))
-    np.matmul(w.reshape(G, K // G, -1), cols, out=_into(out, (B, G, K // G, math.prod(P))))
+    K = out.shape[1]
+    cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups)
+    _from_groups(out, _gemm(w.reshape(groups, K // groups, -1), cols))
 
 
 def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
@@ -66,36 +98,27 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
     B, K = dy.shape[:2]
     P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
     G, Cg = groups, w.shape[1]
-    cols = np.matmul(w.reshape(G, K // G, -1).transpose(0, 2, 1),
-                     dy.reshape(B, G, K // G, math.prod(P)))
-    cols = cols.reshape((B, G * Cg) + tuple(R) + tuple(P))
-    if any(lo or hi for lo, hi in pads):
-        xp = np.zeros((B, G * Cg) + tuple(n + lo + hi for n, (lo, hi) in zip(S, pads)),
-                      out.dtype)
-    else:
-        xp = out
-        xp.fill(0)
+    wt = np.ascontiguousarray(w.reshape(G, K // G, -1).transpose(0, 2, 1))
+    cols = _gemm(wt, _by_group(dy, G)).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
+    # col2im in (G, Cg, B, *S) order: every add reads and writes contiguous rows
+    xp = np.zeros((G, Cg, B) + tuple(n + lo + hi for n, (lo, hi) in zip(S, pads)),
+                  out.dtype)
     for tap in np.ndindex(*R):
         xp[(Ellipsis,) + cv.tap_slices(tap, P, strides, dilation)] += \
             cols[(slice(None), slice(None)) + tap]
-    if xp is not out:
-        np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in
-                                              zip(S, pads))])
+    crop = xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(S, pads))]
+    np.copyto(_into(out, (B, G, Cg) + tuple(S)),
+              crop.transpose((2, 0, 1) + tuple(range(3, 3 + len(S)))))
 
 
 def conv_grad_filter(x, dy, out, strides, pads, dilation, groups):
     """``out`` (K, C/groups, *R): the transpose of :func:`conv_forward` in w."""
-    B, K = dy.shape[:2]
-    P, R = dy.shape[2:], out.shape[2:]
-    G, Cg = groups, out.shape[1]
-    n = len(R)
-    win = _windows(_split_groups(_padded(x, pads), G), R, P, strides, dilation)
-    # (G, Cg, *R, B, *P): one copy, then one matmul contracts B and P together.
-    perm = (1, 2) + tuple(range(3, 3 + n)) + (0,) + tuple(range(3 + n, 3 + 2 * n))
-    cols = np.ascontiguousarray(win.transpose(perm)).reshape(G, Cg * math.prod(R), -1)
-    dyg = np.ascontiguousarray(dy.reshape(B, G, K // G, math.prod(P)).transpose(1, 2, 0, 3))
-    np.matmul(dyg.reshape(G, K // G, -1), cols.transpose(0, 2, 1),
-              out=_into(out, (G, K // G, Cg * math.prod(R))))
+    K, Cg = out.shape[:2]
+    G = groups
+    cols = _im2col(x, out.shape[2:], dy.shape[2:], strides, pads, dilation, G)
+    # (Cg * R, B * P) @ (B * P, K/G): the long dimension is the contraction
+    wt = _gemm(cols, _by_group(dy, G).transpose(0, 2, 1))
+    np.copyto(_into(out, (G, K // G, Cg * math.prod(out.shape[2:]))), wt.transpose(0, 2, 1))
 
 
 def _tap_views(xp, kernel, out, strides, dilation):
