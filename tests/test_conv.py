@@ -212,6 +212,7 @@ def test_conv_transpose_against_torch(n, kw, dtype):
 TORCH_POOL = [
     ("max", 2, dict(kernel_size=3, stride=2, padding=1, dilation=(2, 1))),
     ("max", 2, dict(kernel_size=2)),
+    ("max", 3, dict(kernel_size=(1, 1, 2))),  # windows tile the image (6 = 3 * 2)
     ("max", 1, dict(kernel_size=3, stride=1, padding=1)),
     ("max", 3, dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(0, 1, 1))),
     ("avg", 2, dict(kernel_size=3, stride=2, padding=1)),

@@ -135,46 +135,56 @@ def max_pool(x, out, kernel, strides, pads, dilation):
         np.maximum(out, v, out=out)
 
 
-def _first_max(x, kernel, P, strides, pads, dilation):
-    """The kernel-order index of each window's first maximum (int16 or wider)."""
+def _first_max_masks(x, kernel, P, strides, pads, dilation):
+    """For each kernel offset in order, a boolean (..., *P): whether that offset holds
+    the first maximum of its window (one buffer, rewritten per offset)."""
     views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
-    best = views[0].copy()
-    idx = np.zeros(best.shape, np.min_scalar_type(len(views)))
-    for i, v in enumerate(views[1:], 1):
-        better = v > best
-        np.copyto(best, v, where=better)
-        np.copyto(idx, i, where=better, casting="unsafe")
-    return idx
+    top = views[0].copy()
+    for v in views[1:]:
+        np.maximum(top, v, out=top)
+    taken = np.zeros(top.shape, bool)
+    hit = np.empty(top.shape, bool)
+    for v in views:
+        np.equal(v, top, out=hit)
+        np.greater(hit, taken, out=hit)  # and not taken by an earlier offset
+        taken |= hit
+        yield hit
+
+
+def _tiles(shape, kernel, strides, pads, dilation, P):
+    """Whether the windows cover every input position exactly once."""
+    return not any(lo or hi for lo, hi in pads) and all(
+        d == 1 and s == k and p * s == n
+        for n, k, s, d, p in zip(shape, kernel, strides, dilation, P))
 
 
 def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
     """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x."""
     n = len(kernel)
     P = dy.shape[dy.ndim - n:]
-    idx = _first_max(x, kernel, P, strides, pads, dilation)
-    padded = any(lo or hi for lo, hi in pads)
-    if padded:
-        xp = np.zeros(x.shape[:x.ndim - n] + tuple(m + lo + hi for m, (lo, hi) in
-                                                    zip(x.shape[x.ndim - n:], pads)),
-                      out.dtype)
-    else:
-        xp = out
-        xp.fill(0)
-    for i, v in enumerate(_tap_views(xp, kernel, P, strides, dilation)):
-        v += np.where(idx == i, dy, 0)
-    if padded:
-        np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + m) for m, (lo, _) in
-                                              zip(x.shape[x.ndim - n:], pads))])
+    S = x.shape[x.ndim - n:]
+    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
+    if _tiles(S, kernel, strides, pads, dilation, P):  # each offset writes its own places
+        for mask, o in zip(masks, _tap_views(out, kernel, P, strides, dilation)):
+            np.multiply(dy, mask, out=o)
+        return
+    xp = np.zeros(x.shape[:x.ndim - n] + tuple(m + lo + hi for m, (lo, hi) in
+                                                zip(S, pads)), out.dtype)
+    part = np.empty(dy.shape, out.dtype)
+    for mask, o in zip(masks, _tap_views(xp, kernel, P, strides, dilation)):
+        np.multiply(dy, mask, out=part)
+        o += part
+    np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + m) for m, (lo, _) in
+                                          zip(S, pads))])
 
 
 def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
     """``out`` (..., *P): v (x's shape) at each window's first maximum of x."""
     P = out.shape[out.ndim - len(kernel):]
-    idx = _first_max(x, kernel, P, strides, pads, dilation)
-    views = _tap_views(_padded(v, pads), kernel, P, strides, dilation)
-    np.copyto(out, views[0])
-    for i, t in enumerate(views[1:], 1):
-        np.copyto(out, t, where=idx == i)
+    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
+    out.fill(0)  # a window of NaNs has no maximum
+    for mask, t in zip(masks, _tap_views(_padded(v, pads), kernel, P, strides, dilation)):
+        np.copyto(out, t, where=mask)
 
 
 NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_grad_data=conv_grad_data,
