@@ -13,6 +13,7 @@ import numpy as np
 
 from geon.errors import GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
+from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
 
@@ -223,8 +224,9 @@ class CudaCodegenTransformer(Transformer):
 
     @property
     def base_set(self):
-        """The standard base set plus user elementwise ops given CUDA source."""
-        return STANDARD_BASE_SET | _user_elementwise_with_cuda()
+        """The standard base set, the convolution and pooling primitives, and user
+        elementwise ops given CUDA source."""
+        return STANDARD_BASE_SET | CONV_PRIMITIVES | _user_elementwise_with_cuda()
 
 
 class GPUTransformer(CudaCodegenTransformer):
