@@ -590,7 +590,8 @@ case("conv_transpose2d_stride2_groups2", "conv_transpose",
                                     filter_channel=CG, strides=2, padding=1,
                                     output_padding=(1, 0), dilation=(1, 2), groups=2),
      ("K4", "H7_out", "W5_out", "NB"),
-     lambda x, w: np.transpose(np_conv_transpose(_nc(x, (3, 0, 1, 2)), _nc(w, (0, 3, 1, 2)), (2, 2), _P1,
+     lambda x, w: np.transpose(np_conv_transpose(_nc(x, (3, 0, 1, 2)), _nc(w, (0, 3, 1, 2)),
+                                                 (2, 2), _P1,
                                                  (1, 2), 2, (14, 9)), (1, 2, 3, 0)))
 case("conv_transpose1d", "conv_transpose", [I(NB, CI, H7, domain=_GRID),
                                             I(CI, KO, R3, domain=_GRID)],
@@ -632,10 +633,12 @@ def _np_of(fn):
     return lambda *xs, **kw: fn(*[be.np.positional(x) for x in xs], **kw)
 
 
-case("np.conv2d_odd", "np.conv", [I(NB, CI, H7, W5, domain=_GRID), I(KO, CG, R3, S2, domain=_GRID)],
+case("np.conv2d_odd", "np.conv",
+     [I(NB, CI, H7, W5, domain=_GRID), I(KO, CG, R3, S2, domain=_GRID)],
      _np_of(lambda x, w: be.np.conv(x, w, stride=2, padding=1, dilation=(2, 1), groups=2)),
      _POS4, lambda x, w: np_conv(x, w, (2, 2), _P1, (2, 1), 2))
-case("np.conv2d_same", "np.conv", [I(NB, CI, H7, W5, domain=_GRID), I(KO, CI, R3, S2, domain=_GRID)],
+case("np.conv2d_same", "np.conv",
+     [I(NB, CI, H7, W5, domain=_GRID), I(KO, CI, R3, S2, domain=_GRID)],
      _np_of(lambda x, w: be.np.conv(x, w, padding="same")),
      _POS4, lambda x, w: np_conv(x, w, (1, 1), ((1, 1), (0, 1)), (1, 1), 1))
 case("np.conv_transpose2d", "np.conv_transpose",

@@ -378,3 +378,62 @@ def test_attrs_rebuild_the_op():
         again = type(op)(*op.args, **{n: getattr(op, n) for n in op.attrs})
         assert again.axes == op.axes and again.axes.lengths == op.axes.lengths
         assert all(getattr(again, n) == getattr(op, n) for n in op.attrs)
+
+
+# --- Jacobians: direction axes through the rules ---------------------------------------------
+
+def _fd_jacobian(f, arrays, k, eps=1e-6):
+    """Central differences of ``f`` (arrays -> array) with respect to ``arrays[k]``:
+    shape (*f's shape, *arrays[k]'s shape)."""
+    base = f(arrays)
+    out = np.zeros(base.shape + arrays[k].shape)
+    for j in np.ndindex(*arrays[k].shape):
+        plus = [a.copy() for a in arrays]
+        minus = [a.copy() for a in arrays]
+        plus[k][j] += eps
+        minus[k][j] -= eps
+        out[(Ellipsis,) + j] = (f(plus) - f(minus)) / (2 * eps)
+    return out
+
+
+C2, H5, W4, N1 = be.Axis(2, "C2"), be.Axis(5, "H5"), be.Axis(4, "W4"), be.Axis(2, "N1", batch=True)
+K2, R2, S2_ = be.Axis(2, "K2"), be.Axis(2, "R2"), be.Axis(2, "S2_")
+JACOBIAN_GRAPHS = {
+    "conv": ([(C2, H5, W4, N1), (C2, R2, S2_, K2)],
+             lambda x, w: be.conv(x, w, channel=C2, spatial=(H5, W4), out_channel=K2,
+                                  strides=(2, 1), padding=1, dilation=(1, 2))),
+    "conv_groups": ([(N1, C2, H5, W4), (K2, be.Axis(1, "G1"), R2, S2_)],
+                    lambda x, w: be.conv(x, w, channel=C2, spatial=(H5, W4), out_channel=K2,
+                                         filter_channel=be.Axis(1, "G1"), kernel=(R2, S2_),
+                                         groups=2)),
+    "conv_transpose": ([(C2, H5, W4, N1), (C2, R2, S2_, K2)],
+                       lambda x, w: be.conv_transpose(x, w, channel=C2, spatial=(H5, W4),
+                                                      out_channel=K2, strides=2, padding=1)),
+    "max_pool": ([(C2, H5, W4, N1)],
+                 lambda x: be.max_pool(x, (H5, W4), 2, strides=1, padding=1)),
+    "avg_pool": ([(C2, H5, W4, N1)],
+                 lambda x: be.avg_pool(x, (H5, W4), 3, strides=2, padding=1,
+                                       count_include_pad=False)),
+}
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["axes", "lowered"])
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+@pytest.mark.parametrize("name", list(JACOBIAN_GRAPHS))
+def test_jacobians_in_both_modes(name, mode, lowered):
+    shapes, build = JACOBIAN_GRAPHS[name]
+    rng = np.random.default_rng(3)
+    arrays = [rng.permutation(np.prod([a.length for a in s])).reshape(
+        [a.length for a in s]) * 0.25 - 2.0 for s in shapes]
+    xs = [be.placeholder(s, dtype=np.float64) for s in shapes]
+    y = build(*xs)
+    if lowered:
+        be.NumPyTransformer().computation(y, *xs)
+        y = be.snap(y)
+    comp = be.NumPyTransformer().computation(y, *xs)
+    for k in range(len(xs)):
+        J = be.jacobian(y, xs[k], mode=mode)
+        got = be.NumPyTransformer().computation(J, *xs)(*arrays)
+        want = _fd_jacobian(lambda a: comp(*a), arrays, k)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-8)

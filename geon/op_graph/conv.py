@@ -32,12 +32,19 @@ import numbers
 import numpy as np
 
 from geon.errors import AxisMismatchError
+from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes
 from geon.op_graph.op_graph import ComputationOp, _fmt
 
 # --- arithmetic -----------------------------------------------------------------------------
+
+
+def user_error(message, cls=AxisMismatchError):
+    """``cls(message)`` ending with the user's source line (for errors raised before an
+    op exists to carry it)."""
+    return cls(f"{message} (at {nodes.DebugInfo().file_info})")
 
 
 def out_length(length, kernel, stride, dilation, lo, hi):
@@ -52,8 +59,8 @@ def _ints(value, n, what, minimum):
     value = tuple(value)
     if len(value) != n or any(isinstance(v, bool) or not isinstance(
             v, (numbers.Integral, np.integer)) or v < minimum for v in value):
-        raise ValueError(f"{what} must be an integer >= {minimum} or {n} of them, not "
-                         f"{value!r}")
+        raise user_error(f"{what} must be an integer >= {minimum} or {n} of them, not "
+                         f"{value!r}", ValueError)
     return tuple(int(v) for v in value)
 
 
@@ -69,8 +76,8 @@ def normalize_padding(padding, lengths, kernel, strides, dilation, what="padding
         if padding == "valid":
             return ((0, 0),) * n
         if padding != "same":
-            raise ValueError(f"{what} must be 'same', 'valid', an int or a tuple, not "
-                             f"{padding!r}")
+            raise user_error(f"{what} must be 'same', 'valid', an int or a tuple, not "
+                             f"{padding!r}", ValueError)
         pads = []
         for L, k, s, d in zip(lengths, kernel, strides, dilation):
             total = max((-(-L // s) - 1) * s + d * (k - 1) + 1 - L, 0)
@@ -80,14 +87,15 @@ def normalize_padding(padding, lengths, kernel, strides, dilation, what="padding
         padding = (padding,) * n
     padding = tuple(padding)
     if len(padding) != n:
-        raise ValueError(f"{what} {padding!r} must have one entry per spatial axis ({n})")
+        raise user_error(f"{what} {padding!r} must have one entry per spatial axis ({n})",
+                         ValueError)
     pads = []
     for p in padding:
         pair = tuple(p) if isinstance(p, (tuple, list)) else (p, p)
         if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(
                 v, (numbers.Integral, np.integer)) or v < 0 for v in pair):
-            raise ValueError(f"{what} {padding!r}: each entry is an int >= 0 or a pair "
-                             f"(lo, hi) of them")
+            raise user_error(f"{what} {padding!r}: each entry is an int >= 0 or a pair "
+                             f"(lo, hi) of them", ValueError)
         pads.append((int(pair[0]), int(pair[1])))
     return tuple(pads)
 
@@ -502,7 +510,7 @@ def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
     strides = _ints(strides, n, "conv: strides", 1)
     dilation = _ints(dilation, n, "conv: dilation", 1)
     if len(kernel) != n:
-        raise AxisMismatchError(f"conv: {n} spatial axes ({_fmt(spatial)}) but kernel axes "
+        raise user_error(f"conv: {n} spatial axes ({_fmt(spatial)}) but kernel axes "
                                 f"({_fmt(kernel)}) of filter {w.name} ({_fmt(w.axes)})")
     lengths = [x.axes.find(a.name).length if a.name in x.axes.names else a.length
                for a in spatial]
@@ -534,18 +542,18 @@ def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_chan
     filter_channel = out_channel if filter_channel is None else filter_channel
     kernel = _kernel_axes(w, (channel, filter_channel), n, kernel, "conv_transpose")
     if len(kernel) != n:
-        raise AxisMismatchError(f"conv_transpose: {n} spatial axes ({_fmt(spatial)}) but "
+        raise user_error(f"conv_transpose: {n} spatial axes ({_fmt(spatial)}) but "
                                 f"kernel axes ({_fmt(kernel)}) of filter {w.name} "
                                 f"({_fmt(w.axes)})")
     strides = _ints(strides, n, "conv_transpose: strides", 1)
     dilation = _ints(dilation, n, "conv_transpose: dilation", 1)
     opad = _ints(output_padding, n, "conv_transpose: output_padding", 0)
     if any(o >= s for o, s in zip(opad, strides)):
-        raise ValueError(f"conv_transpose: output_padding {opad} must be smaller than "
-                         f"the strides {strides}")
+        raise user_error(f"conv_transpose: output_padding {opad} must be smaller than "
+                         f"the strides {strides}", ValueError)
     if isinstance(padding, str):
-        raise ValueError("conv_transpose: padding is explicit (an int, per axis or per "
-                         "side), not 'same' or 'valid'")
+        raise user_error("conv_transpose: padding is explicit (an int, per axis or per "
+                         "side), not 'same' or 'valid'", ValueError)
     pads = normalize_padding(padding, [0] * n, kernel.lengths, strides, dilation,
                              "conv_transpose: padding")
     out_spatial = _auto_out(spatial, out_spatial, "_out")
@@ -558,7 +566,7 @@ def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_chan
         if a.length is None:
             a.length = n_out
         elif a.length != n_out:
-            raise AxisMismatchError(f"conv_transpose: output axis {a!r} should have length "
+            raise user_error(f"conv_transpose: output axis {a!r} should have length "
                                     f"{n_out}")
     if out_channel.length is None and filter_channel.length is not None:
         out_channel.length = filter_channel.length * groups
@@ -758,6 +766,56 @@ class _PoolSides:
 
 
 # --- derivatives -------------------------------------------------------------------------------
+# Tangents may carry trailing direction axes (be.jacobian pushes many directions at once).
+# A primitive folds them into a dimension that its operand shares with its result and no
+# group splits badly (the batch, or a channel: (G, n, D) flattened keeps groups whole),
+# and unfolds them from the result.
+
+#: (primitive, operand) -> (operand dimension, result dimension) that directions join.
+_FOLD = {(Conv, 0): (0, 0), (Conv, 1): (0, 1), (ConvGradData, 0): (0, 0),
+         (ConvGradData, 1): (1, 1), (ConvGradFilter, 0): (1, 1), (ConvGradFilter, 1): (1, 0)}
+
+
+def _merged(axes, dim, dirs):
+    return Axes(tuple(axes)[:dim] + (FlattenedAxis(Axes((axes[dim],) + tuple(dirs))),)
+                + tuple(axes)[dim + 1:])
+
+
+def _conv_term(op, i, t):
+    """The tangent of the convolution primitive ``op`` for tangent ``t`` of operand ``i``
+    (the other operand fixed), with ``t``'s direction axes trailing in the result."""
+    arg = op.args[i]
+    params = dict(strides=op.strides, pads=op.pads, dilation=op.dilation, groups=op.groups)
+    dirs = Axes(tuple(t.axes)[len(arg.axes):])
+    if not len(dirs):
+        args = [t if j == i else a for j, a in enumerate(op.args)]
+        return type(op)(*args, axes=op.axes, **params)
+    a, o = _FOLD[type(op), i]
+    n, k = len(arg.axes), len(dirs)
+    moved = pr.Dimshuffle(t, list(range(a + 1)) + list(range(n, n + k))
+                          + list(range(a + 1, n)))
+    args = [pr.Reshape(moved, _merged(arg.axes, a, dirs)) if j == i else b
+            for j, b in enumerate(op.args)]
+    y = type(op)(*args, axes=_merged(op.axes, o, dirs), **params)
+    m = len(op.axes)
+    y = pr.Reshape(y, Axes(tuple(op.axes)[:o + 1] + tuple(dirs) + tuple(op.axes)[o + 1:]))
+    return pr.Dimshuffle(y, list(range(o + 1)) + list(range(o + 1 + k, m + k))
+                         + list(range(o + 1, o + 1 + k)))
+
+
+def _pool_term(cls, x, t, axes, params):
+    """``cls(x, t)`` (a max-pooling primitive linear in ``t``) for a tangent ``t`` with
+    trailing direction axes: they become leading dimensions, x is broadcast over them."""
+    dirs = Axes(tuple(t.axes)[len(x.axes):])
+    if not len(dirs):
+        return cls(x, t, axes=axes, **params)
+    n, k = len(x.axes), len(dirs)
+    t = pr.Dimshuffle(t, list(range(n, n + k)) + list(range(n)))
+    xb = pr.Expand(x, dirs + x.axes, [None] * k + list(range(n)))
+    y = cls(xb, t, axes=dirs + Axes(axes), **params)
+    m = len(axes)
+    return pr.Dimshuffle(y, list(range(k, k + m)) + list(range(k)))
+
 
 def _register_rules():
     from geon.op_graph.autodiff import adjoint_rule
@@ -790,9 +848,8 @@ def _register_rules():
 
     @forward_rule(Conv, ConvGradData, ConvGradFilter)
     def _conv_fwd(op, ts):  # bilinear: d f(a, b) = f(da, b) + f(a, db)
-        a, b = op.args
-        return _terms((ts[0], lambda t: rebuild(op, t, b)),
-                      (ts[1], lambda t: rebuild(op, a, t)))
+        return _terms((ts[0], lambda t: _conv_term(op, 0, t)),
+                      (ts[1], lambda t: _conv_term(op, 1, t)))
 
     def pool_params(op):
         return dict(kernel=op.kernel, strides=op.strides, pads=op.pads, dilation=op.dilation)
@@ -814,12 +871,13 @@ def _register_rules():
 
     @forward_rule(MaxPool)
     def _maxpool_fwd(op, ts):
-        x = op.args[0]
-        return MaxPoolGather(x, ts[0], axes=op.axes, **pool_params(op))
+        return _pool_term(MaxPoolGather, op.args[0], ts[0], op.axes, pool_params(op))
 
     @forward_rule(MaxPoolGrad, MaxPoolGather)
     def _maxpool_linear_fwd(op, ts):
-        return None if ts[1] is None else rebuild(op, op.args[0], ts[1])
+        if ts[1] is None:
+            return None
+        return _pool_term(type(op), op.args[0], ts[1], op.axes, pool_params(op))
 
     # Axes ops: their adjoints are the primitives on canonical views.
     @adjoint_rule(Convolution)
@@ -831,10 +889,25 @@ def _register_rules():
         return sides.data(d, w), sides.filter_grad(x, d)
 
     @forward_rule(Convolution)
-    def _convolution_fwd(op, ts):  # bilinear; tangent direction axes are batch axes
+    def _convolution_fwd(op, ts):  # bilinear; the image's direction axes are batch axes
         x, w = op.args
         return _terms((ts[0], lambda t: rebuild(op, t, w)),
-                      (ts[1], lambda t: rebuild(op, x, t)))
+                      (ts[1], lambda t: _filter_tangent(op, t)))
+
+    def _filter_tangent(op, t):
+        x, w = op.args
+        if t.axes.names == w.axes.names:
+            return rebuild(op, x, t)
+        s = _Sides(op)  # directions: through the primitive on canonical views
+        dirs = Axes(tuple(t.axes)[len(w.axes):])
+        tc = _view(t, s.filter + dirs)
+        if isinstance(op, ConvolutionTranspose):
+            prim = ConvGradData(canonical(x, s.batch, s.result), _view(w, s.filter),
+                                axes=s.image_c, **s.params)
+        else:
+            prim = Conv(canonical(x, s.batch, s.image), _view(w, s.filter),
+                        axes=s.result_c, **s.params)
+        return uncanonical(_conv_term(prim, 1, tc), s.batch)
 
     @adjoint_rule(Pooling)
     def _pooling(op, d):
@@ -850,7 +923,10 @@ def _register_rules():
         if op.kind == "avg":  # linear; tangent direction axes are batch axes
             return rebuild(op, ts[0])
         s = _PoolSides(op)
-        g = MaxPoolGather(s.image(op.args[0]), s.image(ts[0]), axes=s.result_c, **s.params)
+        t = ts[0]
+        dirs = Axes(tuple(t.axes)[len(op.args[0].axes):])
+        g = _pool_term(MaxPoolGather, s.image(op.args[0]),
+                       canonical(t, s.batch, s.spatial + dirs), s.result_c, s.params)
         return uncanonical(g, s.batch)
 
 

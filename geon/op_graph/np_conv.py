@@ -10,8 +10,8 @@ image are carried along as batch axes.
 
 import numpy as np
 
-from geon.errors import AxisMismatchError
 from geon.op_graph import conv as cv
+from geon.op_graph.conv import user_error
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes
 from geon.op_graph.coercion import (AXES, canonical_axes, family, family_error,
@@ -31,7 +31,7 @@ def _renamed(x, n_spatial, what):
     """``(x with fresh positional axes, named axes, [batch, channel, *spatial])``."""
     special, pos = split_axes(x)
     if len(pos) != n_spatial + 2:
-        raise AxisMismatchError(f"{what}: {x.name} has shape {tuple(a.length for a in pos)};"
+        raise user_error(f"{what}: {x.name} has shape {tuple(a.length for a in pos)};"
                                 f" expected (N, C) and {n_spatial} spatial dimension(s)")
     if [a.name for a in x.axes] != [a.name for a in special + pos]:
         x = og.AxesWithOrder(x, Axes(special + pos))
@@ -42,7 +42,7 @@ def _renamed(x, n_spatial, what):
 def _filter(w, n_spatial, what):
     special, pos = split_axes(w)
     if special or len(pos) != n_spatial + 2:
-        raise AxisMismatchError(f"{what}: the filter {w.name} has shape "
+        raise user_error(f"{what}: the filter {w.name} has shape "
                                 f"{tuple(a.length for a in w.axes)}; expected "
                                 f"{n_spatial + 2} positional dimensions")
     fresh = [temp_axis(a.length) for a in pos]
@@ -59,7 +59,7 @@ def _positional(y, special):
 def _spatial_count(x, w, what):
     n = len(split_axes(w)[1]) - 2
     if n < 1:
-        raise AxisMismatchError(f"{what}: the filter {w.name} needs at least 3 dimensions")
+        raise user_error(f"{what}: the filter {w.name} needs at least 3 dimensions")
     return n
 
 
@@ -72,7 +72,7 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     xr, special, (b, c, *spatial) = _renamed(x, n, "conv")
     wr, (k, cg, *kernel) = _filter(w, n, "conv")
     if cg.length * groups != c.length or k.length % groups:
-        raise AxisMismatchError(
+        raise user_error(
             f"conv: input {x.name} {positional_shape(x)} has {c.length} channels; filter "
             f"{w.name} {positional_shape(w)} with groups={groups} expects "
             f"{cg.length * groups} (and a number of filters divisible by {groups})")
@@ -83,7 +83,7 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     outs = [temp_axis(cv.out_length(s.length, r.length, st, d, lo, hi))
             for s, r, st, d, (lo, hi) in zip(spatial, kernel, strides, dil, pads)]
     if any(a.length < 1 for a in outs):
-        raise AxisMismatchError(f"conv: input {positional_shape(x)} is smaller than the "
+        raise user_error(f"conv: input {positional_shape(x)} is smaller than the "
                                 f"dilated kernel {positional_shape(w)[2:]}")
     y = cv.Convolution(xr, wr, channel=c, spatial=spatial, filter_channel=cg, kernel=kernel,
                        out_channel=k, out_spatial=outs, strides=strides, pads=pads,
@@ -100,25 +100,25 @@ def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, grou
     xr, special, (b, c, *spatial) = _renamed(x, n, "conv_transpose")
     wr, (wc, kg, *kernel) = _filter(w, n, "conv_transpose")
     if wc.length != c.length:
-        raise AxisMismatchError(f"conv_transpose: input {x.name} {positional_shape(x)} has "
+        raise user_error(f"conv_transpose: input {x.name} {positional_shape(x)} has "
                                 f"{c.length} channels; filter {w.name} {positional_shape(w)} "
                                 f"expects {wc.length}")
     if c.length % groups:
-        raise AxisMismatchError(f"conv_transpose: groups={groups} does not divide the "
+        raise user_error(f"conv_transpose: groups={groups} does not divide the "
                                 f"{c.length} channels of {x.name}")
     wr = og.CastAxes(wr, Axes([c, kg] + kernel))  # the filter's channel is x's
     strides = cv._ints(stride, n, "conv_transpose: stride", 1)
     dil = cv._ints(dilation, n, "conv_transpose: dilation", 1)
     opad = cv._ints(output_padding, n, "conv_transpose: output_padding", 0)
     if any(o >= s for o, s in zip(opad, strides)):
-        raise ValueError(f"conv_transpose: output_padding {opad} must be smaller than the "
-                         f"stride {strides}")
+        raise user_error(f"conv_transpose: output_padding {opad} must be smaller than the "
+                         f"stride {strides}", ValueError)
     pads = cv.normalize_padding(padding, [0] * n, [a.length for a in kernel], strides, dil,
                                 "conv_transpose: padding")
     outs = [temp_axis((s.length - 1) * st - lo - hi + d * (r.length - 1) + o + 1)
             for s, r, st, d, (lo, hi), o in zip(spatial, kernel, strides, dil, pads, opad)]
     if any(a.length < 1 for a in outs):
-        raise AxisMismatchError(f"conv_transpose: the padding {pads} leaves no output")
+        raise user_error(f"conv_transpose: the padding {pads} leaves no output")
     k = temp_axis(kg.length * groups)
     y = cv.ConvolutionTranspose(xr, wr, channel=c, spatial=spatial, filter_channel=kg,
                                 kernel=kernel, out_channel=k, out_spatial=outs,
@@ -132,7 +132,7 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     pos = split_axes(x)[1]
     n = len(kernel) if isinstance(kernel, (tuple, list)) else len(pos) - 2
     if n < 1 or len(pos) < n + 1:
-        raise AxisMismatchError(f"{what}: {x.name} {positional_shape(x)} has no spatial "
+        raise user_error(f"{what}: {x.name} {positional_shape(x)} has no spatial "
                                 f"dimensions for kernel {kernel!r}")
     ks = cv._ints(kernel, n, f"{what}: kernel", 1)
     strides = ks if stride is None else cv._ints(stride, n, f"{what}: stride", 1)
@@ -175,7 +175,7 @@ def global_avg_pool(x, keepdims=False):
     x = _tensor(x, "global_avg_pool")
     n = len(split_axes(x)[1])
     if n < 3:
-        raise AxisMismatchError(f"global_avg_pool: {x.name} {positional_shape(x)} has no "
+        raise user_error(f"global_avg_pool: {x.name} {positional_shape(x)} has no "
                                 f"spatial dimensions")
     return np_ops.mean(x, axis=tuple(range(2, n)), keepdims=keepdims)
 
