@@ -462,17 +462,18 @@ class Pooling(ComputationOp):
 
 
 def _auto_out(spatial, out_spatial, suffix):
+    """The given output axes, or new ones named ``<spatial name><suffix>``."""
     if out_spatial is None:
         return Axes(Axis(None, f"{a.name}{suffix}") for a in spatial)
-    out_spatial = as_axes(out_spatial)
-    return out_spatial
+    return as_axes(out_spatial)
 
 
-def _kernel_axes(w, exclude, n, kernel, what):
-    if kernel is not None:
-        return as_axes(kernel)
-    names = {a.name for a in exclude}
-    return Axes(a for a in w.axes if a.name not in names)
+def _kernel_axes(w, exclude, kernel):
+    """The filter's kernel axes: as given, or its axes other than ``exclude``."""
+    if kernel is None:
+        names = {a.name for a in exclude}
+        kernel = [a for a in w.axes if a.name not in names]
+    return Axes(w.axes.find(a.name) if a.name in w.axes.names else a for a in kernel)
 
 
 def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
@@ -506,12 +507,12 @@ def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
     spatial = as_axes(spatial)
     n = len(spatial)
     filter_channel = channel if filter_channel is None else filter_channel
-    kernel = _kernel_axes(w, (filter_channel, out_channel), n, kernel, "conv")
+    kernel = _kernel_axes(w, (filter_channel, out_channel), kernel)
     strides = _ints(strides, n, "conv: strides", 1)
     dilation = _ints(dilation, n, "conv: dilation", 1)
     if len(kernel) != n:
         raise user_error(f"conv: {n} spatial axes ({_fmt(spatial)}) but kernel axes "
-                                f"({_fmt(kernel)}) of filter {w.name} ({_fmt(w.axes)})")
+                         f"({_fmt(kernel)}) of filter {w.name} ({_fmt(w.axes)})")
     lengths = [x.axes.find(a.name).length if a.name in x.axes.names else a.length
                for a in spatial]
     pads = normalize_padding(padding, lengths, kernel.lengths, strides, dilation,
@@ -540,11 +541,11 @@ def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_chan
     spatial = as_axes(spatial)
     n = len(spatial)
     filter_channel = out_channel if filter_channel is None else filter_channel
-    kernel = _kernel_axes(w, (channel, filter_channel), n, kernel, "conv_transpose")
+    kernel = _kernel_axes(w, (channel, filter_channel), kernel)
     if len(kernel) != n:
         raise user_error(f"conv_transpose: {n} spatial axes ({_fmt(spatial)}) but "
-                                f"kernel axes ({_fmt(kernel)}) of filter {w.name} "
-                                f"({_fmt(w.axes)})")
+                         f"kernel axes ({_fmt(kernel)}) of filter {w.name} "
+                         f"({_fmt(w.axes)})")
     strides = _ints(strides, n, "conv_transpose: strides", 1)
     dilation = _ints(dilation, n, "conv_transpose: dilation", 1)
     opad = _ints(output_padding, n, "conv_transpose: output_padding", 0)
@@ -567,7 +568,7 @@ def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_chan
             a.length = n_out
         elif a.length != n_out:
             raise user_error(f"conv_transpose: output axis {a!r} should have length "
-                                    f"{n_out}")
+                             f"{n_out}")
     if out_channel.length is None and filter_channel.length is not None:
         out_channel.length = filter_channel.length * groups
     return ConvolutionTranspose(x, w, channel=channel, spatial=spatial,
@@ -667,12 +668,12 @@ class _Sides:
         self.result_c = Axes((B,) + tuple(self.result))
 
     def conv(self, x, w):  # -> result side
-        y = Conv(canonical(x, self.batch, self.image), _filter_view(w, self.filter),
+        y = Conv(canonical(x, self.batch, self.image), _view(w, self.filter),
                  axes=self.result_c, **self.params)
         return uncanonical(y, self.batch)
 
     def data(self, d, w):  # -> image side
-        x = ConvGradData(canonical(d, self.batch, self.result), _filter_view(w, self.filter),
+        x = ConvGradData(canonical(d, self.batch, self.result), _view(w, self.filter),
                          axes=self.image_c, **self.params)
         return uncanonical(x, self.batch)
 
@@ -694,8 +695,6 @@ def _view(t, axes):
                                 f"here){t._where()}")
     return pr.Dimshuffle(t, [names.index(n) for n in axes.names])
 
-
-_filter_view = _view
 
 
 class _PoolSides:

@@ -32,7 +32,7 @@ def _renamed(x, n_spatial, what):
     special, pos = split_axes(x)
     if len(pos) != n_spatial + 2:
         raise user_error(f"{what}: {x.name} has shape {tuple(a.length for a in pos)};"
-                                f" expected (N, C) and {n_spatial} spatial dimension(s)")
+                         f" expected (N, C) and {n_spatial} spatial dimension(s)")
     if [a.name for a in x.axes] != [a.name for a in special + pos]:
         x = og.AxesWithOrder(x, Axes(special + pos))
     fresh = [temp_axis(a.length) for a in pos]
@@ -43,8 +43,8 @@ def _filter(w, n_spatial, what):
     special, pos = split_axes(w)
     if special or len(pos) != n_spatial + 2:
         raise user_error(f"{what}: the filter {w.name} has shape "
-                                f"{tuple(a.length for a in w.axes)}; expected "
-                                f"{n_spatial + 2} positional dimensions")
+                         f"{tuple(a.length for a in w.axes)}; expected "
+                         f"{n_spatial + 2} positional dimensions")
     fresh = [temp_axis(a.length) for a in pos]
     return og.CastAxes(w, Axes(fresh)), fresh
 
@@ -84,7 +84,7 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
             for s, r, st, d, (lo, hi) in zip(spatial, kernel, strides, dil, pads)]
     if any(a.length < 1 for a in outs):
         raise user_error(f"conv: input {positional_shape(x)} is smaller than the "
-                                f"dilated kernel {positional_shape(w)[2:]}")
+                         f"dilated kernel {positional_shape(w)[2:]}")
     y = cv.Convolution(xr, wr, channel=c, spatial=spatial, filter_channel=cg, kernel=kernel,
                        out_channel=k, out_spatial=outs, strides=strides, pads=pads,
                        dilation=dil, groups=groups)
@@ -101,11 +101,11 @@ def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, grou
     wr, (wc, kg, *kernel) = _filter(w, n, "conv_transpose")
     if wc.length != c.length:
         raise user_error(f"conv_transpose: input {x.name} {positional_shape(x)} has "
-                                f"{c.length} channels; filter {w.name} {positional_shape(w)} "
-                                f"expects {wc.length}")
+                         f"{c.length} channels; filter {w.name} {positional_shape(w)} "
+                         f"expects {wc.length}")
     if c.length % groups:
         raise user_error(f"conv_transpose: groups={groups} does not divide the "
-                                f"{c.length} channels of {x.name}")
+                         f"{c.length} channels of {x.name}")
     wr = og.CastAxes(wr, Axes([c, kg] + kernel))  # the filter's channel is x's
     strides = cv._ints(stride, n, "conv_transpose: stride", 1)
     dil = cv._ints(dilation, n, "conv_transpose: dilation", 1)
@@ -133,7 +133,7 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     n = len(kernel) if isinstance(kernel, (tuple, list)) else len(pos) - 2
     if n < 1 or len(pos) < n + 1:
         raise user_error(f"{what}: {x.name} {positional_shape(x)} has no spatial "
-                                f"dimensions for kernel {kernel!r}")
+                         f"dimensions for kernel {kernel!r}")
     ks = cv._ints(kernel, n, f"{what}: kernel", 1)
     strides = ks if stride is None else cv._ints(stride, n, f"{what}: stride", 1)
     dil = cv._ints(dilation, n, f"{what}: dilation", 1)
@@ -176,6 +176,6 @@ def global_avg_pool(x, keepdims=False):
     n = len(split_axes(x)[1])
     if n < 3:
         raise user_error(f"global_avg_pool: {x.name} {positional_shape(x)} has no "
-                                f"spatial dimensions")
+                         f"spatial dimensions")
     return np_ops.mean(x, axis=tuple(range(2, n)), keepdims=keepdims)
 
