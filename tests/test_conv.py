@@ -437,3 +437,23 @@ def test_jacobians_in_both_modes(name, mode, lowered):
         want = _fd_jacobian(lambda a: comp(*a), arrays, k)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-8)
+
+
+def test_cse_merges_equal_convolutions_only():
+    x = be.placeholder((C, H, W, N), dtype=np.float64)
+    w = be.placeholder((C, R, S, K), dtype=np.float64)
+
+    def build(**kw):
+        return be.conv(x, w, channel=C, spatial=(H, W), out_channel=K, **kw)
+    ys = [build(padding=1), build(padding=1), build(padding=1, strides=(1, 2)),
+          build(padding=((1, 1), (0, 2)))]
+    comp = be.NumPyTransformer().computation(ys, x, w)
+    assert sum(isinstance(op, cv.Conv) for op in comp.ops) == 3
+    rng = np.random.default_rng(2)
+    X, Wt = rng.standard_normal((4, 7, 5, 2)), rng.standard_normal((4, 3, 2, 6))
+    got = comp(X, Wt)
+    np.testing.assert_array_equal(got[0], got[1])
+    for g, y in zip(got, ys):
+        np.testing.assert_allclose(g, be.evaluate(y, feeds={x: X, w: Wt}), rtol=1e-12)
+    text = be.graph_text(build(padding=((1, 1), (0, 2)), dilation=2))
+    assert "pads=((1, 1), (0, 2))" in text and "dilation=(2, 2)" in text  # attributes

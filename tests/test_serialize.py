@@ -18,6 +18,11 @@ from geon.op_graph.serialize import (SPECS, VERSION, MissingValue, clone_graph, 
                                      register_op)
 from op_table import CASES
 
+#: Op-table cases whose graphs a document can hold: NumPy-family operands of different
+#: shapes reuse positional axis names ("-1", "-2" ...) with different lengths, and a
+#: document keeps one axis per name.
+DOC_CASES = [c for c in CASES if not c.op.startswith("np.")]
+
 C = be.Axis(3, "C")
 H = be.Axis(4, "H")
 N = be.Axis(5, "N", batch=True)
@@ -29,7 +34,7 @@ def run_numpy(ops, params, values):
 
 # --- round trips ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", DOC_CASES, ids=[c.name for c in DOC_CASES])
 def test_op_table_round_trip(case):
     arrays = case.arrays(np.float64)
     xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
@@ -48,7 +53,7 @@ def test_op_table_round_trip(case):
     np.testing.assert_allclose(got, case.expected(arrays), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", CASES[::7], ids=[c.name for c in CASES[::7]])
+@pytest.mark.parametrize("case", DOC_CASES[::7], ids=[c.name for c in DOC_CASES[::7]])
 def test_lowered_graph_round_trip(case):
     # After compilation the user's ops forward to semi-primitive ones; those serialize too.
     arrays = case.arrays(np.float64)

@@ -1129,3 +1129,41 @@ def lower_pooling(op):  # pool(x) -> MaxPool(canonical x) or Conv(canonical x, o
     x = s.image(op.args[0])
     y = MaxPool(x, axes=s.result_c, **s.params) if op.kind == "max" else s.avg(x)
     return _view(uncanonical(y, s.batch), op.axes)
+
+
+# --- serialization (also the CSE key and printed attributes) -----------------------------------
+
+_AXIS_FIELDS = {Convolution: [("channel", "axis"), ("spatial", "axes"),
+                              ("filter_channel", "axis"), ("kernel", "axes"),
+                              ("out_channel", "axis"), ("out_spatial", "axes")],
+                Pooling: [("spatial", "axes"), ("out_spatial", "axes")]}
+
+
+def _register_serialization():
+    from geon.op_graph.serialize import register_op
+
+    def spec(cls):
+        axis_fields = _AXIS_FIELDS.get(cls, _AXIS_FIELDS.get(cls.__base__, []))
+        names = [f for f, _ in axis_fields]
+        plain = [n for n in cls.attrs if n not in names and n != "axes"]
+
+        def get(op):
+            out = {f: getattr(op, f) for f in names}
+            out["params"] = {n: getattr(op, n) for n in plain}
+            return out
+
+        def build(cls, args, attrs, out, kw):
+            given = {f: attrs[f] for f in names}
+            if "axes" in cls.attrs:
+                given["axes"] = out[0]
+            return cls(*args, **given, **attrs["params"], dtype=out[1], **kw)
+        register_op(cls, axis_fields + [("params", "literals")], build=build, get=get,
+                    arity=2 if issubclass(cls, (ConvPrim, Convolution)) or cls in (
+                        MaxPoolGrad, MaxPoolGather) else 1)
+
+    for cls in (Conv, ConvGradData, ConvGradFilter, MaxPool, MaxPoolGrad, MaxPoolGather,
+                Convolution, ConvolutionTranspose, Pooling):
+        spec(cls)
+
+
+_register_serialization()
