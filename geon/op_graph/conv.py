@@ -690,11 +690,8 @@ def _view(t, axes):
         return t
     if len(names) != len(axes) or any(n not in names for n in axes.names):
         raise AxisMismatchError(f"convolution / pooling: {t.name} ({_fmt(t.axes)}) does not "
-                                f"have the axes ({_fmt(axes)}) (a tangent with extra "
-                                f"direction axes, as in a Jacobian, is not supported "
-                                f"here){t._where()}")
+                                f"have the axes ({_fmt(axes)}){t._where()}")
     return pr.Dimshuffle(t, [names.index(n) for n in axes.names])
-
 
 
 class _PoolSides:
@@ -1077,18 +1074,12 @@ def _register_evaluators():
     def _convolution(op, x, w):
         s = _Sides(op)
         xa, wa = op.args
-        ximg = np.reshape(_to(x, xa.axes, s.batch + (s.result if isinstance(
-            op, ConvolutionTranspose) else s.image)), (-1,) + tuple(
-            (s.result if isinstance(op, ConvolutionTranspose) else s.image).lengths))
-        wc = _to(w, wa.axes, s.filter)
-        if isinstance(op, ConvolutionTranspose):
-            y = reference_conv_grad_data(ximg, wc, s.image.lengths[1:], op.strides, op.pads,
-                                         op.dilation, op.groups)
-            side = s.image
-        else:
-            y = reference_conv(ximg, wc, s.result.lengths[1:], op.strides, op.pads,
-                               op.dilation, op.groups)
-            side = s.result
+        transpose = isinstance(op, ConvolutionTranspose)
+        arg_side, side = (s.result, s.image) if transpose else (s.image, s.result)
+        xc = np.reshape(_to(x, xa.axes, s.batch + arg_side), (-1,) + arg_side.lengths)
+        fn = reference_conv_grad_data if transpose else reference_conv
+        y = fn(xc, _to(w, wa.axes, s.filter), side.lengths[1:], op.strides, op.pads,
+               op.dilation, op.groups)
         y = y.reshape(s.batch.lengths + side.lengths)
         return _to(y, s.batch + side, op.axes).astype(op.dtype)
 
