@@ -1,9 +1,10 @@
 """NumPy code for the convolution and pooling primitives (:mod:`geon.op_graph.conv`).
 
 A convolution is one copy of a strided window view of the (padded) image into im2col
-order, and one ``matmul``; its transpose in the image is one ``matmul`` and one strided
-add per kernel offset (col2im); its transpose in the filter is one ``matmul`` over the
-window view. Max pooling takes the maximum over one strided view per kernel offset.
+order, and one ``matmul`` per group; its transpose in the image is, for stride 1, the
+same with the flipped filter, and otherwise one ``matmul`` and one strided add per
+kernel offset (col2im); its transpose in the filter is one ``matmul`` over the im2col
+copy. Max pooling takes the maximum over one strided view per kernel offset.
 No Python loop runs over output positions.
 """
 
@@ -98,6 +99,18 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
     B, K = dy.shape[:2]
     P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
     G, Cg = groups, w.shape[1]
+    n = len(R)
+    full = [d * (k - 1) for k, d in zip(R, dilation)]
+    if all(s == 1 for s in strides) and all(lo <= f and hi <= f for (lo, hi), f in
+                                            zip(pads, full)):
+        # stride 1: the correlation of dy with the flipped filter, channels swapped per
+        # group, and the complementary padding (one im2col and one GEMM, no col2im)
+        wf = w.reshape((G, K // G, Cg) + R).transpose((0, 2, 1) + tuple(range(3, 3 + n)))
+        wf = np.ascontiguousarray(wf[(Ellipsis,) + (slice(None, None, -1),) * n])
+        conv_forward(dy, wf.reshape((G * Cg, K // G) + R), out, strides,
+                     tuple((f - lo, f - hi) for (lo, hi), f in zip(pads, full)), dilation,
+                     groups)
+        return
     wt = np.ascontiguousarray(w.reshape(G, K // G, -1).transpose(0, 2, 1))
     cols = _gemm(wt, _by_group(dy, G)).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
     # col2im in (G, Cg, B, *S) order: every add reads and writes contiguous rows
