@@ -457,3 +457,19 @@ def test_cse_merges_equal_convolutions_only():
         np.testing.assert_allclose(g, be.evaluate(y, feeds={x: X, w: Wt}), rtol=1e-12)
     text = be.graph_text(build(padding=((1, 1), (0, 2)), dilation=2))
     assert "pads=((1, 1), (0, 2))" in text and "dilation=(2, 2)" in text  # attributes
+
+
+def test_simple_axes_images_keep_their_sample_axis():
+    # a Simple-Axes image: named samples, positional (C, H, W)
+    Ns = be.simple.sample_axis(2)
+    x = be.simple.placeholder((4, 7, 5), Ns, dtype=np.float64)
+    w = be.np.placeholder((6, 2, 3, 2), dtype=np.float64)
+    y = be.np.conv(x, w, stride=2, padding=1, groups=2)
+    p = be.np.max_pool(y, 2)
+    g = be.np.global_avg_pool(p)
+    assert y.axes.names == ("N", "-3", "-2", "-1") and y.axes.lengths == (2, 6, 4, 3)
+    assert p.axes.lengths == (2, 6, 2, 1) and g.axes.names == ("N", "-1")
+    rng = np.random.default_rng(4)
+    X, Wt = _grid(rng, (2, 4, 7, 5)), _grid(rng, (6, 2, 3, 2))
+    got = be.NumPyTransformer().computation(y, x, w)(X, Wt)
+    np.testing.assert_array_equal(got, np_conv(X, Wt, (2, 2), ((1, 1), (1, 1)), (1, 1), 2))

@@ -1,6 +1,7 @@
 """Convolution and pooling in the NumPy family (``be.np.conv`` ...), PyTorch's layouts.
 
-Images are ``(N, C, *spatial)``; filters ``(K, C / groups, *kernel)`` for ``conv`` and
+Images are ``(N, C, *spatial)`` (``(C, *spatial)`` positionally for a Simple-Axes
+image, whose samples are named axes); filters ``(K, C / groups, *kernel)`` for ``conv`` and
 ``(C, K / groups, *kernel)`` for ``conv_transpose``. Each function renames the
 positional dimensions to fresh axes, builds the Axes op of :mod:`geon.op_graph.conv`,
 and names the result's dimensions positionally again, so derivatives, lowering and
@@ -27,16 +28,25 @@ def _tensor(x, what):
     return x
 
 
+def _lead(x):
+    """The number of leading positional (batch) dimensions before (C, *spatial): 1 for
+    a NumPy-family image (N, C, *spatial), 0 for a Simple-Axes one (named samples)."""
+    return 0 if split_axes(x)[0] else 1
+
+
 def _renamed(x, n_spatial, what):
-    """``(x with fresh positional axes, named axes, [batch, channel, *spatial])``."""
+    """``(x with fresh positional axes, named axes, [channel, *spatial])``; every other
+    axis is a batch axis of the convolution."""
     special, pos = split_axes(x)
-    if len(pos) != n_spatial + 2:
+    lead = _lead(x)
+    if len(pos) != n_spatial + 1 + lead:
         raise user_error(f"{what}: {x.name} has shape {tuple(a.length for a in pos)};"
-                         f" expected (N, C) and {n_spatial} spatial dimension(s)")
+                         f" expected {'(N, C)' if lead else '(C,)'} and {n_spatial} "
+                         f"spatial dimension(s)")
     if [a.name for a in x.axes] != [a.name for a in special + pos]:
         x = og.AxesWithOrder(x, Axes(special + pos))
     fresh = [temp_axis(a.length) for a in pos]
-    return og.CastAxes(x, Axes(special + fresh)), special, fresh
+    return og.CastAxes(x, Axes(special + fresh)), special, fresh[lead:]
 
 
 def _filter(w, n_spatial, what):
@@ -69,7 +79,7 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     ``(lo, hi)`` pair per axis, ``"same"`` or ``"valid"``."""
     x, w = _tensor(x, "conv"), _tensor(w, "conv")
     n = _spatial_count(x, w, "conv")
-    xr, special, (b, c, *spatial) = _renamed(x, n, "conv")
+    xr, special, (c, *spatial) = _renamed(x, n, "conv")
     wr, (k, cg, *kernel) = _filter(w, n, "conv")
     if cg.length * groups != c.length or k.length % groups:
         raise user_error(
@@ -97,7 +107,7 @@ def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, grou
     + dilation * (k - 1) + output_padding + 1`` (``padding`` may also be per side)."""
     x, w = _tensor(x, "conv_transpose"), _tensor(w, "conv_transpose")
     n = _spatial_count(x, w, "conv_transpose")
-    xr, special, (b, c, *spatial) = _renamed(x, n, "conv_transpose")
+    xr, special, (c, *spatial) = _renamed(x, n, "conv_transpose")
     wr, (wc, kg, *kernel) = _filter(w, n, "conv_transpose")
     if wc.length != c.length:
         raise user_error(f"conv_transpose: input {x.name} {positional_shape(x)} has "
@@ -130,7 +140,7 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     what = f"{kind}_pool"
     x = _tensor(x, what)
     pos = split_axes(x)[1]
-    n = len(kernel) if isinstance(kernel, (tuple, list)) else len(pos) - 2
+    n = len(kernel) if isinstance(kernel, (tuple, list)) else len(pos) - 1 - _lead(x)
     if n < 1 or len(pos) < n + 1:
         raise user_error(f"{what}: {x.name} {positional_shape(x)} has no spatial "
                          f"dimensions for kernel {kernel!r}")
@@ -174,8 +184,9 @@ def global_avg_pool(x, keepdims=False):
     from geon.op_graph import np_ops
     x = _tensor(x, "global_avg_pool")
     n = len(split_axes(x)[1])
-    if n < 3:
+    first = 1 + _lead(x)
+    if n <= first:
         raise user_error(f"global_avg_pool: {x.name} {positional_shape(x)} has no "
                          f"spatial dimensions")
-    return np_ops.mean(x, axis=tuple(range(2, n)), keepdims=keepdims)
+    return np_ops.mean(x, axis=tuple(range(first, n)), keepdims=keepdims)
 
