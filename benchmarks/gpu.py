@@ -218,7 +218,11 @@ def main(argv=None):
                          "nothing")
     args = ap.parse_args(argv)
     from geon.transformers.gpu import GPUTransformer, GPUUnavailableError
-    runtime = "emulator" if args.smoke else None
+    runtime = None
+    if args.smoke:
+        # the test suite's CPU emulator (tests/cuda_emulator.py, not installed)
+        from tests.cuda_emulator import EmulatorRuntime
+        runtime = EmulatorRuntime()
     try:
         probe = GPUTransformer(device=args.device, runtime=runtime)
     except GPUUnavailableError as e:

@@ -6,7 +6,8 @@ process per implementation), with interleaved repeats and medians, as ratios:
 1. MLP training step (784-512-512-10) against hand-written NumPy and the matrix
    products alone;
 2. a 20-op elementwise chain on 4M float32 against NumPy eager and NumPy with ``out=``;
-3. transformation time (build + computation() + first call) of long chains;
+3. transformation time (build + computation() + first call) of long chains and of
+   wide graphs (n branches reading one placeholder, summed);
 4. call overhead of a one-element ``x + 1``;
 5. peak memory (VmHWM) of the MLP step against the minimum working set.
 
@@ -159,15 +160,31 @@ def transform_time(n, derivative=False):
     return time.perf_counter() - t0
 
 
+def wide_time(n):
+    """Build, compile and run ``sum_i tanh(x * c_i)`` over ``n`` branches (one
+    placeholder read by n ops: the case a worklist must not make quadratic)."""
+    t0 = time.perf_counter()
+    A = be.Axis(16, "A")
+    x = be.placeholder([A], name="x")
+    acc = be.tanh(x * 1.0)
+    for i in range(1, n):
+        acc = acc + be.tanh(x * (1.0 + i * 1e-4))
+    f = be.NumPyTransformer().computation(acc, x)
+    f(np.linspace(-1, 1, 16, dtype=np.float32))
+    return time.perf_counter() - t0
+
+
 def bench_transform(repeats):
     reps = max(1, repeats // 5)
-    times = {}
-    for n in (1000, 5000, 10000):
-        times[n] = min(transform_time(n) for _ in range(reps))
+    sizes = (1000, 5000, 10000)
+    times = {n: min(transform_time(n) for _ in range(reps)) for n in sizes}
     d1k = min(transform_time(1000, derivative=True) for _ in range(reps))
-    rows = [[f"{n}-op chain", f"{times[n]:.3f} s"] for n in (1000, 5000, 10000)]
+    wide = {n: min(wide_time(n) for _ in range(reps)) for n in sizes}
+    rows = [[f"{n}-op chain", f"{times[n]:.3f} s"] for n in sizes]
     rows.append(["derivative of 1000-op chain", f"{d1k:.3f} s"])
-    rows.append(["10k / 5k", f"{times[10000] / times[5000]:.2f}"])
+    rows.append(["chain 10k / 5k", f"{times[10000] / times[5000]:.2f}"])
+    rows += [[f"wide graph, {n} branches", f"{wide[n]:.3f} s"] for n in sizes]
+    rows.append(["wide 10k / 5k", f"{wide[10000] / wide[5000]:.2f}"])
     return table("3. Transformation time (build + computation() + first call)",
                  ["graph", "time"], rows)
 

@@ -6,8 +6,11 @@ Use it as ``import geon as be``: build ops over named axes, differentiate them w
 
 __version__ = "0.1.0"
 
-from geon.errors import (AxisMismatchError, CheckpointError, FeedError, GeonError,  # noqa: E402
-                         InvalidValueError, LoweringError, UnknownTransformerError)
+from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # noqa: E402
+                         CheckpointError, FeedError, GeonError, GeonWarning,
+                         IndexOutOfRangeError, InvalidValueError, LoweringError,
+                         TruthValueError,
+                         UnknownTransformerError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
@@ -16,13 +19,17 @@ from geon.op_graph.op_graph import (  # noqa: E402
     maximum, mean, min, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
     prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
     stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance, split,
-    max_argmax, MultiOutput, Output)
+    max_argmax, MultiOutput, Output, value_of)
 from geon.op_graph.autodiff import deriv, gradients  # noqa: E402
 from geon.op_graph.forward import hvp, jvp  # noqa: E402
 from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402
 from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
+from geon.op_graph.nn_ops import (  # noqa: E402
+    argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
+    log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
+    sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
                                 max_pool)

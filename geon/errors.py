@@ -9,6 +9,25 @@ class GeonError(Exception):
     """Base class of geon's own errors."""
 
 
+class GeonWarning(UserWarning):
+    """Base class of geon's warnings (something ran that the user may not expect)."""
+
+
+class ArgumentError(GeonError, TypeError, ValueError):
+    """A geon function or computation was given an argument it does not take or cannot
+    use: an unknown keyword, a placeholder twice, a value that is not an op. It is a
+    ``TypeError`` (what Python raises for a wrong argument) and a ``ValueError``."""
+
+
+class AxisIndexError(GeonError, IndexError, ValueError):
+    """An index or slice is out of range of its axis; raised when the op is built."""
+
+
+class TruthValueError(GeonError, TypeError):
+    """An op was used where Python needs ``True`` or ``False`` (``if y < 0:``); an op's
+    value is only known when a computation runs."""
+
+
 class AxisMismatchError(GeonError, ValueError):
     """Operands' axes do not fit together; raised when the op is built."""
 
@@ -36,3 +55,7 @@ class UnknownTransformerError(GeonError, ValueError):
 class SerializationError(GeonError, ValueError):
     """A graph cannot be written as JSON, or a JSON text is not a graph geon can load
     (malformed, an unknown version or op type, a dangling reference ...)."""
+
+
+class IndexOutOfRangeError(GeonError, IndexError):
+    """An index tensor fed at call time holds an index outside the indexed axis."""

@@ -27,9 +27,17 @@ import dataclasses
 import zlib
 from typing import Callable, Optional, Tuple
 
+import math
+
 import numpy as np
 
 import geon as be
+
+try:  # the independent reference of the newer ops, where it is installed
+    import torch
+    import torch.nn.functional as TF
+except ImportError:  # pragma: no cover - then plain NumPy formulas
+    torch = TF = None
 
 # --- axes ------------------------------------------------------------------------------
 C = be.Axis(3, "C")
@@ -41,7 +49,7 @@ C2 = be.Axis(3, "C2")   # for cast_axes
 H2 = be.Axis(4, "H2")
 
 
-# --- value domains ----------------------------------------------------------------------
+# --- value domains ---------------------------------------------------------------------
 def _grid(rng, shape, offset):
     return rng.integers(-8, 9, size=shape) * 0.25 + offset
 
@@ -74,6 +82,7 @@ DOMAINS = {
     "grid1": lambda rng, s: _grid(rng, s, 0.125),   # ... never equal to these (>= 1/8 apart)
     "int3": lambda rng, s: rng.integers(-1, 2, s).astype(np.float64),  # many ties
     "with_zeros": _with_zeros,                # exact zeros (safelog's floor, sign(0))
+    "six": lambda rng, s: rng.uniform(-6.0, 6.0, s),    # hard_sigmoid's kinks at +-3
 }
 
 
@@ -199,7 +208,7 @@ case("minimum(C,N),(N,C)", "minimum", [I(C, N, domain="grid0"), I(N, C, domain="
 case("minimum(H),(C,H)", "minimum", [I(H, domain="grid1"), I(C, H, domain="grid0")],
      be.minimum, "HC", lambda a, b: np.minimum(a[:, None], b.T))
 
-# --- comparisons: 1.0 / 0.0 in the float type. With ties (forward only) ... -------------
+# --- comparisons: 1.0 / 0.0 in the float type. With ties (forward only) ... ------------
 for _name, _fn, _npfn in [("equal", be.equal, np.equal),
                           ("not_equal", be.not_equal, np.not_equal),
                           ("less", be.less, np.less),
@@ -217,7 +226,7 @@ case("greater_equal_tiefree", "greater_equal",
      [I(C, N, domain="grid1"), I(N, C, domain="grid0")], lambda a, b: a >= b, "CN",
      lambda a, b: (a >= b.T).astype(np.float64))
 
-# --- elementwise unary -------------------------------------------------------------------
+# --- elementwise unary -----------------------------------------------------------------
 case("negative", "negative", [I(C, N)], be.negative, "CN", lambda x: -x)
 case("negative_op", "negative", [I(C, N)], lambda x: -x, "CN", lambda x: -x)
 case("absolute", "absolute", [I(C, N, domain="nonzero")], be.absolute, "CN", np.abs)
@@ -239,7 +248,168 @@ case("tanh", "tanh", [I(C, N)], be.tanh, "CN", np.tanh)
 case("sigmoid", "sigmoid", [I(C, N)], be.sigmoid, "CN", sigmoid)
 case("sigmoid_wide", "sigmoid", [I(C, N, domain="wide")], be.sigmoid, "CN", sigmoid)
 
-# --- reductions: x(C, H, N); the default keeps the batch axis N ---------------------------
+
+def ref(torch_fn, numpy_fn):
+    """PyTorch's ``torch_fn`` on the float64 inputs where torch is installed (an
+    independent implementation), else the NumPy formula ``numpy_fn``."""
+    if torch is None:
+        return numpy_fn
+
+    def f(*xs):
+        return torch_fn(*[torch.from_numpy(np.ascontiguousarray(x)) for x in xs]).numpy()
+    return f
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _elu(x, a=1.0):
+    return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))
+
+
+# --- activations and other elementwise newcomers ---------------------------------------
+case("erf", "erf", [I(C, N)], be.erf, "CN", ref(torch.erf if torch else None, _erf))
+case("erf_wide", "erf", [I(C, N, domain="wide")], be.erf, "CN", _erf)  # math.erf
+case("erf_six", "erf", [I(C, N, domain="six")], be.erf, "CN", _erf)
+case("expm1", "expm1", [I(C, N)], be.expm1, "CN", ref(torch.expm1 if torch else None,
+                                                        np.expm1))
+case("softplus", "softplus", [I(C, N)], be.softplus, "CN",
+     ref(TF.softplus if TF else None, softplus))
+# PyTorch returns x above 20; the exact value is log(1 + exp(x)):
+case("softplus_wide", "softplus", [I(C, N, domain="wide")], be.softplus, "CN", softplus)
+case("relu", "relu", [I(C, N)], be.relu, "CN", ref(TF.relu if TF else None,
+                                                     lambda x: np.maximum(x, 0.0)))
+case("leaky_relu", "leaky_relu", [I(C, N)], be.leaky_relu, "CN",
+     ref(TF.leaky_relu if TF else None, lambda x: np.where(x > 0, x, 0.01 * x)))
+case("leaky_relu(0.2)", "leaky_relu", [I(C, N)], lambda x: be.leaky_relu(x, 0.2), "CN",
+     ref(lambda x: TF.leaky_relu(x, 0.2), lambda x: np.where(x > 0, x, 0.2 * x)))
+case("elu", "elu", [I(C, N)], be.elu, "CN", ref(TF.elu if TF else None, _elu))
+case("elu(0.5)_wide", "elu", [I(C, N, domain="wide")], lambda x: be.elu(x, 0.5), "CN",
+     ref(lambda x: TF.elu(x, 0.5), lambda x: _elu(x, 0.5)))
+case("selu", "selu", [I(C, N)], be.selu, "CN",
+     ref(TF.selu if TF else None, lambda x: 1.0507009873554804934193349852946 * _elu(
+         x, 1.6732632423543772848170429916717)))
+case("gelu", "gelu", [I(C, N)], be.gelu, "CN", ref(TF.gelu if TF else None, _gelu))
+case("gelu_wide", "gelu", [I(C, N, domain="six")], be.gelu, "CN", _gelu)
+case("gelu_tanh", "gelu", [I(C, N)], lambda x: be.gelu(x, approximate="tanh"), "CN",
+     ref(lambda x: TF.gelu(x, approximate="tanh"),
+         lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))))
+case("silu", "silu", [I(C, N)], be.silu, "CN",
+     ref(TF.silu if TF else None, lambda x: x * sigmoid(x)))
+case("silu_wide", "silu", [I(C, N, domain="wide")], be.silu, "CN",
+     lambda x: x / (1.0 + np.exp(-x)))
+case("hard_sigmoid", "hard_sigmoid", [I(C, N, domain="six")], be.hard_sigmoid, "CN",
+     ref(TF.hardsigmoid if TF else None, lambda x: np.clip(x / 6 + 0.5, 0.0, 1.0)))
+case("where(C,N),(C,N),(N)", "where", [I(C, N), I(C, N), I(N)],
+     lambda c, a, b: be.where(c > 0.0, a, b), "CN",
+     ref(lambda c, a, b: torch.where(c > 0, a, b[None, :]),
+         lambda c, a, b: np.where(c > 0, a, b[None, :])))
+case("where(N),(C,N),scalar", "where", [I(N), I(N, C)],
+     lambda c, a: be.where(c > 0.0, a, -1.5), "NC",
+     lambda c, a: np.where(c[:, None] > 0, a, -1.5))
+# the branch not taken may be infinite: its derivative must not become NaN
+case("where_safe_log", "where", [I(C, N)],
+     lambda x: be.where(x > 0.0, be.log(be.absolute(x)), x), "CN",
+     lambda x: np.where(x > 0, np.log(np.abs(x)), x))
+case("clip", "clip", [I(C, N)], lambda x: be.clip(x, -0.5, 1.0), "CN",
+     ref(lambda x: torch.clamp(x, -0.5, 1.0), lambda x: np.clip(x, -0.5, 1.0)))
+case("clip_tensor_lo(N)", "clip", [I(C, N, domain="grid0"), I(N, domain="grid1")],
+     lambda x, lo: be.clip(x, lo), "CN", lambda x, lo: np.maximum(x, lo[None, :]))
+case("log_softmax(C,N)", "log_softmax", [I(C, N)], be.log_softmax, "CN",
+     ref(lambda x: torch.log_softmax(x, 0), lambda x: np.log(softmax0(x))))
+case("log_softmax_wide", "log_softmax", [I(C, N, domain="wide")], be.log_softmax, "CN",
+     lambda x: x - x.max(0) - np.log(np.exp(x - x.max(0)).sum(0)))
+case("log_softmax_norm(H)", "log_softmax", [I(C, H, N)],
+     lambda x: be.log_softmax(x, normalization_axes=H), "CHN",
+     ref(lambda x: torch.log_softmax(x, 1), lambda x: np.log(softmax0(x, (1,)))))
+case("logsumexp_default", "logsumexp", [I(C, H, N)], be.logsumexp, "N",
+     ref(lambda x: torch.logsumexp(x, (0, 1)),
+         lambda x: np.log(np.exp(x).sum(axis=(0, 1)))))
+case("logsumexp_out(N,C)_wide", "logsumexp", [I(C, H, N, domain="wide")],
+     lambda x: be.logsumexp(x, out_axes=(N, C)), "NC",
+     lambda x: (x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))).T)
+
+# --- joining, padding, tiling (composites of slices and Unslice) -----------------------
+S2 = be.Axis(2, "S2")
+case("concat(C,H)+(C,W)", "concat", [I(C, H), I(C, W)],
+     lambda a, b: be.concat([a, b], [H, W]), ("C", "H+W"),
+     ref(lambda a, b: torch.cat([a, b], 1), lambda a, b: np.concatenate([a, b], 1)))
+case("concat_reordered_three", "concat", [I(C, H), I(W, C), I(C, H)],
+     lambda a, b, c: be.concat([a, b, c], [H, W, H], out_axis=be.Axis(10, "CAT")),
+     ("C", "CAT"), ref(lambda a, b, c: torch.cat([a, b.T, c], 1),
+                       lambda a, b, c: np.concatenate([a, b.T, c], 1)))
+case("stack(C,N),(N,C)", "stack", [I(C, N), I(N, C)],
+     lambda a, b: be.stack([a, b], S2, 1), ("C", "S2", "N"),
+     ref(lambda a, b: torch.stack([a, b.T], 1), lambda a, b: np.stack([a, b.T], 1)))
+case("tile(C,H)", "tile", [I(C, H)], lambda x: be.tile(x, {H: 2, "C": 3}), ("C*3", "H*2"),
+     ref(lambda x: x.repeat(3, 2), lambda x: np.tile(x, (3, 2))))
+case("pad_constant", "pad", [I(C, H, N)],
+     lambda x: be.pad(x, {H: (2, 1), C: 1}, value=-0.5), ("C+1+1", "H+2+1", "N"),
+     lambda x: np.pad(x, ((1, 1), (2, 1), (0, 0)), constant_values=-0.5))
+case("pad_reflect", "pad", [I(C, H, N)], lambda x: be.pad(x, {H: (3, 2), N: (0, 4)},
+                                                         mode="reflect"),
+     ("C", "H+3+2", "N+0+4"),
+     lambda x: np.pad(x, ((0, 0), (3, 2), (0, 4)), mode="reflect"))
+case("pad_edge", "pad", [I(C, H, N)], lambda x: be.pad(x, {C: (2, 3), H: (0, 1)},
+                                                      mode="edge"),
+     ("C+2+3", "H+0+1", "N"),
+     lambda x: np.pad(x, ((2, 3), (0, 1), (0, 0)), mode="edge"))
+
+# --- gathering by integer indices; the derivative is a scatter-add ---------------------
+def _scatter(d, ids, n):
+    out = np.zeros((n,) + d.shape[1:])
+    np.add.at(out, ids, d)
+    return out
+
+
+case("gather_embedding", "gather", [I(H, C), Inp((N,), kind="label", high=4)],
+     lambda e, ids: be.gather(e, ids, H), "NC",
+     ref(lambda e, ids: TF.embedding(ids, e), lambda e, ids: e[ids]))
+case("gather_middle_2d_indices", "gather", [I(C, H, N), Inp((W, T), kind="label", high=4)],
+     lambda x, ids: be.gather(x, ids, H), "CWTN", lambda x, ids: np.take(x, ids, axis=1))
+case("gather_negative_indices", "gather", [I(C, H), Inp((N,), kind="label", high=4)],
+     lambda x, ids: be.gather(x, ids - 4, "H"), "CN",
+     lambda x, ids: np.take(x, ids - 4, axis=1))
+case("scatter_add", "scatter_add", [I(N, C), Inp((N,), kind="label", high=4)],
+     lambda d, ids: be.scatter_add(d, ids, H), "HC", lambda d, ids: _scatter(d, ids, 4))
+
+# --- running sums, sorting -------------------------------------------------------------
+case("cumsum(H)", "cumsum", [I(C, H, N)], lambda x: be.cumsum(x, H), "CHN",
+     ref(lambda x: torch.cumsum(x, 1), lambda x: np.cumsum(x, 1)))
+case("cumsum(N)", "cumsum", [I(C, N)], lambda x: be.cumsum(x, "N"), "CN",
+     ref(lambda x: torch.cumsum(x, 1), lambda x: np.cumsum(x, 1)))
+case("cumsum_reverse(C)", "cumsum", [I(C, H, N)], lambda x: be.cumsum(x, C, reverse=True),
+     "CHN", lambda x: np.cumsum(x[::-1], 0)[::-1])
+case("cumsum_exclusive(H)", "cumsum", [I(C, H)], lambda x: be.cumsum(x, H, exclusive=True),
+     "CH", lambda x: np.cumsum(x, 1) - x)
+case("cumsum_reverse_exclusive(H)", "cumsum", [I(H, N)],
+     lambda x: be.cumsum(x, H, reverse=True, exclusive=True), "HN",
+     lambda x: np.cumsum(x[::-1], 0)[::-1] - x)
+case("sort(H)", "sort", [I(C, H, N, domain="distinct")], lambda x: be.sort(x, H), "CHN",
+     ref(lambda x: torch.sort(x, 1).values, lambda x: np.sort(x, 1)))
+case("sort_descending(C)", "sort", [I(C, H, domain="distinct")],
+     lambda x: be.sort(x, C, descending=True), "CH",
+     ref(lambda x: torch.sort(x, 0, descending=True).values, lambda x: -np.sort(-x, 0)))
+case("argsort(N)", "argsort", [I(C, N, domain="distinct")], lambda x: be.argsort(x, N),
+     "CN", ref(lambda x: torch.argsort(x, 1), lambda x: np.argsort(x, 1)),
+     grad=False, out_dtype="int64")
+case("argsort_ties_stable(H)", "argsort", [I(C, H, N, domain="int3")],
+     lambda x: be.argsort(x, H, descending=True), "CHN",
+     ref(lambda x: torch.argsort(x, dim=1, descending=True, stable=True),
+         lambda x: np.argsort(-x, 1, kind="stable")), grad=False, out_dtype="int64")
+case("topk_values(H)", "topk", [I(C, H, N, domain="distinct")],
+     lambda x: be.topk(x, 2, H)[0], ("C", "H[:2]", "N"),
+     ref(lambda x: torch.topk(x, 2, 1).values, lambda x: -np.sort(-x, 1)[:, :2]))
+case("topk_indices(C)", "topk", [I(C, N, domain="distinct")],
+     lambda x: be.topk(x, 1, C)[1], ("C[:1]", "N"),
+     ref(lambda x: torch.topk(x, 1, 0).indices, lambda x: np.argsort(-x, 0)[:1]),
+     grad=False, out_dtype="int64")
+
+# --- reductions: x(C, H, N); the default keeps the batch axis N ------------------------
 _RED = {
     "sum": (be.sum, np.sum, "real"),
     "max": (be.max, np.max, "distinct"),
@@ -301,7 +471,7 @@ for _name, _fn, _npfn in [("argmax", be.argmax, np.argmax), ("argmin", be.argmin
     case(f"{_name}_all", _name, [x3], lambda x, fn=_fn: fn(x, reduction_axes=x.axes), "",
          lambda x, f=_npfn: f(x.reshape(-1)), **kw)
 
-# --- dot: contracts the shared axes; result = a's other axes then b's other axes ---------
+# --- dot: contracts the shared axes; result = a's other axes then b's other axes -------
 case("dot_vv", "dot", [I(C), I(C)], be.dot, "", lambda a, b: a @ b)
 case("dot_mv", "dot", [I(C, H), I(H)], be.dot, "C", lambda a, b: a @ b)
 case("dot_vm", "dot", [I(H), I(C, H)], be.dot, "C", lambda a, b: b @ a)
@@ -322,7 +492,7 @@ case("dot_outer_mv", "dot", [I(C, H), I(N)], be.dot, "CHN",
      lambda a, b: a[:, :, None] * b[None, None, :])
 case("dot_scalar_vector", "dot", [I(), I(C)], be.dot, "C", lambda a, b: a * b)
 
-# --- softmax and cross-entropy -----------------------------------------------------------
+# --- softmax and cross-entropy ---------------------------------------------------------
 case("softmax(C,N)", "softmax", [I(C, N)], be.softmax, "CN", softmax0)
 case("softmax(N,C)", "softmax", [I(N, C)], be.softmax, "NC",
      lambda x: softmax0(x, (1,)))
@@ -372,7 +542,7 @@ case("cross_entropy_binary(plain,out(C,N))", "cross_entropy_binary",
      lambda y, t: be.cross_entropy_binary(y, t, out_axes=(C, N)), "CN",
      lambda y, t: -(t * np.log(y) + (1 - t) * np.log(1 - y)))
 
-# --- one_hot, stop_gradient, tensor_size ---------------------------------------------------
+# --- one_hot, stop_gradient, tensor_size -----------------------------------------------
 case("one_hot(N)", "one_hot", [Inp((N,), kind="label", high=3)],
      lambda x: be.one_hot(x, C), "CN",
      lambda x: (np.arange(3)[:, None] == x[None, :]).astype(np.float64),
@@ -392,7 +562,7 @@ case("tensor_size_out(N)", "tensor_size", [I(C, H, N)],
      lambda x: be.tensor_size(x, out_axes=(N,)), "", lambda x: np.float64(12),
      out_dtype="float32")
 
-# --- shaping ------------------------------------------------------------------------------
+# --- shaping ---------------------------------------------------------------------------
 case("broadcast(C)->(C,N)", "broadcast", [I(C)], lambda x: be.broadcast(x, (C, N)), "CN",
      lambda x: np.broadcast_to(x[:, None], (3, 5)))
 case("broadcast(N)->(C,H,N)", "broadcast", [I(N)], lambda x: be.broadcast(x, (C, H, N)),
@@ -438,7 +608,7 @@ case("slice_index_negative", "slice_along_axis", [I(C, H, N)],
 case("slice_then_add", "slice_along_axis", [I(C, H, N), I(C, N)],
      lambda x, y: be.slice_along_axis(x, H, 0) + y, "CN", lambda x, y: x[:, 0, :] + y)
 
-# --- compound graphs -------------------------------------------------------------------------
+# --- compound graphs -------------------------------------------------------------------
 case("mlp_layer", "dot", [I(C, H), I(H, N), I(C)],
      lambda w, x, b: be.tanh(be.dot(w, x) + b), "CN",
      lambda w, x, b: np.tanh(w @ x + b[:, None]))
@@ -460,6 +630,9 @@ REQUIRED_OPS = {
     "argmin", "dot", "softmax", "cross_entropy_multi", "cross_entropy_binary", "one_hot",
     "stop_gradient", "broadcast", "axes_with_order", "cast_axes", "flatten", "unflatten",
     "slice_along_axis", "tensor_size",
+    "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
+    "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp", "concat", "stack", "tile",
+    "pad", "gather", "scatter_add", "cumsum", "sort", "argsort", "topk",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]
@@ -654,6 +827,11 @@ case("np.avg_pool2d", "np.avg_pool", [I(NB, CI, H7, W5, domain=_GRID)],
      _POS4, lambda x: np_pool(x, "avg", (2, 3), (2, 3), _P1, count_include_pad=False))
 case("np.global_avg_pool", "np.global_avg_pool", [I(NB, CI, H7, W5)],
      _np_of(be.np.global_avg_pool), ("-2", "-1"), lambda x: x.mean(axis=(2, 3)))
+
+#: The cases whose graphs a JSON document can hold: NumPy-family operands of different
+#: shapes reuse positional axis names ("-1", "-2" ...) with other lengths, and a
+#: document keeps one axis per name.
+DOCUMENT_CASES = [c for c in CASES if not c.op.startswith("np.")]
 
 REQUIRED_OPS |= {"conv", "conv_transpose", "max_pool", "avg_pool", "global_avg_pool",
                  "np.conv", "np.conv_transpose", "np.max_pool", "np.avg_pool",

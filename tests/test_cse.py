@@ -132,7 +132,7 @@ def _digits_graphs():
 
 def _user_level_counts(results):
     """Op counts of the user's graph before and after CSE alone (on a copy)."""
-    from geon.op_graph.serialize import clone_graph
+    from geon.op_graph.params import clone_graph
     m = clone_graph(results)
     g = Graph([m[be.snap(r)] for r in results])
     p = CommonSubexpressionElimination()
@@ -230,3 +230,21 @@ def test_results_unchanged_with_cse_on_or_off(case):
         # The same primitives run; only duplicates are gone, so results are bitwise equal
         # up to the order of additions in merged accumulations.
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+def test_merged_multi_output_ops_keep_every_output_used():
+    # Two equal max_argmax ops, one read for its maximum and the other for its index:
+    # after the merge both values come from the survivor (the code generator used to
+    # meet the merged op's orphaned Output and fail with a KeyError).
+    x = be.placeholder((H, C))
+    m, _ = be.max_argmax(x, reduction_axes=[H])
+    _, i = be.max_argmax(x, reduction_axes=[H])
+    s, order = be.sort(x, H), be.argsort(x, H)
+    f = be.NumPyTransformer().computation([m, i, s, order], x)
+    X = np.random.default_rng(3).permutation(12).reshape(4, 3).astype(np.float32)
+    got = f(X)
+    np.testing.assert_array_equal(got[0], X.max(0))
+    np.testing.assert_array_equal(got[1], X.argmax(0))
+    np.testing.assert_array_equal(got[2], np.sort(X, 0))
+    np.testing.assert_array_equal(got[3], np.argsort(X, 0, kind="stable"))
+    assert count(f, pr.ReduceMaxArgMax) == 1

@@ -26,11 +26,16 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import geon as be
 from geon.transformers import memory
+
+# Random graphs read variables after assignments they do not request, on purpose: the
+# computations then run those assignments (and say so with a GeonWarning).
+pytestmark = pytest.mark.filterwarnings("ignore::geon.errors.GeonWarning")
 
 EPS = 2.0 ** -52
 M_CAP = 1e4          # no op is built whose result may exceed this magnitude

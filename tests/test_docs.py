@@ -6,6 +6,7 @@ at the line of the .rst file. Sphinx is not needed (a small line parser extracts
 blocks); if it is installed, one more test builds the guide with warnings as errors.
 """
 
+import ast
 import importlib
 import re
 import subprocess
@@ -27,8 +28,9 @@ _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|source
 #: Languages of samples that are shown, not run.
 SHOWN = {"text", "console", "toml", "ini", "none"}
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
-REGISTRIES = [("geon.transformers.base", "_REGISTRY"),
+REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
+              ("geon.transformers.gpu.cuda", "CUDA_CODE"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
@@ -104,6 +106,19 @@ def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
         for first, source in blocks:
             code = compile("\n" * (first - 1) + source, str(page), "exec")
             exec(code, namespace)
+
+
+def test_error_samples_fail_when_no_error_is_raised():
+    """Every ``try`` with an ``except`` in a sample has an ``else`` branch, so a sample
+    that shows an error fails when the error is not raised (instead of passing
+    vacuously)."""
+    vacuous = []
+    for page in PAGES:
+        for first, source in code_blocks(page):
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Try) and node.handlers and not node.orelse:
+                    vacuous.append(f"{page.name}:{first + node.lineno - 1}")
+    assert not vacuous, f"try/except without else: {vacuous}"
 
 
 def test_parser_finds_samples():

@@ -4,12 +4,13 @@
   gradients, float32 and float64) and for a few larger graphs (the big GEMM tiles,
   split reductions, vector loads, integer ops, a user op with CUDA source) is compiled
   with ``nvcc -ptx -arch=sm_90``, all in one invocation (skipped only without nvcc).
-- The same kernels run on the CPU emulator (geon/transformers/gpu/emulator.py: the
+- The same kernels run on the CPU emulator (tests/cuda_emulator.py: the
   CUDA C compiled as C++, CUDA threads as fibers), and every result is compared with
   the NumPy transformer (skipped only without a C++ compiler).
 - Memory plans of every computation are proved by ``verify_plan`` (tests/conftest.py).
 """
 
+import json
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from geon.op_graph import primitives as pr
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
 from geon.transformers.gpu import kernels as K
 from geon.transformers.gpu.codegen import module_source
-from geon.transformers.gpu.emulator import EmulatorRuntime, find_compiler
+from cuda_emulator import EmulatorRuntime, find_compiler
 from op_table import CASES, GRAD_CASES
 
 DTYPES = [np.float32, np.float64]
@@ -526,10 +527,29 @@ def check_checkpoints(make_gpu, tmp_path):
     np.testing.assert_allclose(back.state[wb], cpu.state[wc], rtol=1e-5, atol=1e-6)
     assert int(back.state[sb]) == 3
     with np.load(tmp_path / "gpu.npz") as f, np.load(tmp_path / "cpu.npz") as g:
-        assert sorted(f.files) == sorted(g.files) == ["b", "steps", "w"]
-        assert all(f[k].dtype == g[k].dtype and f[k].shape == g[k].shape for k in f.files)
+        assert sorted(f.files) == sorted(g.files)   # one format (Transformer.save)
+        manifests = [json.loads(d["geon-checkpoint.json"])["variables"] for d in (f, g)]
+        assert [(e["name"], e["dtype"], e["shape"]) for e in manifests[0]] == \
+            [(e["name"], e["dtype"], e["shape"]) for e in manifests[1]]
+        assert sorted(e["name"] for e in manifests[0]) == ["b", "steps", "w"]
     with pytest.raises(be.CheckpointError):
         gpu.restore(tmp_path / "missing.npz")
+
+
+@needs_cxx
+def test_gpu_save_before_the_first_call_and_the_call_after_agree(tmp_path):
+    """Saving initializes first; the initial values still reach the device."""
+    gpu, cpu = _gpu(), be.NumPyTransformer()
+    train_gpu, (wg, bg, sg) = _model(gpu)
+    train_cpu, _ = _model(cpu)
+    gpu.save(tmp_path / "fresh.npz")
+    back = be.NumPyTransformer()
+    _, (wb, bb, sb) = _model(back)
+    back.restore(tmp_path / "fresh.npz")
+    np.testing.assert_array_equal(back.state[wb],
+                                  np.linspace(-1, 1, 15).reshape(3, 5).astype(np.float32))
+    np.testing.assert_array_equal(back.state[bb], [0.5] * 3)
+    np.testing.assert_allclose(train_gpu(X_TRAIN)[0], train_cpu(X_TRAIN)[0], rtol=1e-5)
 
 
 @needs_cxx
@@ -559,7 +579,7 @@ def _stand_in_pycuda(monkeypatch):
     the emulator. It checks how the runtime drives PyCUDA, not PyCUDA itself."""
     import ctypes
     import types
-    from geon.transformers.gpu import emulator
+    import cuda_emulator as emulator
     calls = []
     emu = EmulatorRuntime(seed=5)
 
@@ -748,7 +768,8 @@ def test_every_standard_primitive_has_gpu_code():
     from geon.transformers.base import STANDARD_BASE_SET
     from geon.transformers.gpu.cuda import CUDA_CODE
     handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
-               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice)
+               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
+               pr.PrefixSum, pr.SortPrim)
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, handled)
                and not (issubclass(c, og.ElementWise)

@@ -95,7 +95,10 @@ def test_two_setitems_chain():
     s2 = be.SetItem(w, w + 1)
     assert s1 in s2.other_deps
     t = be.NumPyTransformer()
-    t.computation([s2])()
+    with pytest.warns(be.GeonWarning, match="runs though it was not requested"):
+        comp = t.computation([s2])          # s2's value reads w after s1: s1 runs first
+    assert [a for a, _ in comp.pulled_in] == [s1]
+    comp()
     np.testing.assert_array_equal(t.state[w], [3, 3, 3])
 
 
@@ -339,7 +342,9 @@ def test_simplified_results_keep_ordering_and_side_effects():
     be.SetItem(w, w + 5.0)
     r = w * 0.0 + be.exp(x)        # -> exp(x), but built after the SetItem
     t2 = be.NumPyTransformer()
-    np.testing.assert_allclose(t2.computation(r, x)(np.zeros(3)), [1, 1, 1])
+    with pytest.warns(be.GeonWarning, match="runs though it was not requested"):
+        comp = t2.computation(r, x)
+    np.testing.assert_allclose(comp(np.zeros(3)), [1, 1, 1])
     np.testing.assert_array_equal(t2.state[w], [6, 6, 6])
 
 
@@ -405,3 +410,37 @@ def test_length_check_after_an_unset_length():
     with pytest.raises(be.AxisMismatchError, match="Qu"):
         check_lengths([("a", be.Axes(Q)), ("b", be.Axes(be.Axis(3, "Qu"))),
                        ("c", be.Axes(be.Axis(4, "Qu")))], "test")
+
+
+def _wide_graph(n):
+    """``sum_i tanh((x * 1) * c_i)``: n branches reading one placeholder, each with a
+    ``x * 1`` that simplification replaces by ``x`` itself."""
+    x = be.placeholder([A], dtype=np.float64, name="widex")
+    acc = None
+    for i in range(n):
+        b = be.tanh((x * 1.0) * (1.0 + i / n))
+        acc = b if acc is None else acc + b
+    return x, acc
+
+
+def test_rewrite_work_is_linear_in_a_wide_graph():
+    # Replacing x * 1 by x gives x one more user per branch; a worklist that offered all
+    # of x's users to the queue after each replacement did about n^2 / 2 steps.
+    from geon.transformers.passes import Graph
+    from geon.transformers.passes.simplify import SimplifyPass
+    steps = {}
+    for n in (300, 600):
+        x, acc = _wide_graph(n)
+        graph = Graph([acc])
+        ops = len(graph.ops())
+        p = SimplifyPass()
+        p.run(graph, be.NumPyTransformer())
+        # every x * 1 replaced: x's live users are the n outer products
+        assert sum(u.forward is None for u in x.users) == n
+        assert p.steps <= 4 * ops, (n, p.steps, ops)
+        steps[n] = p.steps
+    assert steps[600] <= 2.1 * steps[300]
+    X = np.linspace(-1, 1, 3)
+    got = be.NumPyTransformer().computation(acc, x)(X)
+    np.testing.assert_allclose(got, sum(np.tanh(X * (1.0 + i / 600)) for i in range(600)),
+                               rtol=1e-12)

@@ -1,6 +1,10 @@
 """``be.run`` and :class:`be.Runner`: values, reuse verified by counting the primitives
 each call executes, and exactly which changes invalidate a remembered value."""
 
+import gc
+import tracemalloc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -121,7 +125,8 @@ def test_values_that_depend_on_an_assignment_are_always_recomputed():
     upd = be.SetItem(w, w + 1.0)
     after = w * 10.0                        # built after upd: computing it runs upd
     r = be.Runner()
-    assert r.run(after) == 10.0
+    with pytest.warns(be.GeonWarning, match="runs though it was not requested"):
+        assert r.run(after) == 10.0
     assert r.run(after) == 20.0 and r.last_primitives > 0
     assert r.run(w) == 2.0
 
@@ -182,8 +187,9 @@ def test_computations_are_cached_and_bounded():
     for k in range(3):
         r.run(s, {x: XV + k})
     assert r.computations_built == 1
-    r.run(h * 2.0, {x: XV})
-    r.run(h * 3.0, {x: XV})
+    twice, thrice = h * 2.0, h * 3.0
+    r.run(twice, {x: XV})
+    r.run(thrice, {x: XV})
     assert len(r.transformer.computations) == 2   # the oldest was dropped
     r.clear()
     assert r.transformer.computations == []
@@ -207,3 +213,52 @@ def test_counting_helpers():
     a = np.arange(6.0)
     assert fingerprint(a) == fingerprint(a.copy()) != fingerprint(a.reshape(2, 3))
     assert fingerprint(a) != fingerprint(a.astype(np.float32))
+
+
+def test_runner_forgets_variables_the_user_dropped():
+    big = be.Axis(50_000, "big")                  # 200 kB of float32 per variable
+    r = be.Runner()
+    refs = []
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for k in range(20):
+            w = be.Variable(big, initial_value=float(k), name=f"w{k}")
+            assert r.run(be.sum(w, out_axes=())) == pytest.approx(50_000.0 * k)
+            refs.append(weakref.ref(w))
+            del w
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert all(ref() is None for ref in refs)     # no variable outlived the user's code
+    assert len(r.transformer.state) == 0 and r.transformer.computations == []
+    assert kept < 2 * 200_000                     # 20 variables were 4 MB
+
+
+def test_default_runner_keeps_only_reachable_variables():
+    w = be.Variable(C, initial_value=2.0, name="kept")
+    total = be.sum(w, out_axes=())
+    gone = be.Variable(C, initial_value=3.0, name="gone")
+    assert be.run([total, be.sum(gone, out_axes=())]) == [6.0, 9.0]
+    ref = weakref.ref(gone)
+    del gone
+    gc.collect()
+    assert ref() is None
+    assert be.run(total) == 6.0 and w in default_runner().transformer.state
+
+
+def test_value_written_by_a_later_initializer_is_recomputed():
+    w = be.Variable(C, initial_value=1.0, dtype=np.float64, name="w")
+    doubled = w * 2.0
+    r = be.Runner()
+    np.testing.assert_array_equal(r.run(doubled), [2.0, 2.0, 2.0])
+    # An op whose computation's initialize() sets w to 5 (once, when first compiled).
+    from geon.op_graph import op_graph as og
+    reset = og.Tanh(be.placeholder(C, dtype=np.float64, name="z"),
+                    initializers=[be.SetItem(w, 5.0, sequence=False)])
+    r.run(reset, {reset.args[0]: np.zeros(3)})
+    np.testing.assert_array_equal(r.transformer.state[w], [5.0, 5.0, 5.0])
+    np.testing.assert_array_equal(r.run(doubled), [10.0, 10.0, 10.0])
+    assert r.last_primitives > 0

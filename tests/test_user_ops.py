@@ -10,8 +10,9 @@ from geon.errors import GeonError, LoweringError
 from geon.op_graph import autodiff
 from geon.op_graph.forward import FORWARD
 from geon.op_graph.reference import EVALUATORS
-from geon.op_graph.user_ops import CUDA_SOURCES, USER_OPS, UserOp
+from geon.op_graph.user_ops import USER_OPS, UserOp
 from geon.transformers.base import STANDARD_BASE_SET
+from geon.transformers.gpu import CudaCodegenTransformer
 from geon.transformers.numpy.transformer import NUMPY_CODE
 from gradcheck import assert_gradcheck
 
@@ -191,12 +192,27 @@ def test_registered_in_every_table():
     for cls in (Softplus, SoftplusRules, SoftplusDerived, Hypot, CumSum, CumSumDerived):
         assert issubclass(cls, UserOp) and cls.__name__ in cls.registry_key
         assert USER_OPS[cls.registry_key] is cls
-        for table in (EVALUATORS, NUMPY_CODE, autodiff.ADJOINTS, FORWARD):
+        for table in (EVALUATORS, autodiff.ADJOINTS, FORWARD):
             assert cls in table, (cls.__name__, table is FORWARD)
-        assert cls in be.NumPyTransformer.base_set and cls not in STANDARD_BASE_SET
-    assert CUDA_SOURCES[Softplus] == Softplus.cuda_source and "softplus" in Softplus.cuda_source
-    assert Hypot not in CUDA_SOURCES
+        # the backends' one rule for every user op
+        rule = next(NUMPY_CODE[c] for c in cls.__mro__ if c in NUMPY_CODE)
+        assert rule is NUMPY_CODE[UserOp]
+        assert issubclass(cls, tuple(be.NumPyTransformer.base_set))
+        assert not issubclass(cls, tuple(STANDARD_BASE_SET))
+    assert "softplus" in Softplus.cuda_source and Hypot.cuda_source is None
+    gpu_base = CudaCodegenTransformer().base_set
+    assert Softplus in gpu_base and Hypot not in gpu_base and CumSum not in gpu_base
     assert Softplus.__module__ == __name__
+
+
+def test_defining_an_op_changes_no_transformer():
+    # the base sets are the transformers' own: defining an op patches none of them
+    before = be.NumPyTransformer.base_set
+    Cube = be.elementwise_op("Cube", lambda x: x ** 3, lambda x: 3.0 * x * x)
+    assert be.NumPyTransformer.base_set is before
+    x = be.placeholder((C,), dtype=F64)
+    X = np.array([1.0, -2.0, 0.5])
+    np.testing.assert_array_equal(be.NumPyTransformer().computation(Cube(x), x)(X), X ** 3)
 
 
 def test_appears_in_the_generated_code():

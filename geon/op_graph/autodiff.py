@@ -6,12 +6,15 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 (broadcast); :func:`_fit` does that, in this one place, as it accumulates.
 """
 
-from geon.errors import GeonError
+import math
+
+from geon.errors import ArgumentError, AxisMismatchError, GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.axes import Axes
-from geon.op_graph.nodes import no_gc, rewriting
+from geon.op_graph.nodes import no_gc, rewriting, user_location
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
 
@@ -60,14 +63,19 @@ def adjoints(c, error=None):
         return hit[1]
     if error is None:
         if len(c.axes):
-            raise GeonError(f"deriv: {c.name} has axes ({', '.join(map(repr, c.axes))}); "
-                            f"a non-scalar cost needs error= (an op with the same axes)")
+            raise ArgumentError(
+                f"deriv: {type(c).__name__} {c.name} (built at {c.file_info}) has axes "
+                f"({og._fmt(c.axes)}); a non-scalar cost needs error= (an op with the same "
+                f"axes) (deriv called at {user_location()})")
         delta = og.Constant(1.0, dtype=c.dtype)
     else:
         delta = as_op(error)
         if not delta.axes.same_set(c.axes):
-            raise GeonError(f"deriv: error axes {delta.axes!r} differ from {c.name}'s "
-                            f"{c.axes!r}")
+            raise AxisMismatchError(
+                f"deriv: error= {type(delta).__name__} {delta.name} has axes "
+                f"({og._fmt(delta.axes)}) but the cost {type(c).__name__} {c.name} (built "
+                f"at {c.file_info}) has ({og._fmt(c.axes)}); they must be the same axes, "
+                f"in any order (deriv called at {user_location()})")
         delta = _fit(delta, c)
     with no_gc():
         adj = _reverse_walk(c, delta)
@@ -189,6 +197,14 @@ def _cos(op, d): return (-d * og.Sin(op.args[0]),)
 def _tanh(op, d): return (d * (1.0 - op * op),)
 @R(og.Sigmoid)
 def _sigmoid(op, d): return (d * op * (1.0 - op),)
+@R(og.Erf)
+def _erf(op, d):
+    x = op.args[0]
+    return (d * float(2 / math.sqrt(math.pi)) * og.Exp(-(x * x)),)
+@R(og.Expm1)
+def _expm1(op, d): return (d * (op + 1.0),)
+@R(og.Softplus)
+def _softplus(op, d): return (d * og.Sigmoid(op.args[0]),)
 @R(sc.SigmoidCrossEntropy)
 def _sce(op, d):
     x, t = op.args
@@ -222,6 +238,20 @@ def _slice(op, d):
     return (pr.Unslice(d, x.axes, key),)
 @R(og.StopGradient)
 def _stop(op, d): return (None,)
+@R(nn.Gather)
+def _gather(op, d): return nn.ScatterAdd(d, op.args[1], op.axis), None
+@R(nn.ScatterAdd)
+def _scatter_add(op, d): return nn.Gather(d, op.args[1], op.axis), None
+@R(pr.Take)
+def _take(op, d): return pr.PutAdd(d, op.args[1], op.args[0].axes), None
+@R(pr.PutAdd)
+def _put_add(op, d): return pr.Take(d, op.args[1]), None
+@R(nn.CumSum)
+def _cumsum(op, d): return (nn.CumSum(d, op.axis, not op.reverse, op.exclusive),)
+@R(pr.PrefixSum)
+def _prefix_sum(op, d):  # the running sum from the other end: flipped, summed, flipped
+    flip = (slice(None), slice(None, None, -1)) + (slice(None),) * (len(op.axes) - 2)
+    return (pr.SliceView(pr.PrefixSum(pr.SliceView(d, flip, d.axes)), flip, op.axes),)
 # Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
 @R(pr.Gemm)
 def _gemm(op, d):
@@ -276,6 +306,19 @@ def _max_argmax(op, d):
     x = op.args[0]
     hit = og.Equal(x, op.outputs[0])  # tied maxima share the derivative, as for Max
     return (hit * (d[0] / og.Sum(hit, reduction_axes=op.reduction_axes)),)
+@R(nn.Sort, nn.TopK, pr.SortPrim)
+def _sort(op, d):  # the values' delta added back at the positions they came from
+    if d[0] is None:
+        return (None,)
+    flat, index = nn.along_axis_index(op.args[0], op.outputs[1], sorted_axis(op))
+    return (og.Unflatten(nn.ScatterAdd(d[0], index, flat.axes[0])),)
+
+
+def sorted_axis(op):
+    """The axis a Sort, TopK or SortPrim sorts along."""
+    return op.axis if not isinstance(op, pr.SortPrim) else op.args[0].axes[1]
+
+
 @R(pr.ReduceMaxArgMax)
 def _reduce_max_argmax(op, d):
     if d[0] is None:

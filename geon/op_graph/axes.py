@@ -9,7 +9,7 @@ layout of the tensor it describes.
 import itertools
 import math
 
-from geon.errors import AxisMismatchError
+from geon.errors import ArgumentError, AxisMismatchError
 
 _anonymous = itertools.count()
 _length_epoch = 0
@@ -32,7 +32,7 @@ class Axis:
         if name is None:
             name = f"axis{next(_anonymous)}"
         if not isinstance(name, str) or not name:
-            raise ValueError(f"an axis name must be a non-empty string, not {name!r}")
+            raise ArgumentError(f"an axis name must be a non-empty string, not {name!r}")
         self.name = name
         self._length = None
         if length is not None:
@@ -54,7 +54,8 @@ class Axis:
     def _set_length(self, value):
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
-                raise ValueError(f"axis {self.name}: length must be an integer >= 0, not {value!r}")
+                raise ArgumentError(f"axis {self.name}: length must be an integer >= 0, "
+                                    f"not {value!r}")
             value = int(value)
         self._length = value
 
@@ -92,7 +93,7 @@ class FlattenedAxis(Axis):
     @length.setter
     def length(self, value):
         if value is not None:
-            raise ValueError(f"the length of flattened axis {self.name} follows its parts")
+            raise ArgumentError(f"the length of flattened axis {self.name} follows its parts")
 
 
 class Axes:
@@ -118,7 +119,7 @@ class Axes:
         items = tuple(axes)
         for a in items:
             if not isinstance(a, Axis):
-                raise TypeError(f"Axes takes Axis objects, not {type(a).__name__} {a!r}")
+                raise ArgumentError(f"Axes takes Axis objects, not {type(a).__name__} {a!r}")
         names = tuple(a.name for a in items)
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})

@@ -201,16 +201,6 @@ def _np_constant(value):
     return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype)
 
 
-def _build_cast(cls, args, attrs, out, kw):
-    return cls(args[0], out[0], **kw)
-
-
-def _register_serialization():
-    from geon.op_graph.serialize import register_op
-    for cls in (ToAxes, ToPositional):
-        register_op(cls, build=_build_cast, arity=1, dtype_from_args=True)
-
-
 # --- NumPy broadcasting and dtypes in elementwise ops -------------------------------------
 
 def _has_positional(x):
@@ -358,7 +348,6 @@ def _install():
     NUMPY_DTYPE_RULES.update(NP_UFUNCS)
     og.FAMILY_HOOKS["elementwise"] = elementwise_hook
     og.FAMILY_HOOKS["dot"] = dot_hook
-    _register_serialization()
 
 
 _install()

@@ -140,6 +140,7 @@ class ConvPrim(ComputationOp):
     arithmetic cannot always recover a length); ``pads`` is ``((lo, hi), ...)``."""
 
     attrs = ("axes", "strides", "pads", "dilation", "groups")
+    arity = 2
 
     def __init__(self, a, b, *, axes, strides, pads, dilation, groups, **kwargs):
         self.strides, self.dilation = tuple(strides), tuple(dilation)
@@ -242,6 +243,8 @@ def _check_real_tap(op, lengths):
 class MaxPool(PoolPrim):
     """``MaxPool(x)``: the maximum of each window; x (..., *S) -> (..., *P)."""
 
+    arity = 1
+
 
 class MaxPoolGrad(PoolPrim):
     """``MaxPoolGrad(x, dy)``: dy (..., *P) added at the position of the first maximum
@@ -257,6 +260,8 @@ class MaxPoolGrad(PoolPrim):
 class MaxPoolGather(PoolPrim):
     """``MaxPoolGather(x, v)``: v (x's shape) read at the position of the first
     maximum of x in each window: (..., *P)."""
+
+    arity = 2
 
 
 CONV_PRIMITIVES = frozenset({Conv, ConvGradData, ConvGradFilter, MaxPool, MaxPoolGrad,
@@ -299,6 +304,7 @@ class Convolution(ComputationOp):
 
     attrs = ("channel", "spatial", "filter_channel", "kernel", "out_channel",
              "out_spatial", "strides", "pads", "dilation", "groups")
+    arity = 2
 
     def __init__(self, x, w, *, channel, spatial, filter_channel, kernel, out_channel,
                  out_spatial, strides, pads, dilation, groups, **kwargs):
@@ -424,6 +430,7 @@ class Pooling(ComputationOp):
 
     attrs = ("kind", "spatial", "out_spatial", "kernel", "strides", "pads", "dilation",
              "count_include_pad")
+    arity = 1
 
     def __init__(self, x, *, kind, spatial, out_spatial, kernel, strides, pads, dilation,
                  count_include_pad, **kwargs):
@@ -1121,40 +1128,3 @@ def lower_pooling(op):  # pool(x) -> MaxPool(canonical x) or Conv(canonical x, o
     y = MaxPool(x, axes=s.result_c, **s.params) if op.kind == "max" else s.avg(x)
     return _view(uncanonical(y, s.batch), op.axes)
 
-
-# --- serialization (also the CSE key and printed attributes) -----------------------------------
-
-_AXIS_FIELDS = {Convolution: [("channel", "axis"), ("spatial", "axes"),
-                              ("filter_channel", "axis"), ("kernel", "axes"),
-                              ("out_channel", "axis"), ("out_spatial", "axes")],
-                Pooling: [("spatial", "axes"), ("out_spatial", "axes")]}
-
-
-def _register_serialization():
-    from geon.op_graph.serialize import register_op
-
-    def spec(cls):
-        axis_fields = _AXIS_FIELDS.get(cls, _AXIS_FIELDS.get(cls.__base__, []))
-        names = [f for f, _ in axis_fields]
-        plain = [n for n in cls.attrs if n not in names and n != "axes"]
-
-        def get(op):
-            out = {f: getattr(op, f) for f in names}
-            out["params"] = {n: getattr(op, n) for n in plain}
-            return out
-
-        def build(cls, args, attrs, out, kw):
-            given = {f: attrs[f] for f in names}
-            if "axes" in cls.attrs:
-                given["axes"] = out[0]
-            return cls(*args, **given, **attrs["params"], dtype=out[1], **kw)
-        register_op(cls, axis_fields + [("params", "literals")], build=build, get=get,
-                    arity=2 if issubclass(cls, (ConvPrim, Convolution)) or cls in (
-                        MaxPoolGrad, MaxPoolGather) else 1)
-
-    for cls in (Conv, ConvGradData, ConvGradFilter, MaxPool, MaxPoolGrad, MaxPoolGather,
-                Convolution, ConvolutionTranspose, Pooling):
-        spec(cls)
-
-
-_register_serialization()

@@ -16,14 +16,18 @@ where it has them in another order). Rules built from ops that match operands by
 that read operands by position use :func:`direction_axes` to keep them trailing.
 """
 
+import math
+
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, AxisMismatchError, GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
-from geon.op_graph.autodiff import _expand_back, find_rule
+from geon.op_graph.autodiff import _expand_back, find_rule, sorted_axis
 from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.nodes import user_location
 from geon.op_graph.op_graph import as_op, snap, toposort
 from geon.op_graph.tables import OpTable
 
@@ -102,8 +106,9 @@ def _seed(x, t):
         arr = np.asarray(t, dtype=_float_dtype(x))
         t = og.Constant(arr, axes=x.axes if arr.ndim else None, dtype=arr.dtype)
     if len(t.axes - x.axes):
-        raise GeonError(f"jvp: tangent {t.name} ({t.axes!r}) has axes that input "
-                        f"{x.name} ({x.axes!r}) lacks")
+        raise AxisMismatchError(f"jvp: tangent {t.name} ({og._fmt(t.axes)}) has axes that "
+                                f"input {x.name} ({og._fmt(x.axes)}) lacks (at "
+                                f"{user_location()})")
     return fit_tangent(t, x)
 
 
@@ -128,7 +133,8 @@ def jvp(outputs, inputs, tangents):
     ins, one_in = _as_list(inputs)
     ts = [tangents] if one_in else _as_list(tangents)[0]
     if len(ts) != len(ins):
-        raise GeonError(f"jvp: {len(ins)} input(s) but {len(ts)} tangent(s)")
+        raise ArgumentError(f"jvp: {len(ins)} input(s) but {len(ts)} tangent(s) (at "
+                            f"{user_location()})")
     outs = [snap(as_op(o)) for o in outs]
     seeds = {}
     for x, t in zip(ins, ts):
@@ -226,6 +232,10 @@ F(og.Sin)(_scaled(lambda op: og.Cos(op.args[0])))
 F(og.Cos)(_scaled(lambda op: -og.Sin(op.args[0])))
 F(og.Tanh)(_scaled(lambda op: 1.0 - op * op))
 F(og.Sigmoid)(_scaled(lambda op: op * (1.0 - op)))
+F(og.Erf)(_scaled(lambda op: float(2 / math.sqrt(math.pi))
+                   * og.Exp(-(op.args[0] * op.args[0]))))
+F(og.Expm1)(_scaled(lambda op: op + 1.0))
+F(og.Softplus)(_scaled(lambda op: og.Sigmoid(op.args[0])))
 
 
 @F(sc.SigmoidCrossEntropy)
@@ -266,6 +276,14 @@ def _slice(op, ts):
     x = op.args[0]
     new = op.axes[op.axis_pos] if isinstance(op.key, slice) else None
     return og.Slice(ts[0], x.axes[op.axis_pos], op.key, new_axis=new)
+
+
+@F(nn.Gather)
+def _gather(op, ts): return nn.Gather(ts[0], op.args[1], op.axis)
+@F(nn.ScatterAdd)
+def _scatter_add(op, ts): return nn.ScatterAdd(ts[0], op.args[1], op.axis)
+@F(nn.CumSum)
+def _cumsum(op, ts): return nn.CumSum(ts[0], op.axis, op.reverse, op.exclusive)
 
 
 # Semi-primitives: positional ops, kept differentiable after lowering. Direction axes
@@ -310,6 +328,14 @@ def _sliceview(op, ts):
     t = ts[0]
     extra = direction_axes(t, op.args[0])
     return pr.SliceView(t, op.key + (slice(None),) * len(extra), op.axes + extra)
+@F(pr.Take)
+def _take(op, ts): return pr.Take(ts[0], op.args[1])  # direction axes trail
+@F(pr.PutAdd)
+def _put_add(op, ts):
+    t = ts[0]
+    return pr.PutAdd(t, op.args[1], op.axes + direction_axes(t, op.args[0]))
+@F(pr.PrefixSum)
+def _prefix_sum(op, ts): return pr.PrefixSum(ts[0])
 @F(pr.Unslice)
 def _unslice(op, ts):
     t = ts[0]
@@ -379,6 +405,12 @@ def _split(op, ts):
 def _max_argmax(op, ts):
     hit = og.Equal(op.args[0], op.outputs[0])
     return (_tied_mean(hit, ts[0], op.reduction_axes), None)
+@F(nn.Sort, nn.TopK, pr.SortPrim)
+def _sort(op, ts):  # the tangent at the positions the values came from
+    t, x = ts[0], op.args[0]
+    flat, index = nn.along_axis_index(x, op.outputs[1], sorted_axis(op))
+    tf = og.Flatten(t, Axes((flat.axes[0],) + tuple(direction_axes(t, x))))
+    return (nn.Gather(tf, index, flat.axes[0]), None)
 @F(pr.ReduceMaxArgMax)
 def _reduce_max_argmax(op, ts):
     hit = og.Equal(op.args[0], _expand_back(op, op.outputs[0]))

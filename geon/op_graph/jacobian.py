@@ -15,7 +15,7 @@ over the graph instead of one pass per element.
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.forward import LinearizationPoint, _float_dtype, propagate
@@ -82,7 +82,7 @@ def jacobian(y, x, mode=None):
     if mode is None:
         mode = choose_mode(y, x)
     if mode not in ("forward", "reverse"):
-        raise GeonError(f"jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
+        raise ArgumentError(f"jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
     dtype = _float_dtype(y)
     x_side = jacobian_axes(y, x)
     out_axes = y.axes + x_side

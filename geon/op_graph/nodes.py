@@ -11,6 +11,7 @@ import sys
 import weakref
 
 import geon
+from geon.errors import ArgumentError
 
 _GEON_DIR = os.path.dirname(os.path.abspath(geon.__file__)) + os.sep
 _USER_DIRS = tuple(os.path.join(_GEON_DIR, d) + os.sep for d in ("examples",))
@@ -38,7 +39,7 @@ class NameableValue:
     @name.setter
     def name(self, value):
         if not isinstance(value, str) or not value:
-            raise ValueError(f"a name must be a non-empty string, not {value!r}")
+            raise ArgumentError(f"a name must be a non-empty string, not {value!r}")
         self._name = value
 
 
@@ -60,6 +61,23 @@ def _user_frame():
             return f
         f = f.f_back
     return None
+
+
+def user_stacklevel():
+    """The ``stacklevel`` for ``warnings.warn`` called right here that makes the
+    warning point at the user's code (the innermost frame outside geon)."""
+    f, level = sys._getframe(1), 1
+    target = _user_frame()
+    while f is not None and f is not target:
+        f, level = f.f_back, level + 1
+    return level
+
+
+def user_location():
+    """``File "path", line N`` of the user's code calling into geon right now (for
+    errors raised outside any op, such as ``deriv``'s)."""
+    f = _user_frame()
+    return "<unknown>" if f is None else f'File "{f.f_code.co_filename}", line {f.f_lineno}'
 
 
 class DebugInfo:
@@ -156,6 +174,29 @@ class OrderedSet:
         return "{" + ", ".join(getattr(i, "name", repr(i)) for i in self._d) + "}"
 
 
+class _Empty:
+    """Shared by the nodes that have no dependency or dependent of a kind (most
+    nodes): fewer objects for the garbage collector to scan. It never grows; a node
+    that gains one gets its own set first."""
+
+    def add(self, item):
+        raise TypeError("internal: the shared empty set of a node cannot grow")
+
+    update = add
+
+
+class _EmptyOrderedSet(_Empty, OrderedSet):
+    __slots__ = ()
+
+
+class _EmptyNodeSet(_Empty, WeakNodeSet):
+    __slots__ = ()
+
+
+_NO_DEPS = _EmptyOrderedSet()
+_NO_USERS = _EmptyNodeSet()
+
+
 # --- the rewrite context ---------------------------------------------------------------
 # While a pass rewrites op X, the ops it builds take X's source location and X's
 # other_deps (they compute X's value, so they may run where X ran) instead of the
@@ -228,39 +269,72 @@ class Node(NameableValue, DebugInfo):
         follows: nodes that must run before this one besides ``args``.
     """
 
+    #: ``(args, other_deps)`` as built, kept when a pass first rewires this node (what
+    #: the printers show by default); ``False`` for nodes a pass built.
+    _as_built = None
+
+    # Most nodes have none of these: they share one empty set until they gain one.
+    user_deps = _NO_DEPS
+    _dep_users = _NO_USERS
+
     def __init__(self, args=(), name=None, follows=()):
         NameableValue.__init__(self, name)
         DebugInfo.__init__(self)
         self._args = tuple(args)
-        self.other_deps = OrderedSet(follows)
-        self.user_deps = OrderedSet()
         self.users = WeakNodeSet()
-        self._dep_users = WeakNodeSet()
         self.forward = None
         src = _note_created(self)
         if src is None:
-            for a in self._args:
-                self.other_deps.update(a.user_deps)
+            inherited = [d for a in self._args for d in a.user_deps]
         else:
-            self.other_deps.update(src.other_deps)
+            inherited = src.other_deps
+            if in_pass():
+                self._as_built = False
+        if follows or inherited:
+            self.other_deps = OrderedSet(follows)
+            self.other_deps.update(inherited)
+        else:
+            self.other_deps = _NO_DEPS
         for a in self._args:
             a.users.add(self)
         for d in self.other_deps:
-            d._dep_users.add(self)
+            d._add_dep_user(self)
+
+    def _add_dep_user(self, node):
+        if self._dep_users is _NO_USERS:
+            self._dep_users = WeakNodeSet()
+        self._dep_users.add(node)
 
     @property
     def args(self):
         """The nodes whose values this node uses."""
         return self._args
 
+    def as_built(self):
+        """``(args, other_deps)`` as this node was built, before passes rewired it."""
+        b = self._as_built
+        return b if b else (self._args, tuple(self.other_deps))
+
+    def _keep_as_built(self):
+        if self._as_built is None:
+            self._as_built = (self._args, tuple(self.other_deps))
+
     def add_other_dep(self, dep):
-        """Make ``dep`` run before this node."""
+        """Make ``dep`` run before this node (passes call it: a node built by the user
+        keeps its dependencies as built, see :meth:`as_built`)."""
         if dep is not self and dep not in self.other_deps:
+            self._keep_as_built()
+            if self.other_deps is _NO_DEPS:
+                self.other_deps = OrderedSet()
             self.other_deps.add(dep)
-            dep._dep_users.add(self)
+            dep._add_dep_user(self)
 
     def replace_arg(self, old, new):
-        """Point every use of ``old`` in ``args`` and ``other_deps`` at ``new``."""
+        """Point every use of ``old`` in ``args`` and ``other_deps`` at ``new`` (passes
+        call it: a node built by the user keeps its dependencies as built, see
+        :meth:`as_built`)."""
+        if old in self._args or old in self.other_deps:
+            self._keep_as_built()
         if old in self._args:
             self._args = tuple(new if a is old else a for a in self._args)
             new.users.add(self)

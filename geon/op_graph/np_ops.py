@@ -31,7 +31,8 @@ import numbers
 
 import numpy as np
 
-from geon.errors import AxisMismatchError
+from geon.errors import ArgumentError, AxisIndexError, AxisMismatchError
+from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes
@@ -42,13 +43,17 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
-    "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip", "concatenate",
-    "constant", "conv", "conv_transpose", "cos", "global_avg_pool", "max_pool",
-    "divide", "dot", "equal", "exp", "expand_dims", "full", "greater", "greater_equal",
-    "less", "less_equal", "log", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "argsort", "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip",
+    "concatenate", "constant", "conv", "conv_transpose", "cos", "cumsum", "sort", "topk",
+    "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
+    "global_avg_pool", "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less",
+    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max", "max_pool", "maximum",
+    "mean", "min", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
-    "power", "prod", "ravel", "reciprocal", "reshape", "shape", "sign", "sin", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "tanh", "transpose",
+    "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
+    "silu", "sin", "softplus", "sqrt",
+    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
+    "transpose",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -63,7 +68,7 @@ def _shape(shape):
     shape = tuple(shape)
     for n in shape:
         if isinstance(n, bool) or not isinstance(n, (numbers.Integral, np.integer)) or n < 0:
-            raise ValueError(f"a shape holds integers >= 0, not {shape!r}")
+            raise ArgumentError(f"a shape holds integers >= 0, not {shape!r}")
     return tuple(int(n) for n in shape)
 
 
@@ -79,7 +84,7 @@ def _tensor(x, what):
     if not isinstance(x, og.Op):
         return constant(x)
     if not isinstance(x, og.TensorOp):
-        raise TypeError(f"{what}: {x!r} has no value")
+        raise ArgumentError(f"{what}: {x!r} has no value")
     if family(x) == AXES:
         raise family_error(what, [x], "a NumPy-family function needs a positional tensor")
     return x
@@ -138,7 +143,7 @@ def _with_pos(x, shape):
 
 def _normalize_axis(axis, n, what):
     if isinstance(axis, bool) or not isinstance(axis, (numbers.Integral, np.integer)):
-        raise TypeError(f"{what}: an axis is an integer, not {axis!r}")
+        raise ArgumentError(f"{what}: an axis is an integer, not {axis!r}")
     if not -n <= axis < n:
         raise AxisMismatchError(f"{what}: axis {axis} is out of bounds for array of "
                                 f"dimension {n}")
@@ -153,7 +158,7 @@ def _axis_list(axis, n, what):
     for ax in items:
         ax = _normalize_axis(ax, n, what)
         if ax in out:
-            raise ValueError(f"{what}: duplicate value in 'axis'")
+            raise ArgumentError(f"{what}: duplicate value in 'axis'")
         out.append(ax)
     return sorted(out)
 
@@ -173,7 +178,7 @@ def variable(initial_value=0.0, shape=None, dtype=None, name=None, trainable=Tru
     ``f(shape) -> array`` (``shape`` is then required). The dtype defaults to float32."""
     if shape is None:
         if callable(initial_value):
-            raise TypeError("variable: an initial value given by a function needs shape=")
+            raise ArgumentError("variable: an initial value given by a function needs shape=")
         shape = np.shape(initial_value)
     if dtype is None and isinstance(initial_value, np.ndarray):
         dtype = initial_value.dtype
@@ -186,7 +191,7 @@ def constant(value, dtype=None, name=None):
     ``dtype`` is given)."""
     arr = np.asarray(value, dtype=dtype)
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"constant: cannot hold {arr.dtype} values")
+        raise ArgumentError(f"constant: cannot hold {arr.dtype} values")
     return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype, name=name)
 
 
@@ -196,7 +201,7 @@ def asarray(a, dtype=None):
     if isinstance(a, og.Op):
         a = _tensor(a, "asarray")
         if dtype is not None and np.dtype(dtype) != a.dtype:
-            raise TypeError(f"asarray: {a.name} has dtype {a.dtype}; geon has no cast op")
+            raise ArgumentError(f"asarray: {a.name} has dtype {a.dtype}; geon has no cast op")
         return a
     return constant(a, dtype=dtype)
 
@@ -237,6 +242,8 @@ class Select(og.ElementWise):
     infinite or NaN value in the branch not taken into NaN.
     """
 
+    arity = 3
+
     def _infer_dtype(self):
         return og.result_dtype(self.args[1:])
 
@@ -255,7 +262,7 @@ def _numpy_kwargs(cls, args):
 def _elementwise(cls, name, n):
     def fn(*args):
         if len(args) != n:
-            raise TypeError(f"{name} takes {n} argument(s), got {len(args)}")
+            raise ArgumentError(f"{name} takes {n} argument(s), got {len(args)}")
         args = [_arg(a) for a in args]
         return cls(*args, **_numpy_kwargs(cls, args))
     fn.__name__ = fn.__qualname__ = name
@@ -291,6 +298,28 @@ log = _elementwise(og.Log, "log", 1)
 sin = _elementwise(og.Sin, "sin", 1)
 cos = _elementwise(og.Cos, "cos", 1)
 tanh = _elementwise(og.Tanh, "tanh", 1)
+erf = _elementwise(og.Erf, "erf", 1)
+expm1 = _elementwise(og.Expm1, "expm1", 1)
+softplus = _elementwise(og.Softplus, "softplus", 1)
+erf.__doc__ = "The error function, elementwise (scipy's ``erf``; NumPy has none)."
+softplus.__doc__ = "``log(1 + exp(x))``, elementwise and stable (PyTorch's ``softplus``)."
+
+
+def _activation(fn):
+    def act(x, *args, **kwargs):
+        return fn(_arg(x), *args, **kwargs)
+    act.__name__ = act.__qualname__ = fn.__name__
+    act.__doc__ = fn.__doc__
+    return act
+
+
+relu = _activation(nn_ops.relu)
+leaky_relu = _activation(nn_ops.leaky_relu)
+elu = _activation(nn_ops.elu)
+selu = _activation(nn_ops.selu)
+gelu = _activation(nn_ops.gelu)
+silu = _activation(nn_ops.silu)
+hard_sigmoid = _activation(nn_ops.hard_sigmoid)
 
 
 def where(condition, x, y):
@@ -304,7 +333,7 @@ def clip(a, a_min, a_max):
     """NumPy's ``clip``: ``minimum(maximum(a, a_min), a_max)`` (either bound may be
     ``None``)."""
     if a_min is None and a_max is None:
-        raise ValueError("clip: one of a_min and a_max must be given")
+        raise ArgumentError("clip: one of a_min and a_max must be given")
     r = _arg(a)
     if a_min is not None:
         r = maximum(r, a_min)
@@ -378,7 +407,7 @@ def mean(a, axis=None, keepdims=False):
 
 def _arg_reduce(cls, a, axis, keepdims, what):
     if isinstance(axis, (tuple, list)):
-        raise TypeError(f"{what}: axis must be an integer or None")
+        raise ArgumentError(f"{what}: axis must be an integer or None")
     x = _tensor(a, what)
     r = _reduce(cls, x, axis, False, what, np.dtype(np.int64))
     if not keepdims:
@@ -388,6 +417,25 @@ def _arg_reduce(cls, a, axis, keepdims, what):
         return reshape(r, (1,) * len(pos))
     i = _normalize_axis(axis, len(pos), what)
     return expand_dims(r, i)
+
+
+def logsumexp(a, axis=None, keepdims=False):
+    """``log(sum(exp(a), axis))`` without overflow (scipy's and PyTorch's
+    ``logsumexp``): ``m + log(sum(exp(a - m)))`` with ``m`` the maximum, through which
+    no derivative flows (the value does not depend on it)."""
+    x = _tensor(a, "logsumexp")
+    m = og.StopGradient(max(x, axis, keepdims=True))
+    r = log(sum(exp(x - m), axis, keepdims=keepdims))
+    return r + (m if keepdims else reshape(m, shape(r)))
+
+
+def log_softmax(x, axis=-1):
+    """``x - logsumexp(x, axis, keepdims=True)`` (PyTorch's ``log_softmax``; exact for
+    any logits)."""
+    x = _tensor(x, "log_softmax")
+    _normalize_axis(axis, ndim(x), "log_softmax")
+    shifted = x - og.StopGradient(max(x, axis, keepdims=True))
+    return shifted - log(sum(exp(shifted), axis, keepdims=True))
 
 
 def argmax(a, axis=None, keepdims=False):
@@ -450,7 +498,7 @@ def matmul(a, b):
     a, b = _tensor(a, "matmul"), _tensor(b, "matmul")
     pa, pb = positional_shape(a), positional_shape(b)
     if not pa or not pb:
-        raise ValueError("matmul: Input operand does not have enough dimensions")
+        raise ArgumentError("matmul: Input operand does not have enough dimensions")
     if len(pa) <= 2 and len(pb) <= 2:
         if pa[-1] != pb[0 if len(pb) == 1 else -2]:
             raise AxisMismatchError(
@@ -484,22 +532,22 @@ def reshape(a, newshape):
     for n in pos:
         size *= n
     if newshape.count(-1) > 1:
-        raise ValueError("reshape: can only specify one unknown dimension")
+        raise ArgumentError("reshape: can only specify one unknown dimension")
     if -1 in newshape:
         rest = 1
         for n in newshape:
             rest *= n if n != -1 else 1
         if rest == 0 or size % rest:
-            raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
-                             f"{tuple(newshape)}")
+            raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
+                                f"{tuple(newshape)}")
         newshape[newshape.index(-1)] = size // rest
     newshape = _shape(newshape)
     known = 1
     for n in newshape:
         known *= n
     if known != size:
-        raise ValueError(f"reshape: cannot reshape array of size {size} into shape "
-                         f"{newshape}")
+        raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
+                            f"{newshape}")
     if newshape == pos:
         return x
     return pr.Reshape(x, _with_pos(x, newshape))
@@ -518,7 +566,7 @@ def transpose(a, axes=None):
     perm = list(range(n))[::-1] if axes is None else \
         [_normalize_axis(p, n, "transpose") for p in axes]
     if sorted(perm) != list(range(n)):
-        raise ValueError(f"transpose: axes {tuple(axes)} don't match array")
+        raise ArgumentError(f"transpose: axes {tuple(axes)} don't match array")
     if perm == list(range(n)):
         return x
     # Rename first (a view of x as it is), then reorder: source dimension perm[i] gets
@@ -560,8 +608,8 @@ def squeeze(a, axis=None):
     else:
         drop = _axis_list(axis, len(pos), "squeeze")
         if any(pos[i] != 1 for i in drop):
-            raise ValueError("squeeze: cannot select an axis to squeeze out which has size "
-                             "not equal to one")
+            raise ArgumentError("squeeze: cannot select an axis to squeeze out which has size "
+                                "not equal to one")
     return reshape(x, tuple(n for i, n in enumerate(pos) if i not in drop))
 
 
@@ -585,19 +633,19 @@ def concatenate(arrays, axis=0):
     ``Unslice``) and the parts added."""
     xs = [_front(_tensor(x, "concatenate")) for x in arrays]
     if not xs:
-        raise ValueError("concatenate: need at least one array to concatenate")
+        raise ArgumentError("concatenate: need at least one array to concatenate")
     shapes = [positional_shape(x) for x in xs]
     nd = len(shapes[0])
     if nd == 0:
-        raise ValueError("concatenate: zero-dimensional arrays cannot be concatenated")
+        raise ArgumentError("concatenate: zero-dimensional arrays cannot be concatenated")
     if any(len(s) != nd for s in shapes):
-        raise ValueError("concatenate: all the input arrays must have same number of "
-                         "dimensions")
+        raise ArgumentError("concatenate: all the input arrays must have same number of "
+                            "dimensions")
     ax = _normalize_axis(axis, nd, "concatenate")
     for s in shapes[1:]:
         if any(s[i] != shapes[0][i] for i in range(nd) if i != ax):
-            raise ValueError(f"concatenate: all the input array dimensions except for the "
-                             f"concatenation axis must match exactly: {shapes}")
+            raise ArgumentError(f"concatenate: all the input array dimensions except for the "
+                                f"concatenation axis must match exactly: {shapes}")
     if len(xs) == 1:
         return xs[0]
     total = _builtin_sum(s[ax] for s in shapes)
@@ -623,13 +671,117 @@ def stack(arrays, axis=0):
     """NumPy's ``stack``: arrays of one shape joined along a new dimension."""
     xs = [_tensor(x, "stack") for x in arrays]
     if not xs:
-        raise ValueError("stack: need at least one array to stack")
+        raise ArgumentError("stack: need at least one array to stack")
     shapes = {positional_shape(x) for x in xs}
     if len(shapes) != 1:
-        raise ValueError(f"stack: all input arrays must have the same shape: {sorted(shapes)}")
+        raise ArgumentError(f"stack: all input arrays must have the same shape: {sorted(shapes)}")
     n = len(next(iter(shapes))) + 1
     ax = _normalize_axis(axis, n, "stack")
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
+
+
+def tile(A, reps):
+    """NumPy's ``tile``: ``A`` repeated ``reps[i]`` times along dimension ``i`` (with
+    ``reps`` or the shape padded with leading 1s to the same length)."""
+    x = _tensor(A, "tile")
+    reps = tuple(reps) if isinstance(reps, (tuple, list)) else (reps,)
+    reps = _shape(reps)
+    pos = positional_shape(x)
+    d = _builtin_max(len(pos), len(reps))
+    shape = (1,) * (d - len(pos)) + pos
+    reps = (1,) * (d - len(reps)) + reps
+    if all(r == 1 for r in reps):
+        return reshape(x, shape)
+    pairs = [n for s, r in zip(shape, reps) for n in (r, s)]
+    wide = broadcast_to(reshape(x, [n for s in shape for n in (1, s)]), pairs)
+    return reshape(wide, tuple(s * r for s, r in zip(shape, reps)))
+
+
+def pad(array, pad_width, mode="constant", constant_values=0):
+    """NumPy's ``pad`` for ``mode`` ``"constant"`` (one ``constant_values`` number),
+    ``"reflect"`` and ``"edge"``. ``pad_width`` is an int, ``(before, after)`` or one
+    pair per dimension. Unlike NumPy, ``reflect`` needs each count below the dimension's
+    length (PyTorch's rule): the edge is mirrored once."""
+    x = _front(_tensor(array, "pad"))
+    special, pos = split_axes(x)
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu" or (widths.size and widths.min() < 0):
+        raise ValueError(f"pad: pad_width holds integers >= 0, not {pad_width!r}")
+    try:
+        widths = np.broadcast_to(widths, (len(pos), 2))
+    except ValueError:
+        raise ValueError(f"pad: pad_width {pad_width!r} does not fit an array of "
+                         f"dimension {len(pos)}") from None
+    if np.ndim(constant_values):
+        raise ValueError("pad: constant_values must be one number")
+    r = x
+    for a, (before, after) in zip(pos, widths.tolist()):
+        if before or after:
+            new = PositionalAxis(a.length + before + after, a.name)
+            r = nn_ops.pad_axis(r, r.axes.find(a.name), before, after, mode,
+                                float(constant_values), out_axis=new)
+    return r
+
+
+def take(a, indices, axis=None):
+    """NumPy's ``take``: the entries of ``a`` at the integer ``indices`` (a tensor or an
+    array-like) along ``axis`` (``None``: of the flattened ``a``); the result has shape
+    ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``. Negative indices count from
+    the end; others out of range raise :class:`~geon.errors.IndexOutOfRangeError` when
+    the computation runs. Differentiable in ``a`` (the derivative is a scatter-add)."""
+    x = _front(_tensor(a, "take"))
+    if axis is None:
+        x, axis = ravel(x), 0
+    special, pos = split_axes(x)
+    p = _normalize_axis(axis, len(pos), "take")
+    idx = _tensor(indices, "take")
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"take: indices must be integers, not {idx.dtype}")
+    _, ipos = split_axes(idx)
+    idx = cast_through_reorder(idx, [temp_axis(b.length) if isinstance(b, PositionalAxis)
+                                     else b for b in idx.axes])
+    r = nn_ops.Gather(x, idx, pos[p])
+    n = len(pos) - 1 + len(ipos)
+    return _front(_rename(r, [f"-{n - k}" for k in range(n)]))
+
+
+def _along(a, axis, what):
+    """``(x, positional axis)`` for an op along ``axis`` (``None``: of the flattened
+    ``a``)."""
+    x = _front(_tensor(a, what))
+    if axis is None:
+        x, axis = ravel(x), 0
+    _, pos = split_axes(x)
+    return x, pos[_normalize_axis(axis, len(pos), what)]
+
+
+def cumsum(a, axis=None):
+    """NumPy's ``cumsum`` (running sums along ``axis``; ``None``: of the flattened
+    ``a``). The result keeps ``a``'s dtype."""
+    x, ax = _along(a, axis, "cumsum")
+    return nn_ops.CumSum(x, ax)
+
+
+def sort(a, axis=-1):
+    """NumPy's ``sort`` (stable, ascending; ``axis=None`` sorts the flattened ``a``).
+    Differentiable: the derivative moves back to where each value came from."""
+    x, ax = _along(a, axis, "sort")
+    return nn_ops.Sort(x, ax).outputs[0]
+
+
+def argsort(a, axis=-1):
+    """NumPy's ``argsort`` with ``kind="stable"`` (int64)."""
+    x, ax = _along(a, axis, "argsort")
+    return nn_ops.Sort(x, ax).outputs[1]
+
+
+def topk(a, k, axis=-1):
+    """PyTorch's ``topk``: ``(values, indices)`` of the ``k`` largest entries along
+    ``axis``, largest first (ties: the earlier position first)."""
+    x, ax = _along(a, axis, "topk")
+    outs = nn_ops.TopK(x, ax, k, new_axis=temp_axis(int(k))).outputs
+    n = ndim(x)
+    return tuple(_rename(o, [f"-{n - i}" for i in range(n)]) for o in outs)
 
 
 def getitem(x, key):
@@ -640,11 +792,11 @@ def getitem(x, key):
     if not isinstance(key, tuple):
         key = (key,)
     if _builtin_sum(1 for k in key if k is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+        raise AxisIndexError("an index can only have a single ellipsis ('...')")
     used = _builtin_sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > len(pos):
-        raise IndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
-                         f"but {used} were indexed")
+        raise AxisIndexError(f"too many indices for array: array is {len(pos)}-dimensional, "
+                             f"but {used} were indexed")
     if any(k is Ellipsis for k in key):
         i = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (len(pos) - used) + key[i + 1:]
@@ -661,19 +813,19 @@ def getitem(x, key):
             for v in (k.start, k.stop, k.step):
                 if v is not None and (isinstance(v, bool) or not isinstance(
                         v, (numbers.Integral, np.integer))):
-                    raise TypeError(f"slice indices must be integers or None, not {v!r}")
+                    raise ArgumentError(f"slice indices must be integers or None, not {v!r}")
             if k.step == 0:
-                raise ValueError("slice step cannot be zero")
+                raise ArgumentError("slice step cannot be zero")
             k = slice(*(None if v is None else int(v) for v in (k.start, k.stop, k.step)))
             view.append(k)
             shape_out.append(len(range(*k.indices(n))))
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
             if not -n <= k < n:
-                raise IndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
+                raise AxisIndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
             view.append(int(k) % n)
         else:
-            raise TypeError(f"only basic indexing (integers, slices, None, ...) is "
-                            f"supported, not {type(k).__name__} {k!r}")
+            raise ArgumentError(f"only basic indexing (integers, slices, None, ...) is "
+                                f"supported, not {type(k).__name__} {k!r}")
     r = x
     if any(k != slice(None) for k in view):
         kept = [len(range(*k.indices(p.length))) for k, p in zip(view, pos)
@@ -690,9 +842,9 @@ def getitem(x, key):
 def _getitem_hook(x, key):
     if family(x) in (NUMPY, SIMPLE, SCALAR):
         return getitem(x, key)
-    raise TypeError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
-                    f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
-                    f"be.np.positional(x) first")
+    raise ArgumentError(f"{x.name} has named axes ({og._fmt(x.axes)}); slice an Axes-family "
+                        f"tensor by axis with be.slice_along_axis(x, axis, key), or take "
+                        f"be.np.positional(x) first")
 
 
 def _transpose_hook(x):
@@ -706,20 +858,14 @@ def _register():
     from geon.op_graph.coercion import NUMPY_DTYPE_RULES
     from geon.op_graph.forward import forward_rule
     from geon.op_graph.reference import ELEMENTWISE_FUNCS
-    from geon.op_graph.serialize import register_op
-    from geon.transformers.numpy.transformer import NUMPY_CODE, NumPyTransformer
 
     def select(c, a, b):
         return np.where(c, a, b)
 
     ELEMENTWISE_FUNCS[Select] = select
     NUMPY_DTYPE_RULES[Select] = select
-
-    def code(op, out, args):
-        c, a, b = args
-        return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
-
-    NUMPY_CODE[Select] = code
+    NUMPY_DTYPE_RULES[og.Erf] = ELEMENTWISE_FUNCS[og.Erf]
+    NUMPY_DTYPE_RULES[og.Softplus] = ELEMENTWISE_FUNCS[og.Softplus]
 
     @adjoint_rule(Select)
     def _select_adjoint(op, delta):  # d where(c, a, b) = where(c, da, 0) + where(c, 0, db)
@@ -733,8 +879,6 @@ def _register():
             return None
         return Select(op.args[0], 0.0 if ta is None else ta, 0.0 if tb is None else tb)
 
-    register_op(Select, arity=3)
-    NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {Select})
     og.FAMILY_HOOKS["getitem"] = _getitem_hook
     og.FAMILY_HOOKS["matmul"] = matmul
     og.FAMILY_HOOKS["transpose"] = _transpose_hook

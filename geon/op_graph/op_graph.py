@@ -8,12 +8,17 @@ position, and lowering only ever produces them in forms where both readings agre
 
 import builtins
 import numbers
+import operator
 
 import numpy as np
 
-from geon.errors import AxisMismatchError, GeonError, InvalidValueError
+import functools
+import inspect
+
+from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
+                         GeonError, InvalidValueError, TruthValueError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
-from geon.op_graph.nodes import Node, OrderedSet
+from geon.op_graph.nodes import Node, OrderedSet, user_location
 
 DEFAULT_DTYPE = np.dtype(np.float32)
 
@@ -28,7 +33,7 @@ FAMILY_HOOKS = {}
 def _family_hook(name, what):
     hook = FAMILY_HOOKS.get(name)
     if hook is None:
-        raise TypeError(f"{what} is defined for NumPy-family tensors only (geon.np)")
+        raise ArgumentError(f"{what} is defined for NumPy-family tensors only (geon.np)")
     return hook
 
 
@@ -82,15 +87,50 @@ class Op(Node):
     (ops run by the transformer's ``initialize``), ``follows`` (ops that must run
     first, added to ``other_deps``). Positional arguments are the op's args; Python
     numbers and NumPy arrays are coerced to :class:`Constant`.
+
+    ``attrs`` names the op's static parameters: each is a keyword argument of the
+    constructor and an attribute of the op holding that value, so that
+    ``type(op)(*args, **op.attr_values(), name=..., tags=..., follows=...)`` builds an
+    equivalent op. Equality (the CSE key), copying, printing and serialization are all
+    derived from it (:mod:`geon.op_graph.params`). Values are immutable and of the types
+    :mod:`geon.op_graph.serialize` encodes: ``None``, ``bool``, ``int``, ``float``,
+    ``complex``, ``str``, tuples of these, ``slice``, :class:`Axis`, :class:`Axes`,
+    ``np.dtype`` and NumPy arrays. ``axes`` and ``dtype`` are listed where the caller
+    chooses them (otherwise they are inferred from the args).
     """
 
-    def __init__(self, *args, name=None, tags=None, initializers=None, follows=()):
+    attrs = ()
+    #: The number of args the op takes (``None``: any; checked when it is built).
+    arity = None
+
+    def __init__(self, *args, name=None, tags=None, initializers=None, follows=(),
+                 **unknown):
+        if unknown:
+            raise _unknown_keywords(type(self).__name__, unknown, _accepted(type(self)))
+        if self.arity is not None and len(args) != self.arity:
+            raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
+                                f"{len(args)}")
         super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
-        self.tags = set(tags or ())
+        # A string is one tag, not a set of characters.
+        self.tags = {tags} if isinstance(tags, str) else set(tags or ())
         self.initializers = list(initializers or ())
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name}>"
+
+    def __bool__(self):
+        # ``if y < 0:`` would otherwise always run: an op is a graph node, its value is
+        # only known when a computation runs.
+        raise TruthValueError(
+            f"{type(self).__name__} {self.name}{self._where()} has no truth value while "
+            f"the graph is built (its value is known only when a computation runs): "
+            f"`if y < 0:` does not test values. Compute with the comparison instead "
+            f"(be.maximum(y, 0), y * (y > 0)); test whether a variable holds an op with "
+            f"`x is not None`")
+
+    def attr_values(self):
+        """``{name: value}`` of the op's static parameters (see ``attrs``)."""
+        return {n: getattr(self, n) for n in self.attrs}
 
     def variables(self):
         """The trainable :class:`Variable` s this op's value depends on, in graph order."""
@@ -130,8 +170,7 @@ class TensorOp(Op):
             if a.dtype == target:
                 continue
             if any(u is not self for u in a.users):
-                new = Constant(a._number, dtype=target)
-                new.weak = True
+                new = Constant(a._number, dtype=target, weak=True)
                 self._args = tuple(new if x is a else x for x in self._args)
                 a.users.discard(self)
                 new.users.add(self)
@@ -187,7 +226,10 @@ class TensorOp(Op):
 
 
 class ComputationOp(TensorOp):
-    """A tensor op that computes a new value from its args (not storage, not a view)."""
+    """A tensor op that computes a new value from its args (not storage, not a view);
+    its ``dtype`` may be chosen by the caller."""
+
+    attrs = ("dtype",)
 
 
 def result_dtype(args):
@@ -212,8 +254,78 @@ def as_op(value):
         return Constant(value)
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return Constant(value[()], dtype=value.dtype)
-    raise TypeError(f"cannot use {type(value).__name__} {value!r} here as an op; wrap "
-                    f"arrays in be.Constant(array, axes=...)")
+    if isinstance(value, np.ndarray):
+        raise ArgumentError(f"cannot tell the axes of a NumPy array of shape "
+                            f"{value.shape} here; wrap it in be.Constant(array, axes=...) "
+                            f"(at {user_location()})")
+    raise ArgumentError(f"cannot use {type(value).__name__} {value!r} here as an op; wrap "
+                        f"arrays in be.Constant(array, axes=...) (at {user_location()})")
+
+
+# --- keyword checks ------------------------------------------------------------------
+#: The keywords every op takes (see :class:`Op`).
+OP_KEYWORDS = ("name", "tags", "initializers", "follows")
+
+
+def _accepted(cls):
+    """The keyword names the constructor of op class ``cls`` accepts, in MRO order."""
+    names = []
+    for k in cls.__mro__:
+        init = k.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self" \
+                    and p.name not in names:
+                names.append(p.name)
+    return names
+
+
+def _unknown_keywords(what, unknown, accepted, hints=None):
+    """The :class:`ArgumentError` for keywords ``unknown`` given to ``what``."""
+    k = next(iter(unknown))
+    hint = (hints or {}).get(k)
+    if hint is not None:
+        return ArgumentError(f"{what} has no {k!r} keyword: {hint} (at {user_location()})")
+    return ArgumentError(f"{what} has no {k!r} keyword; it takes "
+                         f"{', '.join(accepted)} (at {user_location()})")
+
+
+def keywords(hints=None):
+    """Decorator for public op-building functions: a keyword the function does not
+    take raises :class:`ArgumentError` naming it (with ``hints[keyword]``, the right
+    keyword to use, where given) instead of reaching an op's constructor, where it
+    could silently set something else (``axes=`` would set a result's axes). A
+    function with ``**kw`` takes the keywords of every op (:data:`OP_KEYWORDS`)."""
+    def decorate(fn):
+        params = inspect.signature(fn).parameters.values()
+        accepted = [p.name for p in params
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            accepted += [k for k in OP_KEYWORDS if k not in accepted]
+        known = frozenset(accepted)
+
+        @functools.wraps(fn)
+        def checked(*args, **kw):
+            for k in kw:
+                if k not in known:
+                    raise _unknown_keywords(f"be.{fn.__name__}", {k: kw[k]}, accepted,
+                                            hints)
+            return fn(*args, **kw)
+        return checked
+    return decorate
+
+
+_REDUCE_HINTS = {
+    "axes": "use reduction_axes= (the axes to reduce) or out_axes= (the axes to keep)",
+    "axis": "use reduction_axes= (the Axis objects to reduce, not positions) or "
+            "out_axes= (the axes to keep)",
+    "keepdims": "the result has the out_axes=; put reduced axes back with be.broadcast",
+}
+_DOT_HINT = ("it sums over the axes its operands share and keeps the others (a's, "
+             "then b's); rename an axis with be.cast_axes to keep it out of the sum, "
+             "reorder the result with be.axes_with_order")
+_DOT_HINTS = dict.fromkeys(("axes", "axis", "reduction_axes", "out_axes"), _DOT_HINT)
 
 
 def _arrays_as_constants(args, what):
@@ -229,7 +341,7 @@ def _arrays_as_constants(args, what):
                     f"{what}: cannot tell the axes of an array of shape {a.shape} (no "
                     f"operand has that shape: "
                     + "; ".join(f"{o.name} ({_fmt(o.axes)})" for o in ops)
-                    + "); wrap it in be.Constant(array, axes=...)")
+                    + f"); wrap it in be.Constant(array, axes=...) (at {user_location()})")
             a = Constant(a, axes=like.axes)
         out.append(a)
     return out
@@ -243,7 +355,7 @@ def as_op_list(ops, what):
     ops = [ops] if single else list(ops)
     for op in ops:
         if not isinstance(op, Op):
-            raise TypeError(f"{what} must be ops, not {type(op).__name__} {op!r}")
+            raise ArgumentError(f"{what} must be ops, not {type(op).__name__} {op!r}")
     return ops, single
 
 
@@ -306,12 +418,42 @@ class Placeholder(AssignableTensorOp):
     """A tensor whose value is passed in when a computation is called (marked ``in``)."""
 
     is_input = True
+    attrs = ("axes", "dtype")
 
     def __init__(self, axes, dtype=None, **kwargs):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.tags.add("in")
 
+    def as_feed(self, value):
+        """``value``, fed for this placeholder, as an array of its shape and dtype, or a
+        :class:`FeedError` naming the placeholder and saying what was passed."""
+        shape, dtype = self.axes.shape, self.dtype
+        try:
+            a = np.asarray(value)
+        except (TypeError, ValueError) as e:  # a ragged list
+            raise FeedError(f"placeholder {self.name}: cannot make an array of shape "
+                            f"{shape} from {_short(value)}: {e}") from None
+        if a.dtype == object:  # a dict, None, a list of arrays ...: say what it was
+            raise FeedError(f"placeholder {self.name} expects an array of axes "
+                            f"({_fmt(self.axes)}) i.e. shape {shape}; got {_short(value)}")
+        if a.shape != shape:
+            raise FeedError(f"placeholder {self.name} expects axes ({_fmt(self.axes)}) "
+                            f"i.e. shape {shape}; got shape {a.shape}")
+        if a.dtype != dtype:
+            if not np.can_cast(a.dtype, dtype, "same_kind"):
+                raise FeedError(f"placeholder {self.name} has dtype {dtype}; cannot "
+                                f"safely convert {a.dtype} to it")
+            a = a.astype(dtype)
+        return a
 
+
+def _short(value, limit=60):
+    """``value``'s type and a repr of at most ``limit`` characters."""
+    text = repr(value)
+    return f"{type(value).__name__} " + (text if len(text) <= limit else text[:limit] + "...")
+
+
+@keywords({"shape": "give axes= (be.Axis objects; be.np.placeholder takes a shape)"})
 def placeholder(axes, dtype=None, name=None, **kwargs):
     """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32."""
     return Placeholder(axes, dtype=dtype, name=name, **kwargs)
@@ -329,20 +471,24 @@ class Variable(AssignableTensorOp):
         persistent: whether ``save`` / ``restore`` include it (default True).
     """
 
+    attrs = ("axes", "dtype", "initial_value", "trainable", "persistent")
+
     def __init__(self, axes=None, initial_value=0, dtype=None, trainable=True,
                  persistent=True, **kwargs):
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.trainable = bool(trainable)
         self.persistent = bool(persistent)
         if not callable(initial_value):
+            if not isinstance(initial_value, (numbers.Number, np.ndarray)):
+                initial_value = np.asarray(initial_value)  # a list: keep an array
             arr = np.asarray(initial_value)
             if arr.ndim and self.axes.lengths_known and arr.shape != self.axes.shape:
                 raise AxisMismatchError(
                     f"Variable {self.name}: initial value has shape {arr.shape} but axes "
                     f"{self.axes!r} need {self.axes.shape}{self._where()}")
             if arr.ndim and not np.can_cast(arr.dtype, self.dtype, "same_kind"):
-                raise ValueError(f"Variable {self.name}: initial value of dtype "
-                                 f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
+                raise ArgumentError(f"Variable {self.name}: initial value of dtype "
+                                    f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
         self.initial_value = initial_value
 
     def initial_array(self):
@@ -363,16 +509,23 @@ class Constant(AssignableTensorOp):
     whose shape matches ``axes``.
 
     A constant built from a Python number is *weak*: it takes the dtype of the tensors
-    it is combined with, so ``0.01 * w`` stays float32 for a float32 ``w``.
+    it is combined with, so ``0.01 * w`` stays float32 for a float32 ``w``. Given
+    ``dtype=``, it is strong unless ``weak=True`` (a weak constant already adopted
+    ``dtype``; the value must then be a Python number).
     """
 
     is_constant = True
+    attrs = ("value", "axes", "dtype", "weak")
 
-    def __init__(self, value, axes=None, dtype=None, **kwargs):
+    def __init__(self, value, axes=None, dtype=None, weak=False, **kwargs):
         axes = as_axes(axes)
         arr = np.asarray(value)
-        self.weak = dtype is None and arr.ndim == 0 and isinstance(
-            value, (numbers.Number, np.bool_)) and not isinstance(value, np.generic)
+        number = arr.ndim == 0 and isinstance(value, numbers.Number) and not isinstance(
+            value, np.generic)
+        if weak and not number:
+            raise TypeError(f"Constant: a weak constant's value is a Python number, not "
+                            f"{value!r}")
+        self.weak = number and (weak or dtype is None)
         if dtype is None:
             dtype = arr.dtype if (arr.dtype.kind in "iub" or arr.dtype.kind == "f"
                                   and not self.weak) else DEFAULT_DTYPE
@@ -384,6 +537,14 @@ class Constant(AssignableTensorOp):
                                     f"but axes {axes!r}{self._where()}")
         self._number = value
         self._adopt(self.dtype)
+
+    def attr_values(self):
+        # A weak constant is rebuilt from its Python number (full precision, and int
+        # or float decides promotion), not from the value it adopted.
+        values = super().attr_values()
+        if self.weak:
+            values["value"] = self._number
+        return values
 
     def _adopt(self, dtype):
         # A weak constant takes the dtype of the op that uses it, at full precision.
@@ -403,6 +564,7 @@ class Constant(AssignableTensorOp):
         return np.broadcast_to(self.value, self.axes.shape)
 
 
+@keywords({"shape": "give axes= (the shape follows them)"})
 def constant(value, axes=None, dtype=None, name=None):
     """Shorthand for :class:`Constant`."""
     return Constant(value, axes=axes, dtype=dtype, name=name)
@@ -419,8 +581,8 @@ class SetItem(VoidOp):
 
     def __init__(self, tensor, value, sequence=True, **kwargs):
         if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
-            raise TypeError(f"SetItem needs a Variable or placeholder to assign to, not "
-                            f"{tensor!r}")
+            raise ArgumentError(f"SetItem needs a Variable or placeholder to assign to, not "
+                                f"{tensor!r}")
         super().__init__(tensor, value, **kwargs)
         value = self.args[1]
         extra = value.axes - tensor.axes
@@ -437,6 +599,30 @@ class SetItem(VoidOp):
     @property
     def tensor(self):
         return self.args[0]
+
+
+def value_of(tensor):
+    """The value stored in ``tensor`` (a Variable or placeholder), read without the
+    ordering after earlier assignments that reading ``tensor`` itself gets.
+
+    An op built after ``SetItem(w, ...)`` that reads ``w`` runs after the assignment,
+    so a computation of it runs the assignment too. An op that reads
+    ``be.value_of(w)`` instead does not: in a computation without the assignment it
+    reads what is stored (what the last call that assigned left there); in one with
+    it, it reads the value from before the assignment, like an op built before it.
+    Derivatives flow through it as through ``w``.
+    """
+    if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
+        raise ArgumentError(f"value_of needs a Variable or placeholder, not {tensor!r} "
+                            f"(at {user_location()})")
+    # A reordering that keeps the order: a view of the storage (it lowers to nothing)
+    # that, unlike every op built with ``tensor`` as an arg, does not take the
+    # tensor's user_deps.
+    view = AxesWithOrder(tensor, tensor.axes, name=f"{tensor.name}_stored")
+    for d in tensor.user_deps:
+        view.other_deps.discard(d)
+        d._dep_users.discard(view)
+    return view
 
 
 def _fmt(axes):
@@ -482,13 +668,15 @@ class ElementWise(ComputationOp):
 
 
 class UnaryElementWise(ElementWise):
+    arity = 1
+
     def _infer_dtype(self):
         dt = self.args[0].dtype
         return dt if dt.kind in "fc" else DEFAULT_DTYPE
 
 
 class BinaryElementWise(ElementWise):
-    pass
+    arity = 2
 
 
 class Comparison(BinaryElementWise):
@@ -542,6 +730,27 @@ class Tanh(UnaryElementWise): """``tanh(x)``"""
 class Sigmoid(UnaryElementWise): """``1 / (1 + exp(-x))``"""
 
 
+class Erf(UnaryElementWise):
+    """The error function ``2/sqrt(pi) int_0^x exp(-t^2) dt`` (a semi-primitive: no
+    composite of the others is accurate)."""
+
+    attrs = ()
+
+
+class Expm1(UnaryElementWise):
+    """``exp(x) - 1``, accurate near 0 (a semi-primitive, as ``exp(x) - 1`` cancels)."""
+
+    attrs = ()
+
+
+class Softplus(UnaryElementWise):
+    """``log(1 + exp(x))``, computed as ``max(x, 0) + log1p(exp(-|x|))``: accurate for
+    any ``x`` (no overflow for large ``x``, no underflow to 0 for very negative ``x``);
+    a semi-primitive, its derivative is ``sigmoid(x)``."""
+
+    attrs = ()
+
+
 def add(a, b): return Add(a, b)
 def subtract(a, b): return Subtract(a, b)
 def multiply(a, b): return Multiply(a, b)
@@ -566,14 +775,24 @@ def log(x): return Log(x)
 def sin(x): return Sin(x)
 def cos(x): return Cos(x)
 def tanh(x): return Tanh(x)
+def erf(x): return Erf(x)
+def expm1(x): return Expm1(x)
+def softplus(x): return Softplus(x)
 
+
+_ELEMENTWISE_HINTS = {
+    "out": "an op computes a new tensor; write it into a Variable with be.SetItem(v, op)",
+    "dtype": "the result's dtype follows the operands' (NumPy's promotion)",
+}
 
 for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal,
            less, less_equal, greater, greater_equal, negative, absolute, sign, square,
-           sqrt, reciprocal, exp, log, sin, cos, tanh):
+           sqrt, reciprocal, exp, log, sin, cos, tanh, erf, expm1, softplus):
     _f.__doc__ = "Elementwise " + _f.__name__ + " (operands matched by axis name)."
+    globals()[_f.__name__] = keywords(_ELEMENTWISE_HINTS)(_f)
 
 
+@keywords()
 def sigmoid(x):
     """The logistic function; the result carries a schema that
     :func:`cross_entropy_binary` uses to compute from the logits."""
@@ -583,6 +802,7 @@ def sigmoid(x):
     return y
 
 
+@keywords()
 def safelog(x, limit=-50.0):
     """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
     return Log(Maximum(x, float(np.exp(limit))))
@@ -611,6 +831,7 @@ class Dot(ComputationOp):
         return self.args[0].axes & self.args[1].axes
 
 
+@keywords(_DOT_HINTS)
 def dot(a, b, **kwargs):
     """Contract ``a`` and ``b`` over their shared axes (see :class:`Dot`)."""
     return Dot(a, b, **kwargs)
@@ -620,10 +841,16 @@ def dot(a, b, **kwargs):
 
 class Reduction(ComputationOp):
     """Reduce ``x`` over ``reduction_axes``. By default every axis but the batch and
-    recurrent ones is reduced; ``out_axes=`` names the axes to keep (in that order)."""
+    recurrent ones is reduced; ``out_axes=`` (or ``axes=``, the result's axes) names the
+    axes to keep (in that order)."""
 
-    def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
-        self._red_spec, self._out_spec = reduction_axes, out_axes
+    attrs = ("reduction_axes", "axes", "dtype")
+
+    def __init__(self, x, reduction_axes=None, out_axes=None, axes=None, **kwargs):
+        if axes is not None and out_axes is not None:
+            raise TypeError(f"{type(self).__name__}: give out_axes or axes, not both")
+        self._red_spec = reduction_axes
+        self._out_spec = out_axes if axes is None else axes
         super().__init__(x, **kwargs)
 
     def _infer_axes(self):
@@ -676,47 +903,56 @@ class ArgMin(ArgMax):
     """Index (row-major over the reduction axes) of the minimum; int64."""
 
 
+@keywords(_REDUCE_HINTS)
 def sum(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001 - the public name
     """Sum (see :class:`Reduction` for the axes rule)."""
     return Sum(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def prod(x, reduction_axes=None, out_axes=None, **kw):
     """Product (see :class:`Reduction`)."""
     return Prod(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def max(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
     """Maximum (see :class:`Reduction`)."""
     return Max(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def min(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
     """Minimum (see :class:`Reduction`)."""
     return Min(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def argmax(x, reduction_axes=None, out_axes=None, **kw):
     """Index of the maximum (see :class:`Reduction`)."""
     return ArgMax(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def argmin(x, reduction_axes=None, out_axes=None, **kw):
     """Index of the minimum (see :class:`Reduction`)."""
     return ArgMin(x, reduction_axes, out_axes, **kw)
 
 
+@keywords(_REDUCE_HINTS)
 def tensor_size(x, reduction_axes=None, out_axes=None):
     """The number of elements a reduction of ``x`` with these axes combines, as an op."""
     return TensorSize(x, reduction_axes, out_axes)
 
 
+@keywords(_REDUCE_HINTS)
 def mean(x, reduction_axes=None, out_axes=None, **kw):
     """Mean (see :class:`Reduction`)."""
-    s = Sum(x, reduction_axes, out_axes, **kw)
-    return s / TensorSize(x, s.reduction_axes, None)
+    s = Sum(x, reduction_axes, out_axes)
+    return Divide(s, TensorSize(x, s.reduction_axes, None), **kw)  # kw name the mean
 
 
+@keywords(_REDUCE_HINTS)
 def variance(x, reduction_axes=None, out_axes=None, **kw):
     """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
     m = mean(x, reduction_axes, out_axes)
@@ -727,6 +963,8 @@ def variance(x, reduction_axes=None, out_axes=None, **kw):
 class TensorSize(ComputationOp):
     """The element count of ``x`` over its reduction axes (a scalar, folded to a
     constant when the graph is transformed)."""
+
+    attrs = ("reduction_axes", "dtype")
 
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
         super().__init__(x, axes=(), **kwargs)
@@ -743,6 +981,8 @@ class TensorSize(ComputationOp):
 class Broadcast(TensorOp):
     """``x`` repeated along ``axes`` it lacks; the result has exactly ``axes``."""
 
+    attrs = ("axes",)
+
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
         x = self.args[0]
@@ -755,6 +995,7 @@ class Broadcast(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def broadcast(x, axes):
     """Repeat ``x`` along the axes of ``axes`` it lacks, in the order ``axes`` gives."""
     return Broadcast(x, axes)
@@ -762,6 +1003,8 @@ def broadcast(x, axes):
 
 class AxesWithOrder(TensorOp):
     """``x`` with its axes put in the order ``axes`` gives (a transpose)."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -773,6 +1016,7 @@ class AxesWithOrder(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def axes_with_order(x, axes):
     """Reorder the axes of ``x`` (the same set of axes in a new order)."""
     return AxesWithOrder(x, axes)
@@ -780,6 +1024,8 @@ def axes_with_order(x, axes):
 
 class CastAxes(TensorOp):
     """``x`` with its axes renamed, position by position; lengths must match."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -793,6 +1039,7 @@ class CastAxes(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def cast_axes(x, axes):
     """Give the axes of ``x`` new names (``axes`` position by position)."""
     return CastAxes(x, axes)
@@ -800,6 +1047,8 @@ def cast_axes(x, axes):
 
 class Flatten(TensorOp):
     """``x`` with consecutive axes merged into :class:`FlattenedAxis` es."""
+
+    attrs = ("axes",)
 
     def __init__(self, x, axes, **kwargs):
         super().__init__(x, axes=as_axes(axes), **kwargs)
@@ -815,6 +1064,7 @@ class Flatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def flatten(x, groups=None):
     """Merge axes of ``x``. ``groups`` lists, in order, Axes (merged into one
     :class:`FlattenedAxis`) or single axes; by default all axes become one."""
@@ -844,6 +1094,7 @@ class Unflatten(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def unflatten(x):
     """Split every flattened axis of ``x`` back into its parts."""
     return Unflatten(x)
@@ -853,14 +1104,16 @@ class Slice(TensorOp):
     """``x`` restricted along ``axis`` by a Python slice or an index.
 
     An index removes the axis; a slice replaces it with a new axis named
-    ``axis_name`` (default ``"<name>[start:stop:step]"``) of the sliced length.
+    ``new_axis`` (default ``"<name>[start:stop:step]"``) of the sliced length.
     """
+
+    attrs = ("axis", "key", "new_axis")
 
     def __init__(self, x, axis, key, new_axis=None, **kwargs):
         x = as_op(x)
         if axis not in x.axes:
             raise AxisMismatchError(f"Slice: axis {axis!r} is not in {x.name} "
-                                    f"({_fmt(x.axes)})")
+                                    f"({_fmt(x.axes)}) (at {user_location()})")
         pos = x.axes.index(axis)
         axis = x.axes[pos]
         if isinstance(key, slice):
@@ -871,22 +1124,28 @@ class Slice(TensorOp):
             elif new_axis.length is None:
                 new_axis.length = n
             elif new_axis.length != n:
-                raise AxisMismatchError(f"Slice: new axis {new_axis!r} but the slice has "
-                                        f"{n} entries")
+                raise AxisMismatchError(f"Slice: new axis {new_axis!r} but the slice of "
+                                        f"{x.name} ({_fmt(x.axes)}) has {n} entries (at "
+                                        f"{user_location()})")
             out = Axes(tuple(x.axes)[:pos] + (new_axis,) + tuple(x.axes)[pos + 1:])
         else:
             key = int(key)
             if not -axis.length <= key < axis.length:
-                raise IndexError(f"Slice: index {key} out of range for axis {axis!r}")
+                raise AxisIndexError(f"Slice: index {key} is out of range for axis "
+                                     f"{axis!r} of {x.name} ({_fmt(x.axes)}) (at "
+                                     f"{user_location()})")
             key %= axis.length
             out = x.axes - Axes(axis)
+            new_axis = None
         self.axis_pos, self.key = pos, key
+        self.axis, self.new_axis = axis, new_axis
         super().__init__(x, axes=out, **kwargs)
 
     def _infer_dtype(self):
         return self.args[0].dtype
 
 
+@keywords()
 def slice_along_axis(x, axis, key, new_axis=None):
     """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
     return Slice(x, axis, key, new_axis)
@@ -894,6 +1153,8 @@ def slice_along_axis(x, axis, key, new_axis=None):
 
 class OneHot(TensorOp):
     """``one_hot(x, axis)``: 1.0 where ``axis``'s index equals the value of ``x``."""
+
+    attrs = ("axis", "dtype")
 
     def __init__(self, x, axis, dtype=None, **kwargs):
         self.axis = axis
@@ -906,6 +1167,7 @@ class OneHot(TensorOp):
         return Axes(self.axis) + x.axes
 
 
+@keywords()
 def one_hot(x, axis, dtype=None):
     """One-hot encode integer labels ``x`` along the new axis ``axis`` (first)."""
     return OneHot(x, axis, dtype=dtype)
@@ -914,6 +1176,8 @@ def one_hot(x, axis, dtype=None):
 class StopGradient(TensorOp):
     """The value of ``x``; derivatives do not flow through it."""
 
+    arity = 1
+
     def _infer_axes(self):
         return self.args[0].axes
 
@@ -921,6 +1185,7 @@ class StopGradient(TensorOp):
         return self.args[0].dtype
 
 
+@keywords()
 def stop_gradient(x):
     """``x``'s value, treated as a constant by :func:`deriv`."""
     return StopGradient(x)
@@ -948,6 +1213,8 @@ class MultiOutput(Op):
 class Output(TensorOp):
     """Value number ``index`` of the :class:`MultiOutput` op that is its only arg."""
 
+    attrs = ("index", "axes", "dtype")
+
     def __init__(self, op, index, axes, dtype, **kwargs):
         self.index = index
         super().__init__(op, axes=axes, dtype=dtype, **kwargs)
@@ -961,17 +1228,19 @@ class Split(MultiOutput):
     """``x`` cut along ``axis`` into consecutive parts of the given lengths; part ``i``
     has the axis replaced by ``"<axis>[start:stop]"``."""
 
+    attrs = ("axis", "lengths")
+
     def __init__(self, x, axis, lengths, **kwargs):
         x = as_op(x)
         if axis not in x.axes:
             raise AxisMismatchError(f"split: axis {axis!r} is not in {x.name} "
-                                    f"({_fmt(x.axes)})")
+                                    f"({_fmt(x.axes)}) (at {user_location()})")
         self.axis_pos = x.axes.index(axis)
-        full = x.axes[self.axis_pos]
-        lengths = [int(n) for n in lengths]
+        full = self.axis = x.axes[self.axis_pos]
+        self.lengths = lengths = tuple(operator.index(n) for n in lengths)
         if any(n <= 0 for n in lengths) or builtins.sum(lengths) != full.length:
             raise AxisMismatchError(f"split: parts {lengths} do not add up to axis "
-                                    f"{full!r} of {x.name}")
+                                    f"{full!r} of {x.name} (at {user_location()})")
         self.keys, start = [], 0
         for n in lengths:
             self.keys.append(slice(start, start + n))
@@ -991,6 +1260,7 @@ class Split(MultiOutput):
         return types
 
 
+@keywords()
 def split(x, axis, parts):
     """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
     lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""
@@ -999,7 +1269,7 @@ def split(x, axis, parts):
     if isinstance(parts, int):
         if parts <= 0 or n % parts:
             raise AxisMismatchError(f"split: axis {axis!r} of length {n} does not split "
-                                    f"into {parts} equal parts")
+                                    f"into {parts} equal parts (at {user_location()})")
         parts = [n // parts] * parts
     return Split(x, axis, parts).outputs
 
@@ -1007,6 +1277,8 @@ def split(x, axis, parts):
 class MaxArgMax(MultiOutput):
     """The maximum over the reduction axes and where it is (row-major index over them),
     from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
+
+    attrs = ("reduction_axes", "out_axes")
 
     def __init__(self, x, reduction_axes=None, out_axes=None, **kwargs):
         self._spec = (reduction_axes, out_axes)
@@ -1018,6 +1290,7 @@ class MaxArgMax(MultiOutput):
         return [(self.out_axes, x.dtype), (self.out_axes, np.dtype(np.int64))]
 
 
+@keywords(_REDUCE_HINTS)
 def max_argmax(x, reduction_axes=None, out_axes=None):
     """``(max, argmax)`` of ``x`` over the reduction axes, computed together."""
     return MaxArgMax(x, reduction_axes, out_axes).outputs

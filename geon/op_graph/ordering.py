@@ -65,6 +65,66 @@ def stale_view_reads(order):
     return found
 
 
+def pulled_in(order, requested):
+    """``[(assignment, reader)]``: the assignments among ``order`` (the ops of a
+    computation of ``requested``) that were not requested, each with the first op of
+    ``order`` that has it in its other_deps.
+
+    An op built after ``SetItem(w, ...)`` that reads ``w`` runs after the assignment, so
+    a computation of that op runs the assignment too (see :class:`SetItem`); these are
+    the assignments a computation runs only because of that ordering."""
+    wanted = set(requested)
+    found = {}
+    for op in order:
+        for d in op.other_deps:
+            if isinstance(d, ASSIGN_CLASSES) and d not in wanted and d not in found:
+                found[d] = op
+    return list(found.items())
+
+
+def assignment_inputs(requested, pulled):
+    """``{placeholder: (assignment, reader)}`` for the placeholders that the ops of
+    ``requested`` need only through a pulled-in assignment (``pulled`` as returned by
+    :func:`pulled_in`): one walk over the graph."""
+    if not pulled:
+        return {}
+    skip = {a for a, _ in pulled}
+    direct = set(og.toposort(requested, children=lambda op: op.args + tuple(
+        d for d in op.other_deps if d not in skip)))
+    found, seen = {}, set(direct)
+    for asg, reader in pulled:
+        stack = [asg]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if isinstance(op, og.Placeholder):
+                found[op] = (asg, reader)
+            stack.extend(op.all_deps())
+    return found
+
+
+def explain_pulled_in(asg, reader, placeholders=()):
+    """Why a computation runs the assignment ``asg`` that ``reader`` is ordered after
+    (and needs the ``placeholders``), and the ways out; it starts with ``"; "``."""
+    target = asg.args[0]
+    need = ""
+    if placeholders:
+        need = (f"{', '.join(p.name for p in placeholders)} "
+                f"{'is' if len(placeholders) == 1 else 'are'} read by ")
+    return (f"; {need}{type(asg).__name__} {asg.name} (an assignment to {target.name}, "
+            f"built at {asg.file_info}), which the computation runs though it was not "
+            f"requested: {type(reader).__name__} {reader.name} (built at "
+            f"{reader.file_info}) was built after the assignment and reads "
+            f"{target.name} (or derives from an op that does), so it runs after the "
+            f"assignment. To compute it without the assignment, build it before the "
+            f"assignment, build the assignment with be.SetItem(..., sequence=False) if "
+            f"later reads should not wait for it, or read the stored value with "
+            f"be.value_of({target.name}); to run the assignment, request it among the "
+            f"results")
+
+
 def _smaller_first(roots, limit=64):
     """``roots`` ordered by how many ops each needs, fewest first (stable).
 

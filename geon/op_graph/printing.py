@@ -13,6 +13,8 @@ user's op it computes), and ``file:line`` is where the user built the op, or the
 came from. Ops are listed after their args. A name used by several ops is followed by
 ``#n`` (the n-th of that name) so references stay unambiguous.
 
+The printers show the ops as the user built them, also after a transformer compiled
+them; ``lowered=True`` follows ``forward`` to the ops that compute the values now.
 To see a graph after a pass of a transformer's pipeline, build the transformer with
 ``dump_after=["lower"]`` (it prints during compilation) or call :func:`graph_after`,
 which works on a copy and leaves the user's graph alone.
@@ -25,7 +27,8 @@ import sys
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
-from geon.op_graph.serialize import _show_array, _show_axes, graph_ops, spec_for
+from geon.op_graph.params import graph_ops, show_axes, show_value, signature_defaults, value_key
+from geon.registry import make_transformer
 
 
 def _labels(order):
@@ -51,38 +54,67 @@ def _location(op, full_paths):
 
 
 def describe_attrs(op):
-    """The attributes of ``op`` as text (``"reduction_axes=(C:3)"``), or ``""``."""
-    if isinstance(op, og.Constant):
-        return f"{op._number!r}, weak" if op.weak else _show_array(op.value)
-    if isinstance(op, og.Variable):
-        v = op.initial_value
-        parts = ["initial=" + ("<function>" if callable(v) else _show_array(v))]
-        if not op.trainable:
-            parts.append("trainable=False")
-        if not op.persistent:
-            parts.append("persistent=False")
-        return ", ".join(parts)
-    spec = spec_for(op)
-    return spec.show(op) if spec is not None else ""
+    """The parameters of ``op`` (its class's ``attrs``) as text, such as
+    ``"reduction_axes=(C:3)"``, or ``""``. ``axes`` and ``dtype`` are shown as the op's
+    type, and parameters equal to the constructor's default are left out."""
+    defaults = signature_defaults(type(op))
+    parts = []
+    for k, v in op.attr_values().items():
+        if k in ("axes", "dtype") and isinstance(op, og.TensorOp):
+            continue
+        if k in defaults and not callable(v) and value_key(v) == value_key(defaults[k]):
+            continue
+        parts.append(f"{k}={show_value(v)}")
+    return ", ".join(parts)
 
 
 def _type(op):
-    return f"{_show_axes(op.axes)} {op.dtype}" if isinstance(op, og.TensorOp) else "void"
+    return f"{show_axes(op.axes)} {op.dtype}" if isinstance(op, og.TensorOp) else "void"
 
 
-def op_line(op, labels=None, full_paths=False):
-    """The text line of one op (see the module docstring)."""
+def _deps(op, lowered):
+    """``(args, other_deps)`` of ``op`` as printed: as built, or the live ops."""
+    if lowered:
+        return [og.snap(a) for a in op.args], [og.snap(d) for d in op.other_deps]
+    return op.as_built()
+
+
+def _graph(results, lowered):
+    """The ops to print for ``results``, each after its dependencies."""
+    if lowered:
+        return graph_ops(results)
+    # The graph as built: passes rewire a user's ops only after keeping what they were
+    # built with (Node.as_built), so walking that shows the user's graph.
+
+    def children(op):
+        args, deps = op.as_built()
+        return tuple(args) + tuple(deps)
+    order = og.toposort(results, children=children)
+    seen = set(order)
+    while True:
+        extra = [i for op in order for i in op.initializers if i not in seen]
+        if not extra:
+            return order
+        more = [op for op in og.toposort(dict.fromkeys(extra), children=children)
+                if op not in seen]
+        order.extend(more)
+        seen.update(more)
+
+
+def op_line(op, labels=None, full_paths=False, lowered=False):
+    """The text line of one op (see the module docstring); ``lowered``: its live args
+    (following ``forward``) instead of those it was built with."""
     labels = labels or {}
 
     def ref(x):
-        x = og.snap(x)
         return labels.get(x, x.name)
-    args = ", ".join(ref(a) for a in op.args)
+    args, deps = _deps(op, lowered)
+    args = ", ".join(ref(a) for a in args)
     attrs = describe_attrs(op)
     inside = args + ("; " if args and attrs else "") + attrs
     line = f"{labels.get(op, op.name)} = {type(op).__name__}({inside}) : {_type(op)}"
-    if op.other_deps:
-        line += " after [" + ", ".join(ref(d) for d in op.other_deps) + "]"
+    if deps:
+        line += " after [" + ", ".join(ref(d) for d in deps) + "]"
     if op.tags:
         line += " {" + ", ".join(sorted(map(str, op.tags))) + "}"
     line += f"  # {_location(op, full_paths)}"
@@ -91,46 +123,46 @@ def op_line(op, labels=None, full_paths=False):
     return line
 
 
-def graph_text(ops, full_paths=False):
+def graph_text(ops, full_paths=False, lowered=False):
     """The graph that ``ops`` (an op or a list) need, one line per op (see the module
-    docstring), args first; ``full_paths`` prints whole file names, not base names."""
+    docstring), args first; ``full_paths`` prints whole file names, not base names.
+
+    It shows the ops as they were built, also after a transformer compiled them (its
+    passes rewire ops and set ``forward``, but a user's graph reads as the user wrote
+    it). ``lowered=True`` follows ``forward`` instead: the ops that compute the values
+    now (see also :func:`graph_after`)."""
     results = og.as_op_list(ops, "ops")[0]
-    order = graph_ops(results)
+    if lowered:
+        results = [og.snap(r) for r in results]
+    order = _graph(results, lowered)
     labels = _labels(order)
-    head = (f"# {len(order)} ops; results: "
-            + ", ".join(labels[og.snap(r)] for r in results))
-    return "\n".join([head] + [op_line(op, labels, full_paths) for op in order]) + "\n"
+    head = f"# {len(order)} ops; results: " + ", ".join(labels[r] for r in results)
+    return "\n".join([head] + [op_line(op, labels, full_paths, lowered)
+                               for op in order]) + "\n"
 
 
 def dump(ops, title="graph", file=None):
-    """Print ``graph_text(ops)`` under a ``# title`` line to ``file`` (default stderr)."""
+    """Print ``graph_text(ops, lowered=True)`` (the graph as a pass left it) under a
+    ``# title`` line to ``file`` (default stderr)."""
     file = sys.stderr if file is None else file
-    print(f"# {title}\n{graph_text(ops)}", end="", file=file)
+    print(f"# {title}\n{graph_text(ops, lowered=True)}", end="", file=file)
 
 
 def graph_after(ops, pass_name, transformer=None):
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
-    Works on a copy (:func:`~geon.op_graph.serialize.clone_graph`): ``ops`` are not
-    transformed. ``transformer`` is a transformer instance (default: a new NumPy
-    transformer); its disabled passes are skipped as in a real computation.
+    Works on a copy (:func:`~geon.op_graph.params.clone_graph`): ``ops`` are not
+    transformed. ``transformer`` is a transformer instance (default: a new ``"numpy"``
+    transformer from :func:`geon.make_transformer`); its disabled passes are skipped as
+    in a real computation.
     """
-    from geon.op_graph.serialize import clone_graph
-    from geon.op_graph.nodes import no_gc
-    from geon.transformers.passes import Graph
+    from geon.op_graph.params import clone_graph
     if transformer is None:
-        from geon.transformers.numpy import NumPyTransformer
-        transformer = NumPyTransformer()
-    passes = transformer.passes()
-    names = [p.name for p in passes]
-    if pass_name not in names:
-        raise ValueError(f"unknown pass name {pass_name!r}; passes are {names}")
+        transformer = make_transformer("numpy")
     results, _ = og.as_op_list(ops, "graph_after: ops")
     mapping = clone_graph(results)
-    graph = Graph([mapping[og.snap(r)] for r in results])
-    with no_gc():
-        transformer._run_passes(graph, stop_after=pass_name)
-    return graph_text(graph.results)
+    return graph_text(transformer.transform([mapping[og.snap(r)] for r in results],
+                                            stop_after=pass_name), lowered=True)
 
 
 # --- DOT ----------------------------------------------------------------------------------
@@ -151,16 +183,19 @@ def _shape(op):
     return "box"
 
 
-def graph_dot(ops, full_paths=False, name="geon"):
+def graph_dot(ops, full_paths=False, name="geon", lowered=False):
     """The graph of ``ops`` in graphviz's DOT language.
 
     Each op is a node labelled with its name, type, attributes, axes and dtype, and
     source location; an edge runs from each arg to its user (labelled with the arg's
     position when there are several) and a dashed edge from each other_dep. Render it
-    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`.
+    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`. As
+    :func:`graph_text`, it shows the ops as built unless ``lowered=True``.
     """
     results = og.as_op_list(ops, "ops")[0]
-    order = graph_ops(results)
+    if lowered:
+        results = [og.snap(r) for r in results]
+    order = _graph(results, lowered)
     labels = _labels(order)
     ids = {op: f"n{i}" for i, op in enumerate(order)}
     lines = [f"digraph {_dot_quote(name)} {{",
@@ -175,11 +210,12 @@ def graph_dot(ops, full_paths=False, name="geon"):
         extra = ", penwidth=2" if op in results else ""
         lines.append(f"  {ids[op]} [label={_dot_quote(text)}, shape={_shape(op)}{extra}];")
     for op in order:
-        for i, a in enumerate(op.args):
-            label = f" [label=\"{i}\"]" if len(op.args) > 1 else ""
-            lines.append(f"  {ids[og.snap(a)]} -> {ids[op]}{label};")
-        for d in op.other_deps:
-            lines.append(f"  {ids[og.snap(d)]} -> {ids[op]} [style=dashed];")
+        args, deps = _deps(op, lowered)
+        for i, a in enumerate(args):
+            label = f" [label=\"{i}\"]" if len(args) > 1 else ""
+            lines.append(f"  {ids[a]} -> {ids[op]}{label};")
+        for d in deps:
+            lines.append(f"  {ids[d]} -> {ids[op]} [style=dashed];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

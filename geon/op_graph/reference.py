@@ -9,9 +9,11 @@ It favours clarity over speed.
 import numpy as np
 
 from geon.errors import FeedError, GeonError
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import ASSIGN_CLASSES, schedule
 from geon.op_graph.tables import OpTable
@@ -41,7 +43,7 @@ NP_UFUNCS = {
     og.GreaterEqual: np.greater_equal, og.Negative: np.negative,
     og.Absolute: np.absolute, og.Sign: np.sign, og.Square: np.square, og.Sqrt: np.sqrt,
     og.Reciprocal: np.reciprocal, og.Exp: np.exp, og.Log: np.log, og.Sin: np.sin,
-    og.Cos: np.cos, og.Tanh: np.tanh,
+    og.Cos: np.cos, og.Tanh: np.tanh, og.Expm1: np.expm1,
 }
 
 
@@ -56,6 +58,8 @@ def _sigmoid_ce(x, t):
 ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
 ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
 ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
+ELEMENTWISE_FUNCS[og.Erf] = special.erf
+ELEMENTWISE_FUNCS[og.Softplus] = lambda x: np.logaddexp(0.0, x)
 
 
 @evaluator(og.ElementWise)
@@ -176,6 +180,78 @@ def _unslice(op, x):
     out = np.zeros(op.axes.shape, op.dtype)
     out[op.key] = x
     return out
+
+
+def op_site(op):
+    """The op an index error names: the user's op and where it was built."""
+    return f"{op.derived_from or type(op).__name__ + ' ' + op.name} ({op.file_info})"
+
+
+@evaluator(nn.Gather)
+def _gather(op, x, idx):
+    idx = special.checked_indices(idx, op.axis.length, op_site(op))
+    return np.take(x, idx, axis=op.args[0].axes.index(op.axis))
+
+
+@evaluator(nn.ScatterAdd)
+def _scatter_add(op, d, idx):
+    dop, iop = op.args
+    p = op.axes.index(op.axis)
+    outer, inner = og.Axes(op.axes[:p]), og.Axes(op.axes[p + 1:])
+    d3 = align(d, dop.axes, outer + iop.axes + inner).reshape(
+        (outer.size, iop.axes.size, inner.size))
+    out = np.zeros((outer.size, op.axis.length, inner.size), op.dtype)
+    idx = special.checked_indices(np.reshape(idx, -1), op.axis.length, op_site(op))
+    np.add.at(out, (slice(None), idx), d3)
+    return out.reshape(op.axes.shape)
+
+
+@evaluator(pr.Take)
+def _take(op, x, idx):
+    return special.take(x, idx, op_site(op))
+
+
+@evaluator(pr.PutAdd)
+def _put_add(op, d, idx):
+    return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), op_site(op))
+
+
+@evaluator(nn.CumSum)
+def _cumsum(op, x):
+    p = op.args[0].axes.index(op.axis)
+    if op.reverse:
+        x = np.flip(x, p)
+    c = np.cumsum(x, axis=p, dtype=op.dtype)
+    if op.exclusive:
+        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=p)),
+                            np.take(c, range(c.shape[p] - 1), axis=p)], axis=p)
+    return np.flip(c, p) if op.reverse else c
+
+
+@evaluator(pr.PrefixSum)
+def _prefix_sum(op, x):
+    return np.cumsum(x, axis=1, dtype=op.dtype)
+
+
+def _sort_along(x, p, descending):
+    idx = np.argsort(-x if descending else x, axis=p, kind="stable")
+    return np.take_along_axis(x, idx, axis=p), idx.astype(np.int64)
+
+
+@evaluator(nn.Sort)
+def _sort(op, x):
+    return _sort_along(x, op.args[0].axes.index(op.axis), op.descending)
+
+
+@evaluator(nn.TopK)
+def _topk(op, x):
+    p = op.args[0].axes.index(op.axis)
+    return tuple(np.take(v, range(op.k), axis=p) for v in _sort_along(x, p, True))
+
+
+@evaluator(pr.SortPrim)
+def _sort_prim(op, x):
+    return _sort_along(x, 1, False)
 
 
 @evaluator(og.Split)

@@ -22,6 +22,9 @@ A variable's version changes when
 
 - a call of this runner runs an assignment to it (``SetItem``): every remembered value
   that depends on it is recomputed next time;
+- the transformer's procedures write it: ``initialize`` (with ``force=True``, or the
+  ``initializers`` of a computation built later, which run when it is first called)
+  and ``restore`` (see :meth:`Transformer.write_count`);
 - :meth:`Runner.initialize` with ``force=True``, :meth:`Runner.restore` or
   :meth:`Runner.invalidate` is called.
 
@@ -31,8 +34,15 @@ again; placeholders, variables and constants themselves (they cost no primitive)
 Not seen by the runner: writes into its storage behind its back (``np.copyto`` into
 ``runner.transformer.state_view()`` arrays); call :meth:`Runner.invalidate` after them.
 
+What the runner keeps alive: nothing of the user's graph. It refers to the ops it
+computed or reused weakly; when one of them is garbage, the computation compiled for it
+is dropped, and with it the state of Variables that nothing else refers to (the
+transformer holds state weakly). Compiling ``be.run(x * 2)`` for a temporary ``x * 2``
+is therefore never reused, and a program that makes fresh Variables in a loop does not
+grow.
+
 The user's graph is never transformed: each computation is compiled from a copy
-(:func:`~geon.op_graph.serialize.clone_graph`) that shares the placeholders and
+(:func:`~geon.op_graph.params.clone_graph`) that shares the placeholders and
 variables, with a fresh placeholder standing in for each reused value.
 
 Counting
@@ -52,7 +62,8 @@ import numpy as np
 from geon.errors import FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.ordering import ASSIGN_CLASSES
-from geon.op_graph.serialize import clone_graph, graph_ops, live_deps
+from geon.op_graph.params import clone_graph, graph_ops, live_deps
+from geon.registry import make_transformer
 
 
 def fingerprint(array):
@@ -71,11 +82,17 @@ def count_primitives(computation):
 
 
 class _Entry:
-    __slots__ = ("computation", "placeholders", "reused", "primitives", "assigned")
+    """A compiled computation of the runner. It refers to the user's ops it computes
+    and reuses only weakly (``keys``): the runner must not keep them, nor through its
+    computation the Variables they read, alive."""
 
-    def __init__(self, computation, placeholders, reused, primitives, assigned):
-        self.computation, self.placeholders, self.reused = computation, placeholders, reused
-        self.primitives, self.assigned = primitives, assigned
+    __slots__ = ("computation", "placeholders", "reused", "primitives", "assigned", "keys",
+                 "__weakref__")
+
+    def __init__(self, computation, placeholders, reused, primitives, assigned, keys):
+        self.computation, self.placeholders = computation, placeholders
+        self.reused = [weakref.ref(c) for c in reused]
+        self.primitives, self.assigned, self.keys = primitives, assigned, keys
 
 
 class Runner:
@@ -83,15 +100,14 @@ class Runner:
 
     Args:
         transformer: the transformer that compiles and holds the variables' state
-            (default: a new :class:`~geon.transformers.numpy.NumPyTransformer`).
+            (default: a new ``"numpy"`` transformer from :func:`geon.make_transformer`).
         max_computations: how many compiled computations to keep (least recently used
             ones are dropped; the variables' state stays).
     """
 
     def __init__(self, transformer=None, max_computations=64):
         if transformer is None:
-            from geon.transformers.numpy import NumPyTransformer
-            transformer = NumPyTransformer()
+            transformer = make_transformer("numpy")
         self.transformer = transformer
         self.max_computations = max_computations
         self._computations = collections.OrderedDict()
@@ -131,15 +147,16 @@ class Runner:
     def clear(self):
         """Drop the compiled computations and the remembered values (the variables keep
         their state)."""
-        for entry in self._computations.values():
+        for entry in list(self._computations.values()):
             self._drop(entry)
         self._computations.clear()
         self.invalidate()
 
     def _drop(self, entry):
-        comps = self.transformer.computations
-        if entry.computation in comps:
-            comps.remove(entry.computation)
+        # A new list, not an edit in place: this may run from a weakref callback while
+        # the transformer iterates over its computations.
+        t = self.transformer
+        t.computations = [c for c in t.computations if c is not entry.computation]
 
     # --- running -------------------------------------------------------------------------
     def run(self, targets, feeds=None):
@@ -153,7 +170,7 @@ class Runner:
         live = [og.require_valid(t) for t in targets]
         order = graph_ops(live, initializers=False)
         arrays = self._feeds(feeds, order)
-        sig = _Signatures(order, arrays, self._versions)
+        sig = _Signatures(order, arrays, self._version)
 
         values = [None] * len(live)
         compute = []
@@ -168,7 +185,7 @@ class Runner:
         if compute:
             entry = self._computation(compute, order, sig)
             args = [arrays[p] for p in entry.placeholders] + \
-                [self._memo[c][1] for c in entry.reused]
+                [self._memo[c()][1] for c in entry.reused]
             out = entry.computation(*args)
             self.last_primitives = entry.primitives
             self.primitives_executed += entry.primitives
@@ -196,18 +213,13 @@ class Runner:
             if p not in feeds:
                 raise FeedError(f"run: no value fed for placeholder {p.name} "
                                 f"({', '.join(map(repr, p.axes))}), built at {p.file_info}")
-            a = np.asarray(feeds[p])
-            if a.shape != p.axes.shape:
-                raise FeedError(f"placeholder {p.name} expects axes "
-                                f"({', '.join(map(repr, p.axes))}) i.e. shape "
-                                f"{p.axes.shape}; got shape {a.shape}")
-            if a.dtype != p.dtype:
-                if not np.can_cast(a.dtype, p.dtype, "same_kind"):
-                    raise FeedError(f"placeholder {p.name} has dtype {p.dtype}; cannot "
-                                    f"safely convert {a.dtype} to it")
-                a = a.astype(p.dtype)
-            arrays[p] = a
+            arrays[p] = p.as_feed(feeds[p])
         return arrays
+
+    def _version(self, v):
+        # Assignments by this runner's calls, and writes by the transformer's procedures
+        # (initializers of a computation built later, restore, initialize).
+        return self._versions.get(v, 0), self.transformer.write_count(v)
 
     def _lookup(self, op, sig):
         """The remembered value of ``op`` if its inputs are unchanged, else ``None``."""
@@ -244,11 +256,16 @@ class Runner:
         pos = {op: i for i, op in enumerate(order)}
         reused.sort(key=pos.get)
         placeholders.sort(key=pos.get)
-        key = (tuple(compute), tuple(reused))
+        # Keyed by identity; the entry holds the ops weakly and is dropped when one of
+        # them dies (its id may then be reused by another op).
+        key = (tuple(map(id, compute)), tuple(map(id, reused)))
         entry = self._computations.get(key)
         if entry is not None:
-            self._computations.move_to_end(key)
-            return entry
+            if all(r() is op for r, op in zip(entry.keys, compute + reused)):
+                self._computations.move_to_end(key)
+                return entry
+            del self._computations[key]  # ops that died and left their ids to others
+            self._drop(entry)
         stand_ins = {}
         for c in reused:
             p = og.Placeholder(c.axes, dtype=c.dtype, name=f"{c.name}_reused")
@@ -259,7 +276,19 @@ class Runner:
                                             *placeholders, *[stand_ins[c] for c in reused])
         self.computations_built += 1
         entry = _Entry(comp, placeholders, reused, count_primitives(comp),
-                       [v for v in dict.fromkeys(assigned) if isinstance(v, og.Variable)])
+                       [v for v in dict.fromkeys(assigned) if isinstance(v, og.Variable)],
+                       None)
+        runner, entry_ref = weakref.ref(self), weakref.ref(entry)
+
+        def dead(_):
+            # Called when an op of the key dies, maybe by the cyclic collector in the
+            # middle of other work: only unlink (see _drop).
+            r, e = runner(), entry_ref()
+            if r is not None and e is not None and r._computations.get(key) is e:
+                del r._computations[key]
+                r._drop(e)
+
+        entry.keys = [weakref.ref(op, dead) for op in compute + reused]
         self._computations[key] = entry
         while len(self._computations) > self.max_computations:
             _, old = self._computations.popitem(last=False)
@@ -270,8 +299,8 @@ class Runner:
 class _Signatures:
     """Per call: which ops may be remembered, and the state of each op's inputs."""
 
-    def __init__(self, order, arrays, versions):
-        self._arrays, self._versions = arrays, versions
+    def __init__(self, order, arrays, version):
+        self._arrays, self._version = arrays, version
         self._tokens = {}
         self._inputs = {}
         self._volatile = set()
@@ -296,7 +325,7 @@ class _Signatures:
         t = self._tokens.get(s)
         if t is None:
             t = fingerprint(self._arrays[s]) if isinstance(s, og.Placeholder) \
-                else ("version", self._versions.get(s, 0))
+                else ("version",) + self._version(s)
             self._tokens[s] = t
         return t
 

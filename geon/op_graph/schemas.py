@@ -4,30 +4,66 @@
 :class:`SoftmaxSchema`; ``cross_entropy_multi`` recognises it and works from the shifted
 logits and their log-sum-exp instead of taking the log of a rounded probability.
 ``sigmoid`` results carry a :class:`SigmoidSchema`, used by ``cross_entropy_binary``.
+
+A schema class declares ``attrs`` like an op (constructor arguments kept as attributes;
+ops among them are references), so it is copied and serialized generically, and
+``matches(op)`` checks that the op really has the structure the schema claims: a graph
+read from a document or copied keeps a schema only where it matches.
 """
 
 import numpy as np
 
 from geon.op_graph.axes import as_axes
-from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, as_op, max, safelog,
-                                    stop_gradient, sum)
+from geon.op_graph.op_graph import (BinaryElementWise, Divide, Exp, Log, Sigmoid, Subtract,
+                                    Sum, as_op, keywords, max, safelog, stop_gradient, sum)
+
+_AXES_HINT = {k: "use normalization_axes= (the axes to normalize over)"
+              for k in ("axes", "axis", "reduction_axes")}
+_OUT_HINT = {k: "use out_axes= (the axes to keep; the others are summed over)"
+             for k in ("axes", "axis", "reduction_axes")}
 
 
 class SoftmaxSchema:
     """``softmax(x) = exp(x - m) / Z`` with ``m = max(x)`` and ``Z = sum(exp(x - m))``."""
 
+    kind = "softmax"
+    attrs = ("x", "shifted", "Z", "normalization_axes")
+
     def __init__(self, x, shifted, Z, normalization_axes):
         self.x, self.shifted, self.Z = x, shifted, Z
         self.normalization_axes = normalization_axes
+
+    def matches(self, y):
+        """Whether ``y`` is ``exp(shifted) / Z`` with ``shifted = x - m`` and ``Z`` the
+        sum of that ``exp`` over ``normalization_axes`` (what cross-entropy relies on)."""
+        if not isinstance(y, Divide):
+            return False
+        e, Z = y.args
+        return (Z is self.Z and isinstance(Z, Sum) and Z.args[0] is e
+                and isinstance(e, Exp) and e.args[0] is self.shifted
+                and isinstance(self.shifted, Subtract) and self.shifted.args[0] is self.x
+                and Z.reduction_axes.same_set(self.normalization_axes))
 
 
 class SigmoidSchema:
     """``sigmoid(x)``: remembers the logits ``x``."""
 
+    kind = "sigmoid"
+    attrs = ("x",)
+
     def __init__(self, x):
         self.x = x
 
+    def matches(self, y):
+        """Whether ``y`` is ``sigmoid(x)``."""
+        return isinstance(y, Sigmoid) and y.args[0] is self.x
 
+
+#: The schema classes a document may name, by ``kind``.
+SCHEMAS = {cls.kind: cls for cls in (SoftmaxSchema, SigmoidSchema)}
+
+
+@keywords(_AXES_HINT)
 def softmax(x, normalization_axes=None):
     """Softmax over ``normalization_axes`` (default: all but batch and recurrent axes).
 
@@ -47,6 +83,7 @@ def softmax(x, normalization_axes=None):
     return y
 
 
+@keywords(_OUT_HINT)
 def cross_entropy_multi(y, t, usebits=False, out_axes=None):
     """``-sum(t * log(y))`` over the sample axes (``out_axes`` keeps others).
 
@@ -66,6 +103,7 @@ class SigmoidCrossEntropy(BinaryElementWise):
     ``x``, computed as ``softplus(x) - x t``; its derivative is ``sigmoid(x) - t``."""
 
 
+@keywords(_OUT_HINT)
 def cross_entropy_binary(y, t, out_axes=None):
     """Binary cross-entropy summed over the sample axes (``out_axes`` keeps others).
 

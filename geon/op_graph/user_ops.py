@@ -1,16 +1,19 @@
 """User-defined ops: a new op class with its axes rule, NumPy implementation and
 derivative rules, registered in every table that needs it in one call.
 
-:func:`define_op` makes the class and registers
+:func:`define_op` makes the class, which carries its implementations as data
+(``numpy_impl``, ``cuda_source``), and registers
 
-- the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`) and the NumPy
-  transformer's code (:data:`geon.transformers.numpy.transformer.NUMPY_CODE`), both
-  calling the NumPy implementation, and adds the class to the NumPy transformer's
-  base set (a transformer whose base set lacks it raises
-  :class:`~geon.errors.LoweringError` naming the op);
+- the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`), which calls
+  the NumPy implementation;
 - the reverse rule (:data:`geon.op_graph.autodiff.ADJOINTS`) and the forward rule
   (:data:`geon.op_graph.forward.FORWARD`; derived from the reverse rule when not given);
-- the CUDA source, if given, in :data:`CUDA_SOURCES` for GPU transformers.
+- the class in :data:`USER_OPS` under its ``registry_key``.
+
+Backends need no registration per op: each has one rule for :class:`UserOp` in its code
+table that reads the class's implementation (the NumPy transformer runs every user op;
+the GPU transformer runs the elementwise ones given ``cuda=`` source). A transformer
+that cannot run an op raises :class:`~geon.errors.LoweringError` naming it.
 
 :func:`elementwise_op` is the shortcut for a unary elementwise function given by its
 value (NumPy) and its derivative (geon ops).
@@ -19,34 +22,38 @@ value (NumPy) and its derivative (geon ops).
 import ast
 import inspect
 
-import re
-
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import as_axes
 
-#: registry key -> user op class (the generated NumPy code looks implementations up here)
+#: registry key -> user op class (backends find the classes' implementations here)
 USER_OPS = {}
-#: user op class -> CUDA C source given to :func:`define_op` (for GPU transformers)
-CUDA_SOURCES = {}
 
-_RESERVED = {"name", "axes", "dtype", "tags", "initializers", "follows"}
+# Keywords of every op, and attributes ops set on themselves: parameters cannot shadow
+# them (parameters become attributes of the op).
+_RESERVED = {"name", "axes", "dtype", "tags", "initializers", "follows", "params",
+             "filename", "lineno", "other_deps", "user_deps", "users", "forward"}
 
 
 class UserOp:
     """Mixin of every class made by :func:`define_op`.
 
     Class attributes: ``numpy_impl`` (the NumPy function), ``param_names``,
-    ``registry_key`` (its key in :data:`USER_OPS`), ``cuda_source``. Instances hold
-    their keyword parameters in ``params``.
+    ``registry_key`` (its key in :data:`USER_OPS`, an identifier), ``cuda_source``
+    (CUDA C source or ``None``), ``type_name``
+    (``"user:<registry key>"``, the op type in serialized graphs). Instances hold their
+    keyword parameters in ``params``; each parameter is also an attribute of the op and
+    one of its ``attrs`` (after ``dtype``), so CSE, copying, printing and serialization
+    treat user ops like any other op.
     """
 
     numpy_impl = None
     arity = None
     param_names = ()
     registry_key = None
+    type_name = None
     cuda_source = None
     _axes_rule = None
     _dtype_rule = None
@@ -55,15 +62,12 @@ class UserOp:
         params = {k: kwargs.pop(k) for k in self.param_names if k in kwargs}
         missing = [k for k in self.param_names if k not in params]
         if missing:
-            raise TypeError(f"{type(self).__name__} needs parameter(s) {', '.join(missing)}")
+            raise ArgumentError(f"{type(self).__name__} needs parameter(s) {', '.join(missing)}")
         for k, v in params.items():
             if not _literal(v):
-                raise TypeError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
-                                f"number, string, bool, None or a tuple of those (it is "
-                                f"written into generated code)")
-        if self.arity is not None and len(args) != self.arity:
-            raise TypeError(f"{type(self).__name__} takes {self.arity} arg(s), got "
-                            f"{len(args)}")
+                raise ArgumentError(f"{type(self).__name__}: parameter {k}={v!r} must be a "
+                                    f"number, string, bool, None or a tuple of those (it is "
+                                    f"written into generated code)")
         self.params = params
         super().__init__(*args, **kwargs)
 
@@ -94,11 +98,6 @@ class _UserTensorOp(UserOp, og.ComputationOp):
 
 class _UserElementWise(UserOp, og.ElementWise):
     pass
-
-
-def impl(key):
-    """The NumPy implementation registered under ``key`` (used by generated code)."""
-    return USER_OPS[key].numpy_impl
 
 
 def _caller_module():
@@ -141,29 +140,34 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
         params: names of keyword parameters (``op.params``, passed to ``numpy`` and
             ``axes``); values must be literals (numbers, strings, tuples).
         arity: the number of args, checked when an op is built (default: any).
-        cuda: CUDA C source of the op for GPU transformers (kept in
-            :data:`CUDA_SOURCES`); a transformer that cannot run the op says so by
-            name when a computation is built.
+        cuda: CUDA C source of the op for GPU transformers (kept on the class as
+            ``cuda_source``); a transformer that cannot run the op says so by name
+            when a computation is built.
         doc: the class docstring.
 
     Returns the op class; call it with the args (and parameters) to build an op.
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"define_op: name must be an identifier, not {name!r}")
+        raise ArgumentError(f"define_op: name must be an identifier, not {name!r}")
     if not callable(numpy):
-        raise TypeError(f"define_op {name}: numpy must be a function of arrays")
+        raise ArgumentError(f"define_op {name}: numpy must be a function of arrays")
     params = tuple(params)
-    bad = [p for p in params if p in _RESERVED or not p.isidentifier()]
-    if bad:
-        raise ValueError(f"define_op {name}: parameter name(s) {bad} are reserved or "
-                         f"not identifiers")
     elementwise = axes is None
-    if elementwise and params:
-        raise ValueError(f"define_op {name}: an elementwise op takes no parameters "
-                         f"(lowering rebuilds it from its args); close over them instead")
-    key = _unique_key(name)
     base = _UserElementWise if elementwise else _UserTensorOp
+    bad = [p for p in params if not isinstance(p, str) or p in _RESERVED
+           or not p.isidentifier() or p.startswith("_") or hasattr(base, p)]
+    if bad:
+        raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved, "
+                            f"attributes of every op, or not identifiers")
+    if elementwise and params:
+        raise ArgumentError(f"define_op {name}: an elementwise op takes no parameters "
+                            f"(lowering rebuilds it from its args); close over them instead")
+    key = _unique_key(name)
     cls = type(name, (base,), {
+        **{p: property(lambda self, p=p: self.params[p], doc=f"Parameter {p}.")
+           for p in params},
+        "attrs": base.attrs + params,
+        "type_name": "user:" + key,
         "__doc__": doc or f"User-defined op {name}.",
         "__module__": _caller_module(),
         "numpy_impl": staticmethod(numpy),
@@ -175,8 +179,6 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
         "_dtype_rule": staticmethod(dtype) if callable(dtype) else dtype,
     })
     USER_OPS[key] = cls
-    if cuda is not None:
-        CUDA_SOURCES[cls] = cuda
     _register_evaluation(cls, elementwise)
     _register_derivatives(cls, reverse, forward)
     return cls
@@ -184,8 +186,6 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
 
 def _register_evaluation(cls, elementwise):
     from geon.op_graph.reference import EVALUATORS, align
-    from geon.transformers.numpy.transformer import (NUMPY_CODE, NUMPY_GLOBALS,
-                                                     NumPyTransformer)
 
     def evaluate(op, *vals):
         if elementwise:
@@ -201,16 +201,7 @@ def _register_evaluation(cls, elementwise):
                             f"{op.axes!r} need {op.axes.shape}{op._where()}")
         return r.astype(op.dtype)
 
-    def code(op, out, args):
-        kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
-        fn = global_name
-        return [f"np.copyto({out}, {fn}({', '.join(args)}{kw}), casting='unsafe')"]
-
-    global_name = "user_" + re.sub(r"\W", "_", cls.registry_key)
-    NUMPY_GLOBALS[global_name] = impl(cls.registry_key)
     EVALUATORS[cls] = evaluate
-    NUMPY_CODE[cls] = code
-    NumPyTransformer.base_set = frozenset(NumPyTransformer.base_set | {cls})
 
 
 def _register_derivatives(cls, reverse, forward):

@@ -1,26 +1,32 @@
-"""Transformers: the base class, computations, procedures, and the registry.
+"""Transformers: the base class, computations, procedures, and plugin helpers.
 
 A transformer turns requested ops into callable :class:`Computation` s. It runs its
 pass pipeline (:meth:`Transformer.passes`) over each computation's graph, down to its
 ``base_set``, then hands the lowered graph to its backend (:meth:`Transformer._compile`).
 It owns the persistent state (Variables) shared by all its computations and the
-procedures ``allocate``, ``initialize``, ``save`` and ``restore``.
+procedures ``allocate``, ``initialize``, ``save`` and ``restore``. The registry of
+transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
-import os
-import tempfile
+import threading
 import types
-import zipfile
-from importlib import metadata
-
+import warnings
+import weakref
 import numpy as np
 
-from geon.errors import (CheckpointError, FeedError, GeonError, LoweringError,
-                         UnknownTransformerError)
+from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
+                         GeonError, GeonWarning, LoweringError)
 from geon.op_graph import op_graph as og
-from geon.op_graph.nodes import no_gc
+from geon.op_graph.conv import CONV_PRIMITIVES
+from geon.op_graph.nodes import no_gc, user_stacklevel
+from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
+                                    pulled_in)
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.registry import (ENTRY_POINT_GROUP, _REGISTRY, _entry_points,  # noqa: F401
+                           available_transformers, make_transformer, register_transformer,
+                           transformer_factory)
+from geon.transformers import checkpoint
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
@@ -35,11 +41,34 @@ STANDARD_BASE_SET = frozenset({
     og.Add, og.Subtract, og.Multiply, og.Divide, og.Power, og.Maximum, og.Minimum,
     og.Equal, og.NotEqual, og.Less, og.LessEqual, og.Greater, og.GreaterEqual,
     og.Negative, og.Absolute, og.Sign, og.Square, og.Sqrt, og.Reciprocal, og.Exp, og.Log,
-    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy,
+    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy, og.Erf, og.Expm1,
+    og.Softplus,
     pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
     pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
-    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output,
-})
+    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output, pr.Take, pr.PutAdd,
+    pr.PrefixSum, pr.SortPrim,
+}) | CONV_PRIMITIVES
+
+
+def _grouped(placeholders, needed_by):
+    """``{(assignment, reader): [placeholder, ...]}`` for the ``placeholders`` that
+    ``needed_by`` attributes to a pulled-in assignment."""
+    groups = {}
+    for p in placeholders:
+        if p in needed_by:
+            groups.setdefault(needed_by[p], []).append(p)
+    return groups.items()
+
+
+def _lengths_set(order):
+    """Raise, naming the op, if an op of ``order`` has an axis without a length."""
+    for op in order:
+        if isinstance(op, og.TensorOp) and not op.axes.lengths_known:
+            unset = [a.name for a in op.axes if a.length is None]
+            raise AxisMismatchError(
+                f"{type(op).__name__} {op.name} (built at {op.file_info}) has axes "
+                f"({og._fmt(op.axes)}): axis {', '.join(unset)} has no length; set it "
+                f"(e.g. ax.{unset[0]}.length = 10) before building a computation")
 
 
 class Computation:
@@ -54,12 +83,24 @@ class Computation:
         self.transformer = transformer
         self.requested, self.single = og.as_op_list(results, "computation results")
         self.params = list(params)
+        seen = set()
         for p in self.params:
             if not isinstance(p, og.Placeholder):
-                raise ValueError(f"computation parameter {getattr(p, 'name', p)!r} is "
-                                 f"not a placeholder ({type(p).__name__}); only "
-                                 f"placeholders can be fed")
+                raise ArgumentError(f"computation parameter {getattr(p, 'name', p)!r} is "
+                                    f"not a placeholder ({type(p).__name__}); only "
+                                    f"placeholders can be fed")
+            if p in seen:
+                raise ArgumentError(f"computation: placeholder {p.name} (built at "
+                                    f"{p.file_info}) is given twice as a parameter; give "
+                                    f"each placeholder once")
+            seen.add(p)
         self.graph = Graph(self.requested)
+        _lengths_set(self.graph.initial_order)
+        #: ``[(assignment, reader)]``: assignments this computation runs though they
+        #: were not requested, each with the op that is ordered after it (see
+        #: :func:`~geon.op_graph.ordering.pulled_in`); a :class:`GeonWarning` names them.
+        self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
+        needed_by = assignment_inputs(self.graph.results, self.pulled_in)
         transformer._run_passes(self.graph)
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers = list(dict.fromkeys(
@@ -70,10 +111,15 @@ class Computation:
         needed = [op for op in self.ops if isinstance(op, og.Placeholder)]
         missing = [p for p in needed if p not in self.params]
         if missing:
-            raise ValueError("the computation needs placeholder(s) "
-                             + ", ".join(f"{p.name} ({p.axes!r}, built at {p.file_info})"
-                                         for p in missing)
-                             + " but they are not among its parameters")
+            raise ArgumentError("the computation needs placeholder(s) "
+                                + ", ".join(f"{p.name} ({p.axes!r}, built at "
+                                            f"{p.file_info})" for p in missing)
+                                + " but they are not among its parameters"
+                                + "".join(explain_pulled_in(a, r, placeholders=ps)
+                                          for (a, r), ps in _grouped(missing, needed_by)))
+        if self.pulled_in:
+            warnings.warn("".join(explain_pulled_in(a, r) for a, r in self.pulled_in)
+                          .lstrip("; "), GeonWarning, stacklevel=user_stacklevel())
         self.variables = [op for op in self.ops if isinstance(op, og.Variable)]
         self._shapes = [(p, p.axes.shape, p.dtype) for p in self.params]
         self._last = None
@@ -86,20 +132,13 @@ class Computation:
     def _check_feed(self, i, v):
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
         :class:`FeedError` naming the placeholder."""
-        p, shape, dtype = self._shapes[i]
-        a = np.asarray(v)
-        if a.shape != shape:
-            raise FeedError(f"placeholder {p.name} expects axes "
-                            f"({', '.join(map(repr, p.axes))}) i.e. shape {shape}; got "
-                            f"shape {a.shape}")
-        if a.dtype != dtype:
-            if not np.can_cast(a.dtype, dtype, "same_kind"):
-                raise FeedError(f"placeholder {p.name} has dtype {dtype}; cannot "
-                                f"safely convert {a.dtype} to it")
-            a = a.astype(dtype)
-        return a
+        return self._shapes[i][0].as_feed(v)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            raise FeedError(f"a computation takes its values by position, one per "
+                            f"parameter ({', '.join(p.name for p in self.params)}); got "
+                            f"keyword(s) {', '.join(kwargs)}")
         if len(args) != len(self._shapes):
             raise FeedError(f"computation takes {len(self._shapes)} value(s) ("
                             + ", ".join(p.name for p in self.params)
@@ -110,19 +149,23 @@ class Computation:
         # The first call (and the first after the transformer changed) allocates and
         # initializes, then installs the backend's fast entry point.
         t = self.transformer
-        if not t._allocated:
-            t.allocate()
-        if not t._initialized_all:
-            t.initialize()
-        self._entry = self._fast_entry()
+        with t._lock:
+            t._ready()
+            self._entry = self._fast_entry()
         return self._entry(*args)
 
     def _fast_entry(self):
         """A function taking the feeds and returning what the call returns. Backends
-        may return generated code; this generic one checks and converts each feed."""
+        may return generated code; this generic one checks and converts each feed.
+        Every entry runs under the transformer's ``_lock``: the computations of a
+        transformer share its variables and buffers, so calls from several threads
+        take turns."""
+        lock = self.transformer._lock
+
         def entry(*args):
-            values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
-            self._last = values
+            with lock:
+                values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
+                self._last = values
             return values[0] if self.single else tuple(values)
         return entry
 
@@ -140,8 +183,8 @@ class Computation:
         for r, v in zip(self.results, self._last_values() or ()):
             if r is s:
                 return v
-        raise GeonError(f"{op.name} is not a result of this computation (or it has not "
-                        f"been called yet)")
+        raise ArgumentError(f"{op.name} is not a result of this computation (or it has not "
+                            f"been called yet)")
 
     def _run(self, feeds):
         raise NotImplementedError
@@ -172,27 +215,34 @@ class Transformer:
     frontend_ops = {}
 
     def __init__(self, disable=(), dump_after=(), dump_file=None, sample_axis=None):
+        # Held by every call of a computation and by the procedures: they share the
+        # variables and buffers, so threads take turns (reentrant: procedures call
+        # each other).
+        self._lock = threading.RLock()
         if sample_axis is not None:
             self.sample_axis = sample_axis
         if self.sample_axis not in (None,) + LAYOUTS:
-            raise ValueError(f"sample_axis must be None or one of {LAYOUTS}, not "
-                             f"{self.sample_axis!r}")
+            raise ArgumentError(f"sample_axis must be None or one of {LAYOUTS}, not "
+                                f"{self.sample_axis!r}")
         self.disabled = set(disable)
         known = [p.name for p in self.passes()] + list(self.backend_steps)
         unknown = self.disabled - set(known)
         if unknown:
-            raise ValueError(f"unknown pass name(s) {sorted(unknown)}; passes are "
-                             f"{known}")
+            raise ArgumentError(f"unknown pass name(s) {sorted(unknown)}; passes are "
+                                f"{known}")
         self.dump_after = {dump_after} if isinstance(dump_after, str) else set(dump_after)
         self.dump_file = dump_file
         unknown = self.dump_after - {p.name for p in self.passes()}
         if unknown:
-            raise ValueError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
-                             f"passes are {[p.name for p in self.passes()]}")
+            raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
+                                f"passes are {[p.name for p in self.passes()]}")
         self.computations = []
-        self.state = {}
-        self._initialized = set()
-        self._inits_done = set()
+        # Held weakly: state of a Variable nothing else refers to any more (no
+        # computation, no user code) is freed with it.
+        self.state = weakref.WeakKeyDictionary()
+        self._initialized = weakref.WeakSet()
+        self._inits_done = weakref.WeakSet()
+        self._writes = weakref.WeakKeyDictionary()  # Variable -> writes by procedures
         self._allocated = False
         self._initialized_all = False
 
@@ -230,6 +280,19 @@ class Transformer:
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
 
+    def transform(self, results, stop_after=None):
+        """Run the pipeline over the graph of ``results`` (ops; they are rewritten in
+        place, so pass a copy, see :func:`~geon.op_graph.params.clone_graph`), up
+        to and including the pass named ``stop_after`` (default: all of them). Returns
+        the ops computing the results afterwards. :func:`geon.graph_after` uses it."""
+        names = [p.name for p in self.passes()]
+        if stop_after is not None and stop_after not in names:
+            raise ArgumentError(f"unknown pass name {stop_after!r}; passes are {names}")
+        graph = Graph(og.as_op_list(results, "transform: results")[0])
+        with no_gc():
+            self._run_passes(graph, stop_after)
+        return list(graph.results)
+
     def _run_pipeline(self, graph, stop_after=None):
         for p in self.passes():
             if p.name not in self.disabled or p.name in self._required:
@@ -244,15 +307,15 @@ class Transformer:
     def computation(self, results, *params):
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
         from the placeholders ``params`` (its call arguments, in order)."""
-        with no_gc():
+        with self._lock, no_gc():
             comp = self.computation_class(self, results, params)
-        self.computations.append(comp)
-        self._initialized_all = False
-        for c in self.computations:  # the next call of each goes through initialize
-            c._reset_entry()
-        if self._allocated:
-            self._allocate_variables(comp.variables)
-            comp._allocate()
+            self.computations.append(comp)
+            self._initialized_all = False
+            for c in self.computations:  # the next call of each goes through initialize
+                c._reset_entry()
+            if self._allocated:
+                self._allocate_variables(comp.variables)
+                comp._allocate()
         return comp
 
     # --- procedures ----------------------------------------------------------------
@@ -271,21 +334,27 @@ class Transformer:
 
     def allocate(self):
         """Allocate storage for every computation: variables and buffers."""
-        self._allocate_variables(self.variables())
-        for c in self.computations:
-            c._allocate()
-            c._reset_entry()
-        self._allocated = True
+        with self._lock:
+            self._allocate_variables(self.variables())
+            for c in self.computations:
+                c._allocate()
+                c._reset_entry()
+            self._allocated = True
 
     def initialize(self, force=False):
         """Set every variable not yet initialized (all of them if ``force``) to its
         initial value and run the ``initializers`` of the ops used. Idempotent."""
+        with self._lock:
+            self._initialize(force)
+
+    def _initialize(self, force):
         if not self._allocated:
             self.allocate()
         todo = [v for v in self.variables() if force or v not in self._initialized]
         for v in todo:
             np.copyto(self.state[v], v.initial_array())
             self._initialized.add(v)
+            self._wrote(v)
         # Initializers run once each (all again with ``force``).
         inits = [i for c in self.computations for i in c.initializers
                  if force or i not in self._inits_done]
@@ -297,7 +366,19 @@ class Transformer:
             for v, a in values.items():
                 if v in self.state:  # in place: generated code holds these arrays
                     np.copyto(self.state[v], a)
+            for op in og.toposort(inits):
+                if isinstance(op, ASSIGN_CLASSES):
+                    self._wrote(og.snap(op.args[0]))
         self._initialized_all = True
+
+    def _wrote(self, v):
+        self._writes[v] = self._writes.get(v, 0) + 1
+
+    def write_count(self, v):
+        """How many times the procedures (``initialize``, the ``initializers`` it runs,
+        ``restore``) have written Variable ``v``; computations' assignments are not
+        counted. A cache of values computed from ``v`` is stale when it changed."""
+        return self._writes.get(v, 0)
 
     def state_view(self):
         """``{variable: array}``: the live storage of the variables (not a copy)."""
@@ -314,101 +395,56 @@ class Transformer:
             names[v.name] = v
         return names
 
-    def save(self, path):
-        """Write all persistent variables to ``path`` (``.npz``, keyed by variable name).
+    def _ready(self):
+        """Allocate and initialize what the next call needs (what its first call does)."""
+        if not self._initialized_all:
+            self.initialize()
 
-        The file is written to a temporary name beside ``path`` and renamed into place,
-        so an interrupted save never damages an existing checkpoint.
+    def save(self, path):
+        """Write all persistent variables to the checkpoint file ``path``.
+
+        Variables not initialized yet are initialized first, so a checkpoint always
+        holds what a call would start from. The file format and its guarantees are
+        those of :mod:`geon.transformers.checkpoint`: any variable name, an ``.npz``
+        archive NumPy can open, written atomically (temporary file, fsync, rename) with
+        the permissions the umask gives new files. A failure raises
+        :class:`CheckpointError` and leaves an existing file at ``path`` untouched.
         """
-        if not self._allocated:
-            self.allocate()
-        names = self._persistent()
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".geon-ckpt-", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **{n: self.state[v] for n, v in names.items()})
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with self._lock:
+            names = self._persistent()
+            self._ready()
+            checkpoint.write(path, [(n, self.state[v]) for n, v in names.items()])
 
     def restore(self, path):
         """Load persistent variables saved by :meth:`save`.
 
-        Every name, shape and dtype is checked before anything changes: a missing,
-        corrupt or mismatched file raises :class:`CheckpointError` and leaves the
-        current values untouched. Nothing is unpickled.
+        The file's names, shapes and dtypes are checked against the variables, and all
+        of it is read into new arrays, before anything changes: a missing, corrupt or
+        mismatched file raises :class:`CheckpointError` and leaves the transformer's
+        state as it was (memory used to reject a file is bounded by the variables'
+        sizes, whatever the file claims). Nothing is unpickled. Restored variables
+        count as initialized, and win over ``initializers`` that have not run yet
+        (those run now, so that they cannot overwrite the restored values later).
         """
-        if not self._allocated:
-            self.allocate()
-        names = self._persistent()
-        try:
-            with np.load(os.fspath(path), allow_pickle=False) as data:
-                loaded = {k: data[k] for k in data.files}
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint {path} does not exist") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
-        missing = sorted(set(names) - set(loaded))
-        extra = sorted(set(loaded) - set(names))
-        if missing or extra:
-            raise CheckpointError(f"checkpoint {path} does not match the variables: "
-                                  f"missing {missing}, unexpected {extra}")
-        for n, v in names.items():
-            a = loaded[n]
-            if a.shape != v.axes.shape or a.dtype != v.dtype:
-                raise CheckpointError(f"checkpoint {path}: {n} is {a.dtype}{list(a.shape)}, "
-                                      f"variable needs {v.dtype}{list(v.axes.shape)}")
-        for n, v in names.items():
-            np.copyto(self.state[v], loaded[n])
-            self._initialized.add(v)
+        with self._lock:
+            names = self._persistent()
+            loaded = checkpoint.read(path, {n: (v.axes.shape, v.dtype)
+                                            for n, v in names.items()})
+            if not self._allocated:
+                self.allocate()
 
-
-# --- registry --------------------------------------------------------------------------
-_REGISTRY = {}
-ENTRY_POINT_GROUP = "geon.transformers"
-
-
-def register_transformer(name, factory):
-    """Make ``make_transformer(name)`` call ``factory(**kwargs)``."""
-    _REGISTRY[name] = factory
-
-
-def _entry_points():
-    try:
-        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    except Exception:  # a broken installed distribution must not break geon
-        return {}
-
-
-def available_transformers():
-    """Names accepted by :func:`make_transformer`, registered or installed."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
-
-
-def _factory(name):
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        ep = _entry_points().get(name)
-        if ep is None:
-            raise UnknownTransformerError(
-                f"no transformer named {name!r}; available: "
-                f"{', '.join(available_transformers())}")
-        factory = ep.load()
-        _REGISTRY[name] = factory
-    return factory
-
-
-def make_transformer(name="numpy", **kwargs):
-    """A new transformer registered under ``name`` (built in, through
-    :func:`register_transformer`, or installed under the ``geon.transformers``
-    entry-point group)."""
-    return _factory(name)(**kwargs)
+            def commit():
+                for n, v in names.items():
+                    np.copyto(self.state[v], loaded[n])
+                    self._initialized.add(v)
+                    self._wrote(v)
+            # Restored variables are never initialized (their initial value may be
+            # unknown, e.g. in a deserialized graph); the rest are, and pending
+            # initializers run, before the restored values are written again.
+            commit()
+            if not self._initialized_all:
+                self.initialize()
+                commit()
 
 
 # --- plugins -------------------------------------------------------------------------------
@@ -421,11 +457,11 @@ def insert_passes(passes, new, *, after=None, before=None):
     :meth:`Transformer.passes`); an unknown name raises ``ValueError`` listing them.
     """
     if (after is None) == (before is None):
-        raise TypeError("insert_passes: give exactly one of after= and before=")
+        raise ArgumentError("insert_passes: give exactly one of after= and before=")
     names = [p.name for p in passes]
     anchor = after if after is not None else before
     if anchor not in names:
-        raise ValueError(f"insert_passes: no pass named {anchor!r}; passes are {names}")
+        raise ArgumentError(f"insert_passes: no pass named {anchor!r}; passes are {names}")
     i = names.index(anchor) + (1 if after is not None else 0)
     new = [new] if isinstance(new, Pass) else list(new)
     return list(passes[:i]) + new + list(passes[i:])
@@ -437,7 +473,7 @@ def pass_named(passes, name):
     for p in passes:
         if p.name == name:
             return p
-    raise ValueError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
+    raise ArgumentError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
 
 
 def transformers_with(op_class):
@@ -446,7 +482,7 @@ def transformers_with(op_class):
     found = []
     for name in available_transformers():
         try:
-            factory = _factory(name)
+            factory = transformer_factory(name)
         except Exception:  # a broken plugin must not hide the answer for the others
             continue
         base = getattr(factory, "base_set", None)
@@ -458,7 +494,8 @@ def transformers_with(op_class):
 def transformer_ops(name):
     """The ops the transformer ``name`` exposes to frontends (its ``frontend_ops``), as
     attributes: ``be.transformer_ops("geon-axpy").axpy(a, x, y)``."""
-    return types.SimpleNamespace(**dict(getattr(_factory(name), "frontend_ops", {}) or {}))
+    ops = getattr(transformer_factory(name), "frontend_ops", {}) or {}
+    return types.SimpleNamespace(**dict(ops))
 
 
 def _name_owners(error, graph, transformer):

@@ -14,7 +14,6 @@ from geon.op_graph.autodiff import adjoint_rule
 from geon.op_graph.coercion import NUMPY_DTYPE_RULES
 from geon.op_graph.forward import forward_rule
 from geon.op_graph.reference import ELEMENTWISE_FUNCS
-from geon.op_graph.serialize import register_op
 from geon.transformers.numpy import NumPyTransformer, numpy_code
 from geon.transformers.passes import RewritePass
 
@@ -25,7 +24,11 @@ __version__ = "0.1.0"
 # --- the primitive ---------------------------------------------------------------------------
 
 class Axpy(og.ElementWise):
-    """``a * x + y`` elementwise, in one primitive (operands matched as in ``add``)."""
+    """``a * x + y`` elementwise, in one primitive (operands matched as in ``add``).
+    Without parameters beyond its dtype (``attrs`` inherited), it is compared, copied,
+    printed and serialized like any op."""
+
+    arity = 3
 
 
 def axpy(a, x, y):
@@ -45,7 +48,6 @@ def _value(a, x, y):
 
 ELEMENTWISE_FUNCS[Axpy] = _value      # the reference semantics (and constant folding)
 NUMPY_DTYPE_RULES[Axpy] = _value      # NumPy-family operands: NumPy's result dtype
-register_op(Axpy, arity=3)            # serialization, printing, CSE
 
 
 @numpy_code(Axpy)

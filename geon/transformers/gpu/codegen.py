@@ -27,6 +27,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.ordering import schedule
+from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
 from geon.transformers.gpu import conv as gpu_conv
 from geon.transformers.gpu import cuda, kernels
@@ -267,17 +268,13 @@ class Context:
         r = cuda.cuda_rule(op)
         if r is not None:
             return r
-        from geon.op_graph.user_ops import CUDA_SOURCES
-        if type(op) in CUDA_SOURCES:
-            return cuda.user_op_code(type(op))[0]
         raise LoweringError(f"the gpu transformer has no CUDA code for {op.name} "
                             f"({type(op).__name__}, built at {op.file_info})")
 
     def deps_of(self, members):
-        from geon.op_graph.user_ops import CUDA_SOURCES
         out = []
         for m in members:
-            if cuda.cuda_rule(m) is None and type(m) in CUDA_SOURCES:
+            if isinstance(m, UserOp):
                 src = cuda.user_op_code(type(m))[1]
                 if src not in out:
                     out.append(src)
@@ -512,9 +509,49 @@ def _emit_single(prog, ctx, op):
             src_lay = ctx.layout(op.args[0])
             src = ctx.pointer(params, src_lay)
             _add(prog, kernels.unslice_kernel(params, op, out, src, src_lay, [op]))
+    elif isinstance(op, (pr.Take, pr.PutAdd)):
+        _emit_indexed(prog, ctx, op)
+    elif isinstance(op, pr.PrefixSum):
+        if op.axes.size:
+            params = kernels.Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            src_lay = ctx.layout(op.args[0])
+            _add(prog, kernels.prefix_sum_kernel(params, op, out, ctx.pointer(params, src_lay),
+                                                 src_lay, [op]))
+    elif isinstance(op, pr.SortPrim):
+        if op.args[0].axes.size:
+            params = kernels.Params()
+            outs = [ctx.lay.get(o) for o in op.outputs]
+            values, indices = (None if lay is None else ctx.pointer(params, lay, written=True)
+                               for lay in outs)
+            src_lay = ctx.layout(op.args[0])
+            _add(prog, kernels.sort_kernel(params, op, values, indices,
+                                           ctx.pointer(params, src_lay), src_lay, [op]))
     else:
         raise LoweringError(f"the gpu transformer cannot run {op.name} "
                             f"({type(op).__name__}, built at {op.file_info})")
+
+
+def _emit_indexed(prog, ctx, op):
+    """Take (a gather) or PutAdd (zeros, then atomic adds at the indices)."""
+    if not op.axes.size:
+        return
+    lay = ctx.layout(op)
+    if isinstance(op, pr.Take) and not op.args[0].axes.lengths[1]:
+        raise LoweringError(f"{op.name} (built at {op.file_info}) takes entries from an "
+                            f"empty axis")
+    if isinstance(op, pr.PutAdd):
+        params = kernels.Params()
+        _add(prog, kernels.zero_kernel(params, op, ctx.pointer(params, lay, written=True),
+                                       [op]))
+        if not op.args[0].axes.size:
+            return
+    params = kernels.Params()
+    out = ctx.pointer(params, lay, written=True)
+    src_lay, idx_lay = ctx.layout(op.args[0]), ctx.layout(op.args[1])
+    src, idx = ctx.pointer(params, src_lay), ctx.pointer(params, idx_lay)
+    make = kernels.take_kernel if isinstance(op, pr.Take) else kernels.put_add_kernel
+    _add(prog, make(params, op, out, src, src_lay, idx, idx_lay, [op]))
 
 
 def _emit_transpose(prog, ctx, op):

@@ -5,7 +5,7 @@
 :func:`compute_dtype`) and ``ctype`` is that type's C name. The expression's value is
 converted to the op's dtype by the caller. Adding an elementwise op to the GPU
 transformer is one entry here (user ops made by :func:`geon.define_op` with ``cuda=``
-get theirs automatically, see :func:`user_op_code`).
+share one entry, which reads the class's ``cuda_source``, see :func:`user_op_code`).
 """
 
 import re
@@ -17,7 +17,9 @@ from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
+from geon.op_graph.np_ops import Select
 from geon.op_graph.tables import OpTable
+from geon.op_graph.user_ops import UserOp
 
 #: NumPy dtype -> C type of the generated code.
 C_TYPES = {
@@ -73,7 +75,7 @@ def fn(name, dtype):
 
 
 #: Definitions every kernel may use. Written so that nvcc and an ordinary C++ compiler
-#: (the emulator, see :mod:`geon.transformers.gpu.emulator`) both accept them.
+#: (the test suite's emulator, tests/cuda_emulator.py) both accept them.
 PRELUDE = r"""// geon CUDA prelude
 __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_float(b); }
 __device__ __forceinline__ double geon_f64(unsigned long long b) {
@@ -99,6 +101,17 @@ __device__ __forceinline__ double geon_sigmoid(double x) {
     if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
     const double e = exp(x);
     return e / (1.0 + e);
+}
+#ifndef __CUDACC__
+// the emulator runs one thread at a time between barriers: a plain add is atomic there
+template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+#endif
+// log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), exact for any x
+__device__ __forceinline__ float geon_softplus(float x) {
+    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+}
+__device__ __forceinline__ double geon_softplus(double x) {
+    return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)));
 }
 // softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
 __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
@@ -133,7 +146,8 @@ def _math(name):
 
 
 for _cls, _name in [(og.Power, "pow"), (og.Sqrt, "sqrt"), (og.Exp, "exp"), (og.Log, "log"),
-                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh")]:
+                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh"), (og.Erf, "erf"),
+                    (og.Expm1, "expm1")]:
     CUDA_CODE[_cls] = _math(_name)
 
 
@@ -179,6 +193,17 @@ def _sigmoid(op, args, t):
     return f"geon_sigmoid(({_float_type(op)}){args[0]})"
 
 
+@cuda_code(og.Softplus)
+def _softplus(op, args, t):
+    return f"geon_softplus(({_float_type(op)}){args[0]})"
+
+
+@cuda_code(Select)
+def _select(op, args, t):
+    c, a, b = args
+    return f"({c} != ({t})0 ? {a} : {b})"
+
+
 @cuda_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, args, t):
     ft = _float_type(op)
@@ -199,13 +224,21 @@ _DEVICE_FN = re.compile(r"__device__\s+[\w\s\*]*?\b(\w+)\s*\(")
 
 def user_op_code(cls):
     """``(function name, source)`` of a user elementwise op defined with ``cuda=``."""
-    from geon.op_graph.user_ops import CUDA_SOURCES
-    src = CUDA_SOURCES[cls]
+    src = cls.cuda_source
+    if src is None:
+        raise LoweringError(f"the gpu transformer has no CUDA code for {cls.__name__}: "
+                            f"define it with cuda= source")
     m = _DEVICE_FN.search(src)
     if m is None:
         raise LoweringError(f"the CUDA source of {cls.__name__} defines no __device__ "
                             f"function: {src!r}")
     return m.group(1), src
+
+
+@cuda_code(UserOp)
+def _user_op(op, args, t):
+    # a user elementwise op (geon.define_op with cuda=) carries its __device__ function
+    return f"{user_op_code(type(op))[0]}({', '.join(args)})"
 
 
 def cuda_rule(op):

@@ -8,8 +8,8 @@ address plus a byte offset, fixed when the transformer allocates. The kernel's n
 compiled once.
 
 Kernels use only what both nvcc and an ordinary C++ compiler with a small shim accept
-(no warp intrinsics), so that :mod:`geon.transformers.gpu.emulator` can run them on the
-CPU.
+(no warp intrinsics), so that the test suite's CPU emulator (tests/cuda_emulator.py)
+can run them.
 """
 
 import hashlib
@@ -190,10 +190,7 @@ class Fused:
             cdt = cuda.compute_dtype(m)
             rule = self.ctx.rule(m)
             args = [arg_expr(a, cdt) for a in m.args]
-            if isinstance(rule, str):  # a user op's device function
-                expr = f"{rule}({', '.join(args)})"
-            else:
-                expr = rule(m, args, ctype(cdt))
+            expr = rule(m, args, ctype(cdt))
             v = f"v{k}"
             out_t = ctype(m.dtype)
             if isinstance(m, og.Comparison) or (m.dtype != cdt):
@@ -698,3 +695,139 @@ def transpose_kernel(params, op, out, src, R, C, sr, sc, ops):
         raise LoweringError(f"a transposing copy of {R} x {C} is too large for one launch")
     return Kernel("transpose", params, "\n".join(lines) + "\n", 256, grid, (32, 8), ops,
                   note=f"Copy of a transpose, {R} x {C}")
+
+
+# --- indexing by an integer tensor, scans and sorts: one thread per element ------------
+
+def _elements(n, it):
+    """The opening lines of a grid-stride loop over ``n`` elements (index ``i``)."""
+    return [f"    const {it} n = {n};",
+            f"    for ({it} i = ({it})blockIdx.x * {EW_THREADS} + ({it})threadIdx.x; "
+            f"i < n; i += ({it})gridDim.x * {EW_THREADS}) {{"]
+
+
+def _coords(shape, it, names=None):
+    """Lines computing the row-major coordinates of ``i`` in ``shape``, named ``names``
+    (default ``i0, i1, ...``)."""
+    names = names or [f"i{d}" for d in range(len(shape))]
+    lines, step = [], 1
+    for d in range(len(shape) - 1, -1, -1):
+        lines.append(f"        const {it} {names[d]} = (i / {step}) % {shape[d]};")
+        step *= shape[d]
+    return lines[::-1]
+
+
+def _at(lay, coords, it):
+    """The element offset of coordinates ``coords`` (C expressions) in ``lay``."""
+    terms = [f"({it})({c}) * {s}" for c, s in zip(coords, lay.strides) if s != 0]
+    return " + ".join(terms) or "0"
+
+
+def _index_lines(idx, idx_lay, j, n, it):
+    """``k``: the index read at position ``j`` of the index vector, negative ones
+    counted from the end and the rest clamped to ``[0, n)`` (no access outside)."""
+    return [f"        {it} k = ({it}){idx}[{_at(idx_lay, [j], it)}];",
+            f"        if (k < 0) {{ k += {n}; }}",
+            f"        k = k < 0 ? 0 : (k >= {n} ? {n - 1} : k);"]
+
+
+def take_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
+    """``out[o, j, ...] = src[o, idx[j], ...]``."""
+    shape = op.axes.shape
+    n = int(np.prod(shape, dtype=np.int64))
+    it = _itype(n, [src_lay, idx_lay])
+    lines = _elements(n, it) + _coords(shape, it)
+    lines += _index_lines(idx, idx_lay, "i1", src_lay.shape[1], it)
+    coords = ["i0", "k"] + [f"i{d}" for d in range(2, len(shape))]
+    lines.append(f"        {out}[i] = {src}[{_at(src_lay, coords, it)}];")
+    lines.append("    }")
+    return Kernel("take", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"Take {shape}")
+
+
+def zero_kernel(params, op, out, ops):
+    """``out`` (``op``'s row-major buffer) filled with zeros."""
+    n = op.axes.size
+    it = _itype(n)
+    lines = _elements(n, it) + [f"        {out}[i] = {literal(0, op.dtype)};", "    }"]
+    return Kernel("zero", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"zeros {op.axes.shape}")
+
+
+def put_add_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
+    """``out[o, idx[j], ...] += src[o, j, ...]`` with atomic adds (after
+    :func:`zero_kernel`); float32 and float64 only."""
+    if op.dtype.kind != "f":
+        raise LoweringError(f"the gpu transformer adds at indices in float32 or float64 "
+                            f"only, not {op.dtype} ({op.name}, built at {op.file_info})")
+    shape = src_lay.shape
+    n = int(np.prod(shape, dtype=np.int64))
+    it = _itype(max(n, op.axes.size), [src_lay, idx_lay])
+    lines = _elements(n, it) + _coords(shape, it)
+    N = op.axes.shape[1]
+    lines += _index_lines(idx, idx_lay, "i1", N, it)
+    from geon.transformers.gpu.layout import row_major
+    dst = _at(type(src_lay)(op, 0, op.axes.shape, row_major(op.axes.shape)),
+              ["i0", "k"] + [f"i{d}" for d in range(2, len(shape))], it)
+    at = _at(src_lay, [f"i{d}" for d in range(len(shape))], it)
+    lines.append(f"        atomicAdd(&{out}[{dst}], {src}[{at}]);")
+    lines.append("    }")
+    return Kernel("put_add", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PutAdd {shape}")
+
+
+def _columns(shape, it):
+    """A grid-stride loop over the columns ``(o, rest...)`` of (O, N, ...) and their
+    coordinates ``i0``, ``i2``, ``i3`` ... (dimension 1 is walked by the body)."""
+    cols = [shape[0]] + list(shape[2:])
+    n = int(np.prod(cols, dtype=np.int64))
+    lines = _elements(n, it)
+    return n, lines + _coords(cols, it, ["i0"] + [f"i{d}" for d in range(2, len(shape))])
+
+
+def prefix_sum_kernel(params, op, out, src, src_lay, ops):
+    """Running sums along dimension 1: one thread per column, walking it in order."""
+    shape = op.axes.shape
+    it = _itype(op.axes.size, [src_lay])
+    n, lines = _columns(shape, it)
+    T = ctype(op.dtype)
+    from geon.transformers.gpu.layout import row_major
+    out_lay = type(src_lay)(op, 0, shape, row_major(shape))
+    rest = [f"i{d}" for d in range(2, len(shape))]
+    lines += [f"        {T} acc = {literal(0, op.dtype)};",
+              f"        for ({it} j = 0; j < {shape[1]}; ++j) {{",
+              f"            acc += {src}[{_at(src_lay, ['i0', 'j'] + rest, it)}];",
+              f"            {out}[{_at(out_lay, ['i0', 'j'] + rest, it)}] = acc;",
+              "        }", "    }"]
+    return Kernel("prefix_sum", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PrefixSum {shape}")
+
+
+def sort_kernel(params, op, values, indices, src, src_lay, ops):
+    """A stable sort along dimension 1: one thread per element, which counts the
+    elements of its column that go before it (smaller, or equal and earlier) and writes
+    itself at that rank (N comparisons per element: for the moderate lengths sorted
+    inside a model)."""
+    x = op.args[0]
+    shape = x.axes.shape
+    n = int(np.prod(shape, dtype=np.int64))
+    it = _itype(n, [src_lay])
+    from geon.transformers.gpu.layout import row_major
+    lay = type(src_lay)(op, 0, shape, row_major(shape))
+    rest = [f"i{d}" for d in range(2, len(shape))]
+    T = ctype(x.dtype)
+    lines = _elements(n, it) + _coords(shape, it)
+    lines += [f"        const {T} v = {src}[{_at(src_lay, ['i0', 'i1'] + rest, it)}];",
+              f"        {it} rank = 0;",
+              f"        for ({it} j = 0; j < {shape[1]}; ++j) {{",
+              f"            const {T} w = {src}[{_at(src_lay, ['i0', 'j'] + rest, it)}];",
+              "            if (w < v || (w == v && j < i1)) { ++rank; }",
+              "        }",
+              f"        const {it} at = {_at(lay, ['i0', 'rank'] + rest, it)};"]
+    if values is not None:
+        lines.append(f"        {values}[at] = v;")
+    if indices is not None:
+        lines.append(f"        {indices}[at] = (long long)i1;")
+    lines.append("    }")
+    return Kernel("sort", params, "\n".join(lines) + "\n", EW_THREADS,
+                  (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"SortPrim {shape}")

@@ -9,7 +9,8 @@ A runtime offers: ``alloc(nbytes) -> buffer`` (``int(buffer)`` is its device add
 once per device: the cache is keyed by the kernel's name, which holds a hash of its
 source, and lives in the runtime of that device), ``launcher(launches)`` (a function
 that runs a list of ``(kernel, grid, block, addresses)``), and ``synchronize()``.
-:mod:`geon.transformers.gpu.emulator` offers the same on the CPU.
+The test suite's CPU emulator (tests/cuda_emulator.py) offers the same and is
+passed as ``GPUTransformer(runtime=...)``.
 """
 
 import atexit
@@ -17,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 
 _runtimes = {}
 
@@ -149,7 +150,7 @@ class PyCUDARuntime:
         that does not work here); ``"auto"`` (cuBLAS if it works, with a warning if
         CuPy is installed but fails)."""
         if choice not in ("auto", "cublas", "generated"):
-            raise ValueError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
+            raise ArgumentError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
         if choice == "generated":
             return None
         if self._blas is None:

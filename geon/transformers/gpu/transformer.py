@@ -4,16 +4,17 @@ kernels launched through PyCUDA, and variables that live on the device.
 :class:`CudaCodegenTransformer` does everything up to the CUDA source and the launch
 plan and needs neither pycuda nor a GPU (its computations have a ``source`` and a
 ``program`` but cannot be called). :class:`GPUTransformer` adds a runtime: PyCUDA on a
-CUDA device (the default), or the CPU emulator (``runtime="emulator"``, for tests).
+CUDA device.
 """
 
 from collections.abc import MutableMapping
 
 import numpy as np
 
-from geon.errors import GeonError, UnknownTransformerError
+from geon.errors import ArgumentError, GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
-from geon.op_graph.conv import CONV_PRIMITIVES
+from geon.op_graph.user_ops import USER_OPS
+from geon.op_graph.np_ops import Select
 from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
 from geon.transformers.gpu.codegen import generate
 
@@ -26,8 +27,8 @@ class GPUUnavailableError(UnknownTransformerError):
 
 
 def _user_elementwise_with_cuda():
-    from geon.op_graph.user_ops import CUDA_SOURCES
-    return frozenset(c for c in CUDA_SOURCES if issubclass(c, og.ElementWise))
+    return frozenset(c for c in USER_OPS.values()
+                     if issubclass(c, og.ElementWise) and c.cuda_source is not None)
 
 
 class CudaComputation(Computation):
@@ -119,20 +120,22 @@ class GPUComputation(CudaComputation):
         assigned = list(self.program.assigned)
         single, check = self.single, self._check_feed
         ndarray = np.ndarray
+        lock = t._lock  # calls take turns: computations share the device buffers
 
         def entry(*args):
-            for i, a in enumerate(args):
-                shape, dt = checks[i]
-                if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
-                    a = check(i, a)
-                rt.htod(ptrs[i], a)
-            if state.host_dirty:
-                state.push()
-            run()
-            if assigned:
-                state.written(assigned)
-            values = [f() for f in fetch]
-            self._last = values
+            with lock:
+                for i, a in enumerate(args):
+                    shape, dt = checks[i]
+                    if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
+                        a = check(i, a)
+                    rt.htod(ptrs[i], a)
+                if state.host_dirty:
+                    state.push()
+                run()
+                if assigned:
+                    state.written(assigned)
+                values = [f() for f in fetch]
+                self._last = values
             return values[0] if single else tuple(values)
         return entry
 
@@ -165,8 +168,8 @@ class DeviceState(MutableMapping):
     def __setitem__(self, v, value):
         host = np.array(value, dtype=v.dtype, order="C")
         if host.shape != v.axes.shape:
-            raise ValueError(f"state of {v.name}: shape {host.shape}, expected "
-                             f"{v.axes.shape}")
+            raise ArgumentError(f"state of {v.name}: shape {host.shape}, expected "
+                                f"{v.axes.shape}")
         if v not in self._device:
             self._device[v] = self.runtime.alloc(max(host.nbytes, 1))
         self._host[v] = host
@@ -224,9 +227,8 @@ class CudaCodegenTransformer(Transformer):
 
     @property
     def base_set(self):
-        """The standard base set, the convolution and pooling primitives, and user
-        elementwise ops given CUDA source."""
-        return STANDARD_BASE_SET | CONV_PRIMITIVES | _user_elementwise_with_cuda()
+        """The standard base set plus user elementwise ops given CUDA source."""
+        return STANDARD_BASE_SET | {Select} | _user_elementwise_with_cuda()
 
 
 class GPUTransformer(CudaCodegenTransformer):
@@ -234,8 +236,9 @@ class GPUTransformer(CudaCodegenTransformer):
 
     Args:
         device: the CUDA device ordinal (default 0).
-        runtime: ``None`` (PyCUDA on ``device``), ``"emulator"`` (the generated code on
-            the CPU, see :mod:`geon.transformers.gpu.emulator`), or a runtime object.
+        runtime: ``None`` (PyCUDA on ``device``), or an object offering the runtime
+            interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime` (the test
+            suite passes a CPU emulator of the generated kernels this way).
         gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
             through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
             here, else the generated GEMM).
@@ -259,9 +262,6 @@ class GPUTransformer(CudaCodegenTransformer):
                     f"the gpu transformer is not available: {why}; available "
                     f"transformers: {', '.join(others)}")
             runtime = pycuda_runtime(device)
-        elif runtime == "emulator":
-            from geon.transformers.gpu.emulator import EmulatorRuntime
-            runtime = EmulatorRuntime()
         self.runtime = runtime
         self.gemm = gemm
         self._blas = runtime.blas_for(gemm)
@@ -274,7 +274,10 @@ class GPUTransformer(CudaCodegenTransformer):
 
     def save(self, path):
         # Reading the state to save it leaves the host copies equal to the device's:
-        # they need not be copied back before the next run.
-        before = set(self.state.host_dirty)
-        super().save(path)
-        self.state.host_dirty.intersection_update(before)
+        # they need not be copied back before the next run (but what initialize
+        # wrote must be).
+        with self._lock:
+            self._ready()
+            before = set(self.state.host_dirty)
+            super().save(path)
+            self.state.host_dirty.intersection_update(before)

@@ -23,14 +23,17 @@ import numpy as np
 
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph import schemas as sc
+from geon.op_graph import special
 from geon.op_graph.autodiff import find_rule
+from geon.op_graph.np_ops import Select
+from geon.op_graph.user_ops import USER_OPS, UserOp
 from geon.op_graph.ordering import schedule
-from geon.op_graph.reference import NP_UFUNCS
+from geon.op_graph.reference import NP_UFUNCS, op_site
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
-from geon.transformers.base import Computation, Transformer, register_transformer
+from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
+                                    register_transformer)
 from geon.transformers import fusion
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
@@ -38,7 +41,8 @@ from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 NUMPY_CODE = OpTable("NUMPY_CODE", "fn(op, out, args) -> [source lines]")
 #: Decorator: ``@numpy_code(Cls, ...)`` registers ``fn(op, out, args) -> [lines]``.
 numpy_code = NUMPY_CODE.register
-#: Names every generated module can use besides ``np`` (e.g. a user op's function).
+#: Names every generated module can use besides ``np`` (and each user op's NumPy
+#: function, see :func:`_user_op`).
 NUMPY_GLOBALS = {}
 
 
@@ -57,6 +61,33 @@ for _cls, _fn in NP_UFUNCS.items():
     NUMPY_CODE[_cls] = _ufunc_code(_fn.__name__)
 
 
+@numpy_code(Select)
+def _select(op, out, args):
+    c, a, b = args
+    return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
+
+
+def _user_function(cls):
+    """The name generated code calls user op ``cls``'s NumPy function by."""
+    return "user_" + cls.registry_key  # keys are identifiers, unique per class
+
+
+@numpy_code(UserOp)
+def _user_op(op, out, args):
+    # every user op (geon.define_op) carries its NumPy function: one rule serves them all
+    kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
+    call = f"{_user_function(type(op))}({', '.join(args)}{kw})"
+    return [f"np.copyto({out}, {call}, casting='unsafe')"]
+
+
+def _module_globals():
+    """What the generated modules see besides ``np``: :data:`NUMPY_GLOBALS` and the
+    user ops' NumPy functions."""
+    names = dict(NUMPY_GLOBALS)
+    names.update((_user_function(c), c.numpy_impl) for c in USER_OPS.values())
+    return names
+
+
 @numpy_code(og.Sigmoid)
 def _sigmoid(op, out, args):
     # 1 / (1 + exp(-x)) with -x clipped below exp's overflow: accurate to the last bit
@@ -66,6 +97,19 @@ def _sigmoid(op, out, args):
     return [f"np.negative({x}, out={out})", f"np.minimum({out}, {limit}, out={out})",
             f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
             f"np.reciprocal({out}, out={out})"]
+
+
+@numpy_code(og.Erf)
+def _erf(op, out, args):
+    return [f"_erf({args[0]}, out={out})"]
+
+
+NUMPY_GLOBALS["_erf"] = special.erf
+
+
+@numpy_code(og.Softplus)
+def _softplus(op, out, args):
+    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
 
 
 @numpy_code(sc.SigmoidCrossEntropy)
@@ -113,6 +157,32 @@ def _unslice(op, out, args):
     return [f"{out}.fill(0)", f"{out}[{op.key!r}] = {args[0]}"]
 
 
+@numpy_code(pr.Take)
+def _take(op, out, args):
+    return [f"_take({args[0]}, {args[1]}, {op_site(op)!r}, out={out})"]
+
+
+@numpy_code(pr.PutAdd)
+def _put_add(op, out, args):
+    return [f"_put_add({args[0]}, {args[1]}, {out}, {op_site(op)!r})"]
+
+
+NUMPY_GLOBALS.update(_take=special.take, _put_add=special.put_add)
+
+
+@numpy_code(pr.PrefixSum)
+def _prefix_sum(op, out, args):
+    return [f"np.cumsum({args[0]}, axis=1, out={out})"]
+
+
+@numpy_code(pr.SortPrim)
+def _sort(op, outs, args):
+    return [f"_sort({args[0]}, {outs[0]}, {outs[1]})"]
+
+
+NUMPY_GLOBALS["_sort"] = special.sort_rows
+
+
 @numpy_code(pr.Assign)
 def _assign(op, out, args):
     t, v = args
@@ -152,9 +222,9 @@ class NumPyComputation(Computation):
 
     def _generate(self):
         t = self.transformer
-        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last"}
+        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last", "_lock"}
         taken.update(f"_dt{i}" for i in range(len(self.params)))
-        taken.update(NUMPY_GLOBALS)
+        taken.update(_module_globals())
         names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
         setup, body = [], []
@@ -290,8 +360,10 @@ class NumPyComputation(Computation):
             src.append("    global " + ", ".join(glob))
         src.extend(setup or ["    pass"])
         src.append(f"def run({params}):")
-        src.extend(body)
-        src.append(returns_line)
+        # Calls take turns: every computation of the transformer shares its buffers.
+        src.append("    with _lock:")
+        src.extend("    " + ln for ln in body)
+        src.append("    " + returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
         self._scratch = scratch
         self._source = "\n".join(src) + "\n"
@@ -397,7 +469,7 @@ class NumPyComputation(Computation):
         return f"    {line:<60} # {type(op).__name__}{origin}, {op.file_info}"
 
     def _allocate(self):
-        ns = dict(NUMPY_GLOBALS, np=np)
+        ns = dict(_module_globals(), np=np)
         state = self.transformer.state
         for n, v in self._variables.items():
             ns[n] = state[v]
@@ -418,6 +490,7 @@ class NumPyComputation(Computation):
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
+        ns["_lock"] = self.transformer._lock
         for i, p in enumerate(self.params):
             ns[f"_dt{i}"] = p.dtype
         self._ns = ns
@@ -438,8 +511,11 @@ class NumPyTransformer(Transformer):
     """Runs computations on the CPU through generated NumPy code."""
 
     name = "numpy"
+    #: The standard base set, ``where`` (np_ops.Select) and every user op: the classes
+    #: with a rule in :data:`NUMPY_CODE` or handled by the code generator itself (views,
+    #: placeholders, variables, constants).
+    base_set = STANDARD_BASE_SET | {Select, UserOp}
     computation_class = NumPyComputation
-    base_set = Transformer.base_set | CONV_PRIMITIVES
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")

@@ -3,8 +3,8 @@
 A :class:`Graph` is the set of ops a computation needs, reached from its results. A
 :class:`RewritePass` holds small named rules keyed by op class; it visits ops from a
 worklist (arguments first) and, when a rule returns a replacement, swaps it in with
-:meth:`Graph.replace` and queues the new ops and the replaced op's users. It never
-re-sorts the whole graph per replacement.
+:meth:`Graph.replace` and queues the new ops and the replaced op's users (only they
+see a changed arg). It never re-sorts the whole graph per replacement.
 """
 
 import collections
@@ -126,10 +126,13 @@ class RewritePass(Pass):
 
     ``rules`` is a list of ``(classes, fn)``; ``fn(op)`` returns a replacement op or
     ``None``. Ops built inside ``fn`` take the replaced op's source location and
-    other_deps (see :class:`geon.op_graph.nodes.rewriting`).
+    other_deps (see :class:`geon.op_graph.nodes.rewriting`). After :meth:`run`,
+    ``steps`` counts the ops it took from its worklist plus those it offered to it after
+    replacements: linear in the graph's size.
     """
 
     rules = ()
+    steps = 0
 
     def __init__(self, extra_rules=(), name=None):
         super().__init__(name)
@@ -158,9 +161,11 @@ class RewritePass(Pass):
         queued = set(initial)
         members = set(initial)  # users outside this graph are not this pass's business
         budget = 100 * len(initial) + 1000
+        self.steps = 0
         while work:
             op = work.popleft()
             queued.discard(op)
+            self.steps += 1
             if op.forward is not None:
                 continue
             for rule in self._rules_for(type(op)):
@@ -168,10 +173,17 @@ class RewritePass(Pass):
                     new = rule(op)
                 if new is None or new is op:
                     continue
+                # Only op's users see a new arg: queue them, not all of new's users
+                # (new may be a placeholder that thousands of ops read; re-queuing
+                # those per replacement made wide graphs quadratic).
+                moved = [u for u in list(op.users) + list(op._dep_users) if u in members]
                 graph.replace(op, new)
+                new = op.forward  # replace() may have put a Copy in between
                 members.update(ctx.created)
                 members.add(new)
-                for n in ctx.created + [new] + [u for u in new.users if u in members]:
+                offered = ctx.created + [new] + moved
+                self.steps += len(offered)
+                for n in offered:
                     if n not in queued and n.forward is None:
                         work.append(n)
                         queued.add(n)

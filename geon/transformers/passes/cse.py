@@ -1,29 +1,29 @@
 """Hash-consing: merge ops that compute the same value (common subexpression elimination).
 
-Two ops are merged when they have the same class, the same attributes (the ones
-:mod:`geon.op_graph.serialize` writes: reduction axes, slice keys, permutations ...),
-the same result axes and dtype, the same args (after earlier merges), the same
-other_deps and the same tags. The later op (in dependency order) is replaced by the
+Two ops are merged when they have the same class, the same parameters (the values of
+the class's ``attrs``: reduction axes, slice keys, permutations ..., compared with
+:func:`~geon.op_graph.params.value_key`), the same result axes and dtype, the same args
+(after earlier merges), the same other_deps and the same tags. The later op (in dependency order) is replaced by the
 earlier one with :meth:`~geon.transformers.passes.Graph.replace`, so handles to it
 follow ``forward`` to the survivor.
 
 Never merged:
 
-- placeholders and variables (each is its own storage), and any op class without a
-  serialization rule (its attributes are unknown);
+- placeholders and variables (each is its own storage);
 - void ops (``SetItem``, ``Assign``): each is an effect;
 - ops with ``initializers``.
 
-Constants merge when their dtype, shape, weakness and bytes are equal (``0.0`` and
-``-0.0`` stay apart; two NaN constants with the same bits merge).
+Constants merge when their dtype, shape, weakness and bytes (or Python number) are
+equal (``0.0`` and ``-0.0`` stay apart; two NaN constants with the same bits merge).
 
 other_deps are part of the key, so two reads of a variable built on either side of a
 ``SetItem`` (the later one runs after it) stay apart, while two identical reads on the
 same side merge.
 """
 
+from geon.errors import GeonError
 from geon.op_graph import op_graph as og
-from geon.op_graph.serialize import spec_for
+from geon.op_graph.params import value_key
 from geon.transformers.passes import Pass
 
 
@@ -33,14 +33,11 @@ def cse_key(op):
         return None
     if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
         return None
-    spec = spec_for(op)
-    if spec is None:
-        return None
-    if isinstance(op, og.Constant):
-        v = op.value
-        attrs = (bool(op.weak), v.dtype.str, v.shape, v.tobytes())
-    else:
-        attrs = spec.key(op)
+    try:
+        attrs = tuple(value_key(v) for v in op.attr_values().values())
+    except TypeError as e:
+        raise GeonError(f"{type(op).__name__} {op.name}: {e}; an op's parameters (its "
+                        f"class's attrs) are immutable values") from None
     axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
         else None
     return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op.tags))
@@ -66,6 +63,13 @@ class CommonSubexpressionElimination(Pass):
             # Ops are visited after their args, whose merges already rewired op's args.
             if op.forward is not None:
                 continue
+            if isinstance(op, og.Output):
+                own = op.args[0].outputs[op.index]
+                if own is not op:
+                    # Its multi-output op was merged into another: read the survivor's
+                    # own output, the one its backends compute.
+                    graph.replace(op, own)
+                    continue
             key = cse_key(op)
             if key is None:
                 continue

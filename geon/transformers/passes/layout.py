@@ -13,6 +13,7 @@ so results do not depend on the preference; the generated code does: buffer shap
 ``matmul`` operand order show the layout.
 """
 
+from geon.errors import ArgumentError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes
 from geon.transformers.passes import RewritePass
@@ -56,7 +57,7 @@ class LayoutPass(RewritePass):
 
     def __init__(self, sample_axis="first", name=None):
         if sample_axis not in LAYOUTS:
-            raise ValueError(f"sample_axis must be one of {LAYOUTS}, not {sample_axis!r}")
+            raise ArgumentError(f"sample_axis must be one of {LAYOUTS}, not {sample_axis!r}")
         self.sample_axis = sample_axis
         super().__init__(name=name)
         self.add_rule(og.ElementWise, self.elementwise)

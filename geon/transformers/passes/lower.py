@@ -9,6 +9,7 @@ slicing are explicit views. Named axes are not consulted after this pass.
 import numpy as np
 
 from geon.op_graph import conv as cv
+from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
@@ -115,6 +116,103 @@ def lower_one_hot(op):  # one_hot(x, A) -> equal(arange(A), x)
     return og.Equal(idx, x, dtype=op.dtype)
 
 
+def as_three(x, outer, axis, inner, unit):
+    """``x`` (axes ``outer + axis + inner`` in some order) as a 3-D (outer, axis, inner)
+    view; empty groups become unit axes."""
+    x = view_as(x, outer + Axes(axis) + inner)
+    shape = Axes((_group(outer, unit + "_o"), axis, _group(inner, unit + "_i")))
+    return x if x.axes == shape else pr.Reshape(x, shape)
+
+
+def _as_vector(idx, unit):
+    return idx if len(idx.axes) == 1 else pr.Reshape(idx, Axes(_group(idx.axes, unit)))
+
+
+def lower_gather(op):  # gather(x, i, A) -> reshape(take(x as (outer, A, inner), i as (M,)))
+    x, idx = op.args
+    p = x.axes.index(op.axis)
+    outer, inner = Axes(x.axes[:p]), Axes(x.axes[p + 1:])
+    t = pr.Take(as_three(x, outer, op.axis, inner, "_gather"), _as_vector(idx, "_gather_m"),
+                dtype=op.dtype)
+    return t if t.axes == op.axes else pr.Reshape(t, op.axes)
+
+
+def lower_scatter_add(op):  # scatter_add(d, i, A) -> reshape(put_add(d as (o, M, i), i))
+    d, idx = op.args
+    p = op.axes.index(op.axis)
+    outer, inner = Axes(op.axes[:p]), Axes(op.axes[p + 1:])
+    m = _group(idx.axes, "_scatter_m")
+    d3 = view_as(d, outer + idx.axes + inner)
+    o, i = _group(outer, "_scatter_o"), _group(inner, "_scatter_i")
+    if d3.axes != Axes((o, m, i)):
+        d3 = pr.Reshape(d3, Axes((o, m, i)))
+    r = pr.PutAdd(d3, _as_vector(idx, "_scatter_m"), Axes((o, op.axis, i)), dtype=op.dtype)
+    return r if r.axes == op.axes else pr.Reshape(r, op.axes)
+
+
+def _outer_inner(x, axis):
+    p = x.axes.index(axis)
+    return Axes(x.axes[:p]), Axes(x.axes[p + 1:])
+
+
+def lower_cumsum(op):  # cumsum(x, A) -> prefix_sum(x as (outer, A, inner)); flips, shift
+    x = op.args[0]
+    outer, inner = _outer_inner(x, op.axis)
+    c = as_three(x, outer, op.axis, inner, "_cumsum")
+    flip = (slice(None), slice(None, None, -1), slice(None))
+    if op.reverse:
+        c = pr.SliceView(c, flip, c.axes)
+    c = pr.PrefixSum(c, dtype=op.dtype)
+    n = op.axis.length
+    if op.exclusive and n:  # entry i is the inclusive sum of i - 1: a shifted copy
+        o, a, i = c.axes
+        head = pr.SliceView(c, (slice(None), slice(0, n - 1), slice(None)),
+                            Axes((o, Axis(n - 1, a.name + "[:-1]"), i)))
+        c = pr.Unslice(head, c.axes, (slice(None), slice(1, n), slice(None)))
+    if op.reverse:
+        c = pr.SliceView(c, flip, c.axes)
+    return c if c.axes == op.axes else pr.Reshape(c, op.axes)
+
+
+def _negated(x):
+    return og.Negative(x) if x.dtype.kind == "f" else og.Subtract(0, x, dtype=x.dtype)
+
+
+def _lowered_sort(m, op):
+    """The SortPrim a sibling output of ``m`` was already lowered to, if any."""
+    for o in m.outputs:
+        if o is op or o.forward is None:
+            continue
+        cur = og.snap(o)
+        for _ in range(6):  # through the reshape, slice, negation and copy on the way
+            if isinstance(cur, og.Output) and isinstance(cur.args[0], pr.SortPrim):
+                return cur.args[0]
+            rest = [a for a in cur.args if not isinstance(a, og.Constant)]
+            if not rest:
+                break
+            cur = rest[0]
+    return None
+
+
+def lower_sort_output(op):  # sort / topk output -> SortPrim output (negated, sliced)
+    m = op.args[0]
+    x = m.args[0]
+    descending = isinstance(m, nn.TopK) or m.descending
+    prim = _lowered_sort(m, op)
+    if prim is None:
+        outer, inner = _outer_inner(x, m.axis)
+        x3 = as_three(x, outer, m.axis, inner, "_sort")
+        prim = pr.SortPrim(_negated(x3) if descending else x3)
+    out = prim.outputs[op.index]
+    if op.index == 0 and descending:
+        out = _negated(out)
+    if isinstance(m, nn.TopK):
+        o, _, i = out.axes
+        out = pr.SliceView(out, (slice(None), slice(0, m.k), slice(None)),
+                           Axes((o, m.new_axis, i)))
+    return out if out.axes == op.axes else pr.Reshape(out, op.axes)
+
+
 def lower_tensor_size(op):  # tensor_size(x) -> constant
     n = op.reduction_axes.size if len(op.reduction_axes) else 1
     return og.Constant(n, axes=op.axes, dtype=op.dtype)
@@ -165,6 +263,8 @@ def _lowered_sibling(m, op):
 
 def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
     m = op.args[0]
+    if isinstance(m, (nn.Sort, nn.TopK)):
+        return lower_sort_output(op)
     if isinstance(m, og.Split):
         x = m.args[0]
         key = [slice(None)] * len(x.axes)
@@ -201,6 +301,9 @@ class LowerAxesPass(RewritePass):
         ((og.CastAxes, og.Flatten, og.Unflatten), lower_rename),
         (og.Slice, lower_slice),
         (og.OneHot, lower_one_hot),
+        (nn.Gather, lower_gather),
+        (nn.ScatterAdd, lower_scatter_add),
+        (nn.CumSum, lower_cumsum),
         (og.TensorSize, lower_tensor_size),
         (og.StopGradient, lower_stop_gradient),
         (og.SetItem, lower_setitem),

@@ -9,8 +9,8 @@ other, in a shuffled order too. Buffers are host memory with guard bytes around 
 checked after every launch, so a kernel writing out of bounds is reported by name.
 
 It offers the runtime interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime`;
-``make_transformer("gpu", runtime="emulator")`` uses it. Use it for tests on machines
-without a GPU; it says nothing about speed, and device-only behaviour (warp
+tests pass it as ``GPUTransformer(runtime=EmulatorRuntime())``. Test support only (not
+installed with geon); it says nothing about speed, and device-only behaviour (warp
 scheduling, memory ordering between blocks) is not reproduced.
 """
 
@@ -25,7 +25,7 @@ import weakref
 
 import numpy as np
 
-from geon.errors import GeonError
+from geon.errors import ArgumentError, GeonError
 
 #: Kernels are called through a switch on their number of (pointer) arguments.
 MAX_ARGS = 64
@@ -262,7 +262,7 @@ class EmulatorRuntime:
 
     def blas_for(self, choice):
         if choice not in ("auto", "cublas", "generated"):
-            raise ValueError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
+            raise ArgumentError(f"gemm must be 'auto', 'cublas' or 'generated', not {choice!r}")
         if choice == "cublas":
             raise GeonError("gemm='cublas' needs a GPU; the emulator runs the generated GEMM")
         return None
