@@ -764,12 +764,13 @@ def test_updates_fuse_with_their_assignment():
 def test_every_standard_primitive_has_gpu_code():
     """A primitive added to the standard base set needs a GPU rule too (an elementwise
     one: an entry in geon.transformers.gpu.cuda.CUDA_CODE)."""
+    from geon.op_graph import conv as cv
     from geon.op_graph import op_graph as og
     from geon.transformers.base import STANDARD_BASE_SET
     from geon.transformers.gpu.cuda import CUDA_CODE
     handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
                pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
-               pr.PrefixSum, pr.SortPrim)
+               pr.PrefixSum, pr.SortPrim, cv.ConvPrim, cv.PoolPrim)
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, handled)
                and not (issubclass(c, og.ElementWise)
