@@ -471,3 +471,14 @@ def test_simple_axes_images_keep_their_sample_axis():
     X, Wt = _grid(rng, (2, 4, 7, 5)), _grid(rng, (6, 2, 3, 2))
     got = be.NumPyTransformer().computation(y, x, w)(X, Wt)
     np.testing.assert_array_equal(got, np_conv(X, Wt, (2, 2), ((1, 1), (1, 1)), (1, 1), 2))
+
+
+def test_an_empty_batch():
+    x = be.np.placeholder((0, 4, 7, 5), dtype=np.float64)
+    w = be.np.placeholder((6, 2, 3, 2), dtype=np.float64)
+    p = be.np.max_pool(be.np.conv(x, w, padding=1, groups=2), 2)
+    gx, gw = be.deriv(be.np.sum(p), [x, w])
+    out = be.NumPyTransformer().computation([p, gx, gw], x, w)(np.zeros((0, 4, 7, 5)),
+                                                              np.ones((6, 2, 3, 2)))
+    assert [o.shape for o in out] == [(0, 6, 3, 3), (0, 4, 7, 5), (6, 2, 3, 2)]
+    np.testing.assert_array_equal(out[2], np.zeros((6, 2, 3, 2)))

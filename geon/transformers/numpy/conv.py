@@ -69,22 +69,23 @@ def _im2col(x, R, P, strides, pads, dilation, groups):
     # (B, G, Cg, *R, *P) -> (G, Cg, *R, B, *P)
     np.copyto(cols, win.transpose((1, 2) + tuple(range(3, 3 + n)) + (0,)
                                   + tuple(range(3 + n, 3 + 2 * n))))
-    return cols.reshape(groups, -1, B * math.prod(P))
+    return cols.reshape(groups, C // groups * math.prod(R), B * math.prod(P))
 
 
 def _by_group(y, groups):
     """y (B, K, *P) as a contiguous (groups, K/groups, B * P)."""
     B, K = y.shape[:2]
-    g = y.reshape(B, groups, K // groups, -1).transpose(1, 2, 0, 3)
-    return np.ascontiguousarray(g).reshape(groups, K // groups, -1)
+    P = math.prod(y.shape[2:])
+    g = y.reshape(B, groups, K // groups, P).transpose(1, 2, 0, 3)
+    return np.ascontiguousarray(g).reshape(groups, K // groups, B * P)
 
 
 def _from_groups(out, y):
     """Write y (G, K/G, B * P) into out (B, K, *P)."""
     B, K = out.shape[:2]
     G = y.shape[0]
-    np.copyto(_into(out, (B, G, K // G, y.shape[2] // B)),
-              y.reshape(G, K // G, B, -1).transpose(2, 0, 1, 3))
+    P = math.prod(out.shape[2:])
+    np.copyto(_into(out, (B, G, K // G, P)), y.reshape(G, K // G, B, P).transpose(2, 0, 1, 3))
 
 
 def conv_forward(x, w, out, strides, pads, dilation, groups):
