@@ -893,7 +893,7 @@ def _register_rules():
 
     @forward_rule(Convolution)
     def _convolution_fwd(op, ts):  # bilinear; the image's direction axes are batch axes
-        x, w = op.args
+        w = op.args[1]
         return _terms((ts[0], lambda t: rebuild(op, t, w)),
                       (ts[1], lambda t: _filter_tangent(op, t)))
 
@@ -949,7 +949,7 @@ def _taps(kernel):
 
 def reference_conv(x, w, P, strides, pads, dilation, groups):
     """:class:`Conv` on arrays x (B, C, *S), w (K, C/groups, *R): (B, K, *P)."""
-    B, C = x.shape[:2]
+    B = x.shape[0]
     K, Cg = w.shape[:2]
     G = groups
     xp = _pad(x, pads).reshape((B, G, Cg) + tuple(np.add(x.shape[2:], np.sum(pads, 1))))
