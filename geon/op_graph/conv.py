@@ -825,7 +825,7 @@ def _register_rules():
     from geon.op_graph.forward import _terms, forward_rule
 
     def rebuild(op, *args):
-        return type(op)(*args, **{n: getattr(op, n) for n in op.attrs})
+        return type(op)(*args, **op.attr_values())
 
     # Primitives: <Conv(x, w), d> = <x, ConvGradData(d, w)> = <w, ConvGradFilter(x, d)>.
     def params(op):
