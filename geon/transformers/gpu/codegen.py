@@ -22,12 +22,15 @@ memory is planned again.
 import numpy as np
 
 from geon.errors import GeonError, LoweringError
+from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.ordering import schedule
 from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
 from geon.transformers.codegen_text import check_lines, comment
+from geon.transformers.gpu import conv as gpu_conv
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
 
@@ -492,6 +495,14 @@ def _emit_single(prog, ctx, op):
         _emit_reduce(prog, ctx, op, [], set())
     elif isinstance(op, pr.Gemm):
         _emit_gemm(prog, ctx, op)
+    elif isinstance(op, tuple(CONV_PRIMITIVES)):
+        if op.axes.size:
+            params = kernels.Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            args = [(ctx.pointer(params, ctx.layout(a)), ctx.layout(a)) for a in op.args]
+            build = gpu_conv.conv_kernel if isinstance(op, cv.ConvPrim) else \
+                gpu_conv.pool_kernel
+            _add(prog, build(params, op, out, args))
     elif isinstance(op, pr.Unslice):
         if op.axes.size:
             params = kernels.Params()
