@@ -76,8 +76,11 @@ def run_case(case):
     """``(status, reason)`` of one test case: ``passed``, ``failed`` or
     ``unsupported``."""
     from onnx import numpy_helper
-    data = [([_array(a, numpy_helper) for a in ins], [_array(b, numpy_helper) for b in outs])
-            for ins, outs in case.data_sets]
+    try:
+        data = [([_array(a, numpy_helper) for a in ins],
+                 [_array(b, numpy_helper) for b in outs]) for ins, outs in case.data_sets]
+    except (ValueError, TypeError) as e:
+        return "unsupported", f"the case's values are not tensors (sequences, maps): {e}"
     graph = case.model.graph
     inits = {t.name for t in graph.initializer}
     names = [vi.name for vi in graph.input if vi.name not in inits]

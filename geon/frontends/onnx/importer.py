@@ -160,8 +160,6 @@ def import_model(model, input_shapes=None, input_values=None):
     opsets = {}
     for o in proto.opset_import:
         opsets[o.domain if o.domain != "ai.onnx" else ""] = int(o.version)
-    if "" not in opsets:
-        raise InvalidOnnxModel("the model imports no version of the default ONNX opset")
     if graph.sparse_initializer:
         raise UnsupportedOnnxOp("sparse initializers are not supported")
 

@@ -76,6 +76,7 @@ def elem_dtype(elem_type):
     """The NumPy dtype of an ONNX element type, or ``None`` if geon cannot hold it."""
     tp = onnx_module().TensorProto
     return {tp.FLOAT: np.dtype(np.float32), tp.DOUBLE: np.dtype(np.float64),
+            tp.FLOAT16: np.dtype(np.float16),
             tp.INT64: np.dtype(np.int64), tp.INT32: np.dtype(np.int32),
             tp.INT16: np.dtype(np.int16), tp.INT8: np.dtype(np.int8),
             tp.UINT64: np.dtype(np.uint64), tp.UINT32: np.dtype(np.uint32),
@@ -149,7 +150,7 @@ def tensor_array(t, folder, what):
     dtype = elem_dtype(t.data_type)
     if dtype is None:
         raise UnsupportedOnnxOp(f"{what}: tensors of {elem_name(t.data_type)} are not "
-                                f"supported (geon holds FLOAT, DOUBLE, the integer types and BOOL)")
+                                f"supported (geon holds FLOAT, DOUBLE, FLOAT16, the integer types and BOOL)")
     if t.HasField("segment"):
         raise UnsupportedOnnxOp(f"{what}: segmented tensors are not supported")
     dims = tuple(int(d) for d in t.dims)
@@ -162,6 +163,9 @@ def tensor_array(t, folder, what):
             raise InvalidOnnxModel(f"{what}: raw data has {len(t.raw_data)} bytes; "
                                    f"{list(dims)} of {dtype} needs {n * dtype.itemsize}")
         return np.frombuffer(t.raw_data, dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+    if dtype == np.float16:  # stored as the bits in int32_data
+        return np.asarray(t.int32_data, np.uint16).view(np.float16).reshape(dims) \
+            if len(t.int32_data) == n else _count_error(what, len(t.int32_data), dims, n)
     if dtype.kind == "f":
         field = t.float_data if dtype.itemsize == 4 else t.double_data
     elif dtype == np.int64:
@@ -171,8 +175,12 @@ def tensor_array(t, folder, what):
     else:  # the small integer types and bool are stored as int32
         field = t.int32_data
     if len(field) != n:
-        raise InvalidOnnxModel(f"{what}: holds {len(field)} values; {list(dims)} needs {n}")
+        _count_error(what, len(field), dims, n)
     return np.asarray(field, dtype=dtype).reshape(dims)
+
+
+def _count_error(what, got, dims, n):
+    raise InvalidOnnxModel(f"{what}: holds {got} values; {list(dims)} needs {n}")
 
 
 def node_order(graph, known):

@@ -633,9 +633,8 @@ def _cast(ctx):
 def _cast_like(ctx):
     ctx.attr("saturate", 1)
     dtype = ctx.dtype(1)
-    onnx_types = {np.dtype(np.float32): 1, np.dtype(np.float64): 11,
-                  np.dtype(np.int64): 7, np.dtype(np.int32): 6, np.dtype(np.bool_): 9}
-    return _cast_to(ctx, onnx_types[dtype])
+    from onnx.helper import np_dtype_to_tensor_dtype
+    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype))
 
 
 @onnx_op("Constant", 1)
@@ -936,3 +935,145 @@ def _gru(ctx):
         per_dir.append((steps, (h,)))
     return _rnn_outputs(ctx, per_dir, layout, 1)
 
+
+
+# --- convolution and pooling --------------------------------------------------------------
+
+def _window_attrs(ctx, n, dilations=True):
+    """``(kernel, strides, dilations)`` of a Conv / pooling node over ``n`` spatial
+    dimensions."""
+    kernel = ctx.attr("kernel_shape")
+    strides = ctx.attr("strides") or [1] * n
+    dil = (ctx.attr("dilations") or [1] * n) if dilations else [1] * n
+    if len(strides) != n or len(dil) != n or (kernel is not None and len(kernel) != n):
+        raise ctx.unsupported(f"kernel_shape / strides / dilations do not fit {n} spatial "
+                              f"dimensions")
+    return kernel, strides, dil
+
+
+def _pads(ctx, sizes, kernel, strides, dil):
+    """Per-dimension ``(lo, hi)`` padding from ``pads`` or ``auto_pad``."""
+    n = len(sizes)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    pads = ctx.attr("pads")
+    if auto in ("NOTSET", ""):
+        pads = pads or [0] * (2 * n)
+        if len(pads) != 2 * n or min(pads) < 0:
+            raise ctx.unsupported(f"pads {pads}")
+        return [(pads[i], pads[i + n]) for i in range(n)]
+    if auto == "VALID":
+        return [(0, 0)] * n
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ctx.unsupported(f"auto_pad={auto!r}")
+    out = []
+    for L, k, s, d in zip(sizes, kernel, strides, dil):
+        total = max((-(-L // s) - 1) * s + (k - 1) * d + 1 - L, 0)
+        small = total // 2
+        out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+    return out
+
+
+@onnx_op("Conv", 1)
+def _conv(ctx):
+    x, w = _float(ctx), _float(ctx, 1)
+    wshape = ctx.shape(1)
+    n = len(wshape) - 2
+    kernel, strides, dil = _window_attrs(ctx, n)
+    if kernel is not None and list(kernel) != list(wshape[2:]):
+        raise ctx.unsupported(f"kernel_shape {kernel} differs from the filter {wshape}")
+    pads = _pads(ctx, ctx.shape(0)[2:], wshape[2:], strides, dil)
+    y = gnp.conv(x, w, stride=strides, padding=pads, dilation=dil, groups=ctx.attr("group", 1))
+    if ctx.has(2):
+        y = y + gnp.reshape(ctx.tensor(2), (-1,) + (1,) * n)
+    return [_same(ctx, y)]
+
+
+@onnx_op("ConvTranspose", 1)
+def _conv_transpose(ctx):
+    x, w = _float(ctx), _float(ctx, 1)
+    wshape, xshape = ctx.shape(1), ctx.shape(0)
+    n = len(wshape) - 2
+    kernel, strides, dil = _window_attrs(ctx, n)
+    if kernel is not None and list(kernel) != list(wshape[2:]):
+        raise ctx.unsupported(f"kernel_shape {kernel} differs from the filter {wshape}")
+    opad = ctx.attr("output_padding") or [0] * n
+    out_shape = ctx.attr("output_shape")
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if out_shape is None:
+            out_shape = [L * s for L, s in zip(xshape[2:], strides)]
+        out_shape = list(out_shape)[-n:]
+        pads, opad = [], list(opad)
+        for j, (L, k, s, d, want) in enumerate(zip(xshape[2:], wshape[2:], strides, dil,
+                                                    out_shape)):
+            total = s * (L - 1) + opad[j] + (k - 1) * d + 1 - want
+            if total < 0:  # longer than the full result: output padding at the end
+                opad[j] -= total
+                total = 0
+            half = total // 2
+            pads.append((half, total - half) if auto == "SAME_UPPER" else (total - half, half))
+        ctx.attr("pads")
+    else:
+        pads = _pads(ctx, xshape[2:], wshape[2:], strides, dil)
+    y = gnp.conv_transpose(x, w, stride=strides, padding=pads, output_padding=opad,
+                           dilation=dil, groups=ctx.attr("group", 1))
+    if ctx.has(2):
+        y = y + gnp.reshape(ctx.tensor(2), (-1,) + (1,) * n)
+    return [_same(ctx, y)]
+
+
+def _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
+    """With ``ceil_mode``, the extra end padding that makes the floor rule give the ceil
+    rule's output length (a last window must start inside the input or the start
+    padding); ``None`` when ceil mode changes nothing."""
+    extra, changed = [], False
+    for L, k, s, d, (lo, hi) in zip(sizes, kernel, strides, dil, pads):
+        span = L + lo + hi - (k - 1) * d - 1
+        floor_n, ceil_n = span // s + 1, -(-span // s) + 1
+        if ceil_n > floor_n and (ceil_n - 1) * s >= L + lo:
+            ceil_n -= 1
+        changed |= ceil_n != floor_n
+        extra.append((lo, hi + (ceil_n - floor_n) * s))
+    return extra if changed else None
+
+
+@onnx_op("MaxPool", 1)
+def _max_pool(ctx):
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.unsupported("the Indices output")
+    ctx.attr("storage_order", 0)  # only the Indices output depends on it
+    x = _float(ctx)
+    sizes = ctx.shape(0)[2:]
+    n = len(sizes)
+    kernel, strides, dil = _window_attrs(ctx, n)
+    pads = _pads(ctx, sizes, kernel, strides, dil)
+    if ctx.attr("ceil_mode", 0):
+        pads = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) or pads
+    return [_same(ctx, gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil))]
+
+
+@onnx_op("AveragePool", 1)
+def _avg_pool(ctx):
+    x = _float(ctx)
+    sizes = ctx.shape(0)[2:]
+    n = len(sizes)
+    kernel, strides, dil = _window_attrs(ctx, n)
+    if any(d != 1 for d in dil):
+        raise ctx.unsupported(f"dilations {dil}")
+    pads = _pads(ctx, sizes, kernel, strides, dil)
+    include = bool(ctx.attr("count_include_pad", 0))
+    if ctx.attr("ceil_mode", 0) and _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
+        raise ctx.unsupported("ceil_mode where it adds windows (their divisor differs)")
+    return [_same(ctx, gnp.avg_pool(x, kernel, stride=strides, padding=pads,
+                                    count_include_pad=include))]
+
+
+@onnx_op("Mod", 10)
+def _mod(ctx):
+    fmod = ctx.attr("fmod", 0)
+    if not ctx.all_known():  # geon has no remainder op; shape arithmetic only
+        raise ctx.unsupported("Mod of values computed at run time")
+    a, b = ctx.const(0), ctx.const(1)
+    if b.dtype.kind in "iu" and np.any(b == 0):
+        raise ctx.unsupported("Mod by zero")
+    return [ctx.known(np.fmod(a, b) if fmod else np.mod(a, b))]
