@@ -209,6 +209,8 @@ def import_model(model, input_shapes=None, input_values=None):
 
 
 def _geon_name(name):
+    if not isinstance(name, str):  # protobuf hands invalid UTF-8 over as bytes
+        raise InvalidOnnxModel(f"the name {name!r} is not valid UTF-8 text")
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "value"
 
 
