@@ -4,10 +4,15 @@ The samples of one page run in order in one shared namespace, in a temporary wor
 directory. They are compiled with the page's path and line numbers, so a failure points
 at the line of the .rst file. Sphinx is not needed (a small line parser extracts the
 blocks); if it is installed, one more test builds the guide with warnings as errors.
+
+A page whose samples need an optional package says so in a comment line
+``.. requires: onnx`` (comma-separated module names); its samples are skipped, with the
+reason, where one is missing.
 """
 
 import ast
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -27,6 +32,7 @@ _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|source
                         r"\s*(?P<lang>\S*)\s*$")
 #: Languages of samples that are shown, not run.
 SHOWN = {"text", "console", "toml", "ini", "none"}
+_REQUIRES = re.compile(r"^\.\.\s+requires:\s*(?P<mods>.+?)\s*$", re.M)
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
 REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
@@ -34,7 +40,8 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
-              ("geon.op_graph.forward", "FORWARD")]
+              ("geon.op_graph.forward", "FORWARD"),
+              ("geon.frontends.onnx.ops", "OPS")]
 
 
 def code_blocks(path):
@@ -97,6 +104,11 @@ def isolated_globals():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
+    for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
+        for mod in m["mods"].split(","):
+            if importlib.util.find_spec(mod.strip()) is None:
+                pytest.skip(f"{page.name} needs the optional package {mod.strip()!r}, "
+                            f"which is not installed")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}
