@@ -1058,14 +1058,29 @@ def _avg_pool(ctx):
     sizes = ctx.shape(0)[2:]
     n = len(sizes)
     kernel, strides, dil = _window_attrs(ctx, n)
-    if any(d != 1 for d in dil):
-        raise ctx.unsupported(f"dilations {dil}")
     pads = _pads(ctx, sizes, kernel, strides, dil)
     include = bool(ctx.attr("count_include_pad", 0))
-    if ctx.attr("ceil_mode", 0) and _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
-        raise ctx.unsupported("ceil_mode where it adds windows (their divisor differs)")
-    return [_same(ctx, gnp.avg_pool(x, kernel, stride=strides, padding=pads,
-                                    count_include_pad=include))]
+    ceil = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) if ctx.attr("ceil_mode", 0) \
+        else None
+    if ceil is None and all(d == 1 for d in dil):
+        return [_same(ctx, gnp.avg_pool(x, kernel, stride=strides, padding=pads,
+                                        count_include_pad=include))]
+    # Dilated windows, or the extra windows of ceil mode: each window's sum (a grouped
+    # convolution with ones) divided by its count of elements, which is the same sum
+    # over a mask of what counts (the input, and the explicit padding if
+    # count_include_pad), known at import.
+    full = ceil or pads
+    channels = ctx.shape(0)[1]
+    ones = gnp.constant(np.ones((channels, 1) + tuple(kernel), x.dtype))
+    sums = gnp.conv(x, ones, stride=strides, padding=full, dilation=dil, groups=channels)
+    mask = np.zeros([L + lo + hi for L, (lo, hi) in zip(sizes, full)], x.dtype)
+    inner = tuple(slice(lo, lo + L) for L, (lo, _) in zip(sizes, pads)) if not include \
+        else tuple(slice(0, lo + L + hi) for L, (lo, hi) in zip(sizes, pads))
+    mask[inner] = 1
+    counts = be.evaluate(gnp.conv(gnp.constant(mask[None, None]),
+                                  gnp.constant(np.ones((1, 1) + tuple(kernel), x.dtype)),
+                                  stride=strides, dilation=dil))[0]
+    return [_same(ctx, sums / gnp.constant(counts))]
 
 
 @onnx_op("Mod", 10)
