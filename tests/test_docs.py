@@ -102,13 +102,19 @@ def isolated_globals():
         t.update(s)
 
 
+def missing_packages(text):
+    """The modules named in ``.. requires:`` lines of a page's text that are not
+    installed."""
+    mods = [mod.strip() for m in _REQUIRES.finditer(text) for mod in m["mods"].split(",")]
+    return [mod for mod in mods if importlib.util.find_spec(mod) is None]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
-    for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
-        for mod in m["mods"].split(","):
-            if importlib.util.find_spec(mod.strip()) is None:
-                pytest.skip(f"{page.name} needs the optional package {mod.strip()!r}, "
-                            f"which is not installed")
+    missing = missing_packages(page.read_text(encoding="utf-8"))
+    if missing:
+        pytest.skip(f"{page.name} needs the optional package(s) {missing}, which are not "
+                    f"installed")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}
@@ -118,6 +124,12 @@ def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
         for first, source in blocks:
             code = compile("\n" * (first - 1) + source, str(page), "exec")
             exec(code, namespace)
+
+
+def test_pages_name_their_optional_packages():
+    text = "Title\n=====\n\n.. requires: numpy, geon_no_such_package\n"
+    assert missing_packages(text) == ["geon_no_such_package"]
+    assert missing_packages("no requirement here\n") == []
 
 
 def test_error_samples_fail_when_no_error_is_raised():

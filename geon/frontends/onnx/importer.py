@@ -14,7 +14,7 @@ from geon.errors import GeonError
 from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
                                          UnsupportedOnnxOp, elem_dtype, elem_name,
                                          load_proto, node_order, onnx_module, tensor_array)
-from geon.frontends.onnx.ops import OPS, carrier, find_builder
+from geon.frontends.onnx.ops import carrier, find_builder
 from geon.op_graph import op_graph as og
 
 # Nodes evaluated at import when all their inputs are known have results at most this
@@ -370,4 +370,4 @@ class Context:
         return Value(array=arr)
 
 
-__all__ = ["OPS", "FOLD_LIMIT", "OnnxGraph", "Value", "import_model"]
+__all__ = ["FOLD_LIMIT", "OnnxGraph", "Value", "import_model"]
