@@ -12,7 +12,6 @@ reason, where one is missing.
 
 import ast
 import importlib
-import importlib.util
 import re
 import subprocess
 import sys
@@ -105,8 +104,14 @@ def isolated_globals():
 def missing_packages(text):
     """The modules named in ``.. requires:`` lines of a page's text that are not
     installed."""
-    mods = [mod.strip() for m in _REQUIRES.finditer(text) for mod in m["mods"].split(",")]
-    return [mod for mod in mods if importlib.util.find_spec(mod) is None]
+    missing = []
+    for m in _REQUIRES.finditer(text):
+        for mod in m["mods"].split(","):
+            try:
+                importlib.import_module(mod.strip())
+            except ImportError:
+                missing.append(mod.strip())
+    return missing
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
