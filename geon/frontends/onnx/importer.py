@@ -15,7 +15,6 @@ from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
                                          UnsupportedOnnxOp, elem_dtype, elem_name,
                                          load_proto, node_order, onnx_module, tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder
-from geon.op_graph import op_graph as og
 
 # Nodes evaluated at import when all their inputs are known have results at most this
 # large; bigger ones stay ops (folding must not turn a small model into a huge one).

@@ -150,7 +150,8 @@ def tensor_array(t, folder, what):
     dtype = elem_dtype(t.data_type)
     if dtype is None:
         raise UnsupportedOnnxOp(f"{what}: tensors of {elem_name(t.data_type)} are not "
-                                f"supported (geon holds FLOAT, DOUBLE, FLOAT16, the integer types and BOOL)")
+                                f"supported (geon holds FLOAT, DOUBLE, FLOAT16, the integer "
+                                f"types and BOOL)")
     if t.HasField("segment"):
         raise UnsupportedOnnxOp(f"{what}: segmented tensors are not supported")
     dims = tuple(int(d) for d in t.dims)

@@ -331,11 +331,7 @@ def _reduction(op_type, fn, input_since, floating=False):
     onnx_op(op_type, input_since)(lambda ctx: build(ctx, True))
 
 
-def _sum_keep(x, axes, keep):
-    return gnp.sum(x, axes, keepdims=keep)
-
-
-_reduction("ReduceSum", _sum_keep, 13)
+_reduction("ReduceSum", lambda x, a, k: gnp.sum(x, a, keepdims=k), 13)
 _reduction("ReduceMean", lambda x, a, k: gnp.mean(x, a, keepdims=k), 18)
 _reduction("ReduceMax", lambda x, a, k: gnp.max(x, a, keepdims=k), 18)
 _reduction("ReduceMin", lambda x, a, k: gnp.min(x, a, keepdims=k), 18)
