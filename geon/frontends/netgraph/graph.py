@@ -179,9 +179,10 @@ class Graph:
         """Kahn's algorithm over enabled edges, smallest ready node id first; returns the
         order (shorter than the graph when a cycle remains)."""
         indegree = {nid: 0 for nid in self.nodes}
-        for e in self.edges.values():
-            if e.enabled and not (ignore_recurrent and e.is_recurrent):
-                indegree[e.target_id] += 1
+        for nid in self.nodes:
+            for e in self.in_edges(nid):
+                if not (ignore_recurrent and e.is_recurrent) and e.source_id in self.nodes:
+                    indegree[nid] += 1
         ready = [nid for nid, d in indegree.items() if d == 0]
         heapq.heapify(ready)
         order = []
@@ -189,7 +190,7 @@ class Graph:
             nid = heapq.heappop(ready)
             order.append(nid)
             for e in self.out_edges(nid):
-                if ignore_recurrent and e.is_recurrent:
+                if (ignore_recurrent and e.is_recurrent) or e.target_id not in self.nodes:
                     continue
                 indegree[e.target_id] -= 1
                 if indegree[e.target_id] == 0:

@@ -4,6 +4,7 @@ torch is imported when a model is built, not when this module is imported, so th
 model works without it.
 """
 
+import hashlib
 import math
 
 from geon.frontends.netgraph.graph import NodeType
@@ -140,19 +141,32 @@ def _model_class():
             self.to(self.device, self.dtype)
 
         def _cached(self, node, name, make, fits):
-            """``make()``, or the object cached under the node's derivation_uuid. A hit
-            still calls ``make()`` so that the random numbers drawn, and hence every
-            later parameter, do not depend on the cache."""
+            """``make()``, or the object cached under the node's derivation_uuid.
+
+            The layers of a node with a derivation_uuid are initialized from a
+            generator seeded by the uuid and the layer's name, not from the global RNG,
+            so a fresh translation gives the same values whether or not the cache is
+            on (the cache then only shares the objects). ``make()`` runs on a hit too,
+            so the global random numbers drawn do not depend on the cache either."""
             fresh = make()
             uuid = node.attributes.get("derivation_uuid")
-            if not self.cache_enabled or uuid is None:
+            if uuid is None:
                 return fresh
-            entry = _CACHE.setdefault(str(uuid), {})
+            entry = _CACHE.setdefault(str(uuid), {}) if self.cache_enabled else {}
             old = entry.get(name)
             if old is not None and fits(old):
                 _METRICS["hits"] += 1
                 return old
-            _METRICS["misses"] += 1
+            if self.cache_enabled:
+                _METRICS["misses"] += 1
+            if isinstance(fresh, nn.Linear):
+                digest = hashlib.sha256(f"{uuid}/{name}".encode()).digest()
+                gen = torch.Generator(device="cpu").manual_seed(
+                    int.from_bytes(digest[:8], "little"))
+                bound = 1.0 / math.sqrt(fresh.in_features)
+                with torch.no_grad():
+                    w = torch.rand(fresh.weight.shape, generator=gen, dtype=torch.float64)
+                    fresh.weight.copy_((2 * w - 1) * bound)
             entry[name] = fresh
             return fresh
 
