@@ -232,7 +232,9 @@ class GeonNet:
     # --- parameters in and out ---------------------------------------------------------
     def load_state_dict(self, transformer, state_dict):
         """Copy a ``TranslatedModel.state_dict()`` (tensors or arrays) into this net's
-        Variables on ``transformer``; the names and shapes must match exactly."""
+        Variables on ``transformer``; the names and shapes must match exactly. Build the
+        computations first: a Variable none of them uses (a node no output depends on)
+        has no storage on the transformer and is skipped."""
         missing = sorted(set(self.params) - set(state_dict))
         extra = sorted(set(state_dict) - set(self.params))
         if missing or extra:
@@ -246,14 +248,17 @@ class GeonNet:
             if value.shape != var.axes.shape:
                 raise ArgumentError(f"load_state_dict: {name} has shape {value.shape}, "
                                     f"the Variable {var.axes.shape}")
-            np.copyto(live[be.snap(var)], value)
+            if be.snap(var) in live:
+                np.copyto(live[be.snap(var)], value)
 
     def state_dict(self, transformer):
-        """``{name: array}``: the Variables' values on ``transformer`` (for
-        ``TranslatedModel.load_state_dict`` after ``torch.from_numpy``)."""
+        """``{name: array}``: the Variables' values on ``transformer`` (their initial
+        values for those no computation uses), for ``TranslatedModel.load_state_dict``
+        after ``torch.from_numpy``."""
         transformer.initialize()
         live = transformer.state_view()
-        return {name: live[be.snap(var)].copy() for name, var in self.params.items()}
+        return {name: live[be.snap(var)].copy() if be.snap(var) in live
+                else np.asarray(var.initial_array()) for name, var in self.params.items()}
 
     def zero_state(self):
         """``{name: zeros}``: the state of a fresh start."""
@@ -299,13 +304,15 @@ class Stepper:
 
 def _masked_softmax(scores, J, k):
     """Softmax of ``scores`` over ``J``, restricted to the ``k`` largest when ``k`` is
-    given (the others get weight 0): the weights of a top-k softmax."""
+    given (the others get weight 0): the weights of a top-k softmax. The mask comes
+    from top-k's positions, so ties select exactly ``k`` entries as ``torch.topk``
+    does."""
     if k is None:
         return be.softmax(scores, normalization_axes=[J])
     K = Axis(k, f"{J.name}top")
-    vals, _ = be.topk(scores, k, J, new_axis=K)
-    kth = be.min(vals, reduction_axes=[K])
-    keep = be.stop_gradient(be.greater_equal(scores, kth))
+    _, idx = be.topk(scores, k, J, new_axis=K)
+    keep = be.stop_gradient(be.sum(be.one_hot(idx, J, dtype=scores.dtype),
+                                   reduction_axes=[K]))
     e = be.exp(scores - be.stop_gradient(be.max(scores, reduction_axes=[J]))) * keep
     return e / be.sum(e, reduction_axes=[J])
 
