@@ -517,3 +517,16 @@ def test_determinism_in_one_and_two_processes():
     exec(DETERMINISM.replace("print(digest.hexdigest())", "result = digest.hexdigest()"), ns)
     assert first == ns["result"] == runs[0].stdout.strip() == runs[1].stdout.strip()
     assert len(first) == 64 and hashlib.sha256().hexdigest() != first
+
+
+def test_top_k_ties_select_the_earlier_edge():
+    """A fresh moe node's routers are all 0: top-1 routing takes the first edge."""
+    g = Graph()
+    ins = [node(g, INPUT, 2) for _ in range(4)]
+    o = node(g, OUTPUT, 2, aggregation="moe", router_type="topk", top_k=1)
+    for i in reversed(ins[1:]):
+        g.add_edge(i, o)
+    g.add_edge(ins[0], o)
+    m = to_pytorch_model(g, {"dtype": torch.float64})
+    x = torch.randn(3, 8, dtype=torch.float64)
+    assert torch.equal(m(x), x[:, 6:8])  # edge 0 comes from ins[3]

@@ -84,17 +84,15 @@ def _check(graph, steps, seed):
         term = be.sum(o * be.constant(r, axes=o.axes), reduction_axes=o.axes)
         cost = term if cost is None else cost + term
     dparams = be.deriv(cost, [net.params[n] for n in names])
-    stepper = net.stepper(t)
-    comp = t.computation(dparams, *net.inputs, *net.state_in.values())
+    # One computation (one compile) for the unrolled outputs and the gradients.
+    comp = t.computation(list(net.outputs) + dparams, *net.inputs, *net.state_in.values())
     net.load_state_dict(t, model.state_dict())
-    got = stepper(*xs)
-    got = [got] if steps == 1 else got
-    for g_out, t_out in zip(got, outs):
-        np.testing.assert_allclose(g_out, t_out.detach().numpy(), rtol=1e-5, atol=1e-9)
     zero = net.zero_state()
-    dgot = comp(*xs, *[zero[k] for k in net.state_in])
-    dgot = dgot if isinstance(dgot, (list, tuple)) else [dgot]
-    for name, dg, dt in zip(names, dgot, grads):
+    res = comp(*xs, *[zero[k] for k in net.state_in])
+    res = res if isinstance(res, (list, tuple)) else [res]
+    for g_out, t_out in zip(res[:steps], outs):
+        np.testing.assert_allclose(g_out, t_out.detach().numpy(), rtol=1e-5, atol=1e-9)
+    for name, dg, dt in zip(names, res[steps:], grads):
         want = np.zeros_like(dg) if dt is None else dt.numpy()
         np.testing.assert_allclose(dg, want, rtol=1e-4, atol=1e-8, err_msg=name)
 
@@ -104,3 +102,72 @@ def _check(graph, steps, seed):
 @given(graph=graphs(), steps=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_geon_and_pytorch_translations_agree(graph, steps, seed):
     _check(graph, steps, seed)
+
+
+def _every_kind(multigraph):
+    """One graph with every aggregation and every activation, parallel edges (in a
+    multigraph), projections, post layers, a disabled edge and recurrent edges."""
+    g = Graph({"multigraph": multigraph})
+    a = g.add_node({"node_type": NodeType.INPUT, "attributes": {"output_size": 2}})
+    b = g.add_node({"node_type": NodeType.INPUT, "attributes": {"output_size": 3}})
+    extra = {"attention": {"temperature": 0.7}, "multi_head_attention":
+             {"num_heads": 2, "head_dim": 2}, "attn_pool": {"pool_heads": 2},
+             "topk_weighted_sum": {"top_k": 2}, "moe": {"router_type": "topk", "top_k": 2}}
+    acts = list(ACTIVATIONS) + ["tanh"]
+    prev = [a, b]
+    for i, agg in enumerate(AGGREGATIONS):
+        kind = NodeType.OUTPUT if i in (4, len(AGGREGATIONS) - 1) else NodeType.HIDDEN
+        n = g.add_node({"node_type": kind, "activation_function": acts[i], "bias": 0.1 * i,
+                        "attributes": {"output_size": 2 + i % 3, "aggregation": agg,
+                                       **extra.get(agg, {})}})
+        for s in (prev[-1], prev[-2], prev[-1], a):
+            g.add_edge(s, n, {"weight": 0.3 + 0.1 * s})
+        g.add_edge(b, n, {"enabled": False})
+        prev.append(n)
+    g.add_edge(prev[-1], prev[3], {"weight": -0.5, "attributes": {"is_recurrent": True}})
+    g.add_edge(prev[5], prev[5], {"weight": 0.7, "attributes": {"is_recurrent": True}})
+    assert g.validate() == []
+    return g
+
+
+@pytest.mark.parametrize("multigraph", [False, True])
+def test_every_aggregation_and_activation(multigraph):
+    _check(_every_kind(multigraph), steps=2, seed=5)
+
+
+def test_stepper_carries_state_like_forward():
+    graph = _every_kind(True)
+    torch.manual_seed(2)
+    model = to_pytorch_model(graph, {"dtype": torch.float64})
+    net = to_geon(graph, BATCH, dtype=np.float64)
+    t = be.make_transformer("numpy")
+    stepper = net.stepper(t)
+    net.load_state_dict(t, model.state_dict())
+    rng = np.random.default_rng(0)
+    for reset in (False, False, False, True, False):
+        x = rng.standard_normal((BATCH, 5))
+        want = model(torch.from_numpy(x), reset_states=reset).detach().numpy()
+        np.testing.assert_allclose(stepper(x, reset_states=reset), want, rtol=1e-10)
+    # The state really matters: a reset changes the output of the same input.
+    again = stepper(x)
+    assert not np.allclose(again, stepper(x, reset_states=True))
+    # Parameters come back out unchanged.
+    back = net.state_dict(t)
+    assert set(back) == set(model.state_dict())
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(back[k], v.numpy())
+
+
+def test_load_state_dict_checks_names_and_shapes():
+    graph = _every_kind(False)
+    model = to_pytorch_model(graph, {"dtype": torch.float64})
+    net = to_geon(graph, BATCH, dtype=np.float64)
+    t = be.make_transformer("numpy")
+    net.stepper(t)
+    sd = dict(model.state_dict())
+    sd.pop("bias_2")
+    with pytest.raises(be.GeonError, match="missing \\['bias_2'\\]"):
+        net.load_state_dict(t, sd)
+    sd["bias_2"] = torch.zeros(3)
+    with pytest.raises(be.GeonError, match="bias_2 has shape \\(3,\\)"):
+        net.load_state_dict(t, sd)

@@ -298,7 +298,7 @@ class Stepper:
         res = self.comp(*xs, *[self.state[n] for n in self.names])
         res = list(res) if isinstance(res, (list, tuple)) else [res]
         outs, new = res[:steps], res[steps:]
-        self.state = {n: np.asarray(v) for n, v in zip(self.names, new)}
+        self.state = {n: np.array(v) for n, v in zip(self.names, new)}
         return outs[0] if steps == 1 else outs
 
 

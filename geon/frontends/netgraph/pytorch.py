@@ -256,7 +256,10 @@ def _model_class():
                 scores = logits.unsqueeze(0).expand(batch, -1)
             k = lay.top_k(nid, len(xs))
             if k is not None:
-                scores, idx = torch.topk(scores, k, dim=1)
+                # A stable sort: equal scores (moe's routers all start at 0) select the
+                # earlier incoming edge, whatever torch.topk's order of ties.
+                scores, idx = torch.sort(scores, dim=1, descending=True, stable=True)
+                scores, idx = scores[:, :k], idx[:, :k]
                 stacked = torch.gather(stacked, 1,
                                        idx.unsqueeze(-1).expand(-1, -1, stacked.shape[2]))
             w = torch.softmax(scores, dim=1)
