@@ -171,3 +171,18 @@ def test_load_state_dict_checks_names_and_shapes():
     sd["bias_2"] = torch.zeros(3)
     with pytest.raises(be.GeonError, match="bias_2 has shape \\(3,\\)"):
         net.load_state_dict(t, sd)
+
+
+def test_node_without_enabled_inputs():
+    """Zeros of the aggregated width (validate() reports such a node, the translators
+    accept it)."""
+    g = Graph()
+    x = g.add_node({"node_type": NodeType.INPUT, "attributes": {"output_size": 2}})
+    lone = g.add_node({"activation_function": "gru", "bias": 0.4, "attributes": {
+        "output_size": 3, "aggregation": "attn_pool", "pool_heads": 2}})
+    y = g.add_node({"node_type": NodeType.OUTPUT, "attributes": {"output_size": 2}})
+    g.add_edge(x, lone, {"enabled": False})
+    g.add_edge(lone, y)
+    g.add_edge(x, y)
+    assert g.validate() == ["node 1: no enabled incoming edge"]
+    _check(g, steps=2, seed=1)

@@ -11,7 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from geon.frontends.netgraph import Graph, NodeType
+from geon.errors import GeonError
+from geon.frontends.netgraph import Graph, NodeType, to_geon
 
 INPUT, HIDDEN, OUTPUT = NodeType.INPUT, NodeType.HIDDEN, NodeType.OUTPUT
 
@@ -61,8 +62,9 @@ def test_input_width_is_checked_and_split_in_input_order():
     m = to_pytorch_model(g, {"dtype": torch.float64})
     assert m.input_width == 3
     for bad in (torch.zeros(4, 2), torch.zeros(4, 4), torch.zeros(4)):
-        with pytest.raises(ValueError, match=r"expected \[batch, 3\]"):
+        with pytest.raises(ValueError, match=r"expected \[batch, 3\]") as err:
             m(bad)
+        assert isinstance(err.value, GeonError)
     x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
     # a takes x[:, :2], b takes x[:, 2:]; outputs in output_node_ids order: ob, oa.
     assert m(x).tolist() == [[30.0, 1.0, 2.0]]
@@ -166,8 +168,26 @@ def test_unknown_activation_is_a_value_error_at_construction():
     g = Graph()
     x = node(g, INPUT, 1)
     g.add_edge(x, node(g, OUTPUT, 1, act="swish"))
-    with pytest.raises(ValueError, match="Unknown activation 'swish'"):
+    for translate in (lambda: to_pytorch_model(g, {}), lambda: to_geon(g, 2)):
+        with pytest.raises(ValueError, match="Unknown activation 'swish'") as err:
+            translate()
+        assert isinstance(err.value, GeonError)
+    g.nodes[1].activation_function = "relu"
+    g.nodes[1].attributes["aggregation"] = "median"
+    with pytest.raises(ValueError, match="Unknown aggregation 'median'"):
         to_pytorch_model(g, {})
+
+
+def test_node_without_enabled_inputs_aggregates_zeros():
+    g = Graph()
+    x = node(g, INPUT, 2)
+    o = node(g, OUTPUT, 3, act="tanh", bias=0.5, aggregation="multi_head_attention",
+             num_heads=2)
+    g.add_edge(x, o, {"enabled": False})
+    m = to_pytorch_model(g, {"dtype": torch.float64})
+    assert set(m.state_dict()) == {"bias_1", "q_1", "post_1.weight"}
+    out = m(torch.randn(4, 2, dtype=torch.float64))
+    assert torch.equal(out, torch.full((4, 3), math.tanh(0.5), dtype=torch.float64))
 
 
 AGGS = {"sum": {}, "mean": {}, "max": {}, "concat": {}, "matrix_product": {},

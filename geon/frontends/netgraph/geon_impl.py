@@ -27,7 +27,7 @@ def to_geon(graph, batch_size, steps=1, dtype=np.float32, seed=0):
     start from the graph's values (biases, edge weights, zero gates and routers) and,
     for the matrices and queries, from random numbers of ``numpy.random.default_rng(seed)``
     drawn like PyTorch's defaults; :meth:`GeonNet.load_state_dict` replaces them with a
-    PyTorch model's. Raises ``ValueError`` like :func:`to_pytorch_model`.
+    PyTorch model's. Raises :class:`GraphError` like :func:`to_pytorch_model`.
     """
     return GeonNet(graph, batch_size, steps, np.dtype(dtype), seed)
 
@@ -322,10 +322,9 @@ def _gates(z, h, w_ih, w_hh, n, F):
     G = w_ih.axes[0]
     size = F.length
     gi, gh = be.dot(z, w_ih), be.dot(h, w_hh)
-    cut = [(be.slice_along_axis(gi, G, slice(i * size, (i + 1) * size), new_axis=F),
-            be.slice_along_axis(gh, G, slice(i * size, (i + 1) * size), new_axis=F))
-           for i in range(n)]
-    return cut
+    return [(be.slice_along_axis(gi, G, slice(i * size, (i + 1) * size), new_axis=F),
+             be.slice_along_axis(gh, G, slice(i * size, (i + 1) * size), new_axis=F))
+            for i in range(n)]
 
 
 def _lstm(z, h, c, w_ih, w_hh):

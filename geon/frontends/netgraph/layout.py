@@ -3,15 +3,16 @@ node's sizes, the enabled incoming edges in their order, and the names of the
 parameters. Keeping it in one place keeps the PyTorch and the geon translation alike.
 """
 
-from geon.frontends.netgraph.graph import ACTIVATIONS, AGGREGATIONS, NodeType
+from geon.frontends.netgraph.graph import ACTIVATIONS, AGGREGATIONS, GraphError, NodeType
 
 #: Aggregations whose incoming edges are projected to ``head_dim``.
 ATTENTION_LIKE = ("attention", "multi_head_attention", "attn_pool")
 
 
 class Layout:
-    """The translation plan of a graph (raises ``ValueError`` for an unknown activation
-    or aggregation of a non-INPUT node, or a node without a positive ``output_size``)."""
+    """The translation plan of a graph. Raises :class:`GraphError` (a ``ValueError``)
+    for an unknown activation or aggregation of a non-INPUT node, a node without a
+    positive ``output_size``, or a cycle of non-recurrent edges."""
 
     def __init__(self, graph):
         self.graph = graph
@@ -21,17 +22,17 @@ class Layout:
         for nid, node in graph.nodes.items():
             size = node.attributes.get("output_size")
             if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-                raise ValueError(f"node {nid}: output_size {size!r} must be a positive int")
+                raise GraphError(f"node {nid}: output_size {size!r} must be a positive int")
             self.size[nid] = size
         for nid, node in graph.nodes.items():
             if node.node_type is NodeType.INPUT:
                 continue
             if node.activation_function not in ACTIVATIONS:
-                raise ValueError(f"Unknown activation {node.activation_function!r} of node "
+                raise GraphError(f"Unknown activation {node.activation_function!r} of node "
                                  f"{nid} (known: {', '.join(ACTIVATIONS)})")
             agg = self.aggregation(nid)
             if agg not in AGGREGATIONS:
-                raise ValueError(f"Unknown aggregation {agg!r} of node {nid} "
+                raise GraphError(f"Unknown aggregation {agg!r} of node {nid} "
                                  f"(known: {', '.join(AGGREGATIONS)})")
             edges = graph.in_edges(nid)
             self.in_edges[nid] = edges
@@ -41,9 +42,7 @@ class Layout:
             self.edge_size[nid] = d
             if agg in ("concat", "matrix_product"):
                 self.agg_size[nid] = d * len(edges) if edges else d
-            elif agg == "multi_head_attention":
-                self.agg_size[nid] = self.heads(nid) * d
-            elif agg == "attn_pool":
+            elif agg in ("multi_head_attention", "attn_pool"):
                 self.agg_size[nid] = self.heads(nid) * d
             else:
                 self.agg_size[nid] = d

@@ -7,6 +7,7 @@ model works without it.
 import hashlib
 import math
 
+from geon.errors import FeedError, GeonError
 from geon.frontends.netgraph.graph import NodeType
 from geon.frontends.netgraph.layout import Layout
 
@@ -35,11 +36,15 @@ def get_translation_cache_metrics():
     return {**_METRICS, "entries": sum(len(v) for v in _CACHE.values())}
 
 
+class TorchMissingError(GeonError, ImportError):
+    """PyTorch is not installed (it is an optional dependency of geon)."""
+
+
 def _torch():
     try:
         import torch
     except ImportError as e:
-        raise ImportError("geon.frontends.netgraph.to_pytorch_model needs PyTorch: "
+        raise TorchMissingError("geon.frontends.netgraph.to_pytorch_model needs PyTorch: "
                           "pip install torch==2.13.0") from e
     return torch
 
@@ -66,9 +71,10 @@ def to_pytorch_model(graph, config=None):
     """Build the ``TranslatedModel`` (an ``nn.Module``) of ``graph``.
 
     ``config``: ``device`` (default ``"cpu"``), ``dtype`` (default ``torch.float32``),
-    ``enable_translation_cache`` (default: the global setting). Raises ``ValueError``
-    for an unknown activation or aggregation and :class:`GraphError` for a cycle of
-    non-recurrent edges.
+    ``enable_translation_cache`` (default: the global setting). Raises
+    :class:`GraphError` (a ``ValueError``) for an unknown activation or aggregation or
+    a cycle of non-recurrent edges, and :class:`TorchMissingError` (an ``ImportError``)
+    without torch.
     """
     _torch()
     return _model_class()(graph, config)
@@ -96,7 +102,8 @@ def _model_class():
             self.dtype = self.config.get("dtype", torch.float32)
             self.cache_enabled = bool(self.config.get("enable_translation_cache",
                                                       _CACHE_ENABLED[0]))
-            graph.detect_cycles()
+            # Layout's topological sort raises on a cycle of non-recurrent edges,
+            # naming its nodes; recurrent edges read the previous step instead.
             lay = self.layout = Layout(graph)
             self.execution_order = lay.order
             self.state_manager = StateManager()
@@ -176,13 +183,14 @@ def _model_class():
             return sum(self.layout.input_sizes)
 
         def forward(self, x, reset_states=False):
-            """One step: ``x`` ``[batch, input_width]`` -> the OUTPUT nodes' values
+            """One step: ``x`` ``[batch, input_width]`` (else :class:`FeedError`, a
+            ``ValueError``) -> the OUTPUT nodes' values
             concatenated in ``graph.output_node_ids`` order. Recurrent edges read the
             previous call's values (zeros after ``reset_states=True``, on the first
             call, or when the batch size changes)."""
             lay, graph = self.layout, self.graph
             if x.dim() != 2 or x.shape[1] != self.input_width:
-                raise ValueError(
+                raise FeedError(
                     f"input of shape {tuple(x.shape)}: expected [batch, {self.input_width}] "
                     f"(the output_size of the INPUT nodes {graph.input_node_ids} added)")
             if reset_states:
