@@ -435,3 +435,12 @@ def test_top_k_ties_select_the_earlier_edge():
     m = to_pytorch_model(g, {"dtype": torch.float64})
     x = torch.randn(3, 8, dtype=torch.float64)
     assert torch.equal(m(x), x[:, 6:8])  # edge 0 comes from ins[3]
+
+
+def test_graph_without_outputs():
+    g = Graph()
+    x = node(g, INPUT, 2)
+    g.add_edge(x, node(g, HIDDEN, 2))
+    assert to_pytorch_model(g, {})(torch.zeros(3, 2)).shape == (3, 0)
+    with pytest.raises(GeonError, match="no OUTPUT node"):
+        to_geon(g, 3)

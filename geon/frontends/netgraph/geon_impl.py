@@ -50,6 +50,8 @@ class GeonNet:
     def __init__(self, graph, batch_size, steps, dtype, seed):
         if steps < 1:
             raise ArgumentError(f"to_geon: steps must be at least 1, got {steps}")
+        if not graph.output_node_ids:
+            raise ArgumentError("to_geon: the graph has no OUTPUT node")
         self.graph, self.dtype = graph, dtype
         self.layout = lay = Layout(graph)
         self.rng = np.random.default_rng(seed)
@@ -156,8 +158,6 @@ class GeonNet:
         for nid in lay.recurrent_sources:
             new_state[f"prev_{nid}"] = values[nid]
         outs = [values[o] for o in graph.output_node_ids]
-        if not outs:
-            raise ArgumentError("to_geon: the graph has no OUTPUT node")
         if len(outs) == 1:
             out = be.cast_axes(outs[0], Axes([self.N, self.OUT]))
         else:
