@@ -186,3 +186,21 @@ def test_node_without_enabled_inputs():
     g.add_edge(x, y)
     assert g.validate() == ["node 1: no enabled incoming edge"]
     _check(g, steps=2, seed=1)
+
+
+def test_float32_defaults_agree():
+    """The default dtypes of both translators (float32) agree to float32 accuracy."""
+    graph = _every_kind(False)
+    torch.manual_seed(4)
+    model = to_pytorch_model(graph, {})
+    net = to_geon(graph, BATCH)
+    t = be.make_transformer("numpy")
+    stepper = net.stepper(t)
+    net.load_state_dict(t, model.state_dict())
+    assert all(p.dtype == np.float32 for p in net.state_dict(t).values())
+    x = np.random.default_rng(3).standard_normal((BATCH, 5)).astype(np.float32)
+    for _ in range(2):
+        got = stepper(x)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, model(torch.from_numpy(x)).detach().numpy(),
+                                   rtol=1e-4, atol=1e-5)
