@@ -4,10 +4,6 @@ The samples of one page run in order in one shared namespace, in a temporary wor
 directory. They are compiled with the page's path and line numbers, so a failure points
 at the line of the .rst file. Sphinx is not needed (a small line parser extracts the
 blocks); if it is installed, one more test builds the guide with warnings as errors.
-
-A page whose samples need an optional package says so in a comment line
-``.. requires: onnx`` (comma-separated module names); its samples are skipped, with the
-reason, where one is missing.
 """
 
 import ast
@@ -27,11 +23,13 @@ from geon.op_graph.axes import Axis
 DOC = Path(__file__).resolve().parent.parent / "doc"
 PAGES = sorted(DOC.glob("*.rst"))
 
+#: A page that runs samples needing an optional package says so in a comment line,
+#: ``.. geon-doc-requires: torch``; without the package its samples are skipped.
+_REQUIRES = re.compile(r"^\.\.\s+geon-doc-requires:\s*(?P<mods>.+?)\s*$", re.M)
 _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|sourcecode)::"
                         r"\s*(?P<lang>\S*)\s*$")
 #: Languages of samples that are shown, not run.
 SHOWN = {"text", "console", "toml", "ini", "none"}
-_REQUIRES = re.compile(r"^\.\.\s+requires:\s*(?P<mods>.+?)\s*$", re.M)
 #: Process-wide tables that samples extend (a plugin's op, rules, transformer).
 REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
@@ -101,25 +99,11 @@ def isolated_globals():
         t.update(s)
 
 
-def missing_packages(text):
-    """The modules named in ``.. requires:`` lines of a page's text that are not
-    installed."""
-    missing = []
-    for m in _REQUIRES.finditer(text):
-        for mod in m["mods"].split(","):
-            try:
-                importlib.import_module(mod.strip())
-            except ImportError:
-                missing.append(mod.strip())
-    return missing
-
-
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
-    missing = missing_packages(page.read_text(encoding="utf-8"))
-    if missing:
-        pytest.skip(f"{page.name} needs the optional package(s) {missing}, which are not "
-                    f"installed")
+    for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
+        for mod in m["mods"].replace(",", " ").split():
+            pytest.importorskip(mod, reason=f"the samples of {page.name} need {mod}")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}
@@ -129,12 +113,6 @@ def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
         for first, source in blocks:
             code = compile("\n" * (first - 1) + source, str(page), "exec")
             exec(code, namespace)
-
-
-def test_pages_name_their_optional_packages():
-    text = "Title\n=====\n\n.. requires: numpy, geon_no_such_package\n"
-    assert missing_packages(text) == ["geon_no_such_package"]
-    assert missing_packages("no requirement here\n") == []
 
 
 def test_error_samples_fail_when_no_error_is_raised():
