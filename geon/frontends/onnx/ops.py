@@ -1088,3 +1088,67 @@ def _mod(ctx):
     if b.dtype.kind in "iu" and np.any(b == 0):
         raise ctx.unsupported("Mod by zero")
     return [ctx.known(np.fmod(a, b) if fmod else np.mod(a, b))]
+
+
+@onnx_op("RMSNormalization", 23)
+def _rms_norm(ctx):
+    x = _float(ctx)
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", -1), len(shape))
+    eps = ctx.attr("epsilon", 1e-5)
+    if ctx.attr("stash_type", 1) != 1:
+        raise ctx.unsupported("stash_type other than 1")
+    xs = cast(x, np.float32) if x.dtype.itemsize < 4 else x
+    ms = gnp.mean(xs * xs, tuple(range(axis, len(shape))), keepdims=True)
+    y = cast(xs / gnp.sqrt(ms + eps), x.dtype) * ctx.tensor(1)
+    return [_same(ctx, y)]
+
+
+# --- losses ------------------------------------------------------------------------------
+
+def _nll(ctx, logp, target_i, weight_i):
+    """The negative log-likelihood of ``logp`` (N, C, d1, ...) at the integer targets
+    (N, d1, ...), as ``NegativeLogLikelihoodLoss`` defines it. The class picked is a
+    one-hot mask (targets equal to ``ignore_index`` pick nothing and weigh nothing)."""
+    shape = gnp.shape(logp)
+    if len(shape) < 2:
+        raise ctx.unsupported("input of rank < 2")
+    if ctx.dtype(target_i).kind not in "iu":
+        raise ctx.unsupported("targets must be integers")
+    reduction = ctx.attr("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise ctx.unsupported(f"reduction={reduction!r}")
+    ignore = ctx.attr("ignore_index")
+    target = ctx.tensor(target_i)
+    classes = np.arange(shape[1]).reshape((1, -1) + (1,) * (len(shape) - 2))
+    onehot = gnp.equal(gnp.expand_dims(target, 1), gnp.constant(classes))
+    if ignore is not None:
+        onehot = onehot * gnp.expand_dims(gnp.not_equal(target, ignore), 1)
+    onehot = cast(onehot, logp.dtype)
+    if ctx.has(weight_i):
+        w = gnp.sum(onehot * gnp.reshape(ctx.tensor(weight_i), classes.shape), axis=1)
+    else:
+        w = gnp.sum(onehot, axis=1)
+    loss = -gnp.sum(logp * onehot, axis=1) * (w if ctx.has(weight_i) else 1.0)
+    if reduction == "sum":
+        loss = gnp.sum(loss)
+    elif reduction == "mean":
+        loss = gnp.sum(loss) / gnp.sum(w)
+    return loss
+
+
+@onnx_op("NegativeLogLikelihoodLoss", 12)
+def _nll_loss(ctx):
+    return [_same(ctx, _nll(ctx, _float(ctx), 1, 2))]
+
+
+@onnx_op("SoftmaxCrossEntropyLoss", 12)
+def _softmax_cross_entropy(ctx):
+    logp = gnp.log_softmax(_float(ctx), axis=1)
+    return [_same(ctx, _nll(ctx, logp, 1, 2)), _same(ctx, logp)]
+
+
+@onnx_op("ThresholdedRelu", 10)
+def _thresholded_relu(ctx):
+    x = _float(ctx)
+    return [_same(ctx, gnp.where(x > ctx.attr("alpha", 1.0), x, 0.0))]
