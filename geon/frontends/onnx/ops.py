@@ -1152,3 +1152,37 @@ def _softmax_cross_entropy(ctx):
 def _thresholded_relu(ctx):
     x = _float(ctx)
     return [_same(ctx, gnp.where(x > ctx.attr("alpha", 1.0), x, 0.0))]
+
+
+@onnx_op("GatherElements", 11)
+def _gather_elements(ctx):
+    dshape, ishape = ctx.shape(0), ctx.shape(1)
+    axis = _norm_axis(ctx, ctx.attr("axis", 0), len(dshape))
+    if len(dshape) != len(ishape) or any(i > d for k, (i, d) in enumerate(zip(ishape, dshape))
+                                         if k != axis):
+        raise ctx.unsupported(f"indices of shape {ishape} for data of shape {dshape}")
+    if ctx.dtype(1).kind not in "iu":
+        raise ctx.unsupported("indices must be integers")
+    # Positions in the flattened data: the index along `axis`, the element's own
+    # position along the others (known at import).
+    idx = cast(ctx.tensor(1), np.int64)
+    length = dshape[axis]
+    idx = gnp.where(idx < 0, idx + length, idx)
+    strides = [int(np.prod(dshape[k + 1:])) for k in range(len(dshape))]
+    grid = np.indices(ishape, dtype=np.int64)
+    offset = sum(grid[k] * strides[k] for k in range(len(dshape)) if k != axis)
+    flat = idx * strides[axis] + gnp.constant(np.asarray(offset, np.int64))
+    return [ctx.out(gnp.take(gnp.ravel(ctx.tensor(0)), flat), ctx.dtype(0))]
+
+
+@onnx_op("Trilu", 14)
+def _trilu(ctx):
+    shape = ctx.shape(0)
+    if len(shape) < 2:
+        raise ctx.unsupported("input of rank < 2")
+    k = int(np.ravel(ctx.const(1))[0]) if ctx.has(1) else 0
+    rows, cols = shape[-2:]
+    keep = np.triu(np.ones((rows, cols)), k) if ctx.attr("upper", 1) else \
+        np.tril(np.ones((rows, cols)), k)
+    return [ctx.out(gnp.where(gnp.constant(keep.astype(np.float32)), ctx.tensor(0), 0),
+                    ctx.dtype(0))]
