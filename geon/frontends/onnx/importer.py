@@ -202,7 +202,10 @@ def import_model(model, input_shapes=None, input_values=None):
         if vi.name not in values:
             raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")
         v = values[vi.name]
-        outputs.append(v.tensor())
+        try:
+            outputs.append(v.tensor())
+        except UnsupportedOnnxOp as e:
+            raise UnsupportedOnnxOp(f"graph output {vi.name!r}: {e}") from None
         output_dtypes.append(v.dtype)
     return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets)
 
