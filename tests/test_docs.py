@@ -37,7 +37,8 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
-              ("geon.op_graph.forward", "FORWARD")]
+              ("geon.op_graph.forward", "FORWARD"),
+              ("geon.frontends.onnx.ops", "OPS")]
 
 
 def code_blocks(path):
