@@ -175,7 +175,13 @@ def lower_cumsum(op):  # cumsum(x, A) -> prefix_sum(x as (outer, A, inner)); fli
 
 
 def _negated(x):
-    return og.Negative(x) if x.dtype.kind == "f" else og.Subtract(0, x, dtype=x.dtype)
+    """An order-reversing map of ``x`` that is its own inverse: ``-x`` for floats; for
+    integers ``c - x`` with ``c`` = -1 (signed) or the largest value (unsigned), which
+    never overflows (``0 - x`` does for unsigned values and for the smallest signed)."""
+    if x.dtype.kind == "f":
+        return og.Negative(x)
+    c = np.iinfo(x.dtype).max if x.dtype.kind == "u" else -1
+    return og.Subtract(og.Constant(c, dtype=x.dtype), x, dtype=x.dtype)
 
 
 def _lowered_sort(m, op):
