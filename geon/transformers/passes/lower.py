@@ -8,6 +8,7 @@ slicing are explicit views. Named axes are not consulted after this pass.
 
 import numpy as np
 
+from geon.op_graph import collectives as coll
 from geon.op_graph import conv as cv
 from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
@@ -289,6 +290,14 @@ def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
     return None
 
 
+def contiguous_collective(op):  # allreduce(strided view or constant) -> allreduce(copy)
+    # MPI sends and receives contiguous buffers; a constant's must not be overwritten
+    x = op.args[0]
+    if not isinstance(x, og.Constant) and _contiguous(x):
+        return None
+    return type(op)(pr.Copy(x), **op.attr_values())
+
+
 class LowerAxesPass(RewritePass):
     """Axes ops -> semi-primitive ops on row-major buffers."""
 
@@ -311,4 +320,5 @@ class LowerAxesPass(RewritePass):
         (og.Output, lower_output),
         (cv.Convolution, cv.lower_convolution),
         (cv.Pooling, cv.lower_pooling),
+        ((coll.AllReduce, coll.BroadcastFrom), contiguous_collective),
     ]

