@@ -32,9 +32,9 @@ except ImportError as _e:  # also a missing libmpi under an installed mpi4py
         f"against it; import failed with: {_e}") from _e
 
 import geon as be
-from geon.op_graph.axes import Axis, FlattenedAxis
-from geon.op_graph.collectives import (AllReduce, BroadcastFrom, collectives,
-                                       set_collectives)
+from geon.op_graph.axes import Axis
+from geon.op_graph.collectives import (AllReduce, BroadcastFrom, FlatConcat, collectives,
+                                       flat_split, set_collectives)
 
 #: Default bucket size, in bytes, for :func:`average_gradients` (one buffer per dtype
 #: up to this size; larger sets of gradients take several).
@@ -131,26 +131,8 @@ def _bucketed(tensors, collective, bucket_bytes):
 def _one_bucket(tensors, collective):
     if len(tensors) == 1:
         return [collective(tensors[0])]
-    flat, axes = [], []
-    for k, t in enumerate(tensors):
-        a = Axis(t.axes.size, f"_bucket{k}")
-        # every tensor as one axis of its own (a scalar as an axis of length 1)
-        flat.append(be.cast_axes(be.flatten(t), [a]) if len(t.axes) else
-                    be.broadcast(t, [a]))
-        axes.append(a)
-    total = Axis(sum(a.length for a in axes), "_bucket")
-    joined = collective(be.concat(flat, axes, out_axis=total))
-    parts, start = [], 0
-    for t, a in zip(tensors, axes):
-        piece = be.slice_along_axis(joined, total, slice(start, start + a.length), a)
-        start += a.length
-        if not len(t.axes):
-            parts.append(be.slice_along_axis(piece, a, 0))
-        elif len(t.axes) == 1:
-            parts.append(be.cast_axes(piece, t.axes))
-        else:
-            parts.append(be.unflatten(be.cast_axes(piece, [FlattenedAxis(t.axes)])))
-    return parts
+    total = Axis(sum(t.axes.size for t in tensors), "_bucket")
+    return flat_split(collective(FlatConcat(*tensors, axis=total)), tensors)
 
 
 def average_gradients(grads, bucket_bytes=BUCKET_BYTES):

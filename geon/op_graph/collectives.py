@@ -19,6 +19,7 @@ import numpy as np
 from geon.errors import ArgumentError
 from geon.op_graph import op_graph as og
 from geon.op_graph.autodiff import adjoint_rule
+from geon.op_graph.axes import FlattenedAxis
 from geon.op_graph.forward import forward_rule
 from geon.op_graph.reference import EVALUATORS
 
@@ -132,3 +133,63 @@ def _allreduce_adjoint(op, delta):  # d/dx_r sum_s y_s . delta_s = allreduce(del
 @forward_rule(AllReduce)
 def _allreduce_forward(op, tangents):  # linear
     return AllReduce(tangents[0], reduce=op.reduce)
+
+
+class FlatConcat(og.ComputationOp):
+    """The args, each flattened in its own axes' order (row-major), laid end to end
+    along ``axis`` (of their total size): the buffer a bucketed collective works on.
+    All args have one dtype."""
+
+    attrs = ("axis", "dtype")
+
+    def __init__(self, *args, axis, **kwargs):
+        self.axis = axis
+        super().__init__(*args, **kwargs)
+        total = sum(a.axes.size for a in self.args)
+        if axis.length != total or len({a.dtype for a in self.args}) != 1:
+            raise ArgumentError(
+                f"FlatConcat: axis {axis!r} must have the args' total size {total}, and "
+                f"the args one dtype (got {sorted({a.dtype.name for a in self.args})})"
+                f"{self._where()}")
+
+    def _infer_axes(self):
+        return og.as_axes([self.axis])
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
+def flat_split(flat, like):
+    """The parts of ``flat`` (one axis, as :class:`FlatConcat` made it) with the axes of
+    the tensors ``like``: slices of it, in order (views where the layout allows)."""
+    axis, = flat.axes
+    parts, start = [], 0
+    for k, t in enumerate(like):
+        n = t.axes.size
+        if not len(t.axes):
+            parts.append(og.slice_along_axis(flat, axis, start))
+        else:
+            piece = og.slice_along_axis(flat, axis, slice(start, start + n),
+                                        og.Axis(n, f"{axis.name}[{k}]"))
+            if len(t.axes) == 1:
+                parts.append(og.cast_axes(piece, t.axes))
+            else:
+                parts.append(og.unflatten(og.cast_axes(piece, [FlattenedAxis(t.axes)])))
+        start += n
+    return parts
+
+
+@EVALUATORS.register(FlatConcat)
+def _flat_concat_value(op, *vs):
+    return np.concatenate([np.asarray(v, op.dtype).reshape(-1) for v in vs])
+
+
+@adjoint_rule(FlatConcat)
+def _flat_concat_adjoint(op, delta):  # each arg's range of delta, in its axes
+    return tuple(flat_split(delta, op.args))
+
+
+@forward_rule(FlatConcat)
+def _flat_concat_forward(op, tangents):  # linear
+    return FlatConcat(*[og.Constant(0, axes=a.axes, dtype=op.dtype) if t is None else t
+                        for a, t in zip(op.args, tangents)], axis=op.axis)

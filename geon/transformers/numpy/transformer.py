@@ -210,6 +210,12 @@ def _broadcast_from(op, out, args):
     return [f"_broadcast_from({args[0]}, {out}, {op.root})"]
 
 
+@numpy_code(coll.FlatConcat)
+def _flat_concat(op, out, args):
+    flat = ", ".join(f"{a}.reshape(-1)" for a in args)
+    return [f"np.concatenate(({flat},), out={out})"]
+
+
 def _run_allreduce(x, out, mean):
     coll.collectives().allreduce(x, out, mean)
 
@@ -544,7 +550,8 @@ class NumPyTransformer(Transformer):
     #: broadcast_from; see geon.distributed) and every user op: the classes
     #: with a rule in :data:`NUMPY_CODE` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
-    base_set = STANDARD_BASE_SET | {Select, UserOp, coll.AllReduce, coll.BroadcastFrom}
+    base_set = STANDARD_BASE_SET | {Select, UserOp, coll.AllReduce, coll.BroadcastFrom,
+                                      coll.FlatConcat}
     computation_class = NumPyComputation
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
