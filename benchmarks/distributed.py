@@ -28,11 +28,11 @@ with ``buckets = ceil(S / 64 MiB)`` (geon's bucket size). The bandwidth term ten
 latency term grows linearly with N and dominates for small models. The script prints
 ``T(8)`` and ``T(64)`` for the gradients of the digits CNN (two 3×3 convolutions of 16
 and 32 channels and a 10-way dense layer on 8×8 digits pooled to 4×4: about 10,000
-parameters) and of a ResNet-sized model (25.6 M parameters, ResNet-50's count), in float32, with the
-α and BW it measured here, and the compute time a step must take for the allreduce
-to cost at most 10% of it (without overlap of communication and backward pass: with
-it, as Horovod and DDP do, the allreduce of one bucket hides behind the backward pass
-of the next). α and BW measured between processes of one machine (shared memory) are
+parameters) and of a ResNet-sized model (25.6 M parameters, ResNet-50's count), in
+float32, with the α and BW measured here, and the compute time a step must take for
+the allreduce to cost at most 10% of it. geon runs the allreduce after the backward
+pass (no overlap); Horovod and DDP hide the allreduce of one bucket behind the backward
+pass of the next, which the projection does not credit. α and BW measured between processes of one machine (shared memory) are
 far better than a cluster network's: rerun this on the cluster (``mpirun -n 2`` across
 two nodes) to project for it.
 
