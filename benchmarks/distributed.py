@@ -32,9 +32,9 @@ parameters) and of a ResNet-sized model (25.6 M parameters, ResNet-50's count), 
 float32, with the α and BW measured here, and the compute time a step must take for
 the allreduce to cost at most 10% of it. geon runs the allreduce after the backward
 pass (no overlap); Horovod and DDP hide the allreduce of one bucket behind the backward
-pass of the next, which the projection does not credit. α and BW measured between processes of one machine (shared memory) are
-far better than a cluster network's: rerun this on the cluster (``mpirun -n 2`` across
-two nodes) to project for it.
+pass of the next, which the projection does not credit. α and BW measured between
+processes of one machine (shared memory) are far better than a cluster network's: rerun
+this on the cluster (``mpirun -n 2`` across two nodes) to project for it.
 
 Numbers are not committed here; they depend on the machine (measure on an idle one).
 """
