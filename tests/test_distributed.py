@@ -260,3 +260,17 @@ def test_a_failing_rank_ends_every_rank(tmp_path):
     assert "rank 1 broke on purpose" in p.stdout + p.stderr
     assert "rank 1 of 2 failed" in p.stdout + p.stderr
     assert time.monotonic() - start < 30
+
+
+def test_broadcast_from_has_no_derivative_and_write_values_checks_shapes():
+    C = be.Axis(3, "C")
+    x = be.placeholder([C], dtype=np.float64, name="x")
+    with pytest.raises(be.GeonError, match="BroadcastFrom"):
+        be.deriv(be.sum(be.broadcast_from(x), out_axes=()), x)
+    w = be.Variable([C], dtype=np.float64, name="w")
+    t = be.make_transformer("numpy")
+    f = t.computation(w * 2.0)
+    t.write_values({w: np.arange(3.0)})
+    assert np.array_equal(f(), [0.0, 2.0, 4.0]) and t.write_count(w) == 1
+    with pytest.raises(be.ArgumentError, match=r"w has shape \(3,\)"):
+        t.write_values({w: np.zeros(4)})
