@@ -167,6 +167,16 @@ def _extra_graphs():
                 [lab, f], [np.array([0, 3, 1, 2, 2, 0]),
                            rng.standard_normal((4, 6)).astype(np.float32)])
     out["ints"] = ints()
+
+    # float math of integer tensors: computed in float32, not in the operands' type
+    def int_math():
+        i32 = be.placeholder(Nl, dtype=np.int32)
+        u8 = be.placeholder(Nl, dtype=np.uint8)
+        return ([be.reciprocal(i32), be.square(i32), -u8, be.sqrt(u8), i32 ** 3,
+                 i32 ** -1, be.sigmoid(-u8)], [i32, u8],
+                [np.array([2, 3, -7, 2 ** 31 - 1, 46341, -1], np.int32),
+                 np.array([250, 1, 0, 255, 7, 128], np.uint8)])
+    out["int_math"] = int_math()
     return out
 
 

@@ -480,6 +480,18 @@ class ElementWise(ComputationOp):
                 axes = axes | a.axes
         return axes
 
+    def compute_dtype(self):
+        """The dtype the op computes in, the same in every backend and the reference.
+
+        A floating-point result is computed in its own dtype, the operands converted
+        first: ``reciprocal`` of an int32 is not integer division, ``-x`` of a uint8 does
+        not wrap, ``sqrt`` of an int8 is not float16 arithmetic. An integer result is
+        computed in the operands' promoted dtype and converted after, as NumPy does.
+        """
+        if self.dtype.kind in "fc" or not self.args:
+            return self.dtype
+        return np.result_type(*[a.dtype for a in self.args])
+
 
 class UnaryElementWise(ElementWise):
     def _infer_dtype(self):
@@ -497,6 +509,10 @@ class Comparison(BinaryElementWise):
     def _infer_dtype(self):
         dt = result_dtype(self.args)
         return dt if dt.kind == "f" else DEFAULT_DTYPE
+
+    def compute_dtype(self):
+        """Operands compare in their promoted dtype (the result is only 1 or 0)."""
+        return np.result_type(*[a.dtype for a in self.args])
 
 
 class Add(BinaryElementWise): """``a + b``"""

@@ -61,9 +61,11 @@ ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
 @evaluator(og.ElementWise)
 def _elementwise(op, *vals):
     fn = ELEMENTWISE_FUNCS[type(op)]
-    # Operands keep their dtypes (NumPy promotes them, as in generated code); only the
-    # result takes the op's dtype (e.g. 1.0 / 0.0 for a comparison).
-    args = [align(v, a.axes, op.axes) for v, a in zip(vals, op.args)]
+    # Operands are converted to the op's compute dtype first, as in generated code; the
+    # result then takes the op's dtype (e.g. 1.0 / 0.0 for a comparison).
+    ct = op.compute_dtype()
+    args = [align(v if ct is None else np.asarray(v).astype(ct, copy=False), a.axes,
+                  op.axes) for v, a in zip(vals, op.args)]
     with np.errstate(all="ignore"):
         r = fn(*args)
     return np.broadcast_to(r, op.axes.shape).astype(op.dtype)

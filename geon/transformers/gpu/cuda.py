@@ -218,14 +218,9 @@ def cuda_rule(op):
 
 
 def compute_dtype(op):
-    """The type an elementwise op computes in: comparisons in their operands' common
-    type; float results in their own type; integer results in the operands' promoted
-    type (``int + 0.5`` computes in floating point and converts, as NumPy does)."""
+    """The type an elementwise op computes in (:meth:`ElementWise.compute_dtype
+    <geon.op_graph.op_graph.ElementWise.compute_dtype>`, the rule of every backend); a
+    copy in its own type."""
     if isinstance(op, pr.Copy):
         return op.dtype
-    dts = [a.dtype for a in op.args]
-    if isinstance(op, og.Comparison):
-        return np.result_type(*dts)
-    if op.dtype.kind == "f":
-        return op.dtype
-    return np.result_type(*dts) if dts else op.dtype
+    return op.compute_dtype()

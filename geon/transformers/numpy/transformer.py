@@ -41,6 +41,19 @@ numpy_code = NUMPY_CODE.register
 NUMPY_GLOBALS = {}
 
 
+def _loop(op):
+    """``, dtype=...`` making a ufunc compute in ``op``'s compute dtype, where NumPy
+    would otherwise pick a loop of the operands' dtypes (integer or float16 arithmetic
+    for a float result) and convert after; empty where the loops agree (comparisons:
+    NumPy promotes their operands as :meth:`compute_dtype` says, and ``dtype=`` would
+    name the bool result)."""
+    ct = op.compute_dtype()
+    if op.dtype.kind in "fc" and not isinstance(op, og.Comparison) and any(
+            a.dtype != ct for a in op.args):
+        return f", dtype=np.{ct.name}"
+    return ""
+
+
 def _ufunc_code(name):
     def code(op, out, args):
         # An integer result with an operand of another dtype (e.g. a weak float32 constant
@@ -48,7 +61,7 @@ def _ufunc_code(name):
         # reference evaluator does ('same_kind' would refuse float64 -> int64).
         cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
             a.dtype != op.dtype for a in op.args) else ""
-        return [f"np.{name}({', '.join(args)}, out={out}{cast})"]
+        return [f"np.{name}({', '.join(args)}, out={out}{_loop(op)}{cast})"]
     return code
 
 
@@ -62,7 +75,8 @@ def _sigmoid(op, out, args):
     # wherever the result is a normal number, and no overflow warnings.
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
-    return [f"np.negative({x}, out={out})", f"np.minimum({out}, {limit}, out={out})",
+    return [f"np.negative({x}, out={out}{_loop(op)})",
+            f"np.minimum({out}, {limit}, out={out})",
             f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
             f"np.reciprocal({out}, out={out})"]
 

@@ -1,0 +1,125 @@
+"""Numerics that must not be silently wrong: compute dtypes, derivatives at zeros and
+infinities, IEEE semantics under simplification, and results the caller owns.
+
+Expected values are written with NumPy (float64 closed forms where the result is a
+formula), never with geon's reference evaluator.
+"""
+
+import numpy as np
+import pytest
+
+import geon as be
+
+A = be.Axis(4, "A")
+B = be.Axis(3, "B")
+
+
+def _run(results, feeds, **kw):
+    """``results`` computed by a NumPy transformer from ``{placeholder: array}``."""
+    ps = list(feeds)
+    f = be.make_transformer("numpy", **kw).computation(results, *ps)
+    return f(*[feeds[p] for p in ps])
+
+
+def _all_ways(results, feeds):
+    """``[(how, values)]``: the transformer (with and without fusion) and the reference
+    evaluator."""
+    return [("numpy", _run(results, feeds)),
+            ("numpy, no fusion", _run(results, feeds, disable=["fusion"])),
+            ("reference", be.evaluate(results, feeds))]
+
+
+# --- 1. unary math and ** of integer tensors compute in the result dtype ----------------
+
+INT_CASES = [
+    # (input dtype, values, geon op, NumPy function of the float32 values)
+    (np.int32, [2, 3, -7, 2 ** 31 - 1], be.reciprocal, np.reciprocal),
+    (np.int32, [2, 3, -7, 2 ** 31 - 1], be.square, np.square),
+    (np.uint8, [250, 1, 0, 255], be.negative, np.negative),
+    (np.int8, [3, 5, 7, 127], be.sqrt, np.sqrt),
+    (np.int8, [3, 5, 7, 127], be.log, np.log),
+    (np.int16, [1, 2, 3, 100], be.exp, np.exp),
+    (np.int8, [3, -5, 7, -128], be.absolute, np.absolute),
+    (np.uint8, [0, 1, 2, 200], be.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
+    (np.int32, [2, 3, -2, 46341], lambda x: x ** 2, np.square),
+    (np.int32, [2, 3, -2, 2 ** 31 - 1], lambda x: x ** x, lambda v: np.power(v, v)),
+    (np.int32, [2, 3, -2, 2 ** 31 - 1], lambda x: x ** -1, np.reciprocal),
+]
+
+
+@pytest.mark.parametrize("dtype, values, build, expect", INT_CASES,
+                         ids=[f"{np.dtype(c[0]).name}-{i}" for i, c in enumerate(INT_CASES)])
+def test_integer_inputs_compute_in_the_float_result_dtype(dtype, values, build, expect):
+    x = be.placeholder(A, dtype=dtype, name="x")
+    v = np.array(values, dtype=dtype)
+    y = build(x)
+    assert y.dtype == np.float32  # the result dtype rule of the Axes family
+    with np.errstate(all="ignore"):
+        want = np.asarray(expect(v.astype(np.float32)), np.float32)
+        for how, got in _all_ways(y, {x: v}):
+            assert got.dtype == np.float32, how
+            np.testing.assert_allclose(got, want, rtol=2e-7, err_msg=how)
+
+
+# --- 2. derivatives of prod at zeros; derivatives with respect to constants --------------
+
+# rows: no zero, one zero, two zeros, all zeros (products along B)
+PROD_X = np.array([[2.0, -3.0, 0.5], [2.0, 0.0, -4.0], [0.0, 3.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def _prod_of_others(x):
+    """``d prod(x, axis=1) / d x``: for each element the product of the others in its
+    row, by deleting it (float64, no division)."""
+    out = np.empty_like(x)
+    for i, j in np.ndindex(*x.shape):
+        out[i, j] = np.prod(np.delete(x[i], j))
+    return out
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["axes", "lowered"])
+def test_derivative_of_prod_at_zeros_is_the_product_of_the_others(lowered):
+    from gradcheck import assert_gradcheck
+    x = be.placeholder((A, B), dtype=np.float64, name="x")
+    p = be.prod(x, reduction_axes=B)
+    cost = be.sum(p * be.Constant(np.array([1.0, -2.0, 3.0, 0.5]), axes=A, dtype=np.float64),
+                  out_axes=())
+    if lowered:  # lowering rewrites the graph in place: the ReduceProd rule is used
+        be.make_transformer("numpy").computation(cost, x)
+    d = be.deriv(cost, x)
+    want = _prod_of_others(PROD_X) * np.array([1.0, -2.0, 3.0, 0.5])[:, None]
+    assert want[1, 1] == -2.0 * -8.0 and want[2, 0] == 0.0  # one zero; two zeros
+    for how, got in _all_ways(d, {x: PROD_X}):
+        np.testing.assert_allclose(got, want, rtol=1e-15, atol=0, err_msg=how)
+    # and against central differences (prod is linear in each element: exact there)
+    assert_gradcheck(lambda v: be.prod(v, reduction_axes=B), [((A, B), PROD_X)],
+                     lowered=lowered)
+
+
+def test_jvp_of_prod_at_zeros():
+    x = be.placeholder((A, B), dtype=np.float64, name="x")
+    tangent = np.arange(12.0).reshape(4, 3) - 5.0
+    j = be.jvp(be.prod(x, reduction_axes=B), x, be.Constant(tangent, axes=(A, B),
+                                                            dtype=np.float64))
+    want = np.sum(_prod_of_others(PROD_X) * tangent, axis=1)
+    for how, got in _all_ways(j, {x: PROD_X}):
+        np.testing.assert_allclose(got, want, rtol=1e-15, atol=0, err_msg=how)
+
+
+def test_derivative_with_respect_to_a_constant_is_real():
+    x = be.placeholder(A, dtype=np.float64, name="x")
+    kv = np.array([1.0, -2.0, 0.5, 3.0])
+    k = be.Constant(kv, axes=A, dtype=np.float64, name="k")
+    k2 = k * 2.0  # an op of constants only
+    c = be.sum(x * k2 + k * k, out_axes=())
+    xv = np.array([0.5, 1.5, -1.0, 2.0])
+    for w, want in [(k, 2 * xv + 2 * kv), (k2, xv)]:
+        d = be.deriv(c, w)
+        assert d.axes == w.axes
+        for how, got in _all_ways(d, {x: xv}):
+            np.testing.assert_allclose(got, want, rtol=1e-15, err_msg=how)
+    # a constant c does not depend on: zeros, as for a variable
+    other = be.Constant(np.ones(3), axes=B, dtype=np.float64)
+    assert np.all(be.evaluate(be.deriv(c, other)) == 0)
+    # the derivatives with respect to variables are unchanged (and still cached)
+    assert be.deriv(c, x) is be.deriv(c, x)
+    np.testing.assert_allclose(be.evaluate(be.deriv(c, x), {x: xv}), 2 * kv)
