@@ -22,11 +22,12 @@ def _run(results, feeds, **kw):
 
 
 def _all_ways(results, feeds):
-    """``[(how, values)]``: the transformer (with and without fusion) and the reference
-    evaluator."""
-    return [("numpy", _run(results, feeds)),
-            ("numpy, no fusion", _run(results, feeds, disable=["fusion"])),
-            ("reference", be.evaluate(results, feeds))]
+    """``[(how, values)]``: the reference evaluator (first: a transformer rewrites the
+    graph in place, after which ``evaluate`` would see the lowered ops) and the NumPy
+    transformer with and without fusion."""
+    return [("reference", be.evaluate(results, feeds)),
+            ("numpy", _run(results, feeds)),
+            ("numpy, no fusion", _run(results, feeds, disable=["fusion"]))]
 
 
 # --- 1. unary math and ** of integer tensors compute in the result dtype ----------------
@@ -123,3 +124,63 @@ def test_derivative_with_respect_to_a_constant_is_real():
     # the derivatives with respect to variables are unchanged (and still cached)
     assert be.deriv(c, x) is be.deriv(c, x)
     np.testing.assert_allclose(be.evaluate(be.deriv(c, x), {x: xv}), 2 * kv)
+
+
+# --- 4. the simplifier keeps IEEE semantics ---------------------------------------------
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.5, 2.0])
+
+
+def _unsafe_rewrites(x):
+    """Expressions that algebra would fold but IEEE arithmetic does not (NaN, inf, 0 and
+    negative numbers give other values)."""
+    return [be.exp(be.log(x)), x * 0.0, 0.0 * x, x * 0, x / x, x - x, (x - x) * 0.0]
+
+
+def _ieee(v):
+    with np.errstate(all="ignore"):
+        return [np.exp(np.log(v)), v * 0.0, 0.0 * v, v * 0, v / v, v - v, (v - v) * 0.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("source", ["placeholder", "constant"])
+def test_simplifier_never_fires_unsafe_rules(dtype, source):
+    v = SPECIAL.astype(dtype)
+    S = be.Axis(len(v), "S")
+    if source == "placeholder":
+        x = be.placeholder(S, dtype=dtype, name="x")
+        feeds = {x: v}
+    else:  # constant folding must give the IEEE values too
+        x = be.Constant(v, axes=S, dtype=dtype, name="x")
+        feeds = {}
+    results = _unsafe_rewrites(x)
+    with np.errstate(all="ignore"):
+        for how, got in _all_ways(results, feeds):
+            for i, (g, w) in enumerate(zip(got, _ieee(v))):
+                assert g.dtype == dtype, (how, i)
+                np.testing.assert_array_equal(g, w, err_msg=f"{how}: expression {i}")
+
+
+def test_integer_times_zero_still_folds():
+    from geon.transformers.passes.simplify import mul_one_zero
+    i = be.placeholder(A, dtype=np.int32, name="i")
+    f = be.placeholder(A, dtype=np.float32, name="f")
+    folded = mul_one_zero(i * 0)
+    assert isinstance(folded, be.Constant) and folded.scalar == 0
+    assert mul_one_zero(f * 0.0) is None and mul_one_zero(0.0 * f) is None
+    np.testing.assert_array_equal(_run(i * 0, {i: np.arange(4, dtype=np.int32)}), 0)
+
+
+# --- 6. the reference evaluator reduces when another axis has length 0 -----------------
+
+def test_reference_reduces_with_an_empty_kept_axis():
+    E = be.Axis(0, "E")
+    x = be.placeholder((E, B), name="x")
+    v = np.zeros((0, 3), np.float32)
+    for op, want in [(be.sum(x, reduction_axes=B), np.zeros(0)),
+                     (be.max(x, reduction_axes=B), np.zeros(0)),
+                     (be.sum(x, reduction_axes=E), np.zeros(3)),
+                     (be.prod(x, reduction_axes=E), np.ones(3))]:
+        for how, got in _all_ways(op, {x: v}):
+            assert got.shape == want.shape, how
+            np.testing.assert_array_equal(got, want, err_msg=how)

@@ -88,7 +88,8 @@ def _reduce_layout(in_axes, red, out_axes, x):
     keep = [in_axes.index(a) for a in out_axes]
     rpos = [in_axes.index(a) for a in red]
     x = np.transpose(x, keep + rpos)
-    return x.reshape(out_axes.shape + (-1,))
+    # the reduced length explicitly: -1 is ambiguous when some kept axis has length 0
+    return x.reshape(out_axes.shape + (int(np.prod([a.length for a in red])),))
 
 
 _REDUCERS = {og.Sum: np.sum, og.Prod: np.prod, og.Max: np.max, og.Min: np.min,
