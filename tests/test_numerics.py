@@ -184,3 +184,29 @@ def test_reference_reduces_with_an_empty_kept_axis():
         for how, got in _all_ways(op, {x: v}):
             assert got.shape == want.shape, how
             np.testing.assert_array_equal(got, want, err_msg=how)
+
+
+# --- 7. results are distinct arrays the caller owns --------------------------------------
+
+def test_results_are_distinct_arrays_the_caller_owns():
+    x = be.placeholder(A, name="x")
+    w = be.Variable(A, initial_value=np.arange(4.0), name="w")
+    y = x * 3.0
+    t = be.make_transformer("numpy")
+    f = t.computation([x * 3.0, x * 3.0, y, y, w, x, be.axes_with_order(x, (A,))], x)
+    xv = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    out = f(xv)
+    for i in range(len(out)):
+        for j in range(i + 1, len(out)):
+            assert not np.shares_memory(out[i], out[j]), (i, j)
+    assert not np.shares_memory(out[4], t.state[w])   # not the Variable's storage
+    assert not np.shares_memory(out[5], xv)            # not the caller's feed
+    for a in out:
+        a[...] = -7.0  # the caller may write what it owns
+    np.testing.assert_array_equal(t.state[w], np.arange(4.0))
+    np.testing.assert_array_equal(xv, [1, 2, 3, 4])
+    again = f(xv)
+    np.testing.assert_array_equal(again[0], 3 * xv)
+    np.testing.assert_array_equal(again[3], 3 * xv)
+    np.testing.assert_array_equal(again[4], np.arange(4.0))
+    assert not np.shares_memory(again[0], out[0])      # a new array each call

@@ -264,12 +264,16 @@ class NumPyComputation(Computation):
                 lines = find_rule(NUMPY_CODE, op)(op, out, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
-        returns = []
+        # The caller owns every array returned: a fresh buffer goes out once; another
+        # request for the same op (CSE merges equal results), views, storage and feeds
+        # are copied.
+        returns, handed = [], set()
         for r in self.results:
             if isinstance(r, og.VoidOp):
                 returns.append("None")
-            elif r in fresh:
+            elif r in fresh and r not in handed:
                 returns.append(names[r])
+                handed.add(r)
             else:
                 returns.append(f"np.array({names[r]})")
         # Feeds: arrays of the right shape and dtype pass with three comparisons; the
