@@ -210,3 +210,71 @@ def test_results_are_distinct_arrays_the_caller_owns():
     np.testing.assert_array_equal(again[3], 3 * xv)
     np.testing.assert_array_equal(again[4], np.arange(4.0))
     assert not np.shares_memory(again[0], out[0])      # a new array each call
+
+
+# --- 3. cross-entropy, safelog and powers at infinities and zeros ------------------------
+
+def test_softmax_cross_entropy_with_masked_and_huge_logits():
+    Y, N = be.Axis(3, "Y3"), be.Axis(4, "N4", batch=True)
+    z = be.placeholder((Y, N), name="z")
+    t = be.placeholder((Y, N), name="t")
+    ce = be.cross_entropy_multi(be.softmax(z), t)
+    dz = be.deriv(be.sum(ce, out_axes=()), z)
+    Z = np.array([[-np.inf, 3e38, 1.0, -3e38],
+                  [2.0, -3e38, -np.inf, 3e38],
+                  [0.5, 3e38, 0.0, -np.inf]], np.float32)
+    T = np.array([[0, 0, 1, 0], [1, 0, 0, 1], [0, 1, 0, 0]], np.float32)
+    # float64 closed forms: log-softmax of the finite logits, -inf logits weigh nothing
+    Zd = Z.astype(np.float64)
+    m = Zd.max(axis=0)
+    shifted = Zd - m  # -3e38 - 3e38 is -6e38: finite in float64
+    lse = np.log(np.sum(np.exp(shifted), axis=0))
+    want_ce = -np.sum(T * np.where(T > 0, shifted - lse, 0.0), axis=0)
+    want_dz = np.exp(shifted - lse) * T.sum(axis=0) - T
+    with np.errstate(over="ignore"):  # float32 z - max(z) overflows to -inf, as it may
+        ways = _all_ways([ce, dz], {z: Z, t: T})
+    for how, (c, d) in ways:
+        assert np.all(np.isfinite(c)) and np.all(np.isfinite(d)), how
+        np.testing.assert_allclose(c, want_ce, rtol=1e-6, atol=1e-6, err_msg=how)
+        np.testing.assert_allclose(d, want_dz, rtol=1e-6, atol=1e-6, err_msg=how)
+
+
+def test_binary_cross_entropy_at_infinite_logits():
+    M = be.Axis(8, "M8")
+    x = be.placeholder(M, name="x")
+    t = be.placeholder(M, name="t")
+    e = be.cross_entropy_binary(be.sigmoid(x), t, out_axes=(M,))
+    dx = be.deriv(be.sum(e, out_axes=()), x)
+    X = np.array([np.inf, -np.inf, np.inf, -np.inf, 0.0, 5.0, -30.0, 1e4], np.float32)
+    T = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.25, 1.0, 1.0], np.float32)
+    Xd = X.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        finite = np.logaddexp(0, Xd) - Xd * T
+    want = np.where(np.isfinite(Xd), finite, np.where((Xd > 0) == (T == 1), 0.0, np.inf))
+    want_dx = 1 / (1 + np.exp(-Xd)) - T
+    for how, (v, d) in _all_ways([e, dx], {x: X, t: T}):
+        np.testing.assert_allclose(v, want, rtol=1e-6, atol=1e-7, err_msg=how)
+        np.testing.assert_allclose(d, want_dx, rtol=1e-6, atol=1e-7, err_msg=how)
+
+
+def test_float16_safelog_of_zero_is_finite():
+    x = be.placeholder(A, dtype=np.float16, name="x")
+    v = np.array([0.0, 1e-8, 0.5, 2.0], np.float16)
+    tiny = np.finfo(np.float16).tiny
+    want = np.log(np.maximum(v, tiny).astype(np.float64))
+    for how, got in _all_ways(be.safelog(x), {x: v}):
+        assert got.dtype == np.float16 and np.all(np.isfinite(got)), how
+        np.testing.assert_allclose(got, want, rtol=1e-3, err_msg=how)
+
+
+def test_derivative_of_power_in_the_exponent_at_a_zero_base():
+    a = be.placeholder(A, dtype=np.float64, name="a")
+    b = be.placeholder(A, dtype=np.float64, name="b")
+    p = a ** b
+    av, bv = np.array([0.0, 0.0, 2.0, 0.5]), np.array([2.0, 0.5, 3.0, -1.0])
+    want = np.array([0.0, 0.0, 8 * np.log(2.0), 2 * np.log(0.5)])  # a**b log a; 0 at a=0<b
+    db = be.deriv(be.sum(p, out_axes=()), b)
+    tb = be.jvp(p, b, np.ones(4))
+    for how, (g, j) in _all_ways([db, tb], {a: av, b: bv}):
+        np.testing.assert_allclose(g, want, rtol=1e-15, err_msg=how)
+        np.testing.assert_allclose(j, want, rtol=1e-15, err_msg=how)

@@ -600,8 +600,14 @@ def sigmoid(x):
 
 
 def safelog(x, limit=-50.0):
-    """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
-    return Log(Maximum(x, float(np.exp(limit))))
+    """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``. Where
+    ``exp(limit)`` is below the smallest normal number of ``x``'s dtype (float16), the
+    floor is that number instead (``exp(-50)`` would round to 0 there)."""
+    x = as_op(x)
+    floor = float(np.exp(limit))
+    if x.dtype.kind == "f":
+        floor = builtins.max(floor, float(np.finfo(x.dtype).tiny))
+    return Log(Maximum(x, floor))
 
 
 # --- dot -------------------------------------------------------------------------------

@@ -49,13 +49,21 @@ def _sigmoid(x):
     return np.exp(-np.logaddexp(0, -x))
 
 
-def _sigmoid_ce(x, t):
-    return np.logaddexp(0, x) - x * t
+def sigmoid_ce(x, t):
+    """``softplus(x) - x t`` elementwise, as ``log1p(exp(-|x|)) + |x| w`` with ``w = 1 - t``
+    where ``x > 0`` and ``t`` elsewhere; the product is 0 where ``w`` is, so an infinite
+    logit with the matching target gives 0, not ``inf - inf``."""
+    x, t = np.asarray(x), np.asarray(t)
+    ax = np.abs(x)
+    w = np.where(x > 0, 1 - t, t)
+    part = np.zeros(np.broadcast_shapes(ax.shape, w.shape), np.result_type(ax, w))
+    np.multiply(ax, w, out=part, where=w != 0)
+    return np.log1p(np.exp(-ax)) + part
 
 
 ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
 ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
-ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
+ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = sigmoid_ce
 
 
 @evaluator(og.ElementWise)

@@ -9,8 +9,8 @@ logits and their log-sum-exp instead of taking the log of a rounded probability.
 import numpy as np
 
 from geon.op_graph.axes import as_axes
-from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, as_op, max, safelog,
-                                    stop_gradient, sum)
+from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, Maximum, as_op, max,
+                                    safelog, stop_gradient, sum)
 
 
 class SoftmaxSchema:
@@ -56,7 +56,15 @@ def cross_entropy_multi(y, t, usebits=False, out_axes=None):
     """
     y, t = as_op(y), as_op(t)
     s = y.schema
-    logy = s.shifted - Log(s.Z) if isinstance(s, SoftmaxSchema) else safelog(y)
+    if isinstance(s, SoftmaxSchema):
+        # A -inf logit (masked), or one so far below the maximum that the shift
+        # overflows, has log(y) = -inf: clipped to the lowest finite number so that a
+        # target of 0 there adds 0 (t * -inf would be NaN).
+        logy = s.shifted - Log(s.Z)
+        if logy.dtype.kind == "f":
+            logy = Maximum(logy, float(np.finfo(logy.dtype).min))
+    else:
+        logy = safelog(y)
     r = -sum(t * logy, out_axes=out_axes)
     return r * float(1 / np.log(2)) if usebits else r
 

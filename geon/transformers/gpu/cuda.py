@@ -100,12 +100,15 @@ __device__ __forceinline__ double geon_sigmoid(double x) {
     const double e = exp(x);
     return e / (1.0 + e);
 }
-// softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
+// softplus(x) - x t = log1p(exp(-|x|)) + |x| w, w = 1 - t for x > 0 else t; the
+// product is 0 where w is (an infinite logit with the matching target: 0, not NaN)
 __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
-    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))) - x * t;
+    const float a = fabsf(x), w = x > 0.0f ? 1.0f - t : t;
+    return log1pf(expf(-a)) + (w == 0.0f ? 0.0f : a * w);
 }
 __device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
-    return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))) - x * t;
+    const double a = fabs(x), w = x > 0.0 ? 1.0 - t : t;
+    return log1p(exp(-a)) + (w == 0.0 ? 0.0 : a * w);
 }
 """
 

@@ -26,7 +26,7 @@ from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
 from geon.op_graph.autodiff import find_rule
 from geon.op_graph.ordering import schedule
-from geon.op_graph.reference import NP_UFUNCS
+from geon.op_graph.reference import NP_UFUNCS, sigmoid_ce
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import Computation, Transformer, register_transformer
@@ -83,11 +83,12 @@ def _sigmoid(op, out, args):
 
 @numpy_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, out, args):
-    x, t = args
-    # softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|)); one line, because
-    # the memory planner may give ``out`` the buffer of x or t (in place).
-    return [f"np.subtract(np.maximum({x}, 0) + np.log1p(np.exp(-np.abs({x}))), "
-            f"{x} * {t}, out={out})"]
+    # one line, because the memory planner may give ``out`` the buffer of x or t (in
+    # place); the reference's function, which never forms inf - inf or 0 * inf
+    return [f"np.copyto({out}, _sigmoid_ce({', '.join(args)}), casting='unsafe')"]
+
+
+NUMPY_GLOBALS["_sigmoid_ce"] = sigmoid_ce
 
 
 @numpy_code(pr.Gemm)
