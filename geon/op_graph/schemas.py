@@ -9,8 +9,8 @@ logits and their log-sum-exp instead of taking the log of a rounded probability.
 import numpy as np
 
 from geon.op_graph.axes import as_axes
-from geon.op_graph.op_graph import (BinaryElementWise, Exp, Log, Maximum, as_op, max,
-                                    safelog, stop_gradient, sum)
+from geon.op_graph.op_graph import (BinaryElementWise, Constant, Exp, Log, Maximum, as_op,
+                                    max, safelog, stop_gradient, sum)
 
 
 class SoftmaxSchema:
@@ -62,7 +62,7 @@ def cross_entropy_multi(y, t, usebits=False, out_axes=None):
         # target of 0 there adds 0 (t * -inf would be NaN).
         logy = s.shifted - Log(s.Z)
         if logy.dtype.kind == "f":
-            logy = Maximum(logy, float(np.finfo(logy.dtype).min))
+            logy = Maximum(logy, Constant(np.finfo(logy.dtype).min, dtype=logy.dtype))
     else:
         logy = safelog(y)
     r = -sum(t * logy, out_axes=out_axes)
