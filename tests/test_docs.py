@@ -34,7 +34,11 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
-              ("geon.op_graph.forward", "FORWARD")]
+              ("geon.op_graph.forward", "FORWARD"),
+              ("geon.frontends.torch.export", "TORCH_OPS")]
+#: ``.. requires: module ...``: an rst comment declaring what a page's samples import
+#: beyond geon's dependencies (an optional extra); without it, the page is skipped.
+_REQUIRES = re.compile(r"^\.\.\s+requires:\s*(?P<modules>.+?)\s*$", re.M)
 
 
 def code_blocks(path):
@@ -97,6 +101,10 @@ def isolated_globals():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
+    for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
+        for module in m["modules"].split():
+            pytest.importorskip(module, reason=f"{page.name} needs {module}, an optional "
+                                               f"dependency that is not installed")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}
