@@ -259,6 +259,15 @@ def test_values_come_from_the_transformer_state():
     assert to_torch(y, x).w.tolist() == [1.0, 2.0, 3.0]  # without it: initial values
 
 
+def test_without_a_transformer_the_initializers_run():
+    v = be.Variable(F, initial_value=1.0, name="v")
+    u = be.Variable(F, initial_value=2.0, name="u",
+                    initializers=[be.SetItem(v, 5.0, sequence=False)])
+    module = to_torch(u + v)
+    assert module().tolist() == [7.0, 7.0, 7.0]
+    assert module.v.tolist() == [5.0, 5.0, 5.0]
+
+
 def test_assignments_write_the_parameters_in_place():
     x, w, y = _scaled()
     loss = be.sum(y, out_axes=())
@@ -268,6 +277,18 @@ def test_assignments_write_the_parameters_in_place():
     np.testing.assert_array_equal(module.w.detach().numpy(), [-1.0, 0.0, 1.0])
     out, _ = module(torch.ones(4, 3))  # the next call reads the updated value
     assert out.item() == 0.0
+
+
+def test_results_that_are_storage_are_new_tensors_each_call():
+    w = be.Variable(F, initial_value=1.0, name="w")
+    results = [w, be.SetItem(w, w + 1.0)]
+    module = to_torch(results)
+    first, _ = module()
+    second, _ = module()
+    want = be.NumPyTransformer().computation(results)
+    assert first.tolist() == want()[0].tolist() == [2.0, 2.0, 2.0]  # read after the update
+    assert second.tolist() == want()[0].tolist() == [3.0, 3.0, 3.0]
+    assert first is not module.w and first.tolist() == [2.0, 2.0, 2.0]
 
 
 def test_the_module_trains_in_pytorch():

@@ -228,6 +228,13 @@ def _attribute_name(name, taken):
     return base
 
 
+def _storage_view(op):
+    """Whether ``op`` is storage or a view of storage (its value aliases it)."""
+    while isinstance(op, pr.ViewOp):
+        op = op.args[0]
+    return isinstance(op, og.AssignableTensorOp)
+
+
 # How forward() gets a value (the other steps apply a TORCH_OPS rule).
 _FEED, _STATE, _CONST = "feed", "state", "const"
 
@@ -288,11 +295,15 @@ class TorchComputation(nn.Module):
             position[op] = len(self._geon_steps)
             self._geon_steps.append((op, dtype) + step)
         self._geon_results = [None if isinstance(r, og.VoidOp) else position[r]
-                         for r in comp.results]
+                              for r in comp.results]
+        # A result that is storage (or a view of it) is copied, as geon returns new
+        # arrays: the next call's assignments must not change what the caller holds.
+        self._geon_copied_results = {position[r] for r in comp.results
+                                     if _storage_view(r)}
         # Assignments to a placeholder must not change the caller's tensor.
         self._geon_copied = {feed_pos[op.args[0]] for op in order
-                        if isinstance(op, pr.Assign) and isinstance(op.args[0],
-                                                                    og.Placeholder)}
+                             if isinstance(op, pr.Assign)
+                             and isinstance(op.args[0], og.Placeholder)}
         self._geon_feed_dtypes = [torch_dtype(p.dtype) for p in self.placeholders]
 
     def _device(self):
@@ -340,20 +351,21 @@ class TorchComputation(nn.Module):
                 if dtype is not None and v.dtype != dtype:
                     v = v.to(dtype)
             values.append(v)
-        out = tuple(None if k is None else values[k] for k in self._geon_results)
+        out = tuple(None if k is None else values[k].clone()
+                    if k in self._geon_copied_results else values[k]
+                    for k in self._geon_results)
         return out[0] if self.single else out
 
 
 def _initial_values(comp, transformer):
-    """``{variable: array}``: the transformer's state where it has one, else the
-    variable's initial value (with the initializers of the graph run, as
-    ``initialize`` would)."""
-    values = {}
-    state = transformer.state if transformer is not None else {}
-    fresh = [v for v in comp.variables if v not in state]
-    for v in comp.variables:
-        values[v] = state[v] if v in state else v.initial_array()
-    if fresh and comp.initializers:
+    """``{variable: array}``: with a transformer, its state (a variable it does not hold
+    starts at its initial value); without one, what ``initialize`` would give: the
+    initial values, then the graph's initializers."""
+    if transformer is not None:
+        return {v: transformer.state[v] if v in transformer.state else v.initial_array()
+                for v in comp.variables}
+    values = {v: v.initial_array() for v in comp.variables}
+    if comp.initializers:
         from geon.op_graph.reference import evaluate
         evaluate(comp.initializers, state=values)
     return values
@@ -373,8 +385,9 @@ def to_torch(results, *placeholders, transformer=None):
     Variables become parameters (trainable floating-point ones) or buffers (the rest),
     named after the Variables (:func:`_attribute_name`; two Variables that would get the
     same name raise :class:`~geon.errors.ArgumentError` naming both). Their values are
-    ``transformer``'s state where it has one (e.g. after training with it), else their
-    initial values. Assignments (``SetItem``) among the results write into the
+    ``transformer``'s state (e.g. after training with it; a Variable it does not hold
+    starts at its initial value), or without one, what ``initialize`` gives (initial
+    values, then the graph's ``initializers``). Assignments (``SetItem``) among the results write into the
     parameter or buffer in place, without autograd, as in geon; differentiate a
     computation without assignments.
     """
