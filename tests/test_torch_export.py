@@ -291,6 +291,18 @@ def test_results_that_are_storage_are_new_tensors_each_call():
     assert first is not module.w and first.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_an_assignment_to_a_placeholder_leaves_the_callers_value_alone():
+    x = be.placeholder(F, name="x", dtype=np.float64)
+    results = [be.SetItem(x, x * 2.0), x + 1.0]
+    module = to_torch(results, x)
+    a, t = np.ones(3), torch.ones(3, dtype=torch.float64)
+    want = be.NumPyTransformer().computation(results, x)(np.ones(3))[1]
+    for value in (a, t):
+        none, out = module(value)
+        assert none is None and out.tolist() == want.tolist() == [3.0, 3.0, 3.0]
+    assert a.tolist() == t.tolist() == [1.0, 1.0, 1.0]
+
+
 def test_the_module_trains_in_pytorch():
     """Autograd reaches the parameters: a PyTorch optimizer step changes the loss."""
     x, w, y = _scaled()

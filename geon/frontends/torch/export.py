@@ -301,7 +301,7 @@ class TorchComputation(nn.Module):
         self._geon_copied_results = {position[r] for r in comp.results
                                      if _storage_view(r)}
         # Assignments to a placeholder must not change the caller's tensor.
-        self._geon_copied = {feed_pos[op.args[0]] for op in order
+        self._geon_copied_feeds = {feed_pos[op.args[0]] for op in order
                              if isinstance(op, pr.Assign)
                              and isinstance(op.args[0], og.Placeholder)}
         self._geon_feed_dtypes = [torch_dtype(p.dtype) for p in self.placeholders]
@@ -318,16 +318,16 @@ class TorchComputation(nn.Module):
         :class:`FeedError` (a ``ValueError``) naming the placeholder."""
         p, dtype = self.placeholders[i], self._geon_feed_dtypes[i]
         if not isinstance(value, torch.Tensor):
-            return torch.as_tensor(p.as_feed(value), device=self._device())
-        if tuple(value.shape) != p.axes.shape:
+            value = torch.as_tensor(p.as_feed(value), device=self._device())
+        elif tuple(value.shape) != p.axes.shape:
             raise FeedError(f"placeholder {p.name} expects axes ({og._fmt(p.axes)}) i.e. "
                             f"shape {p.axes.shape}; got shape {tuple(value.shape)}")
-        if value.dtype != dtype:
+        elif value.dtype != dtype:
             if not torch.can_cast(value.dtype, dtype):
                 raise FeedError(f"placeholder {p.name} has dtype {p.dtype}; cannot safely "
                                 f"convert {value.dtype} to it")
             value = value.to(dtype)
-        return value.clone() if i in self._geon_copied else value
+        return value.clone() if i in self._geon_copied_feeds else value
 
     def forward(self, *tensors):
         """The computation's results from one tensor (or array) per placeholder."""
