@@ -191,8 +191,8 @@ def test_indices_are_checked_as_geon_checks_them():
     idx = be.placeholder(M, dtype=np.int64, name="idx")
     module = to_torch(be.gather(x, idx, F), x, idx)
     a = np.arange(12, dtype=np.float32).reshape(4, 3)
-    np.testing.assert_array_equal(module(torch.from_numpy(a), torch.tensor([-1, 0])).numpy(),
-                                  a[:, [2, 0]])
+    got = module(torch.from_numpy(a), torch.tensor([-1, 0]))
+    np.testing.assert_array_equal(got.numpy(), a[:, [2, 0]])
     with pytest.raises(be.IndexOutOfRangeError, match=r"Gather .*test_torch_export\.py.*: "
                                                       r"index 3 is out of range for an "
                                                       r"axis of length 3"):
@@ -229,8 +229,8 @@ def test_parameters_are_named_after_the_variables():
     assert [n for n, _ in module.named_parameters()] == \
         ["layer1_weight", "_3d", "forward_", "bias", "my_var"]
     assert {n for n, _ in module.named_buffers()} >= {"step", "frozen"}
-    assert set(module.state_dict()) == {"layer1_weight", "_3d", "forward_", "bias", "my_var",
-                                        "step", "frozen"}  # constants are not state
+    assert set(module.state_dict()) == {"layer1_weight", "_3d", "forward_", "bias",
+                                        "my_var", "step", "frozen"}  # constants: not state
     assert module.geon_variables["forward_"] is vs[2]
     assert module.step.dtype == torch.int64 and module.frozen.requires_grad is False
     np.testing.assert_allclose(module(torch.ones(3)).detach().numpy(),
@@ -241,11 +241,9 @@ def test_names_that_sanitize_alike_are_an_error_naming_both():
     x = be.placeholder(F, name="x")
     a = be.Variable(F, name="enc.w")
     b = be.Variable(F, name="enc-w")
-    with pytest.raises(ArgumentError, match=r"Variables enc\.w \(built at .*"
-                                            r"test_torch_export\.py\", line \d+\) and enc-w "
-                                            r"\(built at .*test_torch_export\.py\", line \d+\) "
-                                            r"both become "
-                                            r"the attribute 'enc_w'"):
+    site = r"\(built at .*test_torch_export\.py\", line \d+\)"
+    with pytest.raises(ArgumentError, match=rf"Variables enc\.w {site} and enc-w {site} "
+                                            rf"both become the attribute 'enc_w'"):
         to_torch(a * x + b, x)
 
 
@@ -315,7 +313,9 @@ def test_the_module_trains_in_pytorch():
     assert module(torch.ones(4, 3)).item() < first.item()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device (torch.cuda.is_available() is False)")
 def test_runs_on_a_gpu():
     x, w, y = _scaled()
     f = be.tanh(be.sum(be.softmax(y), out_axes=N))

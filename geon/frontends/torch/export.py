@@ -387,9 +387,10 @@ def to_torch(results, *placeholders, transformer=None):
     same name raise :class:`~geon.errors.ArgumentError` naming both). Their values are
     ``transformer``'s state (e.g. after training with it; a Variable it does not hold
     starts at its initial value), or without one, what ``initialize`` gives (initial
-    values, then the graph's ``initializers``). Assignments (``SetItem``) among the results write into the
-    parameter or buffer in place, without autograd, as in geon; differentiate a
-    computation without assignments.
+    values, then the graph's ``initializers``). Assignments (``SetItem``) among the
+    results write into the parameter or buffer in place, without autograd, as in geon;
+    differentiate a computation without assignments. Results are new tensors or
+    autograd results, never the parameters themselves. See doc/torch_export.rst.
     """
     requested, single = og.as_op_list(results, "to_torch: results")
     mapping = clone_graph(requested)
