@@ -199,6 +199,24 @@ def test_indices_are_checked_as_geon_checks_them():
         module(torch.from_numpy(a), torch.tensor([3, 0]))
 
 
+def test_every_primitive_of_the_numpy_transformer_has_a_rule():
+    """The exporter's base set holds the NumPy transformer's (user ops aside: each needs
+    its own PyTorch rule), so whatever geon runs, the exporter runs."""
+    from geon.frontends.torch.export import _TorchLowering
+    from geon.op_graph.user_ops import UserOp
+    ours = _TorchLowering().base_set
+    missing = sorted(c.__name__ for c in be.NumPyTransformer.base_set - {UserOp}
+                     if c not in ours)
+    assert not missing, missing
+
+
+def test_the_users_graph_is_not_rewritten():
+    x, w, y = _scaled()
+    z = be.softmax(y)
+    to_torch(z, x)
+    assert be.graph_text(z) == be.graph_text(z, lowered=True)  # no op was replaced
+
+
 # --- unsupported ops ---------------------------------------------------------------------
 
 Twice = be.define_op("TorchExportTwice", lambda x: 2 * x)
