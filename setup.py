@@ -18,7 +18,7 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "sphinx>=6"],  # sphinx: the docs build test
         "gpu": ["pycuda>=2022.1"],
         "docs": ["sphinx>=6"],
-        "torch": ["torch==2.13.0"],  # geon.frontends.torch (export to PyTorch)
+        "torch": ["torch==2.13.0"],  # geon.frontends.netgraph and geon.frontends.torch
     },
     entry_points={
         "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer",

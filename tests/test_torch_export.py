@@ -53,9 +53,7 @@ def test_autograd_equals_deriv(case):
     arrays = case.arrays(np.float64)
     xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
     f = case.make(xs, np.float64)
-    R = be.placeholder(f.axes, dtype=np.float64)
-    r = np.random.default_rng(3).uniform(0.5, 1.5, f.axes.shape)
-    L = be.sum(f * R, reduction_axes=f.axes) if len(f.axes) else f * R
+    L, R, r = _loss(f)
     wrt = [k for k, a in enumerate(arrays) if a.dtype.kind == "f"]
     module = to_torch(f, *xs)
     ts = [torch.tensor(a, requires_grad=(k in wrt)) for k, a in enumerate(arrays)]
@@ -68,6 +66,41 @@ def test_autograd_equals_deriv(case):
     for k, g, w in zip(wrt, got, want):
         g = np.zeros_like(arrays[k]) if g is None else g.numpy()
         np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=f"input {k}")
+
+
+def _loss(f, seed=3):
+    """``(L, R, r)``: ``L = sum(f * R)`` with a placeholder ``R`` and its value ``r``."""
+    R = be.placeholder(f.axes, dtype=np.float64)
+    r = np.random.default_rng(seed).uniform(0.5, 1.5, f.axes.shape)
+    return (be.sum(f * R, reduction_axes=f.axes) if len(f.axes) else f * R), R, r
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
+def test_derivative_graphs_export(case):
+    """The graph of ``be.deriv`` itself exports (the adjoint primitives: Unslice,
+    PutAdd, ConvGradData, ConvGradFilter, MaxPoolGrad, ...) with geon's values."""
+    arrays = case.arrays(np.float64)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
+    L, R, r = _loss(case.make(xs, np.float64))
+    grads = [be.deriv(L, x) for x, a in zip(xs, arrays) if a.dtype.kind == "f"]
+    module = to_torch(grads, *xs, R)
+    got = module(*[torch.from_numpy(a) for a in arrays + [r]])
+    want = be.NumPyTransformer().computation(grads, *xs, R)(*arrays, r)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+
+
+def test_second_derivative_of_max_pooling_exports():
+    """d/dR of sum(MaxPoolGrad(x, R) * R2) is MaxPoolGather(x, R2)."""
+    case = next(c for c in GRAD_CASES if c.op == "max_pool")
+    x = be.placeholder(case.inputs[0].axes, dtype=np.float64)
+    L, R, r = _loss(case.make([x], np.float64))
+    L2, R2, r2 = _loss(be.deriv(L, x), seed=4)
+    h = be.deriv(L2, R)
+    a = case.arrays(np.float64)[0]
+    assert "MaxPoolGather" in be.graph_after(h, "verify")
+    got = to_torch(h, x, R, R2)(*[torch.from_numpy(v) for v in (a, r, r2)])
+    _assert_same(got, be.NumPyTransformer().computation(h, x, R, R2)(a, r, r2))
 
 
 def test_digits_graphs_export_and_match():

@@ -13,13 +13,16 @@ naming it and where it was built. Adding a primitive is one entry.
 """
 
 import keyword
+import math
 import re
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from geon.errors import ArgumentError, FeedError, IndexOutOfRangeError
+from geon.errors import ArgumentError, FeedError, IndexOutOfRangeError, LoweringError
+from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -200,6 +203,100 @@ def _prefix_sum(op, x):
 def _sort(op, x):
     values, indices = torch.sort(x, dim=1, stable=True)
     return values, indices
+
+
+# --- convolution and max pooling (geon.op_graph.conv) ------------------------------------
+
+def _pad(x, pads, value=0):
+    """``x`` padded by ``pads`` ``((lo, hi), ...)`` over its trailing dimensions."""
+    flat = [p for lo_hi in reversed(pads) for p in lo_hi]  # F.pad: last dimension first
+    return F.pad(x, flat, value=value) if any(flat) else x
+
+
+def _crop(x, shape, pads):
+    """The inverse of :func:`_pad`: the trailing dimensions of ``x`` cut to ``shape``."""
+    return x[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(shape, pads))]
+
+
+def _spatial(op, module, name):
+    """``module``'s function ``name`` (``"conv{}d"``, ...) for ``op``'s number of
+    spatial dimensions (PyTorch has 1 to 3)."""
+    n = len(op.strides)
+    if not 1 <= n <= 3:
+        raise LoweringError(f"{type(op).__name__} {op.name} (built at {op.file_info}): "
+                            f"PyTorch convolves over 1 to 3 spatial dimensions, not {n}")
+    return getattr(module, name.format(n))
+
+
+def _common(a, b):
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    return a.to(dtype), b.to(dtype)
+
+
+@torch_op(cv.Conv)
+def _conv(op, x, w):
+    x, w = _common(x, w)
+    return _spatial(op, F, "conv{}d")(_pad(x, op.pads), w, stride=op.strides,
+                                      dilation=op.dilation, groups=op.groups)
+
+
+@torch_op(cv.ConvGradData)
+def _conv_grad_data(op, dy, w):
+    dy, w = _common(dy, w)
+    S = op.axes.shape[2:]
+    padded = op.axes.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(S, op.pads))
+    xp = _spatial(op, torch.nn.grad, "conv{}d_input")(
+        padded, w, dy, stride=op.strides, dilation=op.dilation, groups=op.groups)
+    return _crop(xp, S, op.pads)
+
+
+@torch_op(cv.ConvGradFilter)
+def _conv_grad_filter(op, x, dy):
+    x, dy = _common(x, dy)
+    return _spatial(op, torch.nn.grad, "conv{}d_weight")(
+        _pad(x, op.pads), op.axes.shape, dy, stride=op.strides, dilation=op.dilation,
+        groups=op.groups)
+
+
+def _windows(op, xp, P):
+    """The windows of the padded ``xp``, one slice per kernel offset (in kernel order)
+    stacked along a new first dimension: ``(taps, ..., *P)``."""
+    return torch.stack([xp[(Ellipsis,) + cv.tap_slices(tap, P, op.strides, op.dilation)]
+                        for tap in np.ndindex(*op.kernel)])
+
+
+def _first_max(op, x, P):
+    """The kernel-order index of each window's first maximum of ``x``, ``(..., *P)``."""
+    lowest = -math.inf if x.is_floating_point() else torch.iinfo(x.dtype).min
+    return torch.argmax(_windows(op, _pad(x, op.pads, lowest), P), dim=0)
+
+
+def _pooled(op, x):
+    return op.axes.shape[len(op.axes) - len(op.kernel):]
+
+
+@torch_op(cv.MaxPool)
+def _max_pool(op, x):
+    # x at each window's first maximum: autograd then routes to it, as MaxPoolGrad does
+    return _max_pool_gather(op, x, x)
+
+
+@torch_op(cv.MaxPoolGather)
+def _max_pool_gather(op, x, v):
+    P = _pooled(op, x)
+    idx = _first_max(op, x, P)
+    return _windows(op, _pad(v, op.pads), P).gather(0, idx[None])[0]
+
+
+@torch_op(cv.MaxPoolGrad)
+def _max_pool_grad(op, x, dy):
+    P = dy.shape[dy.dim() - len(op.kernel):]
+    idx = _first_max(op, x, P)
+    out = _pad(dy.new_zeros(x.shape), op.pads)
+    for i, tap in enumerate(np.ndindex(*op.kernel)):
+        key = (Ellipsis,) + cv.tap_slices(tap, P, op.strides, op.dilation)
+        out[key] = out[key] + torch.where(idx == i, dy, 0)
+    return _crop(out, x.shape[x.dim() - len(op.kernel):], op.pads)
 
 
 # --- the exporter ----------------------------------------------------------------------
