@@ -103,6 +103,20 @@ def test_second_derivative_of_max_pooling_exports():
     _assert_same(got, be.NumPyTransformer().computation(h, x, R, R2)(a, r, r2))
 
 
+def test_max_pooling_gradients_go_to_the_first_maximum_as_in_geon():
+    H = be.Axis(6, "H")
+    x = be.placeholder((N, H), name="x", dtype=np.float64)
+    f = be.max_pool(x, (H,), 3, strides=1)           # overlapping windows, with ties
+    a = np.array([[1.0, 1.0, 1.0, 0.0, 2.0, 2.0]] * 4)
+    L, R, r = _loss(f)
+    want = be.NumPyTransformer().computation(be.deriv(L, x), x, R)(a, r)
+    t = torch.tensor(a, requires_grad=True)
+    (to_torch(f, x)(t) * torch.from_numpy(r)).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-12)
+    # ties: the first maximum of each window wins (an even split would reach 2 and 5)
+    assert want[0, 2] == want[0, 5] == 0.0 and np.all(want[0, [0, 1, 4]] != 0.0)
+
+
 def test_digits_graphs_export_and_match():
     """Every computation of the digits example exported with the state of a geon
     transformer gives its values, and the training step updates the parameters as geon
