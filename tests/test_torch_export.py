@@ -35,6 +35,13 @@ def _assert_same(got, want):
         np.testing.assert_allclose(got, want, **TOL[want.dtype])
 
 
+def _loss(f, seed=3):
+    """``(L, R, r)``: ``L = sum(f * R)`` with a placeholder ``R`` and its value ``r``."""
+    R = be.placeholder(f.axes, dtype=np.float64)
+    r = np.random.default_rng(seed).uniform(0.5, 1.5, f.axes.shape)
+    return (be.sum(f * R, reduction_axes=f.axes) if len(f.axes) else f * R), R, r
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_op_table_case(case, dtype):
@@ -66,13 +73,6 @@ def test_autograd_equals_deriv(case):
     for k, g, w in zip(wrt, got, want):
         g = np.zeros_like(arrays[k]) if g is None else g.numpy()
         np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=f"input {k}")
-
-
-def _loss(f, seed=3):
-    """``(L, R, r)``: ``L = sum(f * R)`` with a placeholder ``R`` and its value ``r``."""
-    R = be.placeholder(f.axes, dtype=np.float64)
-    r = np.random.default_rng(seed).uniform(0.5, 1.5, f.axes.shape)
-    return (be.sum(f * R, reduction_axes=f.axes) if len(f.axes) else f * R), R, r
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
