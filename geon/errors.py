@@ -59,3 +59,7 @@ class SerializationError(GeonError, ValueError):
 
 class IndexOutOfRangeError(GeonError, IndexError):
     """An index tensor fed at call time holds an index outside the indexed axis."""
+
+
+class TorchMissingError(GeonError, ImportError):
+    """PyTorch is not installed (it is an optional dependency of geon)."""
