@@ -63,3 +63,12 @@ class IndexOutOfRangeError(GeonError, IndexError):
 
 class TorchMissingError(GeonError, ImportError):
     """PyTorch is not installed (it is an optional dependency of geon)."""
+
+
+class DistributedError(GeonError, RuntimeError):
+    """A data-parallel job cannot run as asked (see :mod:`geon.distributed`)."""
+
+
+class MPIUnavailableError(DistributedError, ImportError):
+    """:mod:`geon.distributed` was imported without ``mpi4py`` (or without an MPI
+    runtime it can load)."""

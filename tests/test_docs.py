@@ -38,6 +38,7 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
               ("geon.op_graph.forward", "FORWARD"),
+              ("geon.frontends.onnx.ops", "OPS"),
               ("geon.frontends.torch.export", "TORCH_OPS")]
 
 
@@ -91,7 +92,11 @@ def isolated_globals():
         except (ImportError, AttributeError):
             pass  # a table this version of geon does not have
     saved = [dict(t) for t in tables]
+    from geon.op_graph.collectives import collectives, set_collectives
+    backend, hook = collectives(), sys.excepthook  # geon.distributed.init() sets them
     yield
+    set_collectives(backend)
+    sys.excepthook = hook
     for a, n in lengths.items():
         a.length = n
     for t, s in zip(tables, saved):

@@ -264,6 +264,59 @@ def test_the_users_graph_is_not_rewritten():
     assert be.graph_text(z) == be.graph_text(z, lowered=True)  # no op was replaced
 
 
+def test_collectives_of_a_single_process_are_the_value_itself():
+    x = be.placeholder(F, name="x", dtype=np.float64)
+    y = be.placeholder(N, name="y", dtype=np.float64)
+    from geon.op_graph.collectives import FlatConcat
+    flat = FlatConcat(x * 2.0, y, axis=be.Axis(7, "flat"))
+    results = [be.allreduce(x), be.allreduce(x, "mean"), be.broadcast_from(x), flat]
+    module = to_torch(results, x, y)
+    a, b = np.array([1.0, 2.0, 3.0]), np.arange(4.0)
+    got = module(torch.from_numpy(a), torch.from_numpy(b))
+    want = be.NumPyTransformer().computation(results, x, y)(a, b)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+    np.testing.assert_array_equal(got[3].numpy(), [2, 4, 6, 0, 1, 2, 3])
+
+
+_DISTRIBUTED = """
+import sys, numpy as np, torch, torch.distributed as dist
+import geon as be
+from geon.frontends.torch import to_torch
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+F = be.Axis(3, "F")
+x = be.placeholder(F, name="x", dtype=np.float64)
+m = to_torch([be.allreduce(x), be.allreduce(x, "mean"), be.broadcast_from(x, root=1)], x)
+t = (torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) * (rank + 1)).requires_grad_()
+s, mean, b = m(t)
+(s * (rank + 1)).sum().backward()  # d/dx_r sum_s y_s (s + 1) = 1 + 2
+print(s.tolist(), mean.tolist(), b.tolist(), t.grad.tolist())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is "
+                                                                 "not available")
+def test_collectives_in_a_torch_distributed_job():
+    """Two processes (gloo, on this machine): the exported allreduce and broadcast are
+    torch.distributed's, and autograd sums the ranks' deltas as geon's adjoint does."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", _DISTRIBUTED, str(r),
+                               f"tcp://127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.strip() == ("[3.0, 6.0, 9.0] [1.5, 3.0, 4.5] [2.0, 4.0, 6.0] "
+                               "[3.0, 3.0, 3.0]"), (out, err)
+
+
 # --- unsupported ops ---------------------------------------------------------------------
 
 Twice = be.define_op("TorchExportTwice", lambda x: 2 * x)

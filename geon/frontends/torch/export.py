@@ -15,6 +15,7 @@ naming it and where it was built. Adding a primitive is one entry.
 import keyword
 import math
 import re
+import warnings
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geon.errors import ArgumentError, FeedError, IndexOutOfRangeError, LoweringError
+from geon.op_graph import collectives as coll
 from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -297,6 +299,47 @@ def _max_pool_grad(op, x, dy):
         key = (Ellipsis,) + cv.tap_slices(tap, P, op.strides, op.dilation)
         out[key] = out[key] + torch.where(idx == i, dy, 0)
     return _crop(out, x.shape[x.dim() - len(op.kernel):], op.pads)
+
+
+# --- collectives (geon.op_graph.collectives) ---------------------------------------------
+# In a torch.distributed job, the ranks are its processes and the collectives its own
+# (through torch.distributed.nn, which autograd differentiates); otherwise the job is
+# one process, whose allreduce and broadcast are its own value.
+
+def _world_size():
+    d = torch.distributed
+    return d.get_world_size() if d.is_available() and d.is_initialized() else 1
+
+
+@torch_op(coll.AllReduce)
+def _allreduce(op, x):
+    n = _world_size()
+    if n == 1:
+        return x
+    y = _differentiable_collective("all_reduce", x)
+    return y / n if op.reduce == "mean" else y
+
+
+@torch_op(coll.BroadcastFrom)
+def _broadcast_from(op, x):
+    if _world_size() == 1:
+        return x
+    return _differentiable_collective("broadcast", x, src=op.root)
+
+
+def _differentiable_collective(name, x, **kwargs):
+    # torch.distributed.nn.functional is the public collectives API autograd
+    # differentiates; torch 2.13 marks it deprecated in favour of a private module, so
+    # its FutureWarning is not passed on to every forward call.
+    from torch.distributed.nn import functional as dist_fn
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return getattr(dist_fn, name)(x, **kwargs)
+
+
+@torch_op(coll.FlatConcat)
+def _flat_concat(op, *parts):
+    return torch.cat([p.reshape(-1) for p in parts])
 
 
 # --- the exporter ----------------------------------------------------------------------
