@@ -53,7 +53,7 @@ __all__ = [
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
     "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
-    "transpose",
+    "transpose", "uniform", "normal", "bernoulli", "dropout",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -889,3 +889,32 @@ _register()
 # Convolution and pooling (PyTorch's layouts) live in their own module.
 from geon.op_graph.np_conv import (avg_pool, conv, conv_transpose,  # noqa: E402
                                    global_avg_pool, max_pool)
+
+# Random numbers (one Philox stream per op; see geon.op_graph.random).
+from geon.op_graph import random as _rnd  # noqa: E402
+
+
+def uniform(size=(), low=0.0, high=1.0, seed=0, stream=None, dtype=None):
+    """Numbers uniform in ``[low, high)`` of shape ``size`` (float32 unless ``dtype``),
+    new ones each call (see :func:`geon.uniform`)."""
+    return _rnd.uniform(canonical_axes(_shape(size)), low, high, seed, stream, dtype)
+
+
+def normal(size=(), loc=0.0, scale=1.0, seed=0, stream=None, dtype=None):
+    """Normal numbers with mean ``loc`` and standard deviation ``scale`` of shape
+    ``size`` (see :func:`geon.normal`)."""
+    return _rnd.normal(canonical_axes(_shape(size)), loc, scale, seed, stream, dtype)
+
+
+def bernoulli(p, size=None, seed=0, stream=None, dtype=None):
+    """1.0 with probability ``p`` (a number, or a tensor whose shape is the result's
+    when ``size`` is not given), else 0.0 (see :func:`geon.bernoulli`)."""
+    if isinstance(p, og.Op):
+        p = _tensor(p, "bernoulli")
+    axes = None if size is None else canonical_axes(_shape(size))
+    return _rnd.bernoulli(p, axes=axes, seed=seed, stream=stream, dtype=dtype)
+
+
+def dropout(x, rate, seed=0, stream=None, training=True):
+    """Inverted dropout of ``x`` (see :func:`geon.dropout`)."""
+    return _rnd.dropout(_tensor(x, "dropout"), rate, seed, stream, training)
