@@ -631,9 +631,16 @@ case("layer_norm(H)", "layer_norm", [I(C, H, N), I(H), I(H)],
 case("layer_norm(C,H)", "layer_norm", [I(C, H, N)],
      lambda x: be.layer_norm(x, axes=[C, H], eps=1e-3), "CHN",
      lambda x: _normalized(x, (0, 1), 1e-3))
-case("batch_norm_training", "batch_norm", [I(C, H, N), I(C), I(C), I(C), I(C, domain="positive")],
-     lambda x, g, b, m, v: be.batch_norm(x, g, b, m, v)[0], "CHN",
-     lambda x, g, b, m, v: _normalized(x, (1, 2)) * g[:, None, None] + b[:, None, None])
+
+
+def _running_stats(x):  # training reads no running statistic: no inputs for them
+    return [be.Variable([C], initial_value=v, dtype=x.dtype, trainable=False)
+            for v in (0.0, 1.0)]
+
+
+case("batch_norm_training", "batch_norm", [I(C, H, N), I(C), I(C)],
+     lambda x, g, b: be.batch_norm(x, g, b, *_running_stats(x))[0], "CHN",
+     lambda x, g, b: _normalized(x, (1, 2)) * g[:, None, None] + b[:, None, None])
 case("batch_norm_inference", "batch_norm",
      [I(C, H, N), I(C), I(C), I(C), I(C, domain="positive")],
      lambda x, g, b, m, v: be.batch_norm(x, g, b, m, v, training=False)[0], "CHN",
