@@ -955,23 +955,25 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
                                 f"not {x.axes.shape}")
     c, rest = x.axes.shape[1], len(x.axes) - 2
 
-    def per_channel(t, what):
+    def checked(t, what):
         t = _tensor(t, f"batch_norm {what}")
         if t.axes.shape != (c,):
             raise AxisMismatchError(f"batch_norm: {what} has shape {t.axes.shape}, the "
                                     f"channels need ({c},)")
+        return t
+
+    def per_channel(t):  # (C,) against (N, C, *spatial)
         return reshape(t, (c,) + (1,) * rest) if rest else t
 
-    w = None if weight is None else per_channel(weight, "weight")
-    b = None if bias is None else per_channel(bias, "bias")
+    w = None if weight is None else per_channel(checked(weight, "weight"))
+    b = None if bias is None else per_channel(checked(bias, "bias"))
+    running_mean = checked(running_mean, "running_mean")
+    running_var = checked(running_var, "running_var")
     if not training:
-        rm = per_channel(_stored(running_mean), "running_mean")
-        rv = per_channel(_stored(running_var), "running_var")
-        y = (x - rm) / sqrt(rv + eps)
+        y = ((x - per_channel(_stored(running_mean)))
+             / sqrt(per_channel(_stored(running_var)) + eps))
         updates = []
     else:
-        per_channel(running_mean, "running_mean")
-        per_channel(running_var, "running_var")
         axis = (0,) + tuple(range(2, 2 + rest))
         n = x.axes.size // c
         if n < 2:
