@@ -34,6 +34,8 @@ from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.op_graph.collectives import allreduce, broadcast_from  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
                                 max_pool)
+from geon.op_graph.random import bernoulli, dropout, normal, uniform  # noqa: E402
+from geon.op_graph.normalization import batch_norm, layer_norm  # noqa: E402
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402
                                available_transformers, make_transformer,
                                register_transformer)

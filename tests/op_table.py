@@ -621,6 +621,33 @@ case("normalize_batch", "variance", [I(C, N)],
          be.variance(x, reduction_axes=N) + 1e-3),
      "CN", lambda x: (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-3))
 
+def _normalized(x, axes, eps=1e-5):
+    return (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
+
+
+case("layer_norm(H)", "layer_norm", [I(C, H, N), I(H), I(H)],
+     lambda x, g, b: be.layer_norm(x, g, b, axes=H), "CHN",
+     lambda x, g, b: _normalized(x, 1) * g[None, :, None] + b[None, :, None])
+case("layer_norm(C,H)", "layer_norm", [I(C, H, N)],
+     lambda x: be.layer_norm(x, axes=[C, H], eps=1e-3), "CHN",
+     lambda x: _normalized(x, (0, 1), 1e-3))
+
+
+def _running_stats(x):  # training reads no running statistic: no inputs for them
+    return [be.Variable([C], initial_value=v, dtype=x.dtype, trainable=False)
+            for v in (0.0, 1.0)]
+
+
+case("batch_norm_training", "batch_norm", [I(C, H, N), I(C), I(C)],
+     lambda x, g, b: be.batch_norm(x, g, b, *_running_stats(x))[0], "CHN",
+     lambda x, g, b: _normalized(x, (1, 2)) * g[:, None, None] + b[:, None, None])
+case("batch_norm_inference", "batch_norm",
+     [I(C, H, N), I(C), I(C), I(C), I(C, domain="positive")],
+     lambda x, g, b, m, v: be.batch_norm(x, g, b, m, v, training=False)[0], "CHN",
+     lambda x, g, b, m, v: (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5)
+     * g[:, None, None] + b[:, None, None])
+
+
 #: The public ops the table must cover.
 REQUIRED_OPS = {
     "add", "subtract", "multiply", "divide", "power", "negative", "absolute", "sign",
@@ -633,6 +660,7 @@ REQUIRED_OPS = {
     "erf", "expm1", "softplus", "relu", "leaky_relu", "elu", "selu", "gelu", "silu",
     "hard_sigmoid", "where", "clip", "log_softmax", "logsumexp", "concat", "stack", "tile",
     "pad", "gather", "scatter_add", "cumsum", "sort", "argsort", "topk",
+    "layer_norm", "batch_norm",
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]

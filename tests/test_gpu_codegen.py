@@ -36,7 +36,10 @@ TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6),
 LOOSE = {"gemm_big_f32": dict(rtol=1e-4, atol=1e-4), "gemm_even": dict(rtol=1e-4, atol=1e-4),
          "gemm_large_tiles": dict(rtol=1e-4, atol=1e-4),
          "gemm_large_even": dict(rtol=1e-4, atol=1e-4),
-         "split_f32": dict(rtol=1e-4, atol=1e-4), "multi_output": dict(rtol=1e-5, atol=1e-4)}
+         "split_f32": dict(rtol=1e-4, atol=1e-4), "multi_output": dict(rtol=1e-5, atol=1e-4),
+         # a normalization's gradient is a difference of O(1) sums that nearly cancel
+         # (it is orthogonal to the constants): float32 rounding of O(1) terms, absolute
+         "layer_norm(C,H)-float32": dict(rtol=1e-5, atol=1e-5)}
 NVCC = shutil.which("nvcc")
 CXX = find_compiler()
 
@@ -775,11 +778,12 @@ def test_every_standard_primitive_has_gpu_code():
     one: an entry in geon.transformers.gpu.cuda.CUDA_CODE)."""
     from geon.op_graph import conv as cv
     from geon.op_graph import op_graph as og
+    from geon.op_graph.random import Random
     from geon.transformers.base import STANDARD_BASE_SET
     from geon.transformers.gpu.cuda import CUDA_CODE
     handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
                pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
-               pr.PrefixSum, pr.SortPrim, cv.ConvPrim, cv.PoolPrim)
+               pr.PrefixSum, pr.SortPrim, cv.ConvPrim, cv.PoolPrim, Random)
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, handled)
                and not (issubclass(c, og.ElementWise)

@@ -53,7 +53,7 @@ __all__ = [
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
     "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
-    "transpose",
+    "transpose", "uniform", "normal", "bernoulli", "dropout", "layer_norm", "batch_norm",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]
 
@@ -894,3 +894,106 @@ _register()
 # Convolution and pooling (PyTorch's layouts) live in their own module.
 from geon.op_graph.np_conv import (avg_pool, conv, conv_transpose,  # noqa: E402
                                    global_avg_pool, max_pool)
+
+# Random numbers (one Philox stream per op; see geon.op_graph.random).
+from geon.op_graph import random as _rnd  # noqa: E402
+
+
+def uniform(size=(), low=0.0, high=1.0, seed=0, stream=None, dtype=None):
+    """Numbers uniform in ``[low, high)`` of shape ``size`` (float32 unless ``dtype``),
+    new ones each call (see :func:`geon.uniform`)."""
+    return _rnd.uniform(canonical_axes(_shape(size)), low, high, seed, stream, dtype)
+
+
+def normal(size=(), loc=0.0, scale=1.0, seed=0, stream=None, dtype=None):
+    """Normal numbers with mean ``loc`` and standard deviation ``scale`` of shape
+    ``size`` (see :func:`geon.normal`)."""
+    return _rnd.normal(canonical_axes(_shape(size)), loc, scale, seed, stream, dtype)
+
+
+def bernoulli(p, size=None, seed=0, stream=None, dtype=None):
+    """1.0 with probability ``p`` (a number, or a tensor whose shape is the result's
+    when ``size`` is not given), else 0.0 (see :func:`geon.bernoulli`)."""
+    if isinstance(p, og.Op):
+        p = _tensor(p, "bernoulli")
+    axes = None if size is None else canonical_axes(_shape(size))
+    return _rnd.bernoulli(p, axes=axes, seed=seed, stream=stream, dtype=dtype)
+
+
+def dropout(x, rate, seed=0, stream=None, training=True):
+    """Inverted dropout of ``x`` (see :func:`geon.dropout`)."""
+    return _rnd.dropout(_tensor(x, "dropout"), rate, seed, stream, training)
+
+
+# Normalization with PyTorch's conventions (composites; see geon.op_graph.normalization).
+from geon.op_graph.normalization import stored as _stored  # noqa: E402
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer normalization over the trailing ``normalized_shape`` axes of ``x``, as
+    ``torch.nn.functional.layer_norm``."""
+    x = _tensor(x, "layer_norm")
+    shape = _shape(normalized_shape)
+    k = len(shape)
+    if k > len(x.axes) or tuple(x.axes.shape[len(x.axes) - k:]) != shape:
+        raise AxisMismatchError(f"layer_norm: normalized_shape {shape} is not the end of "
+                                f"{x.name}'s shape {x.axes.shape}")
+    axis = tuple(range(len(x.axes) - k, len(x.axes)))
+    mean_ = mean(x, axis=axis, keepdims=True)
+    d = x - mean_
+    y = d / sqrt(mean(d * d, axis=axis, keepdims=True) + eps)
+    if weight is not None:
+        y = y * _tensor(weight, "layer_norm")
+    if bias is not None:
+        y = y + _tensor(bias, "layer_norm")
+    return y
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """Batch normalization of ``x`` shaped ``(N, C, *spatial)`` per channel, as
+    ``torch.nn.functional.batch_norm``: returns ``(y, updates)``, ``updates`` the two
+    assignments of the running statistics (Variables of shape ``(C,)``) in training
+    mode (request them to apply them), empty otherwise."""
+    x = _tensor(x, "batch_norm")
+    if len(x.axes) < 2:
+        raise AxisMismatchError(f"batch_norm: {x.name} needs a shape (N, C, *spatial), "
+                                f"not {x.axes.shape}")
+    c, rest = x.axes.shape[1], len(x.axes) - 2
+
+    def checked(t, what):
+        t = _tensor(t, f"batch_norm {what}")
+        if t.axes.shape != (c,):
+            raise AxisMismatchError(f"batch_norm: {what} has shape {t.axes.shape}, the "
+                                    f"channels need ({c},)")
+        return t
+
+    def per_channel(t):  # (C,) against (N, C, *spatial)
+        return reshape(t, (c,) + (1,) * rest) if rest else t
+
+    w = None if weight is None else per_channel(checked(weight, "weight"))
+    b = None if bias is None else per_channel(checked(bias, "bias"))
+    running_mean = checked(running_mean, "running_mean")
+    running_var = checked(running_var, "running_var")
+    if not training:
+        y = ((x - per_channel(_stored(running_mean)))
+             / sqrt(per_channel(_stored(running_var)) + eps))
+        updates = []
+    else:
+        axis = (0,) + tuple(range(2, 2 + rest))
+        n = x.axes.size // c
+        if n < 2:
+            raise ArgumentError("batch_norm: training needs more than one value per channel")
+        m = mean(x, axis=axis, keepdims=True)
+        d = x - m
+        var = mean(d * d, axis=axis, keepdims=True)
+        y = d / sqrt(var + eps)
+        # Built after y, so y does not wait for them; statistics shaped (C,) to assign.
+        m_c, var_c = reshape(m, (c,)), reshape(var, (c,))
+        updates = [og.SetItem(running_mean, running_mean * (1.0 - momentum) + m_c * momentum),
+                   og.SetItem(running_var, running_var * (1.0 - momentum)
+                              + var_c * (momentum * n / (n - 1)))]
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y, updates

@@ -65,6 +65,11 @@ def stale_view_reads(order):
     return found
 
 
+#: The tag of an assignment that belongs to the ops reading after it (the step counter
+#: of a random op): a computation runs it with them, as meant, so none names it.
+PART_OF_READER = "part_of_reader"
+
+
 def pulled_in(order, requested):
     """``[(assignment, reader)]``: the assignments among ``order`` (the ops of a
     computation of ``requested``) that were not requested, each with the first op of
@@ -72,12 +77,14 @@ def pulled_in(order, requested):
 
     An op built after ``SetItem(w, ...)`` that reads ``w`` runs after the assignment, so
     a computation of that op runs the assignment too (see :class:`SetItem`); these are
-    the assignments a computation runs only because of that ordering."""
+    the assignments a computation runs only because of that ordering (except those
+    tagged :data:`PART_OF_READER`)."""
     wanted = set(requested)
     found = {}
     for op in order:
         for d in op.other_deps:
-            if isinstance(d, ASSIGN_CLASSES) and d not in wanted and d not in found:
+            if (isinstance(d, ASSIGN_CLASSES) and d not in wanted and d not in found
+                    and PART_OF_READER not in d.tags):
                 found[d] = op
     return list(found.items())
 

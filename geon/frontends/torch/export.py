@@ -27,6 +27,7 @@ from geon.op_graph import collectives as coll
 from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph import random as rnd
 from geon.op_graph import schemas as sc
 from geon.op_graph.nodes import no_gc
 from geon.op_graph.np_ops import Select
@@ -205,6 +206,15 @@ def _prefix_sum(op, x):
 def _sort(op, x):
     values, indices = torch.sort(x, dim=1, stable=True)
     return values, indices
+
+
+@torch_op(rnd.Random)
+def _random(op, step):
+    # The same Philox words as every geon backend (the draw is defined bit by bit in
+    # geon.op_graph.random), made on the host and moved to the step counter's device.
+    values = rnd.draw(op.distribution, op.axes.shape, op.dtype, op.seed, op.stream,
+                      int(step))
+    return torch.from_numpy(np.ascontiguousarray(values)).to(step.device)
 
 
 # --- convolution and max pooling (geon.op_graph.conv) ------------------------------------

@@ -25,12 +25,14 @@ from geon.errors import GeonError, LoweringError
 from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.random import Random
 from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.ordering import schedule
 from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
 from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import conv as gpu_conv
+from geon.transformers.gpu import random as gpu_random
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
 
@@ -503,6 +505,12 @@ def _emit_single(prog, ctx, op):
             build = gpu_conv.conv_kernel if isinstance(op, cv.ConvPrim) else \
                 gpu_conv.pool_kernel
             _add(prog, build(params, op, out, args))
+    elif isinstance(op, Random):
+        if op.axes.size:
+            params = kernels.Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            step = ctx.pointer(params, ctx.layout(op.args[0]))
+            _add(prog, gpu_random.random_kernel(params, op, out, step, [op]))
     elif isinstance(op, pr.Unslice):
         if op.axes.size:
             params = kernels.Params()

@@ -231,7 +231,8 @@ def lower_stop_gradient(op):  # stop_gradient(x) -> x
 
 def lower_setitem(op):  # SetItem(t, v) -> Assign(t, view(v))
     t, v = op.args
-    return pr.Assign(t, view_as(v, t.axes))
+    # The tags say whether a later computation of the reads may run it unannounced.
+    return pr.Assign(t, view_as(v, t.axes), tags=op.tags)
 
 
 def _one_block(key, shape):
