@@ -1,0 +1,330 @@
+"""Layers over named axes.
+
+A layer is called on an op and returns an op: ``h = Affine(64, name="hidden")(x)``.
+Its Variables are created at the first call (their axes follow from the input's) and
+reused by every later call, so one layer serves a training graph and an inference graph
+with different batch axes. Variables are named hierarchically, ``<layer>/<name>``
+(``hidden/W``, ``hidden/b``; a :class:`Sequential` named ``net`` makes them
+``net/hidden/W``), and listed by ``layer.variables``.
+
+Layers read their Variables through :func:`geon.value_of`, so computations built from
+the same layers at different times (a training step, a prediction) never wait for each
+other's assignments; derivatives flow through the reads as through the Variables.
+
+The axes: the *batch* axes (``Axis(..., batch=True)``) and the *recurrent* axis
+(``recurrent=True``, the time axis T) pass through a layer; the other axes of the input
+(the *sample* axes, the features) are what a layer's weights act on.
+"""
+
+import itertools
+
+import numpy as np
+
+import geon as be
+from geon.errors import ArgumentError, AxisMismatchError
+from geon.frontends.neon.initializers import Constant, GlorotUniform
+
+_counters = {}
+
+
+def _auto_name(kind):
+    n = _counters.setdefault(kind, itertools.count())
+    i = next(n)
+    return kind if i == 0 else f"{kind}_{i}"
+
+
+def _activation(fn):
+    if fn is None or callable(fn):
+        return fn
+    try:
+        return getattr(be, fn)
+    except AttributeError:
+        raise ArgumentError(f"unknown activation {fn!r}: give a callable or the name of a "
+                            f"geon function such as 'relu' or 'tanh'") from None
+
+
+def _features(x, what):
+    feats = x.axes.sample_axes()
+    if not len(feats):
+        raise AxisMismatchError(f"{what}: input {x.name} ({x.axes!r}) has no feature axes "
+                                f"(all are batch or recurrent)")
+    return feats
+
+
+class Layer:
+    """Base class of layers: a name, Variables made once, and :meth:`__call__`.
+
+    Subclasses implement ``forward(x, training)``; they create Variables with
+    :meth:`variable`, which returns the existing one on later calls.
+    """
+
+    def __init__(self, name=None, dtype=np.float32):
+        self.name = name or _auto_name(type(self).__name__.lower())
+        self.dtype = np.dtype(dtype)
+        self._vars = {}
+
+    def __call__(self, x, training=False):
+        """The layer's output op for the input op ``x``; ``training`` selects the
+        training behaviour of layers that have one (BatchNorm, Dropout)."""
+        return self.forward(x, training)
+
+    def forward(self, x, training):
+        raise NotImplementedError
+
+    def variable(self, short, axes, init, trainable=True):
+        """The Variable ``<self.name>/<short>`` (created on first use), read through
+        :func:`geon.value_of`."""
+        v = self._vars.get(short)
+        if v is None:
+            name = f"{self.name}/{short}"
+            axes = be.Axes(*axes)
+            v = be.Variable(axes, dtype=self.dtype, trainable=trainable, name=name,
+                            initial_value=lambda shape, i=init, n=name, d=self.dtype:
+                            i(shape, d, n))
+            self._vars[short] = v
+        elif tuple(v.axes.lengths) != tuple(a.length for a in axes):
+            raise AxisMismatchError(f"layer {self.name}: called on an input whose axes "
+                                    f"need {short} with axes {be.Axes(*axes)!r} but it was "
+                                    f"made with {v.axes!r}")
+        return be.value_of(v)
+
+    @property
+    def variables(self):
+        """The layer's Variables (trainable or not), in creation order."""
+        return list(self._vars.values())
+
+    def _rename(self, prefix):
+        self.name = f"{prefix}/{self.name}"
+
+
+def _out_axis(n, layer):
+    if isinstance(n, be.Axis):
+        return n
+    return be.Axis(int(n), name=f"{layer.name}_out")
+
+
+class Affine(Layer):
+    """A dense layer: ``activation(W · x + b)`` over the input's feature axes.
+
+    ``nout`` is the output axis, or its length (the axis is then named
+    ``<layer name>_out``). ``W`` has axes ``(out, *features)``; ``bias=False`` drops
+    ``b``.
+    """
+
+    def __init__(self, nout, activation=None, weight_init=None, bias_init=None,
+                 bias=True, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout, self.activation = nout, _activation(activation)
+        self.weight_init = weight_init or GlorotUniform()
+        self.bias_init = bias_init or Constant(0.0)
+        self.bias = bias
+        self.out_axis = None
+
+    def forward(self, x, training):
+        feats = _features(x, f"Affine {self.name}")
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        y = be.dot(self.variable("W", (self.out_axis,) + tuple(feats), self.weight_init), x)
+        if self.bias:
+            y = y + self.variable("b", (self.out_axis,), self.bias_init)
+        return self.activation(y) if self.activation else y
+
+
+class Activation(Layer):
+    """An elementwise function, given as a callable or a geon function's name."""
+
+    def __init__(self, fn, name=None):
+        super().__init__(name)
+        self.fn = _activation(fn)
+
+    def forward(self, x, training):
+        return self.fn(x)
+
+
+class Flatten(Layer):
+    """The feature axes merged into one axis ``<name>_out`` (batch and recurrent axes
+    kept, first and last)."""
+
+    def forward(self, x, training):
+        feats = _features(x, f"Flatten {self.name}")
+        lead = x.axes.batch_axes()
+        rest = x.axes.recurrent_axes()
+        ordered = be.axes_with_order(x, lead + feats + rest)
+        groups = list(lead) + [feats] + list(rest)
+        flat = be.flatten(ordered, groups)
+        out = be.Axis(feats.size, name=f"{self.name}_out")
+        return be.cast_axes(flat, be.Axes(*lead, out, *rest))
+
+
+class Embedding(Layer):
+    """A lookup table: integer ids (any axes) to vectors along the axis ``nout``.
+
+    The table ``W`` has axes ``(vocab, out)``, ``vocab`` of length ``vocab_size``.
+    """
+
+    def __init__(self, vocab_size, nout, init=None, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.vocab = be.Axis(int(vocab_size), name=f"{self.name}_vocab")
+        self.nout, self.init = nout, init
+        self.out_axis = None
+
+    def forward(self, ids, training):
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        from geon.frontends.neon.initializers import Gaussian
+        table = self.variable("W", (self.vocab, self.out_axis), self.init or Gaussian(0, 1))
+        return be.gather(table, ids, self.vocab)
+
+
+class LayerNorm(Layer):
+    """Normalization over the feature axes of each sample (and time step):
+    ``(x - mean) / sqrt(var + eps) * g + b`` with ``g``, ``b`` over the features."""
+
+    def __init__(self, eps=1e-5, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.eps = eps
+
+    def forward(self, x, training):
+        feats = _features(x, f"LayerNorm {self.name}")
+        mu = be.mean(x, reduction_axes=feats)
+        centered = x - mu
+        var = be.mean(be.square(centered), reduction_axes=feats)
+        y = centered / be.sqrt(var + self.eps)
+        return (y * self.variable("g", tuple(feats), Constant(1.0))
+                + self.variable("b", tuple(feats), Constant(0.0)))
+
+
+class _RecurrentBase(Layer):
+    """Shared unrolling over the input's recurrent axis.
+
+    ``nout`` is the hidden axis (or its length). The result has the hidden axis, the
+    recurrent axis T (every step's state, ``return_sequence=True``, the default) or
+    not (the last state only), and the batch axes. The initial state is zero.
+    """
+
+    gates = 1
+
+    def __init__(self, nout, activation="tanh", init=None, recurrent_init=None,
+                 return_sequence=True, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout = nout
+        self.activation = _activation(activation)
+        self.init = init or GlorotUniform()
+        self.recurrent_init = recurrent_init or GlorotUniform()
+        self.return_sequence = return_sequence
+        self.out_axis = None
+
+    def _setup(self, x):
+        rec = x.axes.recurrent_axes()
+        if len(rec) != 1:
+            raise AxisMismatchError(f"{type(self).__name__} {self.name}: input {x.name} "
+                                    f"({x.axes!r}) needs exactly one recurrent axis")
+        feats = _features(x, f"{type(self).__name__} {self.name}")
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+            self.rec_axis = be.Axis(self.out_axis.length, name=f"{self.name}_hprev")
+            self.gate_axis = be.Axis(self.gates, name=f"{self.name}_gate")
+        H, Hr, G = self.out_axis, self.rec_axis, self.gate_axis
+        lead = (G,) if self.gates > 1 else ()
+        W = self.variable("W", lead + (H,) + tuple(feats), self.init)
+        U = self.variable("U", lead + (H, Hr), self.recurrent_init)
+        return rec[0], W, U
+
+    def _as_prev(self, h):
+        return be.cast_axes(h, be.Axes(*[self.rec_axis if a == self.out_axis else a
+                                         for a in h.axes]))
+
+    def _gate(self, y, k):
+        return be.slice_along_axis(y, self.gate_axis, k) if self.gates > 1 else y
+
+    def forward(self, x, training):
+        T, W, U = self._setup(x)
+        wx = self._input_part(be.dot(W, x))
+        state, outs = None, []
+        for t in range(T.length):
+            xt = [be.slice_along_axis(p, T, t) for p in wx]
+            uh = None if state is None else be.dot(U, self._as_prev(state[0]))
+            state = self.cell(xt, uh, state)
+            outs.append(state[0])
+        if not self.return_sequence:
+            return outs[-1]
+        return be.stack(outs, T, position=1)
+
+    def _input_part(self, wx):
+        return [self._gate(wx, k) for k in range(self.gates)]
+
+
+class Recurrent(_RecurrentBase):
+    """An Elman RNN: ``h_t = activation(W x_t + U h_{t-1} + b)`` (PyTorch's ``nn.RNN``
+    with one bias)."""
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.out_axis,), Constant(0.0))
+        pre = xt[0] + b if uh is None else xt[0] + uh + b
+        return (self.activation(pre),)
+
+
+class LSTM(_RecurrentBase):
+    """A long short-term memory layer (Hochreiter & Schmidhuber, 1997), gates in the
+    order input, forget, cell, output (PyTorch's ``nn.LSTM`` with one bias ``b`` of
+    axes ``(gate, out)``; ``W`` is ``(gate, out, *features)``, ``U`` is
+    ``(gate, out, out_prev)``). ``activation`` (tanh) is that of the cell input and
+    output; the gates use the sigmoid."""
+
+    gates = 4
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
+        pre = [xt[k] + self._gate(b, k) + (0 if uh is None else self._gate(uh, k))
+               for k in range(4)]
+        i, f, o = be.sigmoid(pre[0]), be.sigmoid(pre[1]), be.sigmoid(pre[3])
+        g = self.activation(pre[2])
+        c = i * g if state is None else f * state[1] + i * g
+        return (o * self.activation(c), c)
+
+
+class GRU(_RecurrentBase):
+    """A gated recurrent unit (Cho et al., 2014) in PyTorch's ``nn.GRU`` form, gates
+    reset, update, new: ``n = tanh(W_n x + b_n + r * (U_n h + bh_n))``,
+    ``h' = (1 - z) n + z h``; biases ``b`` (input) and ``bh`` (recurrent)."""
+
+    gates = 3
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
+        bh = self.variable("bh", (self.gate_axis, self.out_axis), Constant(0.0))
+        hpart = [self._gate(bh, k) if uh is None else self._gate(uh, k) + self._gate(bh, k)
+                 for k in range(3)]
+        r = be.sigmoid(xt[0] + self._gate(b, 0) + hpart[0])
+        z = be.sigmoid(xt[1] + self._gate(b, 1) + hpart[1])
+        n = self.activation(xt[2] + self._gate(b, 2) + r * hpart[2])
+        h = (1 - z) * n if state is None else (1 - z) * n + z * state[0]
+        return (h,)
+
+
+class Sequential(Layer):
+    """Layers applied in order. With a ``name``, the children's names (and so their
+    Variables') are prefixed with it: ``net/hidden/W``."""
+
+    def __init__(self, layers, name=None):
+        super().__init__()
+        self.name = name or ""
+        self.layers = list(layers)
+        if self.name:
+            for layer in self.layers:
+                layer._rename(self.name)
+
+    def _rename(self, prefix):
+        if self.name:
+            super()._rename(prefix)
+        for layer in self.layers:
+            layer._rename(prefix)
+
+    def forward(self, x, training):
+        for layer in self.layers:
+            x = layer(x, training)
+        return x
+
+    @property
+    def variables(self):
+        return [v for layer in self.layers for v in layer.variables]
