@@ -81,12 +81,20 @@ class MetricsLog(Callback):
     def on_epoch_end(self, model, epoch, logs):
         self.history.append(dict(logs))
         if self.path is not None:
-            directory = os.path.dirname(os.path.abspath(self.path))
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".metrics-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(self.history, f, indent=1)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_json(self.path, self.history)
+
+
+def write_json(path, value):
+    """Write ``value`` as JSON to ``path`` atomically (temporary file in the same
+    folder, fsync, rename), so a reader never sees a partial file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
