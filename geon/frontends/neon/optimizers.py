@@ -51,7 +51,7 @@ class PiecewiseConstant(Schedule):
         self.boundaries, self.values = list(boundaries), list(values)
 
     def __call__(self, t):
-        lr = be.constant(0.0) + self.values[0]
+        lr = t * 0 + self.values[0]          # in t's dtype (float64), not float32
         for bound, prev, value in zip(self.boundaries, self.values, self.values[1:]):
             lr = lr + (t > bound) * (value - prev)
         return lr
