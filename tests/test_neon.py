@@ -286,3 +286,253 @@ def test_optimizer_state_is_named_variables():
     assert [v.name for v in opt.variables] == ["opt/step", "opt/w/m", "opt/w/v",
                                                "opt/u/m", "opt/u/v"]
     assert all(not v.trainable and v.persistent for v in opt.variables)
+
+
+# --- Model: save/restore, SIGINT, inference, callbacks, progress -----------------------
+
+MODEL_SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    import geon as be
+    from geon.frontends import neon as nn
+
+    def make():
+        T, F = be.Axis(4, name="T", recurrent=True), be.Axis(3, name="F")
+        init = nn.GlorotUniform(seed=7)
+        net = nn.Sequential([nn.GRU(5, init=init, recurrent_init=init,
+                                    return_sequence=False, name="gru"),
+                             nn.LayerNorm(name="ln"),
+                             nn.Affine(be.Axis(4, name="Y"), weight_init=init, name="out")])
+        return nn.Model(net, [T, F], optimizer=nn.Adam(0.05, clip_norm=1.0), batch_size=6)
+
+    def data():
+        rng = np.random.default_rng(0)
+        return (rng.standard_normal((12, 4, 3)).astype(np.float32),
+                rng.integers(0, 4, 12))
+
+    if __name__ == "__main__":
+        path = sys.argv[1]
+        model = make()
+        model.restore(path)
+        assert model.step == 3, model.step
+        model.fit(data(), epochs=1, verbose=False)   # to the end of epoch 2: 2 updates
+        np.savez(path + ".after.npz", **{k.replace("/", "|"): v
+                                         for k, v in model.weights().items()})
+''')
+
+
+@pytest.fixture
+def model_module(tmp_path, monkeypatch):
+    (tmp_path / "neon_model.py").write_text(MODEL_SCRIPT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("neon_model", None)
+    import neon_model
+    return neon_model
+
+
+def _env(extra):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(nn.__file__)))
+    root = os.path.dirname(os.path.dirname(root))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root, extra] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+
+def test_save_after_3_steps_restore_in_new_process_equals_5_steps(tmp_path, model_module):
+    x, y = model_module.data()
+    straight = model_module.make()
+    straight.fit((x, y), epochs=2, verbose=False)  # 2 per epoch... see below
+    assert straight.step == 4
+    straight.fit((x, y), epochs=1, verbose=False)
+    assert straight.step == 6
+
+    # 3 updates (epoch 1 and the first of epoch 2), through the step computation and
+    # the iterator's order, then save; a new process restores and runs 3 more.
+    first = model_module.make()
+    it = nn.ArrayIterator(x, y, 6, seed=0)
+    comp = first.train_computation(6)
+    batches = list(it.epoch(0)) + list(it.epoch(1)) + list(it.epoch(2))
+    for xb, yb in batches[:3]:
+        comp(xb, yb)
+    assert first.step == 3
+    path = str(tmp_path / "ckpt.npz")
+    first.save(path)
+    p = subprocess.run([sys.executable, str(tmp_path / "neon_model.py"), path],
+                       env=_env(str(tmp_path)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    with np.load(path + ".after.npz") as after:
+        resumed = {k.replace("|", "/"): after[k] for k in after.files}
+
+    # The uninterrupted run: 4 updates through fit (the resumed one stops at the end
+    # of epoch 2, its 4th update).
+    ref = model_module.make()
+    ref.fit((x, y), epochs=2, verbose=False)
+    want = ref.weights()
+    assert set(resumed) == set(want) and int(resumed["adam/step"]) == 4
+    for k in want:
+        assert np.array_equal(resumed[k], want[k]), k
+    assert any(k.startswith("adam/") and k.endswith("/m") for k in want)
+
+
+def test_fit_interrupted_by_sigint_saves_and_resumes(tmp_path, model_module):
+    x, y = model_module.data()
+    path = str(tmp_path / "int.npz")
+
+    class Interrupt(nn.Callback):
+        def on_step_end(self, model, step, logs):
+            if step == 3:
+                signal.raise_signal(signal.SIGINT)    # as Ctrl-C would
+
+    model = model_module.make()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit((x, y), epochs=3, verbose=False,
+                  callbacks=[Interrupt(), nn.ModelCheckpoint(path, every_epoch=False)])
+    assert model.step == 3                    # the update in flight was finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    resumed = model_module.make()
+    resumed.restore(path)
+    assert resumed.step == 3
+    resumed.fit((x, y), epochs=2, verbose=False)   # finishes epoch 2, then epoch 3
+    straight = model_module.make()
+    straight.fit((x, y), epochs=3, verbose=False)
+    a, b = resumed.weights(), straight.weights()
+    assert resumed.step == straight.step == 6
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_sigint_from_outside_the_process(tmp_path):
+    # A real Ctrl-C from another process: the run saves its checkpoint and exits 130;
+    # --resume then completes it.
+    env = _env(str(tmp_path))
+    ckpt = tmp_path / "d.npz"
+    cmd = [sys.executable, "-c", textwrap.dedent(f'''
+        import os, signal, sys
+        from geon.frontends import neon as nn
+        from geon.examples import digits
+        class Kill(nn.Callback):
+            def on_step_end(self, model, step, logs):
+                if step == 50:
+                    os.kill(os.getpid(), signal.SIGINT)
+        nn.ModelCheckpoint.on_train_begin = lambda self, model: None
+        orig = nn.Model.fit
+        nn.Model.fit = lambda self, *a, callbacks=(), **k: orig(
+            self, *a, callbacks=list(callbacks) + [Kill()], **k)
+        sys.argv = ["digits", "--quiet", "--epochs", "3", "--checkpoint", {str(ckpt)!r}]
+        digits._cli()
+    ''')]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 130 and "interrupted" in p.stderr, p.stderr
+    from geon.examples import digits
+    r = digits.main(["--quiet", "--resume", "--checkpoint", str(ckpt)])
+    assert r["epochs"] == 3 and r["epochs_run"] == 2        # epoch 2 resumed, and 3
+    straight = digits.main(["--quiet", "--epochs", "3", "--checkpoint",
+                            str(tmp_path / "s.npz")])
+    assert r["test_loss"] == straight["test_loss"] and r["loss"] == straight["loss"]
+
+
+def test_predict_and_evaluate_leave_weights_bitwise_unchanged(model_module):
+    x, y = model_module.data()
+    model = model_module.make()
+    model.fit((x, y), epochs=1, verbose=False)
+    before = model.weights()
+    p = model.predict(x[:7])                    # a partial last batch is padded
+    assert p.shape == (7, 4)
+    ev = model.evaluate(x, y)
+    after = model.weights()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    # predict equals evaluate's scoring: the log-softmax of the outputs.
+    full = model.predict(x)
+    logp = full - np.log(np.sum(np.exp(full - full.max(1, keepdims=True)), 1,
+                                keepdims=True)) - full.max(1, keepdims=True)
+    assert np.isclose(ev["loss"], -np.mean(logp[np.arange(12), y]), rtol=1e-5)
+    assert ev["accuracy"] == np.mean(np.argmax(full, 1) == y)
+    assert np.allclose(p, full[:7])
+
+
+def test_callbacks_early_stopping_and_metrics_log(tmp_path, model_module):
+    x, y = model_module.data()
+    model = model_module.make()
+    log = nn.MetricsLog(str(tmp_path / "metrics.json"))
+    # Accuracy on the training set cannot exceed 1: with min_delta 2 nothing improves,
+    # so patience 2 stops after the 3rd epoch.
+    stop = nn.EarlyStopping("val_accuracy", patience=2, min_delta=2.0, mode="max")
+    hist = model.fit((x, y), epochs=10, verbose=False, validation_data=(x, y),
+                     callbacks=[log, stop])
+    assert len(hist) == 3 and model.step == 6
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert [h["epoch"] for h in saved] == [1, 2, 3] and saved == log.history
+    assert set(saved[0]) >= {"loss", "accuracy", "val_loss", "val_accuracy", "rate"}
+
+    ckpt = nn.ModelCheckpoint(str(tmp_path / "every.npz"), every_n_steps=5,
+                              every_epoch=False)
+    saves = []
+    model.save = lambda path: saves.append((path, model.step))
+    model.fit((x, y), epochs=3, verbose=False, callbacks=[ckpt])
+    assert saves == [(str(tmp_path / "every.npz"), 10)]
+
+
+class FakeStream:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_without_tqdm(model_module, monkeypatch):
+    # tqdm is optional: without it a terminal gets the plain bar with loss and rate.
+    monkeypatch.setitem(sys.modules, "tqdm", None)       # import tqdm -> ImportError
+    stream = FakeStream(True)
+    assert isinstance(nn.make_progress(stream), nn.Progress)
+    x, y = model_module.data()
+    model_module.make().fit((x, y), epochs=1, stream=stream)
+    assert "\repoch 1/1 [" in stream.text and "steps/s" in stream.text
+    assert stream.text.split("\r")[-1].startswith("epoch 1/1: loss ")  # kept, last
+    log = FakeStream(False)
+    model_module.make().fit((x, y), epochs=2, stream=log)
+    lines = log.text.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("epoch 2/2: loss ") and "\r" not in log.text
+
+
+def test_progress_uses_tqdm_when_installed(monkeypatch):
+    class FakeTqdm:
+        made = []
+
+        def __init__(self, total, desc, file, leave):
+            self.total, self.desc, self.n, self.post = total, desc, 0, ""
+            FakeTqdm.made.append(self)
+
+        def set_postfix_str(self, s, refresh):
+            self.post = s
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            self.closed = True
+    module = type(sys)("tqdm")
+    module.tqdm = FakeTqdm
+    monkeypatch.setitem(sys.modules, "tqdm", module)
+    stream = FakeStream(True)
+    p = nn.make_progress(stream)
+    p.update("epoch 1/1", 3, 4, "loss 0.5 9.0 steps/s")
+    p.done("epoch 1/1: loss 0.5")
+    bar, = FakeTqdm.made
+    assert (bar.total, bar.n, bar.post, bar.closed) == (4, 3, "loss 0.5 9.0 steps/s", True)
+    assert stream.text == "epoch 1/1: loss 0.5\n"
+    assert isinstance(nn.make_progress(FakeStream(False)), nn.Progress)
+
+
+# --- examples ----------------------------------------------------------------------------
+
+def test_digits_rnn_reaches_95_percent():
+    # 10 epochs of the default 20 (which give about 98%) already give >= 95%.
+    from geon.examples import digits_rnn
+    r = digits_rnn.main(["--quiet", "--epochs", "10"])
+    assert r["test_accuracy"] >= 0.95, r

@@ -6,7 +6,7 @@ sequence of 8 rows of 8 pixels along the recurrent axis T. An LSTM (or, with
 last state to the 10 classes. Adam trains it on 80% of the images; the fixed held-out
 20% gives the test accuracy. Run it with ``python -m geon.examples.digits_rnn``
 (options ``--epochs``, ``--batch-size``, ``--lr``, ``--hidden``, ``--cell``, ``--seed``,
-``--quiet``, ``--transformer``). With the defaults it reaches about 97% in 20 epochs.
+``--quiet``, ``--transformer``). With the defaults it reaches 96.7% in 20 epochs (about 15 s on a 2-core machine).
 """
 
 import argparse
