@@ -536,3 +536,21 @@ def test_digits_rnn_reaches_95_percent():
     from geon.examples import digits_rnn
     r = digits_rnn.main(["--quiet", "--epochs", "10"])
     assert r["test_accuracy"] >= 0.95, r
+
+
+def test_layer_errors_name_the_axes_and_the_line():
+    F, G, N = axis(4, "F"), axis(4, "G"), axis(2, "N", batch=True)
+    layer = nn.Affine(3, name="dense")
+    layer(be.placeholder([N, F]))
+    # Another feature axis of the same length: a dot would be an outer product.
+    with pytest.raises(be.AxisMismatchError, match=r"dense/W with axes .*G:4.* made with "
+                                                   r".*F:4.*test_neon.py"):
+        layer(be.placeholder([N, G]))
+    with pytest.raises(be.AxisMismatchError, match="no feature axes"):
+        nn.Affine(3)(be.placeholder([N]))
+    with pytest.raises(be.AxisMismatchError, match="exactly one recurrent axis"):
+        nn.LSTM(3)(be.placeholder([N, F]))
+    with pytest.raises(be.ArgumentError, match="unknown activation 'relux'"):
+        nn.Activation("relux")
+    with pytest.raises(be.ArgumentError, match="nesterov=True needs a momentum"):
+        nn.SGD(0.1, nesterov=True)

@@ -22,7 +22,8 @@ import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError, AxisMismatchError
-from geon.frontends.neon.initializers import Constant, GlorotUniform
+from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform
+from geon.op_graph.nodes import user_location
 
 _counters = {}
 
@@ -40,14 +41,15 @@ def _activation(fn):
         return getattr(be, fn)
     except AttributeError:
         raise ArgumentError(f"unknown activation {fn!r}: give a callable or the name of a "
-                            f"geon function such as 'relu' or 'tanh'") from None
+                            f"geon function such as 'relu' or 'tanh' (at {user_location()})"
+                            ) from None
 
 
 def _features(x, what):
     feats = x.axes.sample_axes()
     if not len(feats):
         raise AxisMismatchError(f"{what}: input {x.name} ({x.axes!r}) has no feature axes "
-                                f"(all are batch or recurrent)")
+                                f"(all are batch or recurrent) (at {user_location()})")
     return feats
 
 
@@ -82,10 +84,11 @@ class Layer:
                             initial_value=lambda shape, i=init, n=name, d=self.dtype:
                             i(shape, d, n))
             self._vars[short] = v
-        elif tuple(v.axes.lengths) != tuple(a.length for a in axes):
+        elif (v.axes.names, v.axes.lengths) != (be.Axes(*axes).names, be.Axes(*axes).lengths):
+            # Another feature axis of the same length would make a dot an outer product.
             raise AxisMismatchError(f"layer {self.name}: called on an input whose axes "
-                                    f"need {short} with axes {be.Axes(*axes)!r} but it was "
-                                    f"made with {v.axes!r}")
+                                    f"need {v.name} with axes {be.Axes(*axes)!r} but it was "
+                                    f"made with {v.axes!r} (at {user_location()})")
         return be.value_of(v)
 
     @property
@@ -171,7 +174,6 @@ class Embedding(Layer):
     def forward(self, ids, training):
         if self.out_axis is None:
             self.out_axis = _out_axis(self.nout, self)
-        from geon.frontends.neon.initializers import Gaussian
         table = self.variable("W", (self.vocab, self.out_axis), self.init or Gaussian(0, 1))
         return be.gather(table, ids, self.vocab)
 
@@ -218,7 +220,8 @@ class _RecurrentBase(Layer):
         rec = x.axes.recurrent_axes()
         if len(rec) != 1:
             raise AxisMismatchError(f"{type(self).__name__} {self.name}: input {x.name} "
-                                    f"({x.axes!r}) needs exactly one recurrent axis")
+                                    f"({x.axes!r}) needs exactly one recurrent axis (at "
+                                    f"{user_location()})")
         feats = _features(x, f"{type(self).__name__} {self.name}")
         if self.out_axis is None:
             self.out_axis = _out_axis(self.nout, self)
@@ -275,8 +278,8 @@ class LSTM(_RecurrentBase):
 
     def cell(self, xt, uh, state):
         b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
-        pre = [xt[k] + self._gate(b, k) + (0 if uh is None else self._gate(uh, k))
-               for k in range(4)]
+        pre = [xt[k] + self._gate(b, k) if uh is None else
+               xt[k] + self._gate(b, k) + self._gate(uh, k) for k in range(4)]
         i, f, o = be.sigmoid(pre[0]), be.sigmoid(pre[1]), be.sigmoid(pre[3])
         g = self.activation(pre[2])
         c = i * g if state is None else f * state[1] + i * g

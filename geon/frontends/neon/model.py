@@ -12,6 +12,7 @@ from geon.errors import ArgumentError
 from geon.frontends.neon.data import ArrayIterator
 from geon.frontends.neon.optimizers import SGD
 from geon.frontends.neon.progress import make_progress
+from geon.op_graph.nodes import user_location
 
 
 class Model:
@@ -41,7 +42,8 @@ class Model:
                  batch_size=32, eval_batch_size=None, transformer="numpy",
                  dtype=np.float32):
         if loss not in ("cross_entropy", "mse"):
-            raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r}")
+            raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r} "
+                                f"(at {user_location()})")
         self.net, self.loss_kind = net, loss
         self.input_axes = tuple(be.Axes(*input_axes) if not isinstance(input_axes, be.Axis)
                                 else be.Axes(input_axes))
@@ -49,6 +51,7 @@ class Model:
         self.dtype = dtype
         self.transformer = (be.make_transformer(transformer) if isinstance(transformer, str)
                             else transformer)
+        self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.stop_training = False
         self._train, self._predict, self._eval = {}, {}, {}
@@ -71,7 +74,8 @@ class Model:
         classes = out.axes.sample_axes()
         if len(classes) != 1:
             raise ArgumentError(f"Model: the cross-entropy loss needs an output with one "
-                                f"sample axis (the classes), not {out.axes!r}")
+                                f"sample axis (the classes), not {out.axes!r} (at "
+                                f"{user_location()})")
         return classes[0]
 
     def _per_sample(self, out, target, N):
@@ -204,7 +208,7 @@ class Model:
         """
         if not isinstance(data, ArrayIterator):
             x, y = data
-            data = ArrayIterator(x, y, batch_size or next(iter(self._train)), seed=seed)
+            data = ArrayIterator(x, y, batch_size or self.batch_size, seed=seed)
         comp = self.train_computation(data.batch_size)
         progress = make_progress(stream, enabled=verbose)
         spe = data.steps_per_epoch
