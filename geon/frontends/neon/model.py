@@ -60,7 +60,11 @@ class Model:
 
     # -- graphs ------------------------------------------------------------------------
     def _inputs(self, batch_size, tag):
-        N = be.Axis(batch_size, name="N", batch=True)
+        # One name, one axis in a graph (serialization relies on it): N for the
+        # training batch (N<size> for another size), E for the inference batch.
+        name = ("N" if batch_size == self.batch_size else f"N{batch_size}") \
+            if tag == "train" else "E"
+        N = be.Axis(batch_size, name=name, batch=True)
         x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name=f"x_{tag}")
         return N, x
 
