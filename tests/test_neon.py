@@ -554,3 +554,65 @@ def test_layer_errors_name_the_axes_and_the_line():
         nn.Activation("relux")
     with pytest.raises(be.ArgumentError, match="nesterov=True needs a momentum"):
         nn.SGD(0.1, nesterov=True)
+
+
+def test_batchnorm_matches_torch_in_both_modes():
+    C, H, N = axis(3, "C"), axis(4, "H"), axis(5, "N", batch=True)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 3, 4)) * 2 + 1
+    bn = nn.BatchNorm(momentum=0.2, dtype=F64, name="bn")
+    xp = be.placeholder(be.Axes(N, C, H), dtype=F64, name="x")
+    train_out = be.axes_with_order(bn(xp, training=True), be.Axes(N, C, H))
+    updates = bn.pop_updates()
+    assert len(updates) == 2 and bn.pop_updates() == []
+    infer_out = be.axes_with_order(bn(xp), be.Axes(N, C, H))
+    assert bn.pop_updates() == []                  # inference assigns nothing
+    g, b = bn.variables[:2]
+    g.initial_value, b.initial_value = rng.uniform(0.5, 2, 3), rng.uniform(-1, 1, 3)
+    t = be.NumPyTransformer()
+    train = t.computation([train_out] + updates, xp)
+    infer = t.computation(infer_out, xp)
+
+    ref = torch.nn.BatchNorm1d(3, momentum=0.2).double()      # (N, C, L) input
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(g.initial_value))
+        ref.bias.copy_(torch.from_numpy(b.initial_value))
+        for k in range(2):
+            xk = x + k
+            got = train(xk)[0]
+            assert np.allclose(got, ref(torch.from_numpy(xk)).numpy(), rtol=1e-12, atol=1e-12)
+        names = {v.name: t.state[v] for v in bn.variables}
+        assert np.allclose(names["bn/mean"], ref.running_mean.numpy(), rtol=1e-12)
+        assert np.allclose(names["bn/var"], ref.running_var.numpy(), rtol=1e-12)
+        ref.eval()
+        before = {k: v.copy() for k, v in names.items()}
+        assert np.allclose(infer(x), ref(torch.from_numpy(x)).numpy(), rtol=1e-12, atol=1e-12)
+        assert all(np.array_equal(before[v.name], t.state[v]) for v in bn.variables)
+
+
+def test_batchnorm_gradients():
+    C, N = axis(3, "C"), axis(4, "N", batch=True)
+    rng = np.random.default_rng(7)
+    assert_gradcheck(
+        lambda x, g, b: _seeded(nn.BatchNorm(dtype=F64), g=g, b=b,
+                                mean=be.Variable(C, dtype=F64),
+                                var=be.Variable(C, dtype=F64))(x, training=True),
+        [((N, C), rng.standard_normal((4, 3))), ((C,), rng.uniform(0.5, 2, 3)),
+         ((C,), rng.standard_normal(3))])
+
+
+def test_model_with_batchnorm_updates_running_averages_only_in_training(model_module):
+    F, Y = axis(3, "F"), axis(2, "Y")
+    net = nn.Sequential([nn.Affine(4, name="a"), nn.BatchNorm(name="bn"),
+                         nn.Activation("relu"), nn.Affine(Y, name="o")])
+    model = nn.Model(net, [F], batch_size=4)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3)).astype(np.float32), rng.integers(0, 2, 8)
+    w0 = model.weights()
+    model.fit((x, y), epochs=1, verbose=False)
+    w1 = model.weights()
+    assert not np.array_equal(w0["bn/mean"], w1["bn/mean"])   # the averages moved
+    model.predict(x)
+    model.evaluate(x, y)
+    w2 = model.weights()
+    assert all(np.array_equal(w1[k], w2[k]) for k in w1)

@@ -64,6 +64,7 @@ class Layer:
         self.name = name or _auto_name(type(self).__name__.lower())
         self.dtype = np.dtype(dtype)
         self._vars = {}
+        self._updates = []
 
     def __call__(self, x, training=False):
         """The layer's output op for the input op ``x``; ``training`` selects the
@@ -95,6 +96,13 @@ class Layer:
     def variables(self):
         """The layer's Variables (trainable or not), in creation order."""
         return list(self._vars.values())
+
+    def pop_updates(self):
+        """The assignments (SetItems) the training-mode calls since the last
+        ``pop_updates`` made, such as BatchNorm's running averages: a training
+        computation requests them among its results. Cleared by the call."""
+        ups, self._updates = self._updates, []
+        return ups
 
     def _rename(self, prefix):
         self.name = f"{prefix}/{self.name}"
@@ -194,6 +202,47 @@ class LayerNorm(Layer):
         y = centered / be.sqrt(var + self.eps)
         return (y * self.variable("g", tuple(feats), Constant(1.0))
                 + self.variable("b", tuple(feats), Constant(0.0)))
+
+
+class BatchNorm(Layer):
+    """Batch normalization (Ioffe & Szegedy, 2015) as PyTorch's ``BatchNorm*d``.
+
+    ``axis`` is the channel axis (default: the input's first feature axis); statistics
+    are taken over every other axis (batch, spatial, recurrent). In training calls the
+    output uses the batch's mean and biased variance, and :meth:`pop_updates` gives the
+    updates of the running averages ``mean = (1 - momentum) mean + momentum batch_mean``
+    and ``var`` likewise with the unbiased batch variance. Inference calls use the
+    running averages and assign nothing. Variables: ``g`` and ``b`` (trainable),
+    ``mean`` and ``var`` (persistent, not trainable).
+    """
+
+    def __init__(self, axis=None, momentum=0.1, eps=1e-5, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.axis, self.momentum, self.eps = axis, momentum, eps
+
+    def forward(self, x, training):
+        channel = self.axis or _features(x, f"BatchNorm {self.name}")[0]
+        if channel not in x.axes:
+            raise AxisMismatchError(f"BatchNorm {self.name}: axis {channel!r} is not in "
+                                    f"input {x.name} ({x.axes!r}) (at {user_location()})")
+        c = (channel,)
+        g = self.variable("g", c, Constant(1.0))
+        b = self.variable("b", c, Constant(0.0))
+        mean = self.variable("mean", c, Constant(0.0), trainable=False)
+        var = self.variable("var", c, Constant(1.0), trainable=False)
+        red = x.axes - be.Axes(channel)
+        if training:
+            mu = be.mean(x, reduction_axes=red)
+            centered = x - mu
+            v = be.mean(be.square(centered), reduction_axes=red)
+            n = red.size
+            m = self.momentum
+            self._updates += [
+                be.SetItem(self._vars["mean"], (1 - m) * mean + m * mu),
+                be.SetItem(self._vars["var"], (1 - m) * var + m * v * (n / max(n - 1, 1)))]
+        else:
+            centered, v = x - mean, var
+        return centered / be.sqrt(v + self.eps) * g + b
 
 
 class _RecurrentBase(Layer):
@@ -331,3 +380,6 @@ class Sequential(Layer):
     @property
     def variables(self):
         return [v for layer in self.layers for v in layer.variables]
+
+    def pop_updates(self):
+        return [u for layer in self.layers for u in layer.pop_updates()]

@@ -34,7 +34,7 @@ class Model:
         dtype: of the input placeholder.
 
     The training computation returns the loss and applies the optimizer's updates
-    (and, through layers such as BatchNorm, running averages). The inference ones
+    and the layers' (BatchNorm's running averages). The inference ones
     (``predict``, ``evaluate``) read the same Variables and never assign any.
     """
 
@@ -104,7 +104,7 @@ class Model:
             loss = be.mean(per, out_axes=())
             count = be.sum(correct, out_axes=()) if correct is not None else be.constant(-1.0)
             params = [v for v in self.net.variables if v.trainable]
-            updates = self.optimizer.updates(loss, params)
+            updates = self.net.pop_updates() + self.optimizer.updates(loss, params)
             self._train[batch_size] = self.transformer.computation(
                 [loss, count] + updates, x, target)
         return self._train[batch_size]
