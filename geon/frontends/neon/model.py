@@ -251,7 +251,8 @@ class Model:
                     logs.update({f"val_{k}": v for k, v in val.items()})
                 history.append(logs)
                 progress.done(f"epoch {epoch + 1}/{first + epochs}: " + ", ".join(
-                    f"{k} {v:.4f}" for k, v in logs.items() if k not in ("epoch", "step")))
+                    f"{k} {v:.1f} steps/s" if k == "rate" else f"{k} {v:.4f}"
+                    for k, v in logs.items() if k not in ("epoch", "step")))
                 for cb in callbacks:
                     cb.on_epoch_end(self, epoch + 1, logs)
                 if self.stop_training:
