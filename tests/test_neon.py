@@ -154,6 +154,15 @@ def test_affine_and_layernorm_gradients():
          ((F,), rng.standard_normal(4))])
 
 
+def test_embedding_gradients():
+    S, N, E = axis(3, "S"), axis(2, "N", batch=True), axis(2, "E")
+    V = axis(5, "emb_vocab")
+    rng = np.random.default_rng(11)
+    ids = np.array([[0, 4, 4], [1, 0, 2]])              # repeated ids add up
+    assert_gradcheck(lambda i, W: _seeded(nn.Embedding(5, E, dtype=F64, name="emb"), W=W)(i),
+                     [((N, S), ids), ((V, E), rng.standard_normal((5, 2)))])
+
+
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
 def test_recurrent_gradients(kind):
     T, F, N = axis(3, "T", recurrent=True), axis(2, "F"), axis(2, "N", batch=True)
