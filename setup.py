@@ -18,6 +18,8 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "sphinx>=6"],  # sphinx: the docs build test
         "gpu": ["pycuda>=2022.1"],
         "docs": ["sphinx>=6"],
+        "onnx": ["onnx>=1.14"],  # geon.frontends.onnx; importing geon never needs it
+        "torch": ["torch==2.13.0"],  # geon.frontends.netgraph.to_pytorch_model
     },
     entry_points={
         "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer",

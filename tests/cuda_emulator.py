@@ -14,10 +14,12 @@ installed with geon); it says nothing about speed, and device-only behaviour (wa
 scheduling, memory ordering between blocks) is not reproduced.
 """
 
+import atexit
 import ctypes
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -169,11 +171,27 @@ def find_compiler():
     return None
 
 
+_private = None
+
+
 def _cache_dir():
-    d = os.path.join(tempfile.gettempdir(), f"geon-emulator-{os.getuid()}"
-                     if hasattr(os, "getuid") else "geon-emulator")
-    os.makedirs(d, exist_ok=True)
-    return d
+    """Where compiled kernels are kept: a folder only this user can write, since the
+    shared objects found there are loaded. The per-user folder in the temp directory
+    (created 0700) if it is a real folder owned by this user that nobody else can
+    write, else a fresh private folder for this process, removed at exit."""
+    global _private
+    d = os.path.join(tempfile.gettempdir(), f"geon-emulator-{os.getuid()}")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return d
+    if _private is None:
+        _private = tempfile.mkdtemp(prefix="geon-emulator-")
+        atexit.register(shutil.rmtree, _private, True)
+    return _private
 
 
 def _build(source, tag):
@@ -182,10 +200,11 @@ def _build(source, tag):
     if cxx is None:
         raise GeonError("the GPU emulator needs a C++ compiler (c++, g++ or clang++)")
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    path = os.path.join(_cache_dir(), f"{tag}-{digest}.so")
+    folder = _cache_dir()
+    path = os.path.join(folder, f"{tag}-{digest}.so")
     if os.path.exists(path):
         return path
-    fd, src = tempfile.mkstemp(suffix=".cpp", dir=_cache_dir())
+    fd, src = tempfile.mkstemp(suffix=".cpp", dir=folder)
     with os.fdopen(fd, "w") as f:
         f.write(source)
     tmp = path + f".{os.getpid()}.tmp"

@@ -636,3 +636,204 @@ REQUIRED_OPS = {
 }
 
 GRAD_CASES = [c for c in CASES if c.grad]
+
+# --- convolution and pooling ----------------------------------------------------------------
+# Odd shapes (7 x 5 images, stride 2, padding 1, dilation 2, groups 2) and axis orders
+# other than the canonical one. The expectations loop over output (or input) positions:
+# the definitions, independent of geon's kernel-offset loops and im2col code. Inputs
+# on the grid of quarters keep float32 sums exact.
+CI, CG, C1 = be.Axis(4, "CI"), be.Axis(2, "CG"), be.Axis(1, "C1")
+KO, K4 = be.Axis(6, "KO"), be.Axis(4, "K4")
+H7, W5, D3 = be.Axis(7, "H7"), be.Axis(5, "W5"), be.Axis(3, "D3")
+R3, S2, T2 = be.Axis(3, "R3"), be.Axis(2, "S2"), be.Axis(2, "T2")
+NB = be.Axis(2, "NB", batch=True)
+
+
+def np_conv(x, w, stride, pads, dilation, groups):
+    """x (N, C, *S), w (K, C/groups, *R) -> (N, K, *P), one output position at a time."""
+    n = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(pads))
+    K, Cg = w.shape[:2]
+    R = w.shape[2:]
+    P = [(xp.shape[2 + i] - dilation[i] * (R[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
+    out = np.zeros((x.shape[0], K) + tuple(P))
+    for k in range(K):
+        g = k // (K // groups)
+        for p in np.ndindex(*P):
+            idx = tuple(slice(p[i] * stride[i], p[i] * stride[i] + dilation[i] * (R[i] - 1) + 1,
+                              dilation[i]) for i in range(n))
+            patch = xp[(slice(None), slice(g * Cg, (g + 1) * Cg)) + idx]
+            out[(slice(None), k) + p] = np.sum(patch * w[k], axis=tuple(range(1, n + 2)))
+    return out
+
+
+def np_conv_transpose(x, w, stride, pads, dilation, groups, out):
+    """x (N, C, *S), w (C, K/groups, *R) -> (N, K, *out): each input position scatters
+    its kernel-weighted values (the definition of the transposed convolution)."""
+    n = x.ndim - 2
+    C, Kg = w.shape[:2]
+    R = w.shape[2:]
+    full = [out[i] + pads[i][0] + pads[i][1] for i in range(n)]
+    y = np.zeros((x.shape[0], Kg * groups) + tuple(full))
+    for c in range(C):
+        g = c // (C // groups)
+        for s in np.ndindex(*x.shape[2:]):
+            for r in np.ndindex(*R):
+                pos = tuple(s[i] * stride[i] + r[i] * dilation[i] for i in range(n))
+                if all(pos[i] < full[i] for i in range(n)):
+                    y[(slice(None), slice(g * Kg, (g + 1) * Kg)) + pos] += \
+                        x[(slice(None), c) + s][:, None] * w[(c, slice(None)) + r][None, :]
+    crop = tuple(slice(pads[i][0], pads[i][0] + out[i]) for i in range(n))
+    return y[(Ellipsis,) + crop]
+
+
+def np_pool(x, kind, kernel, stride, pads, dilation=None, count_include_pad=True):
+    """Max or average pooling of x (N, C, *S) by its definition."""
+    n = len(kernel)
+    dilation = dilation or (1,) * n
+    S = x.shape[2:]
+    P = [(S[i] + sum(pads[i]) - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+         for i in range(n)]
+    out = np.zeros(x.shape[:2] + tuple(P))
+    for p in np.ndindex(*P):
+        vals = []
+        for r in np.ndindex(*kernel):
+            q = tuple(p[i] * stride[i] - pads[i][0] + r[i] * dilation[i] for i in range(n))
+            if all(0 <= q[i] < S[i] for i in range(n)):
+                vals.append(x[(slice(None), slice(None)) + q])
+        vals = np.stack(vals)
+        if kind == "max":
+            out[(Ellipsis,) + p] = vals.max(axis=0)
+        else:
+            out[(Ellipsis,) + p] = vals.sum(axis=0) / (np.prod(kernel) if count_include_pad
+                                                       else len(vals))
+    return out
+
+
+def _nc(x, order):
+    """x transposed by ``order`` (its positions of N, C, *S) to (N, C, *S)."""
+    return np.transpose(x, order)
+
+
+_P1 = ((1, 1), (1, 1))
+_GRID = "grid0"
+case("conv2d_pad1", "conv", [I(CI, H7, W5, NB, domain=_GRID), I(CI, R3, S2, KO, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CI, spatial=(H7, W5), out_channel=KO, padding=1),
+     ("KO", "H7_out", "W5_out", "NB"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (3, 0, 1, 2)), _nc(w, (3, 0, 1, 2)), (1, 1),
+                                       _P1, (1, 1), 1), (1, 2, 3, 0)))
+case("conv2d_stride2_pad1_dil2_groups2", "conv",
+     [I(CI, H7, W5, NB, domain=_GRID), I(CG, R3, S2, KO, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CI, spatial=(H7, W5), out_channel=KO,
+                          filter_channel=CG, strides=2, padding=1, dilation=(2, 1), groups=2),
+     ("KO", "H7_out", "W5_out", "NB"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (3, 0, 1, 2)), _nc(w, (3, 0, 1, 2)), (2, 2),
+                                       _P1, (2, 1), 2), (1, 2, 3, 0)))
+case("conv2d_batch_first_orders", "conv",
+     [I(NB, H7, CI, W5, domain=_GRID), I(KO, S2, CI, R3, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CI, spatial=(H7, W5), out_channel=KO,
+                          kernel=(R3, S2), strides=(2, 1), padding=((0, 1), (1, 0))),
+     ("NB", "H7_out", "KO", "W5_out"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (0, 2, 1, 3)), _nc(w, (0, 2, 3, 1)), (2, 1),
+                                       ((0, 1), (1, 0)), (1, 1), 1), (0, 2, 1, 3)))
+case("conv2d_depthwise_same", "conv",
+     [I(CI, H7, W5, NB, domain=_GRID), I(C1, R3, S2, K4, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CI, spatial=(H7, W5), out_channel=K4,
+                          filter_channel=C1, padding="same", groups=4),
+     ("K4", "H7_out", "W5_out", "NB"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (3, 0, 1, 2)), _nc(w, (3, 0, 1, 2)), (1, 1),
+                                       ((1, 1), (0, 1)), (1, 1), 4), (1, 2, 3, 0)))
+case("conv1d_stride2_valid", "conv", [I(CI, H7, NB, domain=_GRID), I(KO, CI, R3, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CI, spatial=(H7,), out_channel=KO, strides=2,
+                          padding="valid"),
+     ("KO", "H7_out", "NB"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (2, 0, 1)), w, (2,), ((0, 0),), (1,), 1),
+                               (1, 2, 0)))
+case("conv3d", "conv", [I(CG, D3, H7, W5, NB, domain=_GRID),
+                        I(CG, T2, R3, S2, K4, domain=_GRID)],
+     lambda x, w: be.conv(x, w, channel=CG, spatial=(D3, H7, W5), out_channel=K4,
+                          strides=(1, 2, 1), padding=(1, 0, 1), dilation=(1, 2, 1)),
+     ("K4", "D3_out", "H7_out", "W5_out", "NB"),
+     lambda x, w: np.transpose(np_conv(_nc(x, (4, 0, 1, 2, 3)), _nc(w, (4, 0, 1, 2, 3)),
+                                       (1, 2, 1), ((1, 1), (0, 0), (1, 1)), (1, 2, 1), 1),
+                               (1, 2, 3, 4, 0)))
+case("conv_transpose2d_stride2_groups2", "conv_transpose",
+     [I(CI, H7, W5, NB, domain=_GRID), I(CI, R3, S2, CG, domain=_GRID)],
+     lambda x, w: be.conv_transpose(x, w, channel=CI, spatial=(H7, W5), out_channel=K4,
+                                    filter_channel=CG, strides=2, padding=1,
+                                    output_padding=(1, 0), dilation=(1, 2), groups=2),
+     ("K4", "H7_out", "W5_out", "NB"),
+     lambda x, w: np.transpose(np_conv_transpose(_nc(x, (3, 0, 1, 2)), _nc(w, (0, 3, 1, 2)),
+                                                 (2, 2), _P1,
+                                                 (1, 2), 2, (14, 9)), (1, 2, 3, 0)))
+case("conv_transpose1d", "conv_transpose", [I(NB, CI, H7, domain=_GRID),
+                                            I(CI, KO, R3, domain=_GRID)],
+     lambda x, w: be.conv_transpose(x, w, channel=CI, spatial=(H7,), out_channel=KO),
+     ("NB", "KO", "H7_out"),
+     lambda x, w: np_conv_transpose(x, w, (1,), ((0, 0),), (1,), 1, (9,)))
+case("max_pool2d_stride2_pad1_dil2", "max_pool", [I(CI, H7, W5, NB, domain="distinct")],
+     lambda x: be.max_pool(x, (H7, W5), 3, strides=2, padding=1, dilation=(2, 1)),
+     ("CI", "H7_pool", "W5_pool", "NB"),
+     lambda x: np.transpose(np_pool(_nc(x, (3, 0, 1, 2)), "max", (3, 3), (2, 2), _P1,
+                                    (2, 1)), (1, 2, 3, 0)))
+case("max_pool2d_default_stride", "max_pool", [I(NB, H7, W5, CI, domain="distinct")],
+     lambda x: be.max_pool(x, (H7, W5), (2, 2)),
+     ("NB", "H7_pool", "W5_pool", "CI"),
+     lambda x: np.transpose(np_pool(_nc(x, (0, 3, 1, 2)), "max", (2, 2), (2, 2),
+                                    ((0, 0), (0, 0))), (0, 2, 3, 1)))
+case("max_pool1d_overlap", "max_pool", [I(CI, H7, domain="distinct")],
+     lambda x: be.max_pool(x, (H7,), 3, strides=1), ("CI", "H7_pool"),
+     lambda x: np_pool(x[None], "max", (3,), (1,), ((0, 0),))[0])
+case("avg_pool2d_pad1_include", "avg_pool", [I(CI, H7, W5, NB, domain=_GRID)],
+     lambda x: be.avg_pool(x, (H7, W5), 3, strides=2, padding=1),
+     ("CI", "H7_pool", "W5_pool", "NB"),
+     lambda x: np.transpose(np_pool(_nc(x, (3, 0, 1, 2)), "avg", (3, 3), (2, 2), _P1),
+                            (1, 2, 3, 0)))
+case("avg_pool2d_pad1_exclude", "avg_pool", [I(CI, H7, W5, NB, domain=_GRID)],
+     lambda x: be.avg_pool(x, (H7, W5), (3, 2), strides=(2, 1), padding=1,
+                           count_include_pad=False),
+     ("CI", "H7_pool", "W5_pool", "NB"),
+     lambda x: np.transpose(np_pool(_nc(x, (3, 0, 1, 2)), "avg", (3, 2), (2, 1), _P1,
+                                    count_include_pad=False), (1, 2, 3, 0)))
+case("global_avg_pool", "global_avg_pool", [I(CI, H7, W5, NB)],
+     lambda x: be.global_avg_pool(x, (H7, W5)), ("CI", "NB"), lambda x: x.mean(axis=(1, 2)))
+
+# The NumPy family: PyTorch's layouts, positional axes.
+_POS4 = ("-4", "-3", "-2", "-1")
+
+
+def _np_of(fn):
+    return lambda *xs, **kw: fn(*[be.np.positional(x) for x in xs], **kw)
+
+
+case("np.conv2d_odd", "np.conv",
+     [I(NB, CI, H7, W5, domain=_GRID), I(KO, CG, R3, S2, domain=_GRID)],
+     _np_of(lambda x, w: be.np.conv(x, w, stride=2, padding=1, dilation=(2, 1), groups=2)),
+     _POS4, lambda x, w: np_conv(x, w, (2, 2), _P1, (2, 1), 2))
+case("np.conv2d_same", "np.conv",
+     [I(NB, CI, H7, W5, domain=_GRID), I(KO, CI, R3, S2, domain=_GRID)],
+     _np_of(lambda x, w: be.np.conv(x, w, padding="same")),
+     _POS4, lambda x, w: np_conv(x, w, (1, 1), ((1, 1), (0, 1)), (1, 1), 1))
+case("np.conv_transpose2d", "np.conv_transpose",
+     [I(NB, CI, H7, W5, domain=_GRID), I(CI, CG, R3, S2, domain=_GRID)],
+     _np_of(lambda x, w: be.np.conv_transpose(x, w, stride=2, padding=1, output_padding=1,
+                                              groups=2)),
+     _POS4, lambda x, w: np_conv_transpose(x, w, (2, 2), _P1, (1, 1), 2, (14, 9)))
+case("np.max_pool2d", "np.max_pool", [I(NB, CI, H7, W5, domain="distinct")],
+     _np_of(lambda x: be.np.max_pool(x, 3, stride=2, padding=1, dilation=(1, 2))), _POS4,
+     lambda x: np_pool(x, "max", (3, 3), (2, 2), _P1, (1, 2)))
+case("np.avg_pool2d", "np.avg_pool", [I(NB, CI, H7, W5, domain=_GRID)],
+     _np_of(lambda x: be.np.avg_pool(x, (2, 3), padding=(1, 1), count_include_pad=False)),
+     _POS4, lambda x: np_pool(x, "avg", (2, 3), (2, 3), _P1, count_include_pad=False))
+case("np.global_avg_pool", "np.global_avg_pool", [I(NB, CI, H7, W5)],
+     _np_of(be.np.global_avg_pool), ("-2", "-1"), lambda x: x.mean(axis=(2, 3)))
+
+#: The cases whose graphs a JSON document can hold: NumPy-family operands of different
+#: shapes reuse positional axis names ("-1", "-2" ...) with other lengths, and a
+#: document keeps one axis per name.
+DOCUMENT_CASES = [c for c in CASES if not c.op.startswith("np.")]
+
+REQUIRED_OPS |= {"conv", "conv_transpose", "max_pool", "avg_pool", "global_avg_pool",
+                 "np.conv", "np.conv_transpose", "np.max_pool", "np.avg_pool",
+                 "np.global_avg_pool"}
+GRAD_CASES = [c for c in CASES if c.grad]

@@ -23,6 +23,9 @@ from geon.op_graph.axes import Axis
 DOC = Path(__file__).resolve().parent.parent / "doc"
 PAGES = sorted(DOC.glob("*.rst"))
 
+#: A page that runs samples needing an optional package says so in a comment line,
+#: ``.. geon-doc-requires: torch``; without the package its samples are skipped.
+_REQUIRES = re.compile(r"^\.\.\s+geon-doc-requires:\s*(?P<mods>.+?)\s*$", re.M)
 _DIRECTIVE = re.compile(r"^(?P<indent>\s*)\.\.\s+(?P<kind>code-block|code|sourcecode)::"
                         r"\s*(?P<lang>\S*)\s*$")
 #: Languages of samples that are shown, not run.
@@ -34,7 +37,8 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
-              ("geon.op_graph.forward", "FORWARD")]
+              ("geon.op_graph.forward", "FORWARD"),
+              ("geon.frontends.onnx.ops", "OPS")]
 
 
 def code_blocks(path):
@@ -97,6 +101,9 @@ def isolated_globals():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
+    for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
+        for mod in m["mods"].replace(",", " ").split():
+            pytest.importorskip(mod, reason=f"the samples of {page.name} need {mod}")
     blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}

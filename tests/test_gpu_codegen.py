@@ -168,6 +168,24 @@ def _extra_graphs():
                 [lab, f], [np.array([0, 3, 1, 2, 2, 0]),
                            rng.standard_normal((4, 6)).astype(np.float32)])
     out["ints"] = ints()
+
+    # convolution and pooling primitives beyond the op table: max pooling's gather (its
+    # forward derivative), a broadcast operand, a 3-d transposed convolution
+    def conv_more():
+        x = be.np.placeholder((2, 3, 6, 5), dtype=np.float64)
+        w = be.np.placeholder((3, 4, 2, 3, 2), dtype=np.float64)
+        v = be.np.placeholder((2, 3, 4, 3, 2), dtype=np.float64)
+        pooled = be.np.max_pool(x, 3, stride=(1, 2), padding=1)
+        tangent = be.jvp(pooled, x, np.linspace(-1, 1, 180).reshape(2, 3, 6, 5))
+        f = be.np.placeholder((4, 3, 2, 2), dtype=np.float64)
+        bias_image = be.np.broadcast_to(be.np.sum(x, axis=0), (2, 3, 6, 5))
+        shifted = be.np.conv(bias_image, f)
+        up = be.np.conv_transpose(v, w, stride=(2, 1, 2), padding=(0, 1, 1),
+                                  output_padding=(1, 0, 0))
+        ps = [x, w, v, f]
+        return ([pooled, tangent, shifted, up], ps,
+                [rng.standard_normal(p.axes.shape) for p in ps])
+    out["conv_more"] = conv_more()
     return out
 
 
@@ -746,12 +764,13 @@ def test_updates_fuse_with_their_assignment():
 def test_every_standard_primitive_has_gpu_code():
     """A primitive added to the standard base set needs a GPU rule too (an elementwise
     one: an entry in geon.transformers.gpu.cuda.CUDA_CODE)."""
+    from geon.op_graph import conv as cv
     from geon.op_graph import op_graph as og
     from geon.transformers.base import STANDARD_BASE_SET
     from geon.transformers.gpu.cuda import CUDA_CODE
     handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
                pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
-               pr.PrefixSum, pr.SortPrim)
+               pr.PrefixSum, pr.SortPrim, cv.ConvPrim, cv.PoolPrim)
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, handled)
                and not (issubclass(c, og.ElementWise)

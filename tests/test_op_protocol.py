@@ -18,7 +18,7 @@ from geon.op_graph.reference import EVALUATORS
 from geon.op_graph.user_ops import UserOp
 from geon.transformers.numpy import NumPyTransformer, numpy_code
 from geon.transformers.passes.cse import cse_key
-from op_table import CASES
+from op_table import CASES, DOCUMENT_CASES
 
 C = be.Axis(3, "C")
 H = be.Axis(4, "H")
@@ -233,6 +233,8 @@ def test_op_table_ops_rebuild_from_their_attrs(case):
     assert [o for o in graph_ops([op]) if not _rebuilt_equal(o)] == []
     # JSON round trip of the user's op classes gives the same values (see also
     # test_serialize.test_op_table_round_trip, which compares computed results).
+    if case not in DOCUMENT_CASES:
+        return
     kinds = {type(o) for o in user} | {type(o) for o in graph_ops([op])}
     loaded = be.deserialize_graph(be.serialize(op))
     assert {type(o) for o in loaded.ops} <= kinds

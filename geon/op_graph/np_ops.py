@@ -43,11 +43,12 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
 
 __all__ = [
     "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
-    "argsort", "asarray", "broadcast_to", "canonical_axes", "clip", "concatenate",
-    "constant", "cos", "cumsum", "sort", "topk",
+    "argsort", "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip",
+    "concatenate", "constant", "conv", "conv_transpose", "cos", "cumsum", "sort", "topk",
     "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
-    "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less", "less_equal", "log",
-    "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "pad",
+    "global_avg_pool", "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less",
+    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max", "max_pool", "maximum",
+    "mean", "min", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
@@ -884,3 +885,7 @@ def _register():
 
 
 _register()
+
+# Convolution and pooling (PyTorch's layouts) live in their own module.
+from geon.op_graph.np_conv import (avg_pool, conv, conv_transpose,  # noqa: E402
+                                   global_avg_pool, max_pool)

@@ -21,6 +21,7 @@ value (NumPy) and its derivative (geon ops).
 
 import ast
 import inspect
+import keyword
 
 import numpy as np
 
@@ -155,10 +156,12 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
     elementwise = axes is None
     base = _UserElementWise if elementwise else _UserTensorOp
     bad = [p for p in params if not isinstance(p, str) or p in _RESERVED
-           or not p.isidentifier() or p.startswith("_") or hasattr(base, p)]
+           or not (p.isascii() and p.isidentifier()) or keyword.iskeyword(p)
+           or p.startswith("_") or hasattr(base, p)]
     if bad:
         raise ArgumentError(f"define_op {name}: parameter name(s) {bad} are reserved, "
-                            f"attributes of every op, or not identifiers")
+                            f"attributes of every op, keywords or not ASCII identifiers "
+                            f"(they are keyword arguments in generated code)")
     if elementwise and params:
         raise ArgumentError(f"define_op {name}: an elementwise op takes no parameters "
                             f"(lowering rebuilds it from its args); close over them instead")

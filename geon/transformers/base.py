@@ -17,6 +17,7 @@ import numpy as np
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
                          GeonError, GeonWarning, LoweringError)
 from geon.op_graph import op_graph as og
+from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.nodes import no_gc, user_stacklevel
 from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
                                     pulled_in)
@@ -46,7 +47,7 @@ STANDARD_BASE_SET = frozenset({
     pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
     pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output, pr.Take, pr.PutAdd,
     pr.PrefixSum, pr.SortPrim,
-})
+}) | CONV_PRIMITIVES
 
 
 def _grouped(placeholders, needed_by):

@@ -22,11 +22,15 @@ memory is planned again.
 import numpy as np
 
 from geon.errors import GeonError, LoweringError
+from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.ordering import schedule
 from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
+from geon.transformers.codegen_text import check_lines, comment
+from geon.transformers.gpu import conv as gpu_conv
 from geon.transformers.gpu import cuda, kernels
 from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
 
@@ -491,6 +495,14 @@ def _emit_single(prog, ctx, op):
         _emit_reduce(prog, ctx, op, [], set())
     elif isinstance(op, pr.Gemm):
         _emit_gemm(prog, ctx, op)
+    elif isinstance(op, tuple(CONV_PRIMITIVES)):
+        if op.axes.size:
+            params = kernels.Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            args = [(ctx.pointer(params, ctx.layout(a)), ctx.layout(a)) for a in op.args]
+            build = gpu_conv.conv_kernel if isinstance(op, cv.ConvPrim) else \
+                gpu_conv.pool_kernel
+            _add(prog, build(params, op, out, args))
     elif isinstance(op, pr.Unslice):
         if op.axes.size:
             params = kernels.Params()
@@ -707,21 +719,22 @@ def host_view(flat, lay):
 
 
 def _buffer_name(prog, buf):
+    """The buffer ``buf`` for comments (sanitized)."""
     kind, i = buf
     if kind == "feed":
-        return f"feed {prog.feeds[i].name}"
+        return f"feed {comment(prog.feeds[i].name)}"
     if kind == "var":
-        return f"variable {prog.variables[i].name}"
+        return f"variable {comment(prog.variables[i].name)}"
     return f"{kind}{i}"
 
 
 def _source(comp, prog):
     """The annotated CUDA source shown by ``Computation.source``."""
-    lines = [f"// geon GPU transformer: computation of "
-             f"{', '.join(getattr(r, 'name', '?') for r in comp.requested)}"]
+    lines = ["// geon GPU transformer: computation of "
+             + comment(", ".join(getattr(r, "name", "?") for r in comp.requested))]
     for k, size in enumerate(prog.arenas):
         holders = [o.name for o, s in prog.plan.slot.items() if s == k]
-        lines.append(f"// arena{k}: {size} bytes, shared by {', '.join(holders)}")
+        lines.append(f"// arena{k}: {size} bytes, shared by " + comment(", ".join(holders)))
     for j, n in enumerate(prog.result_bytes):
         lines.append(f"// result{j}: {n} bytes")
     for j, n in enumerate(prog.scratch):
@@ -731,9 +744,10 @@ def _source(comp, prog):
         args = ", ".join(f"{_buffer_name(prog, b)}+{off}" if off else _buffer_name(prog, b)
                          for b, off in k.args)
         lines.append(f"//  {n}: {k.name}<<<{k.grid}, {k.block}>>>({args})")
-        lines.append(f"//      {k.note}")
+        lines.append(f"//      {comment(k.note)}")
         for op in k.ops:
             lines.append(f"//      {kernels.describe(op)}")
+    check_lines(lines, "CUDA C")
     lines.append("")
     lines.append(prog.module_source())
     return "\n".join(lines) + "\n"

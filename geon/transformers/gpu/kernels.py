@@ -19,6 +19,7 @@ import numpy as np
 from geon.errors import LoweringError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import cuda
 from geon.transformers.gpu.cuda import ctype, literal
 from geon.transformers.gpu.layout import offset_expr, scalar_constant
@@ -39,15 +40,18 @@ SPLIT_BLOCKS = 264
 class Kernel:
     """A generated kernel and how to launch it.
 
-    ``source`` is the complete kernel (its name included); ``deps`` are helper
-    definitions it needs besides the prelude (user ops' device functions); ``args`` are
-    ``(buffer, byte_offset)`` per parameter; ``grid`` and ``block`` are 3-tuples;
-    ``ops`` the ops it computes (for the annotated source).
+    ``source`` is the complete kernel (its name included), made from the lines of its
+    ``body`` (each checked by :func:`~geon.transformers.codegen_text.check_lines`);
+    ``deps`` are helper definitions it needs besides the prelude (user ops' device
+    functions); ``args`` are ``(buffer, byte_offset)`` per parameter; ``grid`` and
+    ``block`` are 3-tuples; ``ops`` the ops it computes (for the annotated source).
     """
 
     def __init__(self, kind, params, body, threads, grid, block, ops, deps=(), note=""):
         self.kind = kind
         decl = ", ".join(params.declarations())
+        check_lines(body, "CUDA C")
+        body = "".join(line + "\n" for line in body)
         template = (f'extern "C" __global__ void __launch_bounds__({threads}) '
                     f"KERNEL({decl})\n{{\n{body}}}\n")
         digest = hashlib.sha1(("".join(deps) + template).encode()).hexdigest()[:16]
@@ -115,9 +119,10 @@ def _itype(n, layouts=()):
 
 
 def describe(op):
-    """One line about ``op`` for comments: its class, name, origin and source line."""
+    """One line about ``op`` for comments (sanitized): its class, name, origin and
+    source line."""
     origin = f" <- {op.derived_from}" if op.derived_from else ""
-    return f"{type(op).__name__} {op.name}{origin}, {op.file_info}"
+    return comment(f"{type(op).__name__} {op.name}{origin}, {op.file_info}")
 
 
 # --- fused elementwise ---------------------------------------------------------------
@@ -185,7 +190,7 @@ class Fused:
                 target, value = m.args
                 ptr = self.ctx.pointer(self.params, self.ctx.layout(target), written=True)
                 lines.append(f"{ptr}[{index}] = {arg_expr(value, target.dtype)};"
-                             f"  // Assign to {target.name}")
+                             f"  // Assign to {comment(target.name)}")
                 continue
             cdt = cuda.compute_dtype(m)
             rule = self.ctx.rule(m)
@@ -195,7 +200,7 @@ class Fused:
             out_t = ctype(m.dtype)
             if isinstance(m, og.Comparison) or (m.dtype != cdt):
                 expr = f"({out_t})({expr})"
-            lines.append(f"const {out_t} {v} = {expr};  // {type(m).__name__}")
+            lines.append(f"const {out_t} {v} = {expr};  // {comment(type(m).__name__)}")
             var[m] = v
             if m not in self.internal:
                 ptr = self.ctx.pointer(self.params, self.ctx.layout(m), written=True)
@@ -238,7 +243,7 @@ def elementwise_kernel(ctx, members, internal):
     body.append("        }")
     body.append("    }")
     deps = ctx.deps_of(members)
-    return Kernel("ew", params, "\n".join(body) + "\n", T, (_grid_1d(n, T * U),), (T,),
+    return Kernel("ew", params, body, T, (_grid_1d(n, T * U),), (T,),
                   members, deps=deps, note=f"{len(members)} elementwise op(s) over "
                                            f"{n} elements")
 
@@ -408,7 +413,7 @@ def reduce_kernel(spec, params, value, out, out_index=None, ops=(), deps=(), par
     kind = "reduce" if part is None else "reduce_part"
     note = (f"{cls.__name__} of {R} row(s) of {L}" if part is None else
             f"{cls.__name__}, first pass: {R} row(s) of {L} in {P} parts")
-    return Kernel(kind, params, "\n".join(body) + "\n", threads, (grid_x, P), block, ops,
+    return Kernel(kind, params, body, threads, (grid_x, P), block, ops,
                   deps=deps, note=note)
 
 
@@ -612,7 +617,7 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
                 L.append("      }")
             L.append("    }")
     grid = (tiles_m, tiles_n) if swap else (tiles_n, tiles_m)
-    return Kernel("gemm", params, "\n".join(L) + "\n", threads, grid, (threads,), ops,
+    return Kernel("gemm", params, L, threads, grid, (threads,), ops,
                   note=f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, "
                        f"{TM} x {TN} per thread")
 
@@ -664,7 +669,7 @@ def unslice_kernel(params, op, out, src, src_lay, ops):
     lines.append(f"        if (inside) {{ v = {src}[src]; }}")
     lines.append(f"        {out}[i] = v;")
     lines.append("    }")
-    return Kernel("unslice", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("unslice", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops,
                   note=f"Unslice into {shape}")
 
@@ -693,7 +698,7 @@ def transpose_kernel(params, op, out, src, R, C, sr, sc, ops):
     grid = (-(-C // 32), -(-R // 32))
     if grid[1] > 65535:
         raise LoweringError(f"a transposing copy of {R} x {C} is too large for one launch")
-    return Kernel("transpose", params, "\n".join(lines) + "\n", 256, grid, (32, 8), ops,
+    return Kernel("transpose", params, lines, 256, grid, (32, 8), ops,
                   note=f"Copy of a transpose, {R} x {C}")
 
 
@@ -741,7 +746,7 @@ def take_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
     coords = ["i0", "k"] + [f"i{d}" for d in range(2, len(shape))]
     lines.append(f"        {out}[i] = {src}[{_at(src_lay, coords, it)}];")
     lines.append("    }")
-    return Kernel("take", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("take", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"Take {shape}")
 
 
@@ -750,7 +755,7 @@ def zero_kernel(params, op, out, ops):
     n = op.axes.size
     it = _itype(n)
     lines = _elements(n, it) + [f"        {out}[i] = {literal(0, op.dtype)};", "    }"]
-    return Kernel("zero", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("zero", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"zeros {op.axes.shape}")
 
 
@@ -772,7 +777,7 @@ def put_add_kernel(params, op, out, src, src_lay, idx, idx_lay, ops):
     at = _at(src_lay, [f"i{d}" for d in range(len(shape))], it)
     lines.append(f"        atomicAdd(&{out}[{dst}], {src}[{at}]);")
     lines.append("    }")
-    return Kernel("put_add", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("put_add", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PutAdd {shape}")
 
 
@@ -799,7 +804,7 @@ def prefix_sum_kernel(params, op, out, src, src_lay, ops):
               f"            acc += {src}[{_at(src_lay, ['i0', 'j'] + rest, it)}];",
               f"            {out}[{_at(out_lay, ['i0', 'j'] + rest, it)}] = acc;",
               "        }", "    }"]
-    return Kernel("prefix_sum", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("prefix_sum", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"PrefixSum {shape}")
 
 
@@ -829,5 +834,5 @@ def sort_kernel(params, op, values, indices, src, src_lay, ops):
     if indices is not None:
         lines.append(f"        {indices}[at] = (long long)i1;")
     lines.append("    }")
-    return Kernel("sort", params, "\n".join(lines) + "\n", EW_THREADS,
+    return Kernel("sort", params, lines, EW_THREADS,
                   (_grid_1d(n, EW_THREADS),), (EW_THREADS,), ops, note=f"SortPrim {shape}")

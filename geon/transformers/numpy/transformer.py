@@ -14,10 +14,8 @@ returns the lines computing ``op`` into the buffer named ``out`` from the names 
 only the first line may read the args; later lines read and write ``out`` alone.
 """
 
-import keyword
 import linecache
 import weakref
-import re
 
 import numpy as np
 
@@ -34,6 +32,7 @@ from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
+from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
 from geon.transformers import fusion
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
@@ -67,15 +66,25 @@ def _select(op, out, args):
     return [f"np.copyto({out}, np.where({c}, {a}, {b}), casting='unsafe')"]
 
 
+#: user op class -> the name generated code calls its NumPy function by
+_USER_FUNCTIONS = {}
+
+
 def _user_function(cls):
-    """The name generated code calls user op ``cls``'s NumPy function by."""
-    return "user_" + cls.registry_key  # keys are identifiers, unique per class
+    """The name generated code calls user op ``cls``'s NumPy function by: an ASCII
+    identifier, unique among the generated modules' globals (two user ops whose names
+    Python would read as one, such as ``fi`` and its ligature, get two names)."""
+    name = _USER_FUNCTIONS.get(cls)
+    if name is None:
+        taken = set(NUMPY_GLOBALS) | set(_USER_FUNCTIONS.values())
+        name = _USER_FUNCTIONS[cls] = identifier("user_" + cls.registry_key, taken)
+    return name
 
 
 @numpy_code(UserOp)
 def _user_op(op, out, args):
     # every user op (geon.define_op) carries its NumPy function: one rule serves them all
-    kw = "".join(f", {k}={v!r}" for k, v in op.params.items())
+    kw = "".join(f", {k}={py_literal(v)}" for k, v in op.params.items())
     call = f"{_user_function(type(op))}({', '.join(args)}{kw})"
     return [f"np.copyto({out}, {call}, casting='unsafe')"]
 
@@ -132,7 +141,7 @@ _REDUCE_FN = {pr.ReduceSum: "sum", pr.ReduceProd: "prod", pr.ReduceMax: "max",
 
 @numpy_code(*_REDUCE_FN)
 def _reduce(op, out, args):
-    return [f"np.{_REDUCE_FN[type(op)]}({args[0]}, axis={op.axis}, out={out})"]
+    return [f"np.{_REDUCE_FN[type(op)]}({args[0]}, axis={py_literal(op.axis)}, out={out})"]
 
 
 @numpy_code(pr.ReduceMaxArgMax)
@@ -141,9 +150,9 @@ def _reduce_max_argmax(op, outs, args):
     x, = args
     lines = []
     if outs[0] is not None:
-        lines.append(f"np.max({x}, axis={op.axis}, out={outs[0]})")
+        lines.append(f"np.max({x}, axis={py_literal(op.axis)}, out={outs[0]})")
     if outs[1] is not None:
-        lines.append(f"np.argmax({x}, axis={op.axis}, out={outs[1]})")
+        lines.append(f"np.argmax({x}, axis={py_literal(op.axis)}, out={outs[1]})")
     return lines
 
 
@@ -154,7 +163,7 @@ def _copy(op, out, args):
 
 @numpy_code(pr.Unslice)
 def _unslice(op, out, args):
-    return [f"{out}.fill(0)", f"{out}[{op.key!r}] = {args[0]}"]
+    return [f"{out}.fill(0)", f"{out}[{py_literal(op.key)}] = {args[0]}"]
 
 
 @numpy_code(pr.Take)
@@ -191,25 +200,14 @@ def _assign(op, out, args):
 
 # Views are expressions: fn(op, arg) -> expression text.
 NUMPY_VIEWS = {
-    pr.Dimshuffle: lambda op, x: f"{x}.transpose({op.perm})",
-    pr.Reshape: lambda op, x: f"{x}.reshape({op.axes.shape})",
+    pr.Dimshuffle: lambda op, x: f"{x}.transpose({py_literal(op.perm)})",
+    pr.Reshape: lambda op, x: f"{x}.reshape({py_literal(op.axes.shape)})",
     pr.Expand: lambda op, x: "np.broadcast_to({}.reshape({}), {})".format(
-        x, tuple(1 if m is None else op.args[0].axes.shape[m] for m in op.dim_map),
-        op.axes.shape),
+        x, py_literal(tuple(1 if m is None else op.args[0].axes.shape[m]
+                            for m in op.dim_map)), py_literal(op.axes.shape)),
     # "..." keeps the result a view when every entry is an index (x[0] would be a copy)
-    pr.SliceView: lambda op, x: f"{x}[{op.key + (Ellipsis,)!r}]",
+    pr.SliceView: lambda op, x: f"{x}[{py_literal(op.key + (Ellipsis,))}]",
 }
-
-
-def _ident(text, taken):
-    base = re.sub(r"\W", "_", text)
-    if not base or base[0].isdigit() or keyword.iskeyword(base):
-        base = "_" + base
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
 
 
 class NumPyComputation(Computation):
@@ -222,14 +220,15 @@ class NumPyComputation(Computation):
 
     def _generate(self):
         t = self.transformer
-        taken = {"np", "setup", "run", "_run_blocks", "_ndarray", "_feed", "_last", "_lock"}
-        taken.update(f"_dt{i}" for i in range(len(self.params)))
+        # The module's own names; those it makes itself begin with an underscore, which
+        # names made from the graph's text never do (codegen_text.identifier).
+        taken = {"np", "setup", "run"}
         taken.update(_module_globals())
         names, consts, variables, scratch = {}, {}, {}, {}
         scalars = {}
         setup, body = [], []
         for p in self.params:
-            names[p] = _ident(f"{p.name}", taken)
+            names[p] = identifier(p.name, taken)
         self._copy_feeds = any(isinstance(op, pr.Assign) and isinstance(op.args[0],
                                                                         og.Placeholder)
                                for op in self.ops)
@@ -267,7 +266,7 @@ class NumPyComputation(Computation):
         self.plan, self.groups = plan, groups
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
-        arenas = [_ident(f"arena{k}", taken) for k in range(len(plan.sizes))]
+        arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
         self._arena_views = {}
         self._names = names
 
@@ -282,19 +281,19 @@ class NumPyComputation(Computation):
             if op in names:
                 continue
             if isinstance(op, og.Variable):
-                names[op] = _ident(op.name, taken)
+                names[op] = identifier(op.name, taken)
                 variables[names[op]] = op
             elif isinstance(op, og.Constant):
-                names[op] = _ident("c_" + op.name, taken)
+                names[op] = identifier("c_" + op.name, taken)
                 consts[names[op]] = op.array()
                 if op.scalar is not None:
-                    scalars[op] = _ident("s_" + op.name, taken)
+                    scalars[op] = identifier("s_" + op.name, taken)
                     consts[scalars[op]] = op.value[()]
         for op in order:
             if op in names:
                 continue
             if isinstance(op, pr.ViewOp):
-                names[op] = _ident("v_" + op.name, taken)
+                names[op] = identifier("v_" + op.name, taken)
                 line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
                 (body if op in dynamic else setup).append(self._annotate(line, op))
             elif op in first:
@@ -312,7 +311,8 @@ class NumPyComputation(Computation):
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
             elif isinstance(op, pr.Assign) and op.args[1] in self._into:
-                body.append(f"    # {op.name}: its value was computed in {names[op.args[0]]}")
+                body.append(f"    # {comment(op.name)}: its value was computed in "
+                            f"{names[op.args[0]]}")
             else:
                 out = None
                 if not isinstance(op, og.VoidOp):
@@ -335,7 +335,7 @@ class NumPyComputation(Computation):
         for i, p in enumerate(self.params):
             n = names[p]
             checks.append(f"    if {n}.__class__ is not _ndarray or {n}.dtype is not _dt{i}"
-                          f" or {n}.shape != {p.axes.shape}:")
+                          f" or {n}.shape != {py_literal(p.axes.shape)}:")
             checks.append(f"        {n} = _feed({i}, {n})")
             if self._copy_feeds:  # the computation assigns to a placeholder
                 checks.append(f"    {n} = {n}.copy()")
@@ -348,13 +348,14 @@ class NumPyComputation(Computation):
             returns_line = "    return _last[0]"
         params = ", ".join(names[p] for p in self.params)
         glob = [ln.split(" = ")[0].strip() for ln in setup]
-        src = [f"# geon NumPy transformer: computation of "
-               f"{', '.join(getattr(r, 'name', '?') for r in self.requested)}"]
+        src = ["# geon NumPy transformer: computation of "
+               + comment(", ".join(getattr(r, "name", "?") for r in self.requested))]
         held = {}
         for o, k in plan.slot.items():
             held.setdefault(k, []).append(o.name)
         for k, (a, size) in enumerate(zip(arenas, plan.sizes)):
-            src.append(f"# {a}: {size} bytes, holds in turn: {', '.join(held.get(k, ()))}")
+            src.append(f"# {a}: {size} bytes, holds in turn: "
+                       + comment(", ".join(held.get(k, ()))))
         src.append("def setup():")
         if glob:
             src.append("    global " + ", ".join(glob))
@@ -366,6 +367,7 @@ class NumPyComputation(Computation):
         src.append("    " + returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
         self._scratch = scratch
+        check_lines(src, "Python")
         self._source = "\n".join(src) + "\n"
         self._consts, self._variables = consts, variables
         fname = f"<geon-numpy-{id(self):x}>"
@@ -387,13 +389,13 @@ class NumPyComputation(Computation):
             name = self._arena_views.get(key)
             if name is None:
                 arena = arenas[plan.slot[op]]
-                name = self._arena_views[key] = _ident(f"{arena}_{dtype.name}", taken)
+                name = self._arena_views[key] = identifier(f"{arena}_{dtype.name}", taken)
                 setup.append(f"    {name} = {arena}[:{op.axes.size * dtype.itemsize}]"
-                             f".view(np.{dtype.name}).reshape({shape})")
+                             f".view(np.{dtype.name}).reshape({py_literal(shape)})")
             return name
         assert op in fresh, op
-        name = _ident("t_" + op.name, taken)
-        body.append(f"    {name} = np.empty({shape}, np.{dtype.name})")
+        name = identifier("t_" + op.name, taken)
+        body.append(f"    {name} = np.empty({py_literal(shape)}, np.{dtype.name})")
         return name
 
     def _group_code(self, g, names, arg_names, plan, arenas, setup, fresh, scratch, taken):
@@ -407,7 +409,7 @@ class NumPyComputation(Computation):
             if m not in g.internal:
                 names[m] = self._buffer(m, plan, arenas, setup, lines, fresh, taken)
         B, rows = g.rows_per_block, g.rows
-        fn = _ident("fused", taken)
+        fn = identifier("fused", taken)
         body = [f"        _j = min(_i + {B}, _hi)"]
         local = {}
         for m in members:
@@ -416,7 +418,7 @@ class NumPyComputation(Computation):
                     continue
                 if isinstance(a, og.Constant) and a.scalar is not None:
                     continue
-                local[a] = _ident("b_" + names[a], taken)
+                local[a] = identifier("b_" + names[a], taken)
                 body.append(f"        {local[a]} = {names[a]}[_i:_j]")
         last = {}
         for k, m in enumerate(members):
@@ -439,10 +441,10 @@ class NumPyComputation(Computation):
                         tmp = len(temps)
                         temps.append(((B,) + m.axes.shape[1:], m.dtype))
                 temp_of[m] = tmp
-                out = _ident("b_" + m.name, taken)
+                out = identifier("b_" + m.name, taken)
                 body.append(f"        {out} = _s{tmp}[:_j - _i]")
             else:
-                out = _ident("b_" + names[m], taken)
+                out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
             code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
@@ -451,7 +453,7 @@ class NumPyComputation(Computation):
             for a in dict.fromkeys(m.args):
                 if a in temp_of and last[a] == k and temp_of[a] != temp_of.get(m):
                     free.append(temp_of[a])
-        sets = _ident("scratch", taken)
+        sets = identifier("scratch", taken)
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
         lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
@@ -466,7 +468,8 @@ class NumPyComputation(Computation):
     @staticmethod
     def _annotate(line, op):
         origin = f" <- {op.derived_from}" if op.derived_from else ""
-        return f"    {line:<60} # {type(op).__name__}{origin}, {op.file_info}"
+        note = comment(f"{type(op).__name__}{origin}, {op.file_info}")
+        return f"    {line:<60} # {note}"
 
     def _allocate(self):
         ns = dict(_module_globals(), np=np)

@@ -8,6 +8,7 @@ slicing are explicit views. Named axes are not consulted after this pass.
 
 import numpy as np
 
+from geon.op_graph import conv as cv
 from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -308,4 +309,6 @@ class LowerAxesPass(RewritePass):
         (og.SetItem, lower_setitem),
         (pr.Reshape, reshape_contiguous),
         (og.Output, lower_output),
+        (cv.Convolution, cv.lower_convolution),
+        (cv.Pooling, cv.lower_pooling),
     ]

@@ -1,0 +1,375 @@
+"""``import_model``: an ONNX graph as geon ops of the NumPy family.
+
+Every ONNX value becomes a :class:`Value`: a geon tensor op, or (when it can be known
+at import: constants, shapes and everything computed from them only) a NumPy array.
+Nodes are mapped one at a time by the table of :mod:`geon.frontends.onnx.ops`; a node
+whose inputs are all known arrays is evaluated at import, which folds shape-computing
+subgraphs (``Shape -> Gather -> Concat -> Reshape``) into constants.
+"""
+
+import numpy as np
+
+import geon as be
+from geon.errors import GeonError
+from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
+                                         UnsupportedOnnxOp, elem_dtype, elem_name,
+                                         load_proto, node_order, onnx_module, tensor_array)
+from geon.frontends.onnx.ops import carrier, find_builder
+
+# Nodes evaluated at import when all their inputs are known have results at most this
+# large; bigger ones stay ops (folding must not turn a small model into a huge one).
+FOLD_LIMIT = 1 << 16
+
+
+class Value:
+    """An ONNX value at import: ``op`` (a geon tensor op) or ``array`` (known at import),
+    and ``dtype``, the ONNX element type as a NumPy dtype (``bool`` for booleans, which
+    geon carries as 1.0 / 0.0 floats)."""
+
+    __slots__ = ("op", "array", "dtype")
+
+    def __init__(self, op=None, array=None, dtype=None):
+        self.op, self.array = op, array
+        self.dtype = np.dtype(dtype if dtype is not None else
+                              (array.dtype if array is not None else op.dtype))
+
+    @property
+    def shape(self):
+        return self.array.shape if self.array is not None else be.np.shape(self.op)
+
+    def tensor(self):
+        """The value as a geon op (a constant for a known array)."""
+        if self.op is None:
+            if self.array.size == 0:
+                raise UnsupportedOnnxOp(f"an empty tensor (shape {self.array.shape}) used "
+                                        f"as an operand: geon has no empty tensors")
+            self.op = be.np.constant(self.array.astype(carrier(self.dtype)))
+        return self.op
+
+
+class OnnxGraph:
+    """An imported ONNX model.
+
+    Attributes:
+        inputs: the placeholders of the graph inputs that are not initializers, in
+            model order.
+        outputs: the ops of the graph outputs, in model order.
+        variables: ``{initializer name: Variable}`` for the floating-point
+            initializers, trainable and initialized from the model.
+        output_dtypes: the ONNX element type of each output (booleans are computed as
+            1.0 / 0.0 and returned as ``bool`` by :meth:`computation`).
+        opsets: ``{domain: version}`` of the model.
+    """
+
+    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets):
+        self.inputs, self.outputs, self.variables = inputs, outputs, variables
+        self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
+            opsets
+
+    def computation(self, transformer=None):
+        """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
+        (in :attr:`inputs` order), one per output. ``transformer`` is a transformer,
+        a registered name, or ``None`` for the NumPy transformer."""
+        if transformer is None or isinstance(transformer, str):
+            transformer = be.make_transformer(transformer or "numpy")
+        comp = transformer.computation(list(self.outputs), *self.inputs)
+        in_types = [carrier(d) for d in self.input_dtypes]
+        out_types = list(self.output_dtypes)
+
+        def run(*arrays):
+            if len(arrays) != len(in_types):
+                raise be.FeedError(f"the model takes {len(in_types)} inputs, got "
+                                   f"{len(arrays)}")
+            feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
+            outs = comp(*feeds)
+            return [np.asarray(o) != 0 if d == np.bool_ else np.asarray(o).astype(d, copy=False)
+                    for o, d in zip(outs, out_types)]
+        run.computation = comp
+        return run
+
+
+def _tensor_type(vi, what, input_shapes):
+    """``(shape, dtype)`` of a graph input's ValueInfo, symbolic dimensions resolved
+    from ``input_shapes``."""
+    t = vi.type
+    if t.WhichOneof("value") != "tensor_type":
+        raise UnsupportedOnnxOp(f"{what}: only tensor inputs are supported, not "
+                                f"{t.WhichOneof('value')}")
+    tt = t.tensor_type
+    dtype = elem_dtype(tt.elem_type)
+    if dtype is None:
+        raise UnsupportedOnnxOp(f"{what}: inputs of {elem_name(tt.elem_type)} are not "
+                                f"supported")
+    given = input_shapes.get(vi.name)
+    if given is not None:
+        given = tuple(int(d) for d in given)
+    if not tt.HasField("shape"):
+        if given is None:
+            raise InvalidOnnxModel(f"{what} has no declared shape: give it with "
+                                   f"input_shapes={{{vi.name!r}: (...)}}")
+        return given, dtype
+    dims = tt.shape.dim
+    if given is not None:
+        if len(given) != len(dims):
+            raise InvalidOnnxModel(f"{what}: input_shapes gives {given}, the model declares "
+                                   f"{len(dims)} dimensions")
+        for k, (d, g) in enumerate(zip(dims, given)):
+            if d.HasField("dim_value") and d.dim_value != g:
+                raise InvalidOnnxModel(f"{what}: input_shapes gives {g} for dimension {k}, "
+                                       f"the model declares {d.dim_value}")
+        shape = given
+    else:
+        shape = []
+        for k, d in enumerate(dims):
+            if not d.HasField("dim_value"):
+                sym = d.dim_param or "?"
+                raise InvalidOnnxModel(
+                    f"{what}: dimension {k} is symbolic ({sym!r}); give its length with "
+                    f"input_shapes={{{vi.name!r}: (...)}}")
+            shape.append(int(d.dim_value))
+        shape = tuple(shape)
+    n = 1
+    for d in shape:
+        if d < 0:
+            raise InvalidOnnxModel(f"{what}: negative dimension in {shape}")
+        n *= d
+    if n * dtype.itemsize > MAX_TENSOR_BYTES:
+        raise InvalidOnnxModel(f"{what}: declares {shape}, more than {MAX_TENSOR_BYTES} "
+                               f"bytes")
+    return shape, dtype
+
+
+def import_model(model, input_shapes=None, input_values=None):
+    """Import an ONNX model as geon ops (see :class:`OnnxGraph`).
+
+    ``model`` is an ``onnx.ModelProto``, its serialized bytes or a path (external
+    data is then read from the model's folder only). ``input_shapes`` maps input
+    names to shapes, for inputs with symbolic dimensions. ``input_values`` maps input
+    names to arrays fixed at import: such inputs are constants of the graph (not in
+    :attr:`OnnxGraph.inputs`), which lets shape arguments given as inputs (a
+    ``Reshape``'s target shape, ``Unsqueeze``'s axes) be folded.
+
+    Raises :class:`UnsupportedOnnxOp` for an op, attribute, data type or opset the
+    importer cannot map exactly, and :class:`InvalidOnnxModel` for a malformed model.
+    """
+    proto, folder = load_proto(model)
+    input_shapes = dict(input_shapes or {})
+    input_values = dict(input_values or {})
+    graph = proto.graph
+    opsets = {}
+    for o in proto.opset_import:
+        opsets[o.domain if o.domain != "ai.onnx" else ""] = int(o.version)
+    if graph.sparse_initializer:
+        raise UnsupportedOnnxOp("sparse initializers are not supported")
+
+    values, variables = {}, {}
+    for t in graph.initializer:
+        if not t.name or t.name in values:
+            raise InvalidOnnxModel(f"initializer {t.name!r} is unnamed or given twice")
+        arr = tensor_array(t, folder, f"initializer {t.name!r}")
+        if arr.dtype.kind == "f":
+            var = be.np.variable(arr, name=_geon_name(t.name))
+            variables[t.name] = var
+            values[t.name] = Value(op=var, dtype=arr.dtype)
+        else:
+            values[t.name] = Value(array=arr)
+    inputs, input_dtypes = [], []
+    for vi in graph.input:
+        if vi.name in values:  # an initializer: a default the graph does not take
+            continue
+        shape, dtype = _tensor_type(vi, f"input {vi.name!r}", input_shapes)
+        if vi.name in input_values:
+            arr = np.asarray(input_values[vi.name])
+            if arr.shape != tuple(shape):
+                raise InvalidOnnxModel(f"input_values gives {vi.name!r} shape {arr.shape}, "
+                                       f"the model declares {tuple(shape)}")
+            values[vi.name] = Value(array=arr.astype(dtype))
+            continue
+        ph = be.np.placeholder(shape, dtype=carrier(dtype), name=_geon_name(vi.name))
+        values[vi.name] = Value(op=ph, dtype=dtype)
+        inputs.append(ph)
+        input_dtypes.append(dtype)
+    unknown = (set(input_shapes) | set(input_values)) - {vi.name for vi in graph.input}
+    if unknown:
+        raise InvalidOnnxModel(f"input_shapes / input_values name {sorted(unknown)}, which "
+                               f"are not inputs of the model")
+
+    for node in node_order(graph, set(values)):
+        _import_node(node, values, opsets)
+
+    outputs, output_dtypes = [], []
+    for vi in graph.output:
+        if vi.name not in values:
+            raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")
+        v = values[vi.name]
+        try:
+            outputs.append(v.tensor())
+        except UnsupportedOnnxOp as e:
+            raise UnsupportedOnnxOp(f"graph output {vi.name!r}: {e}") from None
+        output_dtypes.append(v.dtype)
+    return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets)
+
+
+def _geon_name(name):
+    if not isinstance(name, str):  # protobuf hands invalid UTF-8 over as bytes
+        raise InvalidOnnxModel(f"the name {name!r} is not valid UTF-8 text")
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "value"
+
+
+def _import_node(node, values, opsets):
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    version = opsets.get(domain)
+    label = f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node"
+    where = f"{label} (opset {domain or 'ai.onnx'} {version})"
+    if version is None:
+        raise UnsupportedOnnxOp(f"{where}: the model imports no version of domain "
+                                f"{domain!r}")
+    build = find_builder(domain, node.op_type, version, where)
+    args = [values[name] if name else None for name in node.input]
+    ctx = Context(node, args, version, where)
+    try:
+        results = build(ctx)
+    except (UnsupportedOnnxOp, InvalidOnnxModel):
+        raise
+    except GeonError as e:
+        raise InvalidOnnxModel(f"{where}: {e}") from None
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
+            OverflowError) as e:
+        raise InvalidOnnxModel(f"{where}: the node does not fit its inputs: {e}") from None
+    if ctx.all_known() and node.op_type not in NO_FOLD:
+        results = _fold(results)
+    unused = set(ctx.attrs) - ctx.read
+    if unused:
+        raise UnsupportedOnnxOp(f"{where}: attribute(s) {sorted(unused)} not supported")
+    outs = [o for o in node.output]
+    if len(results) < len([o for o in outs if o]):
+        raise UnsupportedOnnxOp(f"{where}: output(s) {outs[len(results):]} not supported")
+    for name, v in zip(outs, results):
+        if not name or v is None:
+            continue
+        if not isinstance(v, Value):
+            raise AssertionError(f"{where}: builder returned {v!r}")
+        _check_bytes(v, where)
+        values[name] = v
+
+
+# Ops never evaluated at import (their value is not a function of their inputs).
+NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+           "Multinomial", "Bernoulli"}
+
+
+def _fold(results):
+    """``results`` with the small ones computed from known inputs evaluated now."""
+    todo = [k for k, v in enumerate(results) if isinstance(v, Value) and v.array is None
+            and int(np.prod(v.shape)) <= FOLD_LIMIT]
+    if not todo:
+        return results
+    arrays = be.evaluate([results[k].op for k in todo])
+    out = list(results)
+    for k, arr in zip(todo, arrays):
+        d = results[k].dtype
+        arr = np.asarray(arr)
+        out[k] = Value(array=(arr != 0) if d == np.bool_ else arr.astype(d))
+    return out
+
+
+def _check_bytes(v, where):
+    n = 1
+    for d in v.shape:
+        n *= d
+    if n * v.dtype.itemsize > MAX_TENSOR_BYTES:
+        raise InvalidOnnxModel(f"{where}: a result of shape {v.shape} is larger than "
+                               f"{MAX_TENSOR_BYTES} bytes")
+
+
+class Context:
+    """What a builder sees of one node: its inputs, attributes and opset version."""
+
+    def __init__(self, node, args, version, where):
+        self.node, self.args, self.version, self.where = node, args, version, where
+        self.attrs = {a.name: a for a in node.attribute}
+        self.read = set()
+
+    # --- inputs ----------------------------------------------------------------------
+    def n_inputs(self):
+        return len(self.args)
+
+    def has(self, i):
+        return i < len(self.args) and self.args[i] is not None
+
+    def value(self, i):
+        if not self.has(i):
+            raise InvalidOnnxModel(f"{self.where}: input {i} is missing")
+        return self.args[i]
+
+    def tensor(self, i):
+        """Input ``i`` as a geon op."""
+        return self.value(i).tensor()
+
+    def dtype(self, i):
+        return self.value(i).dtype
+
+    def shape(self, i):
+        return tuple(self.value(i).shape)
+
+    def const(self, i, default=None):
+        """Input ``i`` as a NumPy array known at import (``default`` if absent); an
+        input computed at run time raises :class:`UnsupportedOnnxOp`."""
+        if not self.has(i):
+            return default
+        v = self.args[i]
+        if v.array is None:
+            e = UnsupportedOnnxOp(f"{self.where}: input {i} ({self.node.input[i]!r}) must "
+                                  f"be known at import (a constant or computed from "
+                                  f"shapes); it is computed at run time")
+            e.value_name = self.node.input[i]
+            raise e
+        return v.array
+
+    def all_known(self):
+        return all(a is None or a.array is not None for a in self.args)
+
+    # --- attributes ------------------------------------------------------------------
+    def attr(self, name, default=None):
+        """Attribute ``name`` as a Python value (``default`` if absent)."""
+        self.read.add(name)
+        a = self.attrs.get(name)
+        if a is None:
+            return default
+        onnx = onnx_module()
+        at = onnx.AttributeProto
+        if a.ref_attr_name:
+            raise UnsupportedOnnxOp(f"{self.where}: attribute references are not supported")
+        if a.type == at.INT:
+            return int(a.i)
+        if a.type == at.FLOAT:
+            return float(a.f)
+        if a.type == at.STRING:
+            return a.s.decode("utf-8", "replace")
+        if a.type == at.INTS:
+            return [int(x) for x in a.ints]
+        if a.type == at.FLOATS:
+            return [float(x) for x in a.floats]
+        if a.type == at.STRINGS:
+            return [s.decode("utf-8", "replace") for s in a.strings]
+        if a.type == at.TENSOR:
+            return tensor_array(a.t, None, f"{self.where}: attribute {name!r}")
+        raise UnsupportedOnnxOp(f"{self.where}: attribute {name!r} of type "
+                                f"{at.AttributeType.Name(a.type)} is not supported")
+
+    def unsupported(self, what):
+        return UnsupportedOnnxOp(f"{self.where}: {what}")
+
+    # --- results ---------------------------------------------------------------------
+    def out(self, op, dtype=None):
+        """A result Value from a geon op (``dtype``: its ONNX type, if not the op's)."""
+        return Value(op=op, dtype=dtype)
+
+    def known(self, array, dtype=None):
+        arr = np.asarray(array)
+        if dtype is not None:
+            arr = arr.astype(dtype)
+        return Value(array=arr)
+
+
+__all__ = ["FOLD_LIMIT", "OnnxGraph", "Value", "import_model"]

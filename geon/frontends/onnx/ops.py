@@ -1,0 +1,1188 @@
+"""The table of ONNX ops: ``(domain, op type)`` -> builders, each for a range of opset
+versions.
+
+A builder takes a :class:`~geon.frontends.onnx.importer.Context` (the node's inputs,
+attributes and opset version) and returns one
+:class:`~geon.frontends.onnx.importer.Value` per output (``None`` for an output it does
+not make). It builds ``be.np`` ops, reads every attribute it honours through
+``ctx.attr`` (an attribute nobody read makes the import fail) and raises
+``ctx.unsupported(...)`` for any setting it cannot compute exactly.
+"""
+
+import numpy as np
+
+import geon as be
+from geon.frontends.onnx.loading import UnsupportedOnnxOp, elem_dtype, elem_name
+from geon.op_graph import nn_ops
+from geon.op_graph import op_graph as og
+
+gnp = be.np
+
+#: ``{(domain, op_type): [(first_version, last_version, builder), ...]}``
+OPS = {}
+
+_LAST = 10 ** 6
+
+
+def onnx_op(op_type, since=1, until=_LAST, domain=""):
+    """Decorator: register a builder for ``op_type`` at opset versions
+    ``since..until`` (inclusive)."""
+    def register(fn):
+        OPS.setdefault((domain, op_type), []).append((since, until, fn))
+        return fn
+    return register
+
+
+def find_builder(domain, op_type, version, where):
+    """The builder of ``op_type`` at ``version``, or :class:`UnsupportedOnnxOp`."""
+    entries = OPS.get((domain, op_type))
+    if not entries:
+        raise UnsupportedOnnxOp(f"{where}: op type {op_type!r} is not supported")
+    for lo, hi, fn in entries:
+        if lo <= version <= hi:
+            return fn
+    ranges = ", ".join(f"{lo}-{hi if hi != _LAST else ''}" for lo, hi, _ in entries)
+    raise UnsupportedOnnxOp(f"{where}: opset {version} is not supported for {op_type} "
+                            f"(supported: {ranges})")
+
+
+def carrier(dtype):
+    """The dtype geon computes an ONNX type in (booleans as float32)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.bool_ else dtype
+
+
+def cast(op, dtype):
+    """``op`` converted to the carrier of ``dtype`` (float -> int truncates; -> bool
+    is ``!= 0``)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        r = gnp.not_equal(op, 0)
+        return r if r.dtype.kind == "f" else og.Add(r, 0, dtype=np.dtype(np.float32))
+    if op.dtype == dtype:
+        return op
+    return og.Add(op, 0, dtype=dtype)
+
+
+def _same(ctx, op, i=0):
+    """``op`` as a result with input ``i``'s ONNX type."""
+    d = ctx.dtype(i)
+    return ctx.out(cast(op, carrier(d)), d)
+
+
+def _norm_axis(ctx, axis, rank):
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.unsupported(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def _float(ctx, i=0):
+    if ctx.dtype(i).kind != "f":
+        raise ctx.unsupported(f"input {i} of type {ctx.dtype(i)} is not supported "
+                              f"(floating point only)")
+    return ctx.tensor(i)
+
+
+# --- elementwise ------------------------------------------------------------------------
+
+def _unary(op_type, fn, since=1, floating=True):
+    @onnx_op(op_type, since)
+    def build(ctx):
+        x = _float(ctx) if floating else ctx.tensor(0)
+        return [_same(ctx, fn(x))]
+    build.__name__ = f"build_{op_type}"
+
+
+_unary("Neg", gnp.negative, floating=False)
+_unary("Abs", gnp.absolute, floating=False)
+_unary("Sign", gnp.sign, floating=False)
+_unary("Sqrt", gnp.sqrt)
+_unary("Exp", gnp.exp)
+_unary("Log", gnp.log)
+_unary("Tanh", gnp.tanh)
+_unary("Sin", gnp.sin)
+_unary("Cos", gnp.cos)
+_unary("Reciprocal", gnp.reciprocal)
+_unary("Sigmoid", be.sigmoid)
+_unary("Relu", gnp.relu, floating=False)
+_unary("Erf", gnp.erf)
+_unary("Softplus", gnp.softplus)
+_unary("Identity", lambda x: x, floating=False)
+
+
+@onnx_op("LeakyRelu")
+def _leaky_relu(ctx):
+    return [_same(ctx, gnp.leaky_relu(_float(ctx), ctx.attr("alpha", 0.01)))]
+
+
+def _elu(x, alpha):
+    return gnp.where(x > 0, x, gnp.expm1(x) * alpha)
+
+
+@onnx_op("Elu")
+def _elu_op(ctx):
+    return [_same(ctx, _elu(_float(ctx), ctx.attr("alpha", 1.0)))]
+
+
+@onnx_op("Selu")
+def _selu(ctx):
+    alpha = ctx.attr("alpha", 1.67326319217681884765625)
+    gamma = ctx.attr("gamma", 1.05070102214813232421875)
+    return [_same(ctx, _elu(_float(ctx), alpha) * gamma)]
+
+
+@onnx_op("Gelu", 20)
+def _gelu(ctx):
+    approx = ctx.attr("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise ctx.unsupported(f"approximate={approx!r}")
+    return [_same(ctx, gnp.gelu(_float(ctx), approximate=approx))]
+
+
+@onnx_op("HardSigmoid")
+def _hard_sigmoid(ctx):
+    alpha, beta = ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)
+    return [_same(ctx, gnp.clip(_float(ctx) * alpha + beta, 0.0, 1.0))]
+
+
+@onnx_op("Clip", 6, 10)
+def _clip_attr(ctx):
+    lo, hi = ctx.attr("min", -3.4028234663852886e38), ctx.attr("max", 3.4028234663852886e38)
+    return [_same(ctx, gnp.clip(_float(ctx), lo, hi))]
+
+
+@onnx_op("Clip", 11)
+def _clip(ctx):
+    x = ctx.tensor(0)
+    lo = ctx.tensor(1) if ctx.has(1) else None
+    hi = ctx.tensor(2) if ctx.has(2) else None
+    if lo is None and hi is None:
+        return [ctx.out(x, ctx.dtype(0))]
+    return [_same(ctx, gnp.clip(x, lo, hi))]
+
+
+def _binary(op_type, fn, since=7):
+    @onnx_op(op_type, since)
+    def build(ctx):
+        return [_same(ctx, fn(ctx.tensor(0), ctx.tensor(1)))]
+    build.__name__ = f"build_{op_type}"
+
+
+_binary("Add", gnp.add)
+_binary("Sub", gnp.subtract)
+_binary("Mul", gnp.multiply)
+_binary("Pow", gnp.power)
+
+
+@onnx_op("Div", 7)
+def _div(ctx):
+    a, b = ctx.tensor(0), ctx.tensor(1)
+    # Integers: the float quotient cast back truncates toward zero, ONNX's (C's) rule.
+    return [_same(ctx, gnp.divide(a, b))]
+
+
+def _compare(op_type, fn, since=7):
+    @onnx_op(op_type, since)
+    def build(ctx):
+        return [ctx.out(fn(ctx.tensor(0), ctx.tensor(1)), np.bool_)]
+    build.__name__ = f"build_{op_type}"
+
+
+_compare("Equal", gnp.equal)
+_compare("Less", gnp.less)
+_compare("LessOrEqual", gnp.less_equal, 12)
+_compare("Greater", gnp.greater)
+_compare("GreaterOrEqual", gnp.greater_equal, 12)
+
+
+def _bool_in(ctx, i):
+    if ctx.dtype(i) != np.bool_:
+        raise ctx.unsupported(f"input {i} must be bool, not {ctx.dtype(i)}")
+    return ctx.tensor(i)
+
+
+@onnx_op("Not")
+def _not(ctx):
+    return [ctx.out(1.0 - _bool_in(ctx, 0), np.bool_)]
+
+
+@onnx_op("And", 7)
+def _and(ctx):
+    return [ctx.out(_bool_in(ctx, 0) * _bool_in(ctx, 1), np.bool_)]
+
+
+@onnx_op("Or", 7)
+def _or(ctx):
+    return [ctx.out(gnp.maximum(_bool_in(ctx, 0), _bool_in(ctx, 1)), np.bool_)]
+
+
+@onnx_op("Xor", 7)
+def _xor(ctx):
+    return [ctx.out(gnp.not_equal(_bool_in(ctx, 0), _bool_in(ctx, 1)), np.bool_)]
+
+
+@onnx_op("Where", 9)
+def _where(ctx):
+    r = gnp.where(ctx.tensor(0), ctx.tensor(1), ctx.tensor(2))
+    return [_same(ctx, r, 1)]
+
+
+def _variadic(op_type, fn, mean=False, since=8):
+    @onnx_op(op_type, since)
+    def build(ctx):
+        xs = [ctx.tensor(i) for i in range(ctx.n_inputs()) if ctx.has(i)]
+        if not xs:
+            raise ctx.unsupported("no inputs")
+        r = xs[0]
+        for x in xs[1:]:
+            r = fn(r, x)
+        if mean:
+            r = r / float(len(xs))
+        return [_same(ctx, r)]
+    build.__name__ = f"build_{op_type}"
+
+
+_variadic("Max", gnp.maximum)
+_variadic("Min", gnp.minimum)
+_variadic("Sum", gnp.add)
+_variadic("Mean", gnp.add, mean=True)
+
+
+# --- products ---------------------------------------------------------------------------
+
+@onnx_op("MatMul", 1)
+def _matmul(ctx):
+    return [_same(ctx, gnp.matmul(ctx.tensor(0), ctx.tensor(1)))]
+
+
+@onnx_op("Gemm", 7)
+def _gemm(ctx):
+    a, b = ctx.tensor(0), ctx.tensor(1)
+    if ctx.attr("transA", 0):
+        a = gnp.transpose(a)
+    if ctx.attr("transB", 0):
+        b = gnp.transpose(b)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    r = gnp.matmul(a, b)
+    if alpha != 1.0:
+        r = r * alpha
+    if ctx.has(2):
+        c = ctx.tensor(2)
+        r = r + (c * beta if beta != 1.0 else c)
+    return [_same(ctx, r)]
+
+
+# --- softmax and reductions -------------------------------------------------------------
+
+def _softmax_along(x, axis, log):
+    if log:
+        return gnp.log_softmax(x, axis)
+    e = gnp.exp(x - og.StopGradient(gnp.max(x, axis, keepdims=True)))
+    return e / gnp.sum(e, axis, keepdims=True)
+
+
+def _softmax(op_type, log):
+    @onnx_op(op_type, 1, 12)
+    def old(ctx):  # the input is coerced to 2-D at `axis`
+        x = _float(ctx)
+        shape = ctx.shape(0)
+        axis = _norm_axis(ctx, ctx.attr("axis", 1), len(shape))
+        rows = int(np.prod(shape[:axis]))
+        flat = gnp.reshape(x, (rows, int(np.prod(shape[axis:]))))
+        return [_same(ctx, gnp.reshape(_softmax_along(flat, 1, log), shape))]
+
+    @onnx_op(op_type, 13)
+    def new(ctx):
+        x = _float(ctx)
+        axis = _norm_axis(ctx, ctx.attr("axis", -1), len(ctx.shape(0)))
+        return [_same(ctx, _softmax_along(x, axis, log))]
+
+
+_softmax("Softmax", False)
+_softmax("LogSoftmax", True)
+
+
+def _reduce_axes(ctx, from_input):
+    rank = len(ctx.shape(0))
+    if from_input:
+        axes = ctx.const(1)
+        axes = None if axes is None else [int(a) for a in np.ravel(axes)]
+    else:
+        axes = ctx.attr("axes")
+    noop = ctx.attr("noop_with_empty_axes", 0) if from_input else 0
+    if not axes:
+        return None if not noop else ()
+    return tuple(sorted(_norm_axis(ctx, a, rank) for a in axes))
+
+
+def _reduction(op_type, fn, input_since, floating=False):
+    def build(ctx, from_input):
+        x = _float(ctx) if floating else ctx.tensor(0)
+        axes = _reduce_axes(ctx, from_input)
+        keep = bool(ctx.attr("keepdims", 1))
+        if axes == ():
+            return [ctx.out(x, ctx.dtype(0))]
+        if axes is not None and any(ctx.shape(0)[a] == 0 for a in axes) or \
+                axes is None and 0 in ctx.shape(0):
+            raise ctx.unsupported("reducing an empty dimension")
+        return [_same(ctx, fn(x, axes, keep))]
+
+    onnx_op(op_type, 1, input_since - 1)(lambda ctx: build(ctx, False))
+    onnx_op(op_type, input_since)(lambda ctx: build(ctx, True))
+
+
+_reduction("ReduceSum", lambda x, a, k: gnp.sum(x, a, keepdims=k), 13)
+_reduction("ReduceMean", lambda x, a, k: gnp.mean(x, a, keepdims=k), 18)
+_reduction("ReduceMax", lambda x, a, k: gnp.max(x, a, keepdims=k), 18)
+_reduction("ReduceMin", lambda x, a, k: gnp.min(x, a, keepdims=k), 18)
+_reduction("ReduceProd", lambda x, a, k: gnp.prod(x, a, keepdims=k), 18)
+_reduction("ReduceSumSquare", lambda x, a, k: gnp.sum(x * x, a, keepdims=k), 18)
+_reduction("ReduceL1", lambda x, a, k: gnp.sum(gnp.absolute(x), a, keepdims=k), 18)
+_reduction("ReduceL2", lambda x, a, k: gnp.sqrt(gnp.sum(x * x, a, keepdims=k)), 18,
+           floating=True)
+_reduction("ReduceLogSum", lambda x, a, k: gnp.log(gnp.sum(x, a, keepdims=k)), 18,
+           floating=True)
+_reduction("ReduceLogSumExp", lambda x, a, k: gnp.logsumexp(x, a, keepdims=k), 18,
+           floating=True)
+
+
+def _arg_reduce(op_type, fn):
+    @onnx_op(op_type, 1)
+    def build(ctx):
+        x = ctx.tensor(0)
+        shape = ctx.shape(0)
+        axis = _norm_axis(ctx, ctx.attr("axis", 0), len(shape))
+        keep = bool(ctx.attr("keepdims", 1))
+        if ctx.attr("select_last_index", 0):
+            # The last extreme is the first of the reversed axis.
+            key = [slice(None)] * len(shape)
+            key[axis] = slice(None, None, -1)
+            r = (shape[axis] - 1) - fn(x[tuple(key)], axis, keepdims=keep)
+        else:
+            r = fn(x, axis, keepdims=keep)
+        return [ctx.out(r, np.int64)]
+
+
+_arg_reduce("ArgMax", gnp.argmax)
+_arg_reduce("ArgMin", gnp.argmin)
+
+
+# --- shapes -----------------------------------------------------------------------------
+
+def _shape_arg(ctx, i):
+    return [int(d) for d in np.ravel(ctx.const(i))]
+
+
+@onnx_op("Shape", 1)
+def _shape(ctx):
+    shape = ctx.shape(0)
+    start, end = ctx.attr("start", 0), ctx.attr("end", None)
+    return [ctx.known(np.array(shape[slice(start, end)], np.int64))]
+
+
+@onnx_op("Size", 1)
+def _size(ctx):
+    return [ctx.known(np.array(int(np.prod(ctx.shape(0))), np.int64))]
+
+
+@onnx_op("Reshape", 5)
+def _reshape(ctx):
+    shape = _shape_arg(ctx, 1)
+    allowzero = ctx.attr("allowzero", 0)
+    old = ctx.shape(0)
+    if not allowzero:
+        shape = [old[k] if d == 0 and k < len(old) else d for k, d in enumerate(shape)]
+    return [ctx.out(gnp.reshape(ctx.tensor(0), shape), ctx.dtype(0))]
+
+
+@onnx_op("Flatten", 1)
+def _flatten(ctx):
+    shape = ctx.shape(0)
+    axis = ctx.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise ctx.unsupported(f"axis {axis} out of range")
+    if axis < 0:
+        axis += len(shape)
+    rows = int(np.prod(shape[:axis]))
+    return [ctx.out(gnp.reshape(ctx.tensor(0), (rows, int(np.prod(shape[axis:])))),
+                    ctx.dtype(0))]
+
+
+@onnx_op("Transpose", 1)
+def _transpose(ctx):
+    perm = ctx.attr("perm")
+    return [ctx.out(gnp.transpose(ctx.tensor(0), perm), ctx.dtype(0))]
+
+
+def _axes_arg(ctx, since_input):
+    if ctx.version >= since_input:
+        a = ctx.const(1)
+        return None if a is None else [int(v) for v in np.ravel(a)]
+    return ctx.attr("axes")
+
+
+@onnx_op("Squeeze", 1)
+def _squeeze(ctx):
+    axes = _axes_arg(ctx, 13)
+    shape = ctx.shape(0)
+    axes = None if not axes else tuple(_norm_axis(ctx, a, len(shape)) for a in axes)
+    return [ctx.out(gnp.squeeze(ctx.tensor(0), axes), ctx.dtype(0))]
+
+
+@onnx_op("Unsqueeze", 1)
+def _unsqueeze(ctx):
+    axes = _axes_arg(ctx, 13)
+    if not axes:
+        raise ctx.unsupported("Unsqueeze needs axes")
+    n = len(ctx.shape(0)) + len(axes)
+    axes = tuple(_norm_axis(ctx, a, n) for a in axes)
+    return [ctx.out(gnp.expand_dims(ctx.tensor(0), axes), ctx.dtype(0))]
+
+
+@onnx_op("Concat", 4)
+def _concat(ctx):
+    xs = [i for i in range(ctx.n_inputs()) if ctx.has(i)]
+    rank = len(ctx.shape(xs[0]))
+    axis = _norm_axis(ctx, ctx.attr("axis"), rank)
+    if ctx.all_known():  # shapes and constants: NumPy, empty ones too
+        return [ctx.known(np.concatenate([ctx.const(i) for i in xs], axis))]
+    # Empty inputs add nothing (ONNX allows them; geon has no empty slices to join).
+    keep = [i for i in xs if ctx.shape(i)[axis] != 0] or xs[:1]
+    if len(keep) == 1:
+        return [ctx.out(ctx.tensor(keep[0]), ctx.dtype(keep[0]))]
+    return [ctx.out(gnp.concatenate([ctx.tensor(i) for i in keep], axis), ctx.dtype(0))]
+
+
+def _slice_along(x, axis, start, stop, step=1):
+    key = [slice(None)] * gnp.ndim(x)
+    key[axis] = slice(start, stop, step)
+    return x[tuple(key)]
+
+
+@onnx_op("Split", 2)
+def _split(ctx):
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", 0), len(shape))
+    n_out = len(ctx.node.output)
+    if ctx.version >= 13:
+        sizes = ctx.const(1)
+        sizes = None if sizes is None else [int(s) for s in np.ravel(sizes)]
+    else:
+        sizes = ctx.attr("split")
+    if ctx.version >= 18:
+        num = ctx.attr("num_outputs")
+        if sizes is None and num is not None:
+            n_out = num
+            step = -(-shape[axis] // num)
+            sizes = [min(step, shape[axis] - k * step) for k in range(num)]
+    if not sizes:
+        if shape[axis] % n_out:
+            raise ctx.unsupported(f"cannot split {shape[axis]} evenly into {n_out}")
+        sizes = [shape[axis] // n_out] * n_out
+    if sum(sizes) != shape[axis] or any(s < 0 for s in sizes):
+        raise ctx.unsupported(f"split sizes {sizes} do not add up to {shape[axis]}")
+    x, start, out = ctx.tensor(0), 0, []
+    for s in sizes:
+        if s == 0:
+            raise ctx.unsupported("empty split outputs")
+        out.append(ctx.out(_slice_along(x, axis, start, start + s), ctx.dtype(0)))
+        start += s
+    return out
+
+
+@onnx_op("Slice", 1, 9)
+def _slice_attr(ctx):
+    starts, ends = ctx.attr("starts"), ctx.attr("ends")
+    axes = ctx.attr("axes") or list(range(len(starts)))
+    return _do_slice(ctx, starts, ends, axes, [1] * len(starts))
+
+
+@onnx_op("Slice", 10)
+def _slice(ctx):
+    starts, ends = _shape_arg(ctx, 1), _shape_arg(ctx, 2)
+    axes = _shape_arg(ctx, 3) if ctx.has(3) else list(range(len(starts)))
+    steps = _shape_arg(ctx, 4) if ctx.has(4) else [1] * len(starts)
+    return _do_slice(ctx, starts, ends, axes, steps)
+
+
+def _do_slice(ctx, starts, ends, axes, steps):
+    shape = ctx.shape(0)
+    key = [slice(None)] * len(shape)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _norm_axis(ctx, a, len(shape))
+        if st == 0:
+            raise ctx.unsupported("slice step 0")
+        key[a] = slice(s, e, st)
+    if ctx.value(0).array is not None:  # shapes and constants: NumPy, empty ones too
+        return [ctx.known(ctx.const(0)[tuple(key)])]
+    if any(len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
+        raise ctx.unsupported("slices with no elements (geon has no empty tensors)")
+    return [ctx.out(ctx.tensor(0)[tuple(key)], ctx.dtype(0))]
+
+
+@onnx_op("Gather", 1)
+def _gather(ctx):
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", 0), len(shape))
+    if ctx.dtype(1).kind not in "iu":
+        raise ctx.unsupported("indices must be integers")
+    if ctx.value(1).array is not None:
+        idx = ctx.const(1).astype(np.int64)
+        if idx.size and (idx.min() < -shape[axis] or idx.max() >= shape[axis]):
+            raise ctx.unsupported(f"index out of range for axis of length {shape[axis]}")
+        if idx.ndim == 0:  # one position: a slice, the axis dropped
+            r = _slice_along(ctx.tensor(0), axis, int(idx) % shape[axis],
+                             int(idx) % shape[axis] + 1)
+            return [ctx.out(gnp.squeeze(r, axis), ctx.dtype(0))]
+        ind = gnp.constant(idx)
+    else:
+        ind = ctx.tensor(1)
+    return [ctx.out(gnp.take(ctx.tensor(0), ind, axis), ctx.dtype(0))]
+
+
+@onnx_op("Tile", 6)
+def _tile(ctx):
+    return [ctx.out(gnp.tile(ctx.tensor(0), _shape_arg(ctx, 1)), ctx.dtype(0))]
+
+
+@onnx_op("Expand", 8)
+def _expand(ctx):
+    shape = np.broadcast_shapes(ctx.shape(0), tuple(_shape_arg(ctx, 1)))
+    return [ctx.out(gnp.broadcast_to(ctx.tensor(0), shape), ctx.dtype(0))]
+
+
+def _pad_common(ctx, pads, value, axes):
+    shape = ctx.shape(0)
+    rank = len(shape)
+    mode = ctx.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise ctx.unsupported(f"mode={mode!r}")
+    axes = list(range(rank)) if axes is None else [_norm_axis(ctx, a, rank) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise ctx.unsupported(f"pads {pads} do not fit axes {axes}")
+    width = [[0, 0] for _ in range(rank)]
+    for k, a in enumerate(axes):
+        width[a] = [pads[k], pads[k + len(axes)]]
+    x = ctx.tensor(0)
+    pos = [[max(b, 0), max(e, 0)] for b, e in width]
+    if mode == "reflect" and any(p >= n for (b, e), n in zip(pos, shape) for p in (b, e)):
+        raise ctx.unsupported("reflect padding as wide as the dimension")
+    if mode == "wrap":  # the far end's elements before, the near end's after
+        for a, (b, e) in enumerate(pos):
+            if b > shape[a] or e > shape[a]:
+                raise ctx.unsupported("wrap padding wider than the dimension")
+            parts = ([_slice_along(x, a, shape[a] - b, shape[a])] if b else []) + [x] + \
+                ([_slice_along(x, a, 0, e)] if e else [])
+            x = gnp.concatenate(parts, a) if len(parts) > 1 else x
+    elif any(b or e for b, e in pos):
+        x = gnp.pad(x, pos, mode=mode, constant_values=value) if mode == "constant" \
+            else gnp.pad(x, pos, mode=mode)
+    if any(b < 0 or e < 0 for b, e in width):  # negative pads remove elements
+        key = []
+        for (b, e), n in zip(width, shape):
+            size = n + b + e
+            if size <= 0:
+                raise ctx.unsupported("padding that removes every element")
+            start = -b if b < 0 else 0
+            key.append(slice(start, start + size))
+        x = x[tuple(key)]
+    return [ctx.out(x, ctx.dtype(0))]
+
+
+@onnx_op("Pad", 2, 10)
+def _pad_attr(ctx):
+    return _pad_common(ctx, ctx.attr("pads"), ctx.attr("value", 0.0), None)
+
+
+@onnx_op("Pad", 11)
+def _pad(ctx):
+    pads = _shape_arg(ctx, 1)
+    value = ctx.const(2)
+    value = 0.0 if value is None or value.size == 0 else float(np.ravel(value)[0])
+    axes = _shape_arg(ctx, 3) if ctx.has(3) else None
+    return _pad_common(ctx, pads, value, axes)
+
+
+def _cast_to(ctx, to_type):
+    dtype = elem_dtype(to_type)
+    if dtype is None:
+        raise ctx.unsupported(f"cast to {elem_name(to_type)} is not supported")
+    src = ctx.dtype(0)
+    v = ctx.value(0)
+    if v.array is not None:
+        return [ctx.known(v.array.astype(dtype))]
+    op = ctx.tensor(0)
+    if src == np.bool_ and dtype != np.bool_:
+        op = cast(op, dtype)
+    return [ctx.out(cast(op, carrier(dtype)), dtype)]
+
+
+@onnx_op("Cast", 6)
+def _cast(ctx):
+    ctx.attr("saturate", 1)  # only matters for float8 targets, which are refused
+    if ctx.attr("round_mode", "up") != "up":
+        raise ctx.unsupported("round_mode")
+    return _cast_to(ctx, ctx.attr("to"))
+
+
+@onnx_op("CastLike", 15)
+def _cast_like(ctx):
+    ctx.attr("saturate", 1)
+    dtype = ctx.dtype(1)
+    from onnx.helper import np_dtype_to_tensor_dtype
+    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype))
+
+
+@onnx_op("Constant", 1)
+def _constant(ctx):
+    present = [a for a in ctx.attrs]
+    if len(present) != 1:
+        raise ctx.unsupported(f"attributes {present}")
+    name = present[0]
+    if name in ("sparse_value", "value_string", "value_strings"):
+        ctx.read.add(name)
+        raise ctx.unsupported(f"{name} is not supported")
+    value = ctx.attr(name)
+    dtype = {"value_float": np.float32, "value_floats": np.float32,
+             "value_int": np.int64, "value_ints": np.int64}.get(name)
+    return [ctx.known(np.asarray(value, dtype=dtype))]
+
+
+@onnx_op("ConstantOfShape", 9)
+def _constant_of_shape(ctx):
+    shape = _shape_arg(ctx, 0)
+    value = ctx.attr("value")
+    value = np.zeros(1, np.float32) if value is None else value
+    if any(d == 0 for d in shape):
+        raise ctx.unsupported("empty tensors")
+    n = int(np.prod(shape))
+    if n * value.dtype.itemsize > (1 << 16):  # large: a filled constant, not an array
+        return [ctx.out(gnp.full(shape, np.ravel(value)[0], dtype=carrier(value.dtype)),
+                        value.dtype)]
+    return [ctx.known(np.full(shape, np.ravel(value)[0], dtype=value.dtype))]
+
+
+@onnx_op("Range", 11)
+def _range(ctx):
+    start, limit, delta = (ctx.const(i) for i in range(3))
+    return [ctx.known(np.arange(start, limit, delta, dtype=start.dtype))]
+
+
+# --- dropout, running sums, top-k ---------------------------------------------------------
+
+def _dropout_result(ctx, x):
+    mask = None
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        mask = ctx.out(gnp.full(ctx.shape(0), 1.0), np.bool_)
+    return [ctx.out(x, ctx.dtype(0)), mask]
+
+
+@onnx_op("Dropout", 7, 11)
+def _dropout_old(ctx):
+    ctx.attr("ratio", 0.5)  # inference: the input passes unchanged whatever the ratio
+    return _dropout_result(ctx, ctx.tensor(0))
+
+
+@onnx_op("Dropout", 12)
+def _dropout(ctx):
+    ctx.attr("seed")
+    training = ctx.const(2)
+    ratio = ctx.const(1)
+    if training is not None and bool(np.ravel(training)[0]) and \
+            (ratio is None or float(np.ravel(ratio)[0]) != 0.0):
+        raise ctx.unsupported("training_mode=True with a nonzero ratio (random masks are "
+                              "not reproducible)")
+    return _dropout_result(ctx, ctx.tensor(0))
+
+
+@onnx_op("CumSum", 11)
+def _cumsum(ctx):
+    x = ctx.tensor(0)
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, int(np.ravel(ctx.const(1))[0]), len(shape))
+    ax = x.axes[axis] if len(x.axes) == len(shape) else None
+    if ax is None:
+        raise ctx.unsupported("named axes")
+    r = nn_ops.cumsum(x, ax, reverse=bool(ctx.attr("reverse", 0)),
+                      exclusive=bool(ctx.attr("exclusive", 0)))
+    return [ctx.out(r, ctx.dtype(0))]
+
+
+@onnx_op("TopK", 10)
+def _topk(ctx):
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", -1), len(shape))
+    k = int(np.ravel(ctx.const(1))[0])
+    largest = ctx.attr("largest", 1) if ctx.version >= 11 else 1
+    ctx.attr("sorted", 1)  # the results are sorted either way
+    if not 0 < k <= shape[axis]:
+        raise ctx.unsupported(f"k={k} for an axis of length {shape[axis]}")
+    x = ctx.tensor(0)
+    if not largest and ctx.dtype(0).kind == "u":
+        raise ctx.unsupported("largest=0 for unsigned integers")
+    if largest:
+        vals, idx = gnp.topk(x, k, axis)
+    else:
+        vals, idx = gnp.topk(-x, k, axis)
+        vals = -vals
+    return [_same(ctx, vals), ctx.out(idx, np.int64)]
+
+
+# --- normalization ----------------------------------------------------------------------
+
+def _channel_shape(rank):
+    return (1, -1) + (1,) * (rank - 2)
+
+
+@onnx_op("BatchNormalization", 9)
+def _batch_norm(ctx):
+    x = _float(ctx)
+    shape = ctx.shape(0)
+    rank = len(shape)
+    eps = ctx.attr("epsilon", 1e-5)
+    momentum = ctx.attr("momentum", 0.9)
+    training = ctx.attr("training_mode", 0) if ctx.version >= 14 else 0
+    if ctx.version < 14 and len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.unsupported("training outputs of opset < 14")
+    cs = (shape[1],) + (1,) * (rank - 2) if rank > 1 else ()
+
+    def per_channel(i):
+        return gnp.reshape(ctx.tensor(i), cs)
+
+    scale, bias = per_channel(1), per_channel(2)
+    red = tuple(a for a in range(rank) if a != 1)
+    if training:
+        mean = gnp.mean(x, red, keepdims=True)
+        var = gnp.mean(gnp.square(x - mean), red, keepdims=True)
+        y = (x - mean) / gnp.sqrt(var + eps) * scale + bias
+        flat = (shape[1],)
+        run_mean = ctx.tensor(3) * momentum + gnp.reshape(mean, flat) * (1 - momentum)
+        run_var = ctx.tensor(4) * momentum + gnp.reshape(var, flat) * (1 - momentum)
+        return [_same(ctx, y), _same(ctx, run_mean, 3), _same(ctx, run_var, 4)]
+    y = (x - per_channel(3)) / gnp.sqrt(per_channel(4) + eps) * scale + bias
+    return [_same(ctx, y)]
+
+
+@onnx_op("LayerNormalization", 17)
+def _layer_norm(ctx):
+    x = _float(ctx)
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", -1), len(shape))
+    eps = ctx.attr("epsilon", 1e-5)
+    stash = ctx.attr("stash_type", 1)
+    if stash != 1:
+        raise ctx.unsupported(f"stash_type={stash}")
+    red = tuple(range(axis, len(shape)))
+    # Statistics in float32 at least (stash_type=1), as the spec asks.
+    xs = cast(x, np.float32) if x.dtype.itemsize < 4 else x
+    mean = gnp.mean(xs, red, keepdims=True)
+    d = xs - mean
+    var = gnp.mean(d * d, red, keepdims=True)
+    inv = 1.0 / gnp.sqrt(var + eps)
+    y = d * inv * ctx.tensor(1)
+    if ctx.has(2):
+        y = y + ctx.tensor(2)
+    return [_same(ctx, y), ctx.out(mean, np.dtype(mean.dtype)),
+            ctx.out(inv, np.dtype(inv.dtype))]
+
+
+@onnx_op("GlobalAveragePool", 1)
+def _global_avg_pool(ctx):
+    rank = len(ctx.shape(0))
+    return [_same(ctx, gnp.mean(_float(ctx), tuple(range(2, rank)), keepdims=True))]
+
+
+@onnx_op("GlobalMaxPool", 1)
+def _global_max_pool(ctx):
+    rank = len(ctx.shape(0))
+    return [_same(ctx, gnp.max(_float(ctx), tuple(range(2, rank)), keepdims=True))]
+
+
+# --- recurrent layers (unrolled over the static sequence length) ---------------------------
+
+_ACTS = {"Sigmoid": be.sigmoid, "Tanh": gnp.tanh, "Relu": gnp.relu}
+
+
+def _rnn_common(ctx, gates, defaults):
+    hidden = ctx.attr("hidden_size")
+    direction = ctx.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ctx.unsupported(f"direction={direction!r}")
+    dirs = 2 if direction == "bidirectional" else 1
+    acts = ctx.attr("activations") or defaults * dirs
+    if len(acts) != len(defaults) * dirs or any(a not in _ACTS for a in acts):
+        raise ctx.unsupported(f"activations={acts}")
+    if ctx.attr("activation_alpha") or ctx.attr("activation_beta"):
+        raise ctx.unsupported("activation_alpha / activation_beta")
+    if ctx.attr("clip") is not None:
+        raise ctx.unsupported("clip")
+    layout = ctx.attr("layout", 0)
+    x = _float(ctx)
+    if layout:
+        x = gnp.transpose(x, (1, 0, 2))
+    seq, batch, _ = gnp.shape(x)
+    w_shape = ctx.shape(1)
+    if hidden is None:
+        hidden = w_shape[1] // gates
+    if ctx.has(4):
+        lens = ctx.const(4)
+        if np.any(lens != seq):
+            raise ctx.unsupported("sequence_lens shorter than the sequence")
+    return hidden, direction, dirs, acts, layout, x, seq, batch
+
+
+def _rnn_outputs(ctx, per_dir, layout, extra_count):
+    """Y (seq, dirs, batch, hidden) and the last states, from each direction's list of
+    states per step (in time order) and its last extra states."""
+    ys = [gnp.stack(steps, 0) for steps, _ in per_dir]          # (seq, batch, H)
+    y = gnp.stack(ys, 1)                                         # (seq, dirs, batch, H)
+    outs = []
+    if layout:
+        y = gnp.transpose(y, (2, 0, 1, 3))
+    outs.append(_same(ctx, y))
+    for k in range(extra_count):
+        last = gnp.stack([finals[k] for _, finals in per_dir], 0)  # (dirs, batch, H)
+        if layout:
+            last = gnp.transpose(last, (1, 0, 2))
+        outs.append(_same(ctx, last))
+    return outs
+
+
+def _initial(ctx, i, d, layout, batch, hidden, dtype):
+    if not ctx.has(i):
+        return gnp.zeros((batch, hidden), dtype=dtype)
+    s = ctx.tensor(i)
+    return s[:, d] if layout else s[d]
+
+
+@onnx_op("LSTM", 7)
+def _lstm(ctx):
+    hidden, direction, dirs, acts, layout, x, seq, batch = _rnn_common(
+        ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
+    if ctx.attr("input_forget", 0):
+        raise ctx.unsupported("input_forget")
+    W, R = ctx.tensor(1), ctx.tensor(2)
+    dtype = x.dtype
+    per_dir = []
+    for d in range(dirs):
+        f_act, g_act, h_act = (_ACTS[a] for a in acts[3 * d:3 * d + 3])
+        Wt, Rt = gnp.transpose(W[d]), gnp.transpose(R[d])     # (I, 4H), (H, 4H)
+        b = ctx.tensor(3)[d] if ctx.has(3) else None
+        bias = b[:4 * hidden] + b[4 * hidden:] if b is not None else None
+        P = ctx.tensor(7)[d] if ctx.has(7) else None
+        h = _initial(ctx, 5, d, layout, batch, hidden, dtype)
+        c = _initial(ctx, 6, d, layout, batch, hidden, dtype)
+        reverse = direction == "reverse" or d == 1
+        steps = [None] * seq
+        xw = gnp.matmul(x, Wt)                                 # (seq, batch, 4H)
+        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+            z = xw[t] + gnp.matmul(h, Rt)
+            if bias is not None:
+                z = z + bias
+            i_, o_, f_, g_ = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            if P is not None:
+                i_ = i_ + P[:hidden] * c
+                f_ = f_ + P[2 * hidden:] * c
+            i_, f_, g_ = f_act(i_), f_act(f_), g_act(g_)
+            c = f_ * c + i_ * g_
+            if P is not None:
+                o_ = o_ + P[hidden:2 * hidden] * c
+            h = f_act(o_) * h_act(c)
+            steps[t] = h
+        per_dir.append((steps, (h, c)))
+    return _rnn_outputs(ctx, per_dir, layout, 2)
+
+
+@onnx_op("GRU", 7)
+def _gru(ctx):
+    hidden, direction, dirs, acts, layout, x, seq, batch = _rnn_common(
+        ctx, 3, ["Sigmoid", "Tanh"])
+    lbr = ctx.attr("linear_before_reset", 0)
+    W, R = ctx.tensor(1), ctx.tensor(2)
+    dtype = x.dtype
+    per_dir = []
+    for d in range(dirs):
+        f_act, g_act = (_ACTS[a] for a in acts[2 * d:2 * d + 2])
+        Wt, Rt = gnp.transpose(W[d]), gnp.transpose(R[d])     # (I, 3H), (H, 3H)
+        b = ctx.tensor(3)[d] if ctx.has(3) else None
+        h = _initial(ctx, 5, d, layout, batch, hidden, dtype)
+        reverse = direction == "reverse" or d == 1
+        steps = [None] * seq
+        xw = gnp.matmul(x, Wt)
+        if b is not None:
+            xw = xw + b[:3 * hidden]
+
+        def part(v, k):
+            return v[..., k * hidden:(k + 1) * hidden]
+
+        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+            xt = xw[t]
+            Rz, Rr, Rh = (Rt[:, k * hidden:(k + 1) * hidden] for k in range(3))
+            rb = [b[3 * hidden + k * hidden:3 * hidden + (k + 1) * hidden]
+                  for k in range(3)] if b is not None else [0.0, 0.0, 0.0]
+            z = f_act(part(xt, 0) + gnp.matmul(h, Rz) + rb[0])
+            r = f_act(part(xt, 1) + gnp.matmul(h, Rr) + rb[1])
+            if lbr:
+                n = g_act(part(xt, 2) + r * (gnp.matmul(h, Rh) + rb[2]))
+            else:
+                n = g_act(part(xt, 2) + gnp.matmul(r * h, Rh) + rb[2])
+            h = (1.0 - z) * n + z * h
+            steps[t] = h
+        per_dir.append((steps, (h,)))
+    return _rnn_outputs(ctx, per_dir, layout, 1)
+
+
+
+# --- convolution and pooling --------------------------------------------------------------
+
+def _window_attrs(ctx, n, dilations=True):
+    """``(kernel, strides, dilations)`` of a Conv / pooling node over ``n`` spatial
+    dimensions."""
+    kernel = ctx.attr("kernel_shape")
+    strides = ctx.attr("strides") or [1] * n
+    dil = (ctx.attr("dilations") or [1] * n) if dilations else [1] * n
+    if len(strides) != n or len(dil) != n or (kernel is not None and len(kernel) != n):
+        raise ctx.unsupported(f"kernel_shape / strides / dilations do not fit {n} spatial "
+                              f"dimensions")
+    return kernel, strides, dil
+
+
+def _pads(ctx, sizes, kernel, strides, dil):
+    """Per-dimension ``(lo, hi)`` padding from ``pads`` or ``auto_pad``."""
+    n = len(sizes)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    pads = ctx.attr("pads")
+    if auto in ("NOTSET", ""):
+        pads = pads or [0] * (2 * n)
+        if len(pads) != 2 * n or min(pads) < 0:
+            raise ctx.unsupported(f"pads {pads}")
+        return [(pads[i], pads[i + n]) for i in range(n)]
+    if auto == "VALID":
+        return [(0, 0)] * n
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ctx.unsupported(f"auto_pad={auto!r}")
+    out = []
+    for L, k, s, d in zip(sizes, kernel, strides, dil):
+        total = max((-(-L // s) - 1) * s + (k - 1) * d + 1 - L, 0)
+        small = total // 2
+        out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+    return out
+
+
+@onnx_op("Conv", 1)
+def _conv(ctx):
+    x, w = _float(ctx), _float(ctx, 1)
+    wshape = ctx.shape(1)
+    n = len(wshape) - 2
+    kernel, strides, dil = _window_attrs(ctx, n)
+    if kernel is not None and list(kernel) != list(wshape[2:]):
+        raise ctx.unsupported(f"kernel_shape {kernel} differs from the filter {wshape}")
+    pads = _pads(ctx, ctx.shape(0)[2:], wshape[2:], strides, dil)
+    y = gnp.conv(x, w, stride=strides, padding=pads, dilation=dil, groups=ctx.attr("group", 1))
+    if ctx.has(2):
+        y = y + gnp.reshape(ctx.tensor(2), (-1,) + (1,) * n)
+    return [_same(ctx, y)]
+
+
+@onnx_op("ConvTranspose", 1)
+def _conv_transpose(ctx):
+    x, w = _float(ctx), _float(ctx, 1)
+    wshape, xshape = ctx.shape(1), ctx.shape(0)
+    n = len(wshape) - 2
+    kernel, strides, dil = _window_attrs(ctx, n)
+    if kernel is not None and list(kernel) != list(wshape[2:]):
+        raise ctx.unsupported(f"kernel_shape {kernel} differs from the filter {wshape}")
+    opad = ctx.attr("output_padding") or [0] * n
+    out_shape = ctx.attr("output_shape")
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if out_shape is None:
+            out_shape = [L * s for L, s in zip(xshape[2:], strides)]
+        out_shape = list(out_shape)[-n:]
+        pads, opad = [], list(opad)
+        for j, (L, k, s, d, want) in enumerate(zip(xshape[2:], wshape[2:], strides, dil,
+                                                    out_shape)):
+            total = s * (L - 1) + opad[j] + (k - 1) * d + 1 - want
+            if total < 0:  # longer than the full result: output padding at the end
+                opad[j] -= total
+                total = 0
+            half = total // 2
+            pads.append((half, total - half) if auto == "SAME_UPPER" else (total - half, half))
+        ctx.attr("pads")
+    else:
+        pads = _pads(ctx, xshape[2:], wshape[2:], strides, dil)
+    y = gnp.conv_transpose(x, w, stride=strides, padding=pads, output_padding=opad,
+                           dilation=dil, groups=ctx.attr("group", 1))
+    if ctx.has(2):
+        y = y + gnp.reshape(ctx.tensor(2), (-1,) + (1,) * n)
+    return [_same(ctx, y)]
+
+
+def _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
+    """With ``ceil_mode``, the extra end padding that makes the floor rule give the ceil
+    rule's output length (a last window must start inside the input or the start
+    padding); ``None`` when ceil mode changes nothing."""
+    extra, changed = [], False
+    for L, k, s, d, (lo, hi) in zip(sizes, kernel, strides, dil, pads):
+        span = L + lo + hi - (k - 1) * d - 1
+        floor_n, ceil_n = span // s + 1, -(-span // s) + 1
+        if ceil_n > floor_n and (ceil_n - 1) * s >= L + lo:
+            ceil_n -= 1
+        changed |= ceil_n != floor_n
+        extra.append((lo, hi + (ceil_n - floor_n) * s))
+    return extra if changed else None
+
+
+@onnx_op("MaxPool", 1)
+def _max_pool(ctx):
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.unsupported("the Indices output")
+    ctx.attr("storage_order", 0)  # only the Indices output depends on it
+    x = _float(ctx)
+    sizes = ctx.shape(0)[2:]
+    n = len(sizes)
+    kernel, strides, dil = _window_attrs(ctx, n)
+    pads = _pads(ctx, sizes, kernel, strides, dil)
+    if ctx.attr("ceil_mode", 0):
+        pads = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) or pads
+    return [_same(ctx, gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil))]
+
+
+@onnx_op("AveragePool", 1)
+def _avg_pool(ctx):
+    x = _float(ctx)
+    sizes = ctx.shape(0)[2:]
+    n = len(sizes)
+    kernel, strides, dil = _window_attrs(ctx, n)
+    pads = _pads(ctx, sizes, kernel, strides, dil)
+    include = bool(ctx.attr("count_include_pad", 0))
+    ceil = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) if ctx.attr("ceil_mode", 0) \
+        else None
+    if ceil is None and all(d == 1 for d in dil):
+        return [_same(ctx, gnp.avg_pool(x, kernel, stride=strides, padding=pads,
+                                        count_include_pad=include))]
+    # Dilated windows, or the extra windows of ceil mode: each window's sum (a grouped
+    # convolution with ones) divided by its count of elements, which is the same sum
+    # over a mask of what counts (the input, and the explicit padding if
+    # count_include_pad), known at import.
+    full = ceil or pads
+    channels = ctx.shape(0)[1]
+    ones = gnp.constant(np.ones((channels, 1) + tuple(kernel), x.dtype))
+    sums = gnp.conv(x, ones, stride=strides, padding=full, dilation=dil, groups=channels)
+    mask = np.zeros([L + lo + hi for L, (lo, hi) in zip(sizes, full)], x.dtype)
+    inner = tuple(slice(lo, lo + L) for L, (lo, _) in zip(sizes, pads)) if not include \
+        else tuple(slice(0, lo + L + hi) for L, (lo, hi) in zip(sizes, pads))
+    mask[inner] = 1
+    counts = be.evaluate(gnp.conv(gnp.constant(mask[None, None]),
+                                  gnp.constant(np.ones((1, 1) + tuple(kernel), x.dtype)),
+                                  stride=strides, dilation=dil))[0]
+    return [_same(ctx, sums / gnp.constant(counts))]
+
+
+@onnx_op("Mod", 10)
+def _mod(ctx):
+    fmod = ctx.attr("fmod", 0)
+    if not ctx.all_known():  # geon has no remainder op; shape arithmetic only
+        raise ctx.unsupported("Mod of values computed at run time")
+    a, b = ctx.const(0), ctx.const(1)
+    if b.dtype.kind in "iu" and np.any(b == 0):
+        raise ctx.unsupported("Mod by zero")
+    return [ctx.known(np.fmod(a, b) if fmod else np.mod(a, b))]
+
+
+@onnx_op("RMSNormalization", 23)
+def _rms_norm(ctx):
+    x = _float(ctx)
+    shape = ctx.shape(0)
+    axis = _norm_axis(ctx, ctx.attr("axis", -1), len(shape))
+    eps = ctx.attr("epsilon", 1e-5)
+    if ctx.attr("stash_type", 1) != 1:
+        raise ctx.unsupported("stash_type other than 1")
+    xs = cast(x, np.float32) if x.dtype.itemsize < 4 else x
+    ms = gnp.mean(xs * xs, tuple(range(axis, len(shape))), keepdims=True)
+    y = cast(xs / gnp.sqrt(ms + eps), x.dtype) * ctx.tensor(1)
+    return [_same(ctx, y)]
+
+
+# --- losses ------------------------------------------------------------------------------
+
+def _nll(ctx, logp, target_i, weight_i):
+    """The negative log-likelihood of ``logp`` (N, C, d1, ...) at the integer targets
+    (N, d1, ...), as ``NegativeLogLikelihoodLoss`` defines it. The class picked is a
+    one-hot mask (targets equal to ``ignore_index`` pick nothing and weigh nothing)."""
+    shape = gnp.shape(logp)
+    if len(shape) < 2:
+        raise ctx.unsupported("input of rank < 2")
+    if ctx.dtype(target_i).kind not in "iu":
+        raise ctx.unsupported("targets must be integers")
+    reduction = ctx.attr("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise ctx.unsupported(f"reduction={reduction!r}")
+    ignore = ctx.attr("ignore_index")
+    target = ctx.tensor(target_i)
+    classes = np.arange(shape[1]).reshape((1, -1) + (1,) * (len(shape) - 2))
+    onehot = gnp.equal(gnp.expand_dims(target, 1), gnp.constant(classes))
+    if ignore is not None:
+        onehot = onehot * gnp.expand_dims(gnp.not_equal(target, ignore), 1)
+    onehot = cast(onehot, logp.dtype)
+    if ctx.has(weight_i):
+        w = gnp.sum(onehot * gnp.reshape(ctx.tensor(weight_i), classes.shape), axis=1)
+    else:
+        w = gnp.sum(onehot, axis=1)
+    loss = -gnp.sum(logp * onehot, axis=1) * (w if ctx.has(weight_i) else 1.0)
+    if reduction == "sum":
+        loss = gnp.sum(loss)
+    elif reduction == "mean":
+        loss = gnp.sum(loss) / gnp.sum(w)
+    return loss
+
+
+@onnx_op("NegativeLogLikelihoodLoss", 12)
+def _nll_loss(ctx):
+    return [_same(ctx, _nll(ctx, _float(ctx), 1, 2))]
+
+
+@onnx_op("SoftmaxCrossEntropyLoss", 12)
+def _softmax_cross_entropy(ctx):
+    logp = gnp.log_softmax(_float(ctx), axis=1)
+    return [_same(ctx, _nll(ctx, logp, 1, 2)), _same(ctx, logp)]
+
+
+@onnx_op("ThresholdedRelu", 10)
+def _thresholded_relu(ctx):
+    x = _float(ctx)
+    return [_same(ctx, gnp.where(x > ctx.attr("alpha", 1.0), x, 0.0))]
+
+
+@onnx_op("GatherElements", 11)
+def _gather_elements(ctx):
+    dshape, ishape = ctx.shape(0), ctx.shape(1)
+    axis = _norm_axis(ctx, ctx.attr("axis", 0), len(dshape))
+    if len(dshape) != len(ishape) or any(i > d for k, (i, d) in enumerate(zip(ishape, dshape))
+                                         if k != axis):
+        raise ctx.unsupported(f"indices of shape {ishape} for data of shape {dshape}")
+    if ctx.dtype(1).kind not in "iu":
+        raise ctx.unsupported("indices must be integers")
+    # Positions in the flattened data: the index along `axis`, the element's own
+    # position along the others (known at import).
+    idx = cast(ctx.tensor(1), np.int64)
+    length = dshape[axis]
+    idx = gnp.where(idx < 0, idx + length, idx)
+    strides = [int(np.prod(dshape[k + 1:])) for k in range(len(dshape))]
+    grid = np.indices(ishape, dtype=np.int64)
+    offset = sum(grid[k] * strides[k] for k in range(len(dshape)) if k != axis)
+    flat = idx * strides[axis] + gnp.constant(np.asarray(offset, np.int64))
+    return [ctx.out(gnp.take(gnp.ravel(ctx.tensor(0)), flat), ctx.dtype(0))]
+
+
+@onnx_op("Trilu", 14)
+def _trilu(ctx):
+    shape = ctx.shape(0)
+    if len(shape) < 2:
+        raise ctx.unsupported("input of rank < 2")
+    k = int(np.ravel(ctx.const(1))[0]) if ctx.has(1) else 0
+    rows, cols = shape[-2:]
+    keep = np.triu(np.ones((rows, cols)), k) if ctx.attr("upper", 1) else \
+        np.tril(np.ones((rows, cols)), k)
+    return [ctx.out(gnp.where(gnp.constant(keep.astype(np.float32)), ctx.tensor(0), 0),
+                    ctx.dtype(0))]

@@ -1,0 +1,224 @@
+"""NumPy code for the convolution and pooling primitives (:mod:`geon.op_graph.conv`).
+
+A convolution is one copy of a strided window view of the (padded) image into im2col
+order, and one ``matmul`` per group; its transpose in the image is, for stride 1, the
+same with the flipped filter, and otherwise one ``matmul`` and one strided add per
+kernel offset (col2im); its transpose in the filter is one ``matmul`` over the im2col
+copy. Max pooling takes the maximum over one strided view per kernel offset.
+No Python loop runs over output positions.
+"""
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from geon.op_graph import conv as cv
+from geon.transformers.numpy.transformer import NUMPY_GLOBALS, numpy_code
+
+
+def _into(out, shape):
+    """A view of the contiguous buffer ``out`` with ``shape`` (never a copy)."""
+    v = out.view()
+    v.shape = shape
+    return v
+
+
+def _padded(x, pads, value=0):
+    """``x`` with its trailing dimensions padded with ``value`` (``x`` itself if none)."""
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    lead = x.ndim - len(pads)
+    xp = np.empty(x.shape[:lead] + tuple(n + lo + hi for n, (lo, hi) in
+                                         zip(x.shape[lead:], pads)), x.dtype)
+    xp.fill(value)
+    xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in
+                           zip(x.shape[lead:], pads))] = x
+    return xp
+
+
+def _windows(xp, kernel, out, strides, dilation):
+    """A read-only view (..., *kernel, *out) of the windows of ``xp``'s trailing dims."""
+    n = len(kernel)
+    st = xp.strides
+    lead = xp.ndim - n
+    return as_strided(xp, xp.shape[:lead] + tuple(kernel) + tuple(out),
+                      st[:lead] + tuple(s * d for s, d in zip(st[lead:], dilation))
+                      + tuple(s * k for s, k in zip(st[lead:], strides)), writeable=False)
+
+
+def _split_groups(x, groups):
+    """(B, C, *S) -> (B, groups, C / groups, *S)."""
+    return x.reshape(x.shape[:1] + (groups, x.shape[1] // groups) + x.shape[2:])
+
+
+def _gemm(a, b):
+    """``a @ b`` over stacks of matrices; one stack is one BLAS call on its matrices."""
+    if a.shape[0] == 1:
+        return np.matmul(a[0], b[0])[None]
+    return np.matmul(a, b)
+
+
+def _im2col(x, R, P, strides, pads, dilation, groups):
+    """The windows of x (B, C, *S) as one contiguous (groups, C/groups * R, B * P)
+    array: the copy is the only pass over the windows."""
+    B, C = x.shape[:2]
+    n = len(R)
+    win = _windows(_split_groups(_padded(x, pads), groups), R, P, strides, dilation)
+    cols = np.empty((groups, C // groups) + tuple(R) + (B,) + tuple(P), x.dtype)
+    # (B, G, Cg, *R, *P) -> (G, Cg, *R, B, *P)
+    np.copyto(cols, win.transpose((1, 2) + tuple(range(3, 3 + n)) + (0,)
+                                  + tuple(range(3 + n, 3 + 2 * n))))
+    return cols.reshape(groups, C // groups * math.prod(R), B * math.prod(P))
+
+
+def _by_group(y, groups):
+    """y (B, K, *P) as a contiguous (groups, K/groups, B * P)."""
+    B, K = y.shape[:2]
+    P = math.prod(y.shape[2:])
+    g = y.reshape(B, groups, K // groups, P).transpose(1, 2, 0, 3)
+    return np.ascontiguousarray(g).reshape(groups, K // groups, B * P)
+
+
+def _from_groups(out, y):
+    """Write y (G, K/G, B * P) into out (B, K, *P)."""
+    B, K = out.shape[:2]
+    G = y.shape[0]
+    P = math.prod(out.shape[2:])
+    np.copyto(_into(out, (B, G, K // G, P)), y.reshape(G, K // G, B, P).transpose(2, 0, 1, 3))
+
+
+def conv_forward(x, w, out, strides, pads, dilation, groups):
+    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R)."""
+    K = out.shape[1]
+    cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups)
+    _from_groups(out, _gemm(w.reshape(groups, K // groups, -1), cols))
+
+
+def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
+    """``out`` (B, C, *S): the transpose of :func:`conv_forward` in x, applied to dy."""
+    B, K = dy.shape[:2]
+    P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
+    G, Cg = groups, w.shape[1]
+    n = len(R)
+    full = [d * (k - 1) for k, d in zip(R, dilation)]
+    if all(s == 1 for s in strides) and all(lo <= f and hi <= f for (lo, hi), f in
+                                            zip(pads, full)):
+        # stride 1: the correlation of dy with the flipped filter, channels swapped per
+        # group, and the complementary padding (one im2col and one GEMM, no col2im)
+        wf = w.reshape((G, K // G, Cg) + R).transpose((0, 2, 1) + tuple(range(3, 3 + n)))
+        wf = np.ascontiguousarray(wf[(Ellipsis,) + (slice(None, None, -1),) * n])
+        conv_forward(dy, wf.reshape((G * Cg, K // G) + R), out, strides,
+                     tuple((f - lo, f - hi) for (lo, hi), f in zip(pads, full)), dilation,
+                     groups)
+        return
+    wt = np.ascontiguousarray(w.reshape(G, K // G, -1).transpose(0, 2, 1))
+    cols = _gemm(wt, _by_group(dy, G)).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
+    # col2im in (G, Cg, B, *S) order: every add reads and writes contiguous rows
+    xp = np.zeros((G, Cg, B) + tuple(n + lo + hi for n, (lo, hi) in zip(S, pads)),
+                  out.dtype)
+    for tap in np.ndindex(*R):
+        xp[(Ellipsis,) + cv.tap_slices(tap, P, strides, dilation)] += \
+            cols[(slice(None), slice(None)) + tap]
+    crop = xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(S, pads))]
+    np.copyto(_into(out, (B, G, Cg) + tuple(S)),
+              crop.transpose((2, 0, 1) + tuple(range(3, 3 + len(S)))))
+
+
+def conv_grad_filter(x, dy, out, strides, pads, dilation, groups):
+    """``out`` (K, C/groups, *R): the transpose of :func:`conv_forward` in w."""
+    K, Cg = out.shape[:2]
+    G = groups
+    cols = _im2col(x, out.shape[2:], dy.shape[2:], strides, pads, dilation, G)
+    # (Cg * R, B * P) @ (B * P, K/G): the long dimension is the contraction
+    wt = _gemm(cols, _by_group(dy, G).transpose(0, 2, 1))
+    np.copyto(_into(out, (G, K // G, Cg * math.prod(out.shape[2:]))), wt.transpose(0, 2, 1))
+
+
+def _tap_views(xp, kernel, out, strides, dilation):
+    return [xp[(Ellipsis,) + cv.tap_slices(t, out, strides, dilation)]
+            for t in np.ndindex(*kernel)]
+
+
+def max_pool(x, out, kernel, strides, pads, dilation):
+    """``out`` (..., *P): the maximum of each window of x (..., *S)."""
+    P = out.shape[out.ndim - len(kernel):]
+    views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
+    np.copyto(out, views[0])
+    for v in views[1:]:
+        np.maximum(out, v, out=out)
+
+
+def _first_max_masks(x, kernel, P, strides, pads, dilation):
+    """For each kernel offset in order, a boolean (..., *P): whether that offset holds
+    the first maximum of its window (one buffer, rewritten per offset)."""
+    views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
+    top = views[0].copy()
+    for v in views[1:]:
+        np.maximum(top, v, out=top)
+    taken = np.zeros(top.shape, bool)
+    hit = np.empty(top.shape, bool)
+    for v in views:
+        np.equal(v, top, out=hit)
+        np.greater(hit, taken, out=hit)  # and not taken by an earlier offset
+        taken |= hit
+        yield hit
+
+
+def _tiles(shape, kernel, strides, pads, dilation, P):
+    """Whether the windows cover every input position exactly once."""
+    return not any(lo or hi for lo, hi in pads) and all(
+        d == 1 and s == k and p * s == n
+        for n, k, s, d, p in zip(shape, kernel, strides, dilation, P))
+
+
+def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
+    """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x."""
+    n = len(kernel)
+    P = dy.shape[dy.ndim - n:]
+    S = x.shape[x.ndim - n:]
+    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
+    if _tiles(S, kernel, strides, pads, dilation, P):  # each offset writes its own places
+        for mask, o in zip(masks, _tap_views(out, kernel, P, strides, dilation)):
+            np.multiply(dy, mask, out=o)
+        return
+    xp = np.zeros(x.shape[:x.ndim - n] + tuple(m + lo + hi for m, (lo, hi) in
+                                                zip(S, pads)), out.dtype)
+    part = np.empty(dy.shape, out.dtype)
+    for mask, o in zip(masks, _tap_views(xp, kernel, P, strides, dilation)):
+        np.multiply(dy, mask, out=part)
+        o += part
+    np.copyto(out, xp[(Ellipsis,) + tuple(slice(lo, lo + m) for m, (lo, _) in
+                                          zip(S, pads))])
+
+
+def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
+    """``out`` (..., *P): v (x's shape) at each window's first maximum of x."""
+    P = out.shape[out.ndim - len(kernel):]
+    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
+    out.fill(0)  # a window of NaNs has no maximum
+    for mask, t in zip(masks, _tap_views(_padded(v, pads), kernel, P, strides, dilation)):
+        np.copyto(out, t, where=mask)
+
+
+NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_grad_data=conv_grad_data,
+                     _conv_grad_filter=conv_grad_filter, _max_pool=max_pool,
+                     _max_pool_grad=max_pool_grad, _max_pool_gather=max_pool_gather)
+
+_CONV_FN = {cv.Conv: "_conv_forward", cv.ConvGradData: "_conv_grad_data",
+            cv.ConvGradFilter: "_conv_grad_filter"}
+_POOL_FN = {cv.MaxPool: "_max_pool", cv.MaxPoolGrad: "_max_pool_grad",
+            cv.MaxPoolGather: "_max_pool_gather"}
+
+
+@numpy_code(*_CONV_FN)
+def _conv(op, out, args):
+    a, b = args
+    return [f"{_CONV_FN[type(op)]}({a}, {b}, {out}, {op.strides}, {op.pads}, "
+            f"{op.dilation}, {op.groups})"]
+
+
+@numpy_code(*_POOL_FN)
+def _pool(op, out, args):
+    return [f"{_POOL_FN[type(op)]}({', '.join(args)}, {out}, {op.kernel}, {op.strides}, "
+            f"{op.pads}, {op.dilation})"]
