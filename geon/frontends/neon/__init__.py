@@ -11,9 +11,9 @@ from geon.frontends.neon.data import ArrayIterator, load_digits  # noqa: F401
 from geon.frontends.neon.initializers import (Constant, Gaussian,  # noqa: F401
                                               GlorotUniform, Initializer, KaimingNormal,
                                               Uniform)
-from geon.frontends.neon.layers import (GRU, LSTM, Activation, Affine, BatchNorm,  # noqa: F401,E501
-                                        Embedding, Flatten, Layer, LayerNorm, Recurrent,
-                                        Sequential)
+from geon.frontends.neon.layers import (GRU, LSTM, Activation, Affine,  # noqa: F401
+                                        BatchNorm, Conv, Embedding, Flatten, Layer,
+                                        LayerNorm, Pool, Recurrent, Sequential)
 from geon.frontends.neon.model import Model  # noqa: F401
 from geon.frontends.neon.optimizers import (SGD, Adam, AdamW,  # noqa: F401
                                             ExponentialDecay, Optimizer,

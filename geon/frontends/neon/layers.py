@@ -22,7 +22,7 @@ import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError, AxisMismatchError
-from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform
+from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform, KaimingNormal
 from geon.op_graph.nodes import user_location
 
 _counters = {}
@@ -383,3 +383,82 @@ class Sequential(Layer):
 
     def pop_updates(self):
         return [u for layer in self.layers for u in layer.pop_updates()]
+
+
+def _spatial_out(layer, spatial):
+    """The layer's own output spatial axes (lengths set by the op), one per input axis,
+    named ``<layer>_<axis>``: layers applied one after another never share one."""
+    return be.Axes(*[be.Axis(None, name=f"{layer.name}_{a.name}") for a in spatial])
+
+
+def _channel_spatial(x, channel, spatial, what):
+    feats = _features(x, what)
+    channel = feats[0] if channel is None else channel
+    if spatial is None:
+        spatial = feats - be.Axes(channel)
+    return channel, be.Axes(*spatial)
+
+
+class Conv(Layer):
+    """A convolution over 1 to 3 spatial axes: ``activation(conv(x, W) + b)``.
+
+    ``nout`` is the output-channel axis (or its length; the axis is then
+    ``<name>_out``); ``kernel`` the filter's size along each spatial axis. The input's
+    ``channel`` axis defaults to its first feature axis, the ``spatial`` axes to the
+    other feature axes. ``W`` has axes ``(out, channel, k0, k1, ...)`` (PyTorch's
+    layout), ``b`` ``(out,)``. ``strides``, ``padding`` (ints, per axis, ``"same"`` or
+    ``"valid"``) and ``dilation`` are those of :func:`geon.conv`. The result has the
+    input's axes with the channel replaced by the output channel and each spatial axis
+    ``A`` by ``<name>_A``.
+    """
+
+    def __init__(self, nout, kernel, strides=1, padding=0, dilation=1, activation=None,
+                 channel=None, spatial=None, weight_init=None, bias_init=None, bias=True,
+                 name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout, self.kernel = nout, kernel
+        self.strides, self.padding, self.dilation = strides, padding, dilation
+        self.activation = _activation(activation)
+        self.channel, self.spatial = channel, spatial
+        self.weight_init = weight_init or KaimingNormal()
+        self.bias_init = bias_init or Constant(0.0)
+        self.bias = bias
+        self.out_axis = None
+
+    def forward(self, x, training):
+        channel, spatial = _channel_spatial(x, self.channel, self.spatial,
+                                            f"Conv {self.name}")
+        kernel = self.kernel if isinstance(self.kernel, (tuple, list)) else \
+            (self.kernel,) * len(spatial)
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        kaxes = tuple(be.Axis(k, name=f"{self.name}_k{i}") for i, k in enumerate(kernel))
+        W = self.variable("W", (self.out_axis, channel) + kaxes, self.weight_init)
+        y = be.conv(x, W, channel, spatial, self.out_axis, kernel=be.Axes(*kaxes),
+                    out_spatial=_spatial_out(self, spatial), strides=self.strides,
+                    padding=self.padding, dilation=self.dilation)
+        if self.bias:
+            y = y + self.variable("b", (self.out_axis,), self.bias_init)
+        return self.activation(y) if self.activation else y
+
+
+class Pool(Layer):
+    """Max (``op="max"``) or average (``op="avg"``) pooling over the ``spatial`` axes
+    (default: the feature axes after the first, the channel), windows of ``kernel``,
+    ``strides`` defaulting to the kernel (see :func:`geon.max_pool`). Each spatial axis
+    ``A`` becomes ``<name>_A``."""
+
+    def __init__(self, kernel, strides=None, padding=0, op="max", channel=None,
+                 spatial=None, name=None):
+        super().__init__(name)
+        if op not in ("max", "avg"):
+            raise ArgumentError(f"Pool: op must be 'max' or 'avg', not {op!r} (at "
+                                f"{user_location()})")
+        self.kernel, self.strides, self.padding, self.op = kernel, strides, padding, op
+        self.channel, self.spatial = channel, spatial
+
+    def forward(self, x, training):
+        _, spatial = _channel_spatial(x, self.channel, self.spatial, f"Pool {self.name}")
+        pool = be.max_pool if self.op == "max" else be.avg_pool
+        return pool(x, spatial, self.kernel, strides=self.strides, padding=self.padding,
+                    out_spatial=_spatial_out(self, spatial))
