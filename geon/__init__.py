@@ -31,6 +31,7 @@ from geon.op_graph.nn_ops import (  # noqa: E402
     log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
     sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.reference import evaluate  # noqa: E402
+from geon.op_graph.collectives import allreduce, broadcast_from  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
                                 max_pool)
 from geon.transformers import (Computation, NumPyTransformer, Transformer,  # noqa: E402

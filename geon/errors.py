@@ -59,3 +59,12 @@ class SerializationError(GeonError, ValueError):
 
 class IndexOutOfRangeError(GeonError, IndexError):
     """An index tensor fed at call time holds an index outside the indexed axis."""
+
+
+class DistributedError(GeonError, RuntimeError):
+    """A data-parallel job cannot run as asked (see :mod:`geon.distributed`)."""
+
+
+class MPIUnavailableError(DistributedError, ImportError):
+    """:mod:`geon.distributed` was imported without ``mpi4py`` (or without an MPI
+    runtime it can load)."""

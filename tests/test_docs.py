@@ -91,7 +91,11 @@ def isolated_globals():
         except (ImportError, AttributeError):
             pass  # a table this version of geon does not have
     saved = [dict(t) for t in tables]
+    from geon.op_graph.collectives import collectives, set_collectives
+    backend, hook = collectives(), sys.excepthook  # geon.distributed.init() sets them
     yield
+    set_collectives(backend)
+    sys.excepthook = hook
     for a, n in lengths.items():
         a.length = n
     for t, s in zip(tables, saved):

@@ -213,3 +213,21 @@ def test_two_pads_and_tiles_of_one_tensor_serialize():
             np.tile(v, (2, 1)), np.tile(v, (3, 1))]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint64, np.int8, np.int64])
+def test_descending_sorts_of_integers_at_the_extremes(dtype):
+    # Descending sorts reverse the order before an ascending sort; ``0 - x`` did that
+    # wrongly for unsigned values (uint64 top-k was wrong) and overflowed at the
+    # smallest signed value.
+    info = np.iinfo(dtype)
+    X = np.array([0, info.max, 3, info.min, 7, info.max], dtype=dtype)
+    H, K = be.Axis(len(X), "H"), be.Axis(4, "K")
+    x = be.placeholder((H,), dtype=dtype)
+    v, i = be.topk(x, 4, H, K)
+    s = be.sort(x, H, descending=True)
+    got_v, got_i, got_s = be.NumPyTransformer().computation([v, i, s], x)(X)
+    want = np.argsort(-X.astype(np.float64), kind="stable")
+    np.testing.assert_array_equal(got_s, X[want])
+    np.testing.assert_array_equal(got_v, X[want[:4]])
+    np.testing.assert_array_equal(got_i, want[:4])

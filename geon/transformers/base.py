@@ -384,6 +384,22 @@ class Transformer:
         """``{variable: array}``: the live storage of the variables (not a copy)."""
         return self.state
 
+    def write_values(self, values):
+        """Write ``{variable: array}`` into the variables' storage (as :meth:`restore`
+        does: they count as initialized, and :meth:`write_count` counts the write).
+        Each array must have its variable's shape; it is cast to the variable's dtype."""
+        with self._lock:
+            if not self._allocated:
+                self.allocate()
+            for v, a in values.items():
+                a = np.asarray(a)
+                if a.shape != v.axes.shape:
+                    raise ArgumentError(f"write_values: {v.name} has shape {v.axes.shape} "
+                                        f"({v.axes!r}), the value {a.shape}")
+                np.copyto(self.state[v], a, casting="unsafe")
+                self._initialized.add(v)
+                self._wrote(v)
+
     def _persistent(self):
         vs = [v for v in self.variables() if v.persistent]
         names = {}

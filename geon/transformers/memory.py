@@ -56,10 +56,17 @@ def _reads(order, root):
     return [[root.get(a, a) for a in op.args] for op in order]
 
 
+def _elementwise_like(op):
+    """Whether ``op``'s kernel may write its result over an arg of its shape: an
+    elementwise op, or an op class saying so (``in_place = True``, e.g. an allreduce)."""
+    return isinstance(op, og.ElementWise) or getattr(op, "in_place", False)
+
+
 def _inplace_ok(op, arg_root, root):
-    """``op`` may overwrite ``arg_root`` while computing: elementwise, and every arg of
-    ``op`` rooted there is ``arg_root`` itself with ``op``'s shape."""
-    if not isinstance(op, og.ElementWise) or _nbytes(arg_root) != _nbytes(op) \
+    """``op`` may overwrite ``arg_root`` while computing: elementwise (or in place by
+    nature), and every arg of ``op`` rooted there is ``arg_root`` itself with ``op``'s
+    shape."""
+    if not _elementwise_like(op) or _nbytes(arg_root) != _nbytes(op) \
             or arg_root.dtype != op.dtype:
         return False
     return all(a is arg_root and a.axes.lengths == op.axes.lengths
@@ -117,7 +124,7 @@ def assign_in_place(order, results):
     pos = {op: i for i, op in enumerate(order)}
     for asg in [op for op in order if isinstance(op, pr.Assign)]:
         w, v = asg.args
-        if not isinstance(w, og.Variable) or not isinstance(v, og.ElementWise) \
+        if not isinstance(w, og.Variable) or not _elementwise_like(v) \
                 or v in kept or v.dtype != w.dtype or v.axes.lengths != w.axes.lengths \
                 or users.get(v) != [asg]:
             continue

@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+from geon.op_graph import collectives as coll
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -196,6 +197,37 @@ NUMPY_GLOBALS["_sort"] = special.sort_rows
 def _assign(op, out, args):
     t, v = args
     return [f"np.copyto({t}, {v})"]
+
+
+@numpy_code(coll.AllReduce)
+def _allreduce(op, out, args):
+    # on the planned buffers: ``out`` is ``x`` when the plan works in place
+    return [f"_allreduce({args[0]}, {out}, {op.reduce == 'mean'})"]
+
+
+@numpy_code(coll.BroadcastFrom)
+def _broadcast_from(op, out, args):
+    return [f"_broadcast_from({args[0]}, {out}, {op.root})"]
+
+
+@numpy_code(coll.FlatConcat)
+def _flat_concat(op, out, args):
+    flat = ", ".join(f"{a}.reshape(-1)" for a in args)
+    return [f"np.concatenate(({flat},), out={out})"]
+
+
+def _run_allreduce(x, out, mean):
+    coll.collectives().allreduce(x, out, mean)
+
+
+def _run_broadcast(x, out, root):
+    if out is not x:
+        np.copyto(out, x)
+    coll.collectives().broadcast(out, root)
+
+
+# looked up at each call: geon.distributed.init() may install MPI after compiling
+NUMPY_GLOBALS.update(_allreduce=_run_allreduce, _broadcast_from=_run_broadcast)
 
 
 # Views are expressions: fn(op, arg) -> expression text.
@@ -514,10 +546,12 @@ class NumPyTransformer(Transformer):
     """Runs computations on the CPU through generated NumPy code."""
 
     name = "numpy"
-    #: The standard base set, ``where`` (np_ops.Select) and every user op: the classes
+    #: The standard base set, ``where`` (np_ops.Select), the collectives (allreduce,
+    #: broadcast_from; see geon.distributed) and every user op: the classes
     #: with a rule in :data:`NUMPY_CODE` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
-    base_set = STANDARD_BASE_SET | {Select, UserOp}
+    base_set = STANDARD_BASE_SET | {Select, UserOp, coll.AllReduce, coll.BroadcastFrom,
+                                      coll.FlatConcat}
     computation_class = NumPyComputation
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).

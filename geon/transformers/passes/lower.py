@@ -8,6 +8,7 @@ slicing are explicit views. Named axes are not consulted after this pass.
 
 import numpy as np
 
+from geon.op_graph import collectives as coll
 from geon.op_graph import conv as cv
 from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
@@ -175,7 +176,13 @@ def lower_cumsum(op):  # cumsum(x, A) -> prefix_sum(x as (outer, A, inner)); fli
 
 
 def _negated(x):
-    return og.Negative(x) if x.dtype.kind == "f" else og.Subtract(0, x, dtype=x.dtype)
+    """An order-reversing map of ``x`` that is its own inverse: ``-x`` for floats; for
+    integers ``c - x`` with ``c`` = -1 (signed) or the largest value (unsigned), which
+    never overflows (``0 - x`` does for unsigned values and for the smallest signed)."""
+    if x.dtype.kind == "f":
+        return og.Negative(x)
+    c = np.iinfo(x.dtype).max if x.dtype.kind == "u" else -1
+    return og.Subtract(og.Constant(c, dtype=x.dtype), x, dtype=x.dtype)
 
 
 def _lowered_sort(m, op):
@@ -227,6 +234,19 @@ def lower_setitem(op):  # SetItem(t, v) -> Assign(t, view(v))
     return pr.Assign(t, view_as(v, t.axes))
 
 
+def _one_block(key, shape):
+    """Whether ``key`` (one int or slice per dimension of ``shape``) selects one block
+    of row-major memory: indices, then at most one unit-step slice, then whole
+    dimensions (``x[2, 1:3, :]``)."""
+    k = 0
+    while k < len(key) and not isinstance(key[k], slice):
+        k += 1
+    if k < len(key) and key[k].indices(shape[k])[2] == 1:
+        k += 1
+    return all(isinstance(key[j], slice) and key[j].indices(shape[j]) == (0, shape[j], 1)
+               for j in range(k, len(key)))
+
+
 def _contiguous(x):
     """Whether ``x``'s row-major order is its storage order."""
     if isinstance(x, pr.Dimshuffle):
@@ -236,7 +256,7 @@ def _contiguous(x):
         return all(a.length == 1 for a, m in zip(x.axes, x.dim_map) if m is None) \
             and _contiguous(x.args[0])
     if isinstance(x, pr.SliceView):
-        return all(k == slice(None) for k in x.key) and _contiguous(x.args[0])
+        return _one_block(x.key, x.args[0].axes.shape) and _contiguous(x.args[0])
     if isinstance(x, pr.Reshape):
         return _contiguous(x.args[0])
     return True
@@ -289,6 +309,14 @@ def lower_output(op):  # split part -> slice view; max_argmax -> ReduceMaxArgMax
     return None
 
 
+def contiguous_collective(op):  # allreduce(strided view or constant) -> allreduce(copy)
+    # MPI sends and receives contiguous buffers; a constant's must not be overwritten
+    x = op.args[0]
+    if not isinstance(x, og.Constant) and _contiguous(x):
+        return None
+    return type(op)(pr.Copy(x), **op.attr_values())
+
+
 class LowerAxesPass(RewritePass):
     """Axes ops -> semi-primitive ops on row-major buffers."""
 
@@ -311,4 +339,5 @@ class LowerAxesPass(RewritePass):
         (og.Output, lower_output),
         (cv.Convolution, cv.lower_convolution),
         (cv.Pooling, cv.lower_pooling),
+        ((coll.AllReduce, coll.BroadcastFrom), contiguous_collective),
     ]

@@ -94,6 +94,8 @@ def log_exp(op):  # log(exp(x)) -> x
 def fold_constants(op):  # f(constants) -> constant
     if not op.args or not all(isinstance(a, og.Constant) for a in op.args):
         return None
+    if getattr(op, "communicates", False):
+        return None  # its value depends on the other processes, and when it runs
     if any(a.value.size > FOLD_LIMIT for a in op.args) and not all(
             _const_value(a) is not None for a in op.args):
         return None
