@@ -657,12 +657,13 @@ def test_pool_matches_torch(op):
     assert np.allclose(y, fn(torch.from_numpy(x), 2).numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_conv_and_pool_gradients():
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_conv_and_pool_gradients(op):
     C, L, N = axis(2, "C"), axis(5, "L"), axis(2, "N", batch=True)
     K, k0 = axis(3, "cv_out"), axis(3, "cv_k0")
-    rng = np.random.default_rng(10)
+    rng = np.random.default_rng(10)      # distinct values: each window has one maximum
     assert_gradcheck(
-        lambda x, W, b: nn.Pool(2, op="avg")(
+        lambda x, W, b: nn.Pool(2, op=op)(
             _seeded(nn.Conv(K, 3, padding=1, dtype=F64, name="cv"), W=W, b=b)(x)),
         [((N, C, L), rng.standard_normal((2, 2, 5))), ((K, C, k0), rng.standard_normal((3, 2, 3))),
          ((K,), rng.standard_normal(3))])
