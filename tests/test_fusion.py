@@ -114,3 +114,35 @@ def test_group_outputs_do_not_reuse_arenas_the_group_still_reads(fuse_everything
     gg = p @ q
     np.testing.assert_allclose(f(v, p, q)[1], np.tanh((v > 0) * gg).sum() + gg.sum(),
                                rtol=1e-12)
+
+
+def test_ops_of_equal_size_but_different_shapes_are_never_one_group():
+    # (256, 1024) and (1024, 256): the same element count. Scheduled one after the
+    # other they sit in one fusion region; grouping by element count alone would run
+    # them as one group, reading the second with the first's blocking.
+    from geon.transformers.gpu import CudaCodegenTransformer
+    P, Q = be.Axis(256, "fP"), be.Axis(1024, "fQ")
+
+    def build(transformer):
+        x = be.placeholder([P, Q])
+        y = be.placeholder([Q, P])
+        a = be.exp(x) * 2.0 + x
+        b = be.tanh(y) * 3.0 - y
+        return transformer.computation([a, b], x, y)
+
+    gpu = build(CudaCodegenTransformer())  # its own grouping, same rule
+    assert gpu.program.groups
+    for g in gpu.program.groups:
+        assert len({m.axes.lengths for m in g.members}) == 1, g.members
+    f = build(be.NumPyTransformer())
+    assert f.groups  # the region is fused (default thresholds)
+    ops = [op for g in f.groups for op in g.members]
+    assert {op.axes.lengths for op in ops} == {(256, 1024), (1024, 256)}
+    for g in f.groups:
+        assert len({m.axes.lengths for m in g.members}) == 1, g.members
+    rng = np.random.default_rng(5)
+    xv = rng.standard_normal((256, 1024)).astype(np.float32)
+    yv = rng.standard_normal((1024, 256)).astype(np.float32)
+    ga, gb = f(xv, yv)
+    np.testing.assert_allclose(ga, np.exp(xv) * 2 + xv, rtol=1e-6)
+    np.testing.assert_allclose(gb, np.tanh(yv) * 3 - yv, rtol=1e-6, atol=1e-6)

@@ -186,6 +186,15 @@ def _extra_graphs():
         return ([pooled, tangent, shifted, up], ps,
                 [rng.standard_normal(p.axes.shape) for p in ps])
     out["conv_more"] = conv_more()
+    # float math of integer tensors: computed in float32, not in the operands' type
+    def int_math():
+        i32 = be.placeholder(Nl, dtype=np.int32)
+        u8 = be.placeholder(Nl, dtype=np.uint8)
+        return ([be.reciprocal(i32), be.square(i32), -u8, be.sqrt(u8), i32 ** 3,
+                 i32 ** -1, be.sigmoid(-u8)], [i32, u8],
+                [np.array([2, 3, -7, 2 ** 31 - 1, 46341, -1], np.int32),
+                 np.array([250, 1, 0, 255, 7, 128], np.uint8)])
+    out["int_math"] = int_math()
     return out
 
 

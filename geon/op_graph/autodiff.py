@@ -40,11 +40,14 @@ def _fit(d, arg):
     return d
 
 
-def _needs_grad(order):
-    """Ops whose value depends on some non-constant storage (through args)."""
+def _needs_grad(order, source=None):
+    """Ops whose value depends on some non-constant storage or on ``source`` (through
+    args)."""
     needs = set()
     for op in order:
-        if isinstance(op, og.AssignableTensorOp):
+        if op is source:
+            needs.add(op)
+        elif isinstance(op, og.AssignableTensorOp):
             if not op.is_constant:
                 needs.add(op)
         elif not isinstance(op, og.StopGradient) and any(a in needs for a in op.args):
@@ -52,12 +55,16 @@ def _needs_grad(order):
     return needs
 
 
-def adjoints(c, error=None):
-    """``{op: d c / d op}`` for every op ``c`` depends on; built once per ``(c, error)``
-    and cached on ``c``."""
+def adjoints(c, error=None, source=None):
+    """``{op: d c / d op}`` for every op ``c`` depends on through variables or
+    placeholders (and through ``source``, an op whose value depends on neither, such as
+    a :class:`~geon.op_graph.op_graph.Constant`, if given); built once per ``(c, error,
+    source)`` and cached on ``c``."""
     c = snap(as_op(c))
     cache = c.__dict__.setdefault("_adjoint_cache", {})
     key = None if error is None else id(error)
+    if source is not None:
+        key = (key, source)
     hit = cache.get(key)
     if hit is not None and hit[0] is error:
         return hit[1]
@@ -78,14 +85,14 @@ def adjoints(c, error=None):
                 f"in any order (deriv called at {user_location()})")
         delta = _fit(delta, c)
     with no_gc():
-        adj = _reverse_walk(c, delta)
+        adj = _reverse_walk(c, delta, source)
     cache[key] = (error, adj)
     return adj
 
 
-def _reverse_walk(c, delta):
+def _reverse_walk(c, delta, source=None):
     order = toposort([c], deps=False)
-    needs = _needs_grad(order)
+    needs = _needs_grad(order, source)
     adj = {c: delta}
     for op in reversed(order):
         d = adj.get(op)
@@ -129,7 +136,12 @@ def deriv(c, w, error=None):
     if isinstance(w, (list, tuple)):
         return [deriv(c, wi, error) for wi in w]
     w = as_op(w)
-    d = adjoints(c, error).get(snap(w))
+    s = snap(w)
+    d = adjoints(c, error).get(s)
+    if d is None and not (isinstance(s, og.AssignableTensorOp) and not s.is_constant):
+        # ``w`` may depend on constants only (a Constant, an op of constants): the walk
+        # above skipped it; walk again from it.
+        d = adjoints(c, error, source=s).get(s)
     if d is None:
         return og.Constant(0.0, axes=w.axes, dtype=snap(as_op(c)).dtype)
     return d
@@ -157,7 +169,7 @@ def _div(op, d): return d / op.args[1], -d * op / op.args[1]
 @R(og.Power)
 def _pow(op, d):
     a, b = op.args
-    db = None if isinstance(b, og.Constant) else d * og.Log(a) * op  # x ** 2: none
+    db = None if isinstance(b, og.Constant) else d * log_base(op) * op  # x ** 2: none
     return d * b * a ** (b - 1), db
 @R(og.Maximum)
 def _maximum(op, d):
@@ -216,7 +228,7 @@ def _dot(op, d):
 @R(og.Sum)
 def _sum(op, d): return (d,)  # _fit broadcasts it back over the reduced axes
 @R(og.Prod)
-def _prod(op, d): return (og.Broadcast(d * op, op.args[0].axes) / op.args[0],)
+def _prod(op, d): return (d * prod_of_others(op),)
 @R(og.Max, og.Min)
 def _maxmin(op, d):
     x = op.args[0]
@@ -261,7 +273,7 @@ def _gemm(op, d):
 @R(pr.ReduceSum)
 def _rsum(op, d): return (_expand_back(op, d),)
 @R(pr.ReduceProd)
-def _rprod(op, d): return (_expand_back(op, d * op) / op.args[0],)
+def _rprod(op, d): return (_expand_back(op, d) * prod_of_others(op),)
 @R(pr.ReduceMax, pr.ReduceMin)
 def _rmax(op, d):
     hit = og.Equal(op.args[0], _expand_back(op, op))
@@ -325,6 +337,35 @@ def _reduce_max_argmax(op, d):
         return (None,)
     hit = og.Equal(op.args[0], _expand_back(op, op.outputs[0]))
     return (_expand_back(op, d[0] / pr.ReduceSum(hit, op.axis)) * hit,)
+
+
+def log_base(op):
+    """``log(a)`` for the power ``op = a ** b``, but 0 where ``a ** b`` is 0: the
+    factor of ``d(a ** b) / db = log(a) a ** b`` whose limit at ``a = 0 < b`` is 0
+    (``log(0) * 0`` would be NaN)."""
+    a = op.args[0]
+    return og.Log(a + og.Equal(op, 0.0))
+
+
+def prod_of_others(op):
+    """For each element of the input of the product ``op`` (a :class:`Prod` or a
+    :class:`ReduceProd`), the product of the other elements it is multiplied with:
+    the derivative of the product. ``op / x`` would be NaN where ``x`` is 0, so it is
+    ``p / x`` where no element is 0 (``p``: the product of the nonzero elements), ``p``
+    at the zero where exactly one is, and 0 everywhere else."""
+    x = op.args[0]
+    if isinstance(op, og.Prod):
+        def reduce(cls, v): return cls(v, reduction_axes=op.reduction_axes)
+        def expand(v): return og.Broadcast(v, x.axes)
+        total, product = og.Sum, og.Prod
+    else:
+        def reduce(cls, v): return cls(v, op.axis)
+        def expand(v): return _expand_back(op, v)
+        total, product = pr.ReduceSum, pr.ReduceProd
+    zero = og.Equal(x, 0.0)
+    nonzero = x + zero  # the zeros replaced by ones
+    others_zero = expand(reduce(total, zero)) - zero  # zeros among the others
+    return og.Equal(others_zero, 0.0) * expand(reduce(product, nonzero)) / nonzero
 
 
 def _expand_back(op, v):

@@ -25,7 +25,8 @@ from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
-from geon.op_graph.autodiff import _expand_back, find_rule, sorted_axis
+from geon.op_graph.autodiff import (_expand_back, find_rule, log_base, prod_of_others,
+                                     sorted_axis)
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.nodes import user_location
 from geon.op_graph.op_graph import as_op, snap, toposort
@@ -201,7 +202,7 @@ def _div(op, ts):  # d(a/b) = da/b - (a/b) db/b
 def _pow(op, ts):  # d(a**b) = b a**(b-1) da + log(a) a**b db
     a, b = op.args
     return _terms((ts[0], lambda t: t * b * a ** (b - 1)),
-                  (ts[1], lambda t: t * og.Log(a) * op))
+                  (ts[1], lambda t: t * log_base(op) * op))
 @F(og.Maximum)
 def _maximum(op, ts):
     a, b = op.args
@@ -249,8 +250,8 @@ def _dot(op, ts):
 @F(og.Sum)
 def _sum(op, ts): return og.Sum(ts[0], reduction_axes=op.reduction_axes)
 @F(og.Prod)
-def _prod(op, ts):  # d prod(x) = sum(prod(x) / x * dx)
-    return og.Sum(ts[0] * op / op.args[0], reduction_axes=op.reduction_axes)
+def _prod(op, ts):  # d prod(x) = sum(prod(others) * dx)
+    return og.Sum(ts[0] * prod_of_others(op), reduction_axes=op.reduction_axes)
 @F(og.Max, og.Min)
 def _maxmin(op, ts):  # the mean tangent of the tied extremes, as the reverse rule splits
     return _tied_mean(og.Equal(op.args[0], op), ts[0], op.reduction_axes)
@@ -308,7 +309,7 @@ def _prim_reduced(op):
 def _rsum(op, ts): return og.Sum(ts[0], reduction_axes=_prim_reduced(op))
 @F(pr.ReduceProd)
 def _rprod(op, ts):
-    return og.Sum(_expand_back(op, op) * ts[0] / op.args[0], reduction_axes=_prim_reduced(op))
+    return og.Sum(prod_of_others(op) * ts[0], reduction_axes=_prim_reduced(op))
 @F(pr.ReduceMax, pr.ReduceMin)
 def _rmax(op, ts):
     hit = og.Equal(op.args[0], _expand_back(op, op))

@@ -247,6 +247,11 @@ class Select(og.ElementWise):
     def _infer_dtype(self):
         return og.result_dtype(self.args[1:])
 
+    def compute_dtype(self):
+        """``None``: no arithmetic; the branches are taken as they are (converting the
+        condition could turn a tiny nonzero into zero)."""
+        return None
+
 
 def _numpy_kwargs(cls, args):
     # Positional operands get NumPy's dtype from the family hook; 0-d ones (which have

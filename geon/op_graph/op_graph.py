@@ -666,6 +666,18 @@ class ElementWise(ComputationOp):
                 axes = axes | a.axes
         return axes
 
+    def compute_dtype(self):
+        """The dtype the op computes in, the same in every backend and the reference.
+
+        A floating-point result is computed in its own dtype, the operands converted
+        first: ``reciprocal`` of an int32 is not integer division, ``-x`` of a uint8 does
+        not wrap, ``sqrt`` of an int8 is not float16 arithmetic. An integer result is
+        computed in the operands' promoted dtype and converted after, as NumPy does.
+        """
+        if self.dtype.kind in "fc" or not self.args:
+            return self.dtype
+        return np.result_type(*[a.dtype for a in self.args])
+
 
 class UnaryElementWise(ElementWise):
     arity = 1
@@ -685,6 +697,10 @@ class Comparison(BinaryElementWise):
     def _infer_dtype(self):
         dt = result_dtype(self.args)
         return dt if dt.kind == "f" else DEFAULT_DTYPE
+
+    def compute_dtype(self):
+        """Operands compare in their promoted dtype (the result is only 1 or 0)."""
+        return np.result_type(*[a.dtype for a in self.args])
 
 
 class Add(BinaryElementWise): """``a + b``"""
@@ -804,8 +820,14 @@ def sigmoid(x):
 
 @keywords()
 def safelog(x, limit=-50.0):
-    """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``."""
-    return Log(Maximum(x, float(np.exp(limit))))
+    """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``. Where
+    ``exp(limit)`` is below the smallest normal number of ``x``'s dtype (float16), the
+    floor is that number instead (``exp(-50)`` would round to 0 there)."""
+    x = as_op(x)
+    floor = float(np.exp(limit))
+    if x.dtype.kind == "f":
+        floor = builtins.max(floor, float(np.finfo(x.dtype).tiny))
+    return Log(Maximum(x, floor))
 
 
 # --- dot -------------------------------------------------------------------------------

@@ -51,13 +51,21 @@ def _sigmoid(x):
     return np.exp(-np.logaddexp(0, -x))
 
 
-def _sigmoid_ce(x, t):
-    return np.logaddexp(0, x) - x * t
+def sigmoid_ce(x, t):
+    """``softplus(x) - x t`` elementwise, as ``log1p(exp(-|x|)) + |x| w`` with ``w = 1 - t``
+    where ``x > 0`` and ``t`` elsewhere; the product is 0 where ``w`` is, so an infinite
+    logit with the matching target gives 0, not ``inf - inf``."""
+    x, t = np.asarray(x), np.asarray(t)
+    ax = np.abs(x)
+    w = np.where(x > 0, 1 - t, t)
+    part = np.zeros(np.broadcast_shapes(ax.shape, w.shape), np.result_type(ax, w))
+    np.multiply(ax, w, out=part, where=w != 0)
+    return np.log1p(np.exp(-ax)) + part
 
 
 ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
 ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
-ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = _sigmoid_ce
+ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = sigmoid_ce
 ELEMENTWISE_FUNCS[og.Erf] = special.erf
 ELEMENTWISE_FUNCS[og.Softplus] = lambda x: np.logaddexp(0.0, x)
 
@@ -65,9 +73,11 @@ ELEMENTWISE_FUNCS[og.Softplus] = lambda x: np.logaddexp(0.0, x)
 @evaluator(og.ElementWise)
 def _elementwise(op, *vals):
     fn = ELEMENTWISE_FUNCS[type(op)]
-    # Operands keep their dtypes (NumPy promotes them, as in generated code); only the
-    # result takes the op's dtype (e.g. 1.0 / 0.0 for a comparison).
-    args = [align(v, a.axes, op.axes) for v, a in zip(vals, op.args)]
+    # Operands are converted to the op's compute dtype first, as in generated code; the
+    # result then takes the op's dtype (e.g. 1.0 / 0.0 for a comparison).
+    ct = op.compute_dtype()
+    args = [align(v if ct is None else np.asarray(v).astype(ct, copy=False), a.axes,
+                  op.axes) for v, a in zip(vals, op.args)]
     with np.errstate(all="ignore"):
         r = fn(*args)
     return np.broadcast_to(r, op.axes.shape).astype(op.dtype)
@@ -90,7 +100,8 @@ def _reduce_layout(in_axes, red, out_axes, x):
     keep = [in_axes.index(a) for a in out_axes]
     rpos = [in_axes.index(a) for a in red]
     x = np.transpose(x, keep + rpos)
-    return x.reshape(out_axes.shape + (-1,))
+    # the reduced length explicitly: -1 is ambiguous when some kept axis has length 0
+    return x.reshape(out_axes.shape + (int(np.prod([a.length for a in red])),))
 
 
 _REDUCERS = {og.Sum: np.sum, og.Prod: np.prod, og.Max: np.max, og.Min: np.min,

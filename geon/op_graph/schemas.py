@@ -14,8 +14,9 @@ read from a document or copied keeps a schema only where it matches.
 import numpy as np
 
 from geon.op_graph.axes import as_axes
-from geon.op_graph.op_graph import (BinaryElementWise, Divide, Exp, Log, Sigmoid, Subtract,
-                                    Sum, as_op, keywords, max, safelog, stop_gradient, sum)
+from geon.op_graph.op_graph import (BinaryElementWise, Constant, Divide, Exp, Log, Maximum,
+                                    Sigmoid, Subtract, Sum, as_op, keywords, max, safelog,
+                                    stop_gradient, sum)
 
 _AXES_HINT = {k: "use normalization_axes= (the axes to normalize over)"
               for k in ("axes", "axis", "reduction_axes")}
@@ -93,7 +94,15 @@ def cross_entropy_multi(y, t, usebits=False, out_axes=None):
     """
     y, t = as_op(y), as_op(t)
     s = y.schema
-    logy = s.shifted - Log(s.Z) if isinstance(s, SoftmaxSchema) else safelog(y)
+    if isinstance(s, SoftmaxSchema):
+        # A -inf logit (masked), or one so far below the maximum that the shift
+        # overflows, has log(y) = -inf: clipped to the lowest finite number so that a
+        # target of 0 there adds 0 (t * -inf would be NaN).
+        logy = s.shifted - Log(s.Z)
+        if logy.dtype.kind == "f":
+            logy = Maximum(logy, Constant(np.finfo(logy.dtype).min, dtype=logy.dtype))
+    else:
+        logy = safelog(y)
     r = -sum(t * logy, out_axes=out_axes)
     return r * float(1 / np.log(2)) if usebits else r
 

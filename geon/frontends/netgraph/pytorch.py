@@ -7,7 +7,7 @@ model works without it.
 import hashlib
 import math
 
-from geon.errors import FeedError, GeonError
+from geon.errors import FeedError, TorchMissingError
 from geon.frontends.netgraph.graph import NodeType
 from geon.frontends.netgraph.layout import Layout
 
@@ -34,10 +34,6 @@ def get_translation_cache_metrics():
     """``{"hits", "misses", "entries"}``: lookups that found / did not find an object
     under a node's ``derivation_uuid``, and the number of cached objects."""
     return {**_METRICS, "entries": sum(len(v) for v in _CACHE.values())}
-
-
-class TorchMissingError(GeonError, ImportError):
-    """PyTorch is not installed (it is an optional dependency of geon)."""
 
 
 def _torch():

@@ -113,12 +113,15 @@ __device__ __forceinline__ float geon_softplus(float x) {
 __device__ __forceinline__ double geon_softplus(double x) {
     return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)));
 }
-// softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|))
+// softplus(x) - x t = log1p(exp(-|x|)) + |x| w, w = 1 - t for x > 0 else t; the
+// product is 0 where w is (an infinite logit with the matching target: 0, not NaN)
 __device__ __forceinline__ float geon_sigmoid_ce(float x, float t) {
-    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))) - x * t;
+    const float a = fabsf(x), w = x > 0.0f ? 1.0f - t : t;
+    return log1pf(expf(-a)) + (w == 0.0f ? 0.0f : a * w);
 }
 __device__ __forceinline__ double geon_sigmoid_ce(double x, double t) {
-    return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))) - x * t;
+    const double a = fabs(x), w = x > 0.0 ? 1.0 - t : t;
+    return log1p(exp(-a)) + (w == 0.0 ? 0.0 : a * w);
 }
 """
 
@@ -251,14 +254,9 @@ def cuda_rule(op):
 
 
 def compute_dtype(op):
-    """The type an elementwise op computes in: comparisons in their operands' common
-    type; float results in their own type; integer results in the operands' promoted
-    type (``int + 0.5`` computes in floating point and converts, as NumPy does)."""
+    """The type an elementwise op computes in (:meth:`ElementWise.compute_dtype
+    <geon.op_graph.op_graph.ElementWise.compute_dtype>`, the rule of every backend); a
+    copy in its own type."""
     if isinstance(op, pr.Copy):
         return op.dtype
-    dts = [a.dtype for a in op.args]
-    if isinstance(op, og.Comparison):
-        return np.result_type(*dts)
-    if op.dtype.kind == "f":
-        return op.dtype
-    return np.result_type(*dts) if dts else op.dtype
+    return op.compute_dtype()

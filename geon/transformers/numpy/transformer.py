@@ -28,7 +28,7 @@ from geon.op_graph.autodiff import find_rule
 from geon.op_graph.np_ops import Select
 from geon.op_graph.user_ops import USER_OPS, UserOp
 from geon.op_graph.ordering import schedule
-from geon.op_graph.reference import NP_UFUNCS, op_site
+from geon.op_graph.reference import NP_UFUNCS, op_site, sigmoid_ce
 from geon.op_graph.tables import OpTable
 from geon.transformers import memory
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
@@ -46,6 +46,19 @@ numpy_code = NUMPY_CODE.register
 NUMPY_GLOBALS = {}
 
 
+def _loop(op):
+    """``, dtype=...`` making a ufunc compute in ``op``'s compute dtype, where NumPy
+    would otherwise pick a loop of the operands' dtypes (integer or float16 arithmetic
+    for a float result) and convert after; empty where the loops agree (comparisons:
+    NumPy promotes their operands as :meth:`compute_dtype` says, and ``dtype=`` would
+    name the bool result)."""
+    ct = op.compute_dtype()
+    if op.dtype.kind in "fc" and not isinstance(op, og.Comparison) and any(
+            a.dtype != ct for a in op.args):
+        return f", dtype=np.{ct.name}"
+    return ""
+
+
 def _ufunc_code(name):
     def code(op, out, args):
         # An integer result with an operand of another dtype (e.g. a weak float32 constant
@@ -53,7 +66,7 @@ def _ufunc_code(name):
         # reference evaluator does ('same_kind' would refuse float64 -> int64).
         cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
             a.dtype != op.dtype for a in op.args) else ""
-        return [f"np.{name}({', '.join(args)}, out={out}{cast})"]
+        return [f"np.{name}({', '.join(args)}, out={out}{_loop(op)}{cast})"]
     return code
 
 
@@ -104,7 +117,8 @@ def _sigmoid(op, out, args):
     # wherever the result is a normal number, and no overflow warnings.
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
-    return [f"np.negative({x}, out={out})", f"np.minimum({out}, {limit}, out={out})",
+    return [f"np.negative({x}, out={out}{_loop(op)})",
+            f"np.minimum({out}, {limit}, out={out})",
             f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
             f"np.reciprocal({out}, out={out})"]
 
@@ -124,11 +138,12 @@ def _softplus(op, out, args):
 
 @numpy_code(sc.SigmoidCrossEntropy)
 def _sigmoid_ce(op, out, args):
-    x, t = args
-    # softplus(x) - x t, softplus(x) = max(x, 0) + log1p(exp(-|x|)); one line, because
-    # the memory planner may give ``out`` the buffer of x or t (in place).
-    return [f"np.subtract(np.maximum({x}, 0) + np.log1p(np.exp(-np.abs({x}))), "
-            f"{x} * {t}, out={out})"]
+    # one line, because the memory planner may give ``out`` the buffer of x or t (in
+    # place); the reference's function, which never forms inf - inf or 0 * inf
+    return [f"np.copyto({out}, _sigmoid_ce({', '.join(args)}), casting='unsafe')"]
+
+
+NUMPY_GLOBALS["_sigmoid_ce"] = sigmoid_ce
 
 
 @numpy_code(pr.Gemm)
@@ -353,12 +368,16 @@ class NumPyComputation(Computation):
                 lines = find_rule(NUMPY_CODE, op)(op, out, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
-        returns = []
+        # The caller owns every array returned: a fresh buffer goes out once; another
+        # request for the same op (CSE merges equal results), views, storage and feeds
+        # are copied.
+        returns, handed = [], set()
         for r in self.results:
             if isinstance(r, og.VoidOp):
                 returns.append("None")
-            elif r in fresh:
+            elif r in fresh and r not in handed:
                 returns.append(names[r])
+                handed.add(r)
             else:
                 returns.append(f"np.array({names[r]})")
         # Feeds: arrays of the right shape and dtype pass with three comparisons; the

@@ -55,15 +55,17 @@ def sub_zero(op):  # x - 0 -> x
     return _keep(a, op) if _is(b, 0) else None
 
 
-def mul_one_zero(op):  # x * 1 -> x ; x * 0 -> 0
+def mul_one_zero(op):  # x * 1 -> x ; x * 0 -> 0 for integer or bool x only
     a, b = op.args
     for x, y in ((a, b), (b, a)):
         if _is(y, 1):
             r = _keep(x, op)
             if r is not None:
                 return r
-    if _is(a, 0) or _is(b, 0):
-        return og.Constant(0, axes=op.axes, dtype=op.dtype)
+    for x, y in ((a, b), (b, a)):
+        # NaN * 0 and inf * 0 are NaN under IEEE: a float x is never known finite
+        if _is(y, 0) and x.dtype.kind in "iub":
+            return og.Constant(0, axes=op.axes, dtype=op.dtype)
     return None
 
 

@@ -1,0 +1,457 @@
+"""geon.frontends.torch.to_torch: every op-table case, gradients through torch autograd,
+the digits graphs and a model trained by geon, feeds, unsupported ops, names."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="to_torch needs PyTorch (pip install "
+                                            "torch==2.13.0)")
+
+import geon as be  # noqa: E402
+from geon.errors import ArgumentError, FeedError, LoweringError  # noqa: E402
+from geon.examples import digits  # noqa: E402
+from geon.frontends.torch import to_torch  # noqa: E402
+from example_graphs import digits_graphs  # noqa: E402
+from op_table import CASES, GRAD_CASES  # noqa: E402
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6),
+       np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12)}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _assert_same(got, want):
+    """A torch result equal to geon's NumPy result: same shape and dtype, same values."""
+    got = got.detach().cpu().numpy()
+    want = np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **TOL[want.dtype])
+
+
+def _loss(f, seed=3):
+    """``(L, R, r)``: ``L = sum(f * R)`` with a placeholder ``R`` and its value ``r``."""
+    R = be.placeholder(f.axes, dtype=np.float64)
+    r = np.random.default_rng(seed).uniform(0.5, 1.5, f.axes.shape)
+    return (be.sum(f * R, reduction_axes=f.axes) if len(f.axes) else f * R), R, r
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_op_table_case(case, dtype):
+    arrays = case.arrays(dtype)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(dtype)) for i in case.inputs]
+    op = case.make(xs, dtype)
+    module = to_torch(op, *xs)  # before the computation, which rewrites the graph
+    want = be.NumPyTransformer().computation(op, *xs)(*arrays)
+    _assert_same(module(*[torch.from_numpy(a) for a in arrays]), want)
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
+def test_autograd_equals_deriv(case):
+    """torch autograd through the exported module gives ``be.deriv``'s gradients of
+    ``L = sum(f * R)`` (float64)."""
+    arrays = case.arrays(np.float64)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
+    f = case.make(xs, np.float64)
+    L, R, r = _loss(f)
+    wrt = [k for k, a in enumerate(arrays) if a.dtype.kind == "f"]
+    module = to_torch(f, *xs)
+    ts = [torch.tensor(a, requires_grad=(k in wrt)) for k, a in enumerate(arrays)]
+    loss = (module(*ts) * torch.from_numpy(r)).sum()
+    # a piecewise constant result (a comparison, tensor_size) has no autograd graph
+    got = torch.autograd.grad(loss, [ts[k] for k in wrt], allow_unused=True) \
+        if loss.requires_grad else [None] * len(wrt)
+    want = be.NumPyTransformer().computation([be.deriv(L, xs[k]) for k in wrt],
+                                            *xs, R)(*arrays, r)
+    for k, g, w in zip(wrt, got, want):
+        g = np.zeros_like(arrays[k]) if g is None else g.numpy()
+        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=f"input {k}")
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
+def test_derivative_graphs_export(case):
+    """The graph of ``be.deriv`` itself exports (the adjoint primitives: Unslice,
+    PutAdd, ConvGradData, ConvGradFilter, MaxPoolGrad, ...) with geon's values."""
+    arrays = case.arrays(np.float64)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
+    L, R, r = _loss(case.make(xs, np.float64))
+    grads = [be.deriv(L, x) for x, a in zip(xs, arrays) if a.dtype.kind == "f"]
+    module = to_torch(grads, *xs, R)
+    got = module(*[torch.from_numpy(a) for a in arrays + [r]])
+    want = be.NumPyTransformer().computation(grads, *xs, R)(*arrays, r)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+
+
+def test_second_derivative_of_max_pooling_exports():
+    """d/dR of sum(MaxPoolGrad(x, R) * R2) is MaxPoolGather(x, R2)."""
+    case = next(c for c in GRAD_CASES if c.op == "max_pool")
+    x = be.placeholder(case.inputs[0].axes, dtype=np.float64)
+    L, R, r = _loss(case.make([x], np.float64))
+    L2, R2, r2 = _loss(be.deriv(L, x), seed=4)
+    h = be.deriv(L2, R)
+    a = case.arrays(np.float64)[0]
+    assert "MaxPoolGather" in be.graph_after(h, "verify")
+    got = to_torch(h, x, R, R2)(*[torch.from_numpy(v) for v in (a, r, r2)])
+    _assert_same(got, be.NumPyTransformer().computation(h, x, R, R2)(a, r, r2))
+
+
+def test_max_pooling_gradients_go_to_the_first_maximum_as_in_geon():
+    H = be.Axis(6, "H")
+    x = be.placeholder((N, H), name="x", dtype=np.float64)
+    f = be.max_pool(x, (H,), 3, strides=1)           # overlapping windows, with ties
+    a = np.array([[1.0, 1.0, 1.0, 0.0, 2.0, 2.0]] * 4)
+    L, R, r = _loss(f)
+    want = be.NumPyTransformer().computation(be.deriv(L, x), x, R)(a, r)
+    t = torch.tensor(a, requires_grad=True)
+    (to_torch(f, x)(t) * torch.from_numpy(r)).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-12)
+    # ties: the first maximum of each window wins (an even split would reach 2 and 5)
+    assert want[0, 2] == want[0, 5] == 0.0 and np.all(want[0, [0, 1, 4]] != 0.0)
+
+
+def test_digits_graphs_export_and_match():
+    """Every computation of the digits example exported with the state of a geon
+    transformer gives its values, and the training step updates the parameters as geon
+    does."""
+    graphs = digits_graphs(batch_size=8, n_test=12)
+    t = be.NumPyTransformer()
+    comps = [t.computation(r, *p) for r, p in graphs]
+    t.initialize()
+    modules = [to_torch(r, *p, transformer=t) for r, p in graphs]
+    rng = np.random.default_rng(0)
+    feeds = {"x_test": rng.uniform(0, 1, (12, 64)).astype(np.float32),
+             "y_test": rng.integers(0, 10, 12), "x": rng.uniform(0, 1, (8, 64))
+             .astype(np.float32), "labels": rng.integers(0, 10, 8)}
+    for comp, module in zip(comps, modules):
+        args = [feeds[p.name] for p in comp.params]
+        module_out = module(*[torch.from_numpy(a) for a in args])
+        geon_out = comp(*args)
+        if not isinstance(geon_out, tuple):
+            geon_out, module_out = (geon_out,), (module_out,)
+        for g, m in zip(geon_out, module_out):
+            if g is None:  # a SetItem
+                assert m is None
+            else:
+                _assert_same(m, np.asarray(g))
+        for name, v in module.geon_variables.items():  # what the SetItems wrote
+            _assert_same(module.get_buffer(name) if name in dict(module.named_buffers())
+                         else module.get_parameter(name), t.state[v])
+
+
+def test_model_trained_by_geon_has_the_same_accuracy_in_pytorch():
+    args = digits.parse_args(["--hidden", "16", "--epochs", "2", "--no-save", "--quiet"])
+    x_all, y_all = digits.load_digits()
+    train_idx, test_idx = digits.split(len(x_all))
+    x_train, y_train = x_all[train_idx], y_all[train_idx]
+    x_test, y_test = x_all[test_idx], y_all[test_idx]
+    t, train_step, evaluate, next_epoch, _ = digits.build(args, 64, len(x_test))
+    for epoch in range(args.epochs):
+        order = np.random.default_rng((0, epoch)).permutation(len(x_train))
+        for s in range(len(x_train) // args.batch_size):
+            batch = order[s * args.batch_size:(s + 1) * args.batch_size]
+            train_step(x_train[batch], y_train[batch])
+    predicted, test_loss = evaluate(x_test, y_test)
+    accuracy = np.mean(predicted == y_test)
+    assert accuracy > 0.8  # it did learn: the comparison below is not of chance levels
+
+    module = to_torch(evaluate.requested, *evaluate.params, transformer=t)
+    assert sorted(module.state_dict()) == ["W1", "W2", "b1", "b2"]
+    with torch.no_grad():
+        t_predicted, t_loss = module(torch.from_numpy(x_test), torch.from_numpy(y_test))
+    assert t_predicted.dtype == torch.int64
+    assert np.mean(t_predicted.numpy() == y_test) == accuracy
+    np.testing.assert_allclose(t_loss.item(), test_loss, rtol=1e-5)
+
+
+# --- feeds -------------------------------------------------------------------------------
+
+F = be.Axis(3, "F")
+N = be.Axis(4, "N", batch=True)
+
+
+def _scaled():
+    x = be.placeholder((N, F), name="x")
+    w = be.Variable(F, initial_value=[1.0, 2.0, 3.0], name="w")
+    return x, w, x * w
+
+
+def test_feed_of_the_wrong_shape_names_the_placeholder_and_the_shape():
+    x, _, y = _scaled()
+    module = to_torch(y, x)
+    with pytest.raises(ValueError, match=r"placeholder x expects axes \(N:4, F:3\) i\.e\. "
+                                         r"shape \(4, 3\); got shape \(3, 4\)"):
+        module(torch.zeros(3, 4))
+    with pytest.raises(FeedError, match=r"placeholder x .*shape \(4, 3\); got shape"):
+        module(np.zeros((4, 2), np.float32))  # arrays are checked as geon checks feeds
+
+
+def test_feed_count_and_dtype_are_checked():
+    x, _, y = _scaled()
+    module = to_torch(y, x)
+    with pytest.raises(FeedError, match=r"takes 1 value\(s\) \(x\), got 2"):
+        module(torch.zeros(4, 3), torch.zeros(4, 3))
+    with pytest.raises(FeedError, match="placeholder x has dtype float32; cannot safely "
+                                        "convert torch.complex64"):
+        module(torch.zeros(4, 3, dtype=torch.complex64))
+    # float64 converts to the placeholder's float32, as geon's feeds do
+    out = module(torch.ones(4, 3, dtype=torch.float64))
+    assert out.dtype == torch.float32
+    np.testing.assert_array_equal(out.detach().numpy(), np.tile([1.0, 2.0, 3.0], (4, 1)))
+
+
+def test_integer_placeholder_rejects_floats():
+    idx = be.placeholder(N, dtype=np.int64, name="labels")
+    module = to_torch(be.one_hot(idx, be.Axis(5, "Y")), idx)
+    with pytest.raises(FeedError, match="placeholder labels has dtype int64"):
+        module(torch.zeros(4))
+    out = module(torch.tensor([0, 4, 2, 2]))
+    np.testing.assert_array_equal(out.numpy(), np.eye(5, dtype=np.float32)[:, [0, 4, 2, 2]])
+
+
+def test_negative_step_slices_and_their_adjoint():
+    """PyTorch has no negative slice steps: the exporter flips a positive-step slice."""
+    C7 = be.Axis(7, "C7")
+    D = be.Axis(3, "D")
+    x = be.placeholder((C7, F), name="x", dtype=np.float64)
+    y = be.slice_along_axis(x, C7, slice(5, 0, -2), new_axis=D)
+    g = be.deriv(be.sum(y * y, out_axes=()), x)   # an Unslice with the same key
+    module = to_torch([y, g], x)
+    a = np.arange(21.0).reshape(7, 3)
+    got = module(torch.from_numpy(a))
+    want = be.NumPyTransformer().computation([y, g], x)(a)
+    np.testing.assert_array_equal(got[0].numpy(), a[5:0:-2])
+    for t, w in zip(got, want):
+        _assert_same(t, w)
+
+
+def test_indices_are_checked_as_geon_checks_them():
+    M = be.Axis(2, "M")
+    x = be.placeholder((N, F), name="x")
+    idx = be.placeholder(M, dtype=np.int64, name="idx")
+    module = to_torch(be.gather(x, idx, F), x, idx)
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = module(torch.from_numpy(a), torch.tensor([-1, 0]))
+    np.testing.assert_array_equal(got.numpy(), a[:, [2, 0]])
+    with pytest.raises(be.IndexOutOfRangeError, match=r"Gather .*test_torch_export\.py.*: "
+                                                      r"index 3 is out of range for an "
+                                                      r"axis of length 3"):
+        module(torch.from_numpy(a), torch.tensor([3, 0]))
+
+
+def test_every_primitive_of_the_numpy_transformer_has_a_rule():
+    """The exporter's base set holds the NumPy transformer's (user ops aside: each needs
+    its own PyTorch rule), so whatever geon runs, the exporter runs."""
+    from geon.frontends.torch.export import _TorchLowering
+    from geon.op_graph.user_ops import UserOp
+    ours = _TorchLowering().base_set
+    missing = sorted(c.__name__ for c in be.NumPyTransformer.base_set - {UserOp}
+                     if c not in ours)
+    assert not missing, missing
+
+
+def test_the_users_graph_is_not_rewritten():
+    x, w, y = _scaled()
+    z = be.softmax(y)
+    to_torch(z, x)
+    assert be.graph_text(z) == be.graph_text(z, lowered=True)  # no op was replaced
+
+
+def test_collectives_of_a_single_process_are_the_value_itself():
+    x = be.placeholder(F, name="x", dtype=np.float64)
+    y = be.placeholder(N, name="y", dtype=np.float64)
+    from geon.op_graph.collectives import FlatConcat
+    flat = FlatConcat(x * 2.0, y, axis=be.Axis(7, "flat"))
+    results = [be.allreduce(x), be.allreduce(x, "mean"), be.broadcast_from(x), flat]
+    module = to_torch(results, x, y)
+    a, b = np.array([1.0, 2.0, 3.0]), np.arange(4.0)
+    got = module(torch.from_numpy(a), torch.from_numpy(b))
+    want = be.NumPyTransformer().computation(results, x, y)(a, b)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+    np.testing.assert_array_equal(got[3].numpy(), [2, 4, 6, 0, 1, 2, 3])
+
+
+_DISTRIBUTED = """
+import sys, numpy as np, torch, torch.distributed as dist
+import geon as be
+from geon.frontends.torch import to_torch
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+F = be.Axis(3, "F")
+x = be.placeholder(F, name="x", dtype=np.float64)
+m = to_torch([be.allreduce(x), be.allreduce(x, "mean"), be.broadcast_from(x, root=1)], x)
+t = (torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) * (rank + 1)).requires_grad_()
+s, mean, b = m(t)
+(s * (rank + 1)).sum().backward()  # d/dx_r sum_s y_s (s + 1) = 1 + 2
+print(s.tolist(), mean.tolist(), b.tolist(), t.grad.tolist())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is "
+                                                                 "not available")
+def test_collectives_in_a_torch_distributed_job():
+    """Two processes (gloo, on this machine): the exported allreduce and broadcast are
+    torch.distributed's, and autograd sums the ranks' deltas as geon's adjoint does."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", _DISTRIBUTED, str(r),
+                               f"tcp://127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.strip() == ("[3.0, 6.0, 9.0] [1.5, 3.0, 4.5] [2.0, 4.0, 6.0] "
+                               "[3.0, 3.0, 3.0]"), (out, err)
+
+
+# --- unsupported ops ---------------------------------------------------------------------
+
+Twice = be.define_op("TorchExportTwice", lambda x: 2 * x)
+
+
+def test_an_op_without_a_rule_is_named_at_export_with_its_line():
+    x = be.placeholder(F, name="x")
+    y = Twice(x)
+    line = sys._getframe().f_lineno - 1
+    with pytest.raises(LoweringError, match=rf"TorchExportTwice.*built at .*"
+                                            rf"test_torch_export\.py\", line {line}"):
+        to_torch(y, x)
+    # the user's graph was not touched: geon still runs it
+    np.testing.assert_array_equal(be.NumPyTransformer().computation(y, x)([1, 2, 3]),
+                                  [2, 4, 6])
+
+
+# --- parameters --------------------------------------------------------------------------
+
+def test_parameters_are_named_after_the_variables():
+    x = be.placeholder(F, name="x")
+    names = ["layer1.weight", "3d", "forward", "bias", "my var"]
+    vs = [be.Variable(F, initial_value=k, name=n) for k, n in enumerate(names)]
+    step = be.Variable((), initial_value=7, dtype=np.int64, name="step")
+    frozen = be.Variable(F, initial_value=0.5, trainable=False, name="frozen")
+    y = sum(vs[1:], vs[0] * x) + frozen + step
+    module = to_torch(y, x)
+    assert [n for n, _ in module.named_parameters()] == \
+        ["layer1_weight", "_3d", "forward_", "bias", "my_var"]
+    assert {n for n, _ in module.named_buffers()} >= {"step", "frozen"}
+    assert set(module.state_dict()) == {"layer1_weight", "_3d", "forward_", "bias",
+                                        "my_var", "step", "frozen"}  # constants: not state
+    assert module.geon_variables["forward_"] is vs[2]
+    assert module.step.dtype == torch.int64 and module.frozen.requires_grad is False
+    np.testing.assert_allclose(module(torch.ones(3)).detach().numpy(),
+                               [0 + 1 + 2 + 3 + 4 + 0.5 + 7] * 3)
+
+
+def test_names_that_sanitize_alike_are_an_error_naming_both():
+    x = be.placeholder(F, name="x")
+    a = be.Variable(F, name="enc.w")
+    b = be.Variable(F, name="enc-w")
+    site = r"\(built at .*test_torch_export\.py\", line \d+\)"
+    with pytest.raises(ArgumentError, match=rf"Variables enc\.w {site} and enc-w {site} "
+                                            rf"both become the attribute 'enc_w'"):
+        to_torch(a * x + b, x)
+
+
+def test_values_come_from_the_transformer_state():
+    x, w, y = _scaled()
+    t = be.NumPyTransformer()
+    update = t.computation(be.SetItem(w, w * 10.0))
+    update()
+    module = to_torch(y, x, transformer=t)
+    np.testing.assert_array_equal(module.w.detach().numpy(), [10.0, 20.0, 30.0])
+    assert to_torch(y, x).w.tolist() == [1.0, 2.0, 3.0]  # without it: initial values
+
+
+def test_without_a_transformer_the_initializers_run():
+    v = be.Variable(F, initial_value=1.0, name="v")
+    u = be.Variable(F, initial_value=2.0, name="u",
+                    initializers=[be.SetItem(v, 5.0, sequence=False)])
+    module = to_torch(u + v)
+    assert module().tolist() == [7.0, 7.0, 7.0]
+    assert module.v.tolist() == [5.0, 5.0, 5.0]
+
+
+def test_assignments_write_the_parameters_in_place():
+    x, w, y = _scaled()
+    loss = be.sum(y, out_axes=())
+    module = to_torch([loss, be.SetItem(w, w - 0.5 * be.deriv(loss, w))], x)
+    out, none = module(torch.ones(4, 3))
+    assert none is None and out.item() == 24.0
+    np.testing.assert_array_equal(module.w.detach().numpy(), [-1.0, 0.0, 1.0])
+    out, _ = module(torch.ones(4, 3))  # the next call reads the updated value
+    assert out.item() == 0.0
+
+
+def test_results_that_are_storage_are_new_tensors_each_call():
+    w = be.Variable(F, initial_value=1.0, name="w")
+    results = [w, be.SetItem(w, w + 1.0)]
+    module = to_torch(results)
+    first, _ = module()
+    second, _ = module()
+    want = be.NumPyTransformer().computation(results)
+    assert first.tolist() == want()[0].tolist() == [2.0, 2.0, 2.0]  # read after the update
+    assert second.tolist() == want()[0].tolist() == [3.0, 3.0, 3.0]
+    assert first is not module.w and first.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_an_assignment_to_a_placeholder_leaves_the_callers_value_alone():
+    x = be.placeholder(F, name="x", dtype=np.float64)
+    results = [be.SetItem(x, x * 2.0), x + 1.0]
+    module = to_torch(results, x)
+    a, t = np.ones(3), torch.ones(3, dtype=torch.float64)
+    want = be.NumPyTransformer().computation(results, x)(np.ones(3))[1]
+    for value in (a, t):
+        none, out = module(value)
+        assert none is None and out.tolist() == want.tolist() == [3.0, 3.0, 3.0]
+    assert a.tolist() == t.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_the_module_trains_in_pytorch():
+    """Autograd reaches the parameters: a PyTorch optimizer step changes the loss."""
+    x, w, y = _scaled()
+    module = to_torch(be.sum(y * y, out_axes=()), x)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    first = module(torch.ones(4, 3))
+    first.backward()
+    np.testing.assert_allclose(module.w.grad.numpy(), 8 * np.array([1.0, 2.0, 3.0]))
+    opt.step()
+    assert module(torch.ones(4, 3)).item() < first.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device (torch.cuda.is_available() is False)")
+def test_runs_on_a_gpu():
+    x, w, y = _scaled()
+    f = be.tanh(be.sum(be.softmax(y), out_axes=N))
+    module = to_torch(f, x).to("cuda")
+    a = np.random.default_rng(1).uniform(-1, 1, (4, 3)).astype(np.float32)
+    out = module(torch.from_numpy(a).to("cuda"))
+    assert out.device.type == "cuda"
+    _assert_same(out, be.NumPyTransformer().computation(f, x)(a))
+
+
+def test_importing_geon_does_not_need_torch_and_the_exporter_says_how_to_get_it():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import geon\n"
+            "try:\n"
+            "    import geon.frontends.torch\n"
+            "except geon.errors.TorchMissingError as e:\n"
+            "    print(isinstance(e, ImportError), e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("True ") and "pip install torch==2.13.0" in run.stdout
