@@ -15,11 +15,12 @@ class _Recorder:
 
 def digits_graphs(batch_size, n_test, hidden=16):
     """``[(results, params)]`` of the computations the digits example's model builds:
-    the training step, the step counter's value and the evaluation of ``n_test``
-    images (per-image loss and correctness), in that order."""
+    the evaluation of ``n_test`` images (per-image loss and correctness), the step
+    counter's value and the training step, in that order (the readers first)."""
     rec = _Recorder()
     hp = dict(digits.HYPERPARAMETERS, hidden=hidden, batch_size=batch_size)
     model = digits.build_model(hp, 64, rec)
     model.eval_batch_size = n_test
     model._eval_computation()       # built on first use
-    return rec.calls
+    train, step, evaluate = rec.calls
+    return [evaluate, step, train]

@@ -264,8 +264,8 @@ def test_example_model_round_trip(monkeypatch, tmp_path):
         return t, [t.computation([mapping[op] for op in results],
                                  *[mapping[p] for p in params]) for results, params in calls]
 
-    t1, (train1, stepv1, ev1) = compile_all({op: op for op in order})
-    t2, (train2, stepv2, ev2) = compile_all(same)
+    t1, (ev1, stepv1, train1) = compile_all({op: op for op in order})
+    t2, (ev2, stepv2, train2) = compile_all(same)
     t1.initialize()
     ckpt = tmp_path / "w.npz"
     t1.save(ckpt)
