@@ -1,8 +1,5 @@
 """The digits example's graphs, recorded instead of compiled (shared by tests)."""
 
-import pytest
-
-import geon as be
 from geon.examples import digits
 
 
@@ -17,9 +14,13 @@ class _Recorder:
 
 
 def digits_graphs(batch_size, n_test, hidden=16):
-    """``[(results, params)]`` of every computation the digits example builds."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(be, "NumPyTransformer", _Recorder)
-        args = digits.parse_args(["--hidden", str(hidden), "--batch-size", str(batch_size)])
-        rec, *_ = digits.build(args, 64, n_test)
-    return rec.calls
+    """``[(results, params)]`` of the computations the digits example's model builds:
+    the evaluation of ``n_test`` images (per-image loss and correctness), the step
+    counter's value and the training step, in that order (the readers first)."""
+    rec = _Recorder()
+    hp = dict(digits.HYPERPARAMETERS, hidden=hidden, batch_size=batch_size)
+    model = digits.build_model(hp, 64, rec)
+    model.eval_batch_size = n_test
+    model._eval_computation()       # built on first use
+    train, step, evaluate = rec.calls
+    return [evaluate, step, train]

@@ -12,6 +12,7 @@ import pytest
 
 import geon as be
 from geon.examples import digits
+from geon.frontends.neon.progress import Progress
 
 
 def run(tmp_path, *argv, name="ckpt.npz"):
@@ -48,9 +49,11 @@ def test_train_reaches_accuracy_and_resume_restores(tmp_path):
     assert 0 < r["loss"] < 0.3 and 0 < r["test_loss"] < 0.3
     assert r["checkpoint"] == os.path.abspath(ckpt) and ckpt.exists()
     saved = weights(ckpt)
-    assert set(saved) == {"W1", "b1", "W2", "b2", "epoch"}
-    assert saved["W1"].shape == (64, 64) and saved["W2"].shape == (10, 64)
-    assert int(saved["epoch"]) == 10
+    assert set(saved) == {"hidden/W", "hidden/b", "output/W", "output/b", "sgd/step"}
+    assert saved["hidden/W"].shape == (64, 64) and saved["output/W"].shape == (10, 64)
+    assert int(saved["sgd/step"]) == 10 * (1438 // 32)     # updates: 10 epochs of 44
+    assert json.loads((tmp_path / "ckpt.json").read_text()) == {
+        "batch_size": 32, "lr": 0.2, "hidden": 64, "seed": 0, "epochs": 10}
 
     # Resuming with no further epochs evaluates the restored weights: the same accuracy
     # and test loss, and the checkpoint it writes back is bitwise the one it read.
@@ -65,17 +68,19 @@ def test_train_reaches_accuracy_and_resume_restores(tmp_path):
     # Without --resume the same run starts afresh (and differs from the trained one).
     fresh = run(tmp_path, "--epochs", 0, name="fresh.npz")
     assert fresh["test_accuracy"] < 0.5
-    assert not np.array_equal(weights(tmp_path / "fresh.npz")["W1"], saved["W1"])
+    assert not np.array_equal(weights(tmp_path / "fresh.npz")["hidden/W"], saved["hidden/W"])
 
 
 def test_resume_continues_the_same_run(tmp_path):
     # 2 epochs, save, resume for 2 more == 4 epochs in one go, bit for bit: the
-    # checkpoint holds every weight and the epoch count, which fixes the minibatch order.
-    run(tmp_path, "--epochs", 2, name="split.npz")
+    # checkpoint holds every weight and the step count, which fixes the minibatch order;
+    # the hyperparameters (here a non-default learning rate) come from the stored run.
+    run(tmp_path, "--epochs", 2, "--lr", 0.1, name="split.npz")
     resumed = run(tmp_path, "--epochs", 2, "--resume", name="split.npz")
-    straight = run(tmp_path, "--epochs", 4, name="straight.npz")
+    straight = run(tmp_path, "--epochs", 4, "--lr", 0.1, name="straight.npz")
     a, b = weights(tmp_path / "split.npz"), weights(tmp_path / "straight.npz")
-    assert int(a["epoch"]) == int(b["epoch"]) == 4
+    assert int(a["sgd/step"]) == int(b["sgd/step"]) == 4 * 44
+    assert resumed["hyperparameters"]["lr"] == 0.1 and resumed["epochs"] == 4
     for k in a:
         assert np.array_equal(a[k], b[k]), k
     assert resumed["test_accuracy"] == straight["test_accuracy"]
@@ -86,8 +91,17 @@ def test_resume_errors(tmp_path):
     with pytest.raises(be.CheckpointError, match="does not exist"):
         run(tmp_path, "--epochs", 0, "--resume", name="missing.npz")
     run(tmp_path, "--epochs", 0, "--hidden", 16)
+    # The stored run had 16 hidden units: asking for another number is an error ...
+    with pytest.raises(be.CheckpointError, match="--hidden 64 but the run in .* used 16"):
+        run(tmp_path, "--epochs", 0, "--resume", "--hidden", 64)
+    assert run(tmp_path, "--epochs", 0, "--resume")["hyperparameters"]["hidden"] == 16
+    # ... and a checkpoint that does not match the stored hyperparameters is refused.
+    (tmp_path / "ckpt.json").write_text(json.dumps({"hidden": 64}))
     with pytest.raises(be.CheckpointError, match="variable needs"):
-        run(tmp_path, "--epochs", 0, "--resume")          # 64 hidden units, 16 saved
+        run(tmp_path, "--epochs", 0, "--resume")
+    (tmp_path / "ckpt.json").unlink()
+    with pytest.raises(be.CheckpointError, match="hyperparameters"):
+        run(tmp_path, "--epochs", 0, "--resume")
     with pytest.raises(SystemExit):
         digits.main(["--epochs", "-1"])
 
@@ -109,7 +123,7 @@ class FakeStream(io.StringIO):
 
 def test_progress_bar():
     tty = FakeStream(True)
-    p = digits.Progress(tty)
+    p = Progress(tty)
     p.update("epoch 1/1", 1, 4, "loss 2.3")
     p.done("epoch 1/1: done")
     text = tty.getvalue()
@@ -119,14 +133,14 @@ def test_progress_bar():
     assert last == "epoch 1/1: done".ljust(len(bar)) + "\n"
 
     log = FakeStream(False)                  # not a terminal: one line per epoch, no '\r'
-    p = digits.Progress(log)
+    p = Progress(log)
     for i in range(1, 5):
         p.update("epoch 1/1", i, 4, "loss 2.3")
     p.done("epoch 1/1: done")
     assert log.getvalue() == "epoch 1/1: done\n"
 
     quiet = FakeStream(True)
-    p = digits.Progress(quiet, enabled=False)
+    p = Progress(quiet, enabled=False)
     p.update("epoch 1/1", 1, 4)
     p.done("epoch 1/1: done")
     assert quiet.getvalue() == ""

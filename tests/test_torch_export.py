@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch", reason="to_torch needs PyTorch (pip install
 import geon as be  # noqa: E402
 from geon.errors import ArgumentError, FeedError, LoweringError  # noqa: E402
 from geon.examples import digits  # noqa: E402
+from geon.frontends import neon as nn  # noqa: E402
 from geon.frontends.torch import to_torch  # noqa: E402
 from example_graphs import digits_graphs  # noqa: E402
 from op_table import CASES, GRAD_CASES  # noqa: E402
@@ -127,9 +128,9 @@ def test_digits_graphs_export_and_match():
     t.initialize()
     modules = [to_torch(r, *p, transformer=t) for r, p in graphs]
     rng = np.random.default_rng(0)
-    feeds = {"x_test": rng.uniform(0, 1, (12, 64)).astype(np.float32),
-             "y_test": rng.integers(0, 10, 12), "x": rng.uniform(0, 1, (8, 64))
-             .astype(np.float32), "labels": rng.integers(0, 10, 8)}
+    feeds = {"x_eval": rng.uniform(0, 1, (12, 64)).astype(np.float32),
+             "labels_eval": rng.integers(0, 10, 12), "x_train": rng.uniform(0, 1, (8, 64))
+             .astype(np.float32), "labels_train": rng.integers(0, 10, 8)}
     for comp, module in zip(comps, modules):
         args = [feeds[p.name] for p in comp.params]
         module_out = module(*[torch.from_numpy(a) for a in args])
@@ -147,28 +148,20 @@ def test_digits_graphs_export_and_match():
 
 
 def test_model_trained_by_geon_has_the_same_accuracy_in_pytorch():
-    args = digits.parse_args(["--hidden", "16", "--epochs", "2", "--no-save", "--quiet"])
-    x_all, y_all = digits.load_digits()
-    train_idx, test_idx = digits.split(len(x_all))
-    x_train, y_train = x_all[train_idx], y_all[train_idx]
-    x_test, y_test = x_all[test_idx], y_all[test_idx]
-    t, train_step, evaluate, next_epoch, _ = digits.build(args, 64, len(x_test))
-    for epoch in range(args.epochs):
-        order = np.random.default_rng((0, epoch)).permutation(len(x_train))
-        for s in range(len(x_train) // args.batch_size):
-            batch = order[s * args.batch_size:(s + 1) * args.batch_size]
-            train_step(x_train[batch], y_train[batch])
-    predicted, test_loss = evaluate(x_test, y_test)
-    accuracy = np.mean(predicted == y_test)
-    assert accuracy > 0.8  # it did learn: the comparison below is not of chance levels
+    x_train, y_train, x_test, y_test = nn.load_digits()
+    model = digits.build_model(dict(digits.HYPERPARAMETERS, hidden=16), 64, "numpy")
+    model.eval_batch_size = len(x_test)       # one evaluation batch: the whole test set
+    model.fit((x_train, y_train), epochs=2, verbose=False)
+    result = model.evaluate(x_test, y_test)
+    assert result["accuracy"] > 0.8  # it did learn: the comparison below is not of chance levels
 
-    module = to_torch(evaluate.requested, *evaluate.params, transformer=t)
-    assert sorted(module.state_dict()) == ["W1", "W2", "b1", "b2"]
+    evaluate = model._eval_computation()      # (per-image loss, per-image correctness)
+    module = to_torch(evaluate.requested, *evaluate.params, transformer=model.transformer)
+    assert len(module.state_dict()) == 4      # the two layers' weights and biases
     with torch.no_grad():
-        t_predicted, t_loss = module(torch.from_numpy(x_test), torch.from_numpy(y_test))
-    assert t_predicted.dtype == torch.int64
-    assert np.mean(t_predicted.numpy() == y_test) == accuracy
-    np.testing.assert_allclose(t_loss.item(), test_loss, rtol=1e-5)
+        t_loss, t_correct = module(torch.from_numpy(x_test), torch.from_numpy(y_test))
+    assert np.mean(t_correct.numpy()) == result["accuracy"]
+    np.testing.assert_allclose(np.mean(t_loss.numpy()), result["loss"], rtol=1e-5)
 
 
 # --- feeds -------------------------------------------------------------------------------

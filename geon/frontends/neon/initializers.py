@@ -1,0 +1,91 @@
+"""Initializers: callables ``init(shape, dtype, name) -> array`` for a layer's Variables.
+
+Each initializer is seeded: the array it gives depends only on its ``seed``, the
+variable's hierarchical name (``conv1/W``) and shape, so a model built twice with the
+same seeds starts from bitwise the same weights, in any process. The values come from
+a NumPy generator (``numpy.random.default_rng``) seeded with ``(seed, crc32(name))``;
+they become the Variable's ``initial_value``, which the transformer's ``initialize``
+writes. ``fan_in`` is the product of every axis length except the first (the layer's
+output axis), ``fan_out`` the first axis' length times the receptive field.
+"""
+
+import zlib
+
+import numpy as np
+
+
+def _rng(seed, name):
+    return np.random.default_rng((int(seed), zlib.crc32(name.encode())))
+
+
+def _fans(shape):
+    if len(shape) == 0:
+        return 1, 1
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    fan_in = int(np.prod(shape[1:]))
+    return fan_in, shape[0]
+
+
+class Initializer:
+    """Base class: subclasses implement :meth:`sample`."""
+
+    def __init__(self, seed=0):
+        self.seed = seed
+
+    def __call__(self, shape, dtype, name):
+        """The initial array of a variable ``name`` of ``shape`` and ``dtype``."""
+        return np.asarray(self.sample(_rng(self.seed, name), tuple(shape)), dtype=dtype)
+
+    def sample(self, rng, shape):
+        raise NotImplementedError
+
+
+class Constant(Initializer):
+    """Every entry ``value``."""
+
+    def __init__(self, value=0.0):
+        super().__init__(0)
+        self.value = value
+
+    def sample(self, rng, shape):
+        return np.full(shape, self.value)
+
+
+class Uniform(Initializer):
+    """Uniform on ``[low, high)``."""
+
+    def __init__(self, low=-0.05, high=0.05, seed=0):
+        super().__init__(seed)
+        self.low, self.high = low, high
+
+    def sample(self, rng, shape):
+        return rng.uniform(self.low, self.high, shape)
+
+
+class Gaussian(Initializer):
+    """Normal with mean ``loc`` and standard deviation ``scale``."""
+
+    def __init__(self, loc=0.0, scale=0.05, seed=0):
+        super().__init__(seed)
+        self.loc, self.scale = loc, scale
+
+    def sample(self, rng, shape):
+        return rng.normal(self.loc, self.scale, shape)
+
+
+class GlorotUniform(Initializer):
+    """Uniform on ``±sqrt(6 / (fan_in + fan_out))`` (Glorot & Bengio, 2010)."""
+
+    def sample(self, rng, shape):
+        fan_in, fan_out = _fans(shape)
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, shape)
+
+
+class KaimingNormal(Initializer):
+    """Normal with standard deviation ``sqrt(2 / fan_in)`` (He et al., 2015)."""
+
+    def sample(self, rng, shape):
+        fan_in, _ = _fans(shape)
+        return rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)

@@ -1,0 +1,464 @@
+"""Layers over named axes.
+
+A layer is called on an op and returns an op: ``h = Affine(64, name="hidden")(x)``.
+Its Variables are created at the first call (their axes follow from the input's) and
+reused by every later call, so one layer serves a training graph and an inference graph
+with different batch axes. Variables are named hierarchically, ``<layer>/<name>``
+(``hidden/W``, ``hidden/b``; a :class:`Sequential` named ``net`` makes them
+``net/hidden/W``), and listed by ``layer.variables``.
+
+Layers read their Variables through :func:`geon.value_of`, so computations built from
+the same layers at different times (a training step, a prediction) never wait for each
+other's assignments; derivatives flow through the reads as through the Variables.
+
+The axes: the *batch* axes (``Axis(..., batch=True)``) and the *recurrent* axis
+(``recurrent=True``, the time axis T) pass through a layer; the other axes of the input
+(the *sample* axes, the features) are what a layer's weights act on.
+"""
+
+import itertools
+
+import numpy as np
+
+import geon as be
+from geon.errors import ArgumentError, AxisMismatchError
+from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform, KaimingNormal
+from geon.op_graph.nodes import user_location
+
+_counters = {}
+
+
+def _auto_name(kind):
+    n = _counters.setdefault(kind, itertools.count())
+    i = next(n)
+    return kind if i == 0 else f"{kind}_{i}"
+
+
+def _activation(fn):
+    if fn is None or callable(fn):
+        return fn
+    try:
+        return getattr(be, fn)
+    except AttributeError:
+        raise ArgumentError(f"unknown activation {fn!r}: give a callable or the name of a "
+                            f"geon function such as 'relu' or 'tanh' (at {user_location()})"
+                            ) from None
+
+
+def _features(x, what):
+    feats = x.axes.sample_axes()
+    if not len(feats):
+        raise AxisMismatchError(f"{what}: input {x.name} ({x.axes!r}) has no feature axes "
+                                f"(all are batch or recurrent) (at {user_location()})")
+    return feats
+
+
+class Layer:
+    """Base class of layers: a name, Variables made once, and :meth:`__call__`.
+
+    Subclasses implement ``forward(x, training)``; they create Variables with
+    :meth:`variable`, which returns the existing one on later calls.
+    """
+
+    def __init__(self, name=None, dtype=np.float32):
+        self.name = name or _auto_name(type(self).__name__.lower())
+        self.dtype = np.dtype(dtype)
+        self._vars = {}
+        self._updates = []
+
+    def __call__(self, x, training=False):
+        """The layer's output op for the input op ``x``; ``training`` selects the
+        training behaviour of layers that have one (BatchNorm, Dropout)."""
+        return self.forward(x, training)
+
+    def forward(self, x, training):
+        raise NotImplementedError
+
+    def variable(self, short, axes, init, trainable=True):
+        """The Variable ``<self.name>/<short>`` (created on first use), read through
+        :func:`geon.value_of`."""
+        v = self._vars.get(short)
+        if v is None:
+            name = f"{self.name}/{short}"
+            axes = be.Axes(*axes)
+            v = be.Variable(axes, dtype=self.dtype, trainable=trainable, name=name,
+                            initial_value=lambda shape, i=init, n=name, d=self.dtype:
+                            i(shape, d, n))
+            self._vars[short] = v
+        elif (v.axes.names, v.axes.lengths) != (be.Axes(*axes).names, be.Axes(*axes).lengths):
+            # Another feature axis of the same length would make a dot an outer product.
+            raise AxisMismatchError(f"layer {self.name}: called on an input whose axes "
+                                    f"need {v.name} with axes {be.Axes(*axes)!r} but it was "
+                                    f"made with {v.axes!r} (at {user_location()})")
+        return be.value_of(v)
+
+    @property
+    def variables(self):
+        """The layer's Variables (trainable or not), in creation order."""
+        return list(self._vars.values())
+
+    def pop_updates(self):
+        """The assignments (SetItems) the training-mode calls since the last
+        ``pop_updates`` made, such as BatchNorm's running averages: a training
+        computation requests them among its results. Cleared by the call."""
+        ups, self._updates = self._updates, []
+        return ups
+
+    def _rename(self, prefix):
+        self.name = f"{prefix}/{self.name}"
+
+
+def _out_axis(n, layer):
+    if isinstance(n, be.Axis):
+        return n
+    return be.Axis(int(n), name=f"{layer.name}_out")
+
+
+class Affine(Layer):
+    """A dense layer: ``activation(W · x + b)`` over the input's feature axes.
+
+    ``nout`` is the output axis, or its length (the axis is then named
+    ``<layer name>_out``). ``W`` has axes ``(out, *features)``; ``bias=False`` drops
+    ``b``.
+    """
+
+    def __init__(self, nout, activation=None, weight_init=None, bias_init=None,
+                 bias=True, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout, self.activation = nout, _activation(activation)
+        self.weight_init = weight_init or GlorotUniform()
+        self.bias_init = bias_init or Constant(0.0)
+        self.bias = bias
+        self.out_axis = None
+
+    def forward(self, x, training):
+        feats = _features(x, f"Affine {self.name}")
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        y = be.dot(self.variable("W", (self.out_axis,) + tuple(feats), self.weight_init), x)
+        if self.bias:
+            y = y + self.variable("b", (self.out_axis,), self.bias_init)
+        return self.activation(y) if self.activation else y
+
+
+class Activation(Layer):
+    """An elementwise function, given as a callable or a geon function's name."""
+
+    def __init__(self, fn, name=None):
+        super().__init__(name)
+        self.fn = _activation(fn)
+
+    def forward(self, x, training):
+        return self.fn(x)
+
+
+class Flatten(Layer):
+    """The feature axes merged into one axis ``<name>_out`` (batch and recurrent axes
+    kept, first and last)."""
+
+    def forward(self, x, training):
+        feats = _features(x, f"Flatten {self.name}")
+        lead = x.axes.batch_axes()
+        rest = x.axes.recurrent_axes()
+        ordered = be.axes_with_order(x, lead + feats + rest)
+        groups = list(lead) + [feats] + list(rest)
+        flat = be.flatten(ordered, groups)
+        out = be.Axis(feats.size, name=f"{self.name}_out")
+        return be.cast_axes(flat, be.Axes(*lead, out, *rest))
+
+
+class Embedding(Layer):
+    """A lookup table: integer ids (any axes) to vectors along the axis ``nout``.
+
+    The table ``W`` has axes ``(vocab, out)``, ``vocab`` of length ``vocab_size``.
+    """
+
+    def __init__(self, vocab_size, nout, init=None, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.vocab = be.Axis(int(vocab_size), name=f"{self.name}_vocab")
+        self.nout, self.init = nout, init
+        self.out_axis = None
+
+    def forward(self, ids, training):
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        table = self.variable("W", (self.vocab, self.out_axis), self.init or Gaussian(0, 1))
+        return be.gather(table, ids, self.vocab)
+
+
+class LayerNorm(Layer):
+    """Normalization over the feature axes of each sample (and time step):
+    ``(x - mean) / sqrt(var + eps) * g + b`` with ``g``, ``b`` over the features."""
+
+    def __init__(self, eps=1e-5, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.eps = eps
+
+    def forward(self, x, training):
+        feats = _features(x, f"LayerNorm {self.name}")
+        mu = be.mean(x, reduction_axes=feats)
+        centered = x - mu
+        var = be.mean(be.square(centered), reduction_axes=feats)
+        y = centered / be.sqrt(var + self.eps)
+        return (y * self.variable("g", tuple(feats), Constant(1.0))
+                + self.variable("b", tuple(feats), Constant(0.0)))
+
+
+class BatchNorm(Layer):
+    """Batch normalization (Ioffe & Szegedy, 2015) as PyTorch's ``BatchNorm*d``.
+
+    ``axis`` is the channel axis (default: the input's first feature axis); statistics
+    are taken over every other axis (batch, spatial, recurrent). In training calls the
+    output uses the batch's mean and biased variance, and :meth:`pop_updates` gives the
+    updates of the running averages ``mean = (1 - momentum) mean + momentum batch_mean``
+    and ``var`` likewise with the unbiased batch variance. Inference calls use the
+    running averages and assign nothing. Variables: ``g`` and ``b`` (trainable),
+    ``mean`` and ``var`` (persistent, not trainable).
+    """
+
+    def __init__(self, axis=None, momentum=0.1, eps=1e-5, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.axis, self.momentum, self.eps = axis, momentum, eps
+
+    def forward(self, x, training):
+        channel = self.axis or _features(x, f"BatchNorm {self.name}")[0]
+        if channel not in x.axes:
+            raise AxisMismatchError(f"BatchNorm {self.name}: axis {channel!r} is not in "
+                                    f"input {x.name} ({x.axes!r}) (at {user_location()})")
+        c = (channel,)
+        g = self.variable("g", c, Constant(1.0))
+        b = self.variable("b", c, Constant(0.0))
+        mean = self.variable("mean", c, Constant(0.0), trainable=False)
+        var = self.variable("var", c, Constant(1.0), trainable=False)
+        red = x.axes - be.Axes(channel)
+        if training:
+            mu = be.mean(x, reduction_axes=red)
+            centered = x - mu
+            v = be.mean(be.square(centered), reduction_axes=red)
+            n = red.size
+            m = self.momentum
+            self._updates += [
+                be.SetItem(self._vars["mean"], (1 - m) * mean + m * mu),
+                be.SetItem(self._vars["var"], (1 - m) * var + m * v * (n / max(n - 1, 1)))]
+        else:
+            centered, v = x - mean, var
+        return centered / be.sqrt(v + self.eps) * g + b
+
+
+class _RecurrentBase(Layer):
+    """Shared unrolling over the input's recurrent axis.
+
+    ``nout`` is the hidden axis (or its length). The result has the hidden axis, the
+    recurrent axis T (every step's state, ``return_sequence=True``, the default) or
+    not (the last state only), and the batch axes. The initial state is zero.
+    """
+
+    gates = 1
+
+    def __init__(self, nout, activation="tanh", init=None, recurrent_init=None,
+                 return_sequence=True, name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout = nout
+        self.activation = _activation(activation)
+        self.init = init or GlorotUniform()
+        self.recurrent_init = recurrent_init or GlorotUniform()
+        self.return_sequence = return_sequence
+        self.out_axis = None
+
+    def _setup(self, x):
+        rec = x.axes.recurrent_axes()
+        if len(rec) != 1:
+            raise AxisMismatchError(f"{type(self).__name__} {self.name}: input {x.name} "
+                                    f"({x.axes!r}) needs exactly one recurrent axis (at "
+                                    f"{user_location()})")
+        feats = _features(x, f"{type(self).__name__} {self.name}")
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+            self.rec_axis = be.Axis(self.out_axis.length, name=f"{self.name}_hprev")
+            self.gate_axis = be.Axis(self.gates, name=f"{self.name}_gate")
+        H, Hr, G = self.out_axis, self.rec_axis, self.gate_axis
+        lead = (G,) if self.gates > 1 else ()
+        W = self.variable("W", lead + (H,) + tuple(feats), self.init)
+        U = self.variable("U", lead + (H, Hr), self.recurrent_init)
+        return rec[0], W, U
+
+    def _as_prev(self, h):
+        return be.cast_axes(h, be.Axes(*[self.rec_axis if a == self.out_axis else a
+                                         for a in h.axes]))
+
+    def _gate(self, y, k):
+        return be.slice_along_axis(y, self.gate_axis, k) if self.gates > 1 else y
+
+    def forward(self, x, training):
+        T, W, U = self._setup(x)
+        wx = self._input_part(be.dot(W, x))
+        state, outs = None, []
+        for t in range(T.length):
+            xt = [be.slice_along_axis(p, T, t) for p in wx]
+            uh = None if state is None else be.dot(U, self._as_prev(state[0]))
+            state = self.cell(xt, uh, state)
+            outs.append(state[0])
+        if not self.return_sequence:
+            return outs[-1]
+        return be.stack(outs, T, position=1)
+
+    def _input_part(self, wx):
+        return [self._gate(wx, k) for k in range(self.gates)]
+
+
+class Recurrent(_RecurrentBase):
+    """An Elman RNN: ``h_t = activation(W x_t + U h_{t-1} + b)`` (PyTorch's ``nn.RNN``
+    with one bias)."""
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.out_axis,), Constant(0.0))
+        pre = xt[0] + b if uh is None else xt[0] + uh + b
+        return (self.activation(pre),)
+
+
+class LSTM(_RecurrentBase):
+    """A long short-term memory layer (Hochreiter & Schmidhuber, 1997), gates in the
+    order input, forget, cell, output (PyTorch's ``nn.LSTM`` with one bias ``b`` of
+    axes ``(gate, out)``; ``W`` is ``(gate, out, *features)``, ``U`` is
+    ``(gate, out, out_prev)``). ``activation`` (tanh) is that of the cell input and
+    output; the gates use the sigmoid."""
+
+    gates = 4
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
+        pre = [xt[k] + self._gate(b, k) if uh is None else
+               xt[k] + self._gate(b, k) + self._gate(uh, k) for k in range(4)]
+        i, f, o = be.sigmoid(pre[0]), be.sigmoid(pre[1]), be.sigmoid(pre[3])
+        g = self.activation(pre[2])
+        c = i * g if state is None else f * state[1] + i * g
+        return (o * self.activation(c), c)
+
+
+class GRU(_RecurrentBase):
+    """A gated recurrent unit (Cho et al., 2014) in PyTorch's ``nn.GRU`` form, gates
+    reset, update, new: ``n = tanh(W_n x + b_n + r * (U_n h + bh_n))``,
+    ``h' = (1 - z) n + z h``; biases ``b`` (input) and ``bh`` (recurrent)."""
+
+    gates = 3
+
+    def cell(self, xt, uh, state):
+        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
+        bh = self.variable("bh", (self.gate_axis, self.out_axis), Constant(0.0))
+        hpart = [self._gate(bh, k) if uh is None else self._gate(uh, k) + self._gate(bh, k)
+                 for k in range(3)]
+        r = be.sigmoid(xt[0] + self._gate(b, 0) + hpart[0])
+        z = be.sigmoid(xt[1] + self._gate(b, 1) + hpart[1])
+        n = self.activation(xt[2] + self._gate(b, 2) + r * hpart[2])
+        h = (1 - z) * n if state is None else (1 - z) * n + z * state[0]
+        return (h,)
+
+
+class Sequential(Layer):
+    """Layers applied in order. With a ``name``, the children's names (and so their
+    Variables') are prefixed with it: ``net/hidden/W``."""
+
+    def __init__(self, layers, name=None):
+        super().__init__()
+        self.name = name or ""
+        self.layers = list(layers)
+        if self.name:
+            for layer in self.layers:
+                layer._rename(self.name)
+
+    def _rename(self, prefix):
+        if self.name:
+            super()._rename(prefix)
+        for layer in self.layers:
+            layer._rename(prefix)
+
+    def forward(self, x, training):
+        for layer in self.layers:
+            x = layer(x, training)
+        return x
+
+    @property
+    def variables(self):
+        return [v for layer in self.layers for v in layer.variables]
+
+    def pop_updates(self):
+        return [u for layer in self.layers for u in layer.pop_updates()]
+
+
+def _spatial_out(layer, spatial):
+    """The layer's own output spatial axes (lengths set by the op), one per input axis,
+    named ``<layer>_<axis>``: layers applied one after another never share one."""
+    return be.Axes(*[be.Axis(None, name=f"{layer.name}_{a.name}") for a in spatial])
+
+
+def _channel_spatial(x, channel, spatial, what):
+    feats = _features(x, what)
+    channel = feats[0] if channel is None else channel
+    if spatial is None:
+        spatial = feats - be.Axes(channel)
+    return channel, be.Axes(*spatial)
+
+
+class Conv(Layer):
+    """A convolution over 1 to 3 spatial axes: ``activation(conv(x, W) + b)``.
+
+    ``nout`` is the output-channel axis (or its length; the axis is then
+    ``<name>_out``); ``kernel`` the filter's size along each spatial axis. The input's
+    ``channel`` axis defaults to its first feature axis, the ``spatial`` axes to the
+    other feature axes. ``W`` has axes ``(out, channel, k0, k1, ...)`` (PyTorch's
+    layout), ``b`` ``(out,)``. ``strides``, ``padding`` (ints, per axis, ``"same"`` or
+    ``"valid"``) and ``dilation`` are those of :func:`geon.conv`. The result has the
+    input's axes with the channel replaced by the output channel and each spatial axis
+    ``A`` by ``<name>_A``.
+    """
+
+    def __init__(self, nout, kernel, strides=1, padding=0, dilation=1, activation=None,
+                 channel=None, spatial=None, weight_init=None, bias_init=None, bias=True,
+                 name=None, dtype=np.float32):
+        super().__init__(name, dtype)
+        self.nout, self.kernel = nout, kernel
+        self.strides, self.padding, self.dilation = strides, padding, dilation
+        self.activation = _activation(activation)
+        self.channel, self.spatial = channel, spatial
+        self.weight_init = weight_init or KaimingNormal()
+        self.bias_init = bias_init or Constant(0.0)
+        self.bias = bias
+        self.out_axis = None
+
+    def forward(self, x, training):
+        channel, spatial = _channel_spatial(x, self.channel, self.spatial,
+                                            f"Conv {self.name}")
+        kernel = self.kernel if isinstance(self.kernel, (tuple, list)) else \
+            (self.kernel,) * len(spatial)
+        if self.out_axis is None:
+            self.out_axis = _out_axis(self.nout, self)
+        kaxes = tuple(be.Axis(k, name=f"{self.name}_k{i}") for i, k in enumerate(kernel))
+        W = self.variable("W", (self.out_axis, channel) + kaxes, self.weight_init)
+        y = be.conv(x, W, channel, spatial, self.out_axis, kernel=be.Axes(*kaxes),
+                    out_spatial=_spatial_out(self, spatial), strides=self.strides,
+                    padding=self.padding, dilation=self.dilation)
+        if self.bias:
+            y = y + self.variable("b", (self.out_axis,), self.bias_init)
+        return self.activation(y) if self.activation else y
+
+
+class Pool(Layer):
+    """Max (``op="max"``) or average (``op="avg"``) pooling over the ``spatial`` axes
+    (default: the feature axes after the first, the channel), windows of ``kernel``,
+    ``strides`` defaulting to the kernel (see :func:`geon.max_pool`). Each spatial axis
+    ``A`` becomes ``<name>_A``."""
+
+    def __init__(self, kernel, strides=None, padding=0, op="max", channel=None,
+                 spatial=None, name=None):
+        super().__init__(name)
+        if op not in ("max", "avg"):
+            raise ArgumentError(f"Pool: op must be 'max' or 'avg', not {op!r} (at "
+                                f"{user_location()})")
+        self.kernel, self.strides, self.padding, self.op = kernel, strides, padding, op
+        self.channel, self.spatial = channel, spatial
+
+    def forward(self, x, training):
+        _, spatial = _channel_spatial(x, self.channel, self.spatial, f"Pool {self.name}")
+        pool = be.max_pool if self.op == "max" else be.avg_pool
+        return pool(x, spatial, self.kernel, strides=self.strides, padding=self.padding,
+                    out_spatial=_spatial_out(self, spatial))

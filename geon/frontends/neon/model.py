@@ -1,0 +1,279 @@
+"""A :class:`Model`: a network, a loss and an optimizer, compiled into one training
+computation and inference computations that share the weights."""
+
+import signal
+import threading
+import time
+
+import numpy as np
+
+import geon as be
+from geon.errors import ArgumentError
+from geon.frontends.neon.data import ArrayIterator
+from geon.frontends.neon.optimizers import SGD
+from geon.frontends.neon.progress import make_progress
+from geon.op_graph.nodes import user_location
+
+
+class Model:
+    """Train and run ``net`` (a layer, e.g. :class:`~geon.frontends.neon.Sequential`).
+
+    Args:
+        net: a layer mapping the input to the output op.
+        input_axes: the axes of one sample (a batch axis ``N`` is put first); the
+            arrays given to :meth:`fit` / :meth:`predict` have shape
+            ``(n, *lengths)``.
+        loss: ``"cross_entropy"`` (the output has one sample axis, the classes; the
+            targets are integer labels; the output is read as logits, and ``accuracy``
+            is reported) or ``"mse"`` (the targets have the output's shape).
+        optimizer: default ``SGD(0.01)``.
+        batch_size: of the training computation built now (:meth:`fit` builds another
+            for another batch size); inference runs in batches of
+            ``eval_batch_size`` (default: ``batch_size``), the last one padded.
+        transformer: a transformer name (``"numpy"``, ``"gpu"``, ...) or instance.
+        dtype: of the input placeholder.
+
+    The training computation returns the loss and applies the optimizer's updates
+    and the layers' (BatchNorm's running averages). The inference ones
+    (``predict``, ``evaluate``) read the same Variables and never assign any.
+    """
+
+    def __init__(self, net, input_axes, loss="cross_entropy", optimizer=None,
+                 batch_size=32, eval_batch_size=None, transformer="numpy",
+                 dtype=np.float32):
+        if loss not in ("cross_entropy", "mse"):
+            raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r} "
+                                f"(at {user_location()})")
+        self.net, self.loss_kind = net, loss
+        self.input_axes = tuple(be.Axes(*input_axes) if not isinstance(input_axes, be.Axis)
+                                else be.Axes(input_axes))
+        self.optimizer = optimizer or SGD(0.01)
+        self.dtype = dtype
+        self.transformer = (be.make_transformer(transformer) if isinstance(transformer, str)
+                            else transformer)
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.stop_training = False
+        self._train, self._predict, self._eval = {}, {}, {}
+        self.train_computation(batch_size)            # makes every Variable
+        self._step = self.transformer.computation(be.value_of(self.optimizer.step))
+
+    # -- graphs ------------------------------------------------------------------------
+    def _inputs(self, batch_size, tag):
+        # One name, one axis in a graph (serialization relies on it): N for the
+        # training batch (N<size> for another size), E for the inference batch.
+        name = ("N" if batch_size == self.batch_size else f"N{batch_size}") \
+            if tag == "train" else "E"
+        N = be.Axis(batch_size, name=name, batch=True)
+        x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name=f"x_{tag}")
+        return N, x
+
+    def _target(self, N, out, tag):
+        if self.loss_kind == "cross_entropy":
+            return be.placeholder(N, dtype=np.int64, name=f"labels_{tag}")
+        return be.placeholder(be.Axes(N, *out.axes.sample_axes(), *out.axes.recurrent_axes()),
+                              dtype=out.dtype, name=f"targets_{tag}")
+
+    def _classes(self, out):
+        classes = out.axes.sample_axes()
+        if len(classes) != 1:
+            raise ArgumentError(f"Model: the cross-entropy loss needs an output with one "
+                                f"sample axis (the classes), not {out.axes!r} (at "
+                                f"{user_location()})")
+        return classes[0]
+
+    def _per_sample(self, out, target, N):
+        """(per-sample loss over N, per-sample correctness or None)."""
+        if self.loss_kind == "cross_entropy":
+            Y = self._classes(out)
+            logp = be.log_softmax(out, Y)
+            nll = -be.sum(logp * be.one_hot(target, Y), reduction_axes=Y)
+            correct = be.equal(be.argmax(out, reduction_axes=Y), target)
+            return nll, correct
+        err = be.square(out - target)
+        return be.sum(err, out_axes=be.Axes(N)), None
+
+    def train_computation(self, batch_size):
+        """The training computation for ``batch_size`` (built once per size):
+        ``(x, targets) -> (loss, correct count or NaN, *updates)``."""
+        if batch_size not in self._train:
+            N, x = self._inputs(batch_size, "train")
+            out = self.net(x, training=True)
+            target = self._target(N, out, "train")
+            per, correct = self._per_sample(out, target, N)
+            loss = be.mean(per, out_axes=())
+            count = be.sum(correct, out_axes=()) if correct is not None else be.constant(-1.0)
+            params = [v for v in self.net.variables if v.trainable]
+            updates = self.net.pop_updates() + self.optimizer.updates(loss, params)
+            self._train[batch_size] = self.transformer.computation(
+                [loss, count] + updates, x, target)
+        return self._train[batch_size]
+
+    def _predict_computation(self):
+        b = self.eval_batch_size
+        if b not in self._predict:
+            _, x = self._inputs(b, "predict")
+            out = self.net(x, training=False)
+            batch = out.axes.batch_axes()
+            out = be.axes_with_order(out, batch + (out.axes - batch))  # batch first
+            self._predict[b] = self.transformer.computation(out, x)
+        return self._predict[b]
+
+    def _eval_computation(self):
+        b = self.eval_batch_size
+        if b not in self._eval:
+            N, x = self._inputs(b, "eval")
+            out = self.net(x, training=False)
+            target = self._target(N, out, "eval")
+            per, correct = self._per_sample(out, target, N)
+            self._eval[b] = self.transformer.computation(
+                [per] + ([correct] if correct is not None else []), x, target)
+        return self._eval[b]
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def variables(self):
+        """The network's Variables, then the optimizer's."""
+        return list(self.net.variables) + self.optimizer.variables
+
+    @property
+    def step(self):
+        """The number of updates made so far (restored ones included)."""
+        return int(self._step())
+
+    def weights(self):
+        """``{name: copy of the array}`` of every Variable (initializing them if needed)."""
+        self.transformer.initialize()
+        return {v.name: self.transformer.state[v].copy() for v in self.variables}
+
+    def save(self, path):
+        """Write every Variable (weights and optimizer state) to the checkpoint ``path``."""
+        self.transformer.save(path)
+
+    def restore(self, path):
+        """Read a checkpoint written by :meth:`save` of the same model."""
+        self.transformer.restore(path)
+
+    # -- running -----------------------------------------------------------------------
+    def _batches(self, x, y=None):
+        """Fixed-size batches of ``x`` (and ``y``) in order, the last padded with
+        copies of the first sample; yields ``(xb, yb, n_real)``."""
+        b = self.eval_batch_size
+        for i in range(0, len(x), b):
+            xb = x[i:i + b]
+            yb = None if y is None else y[i:i + b]
+            n = len(xb)
+            if n < b:
+                xb = np.concatenate([xb, np.repeat(x[:1], b - n, axis=0)])
+                if y is not None:
+                    yb = np.concatenate([yb, np.repeat(y[:1], b - n, axis=0)])
+            yield xb, yb, n
+
+    def predict(self, x):
+        """The network's output for ``x`` (shape ``(n, *input lengths)``), as an array
+        with the batch first. Assigns no Variable."""
+        x = np.asarray(x, dtype=self.dtype)
+        comp = self._predict_computation()
+        outs = []
+        for xb, _, n in self._batches(x):
+            outs.append(comp(xb)[:n])
+        return np.concatenate(outs)
+
+    def evaluate(self, x, y):
+        """``{"loss": mean loss, "accuracy": fraction right}`` (accuracy with the
+        cross-entropy loss only) on ``x``, ``y``. Assigns no Variable."""
+        x = np.asarray(x, dtype=self.dtype)
+        comp = self._eval_computation()
+        total, right = 0.0, 0.0
+        for xb, yb, n in self._batches(x, np.asarray(y)):
+            res = comp(xb, yb)
+            total += float(np.sum(res[0][:n]))
+            if len(res) > 1:
+                right += float(np.sum(res[1][:n]))
+        logs = {"loss": total / len(x)}
+        if self.loss_kind == "cross_entropy":
+            logs["accuracy"] = right / len(x)
+        return logs
+
+    def fit(self, data, epochs=1, batch_size=None, validation_data=None, callbacks=(),
+            verbose=True, seed=0, stream=None):
+        """Train for ``epochs`` epochs and return the list of each epoch's logs.
+
+        ``data`` is an :class:`ArrayIterator` or a pair ``(x, y)`` (then shuffled with
+        ``seed``, in batches of ``batch_size``, default the model's). Training resumes
+        where the step counter stands: with ``s`` updates made and ``k`` per epoch, it
+        runs from update ``s`` to the end of epoch ``s // k + epochs`` (an epoch
+        interrupted part way counts as the first), in the order an uninterrupted run
+        would have used. ``validation_data`` ``(x, y)`` is evaluated after each epoch.
+
+        SIGINT (Ctrl-C) during ``fit`` finishes the current update, runs the
+        callbacks' ``on_interrupt`` (:class:`ModelCheckpoint` saves) and raises
+        ``KeyboardInterrupt``.
+        """
+        if not isinstance(data, ArrayIterator):
+            x, y = data
+            data = ArrayIterator(x, y, batch_size or self.batch_size, seed=seed)
+        comp = self.train_computation(data.batch_size)
+        progress = make_progress(stream, enabled=verbose)
+        spe = data.steps_per_epoch
+        step = self.step
+        first = step // spe
+        history, logs = [], {}
+        self.stop_training = False
+        interrupted = []
+        restore_handler = self._catch_sigint(interrupted)
+        try:
+            for cb in callbacks:
+                cb.on_train_begin(self)
+            for epoch in range(first, first + epochs):
+                start_time, total, right, seen = time.perf_counter(), 0.0, 0.0, 0
+                for xb, yb in data.epoch(epoch, step - epoch * spe):
+                    loss, count = comp(xb.astype(self.dtype, copy=False), yb)[:2]
+                    step += 1
+                    total += float(loss)
+                    right += float(count)
+                    seen += 1
+                    rate = seen / (time.perf_counter() - start_time)
+                    logs = {"loss": float(loss), "step": step, "rate": rate}
+                    progress.update(f"epoch {epoch + 1}/{first + epochs}", step - epoch * spe,
+                                    spe, f"loss {float(loss):.4f} {rate:.1f} steps/s")
+                    for cb in callbacks:
+                        cb.on_step_end(self, step, logs)
+                    if interrupted:
+                        raise KeyboardInterrupt
+                logs = {"epoch": epoch + 1, "step": step,
+                        "loss": total / seen if seen else float("nan"),
+                        "rate": seen / (time.perf_counter() - start_time) if seen else 0.0}
+                if self.loss_kind == "cross_entropy" and seen:
+                    logs["accuracy"] = right / (seen * data.batch_size)
+                if validation_data is not None:
+                    val = self.evaluate(*validation_data)
+                    logs.update({f"val_{k}": v for k, v in val.items()})
+                history.append(logs)
+                progress.done(f"epoch {epoch + 1}/{first + epochs}: " + ", ".join(
+                    f"{k} {v:.1f} steps/s" if k == "rate" else f"{k} {v:.4f}"
+                    for k, v in logs.items() if k not in ("epoch", "step")))
+                for cb in callbacks:
+                    cb.on_epoch_end(self, epoch + 1, logs)
+                if self.stop_training:
+                    break
+        except KeyboardInterrupt:
+            for cb in callbacks:
+                cb.on_interrupt(self, step)
+            raise
+        finally:
+            restore_handler()
+        for cb in callbacks:
+            cb.on_train_end(self)
+        return history
+
+    @staticmethod
+    def _catch_sigint(flag):
+        """Turn SIGINT into a flag checked between updates (so an update is never cut
+        in half); returns the function that puts the previous handler back."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, lambda signum, frame: flag.append(signum))
+        return lambda: signal.signal(signal.SIGINT, previous)
+
