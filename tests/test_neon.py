@@ -674,3 +674,23 @@ def test_digits_cnn_reaches_98_5_percent():
     from geon.examples import digits_cnn
     r = digits_cnn.main(["--quiet", "--epochs", "6"])
     assert r["test_accuracy"] >= 0.985, r
+
+
+def test_dropout_masks_in_training_only_and_reproducibly():
+    F, N = axis(50, "F"), axis(40, "N", batch=True)
+    x = np.ones((40, 50), np.float32)
+
+    def masks(calls):
+        d = nn.Dropout(0.25, seed=3, name="drop")
+        xp = be.placeholder(be.Axes(N, F), name="x")
+        assert d(xp) is xp                              # inference: the identity
+        comp = be.NumPyTransformer().computation(d(xp, training=True), xp)
+        return [comp(x) for _ in range(calls)]
+    y1, y2 = masks(2)
+    assert set(np.unique(y1)) <= {0.0, np.float32(1 / 0.75)}
+    assert abs(np.mean(y1 == 0) - 0.25) < 0.05           # 2000 draws: sd about 0.01
+    assert not np.array_equal(y1, y2)                   # a new mask at every call
+    again = masks(2)                                     # rebuilt: the same masks
+    assert np.array_equal(again[0], y1) and np.array_equal(again[1], y2)
+    with pytest.raises(be.ArgumentError, match="rate must be in"):
+        nn.Dropout(1.0)

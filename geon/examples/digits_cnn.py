@@ -32,6 +32,7 @@ def build_model(args):
         nn.Conv(k, 3, padding="same", weight_init=init, name="conv2"),
         nn.BatchNorm(name="bn2"), nn.Activation("relu"),
         nn.Pool(2, op="max", name="pool"),
+        nn.Dropout(0.25, seed=args.seed, name="dropout"),
         nn.Flatten(name="flat"),
         nn.Affine(be.Axis(10, name="Y"), weight_init=nn.GlorotUniform(seed=args.seed),
                   name="output"),

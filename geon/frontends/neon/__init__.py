@@ -13,7 +13,7 @@ from geon.frontends.neon.initializers import (Constant, Gaussian,  # noqa: F401
                                               Uniform)
 from geon.frontends.neon.layers import (GRU, LSTM, Activation, Affine,  # noqa: F401
                                         BatchNorm, Conv, Embedding, Flatten, Layer,
-                                        LayerNorm, Pool, Recurrent, Sequential)
+                                        Dropout, LayerNorm, Pool, Recurrent, Sequential)
 from geon.frontends.neon.model import Model  # noqa: F401
 from geon.frontends.neon.optimizers import (SGD, Adam, AdamW,  # noqa: F401
                                             ExponentialDecay, Optimizer,

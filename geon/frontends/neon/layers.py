@@ -17,6 +17,7 @@ The axes: the *batch* axes (``Axis(..., batch=True)``) and the *recurrent* axis
 """
 
 import itertools
+import zlib
 
 import numpy as np
 
@@ -462,3 +463,26 @@ class Pool(Layer):
         pool = be.max_pool if self.op == "max" else be.avg_pool
         return pool(x, spatial, self.kernel, strides=self.strides, padding=self.padding,
                     out_spatial=_spatial_out(self, spatial))
+
+
+class Dropout(Layer):
+    """Inverted dropout (:func:`geon.dropout`): in training calls each element is kept
+    with probability ``1 - rate`` and scaled by ``1 / (1 - rate)``; inference calls
+    return the input. The mask comes from geon's seeded random ops: ``seed`` and the
+    stream (by default from the layer's name, so a model built again draws the same
+    masks) fix it; its step counter is a persistent Variable, so a restored run draws
+    what an uninterrupted one would."""
+
+    def __init__(self, rate=0.5, seed=0, stream=None, name=None):
+        super().__init__(name)
+        if not 0.0 <= rate < 1.0:
+            raise ArgumentError(f"Dropout: rate must be in [0, 1), not {rate!r} (at "
+                                f"{user_location()})")
+        self.rate, self.seed, self.stream = rate, seed, stream
+
+    def forward(self, x, training):
+        if not training:
+            return x
+        stream = self.stream if self.stream is not None else \
+            zlib.crc32(self.name.encode()) & 0x7FFFFFFF
+        return be.dropout(x, self.rate, seed=self.seed, stream=stream)
