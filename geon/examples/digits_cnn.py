@@ -9,8 +9,8 @@ one-channel image with spatial axes H and W. The network is
 trained by Adam on 80% of the images; the fixed held-out 20% gives the test accuracy.
 Run it with ``python -m geon.examples.digits_cnn`` (options ``--epochs``,
 ``--batch-size``, ``--lr``, ``--channels``, ``--seed``, ``--quiet``, ``--transformer``).
-With the defaults it reaches 99.2% test accuracy in 10 epochs (about 20 s on a 2-core
-machine). Dropout is not in it: geon has no random-number ops yet.
+With the defaults (10 epochs, dropout 0.25 after the pooling) it reaches 98.9% test
+accuracy in about 5 s of training on an idle 2-core machine.
 """
 
 import argparse

@@ -6,8 +6,8 @@ sequence of 8 rows of 8 pixels along the recurrent axis T. An LSTM (or, with
 last state to the 10 classes. Adam trains it on 80% of the images; the fixed held-out
 20% gives the test accuracy. Run it with ``python -m geon.examples.digits_rnn``
 (options ``--epochs``, ``--batch-size``, ``--lr``, ``--hidden``, ``--cell``, ``--seed``,
-``--quiet``, ``--transformer``). With the defaults it reaches 96.7% test accuracy in 20
-epochs (10 epochs: 97.8%), in about 15 s on a 2-core machine.
+``--quiet``, ``--transformer``). With the defaults (20 epochs) it reaches 98.1% test
+accuracy in about 5 s of training on an idle 2-core machine.
 """
 
 import argparse

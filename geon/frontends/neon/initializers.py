@@ -3,9 +3,10 @@
 Each initializer is seeded: the array it gives depends only on its ``seed``, the
 variable's hierarchical name (``conv1/W``) and shape, so a model built twice with the
 same seeds starts from bitwise the same weights, in any process. The values come from
-a NumPy generator (``numpy.random.default_rng``) seeded with ``(seed, crc32(name))``;
-they become the Variable's ``initial_value``, which the transformer's ``initialize``
-writes. ``fan_in`` is the product of every axis length except the first (the layer's
+geon's own counter-based generator (:mod:`geon.op_graph.random`, Philox-4x32-10): the
+numbers ``be.uniform`` / ``be.normal`` with ``seed=seed`` and ``stream=crc32(name)``
+draw at their first call, in float64, then scaled; they become the Variable's
+``initial_value``, which the transformer's ``initialize`` writes. ``fan_in`` is the product of every axis length except the first (the layer's
 output axis), ``fan_out`` the first axis' length times the receptive field.
 """
 
@@ -13,9 +14,30 @@ import zlib
 
 import numpy as np
 
+from geon.op_graph import random as rnd
+
+
+class _Stream:
+    """The draws of geon's Philox stream ``(seed, crc32(name))`` at steps 1, 2, ...: what
+    successive calls of a random op with that seed and stream give."""
+
+    def __init__(self, seed, name):
+        self.seed, self.stream, self.step = int(seed), zlib.crc32(name.encode()), 1
+
+    def _draw(self, distribution, shape):
+        values = rnd.draw(distribution, shape, np.float64, self.seed, self.stream, self.step)
+        self.step += 1
+        return values
+
+    def uniform(self, low, high, shape):
+        return low + (high - low) * self._draw("uniform", shape)
+
+    def normal(self, loc, scale, shape):
+        return loc + scale * self._draw("normal", shape)
+
 
 def _rng(seed, name):
-    return np.random.default_rng((int(seed), zlib.crc32(name.encode())))
+    return _Stream(seed, name)
 
 
 def _fans(shape):
