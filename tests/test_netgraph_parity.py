@@ -204,3 +204,32 @@ def test_float32_defaults_agree():
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, model(torch.from_numpy(x)).detach().numpy(),
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_the_geon_translation_runs_on_the_emulated_gpu():
+    # to_geon builds ordinary geon ops, so another transformer runs them: the GPU one's
+    # generated kernels (on the test emulator) give the NumPy transformer's values.
+    from cuda_emulator import EmulatorRuntime, find_compiler
+    if find_compiler() is None:
+        pytest.skip("no C++ compiler for the GPU emulator")
+    from geon.transformers.gpu import GPUTransformer
+    graph = _every_kind(True)
+    torch.manual_seed(4)
+    model = to_pytorch_model(graph, {"dtype": torch.float64})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((BATCH, model.input_width)) for _ in range(2)]
+    got = []
+    for t in (be.make_transformer("numpy"), GPUTransformer(runtime=EmulatorRuntime(seed=3))):
+        net = to_geon(graph, BATCH, steps=2, dtype=np.float64)
+        comp = t.computation(list(net.outputs), *net.inputs, *net.state_in.values())
+        net.load_state_dict(t, model.state_dict())
+        zero = net.zero_state()
+        got.append(comp(*xs, *[zero[k] for k in net.state_in]))
+    want = [model(torch.from_numpy(x), reset_states=(i == 0)).detach().numpy()
+            for i, x in enumerate(xs)]
+    for cpu, gpu, w in zip(*got, want):
+        np.testing.assert_allclose(cpu, w, rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-10, atol=1e-12)
