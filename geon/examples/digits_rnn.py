@@ -11,10 +11,9 @@ accuracy in about 5 s of training on an idle 2-core machine.
 """
 
 import argparse
-import sys
-import time
 
 import geon as be
+from geon.examples._train import cli, train_and_report
 from geon.frontends import neon as nn
 
 
@@ -47,24 +46,8 @@ def main(argv=None):
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--transformer", default="numpy")
     args = p.parse_args(argv)
-    start = time.perf_counter()
-    x_train, y_train, x_test, y_test = nn.load_digits()
-    as_rows = lambda x: x.reshape(len(x), 8, 8)  # noqa: E731 - (n, T, F)
-    model = build_model(args)
-    history = model.fit(nn.ArrayIterator(as_rows(x_train), y_train, args.batch_size,
-                                         seed=args.seed),
-                        epochs=args.epochs, verbose=not args.quiet)
-    result = model.evaluate(as_rows(x_test), y_test)
-    elapsed = time.perf_counter() - start
-    print(f"test accuracy {result['accuracy']:.4f} after {args.epochs} epochs; "
-          f"test loss {result['loss']:.4f}; {elapsed:.1f}s", flush=True)
-    return {"test_accuracy": result["accuracy"], "test_loss": result["loss"],
-            "elapsed": elapsed, "history": history}
+    return train_and_report(build_model, args, (8, 8))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    cli(main)

@@ -1,0 +1,40 @@
+"""What the digits_cnn and digits_rnn examples share: train a model on the bundled
+digits, evaluate it on the held-out 20%, print and return the result; a command line
+that exits with 130 on Ctrl-C."""
+
+import sys
+import time
+
+from geon.frontends import neon as nn
+
+
+def train_and_report(build_model, args, shape):
+    """Fit the model ``build_model(args)`` on the training digits, each image reshaped
+    to ``shape`` (after the sample axis), for ``args.epochs`` epochs of
+    ``args.batch_size``; evaluate it on the test digits. Returns ``{test_accuracy,
+    test_loss, elapsed, history}``; ``elapsed`` counts building, training and testing."""
+    start = time.perf_counter()
+    x_train, y_train, x_test, y_test = nn.load_digits()
+    model = build_model(args)
+
+    def as_model_input(x):
+        return x.reshape((len(x),) + tuple(shape))
+
+    history = model.fit(nn.ArrayIterator(as_model_input(x_train), y_train, args.batch_size,
+                                         seed=args.seed),
+                        epochs=args.epochs, verbose=not args.quiet)
+    result = model.evaluate(as_model_input(x_test), y_test)
+    elapsed = time.perf_counter() - start
+    print(f"test accuracy {result['accuracy']:.4f} after {args.epochs} epochs; "
+          f"test loss {result['loss']:.4f}; {elapsed:.1f}s", flush=True)
+    return {"test_accuracy": result["accuracy"], "test_loss": result["loss"],
+            "elapsed": elapsed, "history": history}
+
+
+def cli(main):
+    """Run ``main()``; Ctrl-C ends it with exit status 130."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None
