@@ -2,10 +2,26 @@
 digits, evaluate it on the held-out 20%, print and return the result; a command line
 that exits with 130 on Ctrl-C."""
 
+import argparse
 import sys
 import time
 
 from geon.frontends import neon as nn
+
+
+def parser(name, description, epochs, lr):
+    """The options both examples take (``--epochs``, ``--batch-size``, ``--lr``,
+    ``--seed``, ``--quiet``, ``--transformer``) with their defaults; the caller adds its
+    own."""
+    p = argparse.ArgumentParser(prog=f"python -m geon.examples.{name}",
+                                description=description)
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--transformer", default="numpy")
+    return p
 
 
 def train_and_report(build_model, args, shape):

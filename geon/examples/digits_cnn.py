@@ -13,10 +13,8 @@ With the defaults (10 epochs, dropout 0.25 after the pooling) it reaches 98.9% t
 accuracy in about 2 s (building, training and testing) on an idle 2-core machine.
 """
 
-import argparse
-
 import geon as be
-from geon.examples._train import cli, train_and_report
+from geon.examples._train import cli, parser, train_and_report
 from geon.frontends import neon as nn
 
 
@@ -43,15 +41,8 @@ def build_model(args):
 def main(argv=None):
     """Train and evaluate; returns ``{"test_accuracy", "test_loss", "elapsed",
     "history"}``."""
-    p = argparse.ArgumentParser(prog="python -m geon.examples.digits_cnn",
-                                description="A small CNN on the 8x8 digits.")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.005)
+    p = parser("digits_cnn", "A small CNN on the 8x8 digits.", epochs=10, lr=0.005)
     p.add_argument("--channels", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--transformer", default="numpy")
     args = p.parse_args(argv)
     return train_and_report(build_model, args, (1, 8, 8))
 

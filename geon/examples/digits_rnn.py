@@ -10,10 +10,8 @@ last state to the 10 classes. Adam trains it on 80% of the images; the fixed hel
 accuracy in about 2 s (building, training and testing) on an idle 2-core machine.
 """
 
-import argparse
-
 import geon as be
-from geon.examples._train import cli, train_and_report
+from geon.examples._train import cli, parser, train_and_report
 from geon.frontends import neon as nn
 
 
@@ -35,16 +33,10 @@ def build_model(args):
 def main(argv=None):
     """Train and evaluate; returns ``{"test_accuracy", "test_loss", "elapsed",
     "history"}``."""
-    p = argparse.ArgumentParser(prog="python -m geon.examples.digits_rnn",
-                                description="An LSTM/GRU reading 8x8 digits row by row.")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.01)
+    p = parser("digits_rnn", "An LSTM/GRU reading 8x8 digits row by row.", epochs=20,
+               lr=0.01)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--transformer", default="numpy")
     args = p.parse_args(argv)
     return train_and_report(build_model, args, (8, 8))
 
