@@ -108,39 +108,44 @@ class DebugInfo:
         return f'File "{self.filename}", line {self.lineno}'
 
 
-class WeakNodeSet:
+class WeakNodeSet(dict):
     """A set of nodes held by weak references (a lighter ``weakref.WeakSet``): the ops
-    that use a node must not keep each other alive."""
+    that use a node must not keep each other alive.
 
-    __slots__ = ("_d",)
+    It is a dict from ``id(node)`` to a weak reference (one object per set, not two:
+    every op has one, and the garbage collector scans each). Use it only through
+    ``add``, ``discard``, ``in``, iteration and ``len``, which see live nodes.
+    """
 
-    def __init__(self):
-        self._d = {}
+    __slots__ = ()
 
     def add(self, node):
-        self._d[id(node)] = weakref.ref(node)
+        self[id(node)] = weakref.ref(node)
 
     def discard(self, node):
-        r = self._d.get(id(node))
+        r = self.get(id(node))
         if r is not None and r() is node:
-            del self._d[id(node)]
+            del self[id(node)]
 
     def __contains__(self, node):
-        r = self._d.get(id(node))
+        r = self.get(id(node))
         return r is not None and r() is node
 
     def __iter__(self):
         live = []
-        for k, r in list(self._d.items()):
+        for k, r in list(self.items()):
             node = r()
             if node is None:
-                del self._d[k]  # its node is gone (the id may be reused later)
+                del self[k]  # its node is gone (the id may be reused later)
             else:
                 live.append(node)
         return iter(live)
 
     def __len__(self):
         return len(list(iter(self)))
+
+    def __bool__(self):
+        return any(True for _ in self)
 
 
 class OrderedSet:

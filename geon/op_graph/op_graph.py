@@ -111,9 +111,40 @@ class Op(Node):
             raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
                                 f"{len(args)}")
         super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
-        # A string is one tag, not a set of characters.
-        self.tags = {tags} if isinstance(tags, str) else set(tags or ())
-        self.initializers = list(initializers or ())
+        if tags:
+            # A string is one tag, not a set of characters.
+            self._tags = {tags} if isinstance(tags, str) else set(tags)
+        if initializers:
+            self._initializers = list(initializers)
+
+    # Most ops have no tags and no initializers: they share these empty defaults (fewer
+    # objects per op for the garbage collector to scan) until they get their own.
+    _tags = frozenset()
+    _initializers = ()
+
+    @property
+    def tags(self):
+        """The op's set of tags (strings); mutable."""
+        t = self._tags
+        if type(t) is frozenset:
+            t = self._tags = set()
+        return t
+
+    @tags.setter
+    def tags(self, value):
+        self._tags = set(value)
+
+    @property
+    def initializers(self):
+        """The list of ops that ``initialize`` runs before the first computation."""
+        i = self._initializers
+        if type(i) is tuple:
+            i = self._initializers = []
+        return i
+
+    @initializers.setter
+    def initializers(self, value):
+        self._initializers = list(value)
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name}>"

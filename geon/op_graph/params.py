@@ -44,7 +44,7 @@ def graph_ops(results, stop=(), initializers=True):
         return order
     seen = set(order)
     while True:
-        extra = [og.snap(i) for op in order for i in op.initializers]
+        extra = [og.snap(i) for op in order for i in op._initializers]
         extra = [i for i in dict.fromkeys(extra) if i not in seen]
         if not extra:
             return order
@@ -244,7 +244,8 @@ def clone_graph(results, replace=None):
             continue
         new = rebuild(op, [mapping[og.snap(a)] for a in op.args],
                       [mapping[og.snap(d)] for d in op.other_deps], mapping)
-        new.initializers = list(op.initializers)
+        if op._initializers:
+            new.initializers = op._initializers
         mapping[op] = new
         copied.append(op)
         if isinstance(new, og.Constant) and new.weak:

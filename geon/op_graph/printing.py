@@ -92,7 +92,7 @@ def _graph(results, lowered):
     order = og.toposort(results, children=children)
     seen = set(order)
     while True:
-        extra = [i for op in order for i in op.initializers if i not in seen]
+        extra = [i for op in order for i in op._initializers if i not in seen]
         if not extra:
             return order
         more = [op for op in og.toposort(dict.fromkeys(extra), children=children)

@@ -319,7 +319,7 @@ def _record(op, i, enc, classes, values, debug_info):
         {"axes": [enc.axis(a, where) for a in o.axes], "dtype": _dtype_name(o.dtype, where)}
         for o in _outputs(op)], "args": [enc.ref(a, f"{where}, args") for a in op.args]}
     for key, deps in (("other_deps", op.other_deps), ("user_deps", op.user_deps),
-                      ("initializers", op.initializers)):
+                      ("initializers", op._initializers)):
         refs = [enc.ids[s] for s in (og.snap(d) for d in deps) if s in enc.ids]
         if refs:
             rec[key] = refs

@@ -105,7 +105,7 @@ class Computation:
         transformer._run_passes(self.graph)
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers = list(dict.fromkeys(
-            i for op in self.graph.initial_order for i in op.initializers))
+            i for op in self.graph.initial_order for i in op._initializers))
         del self.graph.initial, self.graph.initial_order
         self.results = list(self.graph.results)
         self.ops = self.graph.ops()

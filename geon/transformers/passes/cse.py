@@ -29,7 +29,7 @@ from geon.transformers.passes import Pass
 
 def cse_key(op):
     """The hash-consing key of ``op``, or ``None`` if it must never be merged."""
-    if isinstance(op, og.VoidOp) or op.initializers:
+    if isinstance(op, og.VoidOp) or op._initializers:
         return None
     if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
         return None
@@ -40,7 +40,7 @@ def cse_key(op):
                         f"class's attrs) are immutable values") from None
     axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
         else None
-    return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op.tags))
+    return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op._tags))
 
 
 class CommonSubexpressionElimination(Pass):
