@@ -157,8 +157,8 @@ class Model:
 
         updates = self.optimizer.updates(loss, params, average=average)
         loss, count, *values = averaged
-        layer_updates = [be.SetItem(u.args[0], v) for u, v in zip(layer_updates, values)]
-        return updates, loss, count, layer_updates
+        return updates, loss, count, [_replace_assignment(u, v)
+                                      for u, v in zip(layer_updates, values)]
 
     def _predict_computation(self):
         b = self.eval_batch_size
@@ -380,3 +380,12 @@ class Model:
         signal.signal(signal.SIGINT, lambda signum, frame: flag.append(signum))
         return lambda: signal.signal(signal.SIGINT, previous)
 
+
+def _replace_assignment(old, value):
+    """``SetItem(old's tensor, value)`` in place of the SetItem ``old`` (which is then
+    never run): the new one is not ordered after ``old`` (as a SetItem built after
+    another on the same tensor would be, which would make the computation run both)."""
+    new = be.SetItem(old.args[0], value)
+    new.other_deps.discard(old)
+    old._dep_users.discard(new)
+    return new
