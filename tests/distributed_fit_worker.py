@@ -62,7 +62,6 @@ def fit(local_b, ranks=1, ckpt=None, verbose=False, data_parallel=False):
             rank = 0
             if data_parallel:
                 import geon.distributed as gd
-                gd.init()
                 rank = gd.world().rank
             model = make(kind, dtype, local_b, rank, data_parallel)
             x, y = data(STEPS_PER_EPOCH * ranks * local_b, dtype)
@@ -82,10 +81,14 @@ def fit(local_b, ranks=1, ckpt=None, verbose=False, data_parallel=False):
 
 def main(argv):
     import geon.distributed as gd
-    world = gd.init()
+    from mpi4py import MPI
+    from distributed_worker import CountingComm
+    counter = CountingComm(MPI.COMM_WORLD)
+    world = gd.init(counter)
     scenario, path, local_b = argv[0], argv[1], int(argv[2])
     if scenario == "fit":
         out = fit(local_b, world.size, ckpt=argv[3], verbose=True, data_parallel=True)
+        out["allreduce_calls"] = np.array(counter.calls["Allreduce"])
     elif scenario == "bn":
         model = make("bn", np.float32, local_b, world.rank, True)
         x, y = data(STEPS_PER_EPOCH * world.size * local_b, np.float32)

@@ -301,6 +301,10 @@ def test_model_fit_on_ranks_matches_one_process_with_the_global_batch(n, tmp_pat
     check_run(p)
     got = dict(np.load(out))
     want = fit_worker.fit(n * B, ranks=1)   # one process, batch n * B, plain Model.fit
+    # per model: one allreduce per step (gradients, loss, count in one bucket) and one
+    # for evaluate()'s sums
+    assert got.pop("allreduce_calls") == 4 * (fit_worker.EPOCHS *
+                                              fit_worker.STEPS_PER_EPOCH + 1)
     assert set(got) == set(want)
     for k in want:
         if k.endswith("_steps"):            # 2 epochs of 5 global batches
