@@ -187,6 +187,7 @@ def _worker(args):
         for size in SIZES:   # allreduce cost per byte, one round of sizes per repeat
             buf = np.ones(size // 4, np.float32)
             reps = max(2, min(50, (4 << 20) // size))
+            comm.Allreduce(gd.MPI.IN_PLACE, buf)   # untimed: both ranks awake
             comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(reps):
@@ -230,12 +231,22 @@ def _launch(args, bind):
 
 
 def fit(costs):
-    """(α seconds, BW bytes/s) of ``t = 2α + bytes / BW`` (2 ranks), least squares on
-    relative errors (so that the small buffers, which decide α, count)."""
+    """``(α seconds, BW bytes/s, sizes left out)`` of ``t = 2α + bytes / BW`` (2 ranks):
+    least squares on relative errors (so that the small buffers, which decide α,
+    count), then again without the sizes whose median took over 3× the fitted time
+    (a rank descheduled on a busy machine)."""
     b = np.array([float(s) for s in costs])
     t = np.array([float(v) for v in costs.values()])
-    slope, intercept = np.polyfit(b, t, 1, w=1 / t)
-    return max(intercept, 0.0) / 2, 1.0 / slope
+    keep = np.ones(len(b), bool)
+    for _ in range(3):
+        slope, intercept = np.polyfit(b[keep], t[keep], 1, w=1 / t[keep])
+        slope = max(slope, 1e-15)
+        pred = np.maximum(intercept, 0.0) + slope * b
+        new = t <= 3 * pred
+        if new.sum() < 4 or (new == keep).all():
+            break
+        keep = new
+    return max(intercept, 0.0) / 2, 1.0 / slope, [int(x) for x in b[~keep]]
 
 
 def ring(n, nbytes, alpha, bw, bucket=BUCKET):
@@ -271,11 +282,13 @@ def report(r, bound):
           f"medians; per repeat {sp[0]:.2f}-{sp[-1]:.2f}×); target ≥ 1.7× with a core "
           "per rank.")
     costs = {int(k): v for k, v in r["allreduce_by_bytes"].items()}
-    alpha, bw = fit(costs)
+    alpha, bw, dropped = fit(costs)
     table("allreduce (in place, float32) on 2 ranks", ["bytes", "time", "GB/s"],
           [[f"{k:,}", us(v), f"{k / v / 1e9:.2f}"] for k, v in costs.items()])
     print(f"\nfit t = 2α + bytes/BW: latency α = {us(alpha)}, bandwidth BW = "
-          f"{bw / 1e9:.2f} GB/s (shared memory between two processes of this machine)")
+          f"{bw / 1e9:.2f} GB/s (shared memory between two processes of this machine)"
+          + (f"; left out as outliers: {', '.join(f'{d:,} B' for d in dropped)}"
+             if dropped else ""))
     cnn_sample = r["cnn_step"] / r["cnn_batch"]
     models = [("digits CNN", r["cnn_params"], r["cnn_batch"], cnn_sample,
                f"measured here ({ms(cnn_sample)}, 1 thread)"),
