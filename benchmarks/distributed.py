@@ -299,7 +299,8 @@ def report(r, bound):
         nbytes = 4 * params
         for net, net_bw, net_alpha in NETWORKS:
             a, w = (alpha, bw) if net_bw is None else (net_alpha, net_bw)
-            row = [f"{name} ({params:,} params, {nbytes / 1e6:.2f} MB)", f"{batch}", how, net]
+            row = [f"{name} ({params:,} params, {nbytes / 1e6:.2f} MB)", f"{batch}", how,
+                   net]
             for n in (8, 64):
                 t = ring(n, nbytes, a, w)
                 row += [ms(t), f"{efficiency(batch * t_sample, t):.0%}"]
@@ -307,8 +308,9 @@ def report(r, bound):
     table("Projection: ring allreduce per step and scaling efficiency, no overlap", [
         "model (float32 gradients)", "local batch", "compute per sample", "interconnect",
         "T(8)", "efficiency (8)", "T(64)", "efficiency (64)"], rows)
-    print("\nT(N) = 2(N-1)/N · bytes / BW + 2(N-1) · α (per 64 MiB bucket); efficiency = "
-          "B·t_sample / (B·t_sample + T(N)). Only the first interconnect is measured.")
+    print("\nT(N) = 2(N-1)/N · bytes / BW + 2(N-1) · α (per 64 MiB bucket); "
+          "efficiency = B·t_sample / (B·t_sample + T(N)). Only the first interconnect is "
+          "measured.")
 
 
 def main(argv=None):

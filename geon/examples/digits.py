@@ -205,8 +205,9 @@ def main(argv=None):
     model = build_model(hp, x_all.shape[1], args.transformer, args.data_parallel)
     ranks, chief = model.ranks, model.rank == 0   # 1 and True unless data-parallel
     if hp["batch_size"] * ranks > len(x_train):
+        over = f" over {ranks} ranks" if ranks > 1 else ""
         raise SystemExit(f"--batch-size must be at most {len(x_train) // ranks} (the "
-                         f"training set" + (f" over {ranks} ranks" if ranks > 1 else "") + ")")
+                         f"training set{over})")
 
     if args.resume:
         model.restore(args.checkpoint)  # raises geon.CheckpointError if mismatched

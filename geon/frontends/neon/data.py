@@ -28,11 +28,12 @@ class ArrayIterator:
             raise ArgumentError(f"ArrayIterator: {len(self.x)} inputs but {len(self.y)} "
                                 f"targets")
         if not 0 <= rank < ranks:
-            raise ArgumentError(f"ArrayIterator: rank must be in 0..{ranks - 1}, not {rank}")
+            raise ArgumentError(f"ArrayIterator: rank must be in 0..{ranks - 1}, not "
+                                f"{rank}")
         if not 1 <= batch_size * ranks <= len(self.x):
             raise ArgumentError(
-                f"ArrayIterator: batch_size must be in 1..{len(self.x) // ranks} (the number "
-                f"of samples" + (f" over {ranks} ranks" if ranks > 1 else "") +
+                f"ArrayIterator: batch_size must be in 1..{len(self.x) // ranks} (the "
+                f"number of samples" + (f" over {ranks} ranks" if ranks > 1 else "") +
                 f"), not {batch_size}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.rank, self.ranks = int(rank), int(ranks)

@@ -48,10 +48,10 @@ class Model:
     the reported loss and accuracy are averaged over the ranks by one bucketed
     allreduce per step; :meth:`fit` first broadcasts every Variable from rank 0, so
     the ranks start identical and stay so. Only rank 0 prints progress and writes
-    checkpoints (:meth:`save`; every rank reads them in :meth:`restore`); :meth:`evaluate` splits
-    the data over the ranks and sums their results. Differences from one process:
-    BatchNorm normalizes with each rank's local batch statistics, and a Dropout layer
-    draws the same masks on every rank.
+    checkpoints (:meth:`save`; every rank reads them in :meth:`restore`);
+    :meth:`evaluate` splits the data over the ranks and sums their results.
+    Differences from one process: BatchNorm normalizes with each rank's local batch
+    statistics, and a Dropout layer draws the same masks on every rank.
     """
 
     def __init__(self, net, input_axes, loss="cross_entropy", optimizer=None,
