@@ -379,3 +379,15 @@ def test_example_data_parallel_without_mpirun_is_one_rank(tmp_path):
         return re.sub(r"; [0-9.]+s", "", line.strip())
     assert one.startswith("test accuracy") and "test loss" in one and "ranks" not in one
     assert strip_time(one) == strip_time(plain)
+
+
+def test_geon_num_threads_sets_the_fused_group_threads():
+    code = "from geon.transformers import fusion; print(fusion.MAX_THREADS)"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent), GEON_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "1", p.stderr
+    env["GEON_NUM_THREADS"] = "3"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.stdout.strip() == "3", p.stderr
