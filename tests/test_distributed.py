@@ -2,6 +2,7 @@
 and jobs of 2 and 3 ranks under ``mpirun`` (tests/distributed_worker.py)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,12 +39,12 @@ def _mpi_ready():
 needs_mpi = pytest.mark.skipif(_mpi_ready() is not None, reason=str(_mpi_ready()))
 
 
-def launch(n, *args, timeout=60):
-    """Run the worker on ``n`` ranks; returns the CompletedProcess."""
+def launch(n, *args, timeout=60, worker=WORKER):
+    """Run ``worker`` on ``n`` ranks; returns the CompletedProcess."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    cmd = [_mpirun(), "--oversubscribe", "-n", str(n), sys.executable, str(WORKER), *args]
+    cmd = [_mpirun(), "--oversubscribe", "-n", str(n), sys.executable, str(worker), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -274,3 +275,119 @@ def test_broadcast_from_has_no_derivative_and_write_values_checks_shapes():
     assert np.array_equal(f(), [0.0, 2.0, 4.0]) and t.write_count(w) == 1
     with pytest.raises(be.ArgumentError, match=r"w has shape \(3,\)"):
         t.write_values({w: np.zeros(4)})
+
+
+# --- the neon frontend's Model.fit (tests/distributed_fit_worker.py) -----------------
+
+FIT_WORKER = HERE / "distributed_fit_worker.py"
+
+
+@pytest.fixture(scope="module")
+def fit_worker():
+    sys.path.insert(0, str(HERE))
+    try:
+        import distributed_fit_worker
+        yield distributed_fit_worker
+    finally:
+        sys.path.remove(str(HERE))
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_model_fit_on_ranks_matches_one_process_with_the_global_batch(n, tmp_path,
+                                                                       fit_worker):
+    out, ckpt = tmp_path / "out.npz", tmp_path / "ckpt.npz"
+    p = launch(n, "fit", str(out), str(B), str(ckpt), worker=FIT_WORKER)
+    check_run(p)
+    got = dict(np.load(out))
+    want = fit_worker.fit(n * B, ranks=1)   # one process, batch n * B, plain Model.fit
+    # per model: one allreduce per step (gradients, loss, count in one bucket) and one
+    # for evaluate()'s sums
+    assert got.pop("allreduce_calls") == 4 * (fit_worker.EPOCHS *
+                                              fit_worker.STEPS_PER_EPOCH + 1)
+    assert set(got) == set(want)
+    for k in want:
+        if k.endswith("_steps"):            # 2 epochs of 5 global batches
+            assert got[k] == want[k] == fit_worker.EPOCHS * fit_worker.STEPS_PER_EPOCH
+    assert_same(got, want, [k for k in want if not k.endswith("_steps")])
+    # the optimizers' state went through the same steps (momentum, Adam moments)
+    assert any("velocity" in k for k in want) and any(k.endswith("|m") for k in want)
+    # rank 0 alone prints progress: one summary line per epoch and model
+    summaries = [ln for ln in p.stdout.replace("\r", "\n").splitlines()
+                 if ln.startswith("epoch ") and "accuracy" in ln]
+    assert len(summaries) == 4 * fit_worker.EPOCHS, p.stdout
+    # rank 0 wrote the checkpoint (of the last float64 MLP), which restores in one process
+    model = fit_worker.make("mlp", np.float64, B, 0, data_parallel=False)
+    model.restore(str(ckpt))
+    assert model.step == 10
+    w = model.weights()
+    assert np.array_equal(w["h/W"], got["mlp_float64_h|W"])
+
+
+@needs_mpi
+def test_model_fit_with_batchnorm_keeps_the_ranks_identical(tmp_path):
+    # BatchNorm normalizes with each rank's batch statistics; its running averages are
+    # averaged over the ranks like the gradients, so the ranks never drift apart.
+    out = tmp_path / "bn.npz"
+    check_run(launch(2, "bn", str(out), str(B), worker=FIT_WORKER))
+    got = dict(np.load(out))
+    names = sorted(k[2:] for k in got if k.startswith("0_"))
+    assert "bn|mean" in names and "bn|var" in names and "conv|W" in names
+    for k in names:
+        assert np.array_equal(got["0_" + k], got["1_" + k]), k
+    assert not np.array_equal(got["0_bn|mean"], 0)   # they were trained
+
+
+def _example(*cmd, mpi_ranks=None, cwd=None):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    head = [sys.executable, "-m"]
+    if mpi_ranks:
+        head = [_mpirun(), "--oversubscribe", "-n", str(mpi_ranks)] + head
+    p = subprocess.run(head + list(cmd), env=env, capture_output=True, text=True,
+                       timeout=120, cwd=cwd)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+@needs_mpi
+def test_examples_train_data_parallel_under_mpirun(tmp_path):
+    ckpt = tmp_path / "d.npz"
+    out = _example("geon.examples.digits", "--data-parallel", "--epochs", "2", "--quiet",
+                   "--checkpoint", str(ckpt), mpi_ranks=2, cwd=tmp_path)
+    lines = [ln for ln in out.splitlines() if ln.startswith("test accuracy")]
+    assert len(lines) == 1, out              # rank 0 alone reports
+    assert "2 ranks, global batch 64" in lines[0]
+    accuracy = float(lines[0].split()[2])
+    assert 0.5 < accuracy <= 1.0, lines[0]    # 2 epochs of 22 steps learn something
+    assert ckpt.exists() and ckpt.with_suffix(".json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "d.npz"]  # no strays
+    out = _example("geon.examples.digits_cnn", "--data-parallel", "--epochs", "1",
+                   "--quiet", "--channels", "4", mpi_ranks=2)
+    lines = [ln for ln in out.splitlines() if ln.startswith("test accuracy")]
+    assert len(lines) == 1 and "2 ranks, global batch 64" in lines[0], out
+
+
+@needs_mpi
+def test_example_data_parallel_without_mpirun_is_one_rank(tmp_path):
+    args = ["geon.examples.digits", "--epochs", "1", "--quiet", "--no-save"]
+    one = _example(*args, "--data-parallel")
+    plain = _example(*args)
+    # the same run: accuracy, right count and losses agree (the elapsed time differs)
+    def strip_time(line):
+        return re.sub(r"; [0-9.]+s", "", line.strip())
+    assert one.startswith("test accuracy") and "test loss" in one and "ranks" not in one
+    assert strip_time(one) == strip_time(plain)
+
+
+def test_geon_num_threads_sets_the_fused_group_threads():
+    code = "from geon.transformers import fusion; print(fusion.MAX_THREADS)"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent), GEON_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "1", p.stderr
+    env["GEON_NUM_THREADS"] = "3"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.stdout.strip() == "3", p.stderr

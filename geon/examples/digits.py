@@ -24,7 +24,7 @@ Run it with::
 Options: ``--epochs N``, ``--batch-size B``, ``--lr RATE``, ``--hidden H``, ``--seed S``
 (weight initialisation and minibatch order), ``--checkpoint PATH`` (default
 ``digits-ckpt.npz`` in the current directory), ``--resume``, ``--no-save``, ``--quiet``
-(no progress output) and ``--transformer NAME``. A progress bar with the current loss
+(no progress output), ``--transformer NAME`` and ``--data-parallel``. A progress bar with the current loss
 and rate is drawn on stderr when it is a terminal (tqdm's, if installed); otherwise one
 line per epoch is printed there. The run ends with one line on stdout giving the test
 accuracy, the losses and the elapsed time.
@@ -39,6 +39,15 @@ for ``N`` epochs more (an epoch interrupted part way counts as one). The minibat
 order of an epoch depends only on ``--seed`` and the epoch's number, so 10 epochs then
 10 more with ``--resume``, or a run interrupted and resumed, give bit for bit the
 weights of one uninterrupted run.
+
+Data-parallel training on MPI (see doc/distributed.rst)::
+
+    mpirun -n 2 python -m geon.examples.digits --data-parallel
+
+runs one process per rank; ``--batch-size`` is then the batch of each rank, so a step
+trains on N x ``--batch-size`` images (each rank reads its own block of every global
+batch), the gradients averaged over the ranks. Rank 0 alone prints and writes the
+checkpoint (every rank reads it with ``--resume``). Without ``mpirun`` it is one rank.
 
 From Python, :func:`main` takes the same arguments as a list and returns a dict
 (``test_accuracy``, ``loss``, ``test_loss``, ``elapsed``, ``epochs``, ``checkpoint``, ...).
@@ -92,8 +101,9 @@ def hyperparameters_path(checkpoint):
     return os.path.splitext(checkpoint)[0] + ".json"
 
 
-def build_model(hp, n_features, transformer):
-    """The model: ``Affine(hidden, tanh) -> Affine(10)`` trained by SGD."""
+def build_model(hp, n_features, transformer, data_parallel=False):
+    """The model: ``Affine(hidden, tanh) -> Affine(10)`` trained by SGD (on every rank
+    of an MPI job with ``data_parallel``)."""
     F = be.Axis(n_features, name="F")
     init = nn.GlorotUniform(seed=hp["seed"])
     net = nn.Sequential([
@@ -101,7 +111,8 @@ def build_model(hp, n_features, transformer):
         nn.Affine(be.Axis(N_CLASSES, name="Y"), weight_init=init, name="output"),
     ])
     return nn.Model(net, [F], loss="cross_entropy", optimizer=nn.SGD(hp["lr"]),
-                    batch_size=hp["batch_size"], transformer=transformer)
+                    batch_size=hp["batch_size"], transformer=transformer,
+                    data_parallel=data_parallel)
 
 
 def parse_args(argv=None):
@@ -127,6 +138,11 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--transformer", default="numpy",
                    help="transformer to run on (default numpy; e.g. gpu)")
+    p.add_argument("--data-parallel", action="store_true",
+                   help="train on every rank of an MPI job (mpirun -n N python -m "
+                        "geon.examples.digits --data-parallel): --batch-size is per rank, "
+                        "so a step trains on N x batch-size images; rank 0 prints and "
+                        "writes the checkpoint; without mpirun, one rank")
     args = p.parse_args(argv)
     if args.epochs is not None and args.epochs < 0:
         p.error("--epochs must be >= 0")
@@ -186,13 +202,18 @@ def main(argv=None):
     train_idx, test_idx = split(len(x_all))
     x_train, y_train = x_all[train_idx], y_all[train_idx]
     x_test, y_test = x_all[test_idx], y_all[test_idx]
-    if hp["batch_size"] > len(x_train):
-        raise SystemExit(f"--batch-size must be at most {len(x_train)} (the training set)")
+    model = build_model(hp, x_all.shape[1], args.transformer, args.data_parallel)
+    ranks, chief = model.ranks, model.rank == 0   # 1 and True unless data-parallel
+    if hp["batch_size"] * ranks > len(x_train):
+        over = f" over {ranks} ranks" if ranks > 1 else ""
+        raise SystemExit(f"--batch-size must be at most {len(x_train) // ranks} (the "
+                         f"training set{over})")
 
-    model = build_model(hp, x_all.shape[1], args.transformer)
     if args.resume:
         model.restore(args.checkpoint)  # raises geon.CheckpointError if mismatched
     data = nn.ArrayIterator(x_train, y_train, hp["batch_size"], seed=hp["seed"])
+    if ranks > 1:                       # this rank's block of every global batch
+        data = data.shard(model.rank, ranks)
     spe = data.steps_per_epoch          # the remainder is left out, a new one each epoch
     first = model.step // spe           # epochs completed (0 unless resumed)
     if args.epochs is not None:
@@ -204,7 +225,8 @@ def main(argv=None):
     hp["epochs"] = first + epochs       # where this run ends
     callbacks = []
     if not args.no_save:
-        nn.callbacks.write_json(hyperparameters_path(args.checkpoint), hp)
+        if chief:
+            nn.callbacks.write_json(hyperparameters_path(args.checkpoint), hp)
         callbacks.append(nn.ModelCheckpoint(args.checkpoint))
     history = model.fit(data, epochs=epochs, validation_data=(x_test, y_test),
                         callbacks=callbacks, verbose=not args.quiet)
@@ -217,12 +239,15 @@ def main(argv=None):
     elapsed = time.perf_counter() - start
     done = model.step // spe
     right = int(round(accuracy * len(x_test)))
-    print(f"test accuracy {accuracy:.4f} ({right}/{len(x_test)}) after {done} epochs; "
-          f"loss {loss:.4f}, test loss {result['loss']:.4f}; {elapsed:.2f}s"
-          + ("" if args.no_save else f"; checkpoint {args.checkpoint}"), flush=True)
+    if chief:
+        print(f"test accuracy {accuracy:.4f} ({right}/{len(x_test)}) after {done} epochs; "
+              f"loss {loss:.4f}, test loss {result['loss']:.4f}; {elapsed:.2f}s"
+              + ("" if args.no_save else f"; checkpoint {args.checkpoint}")
+              + (f"; {ranks} ranks, global batch {ranks * hp['batch_size']}"
+                 if ranks > 1 else ""), flush=True)
     return {"test_accuracy": accuracy, "loss": loss, "test_loss": result["loss"],
             "elapsed": elapsed, "epochs": done, "epochs_run": len(history),
-            "n_train": len(x_train), "n_test": len(x_test),
+            "n_train": len(x_train), "n_test": len(x_test), "ranks": ranks,
             "checkpoint": None if args.no_save else os.path.abspath(args.checkpoint),
             "hyperparameters": hp}
 

@@ -8,7 +8,9 @@ one-channel image with spatial axes H and W. The network is
 
 trained by Adam on 80% of the images; the fixed held-out 20% gives the test accuracy.
 Run it with ``python -m geon.examples.digits_cnn`` (options ``--epochs``,
-``--batch-size``, ``--lr``, ``--channels``, ``--seed``, ``--quiet``, ``--transformer``).
+``--batch-size``, ``--lr``, ``--channels``, ``--seed``, ``--quiet``, ``--transformer``,
+``--data-parallel``: ``mpirun -n N python -m geon.examples.digits_cnn --data-parallel``
+trains on N ranks with a global batch of N x ``--batch-size``).
 With the defaults (10 epochs, dropout 0.25 after the pooling) it reaches 98.9% test
 accuracy in about 2 s (building, training and testing) on an idle 2-core machine.
 """
@@ -35,7 +37,7 @@ def build_model(args):
                   name="output"),
     ])
     return nn.Model(net, [C, H, W], optimizer=nn.Adam(args.lr), batch_size=args.batch_size,
-                    transformer=args.transformer)
+                    transformer=args.transformer, data_parallel=args.data_parallel)
 
 
 def main(argv=None):

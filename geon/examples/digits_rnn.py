@@ -27,7 +27,7 @@ def build_model(args):
         nn.Affine(be.Axis(10, name="Y"), weight_init=init, name="output"),
     ])
     return nn.Model(net, [T, F], optimizer=nn.Adam(args.lr), batch_size=args.batch_size,
-                    transformer=args.transformer)
+                    transformer=args.transformer, data_parallel=args.data_parallel)
 
 
 def main(argv=None):

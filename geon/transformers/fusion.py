@@ -24,9 +24,12 @@ BLOCK_ELEMENTS = 131072
 MIN_ELEMENTS = 2 * BLOCK_ELEMENTS
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
-#: At most this many threads per group (default: the CPUs this process may use).
-MAX_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-    else (os.cpu_count() or 1)
+#: At most this many threads per group: the environment variable ``GEON_NUM_THREADS``
+#: if set (``1``: no threads, e.g. one MPI rank per core), else the CPUs this process
+#: may use. Read when a computation is compiled.
+MAX_THREADS = int(os.environ.get("GEON_NUM_THREADS", "0") or 0) or (
+    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+    else (os.cpu_count() or 1))
 
 
 class Group:

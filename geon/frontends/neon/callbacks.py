@@ -73,14 +73,15 @@ class EarlyStopping(Callback):
 
 class MetricsLog(Callback):
     """The logs of every epoch, kept in ``self.history`` and, with ``path``, written
-    there as a JSON list after each epoch (atomically: temporary file and rename)."""
+    there as a JSON list after each epoch (atomically: temporary file and rename; in a
+    data-parallel job by rank 0 only, the logs being the same on every rank)."""
 
     def __init__(self, path=None):
         self.path, self.history = path, []
 
     def on_epoch_end(self, model, epoch, logs):
         self.history.append(dict(logs))
-        if self.path is not None:
+        if self.path is not None and getattr(model, "rank", 0) == 0:
             write_json(self.path, self.history)
 
 

@@ -13,25 +13,48 @@ class ArrayIterator:
     ``shuffle=False``), so a run resumed at any step sees the batches it would have
     seen. Training epochs have ``steps_per_epoch = len(x) // batch_size`` full batches
     (the remainder, a different one each epoch, is left out).
+
+    For data-parallel training (:meth:`shard`), ``batch_size`` is the *local* batch:
+    a global batch is ``ranks * batch_size`` consecutive samples of the epoch's order,
+    and rank ``rank`` reads its ``rank``-th block of ``batch_size`` of them, so the
+    ranks' blocks laid end to end are the batch one process with
+    ``ranks * batch_size`` reads.
     """
 
-    def __init__(self, x, y=None, batch_size=32, shuffle=True, seed=0):
+    def __init__(self, x, y=None, batch_size=32, shuffle=True, seed=0, rank=0, ranks=1):
         self.x = np.asarray(x)
         self.y = None if y is None else np.asarray(y)
         if self.y is not None and len(self.y) != len(self.x):
             raise ArgumentError(f"ArrayIterator: {len(self.x)} inputs but {len(self.y)} "
                                 f"targets")
-        if not 1 <= batch_size <= len(self.x):
-            raise ArgumentError(f"ArrayIterator: batch_size must be in 1..{len(self.x)} "
-                                f"(the number of samples), not {batch_size}")
+        if not 0 <= rank < ranks:
+            raise ArgumentError(f"ArrayIterator: rank must be in 0..{ranks - 1}, not "
+                                f"{rank}")
+        if not 1 <= batch_size * ranks <= len(self.x):
+            raise ArgumentError(
+                f"ArrayIterator: batch_size must be in 1..{len(self.x) // ranks} (the "
+                f"number of samples" + (f" over {ranks} ranks" if ranks > 1 else "") +
+                f"), not {batch_size}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
+        self.rank, self.ranks = int(rank), int(ranks)
+
+    def shard(self, rank, ranks):
+        """This iterator for rank ``rank`` of ``ranks`` (the same arrays, order and
+        local ``batch_size``): see the class's description."""
+        return ArrayIterator(self.x, self.y, self.batch_size, self.shuffle, self.seed,
+                             rank=rank, ranks=ranks)
+
+    @property
+    def global_batch_size(self):
+        """``ranks * batch_size``: the samples of one step over every rank."""
+        return self.ranks * self.batch_size
 
     def __len__(self):
         return len(self.x)
 
     @property
     def steps_per_epoch(self):
-        return len(self.x) // self.batch_size
+        return len(self.x) // self.global_batch_size
 
     def order(self, epoch):
         """The sample order of epoch ``epoch`` (0-based)."""
@@ -41,10 +64,11 @@ class ArrayIterator:
 
     def epoch(self, epoch, start=0):
         """The batches ``(x, y)`` (``y`` None without targets) of epoch ``epoch`` from
-        batch ``start`` on."""
-        order, b = self.order(epoch), self.batch_size
+        batch ``start`` on (this rank's blocks of them, when sharded)."""
+        order, b, g = self.order(epoch), self.batch_size, self.global_batch_size
         for k in range(start, self.steps_per_epoch):
-            idx = order[k * b:(k + 1) * b]
+            first = k * g + self.rank * b
+            idx = order[first:first + b]
             yield self.x[idx], None if self.y is None else self.y[idx]
 
 

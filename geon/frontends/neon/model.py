@@ -32,15 +32,31 @@ class Model:
             ``eval_batch_size`` (default: ``batch_size``), the last one padded.
         transformer: a transformer name (``"numpy"``, ``"gpu"``, ...) or instance.
         dtype: of the input placeholder.
+        data_parallel: train on every rank of an MPI job (``mpirun -n N``; see
+            doc/distributed.rst): ``batch_size`` is then each rank's *local* batch and
+            a step trains on ``N * batch_size`` samples. Needs :mod:`geon.distributed`
+            (``mpi4py``); it calls :func:`geon.distributed.init` unless that was done.
+            Without ``mpirun`` the job is one rank.
 
     The training computation returns the loss and applies the optimizer's updates
     and the layers' (BatchNorm's running averages). The inference ones
     (``predict``, ``evaluate``) read the same Variables and never assign any.
+
+    Data-parallel training (``data_parallel=True``) is what one process would do with
+    the global batch: each rank reads its own block of every global batch
+    (:meth:`ArrayIterator.shard`); the gradients, the BatchNorm running averages and
+    the reported loss and accuracy are averaged over the ranks by one bucketed
+    allreduce per step; :meth:`fit` first broadcasts every Variable from rank 0, so
+    the ranks start identical and stay so. Only rank 0 prints progress and writes
+    checkpoints (:meth:`save`; every rank reads them in :meth:`restore`);
+    :meth:`evaluate` splits the data over the ranks and sums their results.
+    Differences from one process: BatchNorm normalizes with each rank's local batch
+    statistics, and a Dropout layer draws the same masks on every rank.
     """
 
     def __init__(self, net, input_axes, loss="cross_entropy", optimizer=None,
                  batch_size=32, eval_batch_size=None, transformer="numpy",
-                 dtype=np.float32):
+                 dtype=np.float32, data_parallel=False):
         if loss not in ("cross_entropy", "mse"):
             raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r} "
                                 f"(at {user_location()})")
@@ -55,6 +71,13 @@ class Model:
         self.eval_batch_size = eval_batch_size or batch_size
         self.stop_training = False
         self._train, self._predict, self._eval = {}, {}, {}
+        self.data_parallel, self._synced = bool(data_parallel), False
+        if self.data_parallel:
+            import geon.distributed as gd  # raises MPIUnavailableError without mpi4py
+            from geon.op_graph.collectives import SingleProcess, collectives
+            if isinstance(collectives(), SingleProcess):
+                gd.init()
+            self._gd = gd
         self.train_computation(batch_size)            # makes every Variable
         self._step = self.transformer.computation(be.value_of(self.optimizer.step))
 
@@ -104,10 +127,38 @@ class Model:
             loss = be.mean(per, out_axes=())
             count = be.sum(correct, out_axes=()) if correct is not None else be.constant(-1.0)
             params = [v for v in self.net.variables if v.trainable]
-            updates = self.net.pop_updates() + self.optimizer.updates(loss, params)
+            layer_updates = self.net.pop_updates()
+            if self.data_parallel:
+                opt_updates, loss, count, layer_updates = self._data_parallel_updates(
+                    loss, count, layer_updates, params)
+            else:
+                opt_updates = self.optimizer.updates(loss, params)
+            updates = layer_updates + opt_updates
             self._train[batch_size] = self.transformer.computation(
                 [loss, count] + updates, x, target)
         return self._train[batch_size]
+
+    def _data_parallel_updates(self, loss, count, layer_updates, params):
+        """``(optimizer updates, loss, count, layer updates)`` of a data-parallel step:
+        the gradients, the loss, the correct count and the values the layers assign
+        (BatchNorm's running averages) averaged over the ranks, all in the gradients'
+        buckets (one allreduce per step while they fit in one)."""
+        values = [u.args[1] for u in layer_updates]
+        if count.dtype != loss.dtype:  # in the loss's bucket (float64: exact counts)
+            count = count * be.constant(1.0, dtype=loss.dtype)
+        extra = [loss, count] + values
+        averaged = []
+
+        def average(grads):
+            grads = list(grads)
+            out = self._gd.average_gradients(grads + extra)
+            averaged.extend(out[len(grads):])
+            return out[:len(grads)]
+
+        updates = self.optimizer.updates(loss, params, average=average)
+        loss, count, *values = averaged
+        return updates, loss, count, [_replace_assignment(u, v)
+                                      for u, v in zip(layer_updates, values)]
 
     def _predict_computation(self):
         b = self.eval_batch_size
@@ -137,6 +188,23 @@ class Model:
         return list(self.net.variables) + self.optimizer.variables
 
     @property
+    def rank(self):
+        """This process's rank in a data-parallel job (0 otherwise)."""
+        return self._gd.world().rank if self.data_parallel else 0
+
+    @property
+    def ranks(self):
+        """The number of ranks of a data-parallel job (1 otherwise)."""
+        return self._gd.world().size if self.data_parallel else 1
+
+    def sync(self):
+        """Data-parallel: make every rank's Variables rank 0's (one bucketed broadcast;
+        :meth:`fit` calls it before its first step). Every rank must call it."""
+        if self.data_parallel:
+            self._gd.sync_variables(self.transformer)
+            self._synced = True
+
+    @property
     def step(self):
         """The number of updates made so far (restored ones included)."""
         return int(self._step())
@@ -147,12 +215,23 @@ class Model:
         return {v.name: self.transformer.state[v].copy() for v in self.variables}
 
     def save(self, path):
-        """Write every Variable (weights and optimizer state) to the checkpoint ``path``."""
-        self.transformer.save(path)
+        """Write every Variable (weights and optimizer state) to the checkpoint ``path``.
+        Data-parallel: rank 0 writes it; every rank must call it, and returns once the
+        file is written."""
+        if self.data_parallel:
+            self._gd.save(self.transformer, path)
+        else:
+            self.transformer.save(path)
 
     def restore(self, path):
-        """Read a checkpoint written by :meth:`save` of the same model."""
-        self.transformer.restore(path)
+        """Read a checkpoint written by :meth:`save` of the same model (on every rank,
+        when data-parallel: it holds no number of ranks, so a run of 2 ranks resumes on
+        1 or 3)."""
+        if self.data_parallel:
+            self._gd.restore(self.transformer, path)
+            self._synced = True   # every rank read the same file
+        else:
+            self.transformer.restore(path)
 
     # -- running -----------------------------------------------------------------------
     def _batches(self, x, y=None):
@@ -181,18 +260,31 @@ class Model:
 
     def evaluate(self, x, y):
         """``{"loss": mean loss, "accuracy": fraction right}`` (accuracy with the
-        cross-entropy loss only) on ``x``, ``y``. Assigns no Variable."""
-        x = np.asarray(x, dtype=self.dtype)
+        cross-entropy loss only) on ``x``, ``y``. Assigns no Variable. Data-parallel:
+        each rank evaluates its contiguous part of ``x`` and the sums are added over
+        the ranks (every rank gets the result)."""
+        x, y = np.asarray(x, dtype=self.dtype), np.asarray(y)
+        n_all = len(x)
+        if self.data_parallel:
+            if not self._synced:
+                self.sync()
+            lo, hi = (n_all * k // self.ranks for k in (self.rank, self.rank + 1))
+            x, y = x[lo:hi], y[lo:hi]
         comp = self._eval_computation()
         total, right = 0.0, 0.0
-        for xb, yb, n in self._batches(x, np.asarray(y)):
-            res = comp(xb, yb)
-            total += float(np.sum(res[0][:n]))
-            if len(res) > 1:
-                right += float(np.sum(res[1][:n]))
-        logs = {"loss": total / len(x)}
+        if len(x):
+            for xb, yb, n in self._batches(x, y):
+                res = comp(xb, yb)
+                total += float(np.sum(res[0][:n]))
+                if len(res) > 1:
+                    right += float(np.sum(res[1][:n]))
+        if self.data_parallel:
+            sums = np.array([total, right])
+            self._gd.collectives().allreduce(sums, sums, False)
+            total, right = float(sums[0]), float(sums[1])
+        logs = {"loss": total / n_all}
         if self.loss_kind == "cross_entropy":
-            logs["accuracy"] = right / len(x)
+            logs["accuracy"] = right / n_all
         return logs
 
     def fit(self, data, epochs=1, batch_size=None, validation_data=None, callbacks=(),
@@ -206,6 +298,12 @@ class Model:
         interrupted part way counts as the first), in the order an uninterrupted run
         would have used. ``validation_data`` ``(x, y)`` is evaluated after each epoch.
 
+        Data-parallel (``Model(..., data_parallel=True)``): every rank calls ``fit``
+        with the same data; each reads its block of every global batch of
+        ``ranks * batch_size`` samples (:meth:`ArrayIterator.shard`), the Variables are
+        first broadcast from rank 0, the logs (loss, accuracy) are those of the global
+        batches, and only rank 0 prints.
+
         SIGINT (Ctrl-C) during ``fit`` finishes the current update, runs the
         callbacks' ``on_interrupt`` (:class:`ModelCheckpoint` saves) and raises
         ``KeyboardInterrupt``.
@@ -213,8 +311,13 @@ class Model:
         if not isinstance(data, ArrayIterator):
             x, y = data
             data = ArrayIterator(x, y, batch_size or self.batch_size, seed=seed)
+        if self.data_parallel:
+            if data.ranks == 1 and self.ranks > 1:
+                data = data.shard(self.rank, self.ranks)
+            if not self._synced:
+                self.sync()
         comp = self.train_computation(data.batch_size)
-        progress = make_progress(stream, enabled=verbose)
+        progress = make_progress(stream, enabled=verbose and self.rank == 0)
         spe = data.steps_per_epoch
         step = self.step
         first = step // spe
@@ -277,3 +380,12 @@ class Model:
         signal.signal(signal.SIGINT, lambda signum, frame: flag.append(signum))
         return lambda: signal.signal(signal.SIGINT, previous)
 
+
+def _replace_assignment(old, value):
+    """``SetItem(old's tensor, value)`` in place of the SetItem ``old`` (which is then
+    never run): the new one is not ordered after ``old`` (as a SetItem built after
+    another on the same tensor would be, which would make the computation run both)."""
+    new = be.SetItem(old.args[0], value)
+    new.other_deps.discard(old)
+    old._dep_users.discard(new)
+    return new

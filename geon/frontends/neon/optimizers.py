@@ -84,9 +84,14 @@ class Optimizer:
                                            trainable=False, name=f"{self.name}/{w.name}/{what}")]
         return self.state[key][0]
 
-    def updates(self, loss, variables=None):
+    def updates(self, loss, variables=None, average=None):
         """The SetItem ops of one step minimizing the scalar ``loss`` over
-        ``variables`` (default: the trainable variables ``loss`` depends on)."""
+        ``variables`` (default: the trainable variables ``loss`` depends on).
+
+        ``average``, for data-parallel training, maps the list of gradients to the
+        list of the same gradients averaged over the ranks (as
+        :func:`geon.distributed.average_gradients` does); it is applied before
+        clipping, weight decay and the rule, so every rank makes the same update."""
         if variables is None:
             variables = loss.variables()
         variables = list(variables)
@@ -94,6 +99,8 @@ class Optimizer:
             raise ArgumentError(f"{type(self).__name__}: loss {loss.name} depends on no "
                                 f"trainable variables")
         grads = [be.deriv(loss, w) for w in variables]
+        if average is not None:
+            grads = list(average(grads))
         if self.clip_norm is not None:
             norm = be.sqrt(sum(be.sum(be.square(g), out_axes=()) for g in grads))
             scale = be.minimum(1.0, self.clip_norm / (norm + 1e-6))
