@@ -13,8 +13,9 @@ import geon as be
 from geon.errors import GeonError
 from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
                                          UnsupportedOnnxOp, elem_dtype, elem_name,
-                                         load_proto, node_order, onnx_module, tensor_array)
-from geon.frontends.onnx.ops import carrier, find_builder
+                                         load_proto, narrow_format, node_order, onnx_module,
+                                         tensor_array)
+from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
 
 # Nodes evaluated at import when all their inputs are known have results at most this
 # large; bigger ones stay ops (folding must not turn a small model into a huge one).
@@ -82,10 +83,28 @@ class OnnxGraph:
                                    f"{len(arrays)}")
             feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
             outs = comp(*feeds)
-            return [np.asarray(o) != 0 if d == np.bool_ else np.asarray(o).astype(d, copy=False)
-                    for o, d in zip(outs, out_types)]
+            return [_output(o, d) for o, d in zip(outs, out_types)]
         run.computation = comp
         return run
+
+
+def _output(value, dtype):
+    """A computed output in its ONNX type: booleans from 1.0 / 0.0; a narrow type
+    (bfloat16, float8, 4- and 2-bit) from its widened values, which lie on the format's
+    grid, so the conversion is exact (checked: a value off the grid is a bug, never
+    silently rounded again)."""
+    value = np.asarray(value)
+    if dtype == np.bool_:
+        return value != 0
+    out = value.astype(dtype, copy=False)
+    if narrow_format(dtype) is not None:
+        back = out.astype(value.dtype)
+        same = (back == value) | (np.isnan(value) if value.dtype.kind == "f" else False)
+        if not np.all(same):
+            k = int(np.flatnonzero(~same)[0])
+            raise GeonError(f"output of type {dtype}: the value {value.flat[k]!r} is not on "
+                            f"the format's grid (it became {back.flat[k]!r})")
+    return out
 
 
 def _tensor_type(vi, what, input_shapes):
@@ -186,7 +205,10 @@ def import_model(model, input_shapes=None, input_values=None):
             values[vi.name] = Value(array=arr.astype(dtype))
             continue
         ph = be.np.placeholder(shape, dtype=carrier(dtype), name=_geon_name(vi.name))
-        values[vi.name] = Value(op=ph, dtype=dtype)
+        # A narrow type's input is fed widened (exactly, from the ml_dtypes array);
+        # values fed off the format's grid are rounded to it as a Cast would.
+        values[vi.name] = Value(op=to_narrow(ph, dtype) if narrow_format(dtype) else ph,
+                                dtype=dtype)
         inputs.append(ph)
         input_dtypes.append(dtype)
     unknown = (set(input_shapes) | set(input_values)) - {vi.name for vi in graph.input}

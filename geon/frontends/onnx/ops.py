@@ -12,7 +12,8 @@ not make). It builds ``be.np`` ops, reads every attribute it honours through
 import numpy as np
 
 import geon as be
-from geon.frontends.onnx.loading import UnsupportedOnnxOp, elem_dtype, elem_name
+from geon.frontends.onnx.loading import (UnsupportedOnnxOp, elem_dtype, elem_name,
+                                         narrow_format)
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 
@@ -47,9 +48,35 @@ def find_builder(domain, op_type, version, where):
 
 
 def carrier(dtype):
-    """The dtype geon computes an ONNX type in (booleans as float32)."""
+    """The dtype geon computes an ONNX type in: booleans and the narrow float formats
+    (bfloat16, float8, float4) as float32, the 4- and 2-bit integers as int8 / uint8."""
     dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.bool_ else dtype
+    if dtype == np.bool_:
+        return np.dtype(np.float32)
+    fmt = narrow_format(dtype)
+    if fmt is not None:
+        return np.dtype(np.float32) if not fmt.startswith(("int", "uint")) else \
+            np.dtype(np.int8 if fmt.startswith("int") else np.uint8)
+    return dtype
+
+
+def is_float(dtype):
+    """Whether an ONNX type (as a NumPy dtype) is floating point, narrow ones included."""
+    dtype = np.dtype(dtype)
+    fmt = narrow_format(dtype)
+    return fmt is not None and not fmt.startswith(("int", "uint")) or \
+        fmt is None and dtype.kind == "f"
+
+
+def to_narrow(op, dtype, saturate=True, round_mode="up"):
+    """``op`` rounded to the narrow format ``dtype`` and held in its carrier (float32,
+    int8 or uint8). A float64 value is rounded in float64 (once), anything else in
+    float32."""
+    fmt = narrow_format(dtype)
+    if op.dtype != np.float64 and op.dtype.kind == "f":
+        op = cast(op, np.float32)
+    r = gnp.round_to_format(op, fmt, saturate=saturate, round_mode=round_mode)
+    return cast(r, carrier(dtype))
 
 
 def cast(op, dtype):
@@ -65,8 +92,11 @@ def cast(op, dtype):
 
 
 def _same(ctx, op, i=0):
-    """``op`` as a result with input ``i``'s ONNX type."""
+    """``op`` as a result with input ``i``'s ONNX type (a narrow type's result computed
+    in float32 is rounded to the format once)."""
     d = ctx.dtype(i)
+    if narrow_format(d) is not None:
+        return ctx.out(to_narrow(op, d), d)
     return ctx.out(cast(op, carrier(d)), d)
 
 
@@ -77,7 +107,7 @@ def _norm_axis(ctx, axis, rank):
 
 
 def _float(ctx, i=0):
-    if ctx.dtype(i).kind != "f":
+    if not is_float(ctx.dtype(i)):
         raise ctx.unsupported(f"input {i} of type {ctx.dtype(i)} is not supported "
                               f"(floating point only)")
     return ctx.tensor(i)
@@ -603,34 +633,48 @@ def _pad(ctx):
     return _pad_common(ctx, pads, value, axes)
 
 
-def _cast_to(ctx, to_type):
+def _cast_to(ctx, to_type, saturate=True, round_mode="up"):
     dtype = elem_dtype(to_type)
     if dtype is None:
         raise ctx.unsupported(f"cast to {elem_name(to_type)} is not supported")
     src = ctx.dtype(0)
     v = ctx.value(0)
-    if v.array is not None:
+    fmt = narrow_format(dtype)
+    if v.array is not None and fmt is None:
         return [ctx.known(v.array.astype(dtype))]
+    if v.array is not None:  # rounded by geon's rule, then held in the ml_dtypes type
+        from geon.op_graph.formats import round_array
+        a = v.array.astype(carrier(src))
+        if a.dtype.kind == "f" and a.dtype != np.float64:
+            a = a.astype(np.float32)
+        return [ctx.known(round_array(a, fmt, saturate, round_mode).astype(dtype))]
     op = ctx.tensor(0)
     if src == np.bool_ and dtype != np.bool_:
-        op = cast(op, dtype)
+        op = cast(op, np.float32 if fmt is not None else dtype)
+    if fmt is not None:
+        return [ctx.out(to_narrow(op, dtype, saturate, round_mode), dtype)]
     return [ctx.out(cast(op, carrier(dtype)), dtype)]
 
 
 @onnx_op("Cast", 6)
 def _cast(ctx):
-    ctx.attr("saturate", 1)  # only matters for float8 targets, which are refused
-    if ctx.attr("round_mode", "up") != "up":
-        raise ctx.unsupported("round_mode")
-    return _cast_to(ctx, ctx.attr("to"))
+    # `saturate` matters for the float8 targets, `round_mode` for FLOAT8E8M0 only.
+    saturate = bool(ctx.attr("saturate", 1))
+    round_mode = ctx.attr("round_mode", "up")
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode={round_mode!r}")
+    return _cast_to(ctx, ctx.attr("to"), saturate, round_mode)
 
 
 @onnx_op("CastLike", 15)
 def _cast_like(ctx):
-    ctx.attr("saturate", 1)
+    saturate = bool(ctx.attr("saturate", 1))
+    round_mode = ctx.attr("round_mode", "up")
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode={round_mode!r}")
     dtype = ctx.dtype(1)
     from onnx.helper import np_dtype_to_tensor_dtype
-    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype))
+    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype), saturate, round_mode)
 
 
 @onnx_op("Constant", 1)
