@@ -53,8 +53,13 @@ class OnnxGraph:
 
     Attributes:
         inputs: the placeholders of the graph inputs that are not initializers, in
-            model order.
-        outputs: the ops of the graph outputs, in model order.
+            model order. An input with no elements (a 0 in its shape) has none: its
+            value is known from its shape (geon has no zero-length axes);
+            :meth:`computation` still takes an array for it, checked for its shape.
+            ``empty_inputs`` maps such inputs' positions to their shapes.
+        outputs: the ops of the graph outputs, in model order; ``None`` for an output
+            with no elements (its array, known at import, is in ``empty_outputs``
+            under its position and is what :meth:`computation` returns for it).
         variables: ``{initializer name: Variable}`` for the floating-point
             initializers, trainable and initialized from the model.
         output_dtypes: the ONNX element type of each output (booleans are computed as
@@ -62,10 +67,13 @@ class OnnxGraph:
         opsets: ``{domain: version}`` of the model.
     """
 
-    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets):
+    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
+                 empty_inputs=None, empty_outputs=None):
         self.inputs, self.outputs, self.variables = inputs, outputs, variables
         self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
             opsets
+        self.empty_inputs = dict(empty_inputs or {})
+        self.empty_outputs = dict(empty_outputs or {})
 
     def computation(self, transformer=None):
         """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
@@ -73,17 +81,25 @@ class OnnxGraph:
         a registered name, or ``None`` for the NumPy transformer."""
         if transformer is None or isinstance(transformer, str):
             transformer = be.make_transformer(transformer or "numpy")
-        comp = transformer.computation(list(self.outputs), *self.inputs)
+        computed = [o for o in self.outputs if o is not None]
+        comp = transformer.computation(computed, *self.inputs) if computed else None
         in_types = [carrier(d) for d in self.input_dtypes]
         out_types = list(self.output_dtypes)
+        empty_in, empty_out = self.empty_inputs, self.empty_outputs
+        n_in = len(in_types) + len(empty_in)
 
         def run(*arrays):
-            if len(arrays) != len(in_types):
-                raise be.FeedError(f"the model takes {len(in_types)} inputs, got "
-                                   f"{len(arrays)}")
-            feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
-            outs = comp(*feeds)
-            return [_output(o, d) for o, d in zip(outs, out_types)]
+            if len(arrays) != n_in:
+                raise be.FeedError(f"the model takes {n_in} inputs, got {len(arrays)}")
+            for k, shape in empty_in.items():
+                if np.shape(arrays[k]) != shape:
+                    raise be.FeedError(f"input {k} has shape {shape} (no elements), got "
+                                       f"{np.shape(arrays[k])}")
+            given = [a for k, a in enumerate(arrays) if k not in empty_in]
+            feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(given, in_types)]
+            outs = iter(comp(*feeds) if comp is not None else ())
+            return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
+                    for k, d in enumerate(out_types)]
         run.computation = comp
         return run
 
@@ -192,7 +208,7 @@ def import_model(model, input_shapes=None, input_values=None):
             values[t.name] = Value(op=var, dtype=arr.dtype)
         else:
             values[t.name] = Value(array=arr)
-    inputs, input_dtypes = [], []
+    inputs, input_dtypes, empty_inputs = [], [], {}
     for vi in graph.input:
         if vi.name in values:  # an initializer: a default the graph does not take
             continue
@@ -203,6 +219,10 @@ def import_model(model, input_shapes=None, input_values=None):
                 raise InvalidOnnxModel(f"input_values gives {vi.name!r} shape {arr.shape}, "
                                        f"the model declares {tuple(shape)}")
             values[vi.name] = Value(array=arr.astype(dtype))
+            continue
+        if 0 in shape:  # no elements: its value is known from the shape alone
+            values[vi.name] = Value(array=np.empty(shape, dtype))
+            empty_inputs[len(input_dtypes) + len(empty_inputs)] = tuple(shape)
             continue
         ph = be.np.placeholder(shape, dtype=carrier(dtype), name=_geon_name(vi.name))
         # A narrow type's input is fed widened (exactly, from the ml_dtypes array);
@@ -219,17 +239,19 @@ def import_model(model, input_shapes=None, input_values=None):
     for node in node_order(graph, set(values)):
         _import_node(node, values, opsets)
 
-    outputs, output_dtypes = [], []
+    outputs, output_dtypes, empty_outputs = [], [], {}
     for vi in graph.output:
         if vi.name not in values:
             raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")
         v = values[vi.name]
-        try:
+        if v.array is not None and v.array.size == 0:
+            outputs.append(None)  # no elements: returned as they are
+            empty_outputs[len(outputs) - 1] = v.array
+        else:
             outputs.append(v.tensor())
-        except UnsupportedOnnxOp as e:
-            raise UnsupportedOnnxOp(f"graph output {vi.name!r}: {e}") from None
         output_dtypes.append(v.dtype)
-    return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets)
+    return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
+                     empty_inputs, empty_outputs)
 
 
 def _geon_name(name):

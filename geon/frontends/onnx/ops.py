@@ -115,9 +115,22 @@ def _float(ctx, i=0):
 
 # --- elementwise ------------------------------------------------------------------------
 
+def _empty_elementwise(ctx, dtype=None):
+    """For an elementwise node with an input of no elements: its result, known from the
+    broadcast shape alone (``None`` when every input has elements)."""
+    present = [i for i in range(ctx.n_inputs()) if ctx.has(i)]
+    if not any(0 in ctx.shape(i) for i in present):
+        return None
+    shape = np.broadcast_shapes(*(ctx.shape(i) for i in present))
+    return [ctx.known(np.empty(shape, dtype if dtype is not None else ctx.dtype(0)))]
+
+
 def _unary(op_type, fn, since=1, floating=True):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx)
+        if empty is not None:
+            return empty
         x = _float(ctx) if floating else ctx.tensor(0)
         return [_same(ctx, fn(x))]
     build.__name__ = f"build_{op_type}"
@@ -194,6 +207,9 @@ def _clip(ctx):
 def _binary(op_type, fn, since=7):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx)
+        if empty is not None:
+            return empty
         return [_same(ctx, fn(ctx.tensor(0), ctx.tensor(1)))]
     build.__name__ = f"build_{op_type}"
 
@@ -206,6 +222,9 @@ _binary("Pow", gnp.power)
 
 @onnx_op("Div", 7)
 def _div(ctx):
+    empty = _empty_elementwise(ctx)
+    if empty is not None:
+        return empty
     a, b = ctx.tensor(0), ctx.tensor(1)
     # Integers: the float quotient cast back truncates toward zero, ONNX's (C's) rule.
     return [_same(ctx, gnp.divide(a, b))]
@@ -214,6 +233,9 @@ def _div(ctx):
 def _compare(op_type, fn, since=7):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx, np.bool_)
+        if empty is not None:
+            return empty
         return [ctx.out(fn(ctx.tensor(0), ctx.tensor(1)), np.bool_)]
     build.__name__ = f"build_{op_type}"
 
@@ -345,16 +367,44 @@ def _reduce_axes(ctx, from_input):
     return tuple(sorted(_norm_axis(ctx, a, rank) for a in axes))
 
 
+#: What a reduction over an empty set of values gives (ONNX's rule): ``"low"`` is -inf
+#: for floats and the type's smallest value otherwise (False for bool), ``"high"`` the
+#: opposite.
+_EMPTY_REDUCTION = {"ReduceSum": 0, "ReduceProd": 1, "ReduceSumSquare": 0, "ReduceL1": 0,
+                    "ReduceL2": 0, "ReduceMax": "low", "ReduceMin": "high",
+                    "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}
+
+
+def _empty_reduction(ctx, op_type, axes, keep):
+    """The known result of a reduction of an input with no elements."""
+    shape, dtype = ctx.shape(0), ctx.dtype(0)
+    red = range(len(shape)) if axes is None else axes
+    out = tuple(1 if k in red else d for k, d in enumerate(shape) if keep or k not in red)
+    if 0 in out:  # nothing left either
+        return ctx.known(np.empty(out, dtype))
+    fill = _EMPTY_REDUCTION.get(op_type)
+    if fill is None or narrow_format(dtype) is not None:
+        raise ctx.unsupported("reducing an empty set of values (the result is undefined)")
+    if fill in ("low", "high"):
+        if dtype == np.bool_:
+            fill = fill == "high"
+        elif is_float(dtype):
+            fill = -np.inf if fill == "low" else np.inf
+        else:
+            info = np.iinfo(dtype)
+            fill = info.min if fill == "low" else info.max
+    return ctx.known(np.full(out, fill, carrier(dtype)), dtype)
+
+
 def _reduction(op_type, fn, input_since, floating=False):
     def build(ctx, from_input):
-        x = _float(ctx) if floating else ctx.tensor(0)
         axes = _reduce_axes(ctx, from_input)
         keep = bool(ctx.attr("keepdims", 1))
+        if 0 in ctx.shape(0):
+            return [ctx.value(0) if axes == () else _empty_reduction(ctx, op_type, axes, keep)]
+        x = _float(ctx) if floating else ctx.tensor(0)
         if axes == ():
             return [ctx.out(x, ctx.dtype(0))]
-        if axes is not None and any(ctx.shape(0)[a] == 0 for a in axes) or \
-                axes is None and 0 in ctx.shape(0):
-            raise ctx.unsupported("reducing an empty dimension")
         return [_same(ctx, fn(x, axes, keep))]
 
     onnx_op(op_type, 1, input_since - 1)(lambda ctx: build(ctx, False))
@@ -511,11 +561,15 @@ def _split(ctx):
         sizes = [shape[axis] // n_out] * n_out
     if sum(sizes) != shape[axis] or any(s < 0 for s in sizes):
         raise ctx.unsupported(f"split sizes {sizes} do not add up to {shape[axis]}")
-    x, start, out = ctx.tensor(0), 0, []
+    start, out = 0, []
     for s in sizes:
-        if s == 0:
-            raise ctx.unsupported("empty split outputs")
-        out.append(ctx.out(_slice_along(x, axis, start, start + s), ctx.dtype(0)))
+        if s == 0 or 0 in shape:  # no elements: known from the shape alone
+            part = list(shape)
+            part[axis] = s
+            out.append(ctx.known(np.empty(part, ctx.dtype(0))))
+        else:
+            out.append(ctx.out(_slice_along(ctx.tensor(0), axis, start, start + s),
+                               ctx.dtype(0)))
         start += s
     return out
 
@@ -546,7 +600,9 @@ def _do_slice(ctx, starts, ends, axes, steps):
     if ctx.value(0).array is not None:  # shapes and constants: NumPy, empty ones too
         return [ctx.known(ctx.const(0)[tuple(key)])]
     if any(len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
-        raise ctx.unsupported("slices with no elements (geon has no empty tensors)")
+        # No elements: the result is known from its shape alone.
+        out = tuple(len(range(*k.indices(n))) for k, n in zip(key, shape))
+        return [ctx.known(np.empty(out, ctx.dtype(0)))]
     return [ctx.out(ctx.tensor(0)[tuple(key)], ctx.dtype(0))]
 
 
@@ -697,8 +753,8 @@ def _constant_of_shape(ctx):
     shape = _shape_arg(ctx, 0)
     value = ctx.attr("value")
     value = np.zeros(1, np.float32) if value is None else value
-    if any(d == 0 for d in shape):
-        raise ctx.unsupported("empty tensors")
+    if any(d < 0 for d in shape):
+        raise ctx.unsupported(f"negative dimension in shape {shape}")
     n = int(np.prod(shape))
     if n * value.dtype.itemsize > (1 << 16):  # large: a filled constant, not an array
         return [ctx.out(gnp.full(shape, np.ravel(value)[0], dtype=carrier(value.dtype)),
