@@ -1133,19 +1133,72 @@ def _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
     return extra if changed else None
 
 
+def _pool_input(ctx):
+    """MaxPool's input as floats: integers up to 16 bits in float32 and 32-bit ones in
+    float64, both exact (a max pool only selects values)."""
+    d = ctx.dtype(0)
+    if is_float(d):
+        return ctx.tensor(0)
+    if d.kind in "iu" and d.itemsize <= 4:
+        return cast(ctx.tensor(0), np.float32 if d.itemsize <= 2 else np.float64)
+    raise ctx.unsupported(f"input 0 of type {d} is not supported")
+
+
 @onnx_op("MaxPool", 1)
 def _max_pool(ctx):
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ctx.unsupported("the Indices output")
-    ctx.attr("storage_order", 0)  # only the Indices output depends on it
-    x = _float(ctx)
+    want_indices = len(ctx.node.output) > 1 and bool(ctx.node.output[1])
+    storage_order = ctx.attr("storage_order", 0)  # only the Indices output depends on it
+    if storage_order not in (0, 1):
+        raise ctx.unsupported(f"storage_order={storage_order}")
+    x = _pool_input(ctx)
     sizes = ctx.shape(0)[2:]
     n = len(sizes)
     kernel, strides, dil = _window_attrs(ctx, n)
     pads = _pads(ctx, sizes, kernel, strides, dil)
     if ctx.attr("ceil_mode", 0):
         pads = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) or pads
-    return [_same(ctx, gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil))]
+    y = gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil)
+    out = [_same(ctx, y)]
+    if want_indices:
+        out.append(ctx.out(_max_pool_indices(ctx, x, y, kernel, strides, dil, pads,
+                                             storage_order), np.int64))
+    return out
+
+
+def _max_pool_indices(ctx, x, y, kernel, strides, dil, pads, storage_order):
+    """MaxPool's Indices output: for each window, the flat position in the input
+    ``(N, C, *spatial)`` of its first maximum in window order (ONNX's reference
+    order); ``storage_order=1`` counts the spatial positions column-major. Each
+    kernel offset's strided slice of the (-inf padded) input is compared with the
+    window maxima; the positions of the slices are known at import."""
+    shape = ctx.shape(0)
+    sizes = shape[2:]
+    n = len(sizes)
+    outs = gnp.shape(y)[2:]
+    # Spatial positions, row- or column-major, -1 in the padding.
+    if storage_order == 0:
+        mult = [int(np.prod(sizes[i + 1:])) for i in range(n)]
+    else:
+        mult = [int(np.prod(sizes[:i])) for i in range(n)]
+    grid = np.indices(sizes, dtype=np.int64)
+    pos = sum(g * m for g, m in zip(grid, mult)) if n else np.zeros((), np.int64)
+    pos = np.pad(pos, pads, constant_values=-1)
+    xp = gnp.pad(x, [(0, 0), (0, 0)] + [list(p) for p in pads], mode="constant",
+                 constant_values=-np.inf) if any(lo or hi for lo, hi in pads) else x
+    offsets = list(np.ndindex(*kernel))
+    found = None
+    for off in reversed(offsets):  # the first offset in window order is applied last
+        key = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
+                    for o, d, s, m in zip(off, dil, strides, outs))
+        here = gnp.constant(np.ascontiguousarray(pos[key]))
+        if found is None:
+            found = gnp.broadcast_to(here, gnp.shape(y))
+            continue
+        hit = gnp.equal(xp[(slice(None), slice(None)) + key], y)
+        found = gnp.where(hit, here, found)
+    channel = np.arange(shape[0] * shape[1], dtype=np.int64).reshape(
+        shape[:2] + (1,) * n) * int(np.prod(sizes))
+    return found + gnp.constant(channel)
 
 
 @onnx_op("AveragePool", 1)
