@@ -53,13 +53,11 @@ class OnnxGraph:
 
     Attributes:
         inputs: the placeholders of the graph inputs that are not initializers, in
-            model order. An input with no elements (a 0 in its shape) has none: its
-            value is known from its shape (geon has no zero-length axes);
-            :meth:`computation` still takes an array for it, checked for its shape.
-            ``empty_inputs`` maps such inputs' positions to their shapes.
+            model order.
         outputs: the ops of the graph outputs, in model order; ``None`` for an output
-            with no elements (its array, known at import, is in ``empty_outputs``
-            under its position and is what :meth:`computation` returns for it).
+            known at import to have no elements (a slice or split part with none, a
+            ``Shape`` with ``start > end``): its array is in ``empty_outputs`` under its
+            position and is what :meth:`computation` returns for it.
         variables: ``{initializer name: Variable}`` for the floating-point
             initializers, trainable and initialized from the model.
         output_dtypes: the ONNX element type of each output (booleans are computed as
@@ -68,11 +66,10 @@ class OnnxGraph:
     """
 
     def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
-                 empty_inputs=None, empty_outputs=None):
+                 empty_outputs=None):
         self.inputs, self.outputs, self.variables = inputs, outputs, variables
         self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
             opsets
-        self.empty_inputs = dict(empty_inputs or {})
         self.empty_outputs = dict(empty_outputs or {})
 
     def computation(self, transformer=None):
@@ -85,18 +82,13 @@ class OnnxGraph:
         comp = transformer.computation(computed, *self.inputs) if computed else None
         in_types = [carrier(d) for d in self.input_dtypes]
         out_types = list(self.output_dtypes)
-        empty_in, empty_out = self.empty_inputs, self.empty_outputs
-        n_in = len(in_types) + len(empty_in)
+        empty_out = self.empty_outputs
 
         def run(*arrays):
-            if len(arrays) != n_in:
-                raise be.FeedError(f"the model takes {n_in} inputs, got {len(arrays)}")
-            for k, shape in empty_in.items():
-                if np.shape(arrays[k]) != shape:
-                    raise be.FeedError(f"input {k} has shape {shape} (no elements), got "
-                                       f"{np.shape(arrays[k])}")
-            given = [a for k, a in enumerate(arrays) if k not in empty_in]
-            feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(given, in_types)]
+            if len(arrays) != len(in_types):
+                raise be.FeedError(f"the model takes {len(in_types)} inputs, got "
+                                   f"{len(arrays)}")
+            feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
             outs = iter(comp(*feeds) if comp is not None else ())
             return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
                     for k, d in enumerate(out_types)]
@@ -208,7 +200,7 @@ def import_model(model, input_shapes=None, input_values=None):
             values[t.name] = Value(op=var, dtype=arr.dtype)
         else:
             values[t.name] = Value(array=arr)
-    inputs, input_dtypes, empty_inputs = [], [], {}
+    inputs, input_dtypes = [], []
     for vi in graph.input:
         if vi.name in values:  # an initializer: a default the graph does not take
             continue
@@ -219,10 +211,6 @@ def import_model(model, input_shapes=None, input_values=None):
                 raise InvalidOnnxModel(f"input_values gives {vi.name!r} shape {arr.shape}, "
                                        f"the model declares {tuple(shape)}")
             values[vi.name] = Value(array=arr.astype(dtype))
-            continue
-        if 0 in shape:  # no elements: its value is known from the shape alone
-            values[vi.name] = Value(array=np.empty(shape, dtype))
-            empty_inputs[len(input_dtypes) + len(empty_inputs)] = tuple(shape)
             continue
         ph = be.np.placeholder(shape, dtype=carrier(dtype), name=_geon_name(vi.name))
         # A narrow type's input is fed widened (exactly, from the ml_dtypes array);
@@ -251,7 +239,7 @@ def import_model(model, input_shapes=None, input_values=None):
             outputs.append(v.tensor())
         output_dtypes.append(v.dtype)
     return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
-                     empty_inputs, empty_outputs)
+                     empty_outputs)
 
 
 def _geon_name(name):

@@ -93,10 +93,11 @@ def cast(op, dtype):
 
 def _same(ctx, op, i=0):
     """``op`` as a result with input ``i``'s ONNX type (a narrow type's result computed
-    in float32 is rounded to the format once)."""
+    in float32 is rounded to the format once; arithmetic overflows as IEEE does, to
+    infinity or, in a format without one, NaN: saturation is a rule of ``Cast`` only)."""
     d = ctx.dtype(i)
     if narrow_format(d) is not None:
-        return ctx.out(to_narrow(op, d), d)
+        return ctx.out(to_narrow(op, d, saturate=False), d)
     return ctx.out(cast(op, carrier(d)), d)
 
 
