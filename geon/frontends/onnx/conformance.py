@@ -163,8 +163,9 @@ def rst_table(results):
              f"transformer at the tolerances the case declares.", "",
              f"Cases of the operators geon's ONNX importer is required to cover: "
              f"**{passed} of {total} pass** ({100.0 * passed / max(total, 1):.1f}%); "
-             f"leaving out the cases of data types geon does not hold (bfloat16, the float8 "
-             f"and 4- and 2-bit types, strings), {held[0]} of {held[1]} "
+             f"leaving out the cases refused for a data type geon does not hold "
+             f"(strings, for instance; bfloat16, the float8, float4 and 4- and 2-bit "
+             f"integer types are held widened), {held[0]} of {held[1]} "
              f"({100.0 * held[0] / max(held[1], 1):.1f}%). "
              f"All cases: {sum(s == 'passed' for _, s, _ in results.values())} of "
              f"{len(results)} pass.", "",
