@@ -9,6 +9,12 @@ NumPy has; a value of a narrow format is exactly representable in float32 (and a
 quantization-aware training needs (the forward pass sees the rounded values) and what
 ONNX's ``Cast`` to these types means.
 
+The result has ``x``'s dtype: give float32 (or float64) values, since a float16 ``x``
+cannot hold every bfloat16 or E8M0 value (those round beyond float16's range). The op
+is a user op (:func:`geon.define_op`) with a NumPy implementation: the NumPy
+transformer and the reference evaluator run it; the GPU transformer refuses it by
+name.
+
 The derivative is the straight-through estimator: the op passes the incoming
 gradient unchanged (the exact derivative is zero almost everywhere, which would stop
 training). Use :func:`~geon.op_graph.op_graph.stop_gradient` around it for no gradient.
