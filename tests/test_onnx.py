@@ -161,6 +161,19 @@ def test_narrow_types_cast_and_compute_as_onnx_reference(to, saturate):
         np.testing.assert_array_equal(g.astype(wide), np.asarray(r).astype(wide))
 
 
+@pytest.mark.parametrize("to", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2,
+                                TensorProto.BFLOAT16, TensorProto.UINT4])
+def test_integers_cast_to_narrow_types_as_onnx_reference(to):
+    x = np.array([[0, 3, -7, 17, 300, -1000, 70000, 123456]], np.int32)
+    m = _model([helper.make_node("Cast", ["x"], ["y"], to=to)],
+               [_vi("x", [1, 8], TensorProto.INT32)], [_vi("y", [1, 8], to)], opset=21)
+    (got,) = gx.import_model(m).computation()(x)
+    (want,) = _reference(m, {"x": x})
+    assert got.dtype == want.dtype
+    wide = np.int64 if to == TensorProto.UINT4 else np.float64
+    np.testing.assert_array_equal(got.astype(wide), want.astype(wide))
+
+
 def test_narrow_inputs_are_fed_exactly_and_rounded_when_off_the_grid():
     import ml_dtypes
     m = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],

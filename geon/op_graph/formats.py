@@ -146,7 +146,7 @@ def round_array(x, fmt, saturate=True, round_mode="up"):
     check_format(fmt, round_mode)
     x = np.asarray(x)
     f = FORMATS[fmt]
-    out_dtype = x.dtype if x.dtype.kind in "fiu" else np.dtype(np.float32)
+    out_dtype = result_dtype(x.dtype, fmt)
     with np.errstate(all="ignore"):
         if isinstance(f, _Int):
             r = _int_format(x, f)
@@ -155,6 +155,16 @@ def round_array(x, fmt, saturate=True, round_mode="up"):
         else:
             r = _float_format(x.astype(np.float64), f, bool(saturate))
         return np.asarray(r).astype(out_dtype)
+
+
+def result_dtype(dtype, fmt):
+    """The dtype of ``round_to_format`` of a ``dtype`` value: ``dtype`` itself, except
+    float32 for an integer or boolean value rounded to a float format (its result
+    can be NaN or fractional) and for a boolean one rounded to an integer format."""
+    dtype = np.dtype(dtype)
+    if isinstance(FORMATS[fmt], _Int):
+        return dtype if dtype.kind in "fiu" else np.dtype(np.float32)
+    return dtype if dtype.kind == "f" else np.dtype(np.float32)
 
 
 def check_format(fmt, round_mode="up"):
@@ -200,7 +210,11 @@ def round_to_format(x, fmt, saturate=True, round_mode="up"):
     if not isinstance(x, og.Op):
         from geon.op_graph.np_ops import constant
         x = constant(x)
+    wide = result_dtype(x.dtype, fmt)
+    if wide != x.dtype:  # integers rounded to a float format: in float32 first
+        x = og.Add(x, 0, dtype=wide)
     return RoundToFormat(x, fmt=fmt, saturate=bool(saturate), round_mode=round_mode)
 
 
-__all__ = ["FORMATS", "ROUND_MODES", "RoundToFormat", "round_array", "round_to_format"]
+__all__ = ["FORMATS", "ROUND_MODES", "RoundToFormat", "result_dtype", "round_array",
+           "round_to_format"]

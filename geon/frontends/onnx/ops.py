@@ -73,8 +73,12 @@ def to_narrow(op, dtype, saturate=True, round_mode="up"):
     int8 or uint8). A float64 value is rounded in float64 (once), anything else in
     float32."""
     fmt = narrow_format(dtype)
-    if op.dtype != np.float64 and op.dtype.kind == "f":
-        op = cast(op, np.float32)
+    if fmt.startswith(("int", "uint")):
+        if op.dtype.kind == "f" and op.dtype != np.float64:
+            op = cast(op, np.float32)
+    elif op.dtype != np.float64:  # integers too: a float format's result can be NaN
+        op = cast(op, np.float32 if op.dtype.kind == "f" or op.dtype.itemsize <= 2
+                  else np.float64)
     r = gnp.round_to_format(op, fmt, saturate=saturate, round_mode=round_mode)
     return cast(r, carrier(dtype))
 
