@@ -46,6 +46,7 @@ from geon.op_graph.run import Runner, run  # noqa: E402
 # Op families: NumPy-style (``be.np``) and Simple-Axes (``be.simple``) tensors, the
 # coercions between families, and the plugin API of transformers.
 from geon.op_graph import np_ops as np  # noqa: E402
+from geon.op_graph.formats import round_to_format  # noqa: E402
 from geon.op_graph import simple_axes as simple  # noqa: E402
 from geon.op_graph.coercion import FamilyError  # noqa: E402
 from geon.transformers.base import (insert_passes, pass_named, transformer_ops,  # noqa: E402

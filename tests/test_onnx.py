@@ -55,7 +55,7 @@ def test_conformance_subset_matches_the_committed_table():
 def test_committed_table_meets_the_acceptance():
     table = json.loads((DOC / "onnx_conformance.json").read_text(encoding="utf-8"))
     passed, total = conformance.summary({n: tuple(v) for n, v in table.items()})
-    assert total > 700 and passed / total >= 0.85, (passed, total)
+    assert total > 700 and passed / total >= 0.95, (passed, total)
     assert f"onnx {onnx.__version__}" in (DOC / "onnx_operators.txt").read_text()
 
 
@@ -123,6 +123,123 @@ def test_booleans_and_integers_keep_their_onnx_types():
                                             np.array([2, 2, 2], np.float32))
     assert nb.dtype == np.bool_ and nb.tolist() == [False, True, True]
     assert i.dtype == np.int64 and i.tolist() == [0, 1, 1]
+
+
+# --- narrow types (held widened), empty tensors, MaxPool's indices ---------------------------------
+
+def _reference(m, feeds):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(m).run(None, feeds)
+
+
+@pytest.mark.parametrize("to,saturate", [(TensorProto.FLOAT8E4M3FN, 1),
+                                         (TensorProto.FLOAT8E4M3FN, 0),
+                                         (TensorProto.FLOAT8E5M2, 0),
+                                         (TensorProto.FLOAT8E4M3FNUZ, 1),
+                                         (TensorProto.BFLOAT16, 1),
+                                         (TensorProto.INT4, 1)])
+def test_narrow_types_cast_and_compute_as_onnx_reference(to, saturate):
+    """Cast to a narrow type, an op computed in it (in float32, rounded once) and a
+    narrow initializer: geon's outputs, returned in the ml_dtypes type, equal onnx's
+    reference evaluator's."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(40) * 30, [0, -0.0, 1e6, -1e6, 448, 464]])
+    x = x.astype(np.float32).reshape(2, 23)
+    dt = helper.tensor_dtype_to_np_dtype(to)
+    w = numpy_helper.from_array(np.full((2, 23), 3, np.float32).astype(dt), "w")
+    op = "Add" if to in (TensorProto.INT4,) else "Mul"
+    m = _model([helper.make_node("Cast", ["x"], ["q"], to=to, saturate=saturate),
+                helper.make_node(op, ["q", "w"], ["y"]),
+                helper.make_node("Cast", ["y"], ["f"], to=TensorProto.FLOAT)],
+               [_vi("x", [2, 23])], [_vi("q", [2, 23], to), _vi("y", [2, 23], to),
+                                     _vi("f", [2, 23])], initializers=[w], opset=21)
+    got = gx.import_model(m).computation()(x)
+    want = _reference(m, {"x": x})
+    for g, r in zip(got, want):
+        assert g.dtype == r.dtype
+        wide = np.float64 if to != TensorProto.INT4 else np.int64
+        np.testing.assert_array_equal(g.astype(wide), np.asarray(r).astype(wide))
+
+
+@pytest.mark.parametrize("to", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2,
+                                TensorProto.BFLOAT16, TensorProto.UINT4])
+def test_integers_cast_to_narrow_types_as_onnx_reference(to):
+    x = np.array([[0, 3, -7, 17, 300, -1000, 70000, 123456]], np.int32)
+    m = _model([helper.make_node("Cast", ["x"], ["y"], to=to)],
+               [_vi("x", [1, 8], TensorProto.INT32)], [_vi("y", [1, 8], to)], opset=21)
+    (got,) = gx.import_model(m).computation()(x)
+    (want,) = _reference(m, {"x": x})
+    assert got.dtype == want.dtype
+    wide = np.int64 if to == TensorProto.UINT4 else np.float64
+    np.testing.assert_array_equal(got.astype(wide), want.astype(wide))
+
+
+def test_narrow_inputs_are_fed_exactly_and_rounded_when_off_the_grid():
+    import ml_dtypes
+    m = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+               [_vi("x", [4], TensorProto.FLOAT8E4M3FN)], [_vi("y", [4])])
+    f = gx.import_model(m).computation()
+    vals = np.array([0.5, -3.25, 448, 2.0 ** -9], np.float32)
+    (y,) = f(vals.astype(ml_dtypes.float8_e4m3fn))
+    assert y.dtype == np.float32 and np.array_equal(y, vals)
+    (y,) = f(np.array([1 + 1 / 16, 1 + 3 / 16, 1000, -1e9], np.float32))  # as Cast rounds
+    assert y.tolist() == [1.0, 1.25, 448.0, -448.0]
+
+
+def test_a_narrow_output_off_the_grid_is_an_error_not_rounded_again():
+    import ml_dtypes
+    from geon.frontends.onnx.importer import _output
+    ok = _output(np.array([1.25, np.nan], np.float32), np.dtype(ml_dtypes.float8_e4m3fn))
+    assert ok.dtype == ml_dtypes.float8_e4m3fn
+    with pytest.raises(GeonError, match="not on the format's grid"):
+        _output(np.array([1.1], np.float32), np.dtype(ml_dtypes.float8_e4m3fn))
+
+
+def test_empty_sets_and_empty_results():
+    """A reduction over an axis of length 0 gives the reduction's identity; slices and
+    split parts with no elements are returned as empty arrays."""
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node(op, ["x", "axes"], [op], keepdims=1)
+             for op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceL2")]
+    nodes.append(helper.make_node("Slice", ["z", "st", "en"], ["s"]))
+    inits = [axes, numpy_helper.from_array(np.array([5], np.int64), "st"),
+             numpy_helper.from_array(np.array([9], np.int64), "en")]
+    m = _model(nodes, [_vi("x", [2, 0, 3]), _vi("z", [3, 4])],
+               [_vi(n.output[0], None) for n in nodes], initializers=inits, opset=18)
+    outs = gx.import_model(m).computation()(np.zeros((2, 0, 3), np.float32),
+                                            np.ones((3, 4), np.float32))
+    want = [0, 1, -np.inf, np.inf, 0]
+    for o, w in zip(outs, want):
+        assert o.shape == (2, 1, 3) and (o == w).all()
+    assert outs[-1].shape == (0, 4) and outs[-1].dtype == np.float32
+    m = _model([helper.make_node("ReduceMean", ["x", "axes"], ["y"])],
+               [_vi("x", [2, 0, 3])], [_vi("y", None)], initializers=[axes], opset=18)
+    with pytest.raises(gx.UnsupportedOnnxOp, match="empty set"):
+        gx.import_model(m)
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 7, 6), dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1])),
+    ((2, 3, 7, 6), dict(kernel_shape=[3, 3], strides=[2, 2], storage_order=1)),
+    ((1, 2, 9), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ((1, 2, 5, 6, 4), dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2])),
+    ((2, 2, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2])),
+    ((2, 2, 7, 7), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1))])
+def test_max_pool_indices_equal_onnx_reference(shape, attrs):
+    m = _model([helper.make_node("MaxPool", ["x"], ["y", "i"], **attrs)],
+               [_vi("x", list(shape))], [_vi("y", None), _vi("i", None, TensorProto.INT64)],
+               opset=22)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    x.flat[::7] = x.flat[1]  # ties: the first maximum in window order counts
+    y, i = gx.import_model(m).computation()(x)
+    ry, ri = _reference(m, {"x": x})
+    assert np.array_equal(y, ry) and i.dtype == np.int64 and np.array_equal(i, ri)
+    u = (np.abs(x) * 40).astype(np.uint8)
+    m8 = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
+                [_vi("x", list(shape), TensorProto.UINT8)], [_vi("y", None, TensorProto.UINT8)],
+                opset=22)
+    (y8,) = gx.import_model(m8).computation()(u)
+    assert y8.dtype == np.uint8 and np.array_equal(y8, _reference(m8, {"x": u})[0])
 
 
 # --- models exported from PyTorch ----------------------------------------------------------------

@@ -54,7 +54,7 @@ __all__ = [
     "silu", "sin", "softplus", "sqrt",
     "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
     "transpose", "uniform", "normal", "bernoulli", "dropout", "layer_norm", "batch_norm",
-    "true_divide", "variable", "where", "with_axes", "zeros",
+    "true_divide", "variable", "where", "with_axes", "zeros", "round_to_format",
 ]
 
 _builtin_sum, _builtin_max = sum, max  # before the NumPy names shadow them
@@ -325,6 +325,15 @@ selu = _activation(nn_ops.selu)
 gelu = _activation(nn_ops.gelu)
 silu = _activation(nn_ops.silu)
 hard_sigmoid = _activation(nn_ops.hard_sigmoid)
+
+
+def round_to_format(x, fmt, saturate=True, round_mode="up"):
+    """``x`` rounded elementwise to a narrow number format (bfloat16, float8, float4,
+    E8M0, int4 / int2 ...) and held in ``x``'s dtype ("fake quantization"); the gradient
+    passes straight through. See :func:`geon.op_graph.formats.round_to_format`."""
+    from geon.op_graph.formats import round_to_format as rtf
+    return rtf(_arg(x) if not isinstance(x, numbers.Number) else constant(x), fmt,
+               saturate=saturate, round_mode=round_mode)
 
 
 def where(condition, x, y):

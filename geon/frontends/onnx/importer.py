@@ -13,8 +13,9 @@ import geon as be
 from geon.errors import GeonError
 from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
                                          UnsupportedOnnxOp, elem_dtype, elem_name,
-                                         load_proto, node_order, onnx_module, tensor_array)
-from geon.frontends.onnx.ops import carrier, find_builder
+                                         load_proto, narrow_format, node_order, onnx_module,
+                                         tensor_array)
+from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
 
 # Nodes evaluated at import when all their inputs are known have results at most this
 # large; bigger ones stay ops (folding must not turn a small model into a huge one).
@@ -53,7 +54,10 @@ class OnnxGraph:
     Attributes:
         inputs: the placeholders of the graph inputs that are not initializers, in
             model order.
-        outputs: the ops of the graph outputs, in model order.
+        outputs: the ops of the graph outputs, in model order; ``None`` for an output
+            known at import to have no elements (a slice or split part with none, a
+            ``Shape`` with ``start > end``): its array is in ``empty_outputs`` under its
+            position and is what :meth:`computation` returns for it.
         variables: ``{initializer name: Variable}`` for the floating-point
             initializers, trainable and initialized from the model.
         output_dtypes: the ONNX element type of each output (booleans are computed as
@@ -61,10 +65,12 @@ class OnnxGraph:
         opsets: ``{domain: version}`` of the model.
     """
 
-    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets):
+    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
+                 empty_outputs=None):
         self.inputs, self.outputs, self.variables = inputs, outputs, variables
         self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
             opsets
+        self.empty_outputs = dict(empty_outputs or {})
 
     def computation(self, transformer=None):
         """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
@@ -72,20 +78,41 @@ class OnnxGraph:
         a registered name, or ``None`` for the NumPy transformer."""
         if transformer is None or isinstance(transformer, str):
             transformer = be.make_transformer(transformer or "numpy")
-        comp = transformer.computation(list(self.outputs), *self.inputs)
+        computed = [o for o in self.outputs if o is not None]
+        comp = transformer.computation(computed, *self.inputs) if computed else None
         in_types = [carrier(d) for d in self.input_dtypes]
         out_types = list(self.output_dtypes)
+        empty_out = self.empty_outputs
 
         def run(*arrays):
             if len(arrays) != len(in_types):
                 raise be.FeedError(f"the model takes {len(in_types)} inputs, got "
                                    f"{len(arrays)}")
             feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
-            outs = comp(*feeds)
-            return [np.asarray(o) != 0 if d == np.bool_ else np.asarray(o).astype(d, copy=False)
-                    for o, d in zip(outs, out_types)]
+            outs = iter(comp(*feeds) if comp is not None else ())
+            return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
+                    for k, d in enumerate(out_types)]
         run.computation = comp
         return run
+
+
+def _output(value, dtype):
+    """A computed output in its ONNX type: booleans from 1.0 / 0.0; a narrow type
+    (bfloat16, float8, 4- and 2-bit) from its widened values, which lie on the format's
+    grid, so the conversion is exact (checked: a value off the grid is a bug, never
+    silently rounded again)."""
+    value = np.asarray(value)
+    if dtype == np.bool_:
+        return value != 0
+    out = value.astype(dtype, copy=False)
+    if narrow_format(dtype) is not None:
+        back = out.astype(value.dtype)
+        same = (back == value) | (np.isnan(value) if value.dtype.kind == "f" else False)
+        if not np.all(same):
+            k = int(np.flatnonzero(~same)[0])
+            raise GeonError(f"output of type {dtype}: the value {value.flat[k]!r} is not on "
+                            f"the format's grid (it became {back.flat[k]!r})")
+    return out
 
 
 def _tensor_type(vi, what, input_shapes):
@@ -186,7 +213,10 @@ def import_model(model, input_shapes=None, input_values=None):
             values[vi.name] = Value(array=arr.astype(dtype))
             continue
         ph = be.np.placeholder(shape, dtype=carrier(dtype), name=_geon_name(vi.name))
-        values[vi.name] = Value(op=ph, dtype=dtype)
+        # A narrow type's input is fed widened (exactly, from the ml_dtypes array);
+        # values fed off the format's grid are rounded to it as a Cast would.
+        values[vi.name] = Value(op=to_narrow(ph, dtype) if narrow_format(dtype) else ph,
+                                dtype=dtype)
         inputs.append(ph)
         input_dtypes.append(dtype)
     unknown = (set(input_shapes) | set(input_values)) - {vi.name for vi in graph.input}
@@ -197,17 +227,19 @@ def import_model(model, input_shapes=None, input_values=None):
     for node in node_order(graph, set(values)):
         _import_node(node, values, opsets)
 
-    outputs, output_dtypes = [], []
+    outputs, output_dtypes, empty_outputs = [], [], {}
     for vi in graph.output:
         if vi.name not in values:
             raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")
         v = values[vi.name]
-        try:
+        if v.array is not None and v.array.size == 0:
+            outputs.append(None)  # no elements: returned as they are
+            empty_outputs[len(outputs) - 1] = v.array
+        else:
             outputs.append(v.tensor())
-        except UnsupportedOnnxOp as e:
-            raise UnsupportedOnnxOp(f"graph output {vi.name!r}: {e}") from None
         output_dtypes.append(v.dtype)
-    return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets)
+    return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
+                     empty_outputs)
 
 
 def _geon_name(name):

@@ -81,7 +81,34 @@ def elem_dtype(elem_type):
             tp.INT16: np.dtype(np.int16), tp.INT8: np.dtype(np.int8),
             tp.UINT64: np.dtype(np.uint64), tp.UINT32: np.dtype(np.uint32),
             tp.UINT16: np.dtype(np.uint16), tp.UINT8: np.dtype(np.uint8),
-            tp.BOOL: np.dtype(np.bool_)}.get(elem_type)
+            tp.BOOL: np.dtype(np.bool_)}.get(elem_type) or _narrow_dtype(elem_type)
+
+
+#: ONNX element types geon holds widened (doc/onnx.rst): the narrow format's name (as
+#: :mod:`geon.op_graph.formats` and ``ml_dtypes`` call it). Their values are held in
+#: float32 (the float formats) or int8 / uint8 (the 4- and 2-bit integers), which hold
+#: every value of the format exactly; at the model's outputs they are returned in the
+#: ``ml_dtypes`` type the ``onnx`` package uses.
+NARROW = {"BFLOAT16": "bfloat16", "FLOAT8E4M3FN": "float8_e4m3fn",
+          "FLOAT8E4M3FNUZ": "float8_e4m3fnuz", "FLOAT8E5M2": "float8_e5m2",
+          "FLOAT8E5M2FNUZ": "float8_e5m2fnuz", "FLOAT8E8M0": "float8_e8m0fnu",
+          "FLOAT4E2M1": "float4_e2m1fn", "INT4": "int4", "UINT4": "uint4",
+          "INT2": "int2", "UINT2": "uint2"}
+
+
+def narrow_format(dtype):
+    """The narrow format's name of a NumPy (``ml_dtypes``) dtype, or ``None``."""
+    name = np.dtype(dtype).name
+    return name if name in NARROW.values() else None
+
+
+def _narrow_dtype(elem_type):
+    tp = onnx_module().TensorProto
+    for onnx_name, fmt in NARROW.items():
+        if getattr(tp, onnx_name, None) == elem_type:
+            import ml_dtypes  # a dependency of onnx; only the ONNX frontend needs it
+            return np.dtype(getattr(ml_dtypes, fmt))
+    return None
 
 
 def elem_name(elem_type):
@@ -156,6 +183,8 @@ def tensor_array(t, folder, what):
         raise UnsupportedOnnxOp(f"{what}: segmented tensors are not supported")
     dims = tuple(int(d) for d in t.dims)
     n = _check_size(dims, dtype, what)
+    if narrow_format(dtype) is not None:
+        return _narrow_array(t, dims, n, dtype, what)
     if t.data_location == onnx.TensorProto.EXTERNAL:
         raw = _external_bytes(t, folder, n * dtype.itemsize, what)
         return np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(dims)
@@ -178,6 +207,28 @@ def tensor_array(t, folder, what):
     if len(field) != n:
         _count_error(what, len(field), dims, n)
     return np.asarray(field, dtype=dtype).reshape(dims)
+
+
+def _narrow_array(t, dims, n, dtype, what):
+    """A tensor of a narrow type (bfloat16, float8, 4- and 2-bit), decoded by onnx's
+    own ``numpy_helper`` once its byte count is checked."""
+    onnx = onnx_module()
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise UnsupportedOnnxOp(f"{what}: external data of {dtype} is not supported")
+    per_byte = {"int4": 2, "uint4": 2, "float4_e2m1fn": 2, "int2": 4, "uint2": 4}.get(
+        dtype.name, 1)
+    if t.raw_data:
+        need = -(-n // per_byte) * dtype.itemsize
+        if len(t.raw_data) != need:
+            raise InvalidOnnxModel(f"{what}: raw data has {len(t.raw_data)} bytes; "
+                                   f"{list(dims)} of {dtype} needs {need}")
+    elif len(t.int32_data) != -(-n // per_byte):
+        _count_error(what, len(t.int32_data), dims, -(-n // per_byte))
+    from onnx import numpy_helper
+    try:
+        return np.asarray(numpy_helper.to_array(t), dtype).reshape(dims)
+    except (ValueError, TypeError) as e:
+        raise InvalidOnnxModel(f"{what}: cannot decode the {dtype} data: {e}") from None
 
 
 def _count_error(what, got, dims, n):

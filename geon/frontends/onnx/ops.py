@@ -12,7 +12,8 @@ not make). It builds ``be.np`` ops, reads every attribute it honours through
 import numpy as np
 
 import geon as be
-from geon.frontends.onnx.loading import UnsupportedOnnxOp, elem_dtype, elem_name
+from geon.frontends.onnx.loading import (UnsupportedOnnxOp, elem_dtype, elem_name,
+                                         narrow_format)
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 
@@ -47,9 +48,39 @@ def find_builder(domain, op_type, version, where):
 
 
 def carrier(dtype):
-    """The dtype geon computes an ONNX type in (booleans as float32)."""
+    """The dtype geon computes an ONNX type in: booleans and the narrow float formats
+    (bfloat16, float8, float4) as float32, the 4- and 2-bit integers as int8 / uint8."""
     dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.bool_ else dtype
+    if dtype == np.bool_:
+        return np.dtype(np.float32)
+    fmt = narrow_format(dtype)
+    if fmt is not None:
+        return np.dtype(np.float32) if not fmt.startswith(("int", "uint")) else \
+            np.dtype(np.int8 if fmt.startswith("int") else np.uint8)
+    return dtype
+
+
+def is_float(dtype):
+    """Whether an ONNX type (as a NumPy dtype) is floating point, narrow ones included."""
+    dtype = np.dtype(dtype)
+    fmt = narrow_format(dtype)
+    return fmt is not None and not fmt.startswith(("int", "uint")) or \
+        fmt is None and dtype.kind == "f"
+
+
+def to_narrow(op, dtype, saturate=True, round_mode="up"):
+    """``op`` rounded to the narrow format ``dtype`` and held in its carrier (float32,
+    int8 or uint8). A float64 value is rounded in float64 (once), anything else in
+    float32."""
+    fmt = narrow_format(dtype)
+    if fmt.startswith(("int", "uint")):
+        if op.dtype.kind == "f" and op.dtype != np.float64:
+            op = cast(op, np.float32)
+    elif op.dtype != np.float64:  # integers too: a float format's result can be NaN
+        op = cast(op, np.float32 if op.dtype.kind == "f" or op.dtype.itemsize <= 2
+                  else np.float64)
+    r = gnp.round_to_format(op, fmt, saturate=saturate, round_mode=round_mode)
+    return cast(r, carrier(dtype))
 
 
 def cast(op, dtype):
@@ -65,8 +96,12 @@ def cast(op, dtype):
 
 
 def _same(ctx, op, i=0):
-    """``op`` as a result with input ``i``'s ONNX type."""
+    """``op`` as a result with input ``i``'s ONNX type (a narrow type's result computed
+    in float32 is rounded to the format once; arithmetic overflows as IEEE does, to
+    infinity or, in a format without one, NaN: saturation is a rule of ``Cast`` only)."""
     d = ctx.dtype(i)
+    if narrow_format(d) is not None:
+        return ctx.out(to_narrow(op, d, saturate=False), d)
     return ctx.out(cast(op, carrier(d)), d)
 
 
@@ -77,7 +112,7 @@ def _norm_axis(ctx, axis, rank):
 
 
 def _float(ctx, i=0):
-    if ctx.dtype(i).kind != "f":
+    if not is_float(ctx.dtype(i)):
         raise ctx.unsupported(f"input {i} of type {ctx.dtype(i)} is not supported "
                               f"(floating point only)")
     return ctx.tensor(i)
@@ -85,9 +120,22 @@ def _float(ctx, i=0):
 
 # --- elementwise ------------------------------------------------------------------------
 
+def _empty_elementwise(ctx, dtype=None):
+    """For an elementwise node with an input of no elements: its result, known from the
+    broadcast shape alone (``None`` when every input has elements)."""
+    present = [i for i in range(ctx.n_inputs()) if ctx.has(i)]
+    if not any(0 in ctx.shape(i) for i in present):
+        return None
+    shape = np.broadcast_shapes(*(ctx.shape(i) for i in present))
+    return [ctx.known(np.empty(shape, dtype if dtype is not None else ctx.dtype(0)))]
+
+
 def _unary(op_type, fn, since=1, floating=True):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx)
+        if empty is not None:
+            return empty
         x = _float(ctx) if floating else ctx.tensor(0)
         return [_same(ctx, fn(x))]
     build.__name__ = f"build_{op_type}"
@@ -164,6 +212,9 @@ def _clip(ctx):
 def _binary(op_type, fn, since=7):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx)
+        if empty is not None:
+            return empty
         return [_same(ctx, fn(ctx.tensor(0), ctx.tensor(1)))]
     build.__name__ = f"build_{op_type}"
 
@@ -176,6 +227,9 @@ _binary("Pow", gnp.power)
 
 @onnx_op("Div", 7)
 def _div(ctx):
+    empty = _empty_elementwise(ctx)
+    if empty is not None:
+        return empty
     a, b = ctx.tensor(0), ctx.tensor(1)
     # Integers: the float quotient cast back truncates toward zero, ONNX's (C's) rule.
     return [_same(ctx, gnp.divide(a, b))]
@@ -184,6 +238,9 @@ def _div(ctx):
 def _compare(op_type, fn, since=7):
     @onnx_op(op_type, since)
     def build(ctx):
+        empty = _empty_elementwise(ctx, np.bool_)
+        if empty is not None:
+            return empty
         return [ctx.out(fn(ctx.tensor(0), ctx.tensor(1)), np.bool_)]
     build.__name__ = f"build_{op_type}"
 
@@ -315,16 +372,44 @@ def _reduce_axes(ctx, from_input):
     return tuple(sorted(_norm_axis(ctx, a, rank) for a in axes))
 
 
+#: What a reduction over an empty set of values gives (ONNX's rule): ``"low"`` is -inf
+#: for floats and the type's smallest value otherwise (False for bool), ``"high"`` the
+#: opposite.
+_EMPTY_REDUCTION = {"ReduceSum": 0, "ReduceProd": 1, "ReduceSumSquare": 0, "ReduceL1": 0,
+                    "ReduceL2": 0, "ReduceMax": "low", "ReduceMin": "high",
+                    "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}
+
+
+def _empty_reduction(ctx, op_type, axes, keep):
+    """The known result of a reduction of an input with no elements."""
+    shape, dtype = ctx.shape(0), ctx.dtype(0)
+    red = range(len(shape)) if axes is None else axes
+    out = tuple(1 if k in red else d for k, d in enumerate(shape) if keep or k not in red)
+    if 0 in out:  # nothing left either
+        return ctx.known(np.empty(out, dtype))
+    fill = _EMPTY_REDUCTION.get(op_type)
+    if fill is None or narrow_format(dtype) is not None:
+        raise ctx.unsupported("reducing an empty set of values (the result is undefined)")
+    if fill in ("low", "high"):
+        if dtype == np.bool_:
+            fill = fill == "high"
+        elif is_float(dtype):
+            fill = -np.inf if fill == "low" else np.inf
+        else:
+            info = np.iinfo(dtype)
+            fill = info.min if fill == "low" else info.max
+    return ctx.known(np.full(out, fill, carrier(dtype)), dtype)
+
+
 def _reduction(op_type, fn, input_since, floating=False):
     def build(ctx, from_input):
-        x = _float(ctx) if floating else ctx.tensor(0)
         axes = _reduce_axes(ctx, from_input)
         keep = bool(ctx.attr("keepdims", 1))
+        if 0 in ctx.shape(0):
+            return [ctx.value(0) if axes == () else _empty_reduction(ctx, op_type, axes, keep)]
+        x = _float(ctx) if floating else ctx.tensor(0)
         if axes == ():
             return [ctx.out(x, ctx.dtype(0))]
-        if axes is not None and any(ctx.shape(0)[a] == 0 for a in axes) or \
-                axes is None and 0 in ctx.shape(0):
-            raise ctx.unsupported("reducing an empty dimension")
         return [_same(ctx, fn(x, axes, keep))]
 
     onnx_op(op_type, 1, input_since - 1)(lambda ctx: build(ctx, False))
@@ -481,11 +566,15 @@ def _split(ctx):
         sizes = [shape[axis] // n_out] * n_out
     if sum(sizes) != shape[axis] or any(s < 0 for s in sizes):
         raise ctx.unsupported(f"split sizes {sizes} do not add up to {shape[axis]}")
-    x, start, out = ctx.tensor(0), 0, []
+    start, out = 0, []
     for s in sizes:
-        if s == 0:
-            raise ctx.unsupported("empty split outputs")
-        out.append(ctx.out(_slice_along(x, axis, start, start + s), ctx.dtype(0)))
+        if s == 0 or 0 in shape:  # no elements: known from the shape alone
+            part = list(shape)
+            part[axis] = s
+            out.append(ctx.known(np.empty(part, ctx.dtype(0))))
+        else:
+            out.append(ctx.out(_slice_along(ctx.tensor(0), axis, start, start + s),
+                               ctx.dtype(0)))
         start += s
     return out
 
@@ -516,7 +605,9 @@ def _do_slice(ctx, starts, ends, axes, steps):
     if ctx.value(0).array is not None:  # shapes and constants: NumPy, empty ones too
         return [ctx.known(ctx.const(0)[tuple(key)])]
     if any(len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
-        raise ctx.unsupported("slices with no elements (geon has no empty tensors)")
+        # No elements: the result is known from its shape alone.
+        out = tuple(len(range(*k.indices(n))) for k, n in zip(key, shape))
+        return [ctx.known(np.empty(out, ctx.dtype(0)))]
     return [ctx.out(ctx.tensor(0)[tuple(key)], ctx.dtype(0))]
 
 
@@ -603,34 +694,48 @@ def _pad(ctx):
     return _pad_common(ctx, pads, value, axes)
 
 
-def _cast_to(ctx, to_type):
+def _cast_to(ctx, to_type, saturate=True, round_mode="up"):
     dtype = elem_dtype(to_type)
     if dtype is None:
         raise ctx.unsupported(f"cast to {elem_name(to_type)} is not supported")
     src = ctx.dtype(0)
     v = ctx.value(0)
-    if v.array is not None:
+    fmt = narrow_format(dtype)
+    if v.array is not None and fmt is None:
         return [ctx.known(v.array.astype(dtype))]
+    if v.array is not None:  # rounded by geon's rule, then held in the ml_dtypes type
+        from geon.op_graph.formats import round_array
+        a = v.array.astype(carrier(src))
+        if a.dtype.kind == "f" and a.dtype != np.float64:
+            a = a.astype(np.float32)
+        return [ctx.known(round_array(a, fmt, saturate, round_mode).astype(dtype))]
     op = ctx.tensor(0)
     if src == np.bool_ and dtype != np.bool_:
-        op = cast(op, dtype)
+        op = cast(op, np.float32 if fmt is not None else dtype)
+    if fmt is not None:
+        return [ctx.out(to_narrow(op, dtype, saturate, round_mode), dtype)]
     return [ctx.out(cast(op, carrier(dtype)), dtype)]
 
 
 @onnx_op("Cast", 6)
 def _cast(ctx):
-    ctx.attr("saturate", 1)  # only matters for float8 targets, which are refused
-    if ctx.attr("round_mode", "up") != "up":
-        raise ctx.unsupported("round_mode")
-    return _cast_to(ctx, ctx.attr("to"))
+    # `saturate` matters for the float8 targets, `round_mode` for FLOAT8E8M0 only.
+    saturate = bool(ctx.attr("saturate", 1))
+    round_mode = ctx.attr("round_mode", "up")
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode={round_mode!r}")
+    return _cast_to(ctx, ctx.attr("to"), saturate, round_mode)
 
 
 @onnx_op("CastLike", 15)
 def _cast_like(ctx):
-    ctx.attr("saturate", 1)
+    saturate = bool(ctx.attr("saturate", 1))
+    round_mode = ctx.attr("round_mode", "up")
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode={round_mode!r}")
     dtype = ctx.dtype(1)
     from onnx.helper import np_dtype_to_tensor_dtype
-    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype))
+    return _cast_to(ctx, np_dtype_to_tensor_dtype(dtype), saturate, round_mode)
 
 
 @onnx_op("Constant", 1)
@@ -653,8 +758,8 @@ def _constant_of_shape(ctx):
     shape = _shape_arg(ctx, 0)
     value = ctx.attr("value")
     value = np.zeros(1, np.float32) if value is None else value
-    if any(d == 0 for d in shape):
-        raise ctx.unsupported("empty tensors")
+    if any(d < 0 for d in shape):
+        raise ctx.unsupported(f"negative dimension in shape {shape}")
     n = int(np.prod(shape))
     if n * value.dtype.itemsize > (1 << 16):  # large: a filled constant, not an array
         return [ctx.out(gnp.full(shape, np.ravel(value)[0], dtype=carrier(value.dtype)),
@@ -1033,19 +1138,72 @@ def _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
     return extra if changed else None
 
 
+def _pool_input(ctx):
+    """MaxPool's input as floats: integers up to 16 bits in float32 and 32-bit ones in
+    float64, both exact (a max pool only selects values)."""
+    d = ctx.dtype(0)
+    if is_float(d):
+        return ctx.tensor(0)
+    if d.kind in "iu" and d.itemsize <= 4:
+        return cast(ctx.tensor(0), np.float32 if d.itemsize <= 2 else np.float64)
+    raise ctx.unsupported(f"input 0 of type {d} is not supported")
+
+
 @onnx_op("MaxPool", 1)
 def _max_pool(ctx):
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ctx.unsupported("the Indices output")
-    ctx.attr("storage_order", 0)  # only the Indices output depends on it
-    x = _float(ctx)
+    want_indices = len(ctx.node.output) > 1 and bool(ctx.node.output[1])
+    storage_order = ctx.attr("storage_order", 0)  # only the Indices output depends on it
+    if storage_order not in (0, 1):
+        raise ctx.unsupported(f"storage_order={storage_order}")
+    x = _pool_input(ctx)
     sizes = ctx.shape(0)[2:]
     n = len(sizes)
     kernel, strides, dil = _window_attrs(ctx, n)
     pads = _pads(ctx, sizes, kernel, strides, dil)
     if ctx.attr("ceil_mode", 0):
         pads = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) or pads
-    return [_same(ctx, gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil))]
+    y = gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil)
+    out = [_same(ctx, y)]
+    if want_indices:
+        out.append(ctx.out(_max_pool_indices(ctx, x, y, kernel, strides, dil, pads,
+                                             storage_order), np.int64))
+    return out
+
+
+def _max_pool_indices(ctx, x, y, kernel, strides, dil, pads, storage_order):
+    """MaxPool's Indices output: for each window, the flat position in the input
+    ``(N, C, *spatial)`` of its first maximum in window order (ONNX's reference
+    order); ``storage_order=1`` counts the spatial positions column-major. Each
+    kernel offset's strided slice of the (-inf padded) input is compared with the
+    window maxima; the positions of the slices are known at import."""
+    shape = ctx.shape(0)
+    sizes = shape[2:]
+    n = len(sizes)
+    outs = gnp.shape(y)[2:]
+    # Spatial positions, row- or column-major, -1 in the padding.
+    if storage_order == 0:
+        mult = [int(np.prod(sizes[i + 1:])) for i in range(n)]
+    else:
+        mult = [int(np.prod(sizes[:i])) for i in range(n)]
+    grid = np.indices(sizes, dtype=np.int64)
+    pos = sum(g * m for g, m in zip(grid, mult)) if n else np.zeros((), np.int64)
+    pos = np.pad(pos, pads, constant_values=-1)
+    xp = gnp.pad(x, [(0, 0), (0, 0)] + [list(p) for p in pads], mode="constant",
+                 constant_values=-np.inf) if any(lo or hi for lo, hi in pads) else x
+    offsets = list(np.ndindex(*kernel))
+    found = None
+    for off in reversed(offsets):  # the first offset in window order is applied last
+        key = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
+                    for o, d, s, m in zip(off, dil, strides, outs))
+        here = gnp.constant(np.ascontiguousarray(pos[key]))
+        if found is None:
+            found = gnp.broadcast_to(here, gnp.shape(y))
+            continue
+        hit = gnp.equal(xp[(slice(None), slice(None)) + key], y)
+        found = gnp.where(hit, here, found)
+    channel = np.arange(shape[0] * shape[1], dtype=np.int64).reshape(
+        shape[:2] + (1,) * n) * int(np.prod(sizes))
+    return found + gnp.constant(channel)
 
 
 @onnx_op("AveragePool", 1)
