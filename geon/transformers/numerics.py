@@ -119,10 +119,17 @@ def rerun(members, known):
     kernel read, as they were before it ran). Returns ``(op, value, inputs)`` for the
     first member whose value is not finite (``inputs`` as for :func:`op_error`), or
     ``None`` if they all are (or one cannot be evaluated on the host)."""
+    try:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return _rerun(members, dict(known))
+    except Exception:  # an op without a host evaluator: report what the device gave
+        return None
+
+
+def _rerun(members, values):
     from geon.op_graph import primitives as pr
     from geon.op_graph.autodiff import find_rule
     from geon.op_graph.reference import EVALUATORS
-    values = dict(known)
 
     def value(a):
         # what no member computes is known; views and outputs of members are derived
@@ -130,17 +137,14 @@ def rerun(members, known):
             values[a] = find_rule(EVALUATORS, a)(a, value(a.args[0]))
         return values[a]
 
-    try:
-        for m in members:
-            if isinstance(m, pr.Assign):
-                continue
-            args = [value(a) for a in m.args]
-            v = values[m] = find_rule(EVALUATORS, m)(m, *args)
-            if checked_value(m) and _bad(v):
-                bad = v if not isinstance(v, tuple) else next(x for x in v if not finite(x))
-                return m, bad, [(a,) + input_status(x) for a, x in zip(m.args, args)]
-    except Exception:  # an op without a host evaluator: report what the device gave
-        return None
+    for m in members:
+        if isinstance(m, pr.Assign):
+            continue
+        args = [value(a) for a in m.args]
+        v = values[m] = find_rule(EVALUATORS, m)(m, *args)
+        if checked_value(m) and _bad(v):
+            bad = v if not isinstance(v, tuple) else next(x for x in v if not finite(x))
+            return m, bad, [(a,) + input_status(x) for a, x in zip(m.args, args)]
     return None
 
 

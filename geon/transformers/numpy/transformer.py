@@ -430,7 +430,8 @@ class NumPyComputation(Computation):
         src.extend(setup or ["    pass"])
         src.append(f"def run({params}):")
         # Calls take turns: every computation of the transformer shares its buffers.
-        src.append("    with _lock:")
+        # The debug mode raises NumericsError where NumPy would warn of NaN and Inf.
+        src.append("    with _lock, _quiet():" if check else "    with _lock:")
         src.extend("    " + ln for ln in body)
         src.append("    " + returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
@@ -578,6 +579,7 @@ class NumPyComputation(Computation):
         if self._check_numerics:
             ns["_finite"] = _all_finite
             ns["_bad"], ns["_bad_feed"] = self._bad, self._bad_feed
+            ns["_quiet"] = _quiet
         for i, p in enumerate(self.params):
             ns[f"_dt{i}"] = p.dtype
         self._ns = ns
@@ -596,6 +598,10 @@ class NumPyComputation(Computation):
 
 def _all_finite(a):
     return np.isfinite(a).all()
+
+
+def _quiet():
+    return np.errstate(invalid="ignore", divide="ignore", over="ignore")
 
 
 class NumPyTransformer(Transformer):
