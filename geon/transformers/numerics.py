@@ -138,7 +138,7 @@ def _rerun(members, values):
         return values[a]
 
     for m in members:
-        if isinstance(m, pr.Assign):
+        if isinstance(m, pr.Assign):  # its value is another member's, or was checked
             continue
         args = [value(a) for a in m.args]
         v = values[m] = find_rule(EVALUATORS, m)(m, *args)

@@ -524,8 +524,8 @@ def _check_unit(first, last, members, internal, lay, buffer_of, numerics):
     for m in members:
         if isinstance(m, pr.Assign):
             target, v = m.args
-            if numerics.checked(target):  # what the assignment wrote, from v
-                outputs.append((v if v in mset else m, _result_spec(target, lay, buffer_of)))
+            if v in mset and numerics.checked(target):  # v may be held in registers
+                outputs.append((v, _result_spec(target, lay, buffer_of)))
             continue
         for o in getattr(m, "outputs", None) or [m]:
             if o in internal or o not in lay or not numerics.checked(o):

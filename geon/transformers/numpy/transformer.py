@@ -284,9 +284,8 @@ class NumPyComputation(Computation):
         # The numerics debug mode checks each primitive's value right after it is
         # computed, and then looks at its inputs: nothing is computed in place (no
         # buffer sharing, nothing computed into a variable's storage), and no ops are
-        # fused (a
-        # fused group runs the same NumPy calls on blocks of rows, so its ops compute
-        # the same values one by one, and the first one to go wrong can be named).
+        # fused (a fused group runs the same NumPy calls on blocks of rows, so its ops
+        # compute the same values one by one, and the first to go wrong can be named).
         check = self._check_numerics = t.check_numerics
         self._checks = []  # the op of each check, by index
         if "memory" not in t.disabled and not check:
@@ -541,10 +540,12 @@ class NumPyComputation(Computation):
         return f"    if not _finite({out}): _bad({k}, {out}, ({''.join(a + ', ' for a in args)}))"
 
     def _bad(self, k, out, args):
+        """Raise the NumericsError of check ``k`` (called by the generated code)."""
         op = self._checks[k]
         raise numerics.op_error(op, out, numerics.inputs_status(op, args, out))
 
     def _bad_feed(self, i, value):
+        """Raise the NumericsError of feed ``i`` (called by the generated code)."""
         raise numerics.feed_error(self.params[i], value)
 
     @staticmethod
