@@ -189,7 +189,7 @@ def test_infinity_and_the_input_that_was_not_finite(make):
     with pytest.raises(be.NumericsError) as info:
         comp(np.ones(4))
     assert ("w", False) in info.value.inputs
-    assert "input 0: Variable w: not finite" in str(info.value) and "not finite (NaN in 1 of 4" in str(info.value)
+    assert "input 0: Variable w: not finite (NaN in 1 of 4" in str(info.value)
 
 
 @pytest.mark.parametrize("make", TRANSFORMERS)

@@ -2,10 +2,13 @@
 
 A transformer made with ``check_numerics=True`` checks the value of every floating-point
 primitive right after computing it, and each floating-point feed when the computation is
-called. The first value holding a NaN or an infinity raises :class:`~geon.errors.NumericsError`
-naming the primitive, the user's op it was lowered from (its ``derived_from``), where
-that op was built, and which of the primitive's inputs were finite. Integer and boolean
-values are never checked: they cannot be NaN.
+called. The first value holding a NaN or an infinity raises
+:class:`~geon.errors.NumericsError` naming the primitive, the user's op it was lowered
+from (its ``derived_from``), where that op was built, and which of the primitive's
+inputs were finite. Integer and boolean values are never checked: they cannot be NaN.
+The NumPy transformer checks every primitive (it runs them unfused in this mode); the
+GPU transformer checks what each kernel writes and computes a failing fused kernel's
+ops again on the host (:func:`kernel_error`).
 
 The backends generate the checks (nothing of this module runs when the mode is off);
 this module holds what they share: which ops are checked and how the error reads.

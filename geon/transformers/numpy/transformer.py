@@ -537,7 +537,8 @@ class NumPyComputation(Computation):
         """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
         k = len(self._checks)
         self._checks.append(op)
-        return f"    if not _finite({out}): _bad({k}, {out}, ({''.join(a + ', ' for a in args)}))"
+        read = "".join(a + ", " for a in args)
+        return f"    if not _finite({out}): _bad({k}, {out}, ({read}))"
 
     def _bad(self, k, out, args):
         """Raise the NumericsError of check ``k`` (called by the generated code)."""
