@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # noqa: E402
                          CheckpointError, FeedError, GeonError, GeonWarning,
                          IndexOutOfRangeError, InvalidValueError, LoweringError,
+                         NumericsError,
                          TruthValueError,
                          UnknownTransformerError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402

@@ -48,6 +48,25 @@ class CheckpointError(GeonError, ValueError):
     """A checkpoint is missing, corrupt or does not match the variables."""
 
 
+class NumericsError(GeonError, FloatingPointError):
+    """A computation built with ``check_numerics=True`` met a NaN or an infinity: an op
+    computed one, or a placeholder was fed one. The message names the op, the user's op
+    it was lowered from and its source line, and says which inputs were finite.
+
+    Attributes: ``op`` (the op that computed the value, or the placeholder),
+    ``user_op`` (``"<Class> <name>"`` of the op the user built), ``file_info`` (where
+    that op was built), ``inputs`` (``[(name, finite)]``, one per input; empty for a
+    placeholder) and ``members`` (the names of the ops of the fused group that
+    computed it, or ``[]``).
+    """
+
+    def __init__(self, message, op=None, user_op=None, file_info=None, inputs=(),
+                 members=()):
+        super().__init__(message)
+        self.op, self.user_op, self.file_info = op, user_op, file_info
+        self.inputs, self.members = list(inputs), list(members)
+
+
 class UnknownTransformerError(GeonError, ValueError):
     """``make_transformer`` was given a name no transformer is registered under."""
 

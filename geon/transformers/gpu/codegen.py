@@ -316,6 +316,7 @@ class Program:
         self.assigned = []      # variables the computation writes
         self.plan = None
         self.groups = []
+        self.checks = []        # CheckUnit per kernel or kernels (check_numerics only)
         self.source = ""
 
     def module_source(self, names=None):
@@ -374,9 +375,11 @@ def _hazards(group, plan, buffer_of, root, lay):
     return None
 
 
-def generate(comp, fusion=True, plan_memory=True):
+def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
     """The :class:`Program` of ``comp``, a :class:`~geon.transformers.base.Computation`
-    whose passes have run (``comp.graph``, ``comp.results``, ``comp.params``)."""
+    whose passes have run (``comp.graph``, ``comp.results``, ``comp.params``). With
+    ``check_numerics``, ``checks`` lists what the numerics debug mode checks (the
+    kernels are the same)."""
     prog = Program()
     order = schedule(comp.graph.roots)
     results = comp.results
@@ -465,8 +468,70 @@ def generate(comp, fusion=True, plan_memory=True):
             _emit_single(prog, ctx, op)
     for r in results:
         prog.results.append(_result_spec(r, lay, buffer_of))
+    if check_numerics:
+        prog.checks = check_units(prog, lay, buffer_of, groups)
     prog.source = _source(comp, prog)
     return prog
+
+
+class CheckUnit:
+    """What the numerics debug mode checks around launches ``first`` to ``last`` (the
+    kernels that compute ``members``: one op, a fused group, or an op of two kernels):
+    the values it reads (``inputs``: ``[(op, ResultSpec)]``), fetched before the first
+    launch, and the floating-point values it writes (``outputs``: ``[(op, ResultSpec)]``,
+    ``op`` the op named if the value is not finite), fetched after the last."""
+
+    def __init__(self, first, last, members, inputs, outputs):
+        self.first, self.last, self.members = first, last, members
+        self.inputs, self.outputs = inputs, outputs
+
+
+def check_units(prog, lay, buffer_of, groups):
+    """The :class:`CheckUnit` s of ``prog``'s launches, in order."""
+    from geon.transformers import numerics
+    internal = set()
+    for g in groups:
+        internal |= g.internal
+    units, i, launches = [], 0, prog.launches
+    while i < len(launches):
+        members = list(launches[i].ops)
+        j = i
+        # an op of several kernels (two-pass reductions, zeros then adds): one unit
+        while j + 1 < len(launches) and set(launches[j + 1].ops) & set(members):
+            j += 1
+            members += [m for m in launches[j].ops if m not in members]
+        units.append(_check_unit(i, j, members, internal, lay, buffer_of, numerics))
+        i = j + 1
+    return units
+
+
+def _derived_from_member(a, members):
+    while isinstance(a, (pr.ViewOp, og.Output)) and a not in members:
+        a = a.args[0]
+    return a in members
+
+
+def _check_unit(first, last, members, internal, lay, buffer_of, numerics):
+    mset = set(members)
+    inputs, seen = [], set()
+    for m in members:
+        for a in m.args:
+            if a in seen or _derived_from_member(a, mset) or not isinstance(a, og.TensorOp):
+                continue
+            seen.add(a)
+            inputs.append((a, _result_spec(a, lay, buffer_of)))
+    outputs = []
+    for m in members:
+        if isinstance(m, pr.Assign):
+            target, v = m.args
+            if v in mset and numerics.checked(target):  # v may be held in registers
+                outputs.append((v, _result_spec(target, lay, buffer_of)))
+            continue
+        for o in getattr(m, "outputs", None) or [m]:
+            if o in internal or o not in lay or not numerics.checked(o):
+                continue
+            outputs.append((m, _result_spec(o, lay, buffer_of)))
+    return CheckUnit(first, last, members, inputs, outputs)
 
 
 def _add(prog, kernel):
@@ -755,6 +820,10 @@ def _source(comp, prog):
         lines.append(f"//      {comment(k.note)}")
         for op in k.ops:
             lines.append(f"//      {kernels.describe(op)}")
+        for u in prog.checks:
+            if u.last == n:
+                lines.append("//      check_numerics: then checked: " + comment(", ".join(
+                    op.name for op, _ in u.outputs) or "(no floating-point value)"))
     check_lines(lines, "CUDA C")
     lines.append("")
     lines.append(prog.module_source())

@@ -39,7 +39,8 @@ class CudaComputation(Computation):
         super().__init__(transformer, results, params)
         t = transformer
         self.program = generate(self, fusion="fusion" not in t.disabled,
-                                plan_memory="memory" not in t.disabled)
+                                plan_memory="memory" not in t.disabled,
+                                check_numerics=t.check_numerics)
         self._source = self.program.source
 
     @property
@@ -77,9 +78,36 @@ class GPUComputation(CudaComputation):
         rt.compile(list(prog.kernels.values()))
         launches = [(k, k.grid, k.block, [int(bufs[b]) + off for b, off in k.args])
                     for k in prog.launches]
-        self._run_kernels = rt.launcher(launches, t._blas)
+        if t.check_numerics:
+            self._run_kernels = self._checked_launcher(launches, bufs, rt, t)
+        else:
+            self._run_kernels = rt.launcher(launches, t._blas)
         self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
         self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
+
+    def _checked_launcher(self, launches, bufs, rt, t):
+        """The numerics debug mode's ``run``: each check unit's launches, with the values
+        they read fetched before and the floating-point values they wrote checked after
+        (see :class:`geon.transformers.gpu.codegen.CheckUnit`)."""
+        from geon.transformers import numerics
+        steps = [rt.launcher([launch], t._blas) for launch in launches]
+        units = [(u, [(op, self._fetcher(spec, bufs, rt)) for op, spec in u.inputs],
+                  [(op, self._fetcher(spec, bufs, rt)) for op, spec in u.outputs])
+                 for u in self.program.checks]
+        assigned = list(self.program.assigned)
+
+        def run():
+            for u, reads, writes in units:
+                before = {op: fetch() for op, fetch in reads}
+                for j in range(u.first, u.last + 1):
+                    steps[j]()
+                for op, fetch in writes:
+                    value = fetch()
+                    if not numerics.finite(value):
+                        if assigned:  # what ran so far may have written variables
+                            t.state.written(assigned)
+                        raise numerics.kernel_error(u.members, before, op, value)
+        return run
 
     @staticmethod
     def _fetcher(spec, bufs, rt):
@@ -137,7 +165,22 @@ class GPUComputation(CudaComputation):
                 values = [f() for f in fetch]
                 self._last = values
             return values[0] if single else tuple(values)
+        if t.check_numerics:
+            return self._checking_feeds(entry)
         return entry
+
+    def _checking_feeds(self, entry):
+        """``entry`` after a check of the floating-point feeds (numerics debug mode)."""
+        from geon.transformers import numerics
+        params = self.params
+
+        def checked_entry(*args):
+            args = [self._check_feed(i, a) for i, a in enumerate(args)]
+            for p, a in zip(params, args):
+                if numerics.checked(p) and not numerics.finite(a):
+                    raise numerics.feed_error(p, a)
+            return entry(*args)
+        return checked_entry
 
 
 class DeviceState(MutableMapping):
@@ -216,6 +259,10 @@ class CudaCodegenTransformer(Transformer):
     backend_steps = ("memory", "fusion")
     _required = Transformer._required | {"views"}
 
+    def __init__(self, *args, check_numerics=False, **kwargs):
+        self.check_numerics = bool(check_numerics)
+        super().__init__(*args, **kwargs)
+
     def passes(self):
         """The standard pipeline, then ``views`` (a copy where a reshape cannot be
         strides: the GPU has no implicit copies) before ``alias``, which needs the
@@ -242,6 +289,14 @@ class GPUTransformer(CudaCodegenTransformer):
         gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
             through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
             here, else the generated GEMM).
+        check_numerics: the numerics debug mode (default off): each kernel's
+            floating-point results are checked after it runs, and the floating-point
+            feeds when the computation is called; the first NaN or infinity raises
+            :class:`~geon.errors.NumericsError` naming the op (a fused kernel's ops are
+            then computed one by one on the host to name the first that goes wrong), the
+            user's op, its source line and which inputs were finite. The kernels are
+            the same as without it; it launches them one at a time and copies values
+            back, so it is slow. Off, nothing of it runs.
         disable, dump_after, dump_file: as for every transformer.
 
     Without pycuda, a CUDA driver or a device, making one raises

@@ -34,7 +34,7 @@ from geon.transformers import memory
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
-from geon.transformers import fusion
+from geon.transformers import fusion, numerics
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
@@ -281,7 +281,14 @@ class NumPyComputation(Computation):
                                for op in self.ops)
         order = schedule(self.graph.roots)
         self._into = {}
-        if "memory" not in t.disabled:
+        # The numerics debug mode checks each primitive's value right after it is
+        # computed, and then looks at its inputs: nothing is computed in place (no
+        # buffer sharing, nothing computed into a variable's storage), and no ops are
+        # fused (a fused group runs the same NumPy calls on blocks of rows, so its ops
+        # compute the same values one by one, and the first to go wrong can be named).
+        check = self._check_numerics = t.check_numerics
+        self._checks = []  # the op of each check, by index
+        if "memory" not in t.disabled and not check:
             # an update such as ``w - lr * g`` is written straight into ``w``
             order, self._into = memory.assign_in_place(order, self.results)
         root = memory.value_roots(order)
@@ -298,13 +305,14 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
-        groups = [] if "fusion" in t.disabled else find_groups(order, self.results, emits)
+        groups = [] if "fusion" in t.disabled or check else find_groups(
+            order, self.results, emits)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
                 if self._into.get(m) in seen:
                     del self._into[m]
-        if "memory" in t.disabled:
+        if "memory" in t.disabled or check:  # checked: each input kept to be shown
             plan = unshared_plan(order, self.results, groups)
         else:
             plan = plan_memory(order, self.results, groups=groups, exclude=self._into)
@@ -357,6 +365,10 @@ class NumPyComputation(Computation):
                 lines = find_rule(NUMPY_CODE, op)(op, outs, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
+                if check:
+                    for o, out in zip(op.outputs, outs):
+                        if out is not None and numerics.checked(o):
+                            body.append(self._check_line(op, out, arg_names(op)))
             elif isinstance(op, pr.Assign) and op.args[1] in self._into:
                 body.append(f"    # {comment(op.name)}: its value was computed in "
                             f"{names[op.args[0]]}")
@@ -368,6 +380,8 @@ class NumPyComputation(Computation):
                 lines = find_rule(NUMPY_CODE, op)(op, out, arg_names(op))
                 body.append(self._annotate(lines[0], op))
                 body.extend("    " + ln for ln in lines[1:])
+                if check and out is not None and numerics.checked(op):
+                    body.append(self._check_line(op, out, arg_names(op)))
         # The caller owns every array returned: a fresh buffer goes out once; another
         # request for the same op (CSE merges equal results), views, storage and feeds
         # are copied.
@@ -390,6 +404,8 @@ class NumPyComputation(Computation):
             checks.append(f"        {n} = _feed({i}, {n})")
             if self._copy_feeds:  # the computation assigns to a placeholder
                 checks.append(f"    {n} = {n}.copy()")
+            if check and numerics.checked(p):
+                checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
         body[:0] = checks
         if self.single:
             body.append(f"    _last[0] = ({returns[0]},)")
@@ -413,7 +429,8 @@ class NumPyComputation(Computation):
         src.extend(setup or ["    pass"])
         src.append(f"def run({params}):")
         # Calls take turns: every computation of the transformer shares its buffers.
-        src.append("    with _lock:")
+        # The debug mode raises NumericsError where NumPy would warn of NaN and Inf.
+        src.append("    with _lock, _quiet():" if check else "    with _lock:")
         src.extend("    " + ln for ln in body)
         src.append("    " + returns_line)
         self._arenas = dict(zip(arenas, plan.sizes))
@@ -516,6 +533,22 @@ class NumPyComputation(Computation):
         lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
         return lines
 
+    def _check_line(self, op, out, args):
+        """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
+        k = len(self._checks)
+        self._checks.append(op)
+        read = "".join(a + ", " for a in args)
+        return f"    if not _finite({out}): _bad({k}, {out}, ({read}))"
+
+    def _bad(self, k, out, args):
+        """Raise the NumericsError of check ``k`` (called by the generated code)."""
+        op = self._checks[k]
+        raise numerics.op_error(op, out, numerics.inputs_status(op, args, out))
+
+    def _bad_feed(self, i, value):
+        """Raise the NumericsError of feed ``i`` (called by the generated code)."""
+        raise numerics.feed_error(self.params[i], value)
+
     @staticmethod
     def _annotate(line, op):
         origin = f" <- {op.derived_from}" if op.derived_from else ""
@@ -545,6 +578,10 @@ class NumPyComputation(Computation):
         ns["_run_blocks"] = fusion.run_blocks
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
         ns["_lock"] = self.transformer._lock
+        if self._check_numerics:
+            ns["_finite"] = _all_finite
+            ns["_bad"], ns["_bad_feed"] = self._bad, self._bad_feed
+            ns["_quiet"] = _quiet
         for i, p in enumerate(self.params):
             ns[f"_dt{i}"] = p.dtype
         self._ns = ns
@@ -561,8 +598,27 @@ class NumPyComputation(Computation):
         return ns["_last"][0] if ns else None
 
 
+def _all_finite(a):
+    return np.isfinite(a).all()
+
+
+def _quiet():
+    return np.errstate(invalid="ignore", divide="ignore", over="ignore")
+
+
 class NumPyTransformer(Transformer):
-    """Runs computations on the CPU through generated NumPy code."""
+    """Runs computations on the CPU through generated NumPy code.
+
+    Args:
+        check_numerics: the numerics debug mode (default off): every floating-point
+            value a computation computes is checked right after it is computed, and
+            every floating-point feed when the computation is called; the first that
+            holds a NaN or an infinity raises :class:`~geon.errors.NumericsError`
+            naming the op, the user's op it was lowered from, its source line and which
+            of its inputs were finite (see :mod:`geon.transformers.numerics`). Off, the
+            generated code is exactly what it is without the option.
+        disable, dump_after, dump_file, sample_axis: as for every transformer.
+    """
 
     name = "numpy"
     #: The standard base set, ``where`` (np_ops.Select), the collectives (allreduce,
@@ -575,6 +631,10 @@ class NumPyTransformer(Transformer):
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
+
+    def __init__(self, *args, check_numerics=False, **kwargs):
+        self.check_numerics = bool(check_numerics)
+        super().__init__(*args, **kwargs)
 
 
 register_transformer("numpy", NumPyTransformer)
