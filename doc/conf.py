@@ -9,7 +9,20 @@ author = "the geon authors"
 copyright = "the geon authors; Apache License 2.0"
 release = version = "0.1.0"
 
-extensions = []
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))  # the checkout's geon, not an installed one
+sys.path.insert(0, os.path.abspath("_ext"))
+
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
+napoleon_numpy_docstring = False  # our docstrings use the Google style ("Args:")
+# The API pages (doc/api/) list their names by hand; tests/test_api_docs.py checks them
+# against ``__all__``. Nothing is generated into the source tree.
+autosummary_generate = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+nitpicky = True
 root_doc = "index"
 exclude_patterns = ["_build"]
 highlight_language = "python"

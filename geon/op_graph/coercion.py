@@ -159,7 +159,7 @@ class ToAxes(og.CastAxes):
 
 class ToPositional(og.CastAxes):
     """An Axes-family tensor read by position: its axes, in order, become the canonical
-    positional axes (a coercion; :func:`geon.op_graph.simple_axes.from_axes` keeps the
+    positional axes (a coercion; ``geon.op_graph.simple_axes.from_axes`` keeps the
     sample and recurrent axes named)."""
 
 
@@ -182,7 +182,7 @@ def with_axes(x, axes):
 def positional(x, axes=None):
     """The positional (NumPy-family) view of ``x``, with its axes in the order ``axes``
     gives (by default ``x``'s own order). Sample and recurrent axes become positional
-    too; see :func:`geon.op_graph.simple_axes.from_axes` to keep them."""
+    too; see ``geon.op_graph.simple_axes.from_axes`` to keep them."""
     x = og.as_op(x)
     order = x.axes if axes is None else as_axes(axes)
     if not order.same_set(x.axes):

@@ -102,12 +102,12 @@ class BroadcastFrom(og.ComputationOp):
 
 
 def allreduce(x, reduce="sum"):
-    """``x`` summed or averaged (``reduce="mean"``) over the ranks (see :class:`AllReduce`)."""
+    """``x`` summed or averaged (``reduce="mean"``) over the ranks (see ``AllReduce``)."""
     return AllReduce(og.as_op(x), reduce=reduce)
 
 
 def broadcast_from(x, root=0):
-    """Rank ``root``'s ``x`` on every rank (see :class:`BroadcastFrom`)."""
+    """Rank ``root``'s ``x`` on every rank (see ``BroadcastFrom``)."""
     return BroadcastFrom(og.as_op(x), root=root)
 
 

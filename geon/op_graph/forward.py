@@ -128,7 +128,7 @@ def jvp(outputs, inputs, tangents):
 
     Returns an op with the output's axes (a list for a list of outputs); an output
     that does not depend on the inputs gets zeros. ``stop_gradient`` blocks
-    tangents as it blocks :func:`~geon.op_graph.autodiff.deriv`.
+    tangents as it blocks :func:`geon.deriv`.
     """
     outs, single = _as_list(outputs)
     ins, one_in = _as_list(inputs)
@@ -347,7 +347,7 @@ def _unslice(op, ts):
 # --- forward rules derived from reverse rules ------------------------------------------------
 class LinearizationPoint(og.Constant):
     """Zeros that derivatives flow through (a constant for evaluation, not for
-    :func:`~geon.op_graph.autodiff.deriv`): the point at which a linear map built by a
+    ``deriv``): the point at which a linear map built by a
     reverse rule is differentiated to obtain its transpose."""
 
     is_constant = False

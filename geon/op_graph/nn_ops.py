@@ -9,8 +9,8 @@ semi-primitives they use where no composite is accurate or fast enough are
 (elementwise), and, from :mod:`geon.op_graph.primitives`, ``Take`` / ``PutAdd``
 (``gather`` and its adjoint), ``PrefixSum`` (``cumsum``) and ``SortPrim`` (``sort``,
 ``argsort``, ``topk``). The ops here with several results or a data-dependent access
-pattern (:class:`Gather`, :class:`ScatterAdd`, :class:`CumSum`, :class:`Sort`,
-:class:`TopK`) are Axes-family ops lowered to those primitives by
+pattern (``Gather``, ``ScatterAdd``, ``CumSum``, ``Sort``,
+``TopK``) are Axes-family ops lowered to those primitives by
 :mod:`geon.transformers.passes.lower`.
 
 Every function here also accepts NumPy-family tensors where that makes sense (the
@@ -125,7 +125,7 @@ def hard_sigmoid(x):
 
 def logsumexp(x, reduction_axes=None, out_axes=None):
     """``log(sum(exp(x)))`` over the reduction axes (the rule of
-    :class:`~geon.op_graph.op_graph.Reduction`), computed as ``m + log(sum(exp(x - m)))``
+    ``Reduction``), computed as ``m + log(sum(exp(x - m)))``
     with ``m = max(x)``: no overflow, and its derivative is the softmax."""
     x = as_op(x)
     # The value does not depend on the shift, so no derivative flows through it.
@@ -380,7 +380,7 @@ class Gather(og.ComputationOp):
     Negative indices count from the end; others out of range raise
     :class:`~geon.errors.IndexOutOfRangeError` when the computation runs (on the GPU they
     are clamped). Lowered to the :class:`~geon.op_graph.primitives.Take` primitive; its
-    adjoint is :class:`ScatterAdd`."""
+    adjoint is ``ScatterAdd``."""
 
     attrs = ("axis",)
 
@@ -404,7 +404,7 @@ class Gather(og.ComputationOp):
 
 
 class ScatterAdd(og.ComputationOp):
-    """The adjoint of :class:`Gather`: zeros with axis ``axis`` (a new axis, the one
+    """The adjoint of ``Gather``: zeros with axis ``axis`` (a new axis, the one
     gathered from) in place of the axes of ``indices`` in ``d``, with each slice of
     ``d`` added at the index ``indices`` gives it (repeated indices accumulate)."""
 
@@ -430,13 +430,13 @@ class ScatterAdd(og.ComputationOp):
 
 def gather(x, indices, axis):
     """``x`` indexed along ``axis`` by the integer tensor ``indices`` (see
-    :class:`Gather`): an embedding lookup is ``gather(table, ids, vocab_axis)``."""
+    ``Gather``): an embedding lookup is ``gather(table, ids, vocab_axis)``."""
     return Gather(x, indices, axis)
 
 
 def scatter_add(d, indices, axis):
     """Zeros along the new axis ``axis`` with the slices of ``d`` added at ``indices``
-    (see :class:`ScatterAdd`)."""
+    (see ``ScatterAdd``)."""
     return ScatterAdd(d, indices, axis)
 
 
@@ -465,7 +465,7 @@ class CumSum(og.ComputationOp):
 
 
 def cumsum(x, axis, reverse=False, exclusive=False):
-    """Running sums along ``axis`` (see :class:`CumSum`)."""
+    """Running sums along ``axis`` (see ``CumSum``)."""
     return CumSum(x, axis, reverse, exclusive)
 
 
@@ -522,23 +522,23 @@ class TopK(og.MultiOutput):
 
 
 def sort(x, axis, descending=False):
-    """``x`` sorted along ``axis`` (see :class:`Sort`)."""
+    """``x`` sorted along ``axis`` (see ``Sort``)."""
     return Sort(x, axis, descending).outputs[0]
 
 
 def argsort(x, axis, descending=False):
-    """The int64 positions along ``axis`` that sort ``x`` (stable; see :class:`Sort`)."""
+    """The int64 positions along ``axis`` that sort ``x`` (stable; see ``Sort``)."""
     return Sort(x, axis, descending).outputs[1]
 
 
 def sort_with_indices(x, axis, descending=False):
-    """``(values, indices)`` of :class:`Sort`, from one sort."""
+    """``(values, indices)`` of ``Sort``, from one sort."""
     return Sort(x, axis, descending).outputs
 
 
 def topk(x, k, axis, new_axis=None):
     """``(values, indices)``: the ``k`` largest entries along ``axis``, largest first
-    (see :class:`TopK`)."""
+    (see ``TopK``)."""
     return TopK(x, axis, k, new_axis).outputs
 
 

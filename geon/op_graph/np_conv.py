@@ -1,6 +1,6 @@
 """Convolution and pooling in the NumPy family (``be.np.conv`` ...), PyTorch's layouts.
 
-Images are ``(N, C, *spatial)`` (``(C, *spatial)`` positionally for a Simple-Axes
+Images are ````(N, C, *spatial)```` (``(C, *spatial)`` positionally for a Simple-Axes
 image, whose samples are named axes); filters ``(K, C / groups, *kernel)`` for ``conv`` and
 ``(C, K / groups, *kernel)`` for ``conv_transpose``. Each function renames the
 positional dimensions to fresh axes, builds the Axes op of :mod:`geon.op_graph.conv`,
@@ -30,7 +30,7 @@ def _tensor(x, what):
 
 def _lead(x):
     """The number of leading positional (batch) dimensions before (C, *spatial): 1 for
-    a NumPy-family image (N, C, *spatial), 0 for a Simple-Axes one (named samples)."""
+    a NumPy-family image ``(N, C, *spatial)``, 0 for a Simple-Axes one (named samples)."""
     return 0 if split_axes(x)[0] else 1
 
 
@@ -74,8 +74,8 @@ def _spatial_count(x, w, what):
 
 
 def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """PyTorch's ``conv{1,2,3}d`` (a correlation): ``x`` (N, C, *spatial), ``w``
-    (K, C / groups, *kernel) -> (N, K, *out). ``padding``: an int, one per axis, one
+    """PyTorch's ``conv{1,2,3}d`` (a correlation): ``x`` ``(N, C, *spatial)``, ``w``
+    ``(K, C / groups, *kernel)`` -> ``(N, K, *out)``. ``padding``: an int, one per axis, one
     ``(lo, hi)`` pair per axis, ``"same"`` or ``"valid"``."""
     x, w = _tensor(x, "conv"), _tensor(w, "conv")
     n = _spatial_count(x, w, "conv")
@@ -102,8 +102,8 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    """PyTorch's ``conv_transpose{1,2,3}d``: ``x`` (N, C, *spatial), ``w``
-    (C, K / groups, *kernel) -> (N, K, *out) with ``out = (L - 1) * stride - 2 * padding
+    """PyTorch's ``conv_transpose{1,2,3}d``: ``x`` ``(N, C, *spatial)``, ``w``
+    ``(C, K / groups, *kernel)`` -> ``(N, K, *out)`` with ``out = (L - 1) * stride - 2 * padding
     + dilation * (k - 1) + output_padding + 1`` (``padding`` may also be per side)."""
     x, w = _tensor(x, "conv_transpose"), _tensor(w, "conv_transpose")
     n = _spatial_count(x, w, "conv_transpose")
@@ -165,7 +165,7 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
 
 def max_pool(x, kernel, stride=None, padding=0, dilation=1):
     """PyTorch's ``max_pool{1,2,3}d`` over the trailing spatial dimensions of ``x``
-    (N, C, *spatial): ``kernel`` an int (every dimension after the first two) or one
+    ``(N, C, *spatial)``: ``kernel`` an int (every dimension after the first two) or one
     per spatial dimension; ``stride`` defaults to the kernel; padding with -inf.
     Derivatives go to the first maximum of each window."""
     return _pool("max", x, kernel, stride, padding, dilation, True)
@@ -179,7 +179,7 @@ def avg_pool(x, kernel, stride=None, padding=0, count_include_pad=True):
 
 
 def global_avg_pool(x, keepdims=False):
-    """The mean over the spatial dimensions of ``x`` (N, C, *spatial): (N, C), or
+    """The mean over the spatial dimensions of ``x`` ``(N, C, *spatial)``: (N, C), or
     (N, C, 1, ...) with ``keepdims``."""
     from geon.op_graph import np_ops
     x = _tensor(x, "global_avg_pool")

@@ -41,18 +41,21 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
                                     family_error, numpy_dtype, numpy_dtype_rule, positional,
                                     positional_shape, split_axes, temp_axis, with_axes)
 
+#: ``from geon.np import *`` binds these. Unlike NumPy's, the reductions named like
+#: Python builtins (``sum``, ``max``, ``min``, ``abs``) are left out so that they never
+#: shadow the builtins; use them as ``be.np.sum`` and so on.
 __all__ = [
-    "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
+    "FamilyError", "PositionalAxis", "Select", "absolute", "add", "argmax", "argmin",
     "argsort", "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip",
     "concatenate", "constant", "conv", "conv_transpose", "cos", "cumsum", "sort", "topk",
     "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
     "global_avg_pool", "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less",
-    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max", "max_pool", "maximum",
-    "mean", "min", "minimum", "pad",
+    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max_pool", "maximum",
+    "mean", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
+    "square", "squeeze", "stack", "subtract", "swapaxes", "take", "tanh", "tile",
     "transpose", "uniform", "normal", "bernoulli", "dropout", "layer_norm", "batch_norm",
     "true_divide", "variable", "where", "with_axes", "zeros",
 ]

@@ -92,8 +92,8 @@ class Op(Node):
     constructor and an attribute of the op holding that value, so that
     ``type(op)(*args, **op.attr_values(), name=..., tags=..., follows=...)`` builds an
     equivalent op. Equality (the CSE key), copying, printing and serialization are all
-    derived from it (:mod:`geon.op_graph.params`). Values are immutable and of the types
-    :mod:`geon.op_graph.serialize` encodes: ``None``, ``bool``, ``int``, ``float``,
+    derived from it (``geon.op_graph.params``). Values are immutable and of the types
+    ``geon.op_graph.serialize`` encodes: ``None``, ``bool``, ``int``, ``float``,
     ``complex``, ``str``, tuples of these, ``slice``, :class:`Axis`, :class:`Axes`,
     ``np.dtype`` and NumPy arrays. ``axes`` and ``dtype`` are listed where the caller
     chooses them (otherwise they are inferred from the args).
@@ -217,7 +217,7 @@ class TensorOp(Op):
 
     @property
     def T(self):
-        """The axes in reverse order (a NumPy-family tensor: its transpose)."""
+        """The axes in reverse order; for a NumPy-family tensor, its transpose."""
         hook = FAMILY_HOOKS.get("transpose")
         t = hook(self) if hook is not None else None
         if t is None:
@@ -855,7 +855,7 @@ class Dot(ComputationOp):
 
 @keywords(_DOT_HINTS)
 def dot(a, b, **kwargs):
-    """Contract ``a`` and ``b`` over their shared axes (see :class:`Dot`)."""
+    """Contract ``a`` and ``b`` over their shared axes (see ``Dot``)."""
     return Dot(a, b, **kwargs)
 
 
@@ -927,37 +927,37 @@ class ArgMin(ArgMax):
 
 @keywords(_REDUCE_HINTS)
 def sum(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001 - the public name
-    """Sum (see :class:`Reduction` for the axes rule)."""
+    """Sum (see ``Reduction`` for the axes rule)."""
     return Sum(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
 def prod(x, reduction_axes=None, out_axes=None, **kw):
-    """Product (see :class:`Reduction`)."""
+    """Product (see ``Reduction``)."""
     return Prod(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
 def max(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
-    """Maximum (see :class:`Reduction`)."""
+    """Maximum (see ``Reduction``)."""
     return Max(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
 def min(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
-    """Minimum (see :class:`Reduction`)."""
+    """Minimum (see ``Reduction``)."""
     return Min(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
 def argmax(x, reduction_axes=None, out_axes=None, **kw):
-    """Index of the maximum (see :class:`Reduction`)."""
+    """Index of the maximum (see ``Reduction``)."""
     return ArgMax(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
 def argmin(x, reduction_axes=None, out_axes=None, **kw):
-    """Index of the minimum (see :class:`Reduction`)."""
+    """Index of the minimum (see ``Reduction``)."""
     return ArgMin(x, reduction_axes, out_axes, **kw)
 
 
@@ -969,14 +969,14 @@ def tensor_size(x, reduction_axes=None, out_axes=None):
 
 @keywords(_REDUCE_HINTS)
 def mean(x, reduction_axes=None, out_axes=None, **kw):
-    """Mean (see :class:`Reduction`)."""
+    """Mean (see ``Reduction``)."""
     s = Sum(x, reduction_axes, out_axes)
     return Divide(s, TensorSize(x, s.reduction_axes, None), **kw)  # kw name the mean
 
 
 @keywords(_REDUCE_HINTS)
 def variance(x, reduction_axes=None, out_axes=None, **kw):
-    """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
+    """Population variance, ``mean((x - mean(x))**2)`` (see ``Reduction``)."""
     m = mean(x, reduction_axes, out_axes)
     d = x - m
     return mean(d * d, m.args[0].reduction_axes, m.axes, **kw)
@@ -1169,7 +1169,7 @@ class Slice(TensorOp):
 
 @keywords()
 def slice_along_axis(x, axis, key, new_axis=None):
-    """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
+    """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see ``Slice``)."""
     return Slice(x, axis, key, new_axis)
 
 
@@ -1285,7 +1285,7 @@ class Split(MultiOutput):
 @keywords()
 def split(x, axis, parts):
     """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
-    lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""
+    lengths (a list); returns a tuple of tensors (one ``Split`` op computes them)."""
     x = as_op(x)
     n = x.axes[x.axes.index(axis)].length
     if isinstance(parts, int):
@@ -1298,7 +1298,7 @@ def split(x, axis, parts):
 
 class MaxArgMax(MultiOutput):
     """The maximum over the reduction axes and where it is (row-major index over them),
-    from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
+    from one pass over ``x`` (see ``Reduction`` for the axes rule)."""
 
     attrs = ("reduction_axes", "out_axes")
 

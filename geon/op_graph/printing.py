@@ -151,7 +151,7 @@ def dump(ops, title="graph", file=None):
 def graph_after(ops, pass_name, transformer=None):
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
-    Works on a copy (:func:`~geon.op_graph.params.clone_graph`): ``ops`` are not
+    Works on a copy (``clone_graph``): ``ops`` are not
     transformed. ``transformer`` is a transformer instance (default: a new ``"numpy"``
     transformer from :func:`geon.make_transformer`); its disabled passes are skipped as
     in a real computation.
@@ -189,7 +189,7 @@ def graph_dot(ops, full_paths=False, name="geon", lowered=False):
     Each op is a node labelled with its name, type, attributes, axes and dtype, and
     source location; an edge runs from each arg to its user (labelled with the arg's
     position when there are several) and a dashed edge from each other_dep. Render it
-    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`. As
+    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or ``render_dot``. As
     :func:`graph_text`, it shows the ops as built unless ``lowered=True``.
     """
     results = og.as_op_list(ops, "ops")[0]

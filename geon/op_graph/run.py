@@ -349,6 +349,6 @@ def run(targets, feeds=None):
     """Compute ``targets`` (an op or a list of ops) with the default :class:`Runner`,
     feeding ``feeds`` (``{placeholder: array}``). Values whose inputs did not change
     since an earlier call that returned them are reused, not recomputed (see
-    :mod:`geon.op_graph.run` for exactly which changes invalidate what). Variables keep
+    ``geon.op_graph.run`` for exactly which changes invalidate what). Variables keep
     their values between calls, in the default runner's transformer."""
     return default_runner().run(targets, feeds)

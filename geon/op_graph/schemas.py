@@ -1,7 +1,7 @@
 """Schemas: structure attached to an op so that later ops can compute stably.
 
 ``softmax`` returns a :class:`~geon.op_graph.op_graph.Divide` op carrying a
-:class:`SoftmaxSchema`; ``cross_entropy_multi`` recognises it and works from the shifted
+``SoftmaxSchema``; ``cross_entropy_multi`` recognises it and works from the shifted
 logits and their log-sum-exp instead of taking the log of a rounded probability.
 ``sigmoid`` results carry a :class:`SigmoidSchema`, used by ``cross_entropy_binary``.
 
@@ -69,7 +69,7 @@ def softmax(x, normalization_axes=None):
     """Softmax over ``normalization_axes`` (default: all but batch and recurrent axes).
 
     Computed from ``x - max(x)`` so it never overflows; the result is a division op
-    with a :class:`SoftmaxSchema`.
+    with a ``SoftmaxSchema``.
     """
     x = as_op(x)
     red = as_axes(normalization_axes) if normalization_axes is not None \

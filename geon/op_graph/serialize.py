@@ -274,7 +274,7 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
             ``transformer.state_view()``, to save trained weights with the graph). An
             initial value that is a function is not written: the loaded variable
             raises :class:`SerializationError` if it is initialized without a restore.
-        indent: passed to :func:`json.dumps` (``None``: one line).
+        indent: passed to ``json.dumps`` (``None``: one line).
         debug_info: write each op's source location and ``derived_from``.
         metadata: a JSON-compatible dict stored as ``"metadata"`` (not interpreted).
 
@@ -472,7 +472,7 @@ def _reject_constant(name):
 
 
 def deserialize_graph(text):
-    """Read a document written by :func:`serialize`; returns a :class:`LoadedGraph`.
+    """Read a document written by :func:`serialize`; returns a ``LoadedGraph``.
 
     ``text`` is a ``str`` (or UTF-8 ``bytes``). Raises :class:`SerializationError`,
     naming the place, for text that is not JSON, another format or version, an unknown

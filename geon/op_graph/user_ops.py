@@ -6,8 +6,8 @@ derivative rules, registered in every table that needs it in one call.
 
 - the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`), which calls
   the NumPy implementation;
-- the reverse rule (:data:`geon.op_graph.autodiff.ADJOINTS`) and the forward rule
-  (:data:`geon.op_graph.forward.FORWARD`; derived from the reverse rule when not given);
+- the reverse rule (``geon.op_graph.autodiff.ADJOINTS``) and the forward rule
+  (``geon.op_graph.forward.FORWARD``; derived from the reverse rule when not given);
 - the class in :data:`USER_OPS` under its ``registry_key``.
 
 Backends need no registration per op: each has one rule for :class:`UserOp` in its code
@@ -130,11 +130,11 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
             ``None`` makes an elementwise op: args are matched by axis name and the
             result has the first arg's axes followed by the others' new ones.
         reverse: ``fn(op, delta) -> [delta per arg]``: the reverse rule, as in
-            :data:`~geon.op_graph.autodiff.ADJOINTS` (``None`` entries: no
+            ``ADJOINTS`` (``None`` entries: no
             derivative; a delta may have fewer or more axes than its arg: it is
             broadcast or summed). Without it the op is not differentiable.
         forward: ``fn(op, tangents) -> tangent``: the forward rule, as in
-            :data:`~geon.op_graph.forward.FORWARD` (``tangents[i]`` is ``None``
+            ``FORWARD`` (``tangents[i]`` is ``None``
             where arg ``i`` has none). Default: derived from ``reverse``.
         dtype: the result dtype, or ``fn(*args) -> dtype``; default: the args'
             promoted float type.

@@ -99,7 +99,7 @@ class Computation:
         _lengths_set(self.graph.initial_order)
         #: ``[(assignment, reader)]``: assignments this computation runs though they
         #: were not requested, each with the op that is ordered after it (see
-        #: :func:`~geon.op_graph.ordering.pulled_in`); a :class:`GeonWarning` names them.
+        #: ``pulled_in``); a :class:`GeonWarning` names them.
         self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
         needed_by = assignment_inputs(self.graph.results, self.pulled_in)
         transformer._run_passes(self.graph)
@@ -198,12 +198,12 @@ class Transformer:
     :meth:`passes`. ``disable`` names passes to skip (for testing an optimization
     against its absence; lowering and verification cannot be skipped). ``dump_after``
     names passes after which each computation's graph is printed (one line per op, see
-    :func:`geon.op_graph.printing.graph_text`) to ``dump_file`` (default: stderr).
+    ``geon.op_graph.printing.graph_text``) to ``dump_file`` (default: stderr).
 
     ``sample_axis`` (a class attribute, or the keyword to override it) is the
     transformer's preferred place for the sample axis, ``"first"`` or ``"last"``: the
     pipeline then has a ``layout`` pass that lays out computed values that way
-    (:mod:`geon.transformers.passes.layout`); ``None`` keeps the layouts of the graph.
+    (``geon.transformers.passes.layout``); ``None`` keeps the layouts of the graph.
     ``frontend_ops`` maps names to functions that build this transformer's own ops;
     frontends get them with :func:`transformer_ops`.
     """
@@ -283,7 +283,7 @@ class Transformer:
 
     def transform(self, results, stop_after=None):
         """Run the pipeline over the graph of ``results`` (ops; they are rewritten in
-        place, so pass a copy, see :func:`~geon.op_graph.params.clone_graph`), up
+        place, so pass a copy, see ``clone_graph``), up
         to and including the pass named ``stop_after`` (default: all of them). Returns
         the ops computing the results afterwards. :func:`geon.graph_after` uses it."""
         names = [p.name for p in self.passes()]
@@ -422,7 +422,7 @@ class Transformer:
 
         Variables not initialized yet are initialized first, so a checkpoint always
         holds what a call would start from. The file format and its guarantees are
-        those of :mod:`geon.transformers.checkpoint`: any variable name, an ``.npz``
+        those of ``geon.transformers.checkpoint``: any variable name, an ``.npz``
         archive NumPy can open, written atomically (temporary file, fsync, rename) with
         the permissions the umask gives new files. A failure raises
         :class:`CheckpointError` and leaves an existing file at ``path`` untouched.
