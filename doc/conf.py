@@ -15,7 +15,9 @@ import sys
 sys.path.insert(0, os.path.abspath(".."))  # the checkout's geon, not an installed one
 sys.path.insert(0, os.path.abspath("_ext"))
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
+# geon_figures (doc/_ext): the pictures, made from geon when the guide is built.
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon",
+              "geon_figures"]
 napoleon_numpy_docstring = False  # our docstrings use the Google style ("Args:")
 # The API pages (doc/api/) list their names by hand; tests/test_api_docs.py checks them
 # against ``__all__``. Nothing is generated into the source tree.

@@ -101,12 +101,12 @@ class BroadcastFrom(og.ComputationOp):
         return self.args[0].dtype
 
 
-def allreduce(x, reduce="sum"):
+def allreduce(x: og.TensorLike, reduce: str = "sum") -> og.TensorOp:
     """``x`` summed or averaged (``reduce="mean"``) over the ranks (see ``AllReduce``)."""
     return AllReduce(og.as_op(x), reduce=reduce)
 
 
-def broadcast_from(x, root=0):
+def broadcast_from(x: og.TensorLike, root: int = 0) -> og.TensorOp:
     """Rank ``root``'s ``x`` on every rank (see ``BroadcastFrom``)."""
     return BroadcastFrom(og.as_op(x), root=root)
 

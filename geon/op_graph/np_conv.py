@@ -9,6 +9,8 @@ code generation are the Axes ops'. Named (sample, recurrent) axes of a Simple-Ax
 image are carried along as batch axes.
 """
 
+from typing import Any, Sequence, Union
+
 import numpy as np
 
 from geon.op_graph import conv as cv
@@ -73,7 +75,9 @@ def _spatial_count(x, w, what):
     return n
 
 
-def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
+def conv(x: og.TensorOp, w: og.TensorOp, stride: Union[int, Sequence[int]] = 1,
+         padding: Any = 0, dilation: Union[int, Sequence[int]] = 1,
+         groups: int = 1) -> og.TensorOp:
     """PyTorch's ``conv{1,2,3}d`` (a correlation): ``x`` ``(N, C, *spatial)``, ``w``
     ``(K, C / groups, *kernel)`` -> ``(N, K, *out)``. ``padding``: an int, one per axis, one
     ``(lo, hi)`` pair per axis, ``"same"`` or ``"valid"``."""
@@ -101,7 +105,11 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     return _positional(y, special)
 
 
-def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+def conv_transpose(x: og.TensorOp, w: og.TensorOp,
+                   stride: Union[int, Sequence[int]] = 1, padding: Any = 0,
+                   output_padding: Union[int, Sequence[int]] = 0,
+                   dilation: Union[int, Sequence[int]] = 1,
+                   groups: int = 1) -> og.TensorOp:
     """PyTorch's ``conv_transpose{1,2,3}d``: ``x`` ``(N, C, *spatial)``, ``w``
     ``(C, K / groups, *kernel)`` -> ``(N, K, *out)`` with ``out = (L - 1) * stride - 2 * padding
     + dilation * (k - 1) + output_padding + 1`` (``padding`` may also be per side)."""
@@ -163,7 +171,9 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     return _positional(y, special)
 
 
-def max_pool(x, kernel, stride=None, padding=0, dilation=1):
+def max_pool(x: og.TensorOp, kernel: Union[int, Sequence[int]],
+             stride: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             dilation: Union[int, Sequence[int]] = 1) -> og.TensorOp:
     """PyTorch's ``max_pool{1,2,3}d`` over the trailing spatial dimensions of ``x``
     ``(N, C, *spatial)``: ``kernel`` an int (every dimension after the first two) or one
     per spatial dimension; ``stride`` defaults to the kernel; padding with -inf.
@@ -171,14 +181,16 @@ def max_pool(x, kernel, stride=None, padding=0, dilation=1):
     return _pool("max", x, kernel, stride, padding, dilation, True)
 
 
-def avg_pool(x, kernel, stride=None, padding=0, count_include_pad=True):
+def avg_pool(x: og.TensorOp, kernel: Union[int, Sequence[int]],
+             stride: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             count_include_pad: bool = True) -> og.TensorOp:
     """PyTorch's ``avg_pool{1,2,3}d`` (see :func:`max_pool`); with zero padding,
     ``count_include_pad`` divides by the kernel size, otherwise by the number of input
     elements in each window."""
     return _pool("avg", x, kernel, stride, padding, 1, count_include_pad)
 
 
-def global_avg_pool(x, keepdims=False):
+def global_avg_pool(x: og.TensorOp, keepdims: bool = False) -> og.TensorOp:
     """The mean over the spatial dimensions of ``x`` ``(N, C, *spatial)``: (N, C), or
     (N, C, 1, ...) with ``keepdims``."""
     from geon.op_graph import np_ops

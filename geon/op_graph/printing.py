@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any, Sequence, Union
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
@@ -123,7 +124,8 @@ def op_line(op, labels=None, full_paths=False, lowered=False):
     return line
 
 
-def graph_text(ops, full_paths=False, lowered=False):
+def graph_text(ops: Union[og.Op, Sequence[og.Op]], full_paths: bool = False,
+               lowered: bool = False) -> str:
     """The graph that ``ops`` (an op or a list) need, one line per op (see the module
     docstring), args first; ``full_paths`` prints whole file names, not base names.
 
@@ -148,7 +150,8 @@ def dump(ops, title="graph", file=None):
     print(f"# {title}\n{graph_text(ops, lowered=True)}", end="", file=file)
 
 
-def graph_after(ops, pass_name, transformer=None):
+def graph_after(ops: Union[og.Op, Sequence[og.Op]], pass_name: str,
+                transformer: Any = None) -> str:
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
     Works on a copy (``clone_graph``): ``ops`` are not
@@ -183,7 +186,8 @@ def _shape(op):
     return "box"
 
 
-def graph_dot(ops, full_paths=False, name="geon", lowered=False):
+def graph_dot(ops: Union[og.Op, Sequence[og.Op]], full_paths: bool = False,
+              name: str = "geon", lowered: bool = False) -> str:
     """The graph of ``ops`` in graphviz's DOT language.
 
     Each op is a node labelled with its name, type, attributes, axes and dtype, and

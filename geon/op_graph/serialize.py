@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import math
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -261,7 +262,10 @@ def _written_attrs(cls):  # all but a tensor op's axes and dtype (its outputs gi
     return [n for n in cls.attrs if not (tensor and n in ("axes", "dtype"))]
 
 
-def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
+def serialize(ops: Union[og.Op, Sequence[og.Op]],
+              values: Optional[Mapping[og.Variable, Any]] = None,
+              indent: Optional[int] = None, debug_info: bool = True,
+              metadata: Optional[dict] = None) -> str:
     """The graph of ``ops`` (an op, or a list or tuple of ops) as a JSON text.
 
     It holds every op the results need (args, other_deps, initializers), following
@@ -471,7 +475,7 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def deserialize_graph(text):
+def deserialize_graph(text: str) -> "LoadedGraph":
     """Read a document written by :func:`serialize`; returns a ``LoadedGraph``.
 
     ``text`` is a ``str`` (or UTF-8 ``bytes``). Raises :class:`SerializationError`,
@@ -522,7 +526,7 @@ def deserialize_graph(text):
     return LoadedGraph(results, dec.ops, single, doc.get("metadata"))
 
 
-def deserialize(text):
+def deserialize(text: str) -> Any:
     """The results of a document: an op or a list, as :func:`serialize` was given them
     (see :func:`deserialize_graph`)."""
     return deserialize_graph(text).value

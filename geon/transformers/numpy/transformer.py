@@ -310,7 +310,8 @@ class NumPyComputation(Computation):
             plan = plan_memory(order, self.results, groups=groups, exclude=self._into)
         if memory.VERIFY:
             verify_plan(order, self.results, plan, groups)
-        self.plan, self.groups = plan, groups
+        # The schedule the plan is for (the memory-plan figure of the guide reads it).
+        self.plan, self.groups, self.order = plan, groups, order
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
