@@ -25,6 +25,11 @@ autosummary_generate = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 nitpicky = True
+# Types from outside geon that signatures name; without intersphinx (the build must
+# work offline) they cannot be linked.
+nitpick_ignore = [("py:class", "numpy.ndarray"), ("py:class", "numpy.dtype"),
+                  ("py:class", "numpy.generic"), ("py:class", "os.PathLike"),
+                  ("py:class", "types.SimpleNamespace")]
 root_doc = "index"
 exclude_patterns = ["_build"]
 highlight_language = "python"

@@ -40,7 +40,8 @@ from geon.transformers import (Computation, NumPyTransformer, Transformer,  # no
                                available_transformers, make_transformer,
                                register_transformer)
 from geon.errors import SerializationError  # noqa: E402
-from geon.op_graph.serialize import deserialize, deserialize_graph, serialize  # noqa: E402
+from geon.op_graph.serialize import (LoadedGraph, deserialize, deserialize_graph,  # noqa: E402
+                                     serialize)
 from geon.op_graph.printing import graph_after, graph_dot, graph_text  # noqa: E402
 from geon.op_graph.run import Runner, run  # noqa: E402
 # Op families: NumPy-style (``be.np``) and Simple-Axes (``be.simple``) tensors, the
@@ -59,10 +60,10 @@ __all__ = [
     "ArgumentError", "Axes", "Axis", "AxisIndexError", "AxisMismatchError",
     "CheckpointError", "Computation", "ComputationOp", "Constant", "FamilyError",
     "FeedError", "FlattenedAxis", "GeonError", "GeonWarning", "IndexOutOfRangeError",
-    "Invalid", "InvalidValueError", "LoweringError", "MultiOutput", "NumPyTransformer",
-    "Op", "Output", "Placeholder", "Runner", "SerializationError", "SetItem",
-    "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError", "Variable",
-    "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
+    "Invalid", "InvalidValueError", "LoadedGraph", "LoweringError", "MultiOutput",
+    "NumPyTransformer", "Op", "Output", "Placeholder", "Runner", "SerializationError",
+    "SetItem", "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError",
+    "Variable", "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
     "available_transformers", "avg_pool", "axes_with_order", "batch_norm", "bernoulli",
     "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "constant", "conv",
     "conv_transpose", "cos", "cross_entropy_binary", "cross_entropy_multi", "cumsum",

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = [("geon", "geon"), ("geon.np", "geon.op_graph.np_ops"),
               ("geon.simple", "geon.op_graph.simple_axes"),
               ("geon.transformers", "geon.transformers"),
+              ("geon.transformers.passes", "geon.transformers.passes"),
               ("geon.frontends.neon", "geon.frontends.neon"),
               ("geon.frontends.netgraph", "geon.frontends.netgraph"),
               ("geon.frontends.onnx", "geon.frontends.onnx"),

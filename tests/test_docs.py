@@ -165,7 +165,8 @@ API_PAGES = [("geon", "geon", ("sum", "max", "min")),
              ("neon", "geon.frontends.neon", ()),
              ("netgraph", "geon.frontends.netgraph", ()),
              ("onnx", "geon.frontends.onnx", ()),
-             ("torch", "geon.frontends.torch", ())]
+             ("torch", "geon.frontends.torch", ()),
+             ("passes", "geon.transformers.passes", ())]
 _API_ENTRY = re.compile(r"^\.\.\s+(?:auto(?:function|class|exception|data)|"
                         r"py:(?:data|exception|function|class))::\s+(?P<name>\w+)\s*$", re.M)
 

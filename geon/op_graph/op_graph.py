@@ -9,7 +9,7 @@ position, and lowering only ever produces them in forms where both readings agre
 import builtins
 import numbers
 import operator
-from typing import Any, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Any, Iterable, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -33,7 +33,6 @@ FAMILY_HOOKS: dict[str, Any] = {}
 #: What a ``dtype=`` argument accepts: anything :class:`numpy.dtype` takes (a name such
 #: as ``"float32"``, a NumPy scalar type), or ``None`` for the default.
 DTypeLike = Union[str, type, np.dtype, None]
-_OpT = TypeVar("_OpT", bound="Op")
 
 
 def _family_hook(name, what):
@@ -60,7 +59,13 @@ class _Invalid:
 Invalid = _Invalid()
 
 
-def snap(op: "_OpT") -> "_OpT":
+@overload
+def snap(op: "TensorOp") -> "TensorOp": ...
+@overload
+def snap(op: "Op") -> "Op": ...
+
+
+def snap(op: "Op") -> "Op":
     """Follow ``forward`` from ``op`` to the live op that now computes its value.
 
     If the chain ends in :data:`Invalid`, ``op`` itself is returned; asking a
