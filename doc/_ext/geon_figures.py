@@ -137,7 +137,7 @@ def _kib(n):
 def memory_svg(live, arena_total, unshared_total, title):
     """A step plot of ``live`` over the schedule, with the arena total and the
     unshared total as reference lines, as SVG text."""
-    w, h, left, right, top, bottom = 640, 260, 70, 20, 30, 40
+    w, h, left, right, top, bottom = 640, 270, 70, 20, 40, 40
     pw, ph = w - left - right, h - top - bottom
     n = max(len(live), 1)
     top_value = max([unshared_total, arena_total, 1] + live)
@@ -171,7 +171,7 @@ def memory_svg(live, arena_total, unshared_total, title):
                                  (arena_total, "#48c", "arenas allocated")):
         out.append(f'<line x1="{left}" y1="{y(value):.1f}" x2="{left + pw}" '
                    f'y2="{y(value):.1f}" stroke="{colour}" stroke-dasharray="5,4"/>')
-        out.append(f'<text x="{left + pw - 4}" y="{y(value) - 4:.1f}" text-anchor="end" '
+        out.append(f'<text x="{left + pw - 4}" y="{y(value) + 13:.1f}" text-anchor="end" '
                    f'fill="{colour}">{label}: {_kib(value)}</text>')
     out.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" '
                f'points="{" ".join(pts)}"/>')

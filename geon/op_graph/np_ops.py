@@ -43,7 +43,7 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
                                     family_error, numpy_dtype, numpy_dtype_rule, positional,
                                     positional_shape, split_axes, temp_axis, with_axes)
 
-#: ``from geon.np import *`` binds these. Unlike NumPy's, the reductions named like
+#: ``from geon.op_graph.np_ops import *`` binds these. Unlike NumPy's, the reductions named like
 #: Python builtins (``sum``, ``max``, ``min``, ``abs``) are left out so that they never
 #: shadow the builtins; use them as ``be.np.sum`` and so on.
 __all__ = [

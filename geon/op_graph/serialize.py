@@ -359,21 +359,26 @@ class LoadedGraph:
     """What :func:`deserialize_graph` read: ``results`` (a list), ``ops`` (in document
     order), ``single`` (:func:`serialize` was given one op) and ``metadata``."""
 
-    def __init__(self, results, ops, single, metadata):
+    def __init__(self, results: list[og.Op], ops: list[og.Op], single: bool,
+                 metadata: Any) -> None:
         self.results, self.ops, self.single, self.metadata = results, ops, single, metadata
 
     @property
-    def value(self):
+    def value(self) -> Union[og.Op, list[og.Op]]:
         """The results as :func:`serialize` was given them: an op, or a list."""
         return self.results[0] if self.single else list(self.results)
 
-    placeholders = property(lambda self: [op for op in self.ops
-                                          if isinstance(op, og.Placeholder)],
-                            doc="The placeholders, in document order.")
-    variables = property(lambda self: [op for op in self.ops if isinstance(op, og.Variable)],
-                         doc="The variables, in document order.")
+    @property
+    def placeholders(self) -> list[og.Placeholder]:
+        """The placeholders, in document order."""
+        return [op for op in self.ops if isinstance(op, og.Placeholder)]
 
-    def op(self, name):
+    @property
+    def variables(self) -> list[og.Variable]:
+        """The variables, in document order."""
+        return [op for op in self.ops if isinstance(op, og.Variable)]
+
+    def op(self, name: str) -> og.Op:
         """The op called ``name``; raises :class:`KeyError` if there is none or several."""
         found = [op for op in self.ops if op.name == name]
         if len(found) != 1:
