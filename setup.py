@@ -12,7 +12,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["geon", "geon.*"]),
-    package_data={"geon.examples": ["data/*.npz", "data/*.txt"]},
+    # py.typed: the package ships type hints (PEP 561)
+    package_data={"geon": ["py.typed"], "geon.examples": ["data/*.npz", "data/*.txt"]},
     install_requires=["numpy>=1.24"],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "sphinx>=6"],  # sphinx: the docs build test

@@ -9,7 +9,27 @@ author = "the geon authors"
 copyright = "the geon authors; Apache License 2.0"
 release = version = "0.1.0"
 
-extensions = []
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))  # the checkout's geon, not an installed one
+sys.path.insert(0, os.path.abspath("_ext"))
+
+# geon_figures (doc/_ext): the pictures, made from geon when the guide is built.
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon",
+              "geon_figures"]
+napoleon_numpy_docstring = False  # our docstrings use the Google style ("Args:")
+# The API pages (doc/api/) list their names by hand; tests/test_api_docs.py checks them
+# against ``__all__``. Nothing is generated into the source tree.
+autosummary_generate = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+nitpicky = True
+# Types from outside geon that signatures name; without intersphinx (the build must
+# work offline) they cannot be linked.
+nitpick_ignore = [("py:class", "numpy.ndarray"), ("py:class", "numpy.dtype"),
+                  ("py:class", "numpy.generic"), ("py:class", "os.PathLike"),
+                  ("py:class", "types.SimpleNamespace")]
 root_doc = "index"
 exclude_patterns = ["_build"]
 highlight_language = "python"

@@ -41,7 +41,8 @@ from geon.transformers import (Computation, NumPyTransformer, Transformer,  # no
                                available_transformers, make_transformer,
                                register_transformer)
 from geon.errors import SerializationError  # noqa: E402
-from geon.op_graph.serialize import deserialize, deserialize_graph, serialize  # noqa: E402
+from geon.op_graph.serialize import (LoadedGraph, deserialize, deserialize_graph,  # noqa: E402
+                                     serialize)
 from geon.op_graph.printing import graph_after, graph_dot, graph_text  # noqa: E402
 from geon.op_graph.run import Runner, run  # noqa: E402
 # Op families: NumPy-style (``be.np``) and Simple-Axes (``be.simple``) tensors, the
@@ -52,3 +53,34 @@ from geon.op_graph import simple_axes as simple  # noqa: E402
 from geon.op_graph.coercion import FamilyError  # noqa: E402
 from geon.transformers.base import (insert_passes, pass_named, transformer_ops,  # noqa: E402
                                     transformers_with)
+
+#: The names ``from geon import *`` binds: every public name except the modules
+#: (``be.np``, ``be.simple``) and the reductions named like Python builtins (``be.sum``,
+#: ``be.max``, ``be.min``), which stay reachable as attributes but must not shadow the
+#: builtins. tests/test_api.py checks this list against the namespace.
+__all__ = [
+    "ArgumentError", "Axes", "Axis", "AxisIndexError", "AxisMismatchError",
+    "CheckpointError", "Computation", "ComputationOp", "Constant", "FamilyError",
+    "FeedError", "FlattenedAxis", "GeonError", "GeonWarning", "IndexOutOfRangeError",
+    "Invalid", "InvalidValueError", "LoadedGraph", "LoweringError", "MultiOutput",
+    "NumPyTransformer", "NumericsError", "Op", "Output", "Placeholder", "Runner", "SerializationError",
+    "SetItem", "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError",
+    "Variable", "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
+    "available_transformers", "avg_pool", "axes_with_order", "batch_norm", "bernoulli",
+    "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "constant", "conv",
+    "conv_transpose", "cos", "cross_entropy_binary", "cross_entropy_multi", "cumsum",
+    "define_op", "deriv", "deserialize", "deserialize_graph", "divide", "dot",
+    "dropout", "elementwise_op", "elu", "equal", "erf", "evaluate", "exp", "expm1",
+    "flatten", "gather", "gelu", "global_avg_pool", "gradients", "graph_after",
+    "graph_dot", "graph_text", "greater", "greater_equal", "hard_sigmoid", "hvp",
+    "insert_passes", "jacobian", "jacobian_axes", "jvp", "layer_norm", "leaky_relu",
+    "less", "less_equal", "log", "log_softmax", "logsumexp", "make_transformer",
+    "max_argmax", "max_pool", "maximum", "mean", "minimum", "multiply", "negative",
+    "normal", "not_equal", "one_hot", "pad", "pass_named", "placeholder", "power",
+    "prod", "reciprocal", "register_transformer", "relu", "round_to_format", "run", "safelog",
+    "scatter_add", "select", "selu", "serialize", "sigmoid", "sign", "silu", "sin",
+    "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
+    "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "tanh",
+    "tensor_size", "tile", "topk", "transformer_ops", "transformers_with", "unflatten",
+    "uniform", "value_of", "variance", "where"
+]

@@ -9,14 +9,16 @@ entry-point group.
 
 from importlib import metadata
 
+from typing import Any, Callable
+
 from geon.errors import UnknownTransformerError
 
-_REGISTRY = {}
+_REGISTRY: dict[str, Callable[..., Any]] = {}
 #: The entry-point group installed transformers are listed under.
 ENTRY_POINT_GROUP = "geon.transformers"
 
 
-def register_transformer(name, factory):
+def register_transformer(name: str, factory: Callable[..., Any]) -> None:
     """Make ``make_transformer(name)`` call ``factory(**kwargs)``."""
     _REGISTRY[name] = factory
 
@@ -28,7 +30,7 @@ def _entry_points():
         return {}
 
 
-def available_transformers():
+def available_transformers() -> list[str]:
     """Names accepted by :func:`make_transformer`, registered or installed."""
     return sorted(set(_REGISTRY) | set(_entry_points()))
 
@@ -48,7 +50,7 @@ def transformer_factory(name):
     return factory
 
 
-def make_transformer(name="numpy", **kwargs):
+def make_transformer(name: str = "numpy", **kwargs: Any) -> Any:
     """A new transformer registered under ``name`` (built in, through
     :func:`register_transformer`, or installed under the ``geon.transformers``
     entry-point group)."""

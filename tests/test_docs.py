@@ -150,12 +150,160 @@ def test_toctree_lists_every_page():
             break  # the end of the directive
         if text.strip() and not text.strip().startswith(":"):
             listed.add(text.strip())
-    assert listed == {p.stem for p in PAGES} - {"index"}
+    assert listed - {"api/index"} == {p.stem for p in PAGES} - {"index"}
+    assert "api/index" in listed  # the API reference (doc/api/)
 
 
-def test_sphinx_build_has_no_warnings(tmp_path):
+# --- the API reference --------------------------------------------------------------------
+
+#: ``(page of doc/api/, namespace it documents, extra names)``: the extra names are
+#: public attributes that ``__all__`` leaves out so that ``import *`` never shadows a
+#: builtin; the reference documents them too.
+API_PAGES = [("geon", "geon", ("sum", "max", "min")),
+             ("np", "geon.np", ("sum", "max", "min", "abs")),
+             ("simple", "geon.simple", ()),
+             ("neon", "geon.frontends.neon", ()),
+             ("netgraph", "geon.frontends.netgraph", ()),
+             ("onnx", "geon.frontends.onnx", ()),
+             ("torch", "geon.frontends.torch", ()),
+             ("passes", "geon.transformers.passes", ())]
+_API_ENTRY = re.compile(r"^\.\.\s+(?:auto(?:function|class|exception|data)|"
+                        r"py:(?:data|exception|function|class))::\s+(?P<name>\w+)\s*$", re.M)
+
+
+def namespace(path):
+    """The module or family namespace ``path`` names (``geon.np`` is ``be.np``)."""
+    import geon
+    if path in ("geon.np", "geon.simple"):
+        return getattr(geon, path.split(".")[1])
+    return importlib.import_module(path)
+
+
+def public_names(path, extra):
+    """The names the reference must document for ``path``: ``__all__`` and ``extra``."""
+    if path == "geon.frontends.torch":
+        pytest.importorskip("torch", reason="geon.frontends.torch needs PyTorch")
+    return set(namespace(path).__all__) | set(extra)
+
+
+@pytest.mark.parametrize("page,path,extra", API_PAGES, ids=[p[0] for p in API_PAGES])
+def test_api_pages_list_every_public_name(page, path, extra):
+    """Each page of doc/api/ documents exactly its namespace's public names (so a name
+    added to ``__all__`` without a reference entry fails here, without Sphinx)."""
+    text = (DOC / "api" / f"{page}.rst").read_text(encoding="utf-8")
+    assert re.search(rf"^\.\. (py:)?module:: {re.escape(path)}$", text, re.M), page
+    documented = [m["name"] for m in _API_ENTRY.finditer(text)]
+    assert len(documented) == len(set(documented)), f"{page}: a name documented twice"
+    assert set(documented) == public_names(path, extra)
+
+
+def test_api_index_lists_every_page():
+    text = (DOC / "api" / "index.rst").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^   (\w+)$", text, re.M))
+    assert listed == {p[0] for p in API_PAGES} == {p.stem for p in (DOC / "api").glob("*.rst")} - {"index"}
+
+
+# --- the Sphinx build (nitpicky, warnings are errors) ------------------------------------
+
+@pytest.fixture(scope="module")
+def built_html(tmp_path_factory):
+    """The guide built once with ``-W -n`` (warnings, unresolved references included,
+    are errors): ``(html directory, sphinx output)``."""
     pytest.importorskip("sphinx")
-    run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q",
-                          "-d", str(tmp_path / "doctrees"), str(DOC), str(tmp_path / "html")],
-                         capture_output=True, text=True)
+    tmp = tmp_path_factory.mktemp("doc")
+    run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-n",
+                          "--keep-going", "-q", "-d", str(tmp / "doctrees"), str(DOC),
+                          str(tmp / "html")], capture_output=True, text=True)
+    return tmp / "html", run
+
+
+def test_sphinx_build_has_no_warnings(built_html):
+    html, run = built_html
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def read_inventory(path):
+    """``{(domain:role, name)}`` of a Sphinx ``objects.inv`` (version 2)."""
+    import zlib
+    data = path.read_bytes()
+    header_end = 0
+    for _ in range(4):  # four text lines, then the compressed body
+        header_end = data.index(b"\n", header_end) + 1
+    assert data.startswith(b"# Sphinx inventory version 2")
+    body = zlib.decompress(data[header_end:]).decode("utf-8")
+    entries = set()
+    for line in body.splitlines():
+        m = re.match(r"(?P<name>\S+)\s+(?P<role>\S+:\S+)\s+-?\d+\s", line)
+        if m:
+            entries.add((m["role"], m["name"]))
+    return entries
+
+
+def test_api_reference_documents_every_public_name(built_html):
+    """The built index (objects.inv) has an entry for every public name of every
+    namespace, under the name users write (``geon.tanh``, ``geon.np.matmul``)."""
+    html, run = built_html
+    assert run.returncode == 0, run.stdout + run.stderr
+    names = {name for _, name in read_inventory(html / "objects.inv")}
+    missing = []
+    for _, path, extra in API_PAGES:
+        try:
+            expected = public_names(path, extra)
+        except pytest.skip.Exception:
+            continue
+        missing += [f"{path}.{n}" for n in sorted(expected) if f"{path}.{n}" not in names]
+    assert not missing, f"not in the API reference: {missing}"
+
+
+#: The pictures of the guide: ``(page, figure, text the SVG must contain)``.
+FIGURES = [("transformers", "readme_before", "Tanh"),
+           ("transformers", "readme_after", "Gemm"),
+           ("transformers", "passes", "LowerAxesPass"),
+           ("transformers", "digits_memory", "bytes live")]
+
+
+@pytest.mark.parametrize("page,name,needle", FIGURES, ids=[f[1] for f in FIGURES])
+def test_built_html_shows_the_figures(built_html, page, name, needle):
+    html, run = built_html
+    assert run.returncode == 0, run.stdout + run.stderr
+    src = f"_static/geon_figures/{name}.svg"
+    assert f'<img src="{src}"' in (html / f"{page}.html").read_text(encoding="utf-8")
+    svg = (html / src).read_text(encoding="utf-8")
+    assert "<svg" in svg and needle in svg
+
+
+def _figures_module():
+    sys.path.insert(0, str(DOC / "_ext"))
+    try:
+        return importlib.import_module("geon_figures")
+    finally:
+        sys.path.remove(str(DOC / "_ext"))
+
+
+def test_figures_fall_back_to_the_committed_svgs_without_graphviz(tmp_path, monkeypatch):
+    """Without graphviz's ``dot`` the graph pictures are the committed SVGs; the memory
+    plot needs nothing but geon."""
+    figures = _figures_module()
+    monkeypatch.setattr(figures.shutil, "which", lambda name: None)
+    how = figures.make_figures(tmp_path)
+    assert how == {**{n: "fallback" for n in figures.DOT_FIGURES},
+                   "digits_memory": "generated"}
+    for name in figures.DOT_FIGURES:
+        assert (tmp_path / f"{name}.svg").read_bytes() == \
+            (DOC / "_figures" / f"{name}.svg").read_bytes()
+    assert "<polyline" in (tmp_path / "digits_memory.svg").read_text(encoding="utf-8")
+
+
+def test_memory_figure_reads_the_plan():
+    """The occupancy plotted is the plan's: it never exceeds the arenas allocated, and
+    those are less than one buffer per value (the plan shares memory)."""
+    figures = _figures_module()
+    comp = figures.digits_step()
+    live, arena_total, unshared = figures.memory_occupancy(comp)
+    assert len(live) == len(comp.order) > 0
+    assert 0 < max(live) <= arena_total == sum(comp.plan.sizes) < unshared
+
+
+def test_committed_figures_are_small():
+    for svg in (DOC / "_figures").glob("*.svg"):
+        assert svg.stat().st_size < 64 * 1024, svg.name

@@ -7,6 +7,7 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 """
 
 import math
+from typing import Optional, Sequence, Union, overload
 
 from geon.errors import ArgumentError, AxisMismatchError, GeonError
 from geon.op_graph import nn_ops as nn
@@ -125,7 +126,16 @@ def _accumulate(adj, op, deltas, needs):
         adj[arg] = da if prev is None else prev + da
 
 
-def deriv(c, w, error=None):
+@overload
+def deriv(c: og.TensorOp, w: og.TensorOp,
+          error: Optional[og.TensorLike] = None) -> og.TensorOp: ...
+@overload
+def deriv(c: og.TensorOp, w: Sequence[og.TensorOp],
+          error: Optional[og.TensorLike] = None) -> list[og.TensorOp]: ...
+
+
+def deriv(c: og.TensorOp, w: Union[og.TensorOp, Sequence[og.TensorOp]],
+          error: Optional[og.TensorLike] = None) -> Union[og.TensorOp, list[og.TensorOp]]:
     """The derivative of ``c`` with respect to ``w``, an op with ``w``'s axes.
 
     ``c`` must be a scalar unless ``error`` (an op with ``c``'s axes, the adjoint to
@@ -147,7 +157,8 @@ def deriv(c, w, error=None):
     return d
 
 
-def gradients(c, error=None):
+def gradients(c: og.TensorOp,
+              error: Optional[og.TensorLike] = None) -> dict[og.Variable, og.TensorOp]:
     """``{variable: deriv(c, variable)}`` over ``c.variables()`` (the trainable
     variables ``c`` depends on, in graph order)."""
     c = snap(as_op(c))

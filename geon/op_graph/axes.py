@@ -8,6 +8,7 @@ layout of the tensor it describes.
 
 import itertools
 import math
+from typing import Any, Iterable, Optional, Union
 
 from geon.errors import ArgumentError, AxisMismatchError
 
@@ -28,7 +29,8 @@ class Axis:
 
     __slots__ = ("name", "_length", "batch", "recurrent")
 
-    def __init__(self, length=None, name=None, batch=False, recurrent=False):
+    def __init__(self, length: Optional[int] = None, name: Optional[str] = None,
+                 batch: bool = False, recurrent: bool = False) -> None:
         if name is None:
             name = f"axis{next(_anonymous)}"
         if not isinstance(name, str) or not name:
@@ -41,7 +43,7 @@ class Axis:
         self.recurrent = bool(recurrent)
 
     @property
-    def length(self):
+    def length(self) -> Optional[int]:
         """The number of entries, or ``None`` while it is not set."""
         return self._length
 
@@ -69,7 +71,7 @@ class Axis:
         length = self.length  # a property: FlattenedAxis computes it from its parts
         return f"{self.name}:{length if length is not None else '?'}"
 
-    def named(self, name):
+    def named(self, name: str) -> "Axis":
         """A new axis with this one's length and flags and another name."""
         return Axis(self.length, name, self.batch, self.recurrent)
 
@@ -79,7 +81,7 @@ class FlattenedAxis(Axis):
 
     __slots__ = ("axes",)
 
-    def __init__(self, axes):
+    def __init__(self, axes: "AxesLike") -> None:
         axes = Axes(axes)
         self.axes = axes
         super().__init__(None, "(" + "*".join(a.name for a in axes) + ")",
@@ -87,7 +89,7 @@ class FlattenedAxis(Axis):
                          recurrent=any(a.recurrent for a in axes))
 
     @property
-    def length(self):
+    def length(self) -> Optional[int]:
         return math.prod(a.length for a in self.axes) if self.axes.lengths_known else None
 
     @length.setter
@@ -106,8 +108,11 @@ class Axes:
     """
 
     __slots__ = ("_axes", "_names", "_lengths")
+    _axes: tuple[Axis, ...]
+    _names: tuple[str, ...]
+    _lengths: Optional[tuple[int, tuple[Optional[int], ...]]]
 
-    def __init__(self, *axes):
+    def __init__(self, *axes: Any) -> None:
         if len(axes) == 1 and not isinstance(axes[0], Axis):
             axes = axes[0]
         self._lengths = None
@@ -157,12 +162,12 @@ class Axes:
 
     # -- facts ---------------------------------------------------------------------------
     @property
-    def names(self):
+    def names(self) -> tuple[str, ...]:
         """The axes' names, in order."""
         return self._names
 
     @property
-    def lengths(self):
+    def lengths(self) -> tuple[Optional[int], ...]:
         """The axes' lengths, in order (``None`` where unset)."""
         cached = self._lengths
         if cached is not None and cached[0] == _length_epoch:
@@ -172,26 +177,26 @@ class Axes:
         return lengths
 
     @property
-    def lengths_known(self):
+    def lengths_known(self) -> bool:
         """Whether every axis has a length."""
         return all(a.length is not None for a in self._axes)
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         """The row-major shape; raises if an axis has no length yet."""
         lengths = self.lengths
         if None in lengths:
             missing = [a.name for a in self._axes if a.length is None]
             raise AxisMismatchError(f"axis {', '.join(missing)} of {self!r} has no length; "
                                     f"set it (e.g. ax.{missing[0]}.length = 10) first")
-        return lengths
+        return lengths  # type: ignore[return-value]  # no None left
 
     @property
-    def size(self):
+    def size(self) -> int:
         """The number of elements."""
         return math.prod(self.shape)
 
-    def index(self, axis):
+    def index(self, axis: Union[Axis, str]) -> int:
         """Position of ``axis`` (an Axis or a name)."""
         name = axis if isinstance(axis, str) else axis.name
         try:
@@ -199,23 +204,23 @@ class Axes:
         except ValueError:
             raise AxisMismatchError(f"axis {name} is not in {self!r}") from None
 
-    def find(self, name):
+    def find(self, name: str) -> Optional[Axis]:
         """The axis called ``name``, or ``None``."""
         return self._axes[self._names.index(name)] if name in self._names else None
 
-    def batch_axes(self):
+    def batch_axes(self) -> "Axes":
         """The batch axes."""
         return Axes(a for a in self._axes if a.batch)
 
-    def recurrent_axes(self):
+    def recurrent_axes(self) -> "Axes":
         """The recurrent axes."""
         return Axes(a for a in self._axes if a.recurrent)
 
-    def sample_axes(self):
+    def sample_axes(self) -> "Axes":
         """The axes that are neither batch nor recurrent."""
         return Axes(a for a in self._axes if not (a.batch or a.recurrent))
 
-    def same_set(self, other):
+    def same_set(self, other: "AxesLike") -> bool:
         """Whether both hold the same axes, in any order."""
         return set(self._names) == set(Axes(other)._names)
 
@@ -260,7 +265,12 @@ def check_lengths(groups, what, where=""):
                 seen[a.name] = a
 
 
-def as_axes(axes):
+#: What an ``axes=`` argument accepts: an :class:`Axes`, one :class:`Axis`, or a sequence
+#: of them.
+AxesLike = Union[Axes, Axis, Iterable[Axis]]
+
+
+def as_axes(axes: Any) -> Axes:
     """Coerce an Axis, a sequence of Axis, or Axes to :class:`Axes` (``None`` -> empty)."""
     if axes is None:
         return Axes()

@@ -36,6 +36,7 @@ intermediate values of NumPy-family ops): name matching is their meaning.
 """
 
 import itertools
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from geon.errors import AxisMismatchError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.axes import Axes, Axis, as_axes
+from geon.op_graph.axes import AxesLike, Axes, Axis, as_axes
 
 NUMPY, SIMPLE, AXES, SCALAR, SAMPLE, INTERNAL = (
     "numpy", "simple", "axes", "scalar", "sample", "internal")
@@ -70,7 +71,7 @@ class PositionalAxis(Axis):
 _temp_names = itertools.count()
 
 
-def canonical_axes(shape):
+def canonical_axes(shape: Sequence[int]) -> Axes:
     """The canonical positional axes of ``shape``: ``(-n:shape[0], ..., -1:shape[-1])``."""
     n = len(shape)
     return tuple(PositionalAxis(int(length), f"-{n - i}") for i, length in enumerate(shape))
@@ -159,11 +160,11 @@ class ToAxes(og.CastAxes):
 
 class ToPositional(og.CastAxes):
     """An Axes-family tensor read by position: its axes, in order, become the canonical
-    positional axes (a coercion; :func:`geon.op_graph.simple_axes.from_axes` keeps the
+    positional axes (a coercion; ``geon.op_graph.simple_axes.from_axes`` keeps the
     sample and recurrent axes named)."""
 
 
-def with_axes(x, axes):
+def with_axes(x: og.TensorOp, axes: AxesLike) -> og.TensorOp:
     """The NumPy-family (or Simple-Axes) tensor ``x`` with named ``axes``, matched by
     position; the lengths must agree. The result belongs to the Axes family."""
     x = og.as_op(x) if not isinstance(x, np.ndarray) else _np_constant(x)
@@ -179,10 +180,10 @@ def with_axes(x, axes):
     return ToAxes(x, axes)
 
 
-def positional(x, axes=None):
+def positional(x: og.TensorOp, axes: Optional[AxesLike] = None) -> og.TensorOp:
     """The positional (NumPy-family) view of ``x``, with its axes in the order ``axes``
     gives (by default ``x``'s own order). Sample and recurrent axes become positional
-    too; see :func:`geon.op_graph.simple_axes.from_axes` to keep them."""
+    too; see ``geon.op_graph.simple_axes.from_axes`` to keep them."""
     x = og.as_op(x)
     order = x.axes if axes is None else as_axes(axes)
     if not order.same_set(x.axes):

@@ -101,13 +101,13 @@ class BroadcastFrom(og.ComputationOp):
         return self.args[0].dtype
 
 
-def allreduce(x, reduce="sum"):
-    """``x`` summed or averaged (``reduce="mean"``) over the ranks (see :class:`AllReduce`)."""
+def allreduce(x: og.TensorLike, reduce: str = "sum") -> og.TensorOp:
+    """``x`` summed or averaged (``reduce="mean"``) over the ranks (see ``AllReduce``)."""
     return AllReduce(og.as_op(x), reduce=reduce)
 
 
-def broadcast_from(x, root=0):
-    """Rank ``root``'s ``x`` on every rank (see :class:`BroadcastFrom`)."""
+def broadcast_from(x: og.TensorLike, root: int = 0) -> og.TensorOp:
+    """Rank ``root``'s ``x`` on every rank (see ``BroadcastFrom``)."""
     return BroadcastFrom(og.as_op(x), root=root)
 
 

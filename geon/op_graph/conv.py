@@ -28,6 +28,7 @@ Padding is given per side as ``((lo, hi), ...)``; an output length is
 
 import math
 import numbers
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from geon.errors import AxisMismatchError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes
+from geon.op_graph.axes import Axes, AxesLike, Axis, FlattenedAxis, as_axes
 from geon.op_graph.op_graph import ComputationOp, _fmt
 
 # --- arithmetic -----------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def out_length(length, kernel, stride, dilation, lo, hi):
     return (length + lo + hi - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _ints(value, n, what, minimum):
+def _ints(value, n, what, minimum) -> tuple[int, ...]:
     """``value`` (an int or a sequence of ``n`` ints) as a tuple of ``n`` ints."""
     if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool):
         value = (int(value),) * n
@@ -468,14 +469,14 @@ class Pooling(ComputationOp):
 # --- public functions (Axes family) ---------------------------------------------------------
 
 
-def _auto_out(spatial, out_spatial, suffix):
+def _auto_out(spatial, out_spatial, suffix) -> Axes:
     """The given output axes, or new ones named ``<spatial name><suffix>``."""
     if out_spatial is None:
         return Axes(Axis(None, f"{a.name}{suffix}") for a in spatial)
     return as_axes(out_spatial)
 
 
-def _kernel_axes(w, exclude, kernel):
+def _kernel_axes(w, exclude, kernel) -> Axes:
     """The filter's kernel axes: as given, or its axes other than ``exclude``."""
     if kernel is None:
         names = {a.name for a in exclude}
@@ -483,8 +484,13 @@ def _kernel_axes(w, exclude, kernel):
     return Axes(w.axes.find(a.name) if a.name in w.axes.names else a for a in kernel)
 
 
-def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
-         out_spatial=None, strides=1, padding=0, dilation=1, groups=1, name=None):
+def conv(x: og.TensorOp, w: og.TensorOp, channel: Axis, spatial: AxesLike,
+         out_channel: Axis, kernel: Optional[AxesLike] = None,
+         filter_channel: Optional[Axis] = None,
+         out_spatial: Optional[AxesLike] = None,
+         strides: Union[int, Sequence[int]] = 1, padding: Any = 0,
+         dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+         name: Optional[str] = None) -> og.TensorOp:
     """Convolve (correlate, as deep-learning libraries do) ``x`` with the filter ``w``.
 
     Args:
@@ -520,7 +526,7 @@ def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
     if len(kernel) != n:
         raise user_error(f"conv: {n} spatial axes ({_fmt(spatial)}) but kernel axes "
                          f"({_fmt(kernel)}) of filter {w.name} ({_fmt(w.axes)})")
-    lengths = [x.axes.find(a.name).length if a.name in x.axes.names else a.length
+    lengths = [x.axes[x.axes.index(a.name)].length if a.name in x.axes.names else a.length
                for a in spatial]
     pads = normalize_padding(padding, lengths, kernel.lengths, strides, dilation,
                              "conv: padding")
@@ -531,9 +537,15 @@ def conv(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
                        name=name)
 
 
-def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_channel=None,
-                   out_spatial=None, strides=1, padding=0, output_padding=0, dilation=1,
-                   groups=1, name=None):
+def conv_transpose(x: og.TensorOp, w: og.TensorOp, channel: Axis,
+                   spatial: AxesLike, out_channel: Axis,
+                   kernel: Optional[AxesLike] = None,
+                   filter_channel: Optional[Axis] = None,
+                   out_spatial: Optional[AxesLike] = None,
+                   strides: Union[int, Sequence[int]] = 1, padding: Any = 0,
+                   output_padding: Union[int, Sequence[int]] = 0,
+                   dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+                   name: Optional[str] = None) -> og.TensorOp:
     """The transposed convolution (the derivative of :func:`conv` in its image).
 
     ``x`` has ``channel`` and the ``spatial`` axes; the filter ``w`` has ``channel``,
@@ -567,7 +579,8 @@ def conv_transpose(x, w, channel, spatial, out_channel, kernel=None, filter_chan
     out_spatial = _auto_out(spatial, out_spatial, "_out")
     for a, s_ax, k, s, d, (lo, hi), o in zip(out_spatial, spatial, kernel.lengths, strides,
                                              dilation, pads, opad):
-        L = x.axes.find(s_ax.name).length if s_ax.name in x.axes.names else s_ax.length
+        L = x.axes[x.axes.index(s_ax.name)].length if s_ax.name in x.axes.names \
+            else s_ax.length
         if L is None or k is None:
             continue
         n_out = (L - 1) * s - lo - hi + d * (k - 1) + o + 1
@@ -603,8 +616,11 @@ def _pool(kind, x, spatial, kernel, strides, padding, dilation, count_include_pa
                    count_include_pad=count_include_pad, name=name)
 
 
-def max_pool(x, spatial, kernel, strides=None, padding=0, dilation=1, out_spatial=None,
-             name=None):
+def max_pool(x: og.TensorOp, spatial: AxesLike, kernel: Union[int, Sequence[int]],
+             strides: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             dilation: Union[int, Sequence[int]] = 1,
+             out_spatial: Optional[AxesLike] = None,
+             name: Optional[str] = None) -> og.TensorOp:
     """The maximum of each window of ``kernel`` elements over the ``spatial`` axes of
     ``x`` (``strides`` default to the kernel; padding as in :func:`conv`, with -inf).
     Derivatives go to the first maximum of each window. The result has ``x``'s axes
@@ -614,8 +630,10 @@ def max_pool(x, spatial, kernel, strides=None, padding=0, dilation=1, out_spatia
                  name)
 
 
-def avg_pool(x, spatial, kernel, strides=None, padding=0, count_include_pad=True,
-             out_spatial=None, name=None):
+def avg_pool(x: og.TensorOp, spatial: AxesLike, kernel: Union[int, Sequence[int]],
+             strides: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             count_include_pad: bool = True, out_spatial: Optional[AxesLike] = None,
+             name: Optional[str] = None) -> og.TensorOp:
     """The mean of each window (see :func:`max_pool`). With zero padding,
     ``count_include_pad`` divides by the kernel size, otherwise by the number of input
     elements in the window."""
@@ -623,7 +641,7 @@ def avg_pool(x, spatial, kernel, strides=None, padding=0, count_include_pad=True
                  out_spatial, name)
 
 
-def global_avg_pool(x, spatial):
+def global_avg_pool(x: og.TensorOp, spatial: AxesLike) -> og.TensorOp:
     """The mean over the ``spatial`` axes of ``x`` (they are removed)."""
     return og.mean(x, reduction_axes=as_axes(spatial))
 

@@ -47,6 +47,7 @@ The rules, per the ONNX ``Cast`` operator's description:
 import numpy as np
 
 from geon.errors import ArgumentError
+from geon.op_graph import op_graph as og
 
 
 class _Float:
@@ -198,14 +199,14 @@ def _define():
 RoundToFormat = _define()
 
 
-def round_to_format(x, fmt, saturate=True, round_mode="up"):
-    """``x`` rounded elementwise to the narrow format ``fmt`` (one of :data:`FORMATS`:
+def round_to_format(x: og.TensorOp, fmt: str, saturate: bool = True,
+                    round_mode: str = "up") -> og.TensorOp:
+    """``x`` rounded elementwise to the narrow format ``fmt`` (one of ``FORMATS``:
     ``"bfloat16"``, ``"float8_e4m3fn"``, ``"float8_e4m3fnuz"``, ``"float8_e5m2"``,
     ``"float8_e5m2fnuz"``, ``"float8_e8m0fnu"``, ``"float4_e2m1fn"``, ``"int4"``,
     ``"uint4"``, ``"int2"``, ``"uint2"``), in ``x``'s dtype and axes. ``saturate`` and
     ``round_mode`` as in ONNX's ``Cast`` (see the module doc). Differentiable with the
     straight-through estimator (the gradient passes unchanged)."""
-    from geon.op_graph import op_graph as og
     check_format(fmt, round_mode)
     if not isinstance(x, og.Op):
         from geon.op_graph.np_ops import constant

@@ -17,6 +17,7 @@ that read operands by position use :func:`direction_axes` to keep them trailing.
 """
 
 import math
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -113,7 +114,8 @@ def _seed(x, t):
     return fit_tangent(t, x)
 
 
-def jvp(outputs, inputs, tangents):
+def jvp(outputs: Union[og.TensorOp, Sequence[og.TensorOp]],
+        inputs: Union[og.TensorOp, Sequence[og.TensorOp]], tangents: Any) -> Any:
     """Jacobian-vector products (forward mode).
 
     Builds ops for ``sum_i d outputs / d inputs[i] . tangents[i]``: how each output
@@ -128,7 +130,7 @@ def jvp(outputs, inputs, tangents):
 
     Returns an op with the output's axes (a list for a list of outputs); an output
     that does not depend on the inputs gets zeros. ``stop_gradient`` blocks
-    tangents as it blocks :func:`~geon.op_graph.autodiff.deriv`.
+    tangents as it blocks :func:`geon.deriv`.
     """
     outs, single = _as_list(outputs)
     ins, one_in = _as_list(inputs)
@@ -147,7 +149,8 @@ def jvp(outputs, inputs, tangents):
     return result[0] if single else result
 
 
-def hvp(c, wrt, vectors):
+def hvp(c: og.TensorOp, wrt: Union[og.TensorOp, Sequence[og.TensorOp]],
+        vectors: Any) -> Any:
     """Hessian-vector products of the scalar ``c``: forward mode over reverse mode.
 
     ``hvp(c, w, v)`` is ``jvp(deriv(c, w), w, v)``: the derivative of the gradient of
@@ -347,7 +350,7 @@ def _unslice(op, ts):
 # --- forward rules derived from reverse rules ------------------------------------------------
 class LinearizationPoint(og.Constant):
     """Zeros that derivatives flow through (a constant for evaluation, not for
-    :func:`~geon.op_graph.autodiff.deriv`): the point at which a linear map built by a
+    ``deriv``): the point at which a linear map built by a
     reverse rule is differentiated to obtain its transpose."""
 
     is_constant = False

@@ -13,6 +13,8 @@ over the graph instead of one pass per element.
   reordered.
 """
 
+from typing import Optional, Sequence, Union, overload
+
 import numpy as np
 
 from geon.errors import ArgumentError
@@ -22,7 +24,7 @@ from geon.op_graph.forward import LinearizationPoint, _float_dtype, propagate
 from geon.op_graph.op_graph import as_op, snap
 
 
-def jacobian_axes(y, x):
+def jacobian_axes(y: og.TensorOp, x: og.TensorOp) -> Axes:
     """The axes given to x's side of ``jacobian(y, x)``.
 
     Naming rule: an axis of ``x`` whose name is not among ``y``'s axes keeps its name;
@@ -62,7 +64,15 @@ def choose_mode(y, x):
     return "forward" if nx <= ny else "reverse"
 
 
-def jacobian(y, x, mode=None):
+@overload
+def jacobian(y: og.TensorOp, x: og.TensorOp, mode: Optional[str] = None) -> og.TensorOp: ...
+@overload
+def jacobian(y: og.TensorOp, x: Sequence[og.TensorOp],
+             mode: Optional[str] = None) -> list[og.TensorOp]: ...
+
+
+def jacobian(y: og.TensorOp, x: Union[og.TensorOp, Sequence[og.TensorOp]],
+             mode: Optional[str] = None) -> Union[og.TensorOp, list[og.TensorOp]]:
     """The Jacobian ``d y / d x`` as an op with y's axes followed by x's axes.
 
     Entry ``[i, j]`` (``i`` indexing y's axes, ``j`` x's) is ``d y[i] / d x[j]``. The

@@ -9,8 +9,8 @@ semi-primitives they use where no composite is accurate or fast enough are
 (elementwise), and, from :mod:`geon.op_graph.primitives`, ``Take`` / ``PutAdd``
 (``gather`` and its adjoint), ``PrefixSum`` (``cumsum``) and ``SortPrim`` (``sort``,
 ``argsort``, ``topk``). The ops here with several results or a data-dependent access
-pattern (:class:`Gather`, :class:`ScatterAdd`, :class:`CumSum`, :class:`Sort`,
-:class:`TopK`) are Axes-family ops lowered to those primitives by
+pattern (``Gather``, ``ScatterAdd``, ``CumSum``, ``Sort``,
+``TopK``) are Axes-family ops lowered to those primitives by
 :mod:`geon.transformers.passes.lower`.
 
 Every function here also accepts NumPy-family tensors where that makes sense (the
@@ -19,13 +19,14 @@ and PyTorch's signatures.
 """
 
 import math
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes
+from geon.op_graph.axes import AxesLike, Axes, Axis, FlattenedAxis, as_axes
 from geon.op_graph.nodes import DebugInfo
 from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 
@@ -48,7 +49,7 @@ SELU_SCALE = 1.0507009873554804934193349852946
 
 # --- selection -------------------------------------------------------------------------
 
-def where(condition, x, y):
+def where(condition: og.TensorLike, x: og.TensorLike, y: og.TensorLike) -> og.TensorOp:
     """``x`` where ``condition`` is nonzero, else ``y`` (operands matched by axis name,
     as in every elementwise op). Derivatives flow to the branch taken only, so an
     infinite or NaN value in the other branch does no harm."""
@@ -59,7 +60,8 @@ def where(condition, x, y):
 select = where
 
 
-def clip(x, lo=None, hi=None):
+def clip(x: og.TensorLike, lo: Optional[og.TensorLike] = None,
+         hi: Optional[og.TensorLike] = None) -> og.TensorOp:
     """``minimum(maximum(x, lo), hi)``; either bound may be ``None`` (no bound) or a
     tensor matched by axis name. As in NumPy and PyTorch, ``lo > hi`` gives ``hi``."""
     if lo is None and hi is None:
@@ -74,30 +76,30 @@ def clip(x, lo=None, hi=None):
 
 # --- activations -----------------------------------------------------------------------
 
-def relu(x):
+def relu(x: og.TensorLike) -> og.TensorOp:
     """``max(x, 0)``."""
     return og.Maximum(x, 0.0)
 
 
-def leaky_relu(x, negative_slope=0.01):
+def leaky_relu(x: og.TensorLike, negative_slope: float = 0.01) -> og.TensorOp:
     """``x`` for ``x > 0``, else ``negative_slope * x`` (PyTorch's ``leaky_relu``)."""
     x = as_op(x)
     return where(x > 0.0, x, x * float(negative_slope))
 
 
-def elu(x, alpha=1.0):
+def elu(x: og.TensorLike, alpha: float = 1.0) -> og.TensorOp:
     """``x`` for ``x > 0``, else ``alpha * (exp(x) - 1)`` (with ``expm1``, exact near
     0; the exponential sees ``min(x, 0)`` so the branch not taken never overflows)."""
     x = as_op(x)
     return where(x > 0.0, x, og.Expm1(og.Minimum(x, 0.0)) * float(alpha))
 
 
-def selu(x):
+def selu(x: og.TensorLike) -> og.TensorOp:
     """``SELU_SCALE * elu(x, SELU_ALPHA)`` (scaled exponential linear unit)."""
     return elu(x, SELU_ALPHA) * SELU_SCALE
 
 
-def gelu(x, approximate="none"):
+def gelu(x: og.TensorLike, approximate: str = "none") -> og.TensorOp:
     """Gaussian error linear unit, ``x * Phi(x)``: ``approximate="none"`` computes
     ``x / 2 * (1 + erf(x / sqrt(2)))``, ``"tanh"`` PyTorch's tanh approximation
     ``x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``."""
@@ -110,22 +112,23 @@ def gelu(x, approximate="none"):
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
 
 
-def silu(x):
+def silu(x: og.TensorLike) -> og.TensorOp:
     """``x * sigmoid(x)`` (also called swish)."""
     x = as_op(x)
     return x * og.Sigmoid(x)
 
 
-def hard_sigmoid(x):
+def hard_sigmoid(x: og.TensorLike) -> og.TensorOp:
     """``clip(x / 6 + 1/2, 0, 1)`` (PyTorch's ``hardsigmoid``)."""
     return clip(as_op(x) * float(1 / 6) + 0.5, 0.0, 1.0)
 
 
 # --- log-softmax -----------------------------------------------------------------------
 
-def logsumexp(x, reduction_axes=None, out_axes=None):
+def logsumexp(x: og.TensorLike, reduction_axes: Optional[AxesLike] = None,
+              out_axes: Optional[AxesLike] = None) -> og.TensorOp:
     """``log(sum(exp(x)))`` over the reduction axes (the rule of
-    :class:`~geon.op_graph.op_graph.Reduction`), computed as ``m + log(sum(exp(x - m)))``
+    ``Reduction``), computed as ``m + log(sum(exp(x - m)))``
     with ``m = max(x)``: no overflow, and its derivative is the softmax."""
     x = as_op(x)
     # The value does not depend on the shift, so no derivative flows through it.
@@ -134,7 +137,8 @@ def logsumexp(x, reduction_axes=None, out_axes=None):
     return og.Log(s) + m
 
 
-def log_softmax(x, normalization_axes=None):
+def log_softmax(x: og.TensorLike,
+                normalization_axes: Optional[AxesLike] = None) -> og.TensorOp:
     """``log(softmax(x))`` over ``normalization_axes`` (default: all but the batch and
     recurrent axes), computed as ``(x - m) - log(sum(exp(x - m)))``: exact for any
     logits, derivative ``d - softmax(x) * sum(d)``."""
@@ -202,7 +206,8 @@ def join(parts, part_axes, out_axis, what):
     return r
 
 
-def concat(xs, axis, out_axis=None):
+def concat(xs: Sequence[og.TensorOp], axis: Axis,
+           out_axis: Optional[Axis] = None) -> og.TensorOp:
     """``xs`` laid end to end along ``axis``: a name (or Axis) every operand has, with
     any lengths, or a list of one Axis per operand. The other axes must agree by name
     and length (a mismatch raises :class:`AxisMismatchError` naming each operand's axes).
@@ -225,7 +230,7 @@ def concat(xs, axis, out_axis=None):
     return join(xs, part_axes, out_axis, "concat")
 
 
-def stack(xs, axis, position=0):
+def stack(xs: Sequence[og.TensorOp], axis: Axis, position: int = 0) -> og.TensorOp:
     """``xs`` (tensors with the same axes) joined along the new axis ``axis`` (of
     length ``len(xs)``), inserted at ``position`` in the first tensor's axes."""
     xs = [as_op(x) for x in xs]
@@ -250,7 +255,8 @@ def stack(xs, axis, position=0):
     return join(parts, part_axes, axis, "stack")
 
 
-def tile(x, reps, out_axes=None):
+def tile(x: og.TensorOp, reps: Mapping[Any, int],
+         out_axes: Optional[Mapping[str, Axis]] = None) -> og.TensorOp:
     """``x`` repeated along some of its axes: ``reps`` maps an axis (or name) to a
     repeat count; the axis is replaced by one ``count`` times as long, holding ``x``
     that many times in a row (NumPy's ``tile`` along that axis). ``out_axes`` maps an
@@ -267,7 +273,7 @@ def tile(x, reps, out_axes=None):
         if n == 1:
             continue
         rep = Axis(n, f"({a.name})*{n}")
-        order = []
+        order: list = []
         for b in r.axes:
             order.extend((rep, b) if b is a else (b,))
         wide = og.Broadcast(r, Axes(order))
@@ -338,7 +344,8 @@ def pad_axis(x, axis, before, after, mode="constant", value=0.0, out_axis=None):
     return join(parts, part_axes, out_axis, "pad")
 
 
-def pad(x, paddings, mode="constant", value=0.0, out_axes=None):
+def pad(x: og.TensorOp, paddings: Mapping[Any, Any], mode: str = "constant",
+        value: float = 0.0, out_axes: Optional[Mapping[str, Axis]] = None) -> og.TensorOp:
     """``x`` padded along some of its axes: ``paddings`` maps an axis (or name) to
     ``(before, after)`` counts (or one count for both sides). ``mode``: ``"constant"``
     (``value``), ``"reflect"`` (mirrored at the edge, the edge not repeated: NumPy's
@@ -380,7 +387,7 @@ class Gather(og.ComputationOp):
     Negative indices count from the end; others out of range raise
     :class:`~geon.errors.IndexOutOfRangeError` when the computation runs (on the GPU they
     are clamped). Lowered to the :class:`~geon.op_graph.primitives.Take` primitive; its
-    adjoint is :class:`ScatterAdd`."""
+    adjoint is ``ScatterAdd``."""
 
     attrs = ("axis",)
 
@@ -404,7 +411,7 @@ class Gather(og.ComputationOp):
 
 
 class ScatterAdd(og.ComputationOp):
-    """The adjoint of :class:`Gather`: zeros with axis ``axis`` (a new axis, the one
+    """The adjoint of ``Gather``: zeros with axis ``axis`` (a new axis, the one
     gathered from) in place of the axes of ``indices`` in ``d``, with each slice of
     ``d`` added at the index ``indices`` gives it (repeated indices accumulate)."""
 
@@ -428,15 +435,15 @@ class ScatterAdd(og.ComputationOp):
         return self.args[0].dtype
 
 
-def gather(x, indices, axis):
+def gather(x: og.TensorOp, indices: og.TensorOp, axis: Axis) -> og.TensorOp:
     """``x`` indexed along ``axis`` by the integer tensor ``indices`` (see
-    :class:`Gather`): an embedding lookup is ``gather(table, ids, vocab_axis)``."""
+    ``Gather``): an embedding lookup is ``gather(table, ids, vocab_axis)``."""
     return Gather(x, indices, axis)
 
 
-def scatter_add(d, indices, axis):
+def scatter_add(d: og.TensorOp, indices: og.TensorOp, axis: Axis) -> og.TensorOp:
     """Zeros along the new axis ``axis`` with the slices of ``d`` added at ``indices``
-    (see :class:`ScatterAdd`)."""
+    (see ``ScatterAdd``)."""
     return ScatterAdd(d, indices, axis)
 
 
@@ -464,8 +471,9 @@ class CumSum(og.ComputationOp):
         return self.args[0].dtype
 
 
-def cumsum(x, axis, reverse=False, exclusive=False):
-    """Running sums along ``axis`` (see :class:`CumSum`)."""
+def cumsum(x: og.TensorOp, axis: Axis, reverse: bool = False,
+           exclusive: bool = False) -> og.TensorOp:
+    """Running sums along ``axis`` (see ``CumSum``)."""
     return CumSum(x, axis, reverse, exclusive)
 
 
@@ -521,24 +529,26 @@ class TopK(og.MultiOutput):
         return [(axes, x.dtype), (axes, np.dtype(np.int64))]
 
 
-def sort(x, axis, descending=False):
-    """``x`` sorted along ``axis`` (see :class:`Sort`)."""
+def sort(x: og.TensorOp, axis: Axis, descending: bool = False) -> og.TensorOp:
+    """``x`` sorted along ``axis`` (see ``Sort``)."""
     return Sort(x, axis, descending).outputs[0]
 
 
-def argsort(x, axis, descending=False):
-    """The int64 positions along ``axis`` that sort ``x`` (stable; see :class:`Sort`)."""
+def argsort(x: og.TensorOp, axis: Axis, descending: bool = False) -> og.TensorOp:
+    """The int64 positions along ``axis`` that sort ``x`` (stable; see ``Sort``)."""
     return Sort(x, axis, descending).outputs[1]
 
 
-def sort_with_indices(x, axis, descending=False):
-    """``(values, indices)`` of :class:`Sort`, from one sort."""
+def sort_with_indices(x: og.TensorOp, axis: Axis,
+                      descending: bool = False) -> tuple[og.TensorOp, ...]:
+    """``(values, indices)`` of ``Sort``, from one sort."""
     return Sort(x, axis, descending).outputs
 
 
-def topk(x, k, axis, new_axis=None):
+def topk(x: og.TensorOp, k: int, axis: Axis,
+         new_axis: Optional[Axis] = None) -> tuple[og.TensorOp, ...]:
     """``(values, indices)``: the ``k`` largest entries along ``axis``, largest first
-    (see :class:`TopK`)."""
+    (see ``TopK``)."""
     return TopK(x, axis, k, new_axis).outputs
 
 

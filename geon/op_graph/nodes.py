@@ -279,7 +279,7 @@ class Node(NameableValue, DebugInfo):
     _as_built = None
 
     # Most nodes have none of these: they share one empty set until they gain one.
-    user_deps = _NO_DEPS
+    user_deps: "OrderedSet" = _NO_DEPS
     _dep_users = _NO_USERS
 
     def __init__(self, args=(), name=None, follows=()):

@@ -10,10 +10,12 @@ unbiased batch variance for the running variance, as PyTorch does); request them
 the computation that trains.
 """
 
+from typing import Any, Optional
+
 from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
-from geon.op_graph.axes import as_axes
+from geon.op_graph.axes import AxesLike, as_axes
 
 
 def _where():
@@ -44,7 +46,9 @@ def stored(t):
     return t
 
 
-def layer_norm(x, gamma=None, beta=None, axes=None, eps=1e-5):
+def layer_norm(x: og.TensorOp, gamma: Optional[og.TensorOp] = None,
+               beta: Optional[og.TensorOp] = None, axes: Optional[AxesLike] = None,
+               eps: float = 1e-5) -> og.TensorOp:
     """``(x - mean) / sqrt(var + eps) * gamma + beta`` with the mean and (population)
     variance over ``axes`` (default: ``gamma``'s axes), for each index of the others.
     ``gamma`` and ``beta`` (optional) have axes among ``axes``."""
@@ -64,8 +68,10 @@ def layer_norm(x, gamma=None, beta=None, axes=None, eps=1e-5):
     return _normalize(x, mean, var, gamma, beta, eps)
 
 
-def batch_norm(x, gamma, beta, running_mean, running_var, reduction_axes=None,
-               momentum=0.1, eps=1e-5, training=True):
+def batch_norm(x: og.TensorOp, gamma: Optional[og.TensorOp],
+               beta: Optional[og.TensorOp], running_mean: og.Variable,
+               running_var: og.Variable, reduction_axes: Optional[AxesLike] = None,
+               momentum: float = 0.1, eps: float = 1e-5, training: bool = True) -> Any:
     """Batch normalization: ``(y, updates)``.
 
     In training mode ``y`` normalizes ``x`` with the mean and population variance over

@@ -1,6 +1,6 @@
 """Convolution and pooling in the NumPy family (``be.np.conv`` ...), PyTorch's layouts.
 
-Images are ``(N, C, *spatial)`` (``(C, *spatial)`` positionally for a Simple-Axes
+Images are ````(N, C, *spatial)```` (``(C, *spatial)`` positionally for a Simple-Axes
 image, whose samples are named axes); filters ``(K, C / groups, *kernel)`` for ``conv`` and
 ``(C, K / groups, *kernel)`` for ``conv_transpose``. Each function renames the
 positional dimensions to fresh axes, builds the Axes op of :mod:`geon.op_graph.conv`,
@@ -8,6 +8,8 @@ and names the result's dimensions positionally again, so derivatives, lowering a
 code generation are the Axes ops'. Named (sample, recurrent) axes of a Simple-Axes
 image are carried along as batch axes.
 """
+
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -30,7 +32,7 @@ def _tensor(x, what):
 
 def _lead(x):
     """The number of leading positional (batch) dimensions before (C, *spatial): 1 for
-    a NumPy-family image (N, C, *spatial), 0 for a Simple-Axes one (named samples)."""
+    a NumPy-family image ``(N, C, *spatial)``, 0 for a Simple-Axes one (named samples)."""
     return 0 if split_axes(x)[0] else 1
 
 
@@ -73,9 +75,11 @@ def _spatial_count(x, w, what):
     return n
 
 
-def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """PyTorch's ``conv{1,2,3}d`` (a correlation): ``x`` (N, C, *spatial), ``w``
-    (K, C / groups, *kernel) -> (N, K, *out). ``padding``: an int, one per axis, one
+def conv(x: og.TensorOp, w: og.TensorOp, stride: Union[int, Sequence[int]] = 1,
+         padding: Any = 0, dilation: Union[int, Sequence[int]] = 1,
+         groups: int = 1) -> og.TensorOp:
+    """PyTorch's ``conv{1,2,3}d`` (a correlation): ``x`` ``(N, C, *spatial)``, ``w``
+    ``(K, C / groups, *kernel)`` -> ``(N, K, *out)``. ``padding``: an int, one per axis, one
     ``(lo, hi)`` pair per axis, ``"same"`` or ``"valid"``."""
     x, w = _tensor(x, "conv"), _tensor(w, "conv")
     n = _spatial_count(x, w, "conv")
@@ -101,9 +105,13 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     return _positional(y, special)
 
 
-def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    """PyTorch's ``conv_transpose{1,2,3}d``: ``x`` (N, C, *spatial), ``w``
-    (C, K / groups, *kernel) -> (N, K, *out) with ``out = (L - 1) * stride - 2 * padding
+def conv_transpose(x: og.TensorOp, w: og.TensorOp,
+                   stride: Union[int, Sequence[int]] = 1, padding: Any = 0,
+                   output_padding: Union[int, Sequence[int]] = 0,
+                   dilation: Union[int, Sequence[int]] = 1,
+                   groups: int = 1) -> og.TensorOp:
+    """PyTorch's ``conv_transpose{1,2,3}d``: ``x`` ``(N, C, *spatial)``, ``w``
+    ``(C, K / groups, *kernel)`` -> ``(N, K, *out)`` with ``out = (L - 1) * stride - 2 * padding
     + dilation * (k - 1) + output_padding + 1`` (``padding`` may also be per side)."""
     x, w = _tensor(x, "conv_transpose"), _tensor(w, "conv_transpose")
     n = _spatial_count(x, w, "conv_transpose")
@@ -163,23 +171,27 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     return _positional(y, special)
 
 
-def max_pool(x, kernel, stride=None, padding=0, dilation=1):
+def max_pool(x: og.TensorOp, kernel: Union[int, Sequence[int]],
+             stride: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             dilation: Union[int, Sequence[int]] = 1) -> og.TensorOp:
     """PyTorch's ``max_pool{1,2,3}d`` over the trailing spatial dimensions of ``x``
-    (N, C, *spatial): ``kernel`` an int (every dimension after the first two) or one
+    ``(N, C, *spatial)``: ``kernel`` an int (every dimension after the first two) or one
     per spatial dimension; ``stride`` defaults to the kernel; padding with -inf.
     Derivatives go to the first maximum of each window."""
     return _pool("max", x, kernel, stride, padding, dilation, True)
 
 
-def avg_pool(x, kernel, stride=None, padding=0, count_include_pad=True):
+def avg_pool(x: og.TensorOp, kernel: Union[int, Sequence[int]],
+             stride: Union[int, Sequence[int], None] = None, padding: Any = 0,
+             count_include_pad: bool = True) -> og.TensorOp:
     """PyTorch's ``avg_pool{1,2,3}d`` (see :func:`max_pool`); with zero padding,
     ``count_include_pad`` divides by the kernel size, otherwise by the number of input
     elements in each window."""
     return _pool("avg", x, kernel, stride, padding, 1, count_include_pad)
 
 
-def global_avg_pool(x, keepdims=False):
-    """The mean over the spatial dimensions of ``x`` (N, C, *spatial): (N, C), or
+def global_avg_pool(x: og.TensorOp, keepdims: bool = False) -> og.TensorOp:
+    """The mean over the spatial dimensions of ``x`` ``(N, C, *spatial)``: (N, C), or
     (N, C, 1, ...) with ``keepdims``."""
     from geon.op_graph import np_ops
     x = _tensor(x, "global_avg_pool")

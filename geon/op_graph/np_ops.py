@@ -27,7 +27,9 @@ float32; batched ``matmul`` (more than two dimensions) is a broadcast multiply a
 sum.
 """
 
+import inspect
 import numbers
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -41,28 +43,39 @@ from geon.op_graph.coercion import (AXES, NUMPY, SCALAR, SIMPLE, FamilyError,
                                     family_error, numpy_dtype, numpy_dtype_rule, positional,
                                     positional_shape, split_axes, temp_axis, with_axes)
 
+#: ``from geon.op_graph.np_ops import *`` binds these. Unlike NumPy's, the reductions named like
+#: Python builtins (``sum``, ``max``, ``min``, ``abs``) are left out so that they never
+#: shadow the builtins; use them as ``be.np.sum`` and so on.
 __all__ = [
-    "FamilyError", "PositionalAxis", "Select", "absolute", "abs", "add", "argmax", "argmin",
+    "FamilyError", "PositionalAxis", "Select", "absolute", "add", "argmax", "argmin",
     "argsort", "asarray", "avg_pool", "broadcast_to", "canonical_axes", "clip",
     "concatenate", "constant", "conv", "conv_transpose", "cos", "cumsum", "sort", "topk",
     "divide", "dot", "elu", "equal", "erf", "exp", "expand_dims", "expm1", "full", "gelu",
     "global_avg_pool", "greater", "greater_equal", "hard_sigmoid", "leaky_relu", "less",
-    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max", "max_pool", "maximum",
-    "mean", "min", "minimum", "pad",
+    "less_equal", "log", "log_softmax", "logsumexp", "matmul", "max_pool", "maximum",
+    "mean", "minimum", "pad",
     "multiply", "ndim", "negative", "not_equal", "ones", "placeholder", "positional",
     "power", "prod", "ravel", "reciprocal", "relu", "reshape", "selu", "shape", "sign",
     "silu", "sin", "softplus", "sqrt",
-    "square", "squeeze", "stack", "subtract", "sum", "swapaxes", "take", "tanh", "tile",
+    "square", "squeeze", "stack", "subtract", "swapaxes", "take", "tanh", "tile",
     "transpose", "uniform", "normal", "bernoulli", "dropout", "layer_norm", "batch_norm",
     "true_divide", "variable", "where", "with_axes", "zeros", "round_to_format",
 ]
 
 _builtin_sum, _builtin_max = sum, max  # before the NumPy names shadow them
 
+#: An operand of a NumPy-family function: an op, a number, or anything
+#: :func:`numpy.asarray` takes (made a constant).
+ArrayLike = Union[og.TensorOp, int, float, np.generic, np.ndarray, Sequence[Any]]
+#: A shape: one length or a sequence of lengths.
+Shape = Union[int, Sequence[int]]
+#: An ``axis=`` argument: one position, several, or ``None`` (all).
+AxisArg = Union[int, Sequence[int], None]
+
 
 # --- operands ------------------------------------------------------------------------------
 
-def _shape(shape):
+def _shape(shape) -> tuple[int, ...]:
     if isinstance(shape, (numbers.Integral, np.integer)):
         shape = (shape,)
     shape = tuple(shape)
@@ -79,7 +92,7 @@ def _arg(x):
     return constant(x)
 
 
-def _tensor(x, what):
+def _tensor(x, what) -> og.TensorOp:
     """``x`` as a tensor op of the NumPy or Simple-Axes family (or a scalar)."""
     if not isinstance(x, og.Op):
         return constant(x)
@@ -165,14 +178,16 @@ def _axis_list(axis, n, what):
 
 # --- making tensors -----------------------------------------------------------------------
 
-def placeholder(shape, dtype=None, name=None):
+def placeholder(shape: Shape, dtype: og.DTypeLike = None,
+                name: Optional[str] = None) -> og.Placeholder:
     """A NumPy-family tensor of ``shape`` fed when a computation is called (float32
     unless ``dtype`` says otherwise)."""
     return og.Placeholder(canonical_axes(_shape(shape)), dtype=dtype, name=name)
 
 
-def variable(initial_value=0.0, shape=None, dtype=None, name=None, trainable=True,
-             persistent=True):
+def variable(initial_value: Any = 0.0, shape: Optional[Shape] = None,
+             dtype: og.DTypeLike = None, name: Optional[str] = None,
+             trainable: bool = True, persistent: bool = True) -> og.Variable:
     """A NumPy-family Variable. ``initial_value`` is an array (its shape and, for an
     ndarray, its dtype are the variable's), a number filling ``shape``, or a function
     ``f(shape) -> array`` (``shape`` is then required). The dtype defaults to float32."""
@@ -186,7 +201,8 @@ def variable(initial_value=0.0, shape=None, dtype=None, name=None, trainable=Tru
                        dtype=dtype, name=name, trainable=trainable, persistent=persistent)
 
 
-def constant(value, dtype=None, name=None):
+def constant(value: Any, dtype: og.DTypeLike = None,
+             name: Optional[str] = None) -> og.Constant:
     """A NumPy-family constant holding ``value`` (an array-like; its dtype unless
     ``dtype`` is given)."""
     arr = np.asarray(value, dtype=dtype)
@@ -195,7 +211,7 @@ def constant(value, dtype=None, name=None):
     return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype, name=name)
 
 
-def asarray(a, dtype=None):
+def asarray(a: ArrayLike, dtype: og.DTypeLike = None) -> og.TensorOp:
     """``a`` as a NumPy-family tensor: NumPy-family ops as they are, arrays as constants.
     An Axes-family tensor raises :class:`FamilyError` (see :func:`positional`)."""
     if isinstance(a, og.Op):
@@ -206,28 +222,31 @@ def asarray(a, dtype=None):
     return constant(a, dtype=dtype)
 
 
-def full(shape, fill_value, dtype=None, name=None):
+def full(shape: Shape, fill_value: Union[int, float], dtype: og.DTypeLike = None,
+         name: Optional[str] = None) -> og.Constant:
     """A constant of ``shape`` filled with ``fill_value`` (float32 by default)."""
     return og.Constant(fill_value, axes=canonical_axes(_shape(shape)),
                        dtype=dtype or og.DEFAULT_DTYPE, name=name)
 
 
-def zeros(shape, dtype=None, name=None):
+def zeros(shape: Shape, dtype: og.DTypeLike = None,
+          name: Optional[str] = None) -> og.Constant:
     """A constant of zeros (float32 by default)."""
     return full(shape, 0, dtype, name)
 
 
-def ones(shape, dtype=None, name=None):
+def ones(shape: Shape, dtype: og.DTypeLike = None,
+         name: Optional[str] = None) -> og.Constant:
     """A constant of ones (float32 by default)."""
     return full(shape, 1, dtype, name)
 
 
-def shape(a):
+def shape(a: ArrayLike) -> tuple[int, ...]:
     """The NumPy shape of ``a`` (its positional dimensions)."""
     return positional_shape(_tensor(a, "shape"))
 
 
-def ndim(a):
+def ndim(a: ArrayLike) -> int:
     """The number of positional dimensions of ``a``."""
     return len(shape(a))
 
@@ -247,7 +266,7 @@ class Select(og.ElementWise):
     def _infer_dtype(self):
         return og.result_dtype(self.args[1:])
 
-    def compute_dtype(self):
+    def compute_dtype(self) -> None:
         """``None``: no arithmetic; the branches are taken as they are (converting the
         condition could turn a tiny nonzero into zero)."""
         return None
@@ -264,13 +283,18 @@ def _numpy_kwargs(cls, args):
     return {} if dtype is None else {"dtype": dtype}
 
 
-def _elementwise(cls, name, n):
+def _elementwise(cls, name, n) -> Callable[..., og.TensorOp]:
     def fn(*args):
         if len(args) != n:
             raise ArgumentError(f"{name} takes {n} argument(s), got {len(args)}")
         args = [_arg(a) for a in args]
         return cls(*args, **_numpy_kwargs(cls, args))
     fn.__name__ = fn.__qualname__ = name
+    # The signature NumPy's function has (``fn`` takes ``*args`` to check the count).
+    names = ["x"] if n == 1 else [f"x{i + 1}" for i in range(n)]
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_ONLY, annotation=ArrayLike)
+         for p in names], return_annotation=og.TensorOp)
     fn.__doc__ = (f"NumPy's ``{name}`` (broadcast as NumPy does; the result has NumPy's "
                   f"dtype)." if not issubclass(cls, og.Comparison) else
                   f"NumPy's ``{name}``, giving 1.0 where true and 0.0 where false.")
@@ -310,11 +334,16 @@ erf.__doc__ = "The error function, elementwise (scipy's ``erf``; NumPy has none)
 softplus.__doc__ = "``log(1 + exp(x))``, elementwise and stable (PyTorch's ``softplus``)."
 
 
-def _activation(fn):
+def _activation(fn) -> Callable[..., og.TensorOp]:
     def act(x, *args, **kwargs):
         return fn(_arg(x), *args, **kwargs)
     act.__name__ = act.__qualname__ = fn.__name__
     act.__doc__ = fn.__doc__
+    # ``fn``'s signature, its first argument any NumPy-family operand.
+    sig = inspect.signature(fn)
+    first, *rest = sig.parameters.values()
+    act.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[first.replace(annotation=ArrayLike)] + rest)
     return act
 
 
@@ -327,23 +356,25 @@ silu = _activation(nn_ops.silu)
 hard_sigmoid = _activation(nn_ops.hard_sigmoid)
 
 
-def round_to_format(x, fmt, saturate=True, round_mode="up"):
+def round_to_format(x: ArrayLike, fmt: str, saturate: bool = True,
+                    round_mode: str = "up") -> og.TensorOp:
     """``x`` rounded elementwise to a narrow number format (bfloat16, float8, float4,
     E8M0, int4 / int2 ...) and held in ``x``'s dtype ("fake quantization"); the gradient
-    passes straight through. See :func:`geon.op_graph.formats.round_to_format`."""
+    passes straight through. See ``geon.round_to_format``."""
     from geon.op_graph.formats import round_to_format as rtf
     return rtf(_arg(x) if not isinstance(x, numbers.Number) else constant(x), fmt,
                saturate=saturate, round_mode=round_mode)
 
 
-def where(condition, x, y):
+def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> og.TensorOp:
     """NumPy's ``where(condition, x, y)``: ``x`` where ``condition`` is nonzero, else
     ``y`` (all three broadcast together). Derivatives flow to the branch taken."""
     args = [_arg(condition), _arg(x), _arg(y)]
     return Select(*args, **_numpy_kwargs(Select, args))
 
 
-def clip(a, a_min, a_max):
+def clip(a: ArrayLike, a_min: Optional[ArrayLike],
+         a_max: Optional[ArrayLike]) -> og.TensorOp:
     """NumPy's ``clip``: ``minimum(maximum(a, a_min), a_max)`` (either bound may be
     ``None``)."""
     if a_min is None and a_max is None:
@@ -384,30 +415,33 @@ def _sum_dtype(x, fn):
         return fn(np.ones(1, x.dtype)).dtype
 
 
-def sum(a, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+def sum(a: ArrayLike, axis: AxisArg = None,  # noqa: A001 - NumPy's name
+        keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``sum`` over ``axis`` (an int, a tuple, or ``None`` for every positional
     dimension); small integer and bool inputs sum in int64 as in NumPy."""
     x = _tensor(a, "sum")
     return _reduce(og.Sum, x, axis, keepdims, "sum", _sum_dtype(x, np.sum))
 
 
-def prod(a, axis=None, keepdims=False):
+def prod(a: ArrayLike, axis: AxisArg = None, keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``prod`` (see :func:`sum` for ``axis``)."""
     x = _tensor(a, "prod")
     return _reduce(og.Prod, x, axis, keepdims, "prod", _sum_dtype(x, np.prod))
 
 
-def max(a, axis=None, keepdims=False):  # noqa: A001
+def max(a: ArrayLike, axis: AxisArg = None,  # noqa: A001
+        keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``max`` (``amax``)."""
     return _reduce(og.Max, a, axis, keepdims, "max")
 
 
-def min(a, axis=None, keepdims=False):  # noqa: A001
+def min(a: ArrayLike, axis: AxisArg = None,  # noqa: A001
+        keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``min`` (``amin``)."""
     return _reduce(og.Min, a, axis, keepdims, "min")
 
 
-def mean(a, axis=None, keepdims=False):
+def mean(a: ArrayLike, axis: AxisArg = None, keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``mean``: the sum divided by the number of elements reduced (float64 for
     integer inputs)."""
     x = _tensor(a, "mean")
@@ -433,7 +467,8 @@ def _arg_reduce(cls, a, axis, keepdims, what):
     return expand_dims(r, i)
 
 
-def logsumexp(a, axis=None, keepdims=False):
+def logsumexp(a: ArrayLike, axis: AxisArg = None,
+              keepdims: bool = False) -> og.TensorOp:
     """``log(sum(exp(a), axis))`` without overflow (scipy's and PyTorch's
     ``logsumexp``): ``m + log(sum(exp(a - m)))`` with ``m`` the maximum, through which
     no derivative flows (the value does not depend on it)."""
@@ -443,7 +478,7 @@ def logsumexp(a, axis=None, keepdims=False):
     return r + (m if keepdims else reshape(m, shape(r)))
 
 
-def log_softmax(x, axis=-1):
+def log_softmax(x: ArrayLike, axis: int = -1) -> og.TensorOp:
     """``x - logsumexp(x, axis, keepdims=True)`` (PyTorch's ``log_softmax``; exact for
     any logits)."""
     x = _tensor(x, "log_softmax")
@@ -452,20 +487,22 @@ def log_softmax(x, axis=-1):
     return shifted - log(sum(exp(shifted), axis, keepdims=True))
 
 
-def argmax(a, axis=None, keepdims=False):
+def argmax(a: ArrayLike, axis: Optional[int] = None,
+           keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``argmax``: with ``axis=None`` the index into the flattened array
     (row-major), else the index along ``axis`` (int64)."""
     return _arg_reduce(og.ArgMax, a, axis, keepdims, "argmax")
 
 
-def argmin(a, axis=None, keepdims=False):
+def argmin(a: ArrayLike, axis: Optional[int] = None,
+           keepdims: bool = False) -> og.TensorOp:
     """NumPy's ``argmin`` (see :func:`argmax`)."""
     return _arg_reduce(og.ArgMin, a, axis, keepdims, "argmin")
 
 
 # --- products -------------------------------------------------------------------------------
 
-def dot(a, b):
+def dot(a: ArrayLike, b: ArrayLike) -> og.TensorOp:
     """NumPy's ``dot``: for 1-D and 2-D operands the inner / matrix product; for N-D
     operands the sum over the last axis of ``a`` and the second-to-last of ``b``
     (``dot(a, b)[i, j, k, m] = sum(a[i, j, :] * b[k, :, m])``); a 0-d operand
@@ -501,7 +538,7 @@ def dot(a, b):
     return _front(og.Dot(a2, b2))
 
 
-def matmul(a, b):
+def matmul(a: ArrayLike, b: ArrayLike) -> og.TensorOp:
     """NumPy's ``matmul`` (``a @ b``): matrix products over the last two dimensions,
     broadcasting the others; a 1-D operand is a row (``a``) or column (``b``) vector
     whose unit dimension is removed from the result."""
@@ -535,7 +572,7 @@ def matmul(a, b):
 
 # --- shapes ---------------------------------------------------------------------------------
 
-def reshape(a, newshape):
+def reshape(a: ArrayLike, newshape: Any) -> og.TensorOp:
     """NumPy's ``reshape`` (row-major; one dimension may be -1)."""
     x = _front(_tensor(a, "reshape"))
     pos = positional_shape(x)
@@ -567,12 +604,12 @@ def reshape(a, newshape):
     return pr.Reshape(x, _with_pos(x, newshape))
 
 
-def ravel(a):
+def ravel(a: ArrayLike) -> og.TensorOp:
     """NumPy's ``ravel``: the elements in row-major order, 1-D."""
     return reshape(a, -1)
 
 
-def transpose(a, axes=None):
+def transpose(a: ArrayLike, axes: Optional[Sequence[int]] = None) -> og.TensorOp:
     """NumPy's ``transpose``: the dimensions permuted (reversed by default)."""
     x = _front(_tensor(a, "transpose"))
     special, pos = split_axes(x)
@@ -580,7 +617,7 @@ def transpose(a, axes=None):
     perm = list(range(n))[::-1] if axes is None else \
         [_normalize_axis(p, n, "transpose") for p in axes]
     if sorted(perm) != list(range(n)):
-        raise ArgumentError(f"transpose: axes {tuple(axes)} don't match array")
+        raise ArgumentError(f"transpose: axes {axes} don't match array")
     if perm == list(range(n)):
         return x
     # Rename first (a view of x as it is), then reorder: source dimension perm[i] gets
@@ -591,7 +628,7 @@ def transpose(a, axes=None):
     return og.AxesWithOrder(y, Axes(target))
 
 
-def swapaxes(a, axis1, axis2):
+def swapaxes(a: ArrayLike, axis1: int, axis2: int) -> og.TensorOp:
     """NumPy's ``swapaxes``."""
     n = ndim(a)
     i, j = _normalize_axis(axis1, n, "swapaxes"), _normalize_axis(axis2, n, "swapaxes")
@@ -600,7 +637,7 @@ def swapaxes(a, axis1, axis2):
     return transpose(a, perm)
 
 
-def expand_dims(a, axis):
+def expand_dims(a: ArrayLike, axis: Union[int, Sequence[int]]) -> og.TensorOp:
     """NumPy's ``expand_dims``: unit dimensions inserted at ``axis`` (an int or tuple,
     positions in the result)."""
     x = _tensor(a, "expand_dims")
@@ -612,7 +649,7 @@ def expand_dims(a, axis):
     return reshape(x, tuple(1 if i in where_ else next(it) for i in range(n)))
 
 
-def squeeze(a, axis=None):
+def squeeze(a: ArrayLike, axis: AxisArg = None) -> og.TensorOp:
     """NumPy's ``squeeze``: unit dimensions removed (all of them, or those at
     ``axis``)."""
     x = _tensor(a, "squeeze")
@@ -627,7 +664,7 @@ def squeeze(a, axis=None):
     return reshape(x, tuple(n for i, n in enumerate(pos) if i not in drop))
 
 
-def broadcast_to(a, shape):
+def broadcast_to(a: ArrayLike, shape: Shape) -> og.TensorOp:
     """NumPy's ``broadcast_to``."""
     x = _front(_tensor(a, "broadcast_to"))
     shape = _shape(shape)
@@ -642,7 +679,7 @@ def broadcast_to(a, shape):
     return y if y.axes.names == out.names else og.Broadcast(y, out)
 
 
-def concatenate(arrays, axis=0):
+def concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> og.TensorOp:
     """NumPy's ``concatenate``: each array written into its part of the result (an
     ``Unslice``) and the parts added."""
     xs = [_front(_tensor(x, "concatenate")) for x in arrays]
@@ -675,13 +712,13 @@ def concatenate(arrays, axis=0):
         key[len(special) + ax] = slice(offset, offset + s[ax])
         offset += s[ax]
         parts.append(pr.Unslice(x, out, key))
-    r = parts[0]
+    r: og.TensorOp = parts[0]
     for p in parts[1:]:
         r = og.Add(r, p)
     return r
 
 
-def stack(arrays, axis=0):
+def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> og.TensorOp:
     """NumPy's ``stack``: arrays of one shape joined along a new dimension."""
     xs = [_tensor(x, "stack") for x in arrays]
     if not xs:
@@ -694,7 +731,7 @@ def stack(arrays, axis=0):
     return concatenate([expand_dims(x, ax) for x in xs], axis=ax)
 
 
-def tile(A, reps):
+def tile(A: ArrayLike, reps: Any) -> og.TensorOp:
     """NumPy's ``tile``: ``A`` repeated ``reps[i]`` times along dimension ``i`` (with
     ``reps`` or the shape padded with leading 1s to the same length)."""
     x = _tensor(A, "tile")
@@ -711,7 +748,8 @@ def tile(A, reps):
     return reshape(wide, tuple(s * r for s, r in zip(shape, reps)))
 
 
-def pad(array, pad_width, mode="constant", constant_values=0):
+def pad(array: ArrayLike, pad_width: Any, mode: str = "constant",
+        constant_values: Union[int, float] = 0) -> og.TensorOp:
     """NumPy's ``pad`` for ``mode`` ``"constant"`` (one ``constant_values`` number),
     ``"reflect"`` and ``"edge"``. ``pad_width`` is an int, ``(before, after)`` or one
     pair per dimension. Unlike NumPy, ``reflect`` needs each count below the dimension's
@@ -737,7 +775,7 @@ def pad(array, pad_width, mode="constant", constant_values=0):
     return r
 
 
-def take(a, indices, axis=None):
+def take(a: ArrayLike, indices: ArrayLike, axis: Optional[int] = None) -> og.TensorOp:
     """NumPy's ``take``: the entries of ``a`` at the integer ``indices`` (a tensor or an
     array-like) along ``axis`` (``None``: of the flattened ``a``); the result has shape
     ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``. Negative indices count from
@@ -769,27 +807,27 @@ def _along(a, axis, what):
     return x, pos[_normalize_axis(axis, len(pos), what)]
 
 
-def cumsum(a, axis=None):
+def cumsum(a: ArrayLike, axis: Optional[int] = None) -> og.TensorOp:
     """NumPy's ``cumsum`` (running sums along ``axis``; ``None``: of the flattened
     ``a``). The result keeps ``a``'s dtype."""
     x, ax = _along(a, axis, "cumsum")
     return nn_ops.CumSum(x, ax)
 
 
-def sort(a, axis=-1):
+def sort(a: ArrayLike, axis: int = -1) -> og.TensorOp:
     """NumPy's ``sort`` (stable, ascending; ``axis=None`` sorts the flattened ``a``).
     Differentiable: the derivative moves back to where each value came from."""
     x, ax = _along(a, axis, "sort")
     return nn_ops.Sort(x, ax).outputs[0]
 
 
-def argsort(a, axis=-1):
+def argsort(a: ArrayLike, axis: int = -1) -> og.TensorOp:
     """NumPy's ``argsort`` with ``kind="stable"`` (int64)."""
     x, ax = _along(a, axis, "argsort")
     return nn_ops.Sort(x, ax).outputs[1]
 
 
-def topk(a, k, axis=-1):
+def topk(a: ArrayLike, k: int, axis: int = -1) -> tuple[og.TensorOp, ...]:
     """PyTorch's ``topk``: ``(values, indices)`` of the ``k`` largest entries along
     ``axis``, largest first (ties: the earlier position first)."""
     x, ax = _along(a, axis, "topk")
@@ -908,28 +946,33 @@ from geon.op_graph.np_conv import (avg_pool, conv, conv_transpose,  # noqa: E402
 from geon.op_graph import random as _rnd  # noqa: E402
 
 
-def uniform(size=(), low=0.0, high=1.0, seed=0, stream=None, dtype=None):
+def uniform(size: Shape = (), low: float = 0.0, high: float = 1.0, seed: int = 0,
+            stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """Numbers uniform in ``[low, high)`` of shape ``size`` (float32 unless ``dtype``),
     new ones each call (see :func:`geon.uniform`)."""
     return _rnd.uniform(canonical_axes(_shape(size)), low, high, seed, stream, dtype)
 
 
-def normal(size=(), loc=0.0, scale=1.0, seed=0, stream=None, dtype=None):
+def normal(size: Shape = (), loc: float = 0.0, scale: float = 1.0, seed: int = 0,
+           stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """Normal numbers with mean ``loc`` and standard deviation ``scale`` of shape
     ``size`` (see :func:`geon.normal`)."""
     return _rnd.normal(canonical_axes(_shape(size)), loc, scale, seed, stream, dtype)
 
 
-def bernoulli(p, size=None, seed=0, stream=None, dtype=None):
+def bernoulli(p: ArrayLike, size: Optional[Shape] = None, seed: int = 0,
+              stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """1.0 with probability ``p`` (a number, or a tensor whose shape is the result's
     when ``size`` is not given), else 0.0 (see :func:`geon.bernoulli`)."""
     if isinstance(p, og.Op):
         p = _tensor(p, "bernoulli")
     axes = None if size is None else canonical_axes(_shape(size))
-    return _rnd.bernoulli(p, axes=axes, seed=seed, stream=stream, dtype=dtype)
+    return _rnd.bernoulli(p, axes=axes, seed=seed,  # type: ignore[arg-type]  # arrays too
+                          stream=stream, dtype=dtype)
 
 
-def dropout(x, rate, seed=0, stream=None, training=True):
+def dropout(x: ArrayLike, rate: float, seed: int = 0, stream: Optional[int] = None,
+            training: bool = True) -> og.TensorOp:
     """Inverted dropout of ``x`` (see :func:`geon.dropout`)."""
     return _rnd.dropout(_tensor(x, "dropout"), rate, seed, stream, training)
 
@@ -937,7 +980,9 @@ def dropout(x, rate, seed=0, stream=None, training=True):
 # Normalization with PyTorch's conventions (composites; see geon.op_graph.normalization).
 from geon.op_graph.normalization import stored as _stored  # noqa: E402
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+def layer_norm(x: ArrayLike, normalized_shape: Shape,
+               weight: Optional[ArrayLike] = None, bias: Optional[ArrayLike] = None,
+               eps: float = 1e-5) -> og.TensorOp:
     """Layer normalization over the trailing ``normalized_shape`` axes of ``x``, as
     ``torch.nn.functional.layer_norm``."""
     x = _tensor(x, "layer_norm")
@@ -957,8 +1002,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return y
 
 
-def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
-               momentum=0.1, eps=1e-5):
+def batch_norm(x: ArrayLike, running_mean: og.Variable, running_var: og.Variable,
+               weight: Optional[ArrayLike] = None, bias: Optional[ArrayLike] = None,
+               training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> tuple[og.TensorOp, list[og.SetItem]]:
     """Batch normalization of ``x`` shaped ``(N, C, *spatial)`` per channel, as
     ``torch.nn.functional.batch_norm``: returns ``(y, updates)``, ``updates`` the two
     assignments of the running statistics (Variables of shape ``(C,)``) in training

@@ -9,6 +9,7 @@ position, and lowering only ever produces them in forms where both readings agre
 import builtins
 import numbers
 import operator
+from typing import Any, Iterable, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -17,7 +18,8 @@ import inspect
 
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
                          GeonError, InvalidValueError, TruthValueError)
-from geon.op_graph.axes import Axes, Axis, FlattenedAxis, as_axes, check_lengths
+from geon.op_graph.axes import (Axes, AxesLike, Axis, FlattenedAxis, as_axes,
+                                check_lengths)
 from geon.op_graph.nodes import Node, OrderedSet, user_location
 
 DEFAULT_DTYPE = np.dtype(np.float32)
@@ -27,7 +29,10 @@ DEFAULT_DTYPE = np.dtype(np.float32)
 #: kwargs)``, run before an elementwise op is built), ``"dot"`` (``fn(a, b)``, checks the
 #: operands of a dot), and ``"getitem"``, ``"matmul"``, ``"transpose"`` (``x[key]``,
 #: ``x @ y`` and ``x.T`` of positional tensors).
-FAMILY_HOOKS = {}
+FAMILY_HOOKS: dict[str, Any] = {}
+#: What a ``dtype=`` argument accepts: anything :class:`numpy.dtype` takes (a name such
+#: as ``"float32"``, a NumPy scalar type), or ``None`` for the default.
+DTypeLike = Union[str, type, np.dtype, None]
 
 
 def _family_hook(name, what):
@@ -54,7 +59,13 @@ class _Invalid:
 Invalid = _Invalid()
 
 
-def snap(op):
+@overload
+def snap(op: "TensorOp") -> "TensorOp": ...
+@overload
+def snap(op: "Op") -> "Op": ...
+
+
+def snap(op: "Op") -> "Op":
     """Follow ``forward`` from ``op`` to the live op that now computes its value.
 
     If the chain ends in :data:`Invalid`, ``op`` itself is returned; asking a
@@ -92,19 +103,21 @@ class Op(Node):
     constructor and an attribute of the op holding that value, so that
     ``type(op)(*args, **op.attr_values(), name=..., tags=..., follows=...)`` builds an
     equivalent op. Equality (the CSE key), copying, printing and serialization are all
-    derived from it (:mod:`geon.op_graph.params`). Values are immutable and of the types
-    :mod:`geon.op_graph.serialize` encodes: ``None``, ``bool``, ``int``, ``float``,
+    derived from it (``geon.op_graph.params``). Values are immutable and of the types
+    ``geon.op_graph.serialize`` encodes: ``None``, ``bool``, ``int``, ``float``,
     ``complex``, ``str``, tuples of these, ``slice``, :class:`Axis`, :class:`Axes`,
     ``np.dtype`` and NumPy arrays. ``axes`` and ``dtype`` are listed where the caller
     chooses them (otherwise they are inferred from the args).
     """
 
-    attrs = ()
+    attrs: tuple[str, ...] = ()
     #: The number of args the op takes (``None``: any; checked when it is built).
-    arity = None
+    arity: Optional[int] = None
 
-    def __init__(self, *args, name=None, tags=None, initializers=None, follows=(),
-                 **unknown):
+    def __init__(self, *args: Any, name: Optional[str] = None,
+                 tags: Union[str, Iterable[str], None] = None,
+                 initializers: Optional[Iterable["Op"]] = None,
+                 follows: Iterable["Op"] = (), **unknown: Any) -> None:
         if unknown:
             raise _unknown_keywords(type(self).__name__, unknown, _accepted(type(self)))
         if self.arity is not None and len(args) != self.arity:
@@ -159,11 +172,11 @@ class Op(Node):
             f"(be.maximum(y, 0), y * (y > 0)); test whether a variable holds an op with "
             f"`x is not None`")
 
-    def attr_values(self):
+    def attr_values(self) -> dict[str, Any]:
         """``{name: value}`` of the op's static parameters (see ``attrs``)."""
         return {n: getattr(self, n) for n in self.attrs}
 
-    def variables(self):
+    def variables(self) -> list["Variable"]:
         """The trainable :class:`Variable` s this op's value depends on, in graph order."""
         return [op for op in toposort([self], deps=False)
                 if isinstance(op, Variable) and op.trainable]
@@ -182,7 +195,8 @@ class TensorOp(Op):
     Subclasses infer ``axes`` and ``dtype`` from their args unless given.
     """
 
-    def __init__(self, *args, axes=None, dtype=None, **kwargs):
+    def __init__(self, *args: Any, axes: Optional[AxesLike] = None,
+                 dtype: "DTypeLike" = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.axes = as_axes(axes) if axes is not None else self._infer_axes()
         self.dtype = np.dtype(dtype) if dtype is not None else self._infer_dtype()
@@ -215,11 +229,12 @@ class TensorOp(Op):
         return result_dtype(self.args)
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         """The row-major shape (lengths of ``axes``)."""
         return self.axes.shape
 
-    schema = None  # set by helpers such as softmax() whose result has a known structure
+    # Set by helpers such as softmax() whose result has a known structure.
+    schema: Any = None
     __array_ufunc__ = None  # ``array + op`` builds an op (NumPy defers to __radd__)
 
     # Magic methods build ops; ``==`` and ``!=`` stay identity so ops can live in sets.
@@ -247,8 +262,8 @@ class TensorOp(Op):
     def __rmatmul__(self, o): return _family_hook("matmul", "x @ y")(o, self)
 
     @property
-    def T(self):
-        """The axes in reverse order (a NumPy-family tensor: its transpose)."""
+    def T(self) -> "TensorOp":
+        """The axes in reverse order; for a NumPy-family tensor, its transpose."""
         hook = FAMILY_HOOKS.get("transpose")
         t = hook(self) if hook is not None else None
         if t is None:
@@ -256,11 +271,15 @@ class TensorOp(Op):
         return t
 
 
+#: A tensor operand: an op, or a Python or NumPy number (made a :class:`Constant`).
+TensorLike = Union[TensorOp, int, float, np.generic]
+
+
 class ComputationOp(TensorOp):
     """A tensor op that computes a new value from its args (not storage, not a view);
     its ``dtype`` may be chosen by the caller."""
 
-    attrs = ("dtype",)
+    attrs: tuple[str, ...] = ("dtype",)
 
 
 def result_dtype(args):
@@ -277,10 +296,10 @@ def result_dtype(args):
     return dt
 
 
-def as_op(value):
+def as_op(value: Any) -> "TensorOp":
     """Return ``value`` if it is an op; wrap numbers and arrays in a :class:`Constant`."""
     if isinstance(value, Op):
-        return value
+        return value  # type: ignore[return-value]  # a void op passes through too
     if isinstance(value, (numbers.Number, np.number, np.bool_)):
         return Constant(value)
     if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -451,11 +470,11 @@ class Placeholder(AssignableTensorOp):
     is_input = True
     attrs = ("axes", "dtype")
 
-    def __init__(self, axes, dtype=None, **kwargs):
+    def __init__(self, axes: AxesLike, dtype: DTypeLike = None, **kwargs: Any) -> None:
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.tags.add("in")
 
-    def as_feed(self, value):
+    def as_feed(self, value: Any) -> np.ndarray:
         """``value``, fed for this placeholder, as an array of its shape and dtype, or a
         :class:`FeedError` naming the placeholder and saying what was passed."""
         shape, dtype = self.axes.shape, self.dtype
@@ -485,7 +504,8 @@ def _short(value, limit=60):
 
 
 @keywords({"shape": "give axes= (be.Axis objects; be.np.placeholder takes a shape)"})
-def placeholder(axes, dtype=None, name=None, **kwargs):
+def placeholder(axes: AxesLike, dtype: DTypeLike = None, name: Optional[str] = None,
+                **kwargs: Any) -> Placeholder:
     """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32."""
     return Placeholder(axes, dtype=dtype, name=name, **kwargs)
 
@@ -504,8 +524,9 @@ class Variable(AssignableTensorOp):
 
     attrs = ("axes", "dtype", "initial_value", "trainable", "persistent")
 
-    def __init__(self, axes=None, initial_value=0, dtype=None, trainable=True,
-                 persistent=True, **kwargs):
+    def __init__(self, axes: Optional[AxesLike] = None, initial_value: Any = 0,
+                 dtype: DTypeLike = None, trainable: bool = True,
+                 persistent: bool = True, **kwargs: Any) -> None:
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.trainable = bool(trainable)
         self.persistent = bool(persistent)
@@ -522,7 +543,7 @@ class Variable(AssignableTensorOp):
                                     f"{arr.dtype} does not cast to {self.dtype}{self._where()}")
         self.initial_value = initial_value
 
-    def initial_array(self):
+    def initial_array(self) -> np.ndarray:
         """The initial value as an array of the variable's shape and dtype."""
         shape = self.axes.shape
         v = self.initial_value
@@ -548,7 +569,8 @@ class Constant(AssignableTensorOp):
     is_constant = True
     attrs = ("value", "axes", "dtype", "weak")
 
-    def __init__(self, value, axes=None, dtype=None, weak=False, **kwargs):
+    def __init__(self, value: Any, axes: Optional[AxesLike] = None,
+                 dtype: DTypeLike = None, weak: bool = False, **kwargs: Any) -> None:
         axes = as_axes(axes)
         arr = np.asarray(value)
         number = arr.ndim == 0 and isinstance(value, numbers.Number) and not isinstance(
@@ -569,7 +591,7 @@ class Constant(AssignableTensorOp):
         self._number = value
         self._adopt(self.dtype)
 
-    def attr_values(self):
+    def attr_values(self) -> dict[str, Any]:
         # A weak constant is rebuilt from its Python number (full precision, and int
         # or float decides promotion), not from the value it adopted.
         values = super().attr_values()
@@ -584,19 +606,20 @@ class Constant(AssignableTensorOp):
         self.value.setflags(write=False)
 
     @property
-    def scalar(self):
+    def scalar(self) -> Union[int, float, complex, bool, None]:
         """The fill value if the constant is one number everywhere, else ``None``."""
         if self.value.ndim == 0:
             return self.value[()]
         return None
 
-    def array(self):
+    def array(self) -> np.ndarray:
         """The constant's value with the full shape (a read-only broadcast view)."""
         return np.broadcast_to(self.value, self.axes.shape)
 
 
 @keywords({"shape": "give axes= (the shape follows them)"})
-def constant(value, axes=None, dtype=None, name=None):
+def constant(value: Any, axes: Optional[AxesLike] = None, dtype: DTypeLike = None,
+             name: Optional[str] = None) -> Constant:
     """Shorthand for :class:`Constant`."""
     return Constant(value, axes=axes, dtype=dtype, name=name)
 
@@ -610,12 +633,14 @@ class SetItem(VoidOp):
     assignments used as ``initializers``, which run only in ``initialize``).
     """
 
-    def __init__(self, tensor, value, sequence=True, **kwargs):
+    def __init__(self, tensor: TensorOp, value: TensorLike, sequence: bool = True,
+                 **kwargs: Any) -> None:
         if not isinstance(tensor, AssignableTensorOp) or tensor.is_constant:
             raise ArgumentError(f"SetItem needs a Variable or placeholder to assign to, not "
                                 f"{tensor!r}")
         super().__init__(tensor, value, **kwargs)
         value = self.args[1]
+        assert isinstance(value, TensorOp)
         extra = value.axes - tensor.axes
         if len(extra):
             raise AxisMismatchError(
@@ -628,11 +653,11 @@ class SetItem(VoidOp):
             tensor.user_deps = OrderedSet([self])
 
     @property
-    def tensor(self):
+    def tensor(self) -> TensorOp:
         return self.args[0]
 
 
-def value_of(tensor):
+def value_of(tensor: TensorOp) -> TensorOp:
     """The value stored in ``tensor`` (a Variable or placeholder), read without the
     ordering after earlier assignments that reading ``tensor`` itself gets.
 
@@ -798,33 +823,33 @@ class Softplus(UnaryElementWise):
     attrs = ()
 
 
-def add(a, b): return Add(a, b)
-def subtract(a, b): return Subtract(a, b)
-def multiply(a, b): return Multiply(a, b)
-def divide(a, b): return Divide(a, b)
-def power(a, b): return Power(a, b)
-def maximum(a, b): return Maximum(a, b)
-def minimum(a, b): return Minimum(a, b)
-def equal(a, b): return Equal(a, b)
-def not_equal(a, b): return NotEqual(a, b)
-def less(a, b): return Less(a, b)
-def less_equal(a, b): return LessEqual(a, b)
-def greater(a, b): return Greater(a, b)
-def greater_equal(a, b): return GreaterEqual(a, b)
-def negative(x): return Negative(x)
-def absolute(x): return Absolute(x)
-def sign(x): return Sign(x)
-def square(x): return Square(x)
-def sqrt(x): return Sqrt(x)
-def reciprocal(x): return Reciprocal(x)
-def exp(x): return Exp(x)
-def log(x): return Log(x)
-def sin(x): return Sin(x)
-def cos(x): return Cos(x)
-def tanh(x): return Tanh(x)
-def erf(x): return Erf(x)
-def expm1(x): return Expm1(x)
-def softplus(x): return Softplus(x)
+def add(a: TensorLike, b: TensorLike) -> TensorOp: return Add(a, b)
+def subtract(a: TensorLike, b: TensorLike) -> TensorOp: return Subtract(a, b)
+def multiply(a: TensorLike, b: TensorLike) -> TensorOp: return Multiply(a, b)
+def divide(a: TensorLike, b: TensorLike) -> TensorOp: return Divide(a, b)
+def power(a: TensorLike, b: TensorLike) -> TensorOp: return Power(a, b)
+def maximum(a: TensorLike, b: TensorLike) -> TensorOp: return Maximum(a, b)
+def minimum(a: TensorLike, b: TensorLike) -> TensorOp: return Minimum(a, b)
+def equal(a: TensorLike, b: TensorLike) -> TensorOp: return Equal(a, b)
+def not_equal(a: TensorLike, b: TensorLike) -> TensorOp: return NotEqual(a, b)
+def less(a: TensorLike, b: TensorLike) -> TensorOp: return Less(a, b)
+def less_equal(a: TensorLike, b: TensorLike) -> TensorOp: return LessEqual(a, b)
+def greater(a: TensorLike, b: TensorLike) -> TensorOp: return Greater(a, b)
+def greater_equal(a: TensorLike, b: TensorLike) -> TensorOp: return GreaterEqual(a, b)
+def negative(x: TensorLike) -> TensorOp: return Negative(x)
+def absolute(x: TensorLike) -> TensorOp: return Absolute(x)
+def sign(x: TensorLike) -> TensorOp: return Sign(x)
+def square(x: TensorLike) -> TensorOp: return Square(x)
+def sqrt(x: TensorLike) -> TensorOp: return Sqrt(x)
+def reciprocal(x: TensorLike) -> TensorOp: return Reciprocal(x)
+def exp(x: TensorLike) -> TensorOp: return Exp(x)
+def log(x: TensorLike) -> TensorOp: return Log(x)
+def sin(x: TensorLike) -> TensorOp: return Sin(x)
+def cos(x: TensorLike) -> TensorOp: return Cos(x)
+def tanh(x: TensorLike) -> TensorOp: return Tanh(x)
+def erf(x: TensorLike) -> TensorOp: return Erf(x)
+def expm1(x: TensorLike) -> TensorOp: return Expm1(x)
+def softplus(x: TensorLike) -> TensorOp: return Softplus(x)
 
 
 _ELEMENTWISE_HINTS = {
@@ -840,7 +865,7 @@ for _f in (add, subtract, multiply, divide, power, maximum, minimum, equal, not_
 
 
 @keywords()
-def sigmoid(x):
+def sigmoid(x: TensorLike) -> TensorOp:
     """The logistic function; the result carries a schema that
     :func:`cross_entropy_binary` uses to compute from the logits."""
     from geon.op_graph.schemas import SigmoidSchema
@@ -850,7 +875,7 @@ def sigmoid(x):
 
 
 @keywords()
-def safelog(x, limit=-50.0):
+def safelog(x: TensorLike, limit: float = -50.0) -> TensorOp:
     """``log(max(x, exp(limit)))``: a logarithm that never returns ``-inf``. Where
     ``exp(limit)`` is below the smallest normal number of ``x``'s dtype (float16), the
     floor is that number instead (``exp(-50)`` would round to 0 there)."""
@@ -885,8 +910,8 @@ class Dot(ComputationOp):
 
 
 @keywords(_DOT_HINTS)
-def dot(a, b, **kwargs):
-    """Contract ``a`` and ``b`` over their shared axes (see :class:`Dot`)."""
+def dot(a: TensorLike, b: TensorLike, **kwargs: Any) -> TensorOp:
+    """Contract ``a`` and ``b`` over their shared axes (see ``Dot``)."""
     return Dot(a, b, **kwargs)
 
 
@@ -957,57 +982,67 @@ class ArgMin(ArgMax):
 
 
 @keywords(_REDUCE_HINTS)
-def sum(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001 - the public name
-    """Sum (see :class:`Reduction` for the axes rule)."""
+def sum(x: TensorLike,  # noqa: A001 - the public name
+        reduction_axes: Optional[AxesLike] = None, out_axes: Optional[AxesLike] = None,
+        **kw: Any) -> TensorOp:
+    """Sum (see ``Reduction`` for the axes rule)."""
     return Sum(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def prod(x, reduction_axes=None, out_axes=None, **kw):
-    """Product (see :class:`Reduction`)."""
+def prod(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+         out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:
+    """Product (see ``Reduction``)."""
     return Prod(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def max(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
-    """Maximum (see :class:`Reduction`)."""
+def max(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+        out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:  # noqa: A001
+    """Maximum (see ``Reduction``)."""
     return Max(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def min(x, reduction_axes=None, out_axes=None, **kw):  # noqa: A001
-    """Minimum (see :class:`Reduction`)."""
+def min(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+        out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:  # noqa: A001
+    """Minimum (see ``Reduction``)."""
     return Min(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def argmax(x, reduction_axes=None, out_axes=None, **kw):
-    """Index of the maximum (see :class:`Reduction`)."""
+def argmax(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+           out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:
+    """Index of the maximum (see ``Reduction``)."""
     return ArgMax(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def argmin(x, reduction_axes=None, out_axes=None, **kw):
-    """Index of the minimum (see :class:`Reduction`)."""
+def argmin(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+           out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:
+    """Index of the minimum (see ``Reduction``)."""
     return ArgMin(x, reduction_axes, out_axes, **kw)
 
 
 @keywords(_REDUCE_HINTS)
-def tensor_size(x, reduction_axes=None, out_axes=None):
+def tensor_size(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+                out_axes: Optional[AxesLike] = None) -> TensorOp:
     """The number of elements a reduction of ``x`` with these axes combines, as an op."""
     return TensorSize(x, reduction_axes, out_axes)
 
 
 @keywords(_REDUCE_HINTS)
-def mean(x, reduction_axes=None, out_axes=None, **kw):
-    """Mean (see :class:`Reduction`)."""
+def mean(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+         out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:
+    """Mean (see ``Reduction``)."""
     s = Sum(x, reduction_axes, out_axes)
     return Divide(s, TensorSize(x, s.reduction_axes, None), **kw)  # kw name the mean
 
 
 @keywords(_REDUCE_HINTS)
-def variance(x, reduction_axes=None, out_axes=None, **kw):
-    """Population variance, ``mean((x - mean(x))**2)`` (see :class:`Reduction`)."""
+def variance(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+             out_axes: Optional[AxesLike] = None, **kw: Any) -> TensorOp:
+    """Population variance, ``mean((x - mean(x))**2)`` (see ``Reduction``)."""
     m = mean(x, reduction_axes, out_axes)
     d = x - m
     return mean(d * d, m.args[0].reduction_axes, m.axes, **kw)
@@ -1049,7 +1084,7 @@ class Broadcast(TensorOp):
 
 
 @keywords()
-def broadcast(x, axes):
+def broadcast(x: TensorLike, axes: AxesLike) -> TensorOp:
     """Repeat ``x`` along the axes of ``axes`` it lacks, in the order ``axes`` gives."""
     return Broadcast(x, axes)
 
@@ -1070,7 +1105,7 @@ class AxesWithOrder(TensorOp):
 
 
 @keywords()
-def axes_with_order(x, axes):
+def axes_with_order(x: TensorLike, axes: AxesLike) -> TensorOp:
     """Reorder the axes of ``x`` (the same set of axes in a new order)."""
     return AxesWithOrder(x, axes)
 
@@ -1093,7 +1128,7 @@ class CastAxes(TensorOp):
 
 
 @keywords()
-def cast_axes(x, axes):
+def cast_axes(x: TensorLike, axes: AxesLike) -> TensorOp:
     """Give the axes of ``x`` new names (``axes`` position by position)."""
     return CastAxes(x, axes)
 
@@ -1118,7 +1153,7 @@ class Flatten(TensorOp):
 
 
 @keywords()
-def flatten(x, groups=None):
+def flatten(x: TensorLike, groups: Optional[Sequence[AxesLike]] = None) -> TensorOp:
     """Merge axes of ``x``. ``groups`` lists, in order, Axes (merged into one
     :class:`FlattenedAxis`) or single axes; by default all axes become one."""
     x = as_op(x)
@@ -1148,7 +1183,7 @@ class Unflatten(TensorOp):
 
 
 @keywords()
-def unflatten(x):
+def unflatten(x: TensorLike) -> TensorOp:
     """Split every flattened axis of ``x`` back into its parts."""
     return Unflatten(x)
 
@@ -1199,8 +1234,9 @@ class Slice(TensorOp):
 
 
 @keywords()
-def slice_along_axis(x, axis, key, new_axis=None):
-    """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see :class:`Slice`)."""
+def slice_along_axis(x: TensorLike, axis: Axis, key: Union[int, slice],
+                     new_axis: Optional[Axis] = None) -> TensorOp:
+    """Take ``key`` (a slice or an int) of ``x`` along ``axis`` (see ``Slice``)."""
     return Slice(x, axis, key, new_axis)
 
 
@@ -1221,7 +1257,7 @@ class OneHot(TensorOp):
 
 
 @keywords()
-def one_hot(x, axis, dtype=None):
+def one_hot(x: TensorLike, axis: Axis, dtype: DTypeLike = None) -> TensorOp:
     """One-hot encode integer labels ``x`` along the new axis ``axis`` (first)."""
     return OneHot(x, axis, dtype=dtype)
 
@@ -1239,7 +1275,7 @@ class StopGradient(TensorOp):
 
 
 @keywords()
-def stop_gradient(x):
+def stop_gradient(x: TensorLike) -> TensorOp:
     """``x``'s value, treated as a constant by :func:`deriv`."""
     return StopGradient(x)
 
@@ -1254,7 +1290,7 @@ class MultiOutput(Op):
     ``[(axes, dtype), ...]``.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.outputs = tuple(Output(self, i, axes=axes, dtype=dtype)
                              for i, (axes, dtype) in enumerate(self._output_types()))
@@ -1268,12 +1304,13 @@ class Output(TensorOp):
 
     attrs = ("index", "axes", "dtype")
 
-    def __init__(self, op, index, axes, dtype, **kwargs):
+    def __init__(self, op: MultiOutput, index: int, axes: AxesLike, dtype: DTypeLike,
+                 **kwargs: Any) -> None:
         self.index = index
         super().__init__(op, axes=axes, dtype=dtype, **kwargs)
 
     @property
-    def source(self):
+    def source(self) -> MultiOutput:
         return self.args[0]
 
 
@@ -1314,9 +1351,10 @@ class Split(MultiOutput):
 
 
 @keywords()
-def split(x, axis, parts):
+def split(x: TensorLike, axis: Axis,
+          parts: Union[int, Sequence[int]]) -> tuple[TensorOp, ...]:
     """Cut ``x`` along ``axis`` into ``parts`` equal parts (an int) or parts of the given
-    lengths (a list); returns a tuple of tensors (one :class:`Split` op computes them)."""
+    lengths (a list); returns a tuple of tensors (one ``Split`` op computes them)."""
     x = as_op(x)
     n = x.axes[x.axes.index(axis)].length
     if isinstance(parts, int):
@@ -1329,7 +1367,7 @@ def split(x, axis, parts):
 
 class MaxArgMax(MultiOutput):
     """The maximum over the reduction axes and where it is (row-major index over them),
-    from one pass over ``x`` (see :class:`Reduction` for the axes rule)."""
+    from one pass over ``x`` (see ``Reduction`` for the axes rule)."""
 
     attrs = ("reduction_axes", "out_axes")
 
@@ -1344,6 +1382,7 @@ class MaxArgMax(MultiOutput):
 
 
 @keywords(_REDUCE_HINTS)
-def max_argmax(x, reduction_axes=None, out_axes=None):
+def max_argmax(x: TensorLike, reduction_axes: Optional[AxesLike] = None,
+               out_axes: Optional[AxesLike] = None) -> tuple[TensorOp, ...]:
     """``(max, argmax)`` of ``x`` over the reduction axes, computed together."""
     return MaxArgMax(x, reduction_axes, out_axes).outputs

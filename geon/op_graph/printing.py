@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any, Sequence, Union
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
@@ -123,7 +124,8 @@ def op_line(op, labels=None, full_paths=False, lowered=False):
     return line
 
 
-def graph_text(ops, full_paths=False, lowered=False):
+def graph_text(ops: Union[og.Op, Sequence[og.Op]], full_paths: bool = False,
+               lowered: bool = False) -> str:
     """The graph that ``ops`` (an op or a list) need, one line per op (see the module
     docstring), args first; ``full_paths`` prints whole file names, not base names.
 
@@ -148,10 +150,11 @@ def dump(ops, title="graph", file=None):
     print(f"# {title}\n{graph_text(ops, lowered=True)}", end="", file=file)
 
 
-def graph_after(ops, pass_name, transformer=None):
+def graph_after(ops: Union[og.Op, Sequence[og.Op]], pass_name: str,
+                transformer: Any = None) -> str:
     """The text of the graph of ``ops`` after the transformer's pass ``pass_name``.
 
-    Works on a copy (:func:`~geon.op_graph.params.clone_graph`): ``ops`` are not
+    Works on a copy (``clone_graph``): ``ops`` are not
     transformed. ``transformer`` is a transformer instance (default: a new ``"numpy"``
     transformer from :func:`geon.make_transformer`); its disabled passes are skipped as
     in a real computation.
@@ -183,13 +186,14 @@ def _shape(op):
     return "box"
 
 
-def graph_dot(ops, full_paths=False, name="geon", lowered=False):
+def graph_dot(ops: Union[og.Op, Sequence[og.Op]], full_paths: bool = False,
+              name: str = "geon", lowered: bool = False) -> str:
     """The graph of ``ops`` in graphviz's DOT language.
 
     Each op is a node labelled with its name, type, attributes, axes and dtype, and
     source location; an edge runs from each arg to its user (labelled with the arg's
     position when there are several) and a dashed edge from each other_dep. Render it
-    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or :func:`render_dot`. As
+    with graphviz (``dot -Tsvg graph.dot -o graph.svg``) or ``render_dot``. As
     :func:`graph_text`, it shows the ops as built unless ``lowered=True``.
     """
     results = og.as_op_list(ops, "ops")[0]

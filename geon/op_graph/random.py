@@ -28,13 +28,14 @@ uniform elements (``2i`` and ``2i + 1``) and returns ``sqrt(-2 log u1) cos(2 pi 
 import itertools
 import math
 import numbers
+from typing import Optional
 
 import numpy as np
 
 from geon.errors import ArgumentError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
-from geon.op_graph.axes import as_axes
+from geon.op_graph.axes import AxesLike, as_axes
 from geon.op_graph.ordering import PART_OF_READER
 
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -165,7 +166,8 @@ def random(axes, distribution="uniform", seed=0, stream=None, dtype=None):
                   stream=stream)
 
 
-def uniform(axes, low=0.0, high=1.0, seed=0, stream=None, dtype=None):
+def uniform(axes: AxesLike, low: float = 0.0, high: float = 1.0, seed: int = 0,
+            stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """Numbers uniform in ``[low, high)`` with ``axes`` (float32 unless ``dtype``)."""
     u = random(axes, "uniform", seed, stream, dtype)
     if (low, high) == (0.0, 1.0):
@@ -173,7 +175,8 @@ def uniform(axes, low=0.0, high=1.0, seed=0, stream=None, dtype=None):
     return u * (high - low) + low
 
 
-def normal(axes, mean=0.0, std=1.0, seed=0, stream=None, dtype=None):
+def normal(axes: AxesLike, mean: float = 0.0, std: float = 1.0, seed: int = 0,
+           stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """Normal numbers with ``mean`` and standard deviation ``std`` with ``axes``."""
     z = random(axes, "normal", seed, stream, dtype)
     if (mean, std) == (0.0, 1.0):
@@ -181,7 +184,8 @@ def normal(axes, mean=0.0, std=1.0, seed=0, stream=None, dtype=None):
     return z * std + mean
 
 
-def bernoulli(p, axes=None, seed=0, stream=None, dtype=None):
+def bernoulli(p: og.TensorLike, axes: Optional[AxesLike] = None, seed: int = 0,
+              stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
     """1.0 with probability ``p`` (a number or an op, broadcast by axis name) and 0.0
     otherwise, with ``axes`` (default: ``p``'s axes)."""
     if axes is None:
@@ -195,7 +199,8 @@ def bernoulli(p, axes=None, seed=0, stream=None, dtype=None):
     return og.Less(u, p, dtype=u.dtype)
 
 
-def dropout(x, rate, seed=0, stream=None, training=True):
+def dropout(x: og.TensorOp, rate: float, seed: int = 0, stream: Optional[int] = None,
+            training: bool = True) -> og.TensorOp:
     """Inverted dropout: each element of ``x`` kept with probability ``1 - rate`` and
     scaled by ``1 / (1 - rate)``, else 0. ``training=False`` returns ``x``. The mask is
     one op, used by the value and by its derivative."""

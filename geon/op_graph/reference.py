@@ -6,6 +6,8 @@ GPU results are tested against, and as the constant folder of the simplification
 It favours clarity over speed.
 """
 
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Union
+
 import numpy as np
 
 from geon.errors import FeedError, GeonError
@@ -63,7 +65,7 @@ def sigmoid_ce(x, t):
     return np.log1p(np.exp(-ax)) + part
 
 
-ELEMENTWISE_FUNCS = dict(NP_UFUNCS)
+ELEMENTWISE_FUNCS: dict[Any, Callable[..., Any]] = dict(NP_UFUNCS)
 ELEMENTWISE_FUNCS[og.Sigmoid] = _sigmoid
 ELEMENTWISE_FUNCS[sc.SigmoidCrossEntropy] = sigmoid_ce
 ELEMENTWISE_FUNCS[og.Erf] = special.erf
@@ -291,7 +293,9 @@ def _output(op, values):
     return np.asarray(values[op.index]).astype(op.dtype)
 
 
-def evaluate(results, feeds=None, state=None):
+def evaluate(results: Union[og.Op, Sequence[og.Op]],
+             feeds: Optional[Mapping[og.Op, Any]] = None,
+             state: Optional[MutableMapping[og.Op, Any]] = None) -> Any:
     """Evaluate ``results`` (an op or a list of ops) directly with NumPy.
 
     ``feeds`` maps placeholders to arrays; ``state`` maps Variables to arrays and is
@@ -302,7 +306,7 @@ def evaluate(results, feeds=None, state=None):
     ops = [og.snap(r) for r in ops]
     feeds = dict(feeds or {})
     state = state if state is not None else {}
-    values = {}
+    values: dict[Any, Any] = {}
 
     def value(op):
         if isinstance(op, og.Placeholder):

@@ -56,6 +56,8 @@ lowered graphs it ran, views included, placeholders, variables and constants not
 import collections
 import hashlib
 import weakref
+import os
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -105,20 +107,22 @@ class Runner:
             ones are dropped; the variables' state stays).
     """
 
-    def __init__(self, transformer=None, max_computations=64):
+    def __init__(self, transformer: Any = None, max_computations: int = 64) -> None:
         if transformer is None:
             transformer = make_transformer("numpy")
         self.transformer = transformer
         self.max_computations = max_computations
-        self._computations = collections.OrderedDict()
-        self._memo = weakref.WeakKeyDictionary()      # op -> (inputs signature, array)
-        self._versions = weakref.WeakKeyDictionary()  # Variable -> int
+        self._computations: collections.OrderedDict = collections.OrderedDict()
+        # op -> (inputs signature, array)
+        self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Variable -> int
+        self._versions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.primitives_executed = 0
         self.last_primitives = 0
         self.computations_built = 0
 
     # --- state -------------------------------------------------------------------------
-    def invalidate(self, variables=None):
+    def invalidate(self, variables: Optional[Iterable[og.Variable]] = None) -> None:
         """Forget remembered values that depend on ``variables`` (default: forget all).
         Call it after writing into the variables' storage directly."""
         if variables is None:
@@ -127,24 +131,24 @@ class Runner:
         for v in ([variables] if isinstance(variables, og.Op) else variables):
             self._versions[v] = self._versions.get(v, 0) + 1
 
-    def initialize(self, force=False):
+    def initialize(self, force: bool = False) -> None:
         """Initialize the variables of the computations built so far (all of them again
         if ``force``, which forgets every remembered value)."""
         self.transformer.initialize(force=force)
         if force:
             self.invalidate()
 
-    def save(self, path):
+    def save(self, path: Union[str, os.PathLike]) -> None:
         """Save the variables (see :meth:`Transformer.save`)."""
         self.transformer.save(path)
 
-    def restore(self, path):
+    def restore(self, path: Union[str, os.PathLike]) -> None:
         """Restore the variables (see :meth:`Transformer.restore`); forgets every
         remembered value."""
         self.transformer.restore(path)
         self.invalidate()
 
-    def clear(self):
+    def clear(self) -> None:
         """Drop the compiled computations and the remembered values (the variables keep
         their state)."""
         for entry in list(self._computations.values()):
@@ -159,7 +163,7 @@ class Runner:
         t.computations = [c for c in t.computations if c is not entry.computation]
 
     # --- running -------------------------------------------------------------------------
-    def run(self, targets, feeds=None):
+    def run(self, targets: Any, feeds: Optional[Mapping[og.Op, Any]] = None) -> Any:
         """Compute ``targets`` (an op, or a list or tuple of ops) from ``feeds``
         (``{placeholder: array}``, one for every placeholder the targets need).
 
@@ -172,7 +176,7 @@ class Runner:
         arrays = self._feeds(feeds, order)
         sig = _Signatures(order, arrays, self._version)
 
-        values = [None] * len(live)
+        values: list[Any] = [None] * len(live)
         compute = []
         for i, op in enumerate(live):
             hit = self._lookup(op, sig)
@@ -345,10 +349,10 @@ def default_runner():
     return _default
 
 
-def run(targets, feeds=None):
+def run(targets: Any, feeds: Optional[Mapping[og.Op, Any]] = None) -> Any:
     """Compute ``targets`` (an op or a list of ops) with the default :class:`Runner`,
     feeding ``feeds`` (``{placeholder: array}``). Values whose inputs did not change
     since an earlier call that returned them are reused, not recomputed (see
-    :mod:`geon.op_graph.run` for exactly which changes invalidate what). Variables keep
+    ``geon.op_graph.run`` for exactly which changes invalidate what). Variables keep
     their values between calls, in the default runner's transformer."""
     return default_runner().run(targets, feeds)

@@ -1,7 +1,7 @@
 """Schemas: structure attached to an op so that later ops can compute stably.
 
 ``softmax`` returns a :class:`~geon.op_graph.op_graph.Divide` op carrying a
-:class:`SoftmaxSchema`; ``cross_entropy_multi`` recognises it and works from the shifted
+``SoftmaxSchema``; ``cross_entropy_multi`` recognises it and works from the shifted
 logits and their log-sum-exp instead of taking the log of a rounded probability.
 ``sigmoid`` results carry a :class:`SigmoidSchema`, used by ``cross_entropy_binary``.
 
@@ -11,9 +11,12 @@ ops among them are references), so it is copied and serialized generically, and
 read from a document or copied keeps a schema only where it matches.
 """
 
+from typing import Optional
+
 import numpy as np
 
-from geon.op_graph.axes import as_axes
+from geon.op_graph import op_graph as og
+from geon.op_graph.axes import AxesLike, as_axes
 from geon.op_graph.op_graph import (BinaryElementWise, Constant, Divide, Exp, Log, Maximum,
                                     Sigmoid, Subtract, Sum, as_op, keywords, max, safelog,
                                     stop_gradient, sum)
@@ -65,11 +68,12 @@ SCHEMAS = {cls.kind: cls for cls in (SoftmaxSchema, SigmoidSchema)}
 
 
 @keywords(_AXES_HINT)
-def softmax(x, normalization_axes=None):
+def softmax(x: og.TensorLike,
+            normalization_axes: Optional[AxesLike] = None) -> og.TensorOp:
     """Softmax over ``normalization_axes`` (default: all but batch and recurrent axes).
 
     Computed from ``x - max(x)`` so it never overflows; the result is a division op
-    with a :class:`SoftmaxSchema`.
+    with a ``SoftmaxSchema``.
     """
     x = as_op(x)
     red = as_axes(normalization_axes) if normalization_axes is not None \
@@ -85,7 +89,8 @@ def softmax(x, normalization_axes=None):
 
 
 @keywords(_OUT_HINT)
-def cross_entropy_multi(y, t, usebits=False, out_axes=None):
+def cross_entropy_multi(y: og.TensorOp, t: og.TensorLike, usebits: bool = False,
+                        out_axes: Optional[AxesLike] = None) -> og.TensorOp:
     """``-sum(t * log(y))`` over the sample axes (``out_axes`` keeps others).
 
     If ``y`` came from :func:`softmax`, ``log(y)`` is computed as ``shifted - log(Z)``,
@@ -113,7 +118,8 @@ class SigmoidCrossEntropy(BinaryElementWise):
 
 
 @keywords(_OUT_HINT)
-def cross_entropy_binary(y, t, out_axes=None):
+def cross_entropy_binary(y: og.TensorOp, t: og.TensorLike,
+                         out_axes: Optional[AxesLike] = None) -> og.TensorOp:
     """Binary cross-entropy summed over the sample axes (``out_axes`` keeps others).
 
     If ``y`` came from :func:`sigmoid`, it is computed from the logits (stable for any

@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import math
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -261,7 +262,10 @@ def _written_attrs(cls):  # all but a tensor op's axes and dtype (its outputs gi
     return [n for n in cls.attrs if not (tensor and n in ("axes", "dtype"))]
 
 
-def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
+def serialize(ops: Union[og.Op, Sequence[og.Op]],
+              values: Optional[Mapping[og.Variable, Any]] = None,
+              indent: Optional[int] = None, debug_info: bool = True,
+              metadata: Optional[dict] = None) -> str:
     """The graph of ``ops`` (an op, or a list or tuple of ops) as a JSON text.
 
     It holds every op the results need (args, other_deps, initializers), following
@@ -274,7 +278,7 @@ def serialize(ops, values=None, indent=None, debug_info=True, metadata=None):
             ``transformer.state_view()``, to save trained weights with the graph). An
             initial value that is a function is not written: the loaded variable
             raises :class:`SerializationError` if it is initialized without a restore.
-        indent: passed to :func:`json.dumps` (``None``: one line).
+        indent: passed to ``json.dumps`` (``None``: one line).
         debug_info: write each op's source location and ``derived_from``.
         metadata: a JSON-compatible dict stored as ``"metadata"`` (not interpreted).
 
@@ -355,21 +359,26 @@ class LoadedGraph:
     """What :func:`deserialize_graph` read: ``results`` (a list), ``ops`` (in document
     order), ``single`` (:func:`serialize` was given one op) and ``metadata``."""
 
-    def __init__(self, results, ops, single, metadata):
+    def __init__(self, results: list[og.Op], ops: list[og.Op], single: bool,
+                 metadata: Any) -> None:
         self.results, self.ops, self.single, self.metadata = results, ops, single, metadata
 
     @property
-    def value(self):
+    def value(self) -> Union[og.Op, list[og.Op]]:
         """The results as :func:`serialize` was given them: an op, or a list."""
         return self.results[0] if self.single else list(self.results)
 
-    placeholders = property(lambda self: [op for op in self.ops
-                                          if isinstance(op, og.Placeholder)],
-                            doc="The placeholders, in document order.")
-    variables = property(lambda self: [op for op in self.ops if isinstance(op, og.Variable)],
-                         doc="The variables, in document order.")
+    @property
+    def placeholders(self) -> list[og.Placeholder]:
+        """The placeholders, in document order."""
+        return [op for op in self.ops if isinstance(op, og.Placeholder)]
 
-    def op(self, name):
+    @property
+    def variables(self) -> list[og.Variable]:
+        """The variables, in document order."""
+        return [op for op in self.ops if isinstance(op, og.Variable)]
+
+    def op(self, name: str) -> og.Op:
         """The op called ``name``; raises :class:`KeyError` if there is none or several."""
         found = [op for op in self.ops if op.name == name]
         if len(found) != 1:
@@ -471,8 +480,8 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def deserialize_graph(text):
-    """Read a document written by :func:`serialize`; returns a :class:`LoadedGraph`.
+def deserialize_graph(text: str) -> "LoadedGraph":
+    """Read a document written by :func:`serialize`; returns a ``LoadedGraph``.
 
     ``text`` is a ``str`` (or UTF-8 ``bytes``). Raises :class:`SerializationError`,
     naming the place, for text that is not JSON, another format or version, an unknown
@@ -522,7 +531,7 @@ def deserialize_graph(text):
     return LoadedGraph(results, dec.ops, single, doc.get("metadata"))
 
 
-def deserialize(text):
+def deserialize(text: str) -> Any:
     """The results of a document: an op or a list, as :func:`serialize` was given them
     (see :func:`deserialize_graph`)."""
     return deserialize_graph(text).value

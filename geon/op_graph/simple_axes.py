@@ -20,9 +20,11 @@ transformer that prefers the sample axis first or last (``sample_axis="first"`` 
 (:class:`geon.transformers.passes.layout.LayoutPass`). Results are the same either way.
 """
 
+from typing import Optional, Sequence, Union
+
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
-from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.axes import AxesLike, Axes, Axis
 from geon.op_graph.coercion import (AXES, SAMPLE, ToPositional, canonical_axes, describe,
                                     family, positional_shape, split_axes, with_axes)
 from geon.op_graph.np_ops import _shape, constant, variable
@@ -32,12 +34,12 @@ __all__ = ["constant", "feature_shape", "from_axes", "placeholder", "recurrent_a
            "with_axes"]
 
 
-def sample_axis(length, name="N"):
+def sample_axis(length: int, name: str = "N") -> Axis:
     """A sample (batch) axis: kept by reductions, laid out as the transformer prefers."""
     return Axis(length, name, batch=True)
 
 
-def recurrent_axis(length, name="T"):
+def recurrent_axis(length: int, name: str = "T") -> Axis:
     """A recurrent (time-step) axis, laid out next to the sample axis."""
     return Axis(length, name, recurrent=True)
 
@@ -49,7 +51,9 @@ def _named(axis, what, kind):
     return axis
 
 
-def placeholder(shape, sample, recurrent=None, dtype=None, name=None):
+def placeholder(shape: Union[int, Sequence[int]], sample: Axis,
+                recurrent: Optional[Axis] = None, dtype: og.DTypeLike = None,
+                name: Optional[str] = None) -> og.Placeholder:
     """A tensor with the sample axis ``sample`` (optionally the recurrent axis
     ``recurrent``) and feature dimensions ``shape``. It is fed as an array of shape
     ``(samples, [steps,] *shape)``."""
@@ -60,30 +64,31 @@ def placeholder(shape, sample, recurrent=None, dtype=None, name=None):
                           name=name)
 
 
-def sample_axes(x):
+def sample_axes(x: og.TensorOp) -> Axes:
     """The sample and recurrent axes of ``x``."""
     return Axes(split_axes(og.as_op(x))[0])
 
 
-def feature_shape(x):
+def feature_shape(x: og.TensorOp) -> tuple[int, ...]:
     """The shape of the feature (positional) dimensions of ``x``."""
     return positional_shape(og.as_op(x))
 
 
-def sample_sum(x):
+def sample_sum(x: og.TensorOp) -> og.TensorOp:
     """``x`` summed over its sample and recurrent axes."""
     x = og.as_op(x)
     return og.Sum(x, reduction_axes=sample_axes(x))
 
 
-def sample_mean(x):
+def sample_mean(x: og.TensorOp) -> og.TensorOp:
     """``x`` averaged over its sample and recurrent axes."""
     x = og.as_op(x)
     red = sample_axes(x)
     return og.Sum(x, reduction_axes=red) / float(red.size if len(red) else 1)
 
 
-def from_axes(x, order=None):
+def from_axes(x: og.TensorOp,
+              order: Optional[Sequence[Union[Axis, str]]] = None) -> og.TensorOp:
     """An Axes-family tensor as a Simple-Axes one: its sample and recurrent axes stay
     named (and go first), the others become feature dimensions in the order ``order``
     gives (default: ``x``'s)."""
@@ -91,7 +96,7 @@ def from_axes(x, order=None):
     if family(x) not in (AXES, SAMPLE):
         raise AxisMismatchError(f"from_axes: {describe(x)} does not have named axes")
     named = [a for a in x.axes if a.batch or a.recurrent]
-    rest = [a for a in x.axes if not (a.batch or a.recurrent)] if order is None else \
+    rest: list = [a for a in x.axes if not (a.batch or a.recurrent)] if order is None else \
         [x.axes.find(a.name if isinstance(a, Axis) else a) for a in order]
     if None in rest or sorted(a.name for a in rest + named) != sorted(x.axes.names):
         raise AxisMismatchError(f"from_axes: {order!r} does not order the feature axes "

@@ -6,8 +6,8 @@ derivative rules, registered in every table that needs it in one call.
 
 - the reference evaluator (:data:`geon.op_graph.reference.EVALUATORS`), which calls
   the NumPy implementation;
-- the reverse rule (:data:`geon.op_graph.autodiff.ADJOINTS`) and the forward rule
-  (:data:`geon.op_graph.forward.FORWARD`; derived from the reverse rule when not given);
+- the reverse rule (``geon.op_graph.autodiff.ADJOINTS``) and the forward rule
+  (``geon.op_graph.forward.FORWARD``; derived from the reverse rule when not given);
 - the class in :data:`USER_OPS` under its ``registry_key``.
 
 Backends need no registration per op: each has one rule for :class:`UserOp` in its code
@@ -22,6 +22,7 @@ value (NumPy) and its derivative (geon ops).
 import ast
 import inspect
 import keyword
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph.axes import as_axes
 
 #: registry key -> user op class (backends find the classes' implementations here)
-USER_OPS = {}
+USER_OPS: dict[str, type] = {}
 
 # Keywords of every op, and attributes ops set on themselves: parameters cannot shadow
 # them (parameters become attributes of the op).
@@ -51,7 +52,7 @@ class UserOp:
     """
 
     numpy_impl = None
-    arity = None
+    arity: Optional[int] = None
     param_names = ()
     registry_key = None
     type_name = None
@@ -115,8 +116,12 @@ def _unique_key(name):
     return key
 
 
-def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
-              params=(), arity=None, cuda=None, doc=None):
+def define_op(name: str, numpy: Callable[..., Any], *,
+              axes: Optional[Callable[..., Any]] = None,
+              reverse: Optional[Callable[..., Any]] = None,
+              forward: Optional[Callable[..., Any]] = None, dtype: Any = None,
+              params: Sequence[str] = (), arity: Optional[int] = None,
+              cuda: Optional[str] = None, doc: Optional[str] = None) -> type:
     """Define a new op class and register it with every table (see the module doc).
 
     Args:
@@ -130,11 +135,11 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
             ``None`` makes an elementwise op: args are matched by axis name and the
             result has the first arg's axes followed by the others' new ones.
         reverse: ``fn(op, delta) -> [delta per arg]``: the reverse rule, as in
-            :data:`~geon.op_graph.autodiff.ADJOINTS` (``None`` entries: no
+            ``ADJOINTS`` (``None`` entries: no
             derivative; a delta may have fewer or more axes than its arg: it is
             broadcast or summed). Without it the op is not differentiable.
         forward: ``fn(op, tangents) -> tangent``: the forward rule, as in
-            :data:`~geon.op_graph.forward.FORWARD` (``tangents[i]`` is ``None``
+            ``FORWARD`` (``tangents[i]`` is ``None``
             where arg ``i`` has none). Default: derived from ``reverse``.
         dtype: the result dtype, or ``fn(*args) -> dtype``; default: the args'
             promoted float type.
@@ -167,7 +172,8 @@ def define_op(name, numpy, *, axes=None, reverse=None, forward=None, dtype=None,
                             f"(lowering rebuilds it from its args); close over them instead")
     key = _unique_key(name)
     cls = type(name, (base,), {
-        **{p: property(lambda self, p=p: self.params[p], doc=f"Parameter {p}.")
+        **{p: property(lambda self, p=p: self.params[p],  # type: ignore[misc]
+                       doc=f"Parameter {p}.")
            for p in params},
         "attrs": base.attrs + params,
         "type_name": "user:" + key,
@@ -219,7 +225,8 @@ def _register_derivatives(cls, reverse, forward):
         FORWARD[cls] = forward_from_reverse(reverse)
 
 
-def elementwise_op(name, numpy, derivative, *, cuda=None, doc=None):
+def elementwise_op(name: str, numpy: Callable[..., Any], derivative: Callable[..., Any],
+                   *, cuda: Optional[str] = None, doc: Optional[str] = None) -> type:
     """Shortcut for a unary elementwise op ``f`` given by its value and derivative.
 
     Args:

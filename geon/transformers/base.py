@@ -12,6 +12,9 @@ import threading
 import types
 import warnings
 import weakref
+import os
+from typing import IO, Any, Iterable, Mapping, Optional, Sequence, Union
+
 import numpy as np
 
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
@@ -80,7 +83,11 @@ class Computation:
     for void ops such as ``SetItem``) for a list or tuple.
     """
 
-    def __init__(self, transformer, results, params):
+    #: The generated code (set by the backend).
+    _source: str
+
+    def __init__(self, transformer: "Transformer", results: Any,
+                 params: Sequence[og.TensorOp]) -> None:
         self.transformer = transformer
         self.requested, self.single = og.as_op_list(results, "computation results")
         self.params = list(params)
@@ -99,7 +106,7 @@ class Computation:
         _lengths_set(self.graph.initial_order)
         #: ``[(assignment, reader)]``: assignments this computation runs though they
         #: were not requested, each with the op that is ordered after it (see
-        #: :func:`~geon.op_graph.ordering.pulled_in`); a :class:`GeonWarning` names them.
+        #: ``pulled_in``); a :class:`GeonWarning` names them.
         self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
         needed_by = assignment_inputs(self.graph.results, self.pulled_in)
         transformer._run_passes(self.graph)
@@ -126,7 +133,7 @@ class Computation:
         self._last = None
 
     @property
-    def source(self):
+    def source(self) -> str:
         """The code the backend generated for this computation, as text."""
         return self._source
 
@@ -170,6 +177,10 @@ class Computation:
             return values[0] if self.single else tuple(values)
         return entry
 
+    def _allocate(self):
+        """Allocate this computation's buffers (each backend defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not allocate buffers")
+
     def _reset_entry(self):
         self.__dict__.pop("_entry", None)
 
@@ -177,7 +188,7 @@ class Computation:
         """The values of the last call, one per result (``None`` before any call)."""
         return self._last
 
-    def value(self, op):
+    def value(self, op: og.Op) -> Any:
         """The value ``op`` had in the last call; ``op`` must be one of the requested
         ops (or forward to one)."""
         s = og.require_valid(op)
@@ -198,12 +209,12 @@ class Transformer:
     :meth:`passes`. ``disable`` names passes to skip (for testing an optimization
     against its absence; lowering and verification cannot be skipped). ``dump_after``
     names passes after which each computation's graph is printed (one line per op, see
-    :func:`geon.op_graph.printing.graph_text`) to ``dump_file`` (default: stderr).
+    ``geon.op_graph.printing.graph_text``) to ``dump_file`` (default: stderr).
 
     ``sample_axis`` (a class attribute, or the keyword to override it) is the
     transformer's preferred place for the sample axis, ``"first"`` or ``"last"``: the
     pipeline then has a ``layout`` pass that lays out computed values that way
-    (:mod:`geon.transformers.passes.layout`); ``None`` keeps the layouts of the graph.
+    (``geon.transformers.passes.layout``); ``None`` keeps the layouts of the graph.
     ``frontend_ops`` maps names to functions that build this transformer's own ops;
     frontends get them with :func:`transformer_ops`.
     """
@@ -213,9 +224,11 @@ class Transformer:
     computation_class = Computation
     backend_steps = ()  # names of optional backend steps that ``disable`` accepts
     sample_axis = None
-    frontend_ops = {}
+    frontend_ops: dict[type, Any] = {}
 
-    def __init__(self, disable=(), dump_after=(), dump_file=None, sample_axis=None):
+    def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
+                 dump_file: Optional[IO[str]] = None,
+                 sample_axis: Optional[str] = None) -> None:
         # Held by every call of a computation and by the procedures: they share the
         # variables and buffers, so threads take turns (reentrant: procedures call
         # each other).
@@ -237,17 +250,18 @@ class Transformer:
         if unknown:
             raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
                                 f"passes are {[p.name for p in self.passes()]}")
-        self.computations = []
+        self.computations: list[Computation] = []
         # Held weakly: state of a Variable nothing else refers to any more (no
         # computation, no user code) is freed with it.
-        self.state = weakref.WeakKeyDictionary()
-        self._initialized = weakref.WeakSet()
-        self._inits_done = weakref.WeakSet()
-        self._writes = weakref.WeakKeyDictionary()  # Variable -> writes by procedures
+        self.state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._initialized: weakref.WeakSet = weakref.WeakSet()
+        self._inits_done: weakref.WeakSet = weakref.WeakSet()
+        # Variable -> writes by procedures
+        self._writes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._allocated = False
         self._initialized_all = False
 
-    def passes(self):
+    def passes(self) -> list[Pass]:
         """The ordered pass pipeline. Ordering constraints:
 
         - ``simplify`` runs first, on the Axes ops, where patterns such as
@@ -281,9 +295,9 @@ class Transformer:
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
 
-    def transform(self, results, stop_after=None):
+    def transform(self, results: Any, stop_after: Optional[str] = None) -> list[og.Op]:
         """Run the pipeline over the graph of ``results`` (ops; they are rewritten in
-        place, so pass a copy, see :func:`~geon.op_graph.params.clone_graph`), up
+        place, so pass a copy, see ``clone_graph``), up
         to and including the pass named ``stop_after`` (default: all of them). Returns
         the ops computing the results afterwards. :func:`geon.graph_after` uses it."""
         names = [p.name for p in self.passes()]
@@ -305,7 +319,7 @@ class Transformer:
                 return
 
     # --- computations --------------------------------------------------------------
-    def computation(self, results, *params):
+    def computation(self, results: Any, *params: og.TensorOp) -> Computation:
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
         from the placeholders ``params`` (its call arguments, in order)."""
         with self._lock, no_gc():
@@ -320,9 +334,9 @@ class Transformer:
         return comp
 
     # --- procedures ----------------------------------------------------------------
-    def variables(self):
+    def variables(self) -> list[og.Variable]:
         """All Variables used by this transformer's computations, in a stable order."""
-        seen = {}
+        seen: dict[og.Variable, None] = {}
         for c in self.computations:
             for v in c.variables:
                 seen.setdefault(v, None)
@@ -333,7 +347,7 @@ class Transformer:
             if v not in self.state:
                 self.state[v] = np.zeros(v.axes.shape, v.dtype)
 
-    def allocate(self):
+    def allocate(self) -> None:
         """Allocate storage for every computation: variables and buffers."""
         with self._lock:
             self._allocate_variables(self.variables())
@@ -342,7 +356,7 @@ class Transformer:
                 c._reset_entry()
             self._allocated = True
 
-    def initialize(self, force=False):
+    def initialize(self, force: bool = False) -> None:
         """Set every variable not yet initialized (all of them if ``force``) to its
         initial value and run the ``initializers`` of the ops used. Idempotent."""
         with self._lock:
@@ -375,17 +389,17 @@ class Transformer:
     def _wrote(self, v):
         self._writes[v] = self._writes.get(v, 0) + 1
 
-    def write_count(self, v):
+    def write_count(self, v: og.Variable) -> int:
         """How many times the procedures (``initialize``, the ``initializers`` it runs,
         ``restore``) have written Variable ``v``; computations' assignments are not
         counted. A cache of values computed from ``v`` is stale when it changed."""
         return self._writes.get(v, 0)
 
-    def state_view(self):
+    def state_view(self) -> Mapping[og.Variable, np.ndarray]:
         """``{variable: array}``: the live storage of the variables (not a copy)."""
         return self.state
 
-    def write_values(self, values):
+    def write_values(self, values: Mapping[og.Variable, Any]) -> None:
         """Write ``{variable: array}`` into the variables' storage (as :meth:`restore`
         does: they count as initialized, and :meth:`write_count` counts the write).
         Each array must have its variable's shape; it is cast to the variable's dtype."""
@@ -417,12 +431,12 @@ class Transformer:
         if not self._initialized_all:
             self.initialize()
 
-    def save(self, path):
+    def save(self, path: Union[str, os.PathLike]) -> None:
         """Write all persistent variables to the checkpoint file ``path``.
 
         Variables not initialized yet are initialized first, so a checkpoint always
         holds what a call would start from. The file format and its guarantees are
-        those of :mod:`geon.transformers.checkpoint`: any variable name, an ``.npz``
+        those of ``geon.transformers.checkpoint``: any variable name, an ``.npz``
         archive NumPy can open, written atomically (temporary file, fsync, rename) with
         the permissions the umask gives new files. A failure raises
         :class:`CheckpointError` and leaves an existing file at ``path`` untouched.
@@ -432,7 +446,7 @@ class Transformer:
             self._ready()
             checkpoint.write(path, [(n, self.state[v]) for n, v in names.items()])
 
-    def restore(self, path):
+    def restore(self, path: Union[str, os.PathLike]) -> None:
         """Load persistent variables saved by :meth:`save`.
 
         The file's names, shapes and dtypes are checked against the variables, and all
@@ -466,7 +480,9 @@ class Transformer:
 
 # --- plugins -------------------------------------------------------------------------------
 
-def insert_passes(passes, new, *, after=None, before=None):
+def insert_passes(passes: Sequence[Pass], new: Union[Pass, Sequence[Pass]], *,
+                  after: Optional[str] = None,
+                  before: Optional[str] = None) -> list[Pass]:
     """A copy of the pipeline ``passes`` with ``new`` (a pass or a list of passes) right
     after the pass named ``after``, or right before the one named ``before``.
 
@@ -484,7 +500,7 @@ def insert_passes(passes, new, *, after=None, before=None):
     return list(passes[:i]) + new + list(passes[i:])
 
 
-def pass_named(passes, name):
+def pass_named(passes: Sequence[Pass], name: str) -> Pass:
     """The pass of the pipeline ``passes`` named ``name`` (to add rules to it with
     ``add_rule``)."""
     for p in passes:
@@ -493,7 +509,7 @@ def pass_named(passes, name):
     raise ArgumentError(f"no pass named {name!r}; passes are {[p.name for p in passes]}")
 
 
-def transformers_with(op_class):
+def transformers_with(op_class: type) -> list[str]:
     """Names of the registered or installed transformers whose base set has
     ``op_class`` (installed ones are loaded to find out)."""
     found = []
@@ -508,7 +524,7 @@ def transformers_with(op_class):
     return found
 
 
-def transformer_ops(name):
+def transformer_ops(name: str) -> types.SimpleNamespace:
     """The ops the transformer ``name`` exposes to frontends (its ``frontend_ops``), as
     attributes: ``be.transformer_ops("geon-axpy").axpy(a, x, y)``."""
     ops = getattr(transformer_factory(name), "frontend_ops", {}) or {}

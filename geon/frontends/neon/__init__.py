@@ -5,17 +5,25 @@ initializers, optimizers as graph updates, a :class:`Model` with ``fit`` /
 Use it as ``import geon.frontends.neon as nn``.
 """
 
-from geon.frontends.neon.callbacks import (Callback, EarlyStopping,  # noqa: F401
+from geon.frontends.neon.callbacks import (Callback, EarlyStopping,
                                            MetricsLog, ModelCheckpoint)
-from geon.frontends.neon.data import ArrayIterator, load_digits  # noqa: F401
-from geon.frontends.neon.initializers import (Constant, Gaussian,  # noqa: F401
+from geon.frontends.neon.data import ArrayIterator, load_digits
+from geon.frontends.neon.initializers import (Constant, Gaussian,
                                               GlorotUniform, Initializer, KaimingNormal,
                                               Uniform)
-from geon.frontends.neon.layers import (GRU, LSTM, Activation, Affine,  # noqa: F401
+from geon.frontends.neon.layers import (GRU, LSTM, Activation, Affine,
                                         BatchNorm, Conv, Embedding, Flatten, Layer,
                                         Dropout, LayerNorm, Pool, Recurrent, Sequential)
-from geon.frontends.neon.model import Model  # noqa: F401
-from geon.frontends.neon.optimizers import (SGD, Adam, AdamW,  # noqa: F401
+from geon.frontends.neon.model import Model
+from geon.frontends.neon.optimizers import (SGD, Adam, AdamW,
                                             ExponentialDecay, Optimizer,
                                             PiecewiseConstant, RMSProp, Schedule)
-from geon.frontends.neon.progress import Progress, make_progress  # noqa: F401
+from geon.frontends.neon.progress import Progress, make_progress
+
+__all__ = ["Activation", "Adam", "AdamW", "Affine", "ArrayIterator", "BatchNorm",
+           "Callback", "Constant", "Conv", "Dropout", "EarlyStopping", "Embedding",
+           "ExponentialDecay", "Flatten", "GRU", "Gaussian", "GlorotUniform",
+           "Initializer", "KaimingNormal", "LSTM", "Layer", "LayerNorm", "MetricsLog",
+           "Model", "ModelCheckpoint", "Optimizer", "PiecewiseConstant", "Pool",
+           "Progress", "RMSProp", "Recurrent", "SGD", "Schedule", "Sequential",
+           "Uniform", "load_digits", "make_progress"]

@@ -75,7 +75,7 @@ class ArrayIterator:
 def load_digits():
     """The bundled 8x8 digits: ``(x_train, y_train, x_test, y_test)``, pixels float32
     in [0, 1] with shape ``(n, 64)``, labels int64; the held-out 20% is the fixed split
-    of :func:`geon.examples.digits.split`."""
+    of ``geon.examples.digits.split``."""
     from geon.examples.digits import load_digits as load, split
     x, y = load()
     train, test = split(len(x))

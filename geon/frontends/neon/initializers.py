@@ -50,7 +50,7 @@ def _fans(shape):
 
 
 class Initializer:
-    """Base class: subclasses implement :meth:`sample`."""
+    """Base class: subclasses implement ``sample``."""
 
     def __init__(self, seed=0):
         self.seed = seed

@@ -55,7 +55,7 @@ def _features(x, what):
 
 
 class Layer:
-    """Base class of layers: a name, Variables made once, and :meth:`__call__`.
+    """Base class of layers: a name, Variables made once, and ``__call__``.
 
     Subclasses implement ``forward(x, training)``; they create Variables with
     :meth:`variable`, which returns the existing one on later calls.
@@ -210,7 +210,7 @@ class BatchNorm(Layer):
 
     ``axis`` is the channel axis (default: the input's first feature axis); statistics
     are taken over every other axis (batch, spatial, recurrent). In training calls the
-    output uses the batch's mean and biased variance, and :meth:`pop_updates` gives the
+    output uses the batch's mean and biased variance, and ``pop_updates`` gives the
     updates of the running averages ``mean = (1 - momentum) mean + momentum batch_mean``
     and ``var`` likewise with the unbiased batch variance. Inference calls use the
     running averages and assign nothing. Variables: ``g`` and ``b`` (trainable),

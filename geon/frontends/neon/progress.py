@@ -75,7 +75,7 @@ class TqdmProgress:
 
 
 def make_progress(stream=None, enabled=True):
-    """A :class:`TqdmProgress` if tqdm is importable and ``stream`` (default stderr)
+    """A ``TqdmProgress`` if tqdm is importable and ``stream`` (default stderr)
     is a terminal, else a :class:`Progress`."""
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)

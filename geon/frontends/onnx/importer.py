@@ -74,7 +74,7 @@ class OnnxGraph:
 
     def computation(self, transformer=None):
         """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
-        (in :attr:`inputs` order), one per output. ``transformer`` is a transformer,
+        (in ``inputs`` order), one per output. ``transformer`` is a transformer,
         a registered name, or ``None`` for the NumPy transformer."""
         if transformer is None or isinstance(transformer, str):
             transformer = be.make_transformer(transformer or "numpy")
@@ -173,7 +173,7 @@ def import_model(model, input_shapes=None, input_values=None):
     data is then read from the model's folder only). ``input_shapes`` maps input
     names to shapes, for inputs with symbolic dimensions. ``input_values`` maps input
     names to arrays fixed at import: such inputs are constants of the graph (not in
-    :attr:`OnnxGraph.inputs`), which lets shape arguments given as inputs (a
+    ``OnnxGraph.inputs``), which lets shape arguments given as inputs (a
     ``Reshape``'s target shape, ``Unsqueeze``'s axes) be folded.
 
     Raises :class:`UnsupportedOnnxOp` for an op, attribute, data type or opset the

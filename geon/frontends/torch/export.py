@@ -533,7 +533,7 @@ def to_torch(results, *placeholders, transformer=None):
     (``module.to("cuda")``) and autograd differentiates through it.
 
     Variables become parameters (trainable floating-point ones) or buffers (the rest),
-    named after the Variables (:func:`_attribute_name`; two Variables that would get the
+    named after the Variables (``_attribute_name``; two Variables that would get the
     same name raise :class:`~geon.errors.ArgumentError` naming both). Their values are
     ``transformer``'s state (e.g. after training with it; a Variable it does not hold
     starts at its initial value), or without one, what ``initialize`` gives (initial

@@ -8,7 +8,7 @@ Each computation becomes a small module with two functions:
   primitive, writing into buffers the transformer owns (``out=``), each line commented
   with the op it implements and the user's source line.
 
-:data:`NUMPY_CODE` maps each base-set class to a function ``fn(op, out, args)`` that
+``NUMPY_CODE`` maps each base-set class to a function ``fn(op, out, args)`` that
 returns the lines computing ``op`` into the buffer named ``out`` from the names in
 ``args``. ``out`` may be the buffer of an arg (the memory planner works in place), so
 only the first line may read the args; later lines read and write ``out`` alone.
@@ -318,7 +318,8 @@ class NumPyComputation(Computation):
             plan = plan_memory(order, self.results, groups=groups, exclude=self._into)
         if memory.VERIFY:
             verify_plan(order, self.results, plan, groups)
-        self.plan, self.groups = plan, groups
+        # The schedule the plan is for (the memory-plan figure of the guide reads it).
+        self.plan, self.groups, self.order = plan, groups, order
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
@@ -623,7 +624,7 @@ class NumPyTransformer(Transformer):
     name = "numpy"
     #: The standard base set, ``where`` (np_ops.Select), the collectives (allreduce,
     #: broadcast_from; see geon.distributed) and every user op: the classes
-    #: with a rule in :data:`NUMPY_CODE` or handled by the code generator itself (views,
+    #: with a rule in ``NUMPY_CODE`` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
     base_set = STANDARD_BASE_SET | {Select, UserOp, coll.AllReduce, coll.BroadcastFrom,
                                       coll.FlatConcat}

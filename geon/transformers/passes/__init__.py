@@ -15,6 +15,8 @@ from geon.op_graph import primitives as pr
 from geon.op_graph.nodes import rewriting
 from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
 
+__all__ = ["DeadCodeElimination", "Graph", "Pass", "RewritePass"]
+
 
 class Graph:
     """The ops reachable from ``results`` (through args and other_deps)."""
@@ -115,6 +117,7 @@ class Pass:
             self.name = name
 
     def run(self, graph, transformer):
+        """Rewrite ``graph`` (a :class:`Graph`) in place, for ``transformer``."""
         raise NotImplementedError
 
     def __repr__(self):
@@ -126,7 +129,7 @@ class RewritePass(Pass):
 
     ``rules`` is a list of ``(classes, fn)``; ``fn(op)`` returns a replacement op or
     ``None``. Ops built inside ``fn`` take the replaced op's source location and
-    other_deps (see :class:`geon.op_graph.nodes.rewriting`). After :meth:`run`,
+    other_deps (see ``geon.op_graph.nodes.rewriting``). After :meth:`run`,
     ``steps`` counts the ops it took from its worklist plus those it offered to it after
     replacements: linear in the graph's size.
     """
