@@ -132,31 +132,31 @@ class Op(Node):
 
     # Most ops have no tags and no initializers: they share these empty defaults (fewer
     # objects per op for the garbage collector to scan) until they get their own.
-    _tags = frozenset()
-    _initializers = ()
+    _tags: "set[str] | frozenset[str]" = frozenset()
+    _initializers: "list[Op] | tuple[()]" = ()
 
     @property
-    def tags(self):
+    def tags(self) -> "set[str]":
         """The op's set of tags (strings); mutable."""
         t = self._tags
-        if type(t) is frozenset:
+        if not isinstance(t, set):
             t = self._tags = set()
         return t
 
     @tags.setter
-    def tags(self, value):
+    def tags(self, value: Iterable[str]) -> None:
         self._tags = set(value)
 
     @property
-    def initializers(self):
+    def initializers(self) -> "list[Op]":
         """The list of ops that ``initialize`` runs before the first computation."""
         i = self._initializers
-        if type(i) is tuple:
+        if not isinstance(i, list):
             i = self._initializers = []
         return i
 
     @initializers.setter
-    def initializers(self, value):
+    def initializers(self, value: Iterable["Op"]) -> None:
         self._initializers = list(value)
 
     def __repr__(self):

@@ -16,6 +16,7 @@ only the first line may read the args; later lines read and write ``out`` alone.
 
 import linecache
 import weakref
+from typing import IO, Iterable, Optional
 
 import numpy as np
 
@@ -633,9 +634,12 @@ class NumPyTransformer(Transformer):
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
 
-    def __init__(self, *args, check_numerics=False, **kwargs):
+    def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
+                 dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
+                 check_numerics: bool = False) -> None:
         self.check_numerics = bool(check_numerics)
-        super().__init__(*args, **kwargs)
+        super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
+                         sample_axis=sample_axis)
 
 
 register_transformer("numpy", NumPyTransformer)
