@@ -103,10 +103,10 @@ def test_wheel_ships_no_test_code(tmp_path):
                           "--no-build-isolation", "--no-index", "-w", str(out), str(src)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
-    (wheel,) = out.glob("geon-*.whl")
+    (wheel,) = out.glob("geon_graph-*.whl")  # the distribution is geon-graph
     names = zipfile.ZipFile(wheel).namelist()
     assert "geon/transformers/gpu/codegen.py" in names  # the listing is the package's
-    outside = [n for n in names if not n.startswith(("geon/", "geon-"))]
+    outside = [n for n in names if not n.startswith(("geon/", "geon_graph-"))]
     assert not outside, f"the wheel ships files outside the geon package: {outside}"
     test_modules = {p.stem for p in (ROOT / "tests").glob("*.py")}
     assert "cuda_emulator" in test_modules

@@ -8,6 +8,7 @@ blocks); if it is installed, one more test builds the guide with warnings as err
 
 import ast
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -154,7 +155,9 @@ def test_toctree_lists_every_page():
 
 
 def test_sphinx_build_has_no_warnings(tmp_path):
-    pytest.importorskip("sphinx")
+    if importlib.util.find_spec("sphinx") is None:
+        pytest.skip("Sphinx is not installed: the docs build needs the docs extra "
+                    "(pip install -e '.[docs]'); CI builds the docs in a step of its own")
     run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q",
                           "-d", str(tmp_path / "doctrees"), str(DOC), str(tmp_path / "html")],
                          capture_output=True, text=True)
