@@ -14,11 +14,15 @@ passed as ``GPUTransformer(runtime=...)``.
 """
 
 import atexit
+import time
 import warnings
 
 import numpy as np
 
+from geon._logging import get_logger
 from geon.errors import ArgumentError, GeonError
+
+logger = get_logger(__name__)
 
 _runtimes = {}
 
@@ -112,9 +116,14 @@ class PyCUDARuntime:
             if k.name not in self._functions and k.name not in seen:
                 new.append(k)
                 seen.add(k.name)
+        logger.debug("gpu: %d kernel(s) compiled already, %d to compile",
+                     len(kernels) - len(new), len(new))
         if not new:
             return
+        start = time.perf_counter()
         mod = SourceModule(module_source(new), no_extern_c=True, arch=self.arch)
+        logger.debug("gpu: nvcc compiled %d kernel(s) in %.3f s", len(new),
+                     time.perf_counter() - start)
         self._modules.append(mod)
         for k in new:
             f = mod.get_function(k.name)
