@@ -171,8 +171,10 @@ class Computation:
             f"{r.name}: {_value_type(r)}" if isinstance(r, og.TensorOp) else r.name
             for r in getattr(self, "requested", ()))
         ops = getattr(self, "ops", None)
-        count = "" if ops is None else \
-            f", {sum(1 for op in ops if not isinstance(op, og.AssignableTensorOp))} primitives"
+        count = ""
+        if ops is not None:
+            n = sum(1 for op in ops if not isinstance(op, og.AssignableTensorOp))
+            count = f", {n} primitive{'' if n == 1 else 's'}"
         return (f"<{type(self).__name__} of {type(t).__name__} {getattr(t, 'name', None)!r}: "
                 f"({params}) -> ({results}){count}>")
 

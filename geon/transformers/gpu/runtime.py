@@ -14,6 +14,8 @@ passed as ``GPUTransformer(runtime=...)``.
 """
 
 import atexit
+import os
+import shutil
 import time
 import warnings
 
@@ -26,6 +28,34 @@ logger = get_logger(__name__)
 
 _runtimes = {}
 
+#: Why the GPU transformer cannot be made without pycuda, and what to do.
+PYCUDA_MISSING = (
+    "pycuda is not installed (pip install -e '.[gpu]' in a checkout, or "
+    "pip install 'geon-graph[gpu]'); building pycuda needs the CUDA toolkit: its headers "
+    "(cuda.h) and nvcc, found through CUDA_ROOT (e.g. export CUDA_ROOT=/usr/local/cuda) "
+    "or nvcc on PATH; see doc/gpu.rst")
+
+#: What to do when pycuda is installed but ``pycuda.driver`` does not import.
+DRIVER_ADVICE = (
+    "check that the NVIDIA driver is installed (nvidia-smi works, libcuda.so is found), "
+    "and that pycuda was built against this machine's CUDA toolkit (rebuild it with "
+    "CUDA_ROOT set: pip install --force-reinstall --no-cache-dir --no-binary pycuda "
+    "pycuda)")
+
+
+def compile_failure(error):
+    """A :class:`GeonError` saying what to do when pycuda could not compile kernels
+    because nvcc is missing, else ``None`` (the original error stands)."""
+    if shutil.which("nvcc") is not None:
+        return None
+    cuda_root = os.environ.get("CUDA_ROOT") or os.environ.get("CUDA_HOME")
+    where = (f"add {os.path.join(cuda_root, 'bin')} (CUDA_ROOT's bin folder) to PATH"
+             if cuda_root else "add the CUDA toolkit's bin folder to PATH (export "
+             "PATH=/usr/local/cuda/bin:$PATH, or wherever the toolkit is)")
+    return GeonError(f"the gpu transformer could not compile its kernels: pycuda runs "
+                     f"nvcc, the CUDA compiler, at run time and nvcc is not on PATH; "
+                     f"{where} ({type(error).__name__}: {error})")
+
 
 def gpu_status(device=0):
     """``(True, "")`` if a CUDA device ``device`` can be used through pycuda, else
@@ -33,11 +63,12 @@ def gpu_status(device=0):
     try:
         import pycuda  # noqa: F401  (is it installed?)
     except ImportError:
-        return False, "pycuda is not installed (pip install -e '.[gpu]')"
+        return False, PYCUDA_MISSING
     try:
         import pycuda.driver as drv
     except ImportError as e:
-        return False, f"pycuda is installed but the CUDA driver cannot be loaded ({e})"
+        return False, (f"pycuda is installed but the CUDA driver cannot be loaded ({e}); "
+                       f"{DRIVER_ADVICE}")
     try:
         drv.init()
         count = drv.Device.count()
@@ -121,7 +152,13 @@ class PyCUDARuntime:
         if not new:
             return
         start = time.perf_counter()
-        mod = SourceModule(module_source(new), no_extern_c=True, arch=self.arch)
+        try:
+            mod = SourceModule(module_source(new), no_extern_c=True, arch=self.arch)
+        except Exception as e:  # pycuda's own error types; OSError without nvcc
+            failure = compile_failure(e)
+            if failure is None:
+                raise
+            raise failure from e
         logger.debug("gpu: nvcc compiled %d kernel(s) in %.3f s", len(new),
                      time.perf_counter() - start)
         self._modules.append(mod)
