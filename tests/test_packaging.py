@@ -157,9 +157,13 @@ def test_plugin_installs_into_a_fresh_venv_pulling_in_nothing_else(wheel, tmp_pa
     installed = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
     assert installed == ["geon-axpy"]
     assert freeze() - before == {"geon-axpy"}
-    # The plugin README's command: geon finds the plugin through its entry point.
+    # The plugin README's command, with the output the README shows: geon finds the
+    # plugin through its entry point.
     run = subprocess.run([str(python), "-c", "import geon as be; "
-                          "t = be.make_transformer('geon-axpy'); print(type(t).__name__)"],
+                          "print(be.make_transformer('geon-axpy'))"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "AxpyTransformer"
+    assert run.stdout == "<AxpyTransformer 'geon-axpy': 0 computations>\n"
+    readme = (PLUGIN / "README.md").read_text(encoding="utf-8")
+    assert "python -c \"import geon as be; print(be.make_transformer('geon-axpy'))\"\n# " \
+        + run.stdout in readme

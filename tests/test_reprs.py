@@ -89,3 +89,13 @@ def test_long_parameter_lists_are_shortened():
         total = total + x
     comp = be.NumPyTransformer().computation(total, *xs)
     assert "x5: (C:2) float32, ... 3 more) -> (" in repr(comp)
+
+
+def test_gpu_transformer_repr_names_its_device():
+    # The GPU transformer on the test suite's CPU emulator of the generated kernels
+    # (no device needed to make one; nothing is compiled by repr).
+    from cuda_emulator import EmulatorRuntime
+    from geon.transformers.gpu import GPUTransformer
+    t = GPUTransformer(runtime=EmulatorRuntime(seed=0))
+    assert repr(t) == "<GPUTransformer 'gpu': 0 computations, device CPU emulator, " \
+                      "gemm='generated'>"
