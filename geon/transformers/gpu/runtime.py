@@ -48,9 +48,9 @@ def compile_failure(error):
     because nvcc is missing, else ``None`` (the original error stands)."""
     if shutil.which("nvcc") is not None:
         return None
-    cuda_root = os.environ.get("CUDA_ROOT") or os.environ.get("CUDA_HOME")
-    where = (f"add {os.path.join(cuda_root, 'bin')} (CUDA_ROOT's bin folder) to PATH"
-             if cuda_root else "add the CUDA toolkit's bin folder to PATH (export "
+    var = next((v for v in ("CUDA_ROOT", "CUDA_HOME") if os.environ.get(v)), None)
+    where = (f"add {os.path.join(os.environ[var], 'bin')} ({var}'s bin folder) to PATH"
+             if var else "add the CUDA toolkit's bin folder to PATH (export "
              "PATH=/usr/local/cuda/bin:$PATH, or wherever the toolkit is)")
     return GeonError(f"the gpu transformer could not compile its kernels: pycuda runs "
                      f"nvcc, the CUDA compiler, at run time and nvcc is not on PATH; "
