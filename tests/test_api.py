@@ -144,9 +144,9 @@ def test_public_functions_and_classes_have_type_hints():
 
 def test_py_typed_marker_ships():
     assert (ROOT / "geon" / "py.typed").is_file()
-    setup = (ROOT / "setup.py").read_text(encoding="utf-8") + \
-        (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert "py.typed" in setup
+    import tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["geon"]
 
 
 def test_mypy_is_clean_on_the_public_modules():

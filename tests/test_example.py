@@ -4,6 +4,7 @@ promised accuracy, checkpoints are written, and ``--resume`` restores them exact
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 
 import geon as be
 from geon.examples import digits
-from geon.frontends.neon.progress import Progress
+from geon.frontends.neon.progress import Progress, clock
 
 
 def run(tmp_path, *argv, name="ckpt.npz"):
@@ -138,6 +139,25 @@ def test_progress_bar():
         p.update("epoch 1/1", i, 4, "loss 2.3")
     p.done("epoch 1/1: done")
     assert log.getvalue() == "epoch 1/1: done\n"
+
+    # The rate (given, or measured between updates) and the time left at that rate.
+    tty = FakeStream(True)
+    p = Progress(tty)
+    p.update("epoch 1/2", 10, 100, "loss 0.5", rate=3.0)
+    assert tty.getvalue().endswith("10/100 loss 0.5 | 3.0 steps/s, ETA 0:30")
+    p.done("epoch 1/2: done")
+    tty = FakeStream(True)
+    p = Progress(tty)
+    p.update("epoch 2/2", 1, 100)                    # no rate yet: none shown
+    assert "steps/s" not in tty.getvalue()
+    p._start = ("epoch 2/2", p._start[1] - 2.0, 1)   # as if the first update was 2 s ago
+    p._last = 0.0
+    p.update("epoch 2/2", 21, 100)                   # 20 steps in 2 s: 10 steps/s
+    shown = tty.getvalue().split("\r")[-1]
+    assert re.search(r"21/100 \| (9\.\d|10\.0) steps/s, ETA 0:0[89]$", shown), shown
+
+    assert [clock(s) for s in (0, 59.2, 61, 3725, float("inf"), float("nan"))] == \
+        ["0:00", "1:00", "1:01", "1:02:05", "?", "?"]
 
     quiet = FakeStream(True)
     p = Progress(quiet, enabled=False)

@@ -18,8 +18,8 @@ import pytest
 
 import geon as be
 from geon.transformers.gpu import GPUTransformer, GPUUnavailableError, gpu_status
-from test_gpu_codegen import (GRAPHS, build_all, check_checkpoints, check_digits,
-                              check_graph, check_state_sync)
+from test_gpu_codegen import (GRAPHS, _stand_in_pycuda, build_all, check_checkpoints,
+                              check_digits, check_graph, check_state_sync, needs_cxx)
 
 OK, WHY = gpu_status()
 GPU_REASON = f"no CUDA GPU available ({WHY})"
@@ -115,17 +115,48 @@ def test_without_pycuda_the_error_says_what_to_install(monkeypatch):
     with pytest.raises(GPUUnavailableError) as e:
         be.make_transformer("gpu")
     msg = str(e.value)
-    assert "pycuda is not installed (pip install -e '.[gpu]')" in msg
+    assert "pycuda is not installed (pip install -e '.[gpu]' in a checkout, or " \
+           "pip install 'geon-graph[gpu]'); building pycuda needs the CUDA toolkit" in msg
+    assert "CUDA_ROOT" in msg and "nvcc on PATH" in msg
     assert "available transformers: " in msg and "numpy" in msg.split("available")[-1]
     assert isinstance(e.value, be.UnknownTransformerError)
     assert isinstance(e.value, be.GeonError) and isinstance(e.value, ValueError)
-    assert gpu_status() == (False, "pycuda is not installed (pip install -e '.[gpu]')")
+    ok, why = gpu_status()
+    assert not ok and why.startswith("pycuda is not installed") and why in msg
 
 
 def test_without_a_driver(monkeypatch):
     _fake_pycuda(monkeypatch, None)
-    with pytest.raises(GPUUnavailableError, match="CUDA driver cannot be loaded"):
+    with pytest.raises(GPUUnavailableError, match="CUDA driver cannot be loaded") as e:
         GPUTransformer()
+    assert "NVIDIA driver is installed" in str(e.value)
+    assert "--no-binary pycuda" in str(e.value) and "CUDA_ROOT" in str(e.value)
+
+
+@needs_cxx
+def test_without_nvcc_the_compile_error_says_what_to_do(monkeypatch):
+    # pycuda runs nvcc when kernels are compiled (the first call); without it on PATH
+    # pycuda raises OSError, which geon turns into advice.
+    _stand_in_pycuda(monkeypatch)
+
+    def no_nvcc(*args, **kwargs):
+        raise OSError("nvcc was not found (is it on the PATH?) [[Errno 2] No such file "
+                      "or directory: 'nvcc']")
+    monkeypatch.setattr(sys.modules["pycuda.compiler"], "SourceModule", no_nvcc)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CUDA_ROOT", "/opt/cuda-12")
+    x = be.placeholder(be.Axis(4, "C"), name="x")
+    comp = be.make_transformer("gpu").computation(be.tanh(x), x)
+    with pytest.raises(be.GeonError) as e:
+        comp(np.ones(4, np.float32))
+    msg = str(e.value)
+    assert "could not compile its kernels" in msg and "nvcc is not on PATH" in msg
+    assert "add /opt/cuda-12/bin (CUDA_ROOT's bin folder) to PATH" in msg
+    assert "OSError: nvcc was not found" in msg
+    monkeypatch.delenv("CUDA_ROOT")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    with pytest.raises(be.GeonError, match="export PATH=/usr/local/cuda/bin:.PATH"):
+        comp(np.ones(4, np.float32))
 
 
 def test_without_a_device(monkeypatch):
@@ -157,5 +188,5 @@ def test_importing_geon_never_needs_pycuda():
 
 def test_registered_by_name_and_entry_point():
     assert "gpu" in be.available_transformers()
-    setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
-    assert "gpu = geon.transformers.gpu:GPUTransformer" in setup
+    project = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'gpu = "geon.transformers.gpu:GPUTransformer"' in project

@@ -4,6 +4,7 @@ rules, exact resume after save/restore and after SIGINT, and the Model's contrac
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -492,27 +493,31 @@ def test_progress_without_tqdm(model_module, monkeypatch):
     assert isinstance(nn.make_progress(stream), nn.Progress)
     x, y = model_module.data()
     model_module.make().fit((x, y), epochs=1, stream=stream)
-    assert "\repoch 1/1 [" in stream.text and "steps/s" in stream.text
+    assert "\repoch 1/1 [" in stream.text and "steps/s, ETA " in stream.text
     assert stream.text.split("\r")[-1].startswith("epoch 1/1: loss ")  # kept, last
     log = FakeStream(False)
     model_module.make().fit((x, y), epochs=2, stream=log)
     lines = log.text.splitlines()
     assert len(lines) == 2 and lines[1].startswith("epoch 2/2: loss ") and "\r" not in log.text
+    # The rate of each epoch, and after the first the time left for the others.
+    assert re.search(r"rate \d+\.\d steps/s, .*, ETA \d+:\d\d$", lines[0]), lines[0]
+    assert "steps/s" in lines[1] and "ETA" not in lines[1]
 
 
 def test_progress_uses_tqdm_when_installed(monkeypatch):
     class FakeTqdm:
         made = []
 
-        def __init__(self, total, desc, file, leave):
-            self.total, self.desc, self.n, self.post = total, desc, 0, ""
+        def __init__(self, total, desc, file, leave, unit, initial):
+            self.total, self.desc, self.n, self.post = total, desc, initial, ""
+            self.unit = unit
             FakeTqdm.made.append(self)
 
         def set_postfix_str(self, s, refresh):
             self.post = s
 
-        def refresh(self):
-            pass
+        def update(self, n):
+            self.n += n
 
         def close(self):
             self.closed = True
@@ -521,10 +526,12 @@ def test_progress_uses_tqdm_when_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", module)
     stream = FakeStream(True)
     p = nn.make_progress(stream)
-    p.update("epoch 1/1", 3, 4, "loss 0.5 9.0 steps/s")
+    p.update("epoch 1/1", 3, 4, "loss 0.5")          # a resumed epoch: from step 3
+    p.update("epoch 1/1", 4, 4, "loss 0.4")
     p.done("epoch 1/1: loss 0.5")
     bar, = FakeTqdm.made
-    assert (bar.total, bar.n, bar.post, bar.closed) == (4, 3, "loss 0.5 9.0 steps/s", True)
+    assert (bar.total, bar.n, bar.post, bar.closed) == (4, 4, "loss 0.4", True)
+    assert bar.unit == "step"                         # tqdm shows steps/s and the ETA
     assert stream.text == "epoch 1/1: loss 0.5\n"
     assert isinstance(nn.make_progress(FakeStream(False)), nn.Progress)
 

@@ -28,19 +28,15 @@ def _installed():
 
 
 def _offline_build_possible():
-    """Whether pip can build the plugin without downloading setuptools."""
+    """Whether pip can build the plugin without downloading setuptools: its
+    pyproject.toml needs setuptools >= 77 (the SPDX ``license`` string; bdist_wheel is
+    part of setuptools from 70.1)."""
     try:
         import setuptools
     except ImportError:
         return False
     version = tuple(int(p) for p in setuptools.__version__.split(".")[:2] if p.isdigit())
-    if version >= (70, 1):  # bdist_wheel is part of setuptools from 70.1
-        return True
-    try:
-        import wheel  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return version >= (77, 0)
 
 
 @pytest.fixture(scope="module")

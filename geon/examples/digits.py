@@ -24,9 +24,10 @@ Run it with::
 Options: ``--epochs N``, ``--batch-size B``, ``--lr RATE``, ``--hidden H``, ``--seed S``
 (weight initialisation and minibatch order), ``--checkpoint PATH`` (default
 ``digits-ckpt.npz`` in the current directory), ``--resume``, ``--no-save``, ``--quiet``
-(no progress output), ``--transformer NAME`` and ``--data-parallel``. A progress bar with the current loss
-and rate is drawn on stderr when it is a terminal (tqdm's, if installed); otherwise one
-line per epoch is printed there. The run ends with one line on stdout giving the test
+(no progress output), ``--transformer NAME`` and ``--data-parallel``. A progress bar with the current loss,
+the rate and the time left is drawn on stderr when it is a terminal (tqdm's if tqdm is
+installed, e.g. with ``pip install -e ".[examples]"``); otherwise one line per epoch,
+with its rate and the time left, is printed there. The run ends with one line on stdout giving the test
 accuracy, the losses and the elapsed time.
 
 The checkpoint is written after every epoch and when the run is interrupted (Ctrl-C);

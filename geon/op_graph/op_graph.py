@@ -9,6 +9,7 @@ position, and lowering only ever produces them in forms where both readings agre
 import builtins
 import numbers
 import operator
+import os
 from typing import Any, Iterable, Optional, Sequence, Union, overload
 
 import numpy as np
@@ -160,7 +161,24 @@ class Op(Node):
         self._initializers = list(value)
 
     def __repr__(self):
-        return f"<{type(self).__name__} {self.name}>"
+        # ``<Tanh 'Tanh_3' (C:64, N:128) float32 @ model.py:12>``: the class, the name,
+        # the value's type (tensor ops) and where the op was built. Defensive: it may be
+        # shown for an op whose constructor failed half way.
+        name = getattr(self, "name", None)
+        return (f"<{type(self).__name__} {name!r}{self._repr_type()} @ "
+                f"{self.short_site()}>")
+
+    def _repr_type(self):
+        return ""
+
+    def short_site(self) -> str:
+        """``file.py:line`` (the file's base name) of where the op was built."""
+        filename = getattr(self, "filename", None)
+        if filename is None:
+            return "<unknown>"
+        if filename.startswith("<"):  # <stdin>, <string>, <unknown>
+            return filename if filename == "<unknown>" else f"{filename}:{self.lineno}"
+        return f"{os.path.basename(filename)}:{self.lineno}"
 
     def __bool__(self):
         # ``if y < 0:`` would otherwise always run: an op is a graph node, its value is
@@ -221,6 +239,12 @@ class TensorOp(Op):
                 new.users.add(self)
             else:
                 a._adopt(target)
+
+    def _repr_type(self):
+        axes, dtype = getattr(self, "axes", None), getattr(self, "dtype", None)
+        if axes is None:
+            return ""
+        return f" ({', '.join(repr(a) for a in axes)}) {dtype}"
 
     def _infer_axes(self):
         return Axes()

@@ -61,11 +61,15 @@ from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 
+from geon._logging import get_logger
 from geon.errors import FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.ordering import ASSIGN_CLASSES
 from geon.op_graph.params import clone_graph, graph_ops, live_deps
 from geon.registry import make_transformer
+
+
+logger = get_logger(__name__)
 
 
 def fingerprint(array):
@@ -181,6 +185,8 @@ class Runner:
         for i, op in enumerate(live):
             hit = self._lookup(op, sig)
             if hit is not None:
+                logger.debug("run: reused the value of %s (its inputs are unchanged)",
+                             op.name)
                 values[i] = hit.copy()
             else:
                 compute.append(op)
@@ -250,6 +256,8 @@ class Runner:
                     continue
                 seen.add(d)
                 if self._lookup(d, sig) is not None:
+                    logger.debug("run: reused the value of %s (its inputs are unchanged) "
+                                 "instead of computing it again", d.name)
                     reused.append(d)
                     continue
                 if isinstance(d, og.Placeholder):
@@ -267,6 +275,8 @@ class Runner:
         if entry is not None:
             if all(r() is op for r, op in zip(entry.keys, compute + reused)):
                 self._computations.move_to_end(key)
+                logger.debug("run: reused the compiled computation of %s",
+                             ", ".join(op.name for op in compute))
                 return entry
             del self._computations[key]  # ops that died and left their ids to others
             self._drop(entry)
@@ -279,6 +289,8 @@ class Runner:
         comp = self.transformer.computation([mapping[op] for op in compute],
                                             *placeholders, *[stand_ins[c] for c in reused])
         self.computations_built += 1
+        logger.debug("run: compiled a computation of %s (%d reused value(s) fed in)",
+                     ", ".join(op.name for op in compute), len(reused))
         entry = _Entry(comp, placeholders, reused, count_primitives(comp),
                        [v for v in dict.fromkeys(assigned) if isinstance(v, og.Variable)],
                        None)

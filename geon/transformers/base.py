@@ -8,7 +8,9 @@ procedures ``allocate``, ``initialize``, ``save`` and ``restore``. The registry 
 transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
+import logging
 import threading
+import time
 import types
 import warnings
 import weakref
@@ -17,6 +19,7 @@ from typing import IO, Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from geon._logging import get_logger
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
                          GeonError, GeonWarning, LoweringError)
 from geon.op_graph import op_graph as og
@@ -38,6 +41,8 @@ from geon.transformers.passes.layout import LAYOUTS, LayoutPass
 from geon.transformers.passes.lower import LowerAxesPass
 from geon.transformers.passes.simplify import SimplifyPass
 from geon.transformers.passes.verify import VerifyBaseSet
+
+logger = get_logger(__name__)
 
 #: The semi-primitive ops every built-in transformer implements.
 STANDARD_BASE_SET = frozenset({
@@ -62,6 +67,33 @@ def _grouped(placeholders, needed_by):
         if p in needed_by:
             groups.setdefault(needed_by[p], []).append(p)
     return groups.items()
+
+
+def _log_computation(comp, seconds):
+    """Log (INFO) the computation a transformer just built: what it computes, its size
+    before and after the passes and where the time went."""
+    graph = comp.graph
+    passes = sum(getattr(graph, "pass_seconds", {}).values())
+    primitives = sum(1 for op in comp.ops if not isinstance(op, og.AssignableTensorOp))
+    logger.info("%s: built a computation of %s from %s: %d ops -> %d primitives in "
+                "%.4f s (passes %.4f s, the rest %.4f s)", comp.transformer.name,
+                _short_list(getattr(r, "name", "?") for r in comp.requested) or "nothing",
+                _short_list(p.name for p in comp.params) or "no placeholders",
+                getattr(graph, "ops_before", 0), primitives, seconds, passes,
+                seconds - passes)
+
+
+def _value_type(op):
+    """``(C:64, N:128) float32``: an op's axes and dtype, as op reprs show them."""
+    return f"({', '.join(repr(a) for a in op.axes)}) {op.dtype}"
+
+
+def _short_list(items, most=6):
+    """``items`` joined by commas, the ones after the first ``most`` counted."""
+    items = list(items)
+    if len(items) > most:
+        items = items[:most] + [f"... {len(items) - most} more"]
+    return ", ".join(items)
 
 
 def _lengths_set(order):
@@ -136,6 +168,22 @@ class Computation:
     def source(self) -> str:
         """The code the backend generated for this computation, as text."""
         return self._source
+
+    def __repr__(self):
+        # <NumPyComputation of NumPyTransformer 'numpy': (x: (C:64, N:128) float32)
+        #  -> (Tanh_3: (C:64, N:128) float32, SetItem_1), 12 primitives>
+        t = getattr(self, "transformer", None)
+        params = _short_list(f"{p.name}: {_value_type(p)}" for p in getattr(self, "params", ()))
+        results = _short_list(
+            f"{r.name}: {_value_type(r)}" if isinstance(r, og.TensorOp) else r.name
+            for r in getattr(self, "requested", ()))
+        ops = getattr(self, "ops", None)
+        count = ""
+        if ops is not None:
+            n = sum(1 for op in ops if not isinstance(op, og.AssignableTensorOp))
+            count = f", {n} primitive{'' if n == 1 else 's'}"
+        return (f"<{type(self).__name__} of {type(t).__name__} {getattr(t, 'name', None)!r}: "
+                f"({params}) -> ({results}){count}>")
 
     def _check_feed(self, i, v):
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
@@ -261,6 +309,27 @@ class Transformer:
         self._allocated = False
         self._initialized_all = False
 
+    def __repr__(self):
+        # <NumPyTransformer 'numpy': 2 computations, 3 variables, allocated>
+        comps = getattr(self, "computations", [])
+        details = [f"{len(comps)} computation{'' if len(comps) == 1 else 's'}"]
+        if comps:
+            n = len(self.variables())
+            details.append(f"{n} variable{'' if n == 1 else 's'}")
+        details += self._repr_details()
+        return f"<{type(self).__name__} {self.name!r}: {', '.join(details)}>"
+
+    def _repr_details(self):
+        """More ``repr`` details (strings) of a transformer; subclasses may extend."""
+        details = []
+        if getattr(self, "_allocated", False):
+            details.append("allocated")
+        if getattr(self, "disabled", None):
+            details.append(f"disable={sorted(self.disabled)}")
+        if self.sample_axis is not None:
+            details.append(f"sample_axis={self.sample_axis!r}")
+        return details
+
     def passes(self) -> list[Pass]:
         """The ordered pass pipeline. Ordering constraints:
 
@@ -309,9 +378,18 @@ class Transformer:
         return list(graph.results)
 
     def _run_pipeline(self, graph, stop_after=None):
+        # Seconds per pass are kept on the graph (``pass_seconds``) for the log.
+        graph.pass_seconds = timings = {}
+        graph.ops_before = len(graph.ops())
+        debug = logger.isEnabledFor(logging.DEBUG)
         for p in self.passes():
             if p.name not in self.disabled or p.name in self._required:
+                start = time.perf_counter()
                 p.run(graph, self)
+                timings[p.name] = seconds = time.perf_counter() - start
+                if debug:
+                    logger.debug("%s: pass %s took %.6f s (%d ops after it)", self.name,
+                                 p.name, seconds, len(graph.ops()))
                 if p.name in self.dump_after:
                     from geon.op_graph.printing import dump
                     dump(graph.results, f"after pass {p.name}", self.dump_file)
@@ -322,8 +400,11 @@ class Transformer:
     def computation(self, results: Any, *params: og.TensorOp) -> Computation:
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
         from the placeholders ``params`` (its call arguments, in order)."""
+        start = time.perf_counter()
         with self._lock, no_gc():
             comp = self.computation_class(self, results, params)
+            if logger.isEnabledFor(logging.INFO):
+                _log_computation(comp, time.perf_counter() - start)
             self.computations.append(comp)
             self._initialized_all = False
             for c in self.computations:  # the next call of each goes through initialize

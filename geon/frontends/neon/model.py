@@ -11,7 +11,7 @@ import geon as be
 from geon.errors import ArgumentError
 from geon.frontends.neon.data import ArrayIterator
 from geon.frontends.neon.optimizers import SGD
-from geon.frontends.neon.progress import make_progress
+from geon.frontends.neon.progress import clock, make_progress
 from geon.op_graph.nodes import user_location
 
 
@@ -339,7 +339,7 @@ class Model:
                     rate = seen / (time.perf_counter() - start_time)
                     logs = {"loss": float(loss), "step": step, "rate": rate}
                     progress.update(f"epoch {epoch + 1}/{first + epochs}", step - epoch * spe,
-                                    spe, f"loss {float(loss):.4f} {rate:.1f} steps/s")
+                                    spe, f"loss {float(loss):.4f}", rate=rate)
                     for cb in callbacks:
                         cb.on_step_end(self, step, logs)
                     if interrupted:
@@ -353,9 +353,12 @@ class Model:
                     val = self.evaluate(*validation_data)
                     logs.update({f"val_{k}": v for k, v in val.items()})
                 history.append(logs)
+                left = first + epochs - epoch - 1   # epochs still to run
+                eta = f", ETA {clock(left * spe / logs['rate'])}" \
+                    if left and logs["rate"] else ""
                 progress.done(f"epoch {epoch + 1}/{first + epochs}: " + ", ".join(
                     f"{k} {v:.1f} steps/s" if k == "rate" else f"{k} {v:.4f}"
-                    for k, v in logs.items() if k not in ("epoch", "step")))
+                    for k, v in logs.items() if k not in ("epoch", "step")) + eta)
                 for cb in callbacks:
                     cb.on_epoch_end(self, epoch + 1, logs)
                 if self.stop_training:

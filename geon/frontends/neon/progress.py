@@ -1,6 +1,7 @@
 """Progress output for training: tqdm's bar when tqdm is installed and the stream is a
 terminal, otherwise a plain bar (a redrawn line on a terminal, one line per epoch in a
-log)."""
+log). Both show the rate in steps per second and the time left (ETA) of the task.
+tqdm is optional (the ``examples`` extra installs it)."""
 
 import sys
 import time
@@ -21,21 +22,32 @@ class Progress:
         self.width = width
         self._last = 0.0
         self._len = 0
+        self._start = None  # (label, time, step) of the current task's first update
 
-    def update(self, label, step, total, info=""):
-        """Redraw the bar (terminals only, at most ~20 times a second)."""
+    def update(self, label, step, total, info="", rate=None):
+        """Redraw the bar (terminals only, at most ~20 times a second) with ``step`` of
+        ``total``, ``info``, the rate (``rate`` steps per second if given, else measured
+        from this task's first update) and the time left at that rate."""
         if not self.tty:
             return
         now = time.monotonic()
+        if self._start is None or self._start[0] != label:
+            self._start = (label, now, step)
+        if rate is None:
+            _, t0, s0 = self._start
+            rate = (step - s0) / (now - t0) if step > s0 and now > t0 else None
         if step < total and now - self._last < 0.05:
             return
         self._last = now
         filled = int(self.width * step / total) if total else self.width
         bar = "#" * filled + "." * (self.width - filled)
-        self._write(f"{label} [{bar}] {step}/{total} {info}")
+        speed = "" if not rate else \
+            f" | {rate:.1f} steps/s, ETA {clock(max(total - step, 0) / rate)}"
+        self._write(f"{label} [{bar}] {step}/{total} {info}".rstrip() + speed)
 
     def done(self, line):
         """Finish the current task with ``line`` (kept on screen / in the log)."""
+        self._start = None
         if not self.enabled:
             return
         if self.tty:
@@ -54,17 +66,19 @@ class Progress:
 
 
 class TqdmProgress:
-    """The same interface drawn by ``tqdm`` (one bar per task)."""
+    """The same interface drawn by ``tqdm`` (one bar per task; tqdm measures the rate
+    and the time left itself)."""
 
     def __init__(self, tqdm, stream):
         self.tqdm, self.stream, self.bar = tqdm, stream, None
 
-    def update(self, label, step, total, info=""):
+    def update(self, label, step, total, info="", rate=None):
         if self.bar is None:
-            self.bar = self.tqdm(total=total, desc=label, file=self.stream, leave=False)
-        self.bar.n = step
+            # initial: a resumed epoch starts part way; tqdm's rate counts from there.
+            self.bar = self.tqdm(total=total, desc=label, file=self.stream, leave=False,
+                                 unit="step", initial=max(step - 1, 0))
         self.bar.set_postfix_str(info, refresh=False)
-        self.bar.refresh()
+        self.bar.update(step - self.bar.n)   # update (not n =): tqdm's rate follows it
 
     def done(self, line):
         if self.bar is not None:
@@ -72,6 +86,16 @@ class TqdmProgress:
             self.bar = None
         self.stream.write(line + "\n")
         self.stream.flush()
+
+
+def clock(seconds):
+    """``m:ss`` (or ``h:mm:ss``) of a number of seconds, rounded up."""
+    s = int(-(-seconds // 1)) if seconds == seconds and seconds < 1e9 else None
+    if s is None:
+        return "?"
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def make_progress(stream=None, enabled=True):

@@ -1,4 +1,4 @@
-"""Import ONNX models as geon graphs (the optional extra ``geon[onnx]``).
+"""Import ONNX models as geon graphs (the optional extra ``geon-graph[onnx]``).
 
 ::
 

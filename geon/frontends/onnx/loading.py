@@ -38,7 +38,7 @@ def onnx_module():
         import onnx
     except ImportError:  # pragma: no cover - depends on the environment
         raise GeonError("the ONNX frontend needs the onnx package: "
-                        "pip install 'geon[onnx]'") from None
+                        "pip install 'geon-graph[onnx]'") from None
     return onnx
 
 

@@ -14,13 +14,47 @@ passed as ``GPUTransformer(runtime=...)``.
 """
 
 import atexit
+import os
+import shutil
+import time
 import warnings
 
 import numpy as np
 
+from geon._logging import get_logger
 from geon.errors import ArgumentError, GeonError
 
+logger = get_logger(__name__)
+
 _runtimes = {}
+
+#: Why the GPU transformer cannot be made without pycuda, and what to do.
+PYCUDA_MISSING = (
+    "pycuda is not installed (pip install -e '.[gpu]' in a checkout, or "
+    "pip install 'geon-graph[gpu]'); building pycuda needs the CUDA toolkit: its headers "
+    "(cuda.h) and nvcc, found through CUDA_ROOT (e.g. export CUDA_ROOT=/usr/local/cuda) "
+    "or nvcc on PATH; see doc/gpu.rst")
+
+#: What to do when pycuda is installed but ``pycuda.driver`` does not import.
+DRIVER_ADVICE = (
+    "check that the NVIDIA driver is installed (nvidia-smi works, libcuda.so is found), "
+    "and that pycuda was built against this machine's CUDA toolkit (rebuild it with "
+    "CUDA_ROOT set: pip install --force-reinstall --no-cache-dir --no-binary pycuda "
+    "pycuda)")
+
+
+def compile_failure(error):
+    """A :class:`GeonError` saying what to do when pycuda could not compile kernels
+    because nvcc is missing, else ``None`` (the original error stands)."""
+    if shutil.which("nvcc") is not None:
+        return None
+    var = next((v for v in ("CUDA_ROOT", "CUDA_HOME") if os.environ.get(v)), None)
+    where = (f"add {os.path.join(os.environ[var], 'bin')} ({var}'s bin folder) to PATH"
+             if var else "add the CUDA toolkit's bin folder to PATH (export "
+             "PATH=/usr/local/cuda/bin:$PATH, or wherever the toolkit is)")
+    return GeonError(f"the gpu transformer could not compile its kernels: pycuda runs "
+                     f"nvcc, the CUDA compiler, at run time and nvcc is not on PATH; "
+                     f"{where} ({type(error).__name__}: {error})")
 
 
 def gpu_status(device=0):
@@ -29,11 +63,12 @@ def gpu_status(device=0):
     try:
         import pycuda  # noqa: F401  (is it installed?)
     except ImportError:
-        return False, "pycuda is not installed (pip install -e '.[gpu]')"
+        return False, PYCUDA_MISSING
     try:
         import pycuda.driver as drv
     except ImportError as e:
-        return False, f"pycuda is installed but the CUDA driver cannot be loaded ({e})"
+        return False, (f"pycuda is installed but the CUDA driver cannot be loaded ({e}); "
+                       f"{DRIVER_ADVICE}")
     try:
         drv.init()
         count = drv.Device.count()
@@ -112,9 +147,20 @@ class PyCUDARuntime:
             if k.name not in self._functions and k.name not in seen:
                 new.append(k)
                 seen.add(k.name)
+        logger.debug("gpu: %d kernel(s) compiled already, %d to compile",
+                     len(kernels) - len(new), len(new))
         if not new:
             return
-        mod = SourceModule(module_source(new), no_extern_c=True, arch=self.arch)
+        start = time.perf_counter()
+        try:
+            mod = SourceModule(module_source(new), no_extern_c=True, arch=self.arch)
+        except Exception as e:  # pycuda's own error types; OSError without nvcc
+            failure = compile_failure(e)
+            if failure is None:
+                raise
+            raise failure from e
+        logger.debug("gpu: nvcc compiled %d kernel(s) in %.3f s", len(new),
+                     time.perf_counter() - start)
         self._modules.append(mod)
         for k in new:
             f = mod.get_function(k.name)

@@ -323,6 +323,10 @@ class GPUTransformer(CudaCodegenTransformer):
         super().__init__(**kwargs)
         self.state = DeviceState(runtime)
 
+    def _repr_details(self):
+        runtime = getattr(self.runtime, "name", None) or type(self.runtime).__name__
+        return [f"device {runtime}", f"gemm={self.gemm!r}"] + super()._repr_details()
+
     def synchronize(self):
         """Wait until every kernel launched so far has finished."""
         self.runtime.synchronize()
