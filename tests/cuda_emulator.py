@@ -60,6 +60,13 @@ static inline float __uint_as_float(unsigned int b) { float f; std::memcpy(&f, &
 static inline double __longlong_as_double(long long b) {
     double d; std::memcpy(&d, &b, 8); return d;
 }
+// CUDA's explicitly rounded double operations: plain IEEE operations here (the kernels
+// are compiled with -ffp-contract=off, so nothing is fused into a multiply-add)
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) {
     float4 r = {x, y, z, w}; return r;
@@ -209,7 +216,8 @@ def _build(source, tag):
         f.write(source)
     tmp = path + f".{os.getpid()}.tmp"
     try:
-        run = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w",
+        run = subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-shared",
+                              "-fPIC", "-w",
                               "-fno-strict-aliasing", "-o", tmp, src],
                              capture_output=True, text=True)
         if run.returncode != 0:

@@ -251,6 +251,35 @@ def test_max_pool_derivative_goes_to_the_first_maximum():
     np.testing.assert_array_equal(gx, want)
 
 
+@pytest.mark.parametrize("kernel,spatial", [((2, 2), (6, 8)), ((3,), (9,)),
+                                            ((2, 1, 3), (4, 3, 6)), ((1, 1), (3, 3))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tiling_max_pool_with_ties_and_nans_equals_the_reference(kernel, spatial, dtype):
+    """Windows that tile the input (kernel = stride) take their own NumPy path: many
+    ties (small integers) give the reference evaluator's values; a window holding a NaN
+    has a NaN maximum and passes no derivative (as the strided path)."""
+    rng = np.random.default_rng(len(spatial))
+    xv = rng.integers(0, 3, (2, 3) + spatial).astype(dtype)
+    pooled = tuple(n // k for n, k in zip(spatial, kernel))
+    dv = rng.standard_normal((2, 3) + pooled).astype(dtype)
+    x = be.np.placeholder(xv.shape, dtype=dtype)
+    d = be.np.placeholder(dv.shape, dtype=dtype)
+    y = be.np.max_pool(x, kernel)
+    f = be.NumPyTransformer().computation([y, be.deriv(y, x, error=d)], x, d)
+    want = be.evaluate([y, be.deriv(y, x, error=d)], {x: xv, d: dv})
+    for g, w in zip(f(xv, dv), want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    xv[0, 1].flat[0] = np.nan  # the first window of (0, 1)
+    vy, vg = f(xv, dv)
+    assert np.isnan(vy[0, 1].flat[0]) and np.isnan(vy).sum() == 1
+    window = (0, 1) + tuple(slice(0, k) for k in kernel)
+    assert not vg[window].any()
+    rest = np.ones(xv.shape, bool)
+    rest[window] = False
+    np.testing.assert_array_equal(vg[rest], want[1][rest])
+
+
 # --- errors at build time ------------------------------------------------------------------
 
 C, H, W = be.Axis(4, "C"), be.Axis(7, "H"), be.Axis(5, "W")

@@ -212,6 +212,25 @@ def test_results_are_distinct_arrays_the_caller_owns():
     assert not np.shares_memory(again[0], out[0])      # a new array each call
 
 
+def test_reshaped_results_are_arrays_the_caller_owns():
+    # a result that is a reshape of a new buffer goes out without a copy, once
+    x = be.np.placeholder((2, 6), name="x")
+    y = be.np.reshape(x * 2.0, (3, 4))
+    f = be.NumPyTransformer().computation([y, y, be.np.reshape(y, (12,))], x)
+    xv = np.arange(12.0, dtype=np.float32).reshape(2, 6)
+    out = f(xv)
+    assert [a.shape for a in out] == [(3, 4), (3, 4), (12,)]
+    for i in range(3):
+        np.testing.assert_array_equal(out[i].ravel(), 2 * xv.ravel())
+        for j in range(i + 1, 3):
+            assert not np.shares_memory(out[i], out[j]), (i, j)
+    again = f(xv)
+    for a, b in zip(out, again):
+        assert not np.shares_memory(a, b)
+    out[0][...] = -1.0  # the caller's to write
+    np.testing.assert_array_equal(again[0].ravel(), 2 * xv.ravel())
+
+
 # --- 3. cross-entropy, safelog and powers at infinities and zeros ------------------------
 
 def test_softmax_cross_entropy_with_masked_and_huge_logits():

@@ -22,7 +22,9 @@ Element ``i`` of a ``float32`` uniform draw is ``(w[i] >> 8) * 2**-24``; of a ``
 one, ``((w[2i] >> 5) * 2**26 + (w[2i+1] >> 6)) * 2**-53``. A standard normal element
 takes two uniforms ``u1`` in ``(0, 1]`` and ``u2`` in ``[0, 1)`` from the words of two
 uniform elements (``2i`` and ``2i + 1``) and returns ``sqrt(-2 log u1) cos(2 pi u2)``
-(Box-Muller, computed in float64).
+(Box-Muller, computed in float64 and rounded to the draw's dtype), with ``log`` and
+``cos`` from :mod:`geon.op_graph.portable_math`: fixed sequences of correctly rounded
+float64 operations that give the same bits on every backend.
 """
 
 import itertools
@@ -35,6 +37,7 @@ import numpy as np
 from geon.errors import ArgumentError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
+from geon.op_graph import portable_math
 from geon.op_graph.axes import AxesLike, as_axes
 from geon.op_graph.ordering import PART_OF_READER
 
@@ -103,7 +106,7 @@ def draw(distribution, shape, dtype, seed, stream, step):
     w = philox_words(2 * n * per, seed, stream, step).reshape(n, 2, per)
     u1 = uniform_from_words(w[:, 0].reshape(-1), dtype, open_low=True).astype(np.float64)
     u2 = uniform_from_words(w[:, 1].reshape(-1), dtype).astype(np.float64)
-    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+    z = portable_math.normal_from_uniforms(u1, u2)
     return z.astype(dtype).reshape(shape)
 
 

@@ -2,12 +2,13 @@
 
 One thread per element computes the Philox-4x32-10 block(s) holding that element's
 words, exactly as :func:`geon.op_graph.random.draw` does: the uniform numbers are the
-same bits on every backend; a normal number is the same formula in double precision, so
-it equals NumPy's up to the last bit of the device's ``log`` and ``cos``.
+same bits on every backend, and so are the normal ones: Box-Muller runs the float64
+program of :mod:`geon.op_graph.portable_math` (``geon_normal``, written out with
+``__dadd_rn`` / ``__dmul_rn`` / ..., never contracted into fused multiply-adds), not the
+device's ``log`` and ``cos``.
 """
 
-import math
-
+from geon.op_graph import portable_math
 from geon.op_graph import random as rnd
 from geon.transformers.gpu import kernels
 from geon.transformers.gpu.cuda import ctype
@@ -57,14 +58,14 @@ def random_kernel(params, op, out, step, ops):
     lines.append("        const unsigned long long e = (unsigned long long)i;")
     if op.distribution == "uniform":
         value = f"{f}(e * {per}, {key}, 0)"
-    else:  # Box-Muller from the uniforms of words 2 e per and (2 e + 1) per, in double
+    else:  # Box-Muller from the uniforms of words 2 e per and (2 e + 1) per, as draw()
         lines.append(f"        const double u1 = (double){f}(e * {2 * per}, {key}, 1);")
         lines.append(f"        const double u2 = (double){f}(e * {2 * per} + {per}, {key}, 0);")
-        value = f"sqrt(-2.0 * log(u1)) * cos({2.0 * math.pi!r} * u2)"  # as draw()
+        value = "geon_normal(u1, u2)"
     lines.append(f"        {out}[i] = ({ctype(op.dtype)})({value});")
     lines.append("    }")
     return kernels.Kernel("random", params, lines, kernels.EW_THREADS,
                           (kernels._grid_1d(n, kernels.EW_THREADS),), (kernels.EW_THREADS,),
-                          ops, deps=(PHILOX_SOURCE,),
+                          ops, deps=(PHILOX_SOURCE, portable_math.CUDA_SOURCE),
                           note=f"Random {op.distribution} {op.axes.shape}")
 

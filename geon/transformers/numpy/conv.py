@@ -4,8 +4,11 @@ A convolution is one copy of a strided window view of the (padded) image into im
 order, and one ``matmul`` per group; its transpose in the image is, for stride 1, the
 same with the flipped filter, and otherwise one ``matmul`` and one strided add per
 kernel offset (col2im); its transpose in the filter is one ``matmul`` over the im2col
-copy. Max pooling takes the maximum over one strided view per kernel offset.
-No Python loop runs over output positions.
+copy. Max pooling takes the maximum over one strided view per kernel offset; where the
+windows tile the input (kernel = stride, no padding or dilation, the common case) it
+reduces one kernel dim at a time instead, and its derivative is one comparison of x with
+the repeated maxima and one product with the repeated dy, in x's own layout, so no pass
+has a short strided inner loop. No Python loop runs over output positions.
 """
 
 import math
@@ -140,9 +143,48 @@ def _tap_views(xp, kernel, out, strides, dilation):
             for t in np.ndindex(*kernel)]
 
 
+def _tiled_max(x, kernel, P, out):
+    """``out`` (M * prod(P),) = the window maxima of x (..., *S) for windows that tile it
+    (see :func:`_tiles`), one kernel dim at a time, last first: each pass takes the
+    maximum of k strided column views of (L, k, run), ``run`` the contiguous output
+    positions after that dim (a long inner loop, never a short strided one). A window
+    holding a NaN has a NaN maximum, as on the strided path."""
+    cur, run = x, 1
+    for i in reversed(range(len(kernel))):
+        k = kernel[i]
+        r = cur.reshape(-1, k, run)
+        nxt = _into(out, r[:, 0].shape) if i == 0 else np.empty(r[:, 0].shape, x.dtype)
+        if k == 1:
+            np.copyto(nxt, r[:, 0])
+        else:
+            np.maximum(r[:, 0], r[:, 1], out=nxt)
+            for j in range(2, k):
+                np.maximum(nxt, r[:, j], out=nxt)
+        cur, run = nxt, run * P[i]
+    return out
+
+
+def _tiled_broadcast(a, kernel, P):
+    """``a`` (..., *P) as (M, P0, 1, P1, 1, ..., P_last * k_last): repeated along the last
+    kernel dim, broadcastable against x reshaped by :func:`_tiled_shape`."""
+    r = np.repeat(a.reshape(-1, P[-1]), kernel[-1], axis=1) if kernel[-1] > 1 else a
+    shape = (-1,) + tuple(d for p in P[:-1] for d in (p, 1)) + (P[-1] * kernel[-1],)
+    return r.reshape(shape)
+
+
+def _tiled_shape(kernel, P):
+    """x (..., *S) as (M, P0, k0, P1, k1, ..., P_last * k_last) for tiling windows."""
+    return (-1,) + tuple(d for p, k in zip(P[:-1], kernel[:-1]) for d in (p, k)) + (
+        P[-1] * kernel[-1],)
+
+
 def max_pool(x, out, kernel, strides, pads, dilation):
     """``out`` (..., *P): the maximum of each window of x (..., *S)."""
-    P = out.shape[out.ndim - len(kernel):]
+    n = len(kernel)
+    P = out.shape[out.ndim - n:]
+    if _tiles(x.shape[x.ndim - n:], kernel, strides, pads, dilation, P):
+        _tiled_max(x, kernel, P, out)
+        return
     views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
     np.copyto(out, views[0])
     for v in views[1:]:
@@ -172,16 +214,37 @@ def _tiles(shape, kernel, strides, pads, dilation, P):
         for n, k, s, d, p in zip(shape, kernel, strides, dilation, P))
 
 
+def _keep_first(hits, kernel, P):
+    """Clear, in ``hits`` (bool, x's tiled layout), every hit after the first of its
+    window in kernel-offset order."""
+    t = hits.reshape((-1,) + tuple(d for p, k in zip(P, kernel) for d in (p, k)))
+    taken = None
+    for tap in np.ndindex(*kernel):
+        h = t[(slice(None),) + tuple(x for i in tap for x in (slice(None), i))]
+        if taken is None:
+            taken = h.copy()
+        else:
+            np.greater(h, taken, out=h)  # and not taken by an earlier offset
+            taken |= h
+
+
 def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
     """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x."""
     n = len(kernel)
     P = dy.shape[dy.ndim - n:]
     S = x.shape[x.ndim - n:]
-    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
-    if _tiles(S, kernel, strides, pads, dilation, P):  # each offset writes its own places
-        for mask, o in zip(masks, _tap_views(out, kernel, P, strides, dilation)):
-            np.multiply(dy, mask, out=o)
+    if _tiles(S, kernel, strides, pads, dilation, P) and x.dtype == dy.dtype == out.dtype:
+        # each input is in one window: out = dy (repeated over the window) where x is its
+        # window's first maximum, else dy * 0 (as below); all passes in x's own layout
+        top = _tiled_max(x, kernel, P, np.empty(dy.size, x.dtype))
+        shape = _tiled_shape(kernel, P)
+        first = _into(np.empty(x.shape, bool), shape)  # C order: _keep_first writes views
+        np.equal(x.reshape(shape), _tiled_broadcast(top, kernel, P), out=first)
+        if np.count_nonzero(first) != top.size - np.count_nonzero(np.isnan(top)):
+            _keep_first(first, kernel, P)  # some window has its maximum twice
+        np.multiply(_tiled_broadcast(dy, kernel, P), first, out=_into(out, shape))
         return
+    masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
     xp = np.zeros(x.shape[:x.ndim - n] + tuple(m + lo + hi for m, (lo, hi) in
                                                 zip(S, pads)), out.dtype)
     part = np.empty(dy.shape, out.dtype)

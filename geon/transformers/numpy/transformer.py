@@ -384,16 +384,20 @@ class NumPyComputation(Computation):
                 body.extend("    " + ln for ln in lines[1:])
                 if check and out is not None and numerics.checked(op):
                     body.append(self._check_line(op, out, arg_names(op)))
-        # The caller owns every array returned: a fresh buffer goes out once; another
-        # request for the same op (CSE merges equal results), views, storage and feeds
-        # are copied.
+        # The caller owns every array returned: a fresh buffer goes out once, itself or
+        # as a reshape of it (a view of all of it: no copy of a result whose axes were
+        # only cast or regrouped); another request for the same buffer (CSE merges equal
+        # results), other views, storage and feeds are copied.
         returns, handed = [], set()
         for r in self.results:
+            base = r
+            while isinstance(base, pr.Reshape):
+                base = base.args[0]
             if isinstance(r, og.VoidOp):
                 returns.append("None")
-            elif r in fresh and r not in handed:
+            elif base in fresh and base not in handed:
                 returns.append(names[r])
-                handed.add(r)
+                handed.add(base)
             else:
                 returns.append(f"np.array({names[r]})")
         # Feeds: arrays of the right shape and dtype pass with three comparisons; the
