@@ -34,8 +34,8 @@ class Model:
         dtype: of the input placeholder.
         data_parallel: train on every rank of an MPI job (``mpirun -n N``; see
             doc/distributed.rst): ``batch_size`` is then each rank's *local* batch and
-            a step trains on ``N * batch_size`` samples. Needs :mod:`geon.distributed`
-            (``mpi4py``); it calls :func:`geon.distributed.init` unless that was done.
+            a step trains on ``N * batch_size`` samples. Needs ``geon.distributed``
+            (``mpi4py``); it calls ``geon.distributed.init`` unless that was done.
             Without ``mpirun`` the job is one rank.
 
     The training computation returns the loss and applies the optimizer's updates

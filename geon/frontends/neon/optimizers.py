@@ -90,7 +90,7 @@ class Optimizer:
 
         ``average``, for data-parallel training, maps the list of gradients to the
         list of the same gradients averaged over the ranks (as
-        :func:`geon.distributed.average_gradients` does); it is applied before
+        ``geon.distributed.average_gradients`` does); it is applied before
         clipping, weight decay and the rule, so every rank makes the same update."""
         if variables is None:
             variables = loss.variables()

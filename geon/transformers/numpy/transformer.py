@@ -621,7 +621,7 @@ class NumPyTransformer(Transformer):
             every floating-point feed when the computation is called; the first that
             holds a NaN or an infinity raises :class:`~geon.errors.NumericsError`
             naming the op, the user's op it was lowered from, its source line and which
-            of its inputs were finite (see :mod:`geon.transformers.numerics`). Off, the
+            of its inputs were finite (see ``geon.transformers.numerics``). Off, the
             generated code is exactly what it is without the option.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
