@@ -174,7 +174,7 @@ def _worker(args):
     phase(solo, step, 1, 2)
     phase(both, step, 2, 2)
     phase(solo, cnn, 1, 2)
-    samples = {"1": [], "2": [], "ar1": [], "ar2": [], "cnn": []}
+    samples = {"1": [], "2": [], "2solo": [], "ar1": [], "ar2": [], "cnn": []}
     costs = {s: [] for s in SIZES}
     for _ in range(args.repeats):
         dt, spent = phase(solo, step, 1, args.steps)
@@ -183,6 +183,9 @@ def _worker(args):
         dt, spent = phase(both, step, 2, args.steps)
         samples["2"].append(dt)
         samples["ar2"].append(spent)
+        # both ranks stepping at once with no communication (each on its own 1-rank
+        # communicator): the step time two busy cores allow, the ceiling of the speedup
+        samples["2solo"].append(phase(solo, step, 2, args.steps)[0])
         samples["cnn"].append(phase(solo, cnn, 1, args.steps)[0])
         for size in SIZES:   # allreduce cost per byte, one round of sizes per repeat
             buf = np.ones(size // 4, np.float32)
@@ -198,7 +201,7 @@ def _worker(args):
     if rank == 0:
         med = {k: statistics.median(v) for k, v in samples.items()}
         out = {"ranks": world.size, "batch": args.batch, "grad_bytes": grad_bytes,
-               "step_1": med["1"], "step_2": med["2"], "allreduce_1": med["ar1"],
+               "step_1": med["1"], "step_2": med["2"], "step_2_solo": med["2solo"], "allreduce_1": med["ar1"],
                "allreduce_2": med["ar2"], "cnn_step": med["cnn"], "cnn_batch": 32,
                "cnn_params": cnn_params, "cpus": cpus, "repeats": args.repeats,
                "speedups": [2 * a / b for a, b in zip(samples["1"], samples["2"])],
@@ -220,6 +223,11 @@ def _launch(args, bind):
                **{v: "1" for v in THREAD_VARS})
     cmd = [_mpirun(), "-n", "2"] + (["--bind-to", "core"] if bind else
                                     ["--oversubscribe", "--bind-to", "none"])
+    if args.allreduce == "ring":
+        # Open MPI's own ring algorithm instead of its fixed decision rules (which pick
+        # a slower algorithm for 2 ranks and megabyte buffers on this machine)
+        cmd += ["--mca", "coll_tuned_use_dynamic_rules", "1",
+                "--mca", "coll_tuned_allreduce_algorithm", "4"]
     cmd += [sys.executable, "-m", "benchmarks.distributed", "--worker",
             "--batch", str(args.batch), "--steps", str(args.steps),
             "--repeats", str(args.repeats)]
@@ -267,8 +275,11 @@ def report(r, bound):
           f"{r['grad_bytes']:,} bytes of gradients in one allreduce per step; every rank "
           f"on one thread ({', '.join(THREAD_VARS)} = 1); ranks "
           + ("bound to a core each (mpirun --bind-to core)" if bound else "not bound")
-          + f"; CPUs each rank may use: {r['cpus']}; medians of {r['repeats']} "
-          "interleaved repeats.")
+          + f"; CPUs each rank may use: {r['cpus']}; Open MPI allreduce algorithm: "
+          + ("its default decision rules" if r["allreduce_algorithm"] == "default" else
+             "ring (--mca coll_tuned_use_dynamic_rules 1 --mca "
+             "coll_tuned_allreduce_algorithm 4)")
+          + f"; medians of {r['repeats']} interleaved repeats.")
     rows = []
     for n in (1, 2):
         step, spent = r[f"step_{n}"], r[f"allreduce_{n}"]
@@ -277,6 +288,10 @@ def report(r, bound):
     table("Throughput of the data-parallel MLP step", [
         "ranks", "global batch", "step", "samples/s", "vs 1 rank", "allreduce/step",
         "allreduce share"], rows)
+    print(f"\nBoth ranks stepping at once without communicating: {ms(r['step_2_solo'])} "
+          f"per step, so two busy cores allow at most "
+          f"{2 * r['step_1'] / r['step_2_solo']:.2f}× (memory bandwidth and caches are "
+          "shared); the rest of the gap is the allreduce and waiting for the slower rank.")
     sp = sorted(r["speedups"])
     print(f"\n2-rank / 1-rank throughput: {2 * r['step_1'] / r['step_2']:.2f}× (ratio of "
           f"medians; per repeat {sp[0]:.2f}-{sp[-1]:.2f}×); target ≥ 1.7× with a core "
@@ -319,6 +334,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--no-bind", action="store_true", help="do not bind ranks to cores")
+    p.add_argument("--allreduce", choices=("default", "ring"), default="default",
+                   help="Open MPI's allreduce algorithm: its default decision rules, or "
+                        "its ring algorithm (--mca coll_tuned_allreduce_algorithm 4)")
     p.add_argument("--quick", action="store_true", help="3 repeats of 3 steps (a check)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -335,6 +353,7 @@ def main(argv=None):
         print(f"binding ranks to cores failed; running unbound ({str(e).splitlines()[0]})")
         bound = False
         r = _launch(args, bind=False)
+    r["allreduce_algorithm"] = args.allreduce
     report(r, bound)
 
 
