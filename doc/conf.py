@@ -24,12 +24,19 @@ napoleon_numpy_docstring = False  # our docstrings use the Google style ("Args:"
 autosummary_generate = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Defaults as written in the source (``dtype=np.float32``, not "<class ...>", which
+# would also spoil the signature's type links)
+autodoc_preserve_defaults = True
 nitpicky = True
 # Types from outside geon that signatures name; without intersphinx (the build must
 # work offline) they cannot be linked.
 nitpick_ignore = [("py:class", "numpy.ndarray"), ("py:class", "numpy.dtype"),
                   ("py:class", "numpy.generic"), ("py:class", "os.PathLike"),
-                  ("py:class", "types.SimpleNamespace")]
+                  ("py:class", "types.SimpleNamespace"),
+                  # the optional frontends' types (onnx, torch are not imported here)
+                  ("py:class", "onnx.ModelProto"), ("py:class", "torch.nn.Module"),
+                  # make_progress's tqdm-drawn bar: not exported, described there
+                  ("py:class", "geon.frontends.neon.progress.TqdmProgress")]
 root_doc = "index"
 exclude_patterns = ["_build"]
 highlight_language = "python"

@@ -13,10 +13,10 @@ dtype (up to ``bucket_bytes``), averaged by one allreduce, then split back as vi
 a step makes one MPI call per bucket rather than one per Variable.
 """
 
-import collections
 import os
 import sys
 import traceback
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -32,27 +32,36 @@ except ImportError as _e:  # also a missing libmpi under an installed mpi4py
         f"against it; import failed with: {_e}") from _e
 
 import geon as be
+from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axis
 from geon.op_graph.collectives import (AllReduce, BroadcastFrom, FlatConcat, collectives,
                                        flat_split, set_collectives)
+from geon.transformers.base import Transformer
+
+__all__ = ["BUCKET_BYTES", "MPICollectives", "World", "average_gradients", "data_parallel",
+           "init", "restore", "save", "sharded_batches", "sync_variables", "world"]
 
 #: Default bucket size, in bytes, for :func:`average_gradients` (one buffer per dtype
 #: up to this size; larger sets of gradients take several).
 BUCKET_BYTES = 64 << 20
 
-World = collections.namedtuple("World", "rank size comm")
-World.__doc__ = "This process's rank, the number of ranks, and their communicator."
+class World(NamedTuple):
+    """This process's rank, the number of ranks, and their communicator."""
+
+    rank: int
+    size: int
+    comm: Any
 
 
 class MPICollectives:
     """The collectives backend (see :mod:`geon.op_graph.collectives`) on an mpi4py
     communicator: each call is one MPI call on the planned buffers."""
 
-    def __init__(self, comm):
+    def __init__(self, comm: Any) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
-    def allreduce(self, x, out, mean):
+    def allreduce(self, x: np.ndarray, out: np.ndarray, mean: bool) -> None:
         """``out`` = the sum (or mean) of ``x`` over the ranks; in place if ``out`` is
         ``x`` (``MPI.IN_PLACE``)."""
         if out is x or np.may_share_memory(out, x):
@@ -62,11 +71,11 @@ class MPICollectives:
         if mean and self.size > 1:
             np.divide(out, self.size, out=out, casting="unsafe")
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
         """``buf`` = rank ``root``'s ``buf``, on every rank."""
         self.comm.Bcast(buf, root=root)
 
-    def barrier(self):
+    def barrier(self) -> None:
         """Wait until every rank gets here."""
         self.comm.Barrier()
 
@@ -83,7 +92,7 @@ def _abort_on_error(comm):
     return hook
 
 
-def init(comm=None, abort_on_error=True):
+def init(comm: Any = None, abort_on_error: bool = True) -> World:
     """Join the job: install MPI collectives for every geon computation of this process
     and return its :class:`World` ``(rank, size, comm)``.
 
@@ -99,7 +108,7 @@ def init(comm=None, abort_on_error=True):
     return world()
 
 
-def world():
+def world() -> World:
     """This process's :class:`World` (rank 0 of 1 before :func:`init`)."""
     c = collectives()
     return World(c.rank, c.size, getattr(c, "comm", None))
@@ -135,13 +144,16 @@ def _one_bucket(tensors, collective):
     return flat_split(collective(FlatConcat(*tensors, axis=total)), tensors)
 
 
-def average_gradients(grads, bucket_bytes=BUCKET_BYTES):
+def average_gradients(grads: Iterable[og.TensorOp],
+                      bucket_bytes: int = BUCKET_BYTES) -> list[og.TensorOp]:
     """Each of ``grads`` averaged over the ranks, with one allreduce per bucket."""
     return _bucketed(list(grads), lambda t: AllReduce(t, reduce="mean"), bucket_bytes)
 
 
-def data_parallel(cost, variables=None, learning_rate=None, update=None,
-                  bucket_bytes=BUCKET_BYTES):
+def data_parallel(cost: og.TensorOp, variables: Optional[Iterable[og.Variable]] = None,
+                  learning_rate: Optional[og.TensorLike] = None,
+                  update: Optional[Callable[[og.Variable, og.TensorOp], Any]] = None,
+                  bucket_bytes: int = BUCKET_BYTES) -> list[og.Op]:
     """The update ops of one data-parallel step: the gradients of ``cost`` (each rank's
     cost on its local batch; a mean over the batch, so that averaging over ranks gives
     the mean over the global batch) with respect to ``variables`` (default: the
@@ -160,14 +172,15 @@ def data_parallel(cost, variables=None, learning_rate=None, update=None,
         def update(w, g):
             return be.SetItem(w, w - learning_rate * g)
     grads = average_gradients(be.deriv(cost, variables), bucket_bytes)
-    ops = []
+    ops: list[og.Op] = []
     for w, g in zip(variables, grads):
         u = update(w, g)
         ops.extend(u if isinstance(u, (list, tuple)) else [u])
     return ops
 
 
-def sync_variables(transformer, variables=None, root=0, bucket_bytes=BUCKET_BYTES):
+def sync_variables(transformer: Transformer, variables: Optional[Iterable[og.Variable]] = None,
+                   root: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Make every rank's Variables equal rank ``root``'s (initializing them first):
     call it on every rank after building the graph and before training, so that all
     ranks start from identical weights. ``variables`` defaults to the transformer's
@@ -184,8 +197,9 @@ def sync_variables(transformer, variables=None, root=0, bucket_bytes=BUCKET_BYTE
     transformer.write_values(dict(zip(variables, arrays)))
 
 
-def sharded_batches(arrays, local_batch, epoch=0, seed=0, shuffle=True, rank=None,
-                    size=None):
+def sharded_batches(arrays: Iterable[Any], local_batch: int, epoch: int = 0, seed: int = 0,
+                    shuffle: bool = True, rank: Optional[int] = None,
+                    size: Optional[int] = None) -> Iterator[tuple[Any, ...]]:
     """Yield this rank's part of each global batch of one epoch: tuples of slices of
     ``arrays`` (indexed along their first dimension), ``local_batch`` rows each.
 
@@ -211,7 +225,7 @@ def sharded_batches(arrays, local_batch, epoch=0, seed=0, shuffle=True, rank=Non
         yield tuple(a[rows] for a in arrays)
 
 
-def save(transformer, path):
+def save(transformer: Transformer, path: Union[str, os.PathLike]) -> None:
     """Write the checkpoint from rank 0 (atomically, by ``transformer.save``); every
     rank returns once the file is there. Every rank must call it."""
     if world().rank == 0:
@@ -219,7 +233,7 @@ def save(transformer, path):
     collectives().barrier()
 
 
-def restore(transformer, path):
+def restore(transformer: Transformer, path: Union[str, os.PathLike]) -> None:
     """Restore the checkpoint on every rank (after any :func:`save` in progress ends).
     A checkpoint holds the Variables only, never the number of ranks: one written by
     2 ranks restores on 1 or 3. A missing file or mismatched variables raise

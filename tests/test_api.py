@@ -29,7 +29,8 @@ NAMESPACES = [("geon", "geon"), ("geon.np", "geon.op_graph.np_ops"),
               ("geon.frontends.neon", "geon.frontends.neon"),
               ("geon.frontends.netgraph", "geon.frontends.netgraph"),
               ("geon.frontends.onnx", "geon.frontends.onnx"),
-              ("geon.frontends.torch", "geon.frontends.torch")]
+              ("geon.frontends.torch", "geon.frontends.torch"),
+              ("geon.distributed", "geon.distributed")]
 IDS = [n for n, _ in NAMESPACES]
 
 #: Public attributes of ``geon`` that ``__all__`` leaves out on purpose: the family
@@ -40,6 +41,8 @@ GEON_NOT_EXPORTED = {"np", "simple", "sum", "max", "min"}
 def _module(path):
     if path == "geon.frontends.torch":
         pytest.importorskip("torch", reason="geon.frontends.torch needs PyTorch")
+    if path == "geon.distributed":
+        pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
     return importlib.import_module(path)
 
 
@@ -86,22 +89,25 @@ def test_geon_exports_every_public_name():
 
 # --- type hints -----------------------------------------------------------------------------
 
-#: Namespaces whose public functions and classes must be fully annotated.
-TYPED = ["geon", "geon.op_graph.np_ops", "geon.op_graph.simple_axes"]
+#: Namespaces whose public functions and classes must be fully annotated, with the
+#: optional package each needs to import (``None``: none).
+TYPED = [("geon", None), ("geon.op_graph.np_ops", None),
+         ("geon.op_graph.simple_axes", None), ("geon.frontends.neon", None),
+         ("geon.frontends.onnx", None),  # imports onnx only when a model is loaded
+         ("geon.frontends.netgraph", None),  # imports torch only in to_pytorch_model
+         ("geon.frontends.torch", "torch"), ("geon.distributed", "mpi4py")]
 
 
-def _typed_objects():
-    out = []
-    for path in TYPED:
-        module = importlib.import_module(path)
-        names = list(module.__all__)
-        if path == "geon":
-            names += sorted(GEON_NOT_EXPORTED - {"np", "simple"})
-        elif path == "geon.op_graph.np_ops":
-            names += ["sum", "max", "min", "abs"]
-        for n in names:
-            out.append((f"{path}.{n}", getattr(module, n)))
-    return out
+def _typed_objects(path, needs):
+    if needs is not None:
+        pytest.importorskip(needs, reason=f"{path} needs {needs}, which is not installed")
+    module = importlib.import_module(path)
+    names = list(module.__all__)
+    if path == "geon":
+        names += sorted(GEON_NOT_EXPORTED - {"np", "simple"})
+    elif path == "geon.op_graph.np_ops":
+        names += ["sum", "max", "min", "abs"]
+    return [(f"{path}.{n}", getattr(module, n)) for n in names]
 
 
 def _unannotated(fn):
@@ -117,11 +123,12 @@ def _unannotated(fn):
     return missing
 
 
-def test_public_functions_and_classes_have_type_hints():
+@pytest.mark.parametrize("path,needs", TYPED, ids=[p for p, _ in TYPED])
+def test_public_functions_and_classes_have_type_hints(path, needs):
     """Every public function, and the constructor and public methods of every public
     class (those defined in geon), are annotated: each parameter and the return."""
     bad = []
-    for qual, obj in _typed_objects():
+    for qual, obj in _typed_objects(path, needs):
         if isinstance(obj, type):
             if issubclass(obj, BaseException):
                 continue

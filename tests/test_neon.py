@@ -559,6 +559,11 @@ def test_layer_errors_name_the_axes_and_the_line():
         nn.LSTM(3)(be.placeholder([N, F]))
     with pytest.raises(be.ArgumentError, match="unknown activation 'relux'"):
         nn.Activation("relux")
+    # A layer that needs an activation refuses None when built, naming the layer.
+    with pytest.raises(be.ArgumentError, match=r"Activation: the activation is None.*test_neon"):
+        nn.Activation(None)
+    with pytest.raises(be.ArgumentError, match="GRU: the activation is None"):
+        nn.GRU(3, activation=None)
     with pytest.raises(be.ArgumentError, match="nesterov=True needs a momentum"):
         nn.SGD(0.1, nesterov=True)
 

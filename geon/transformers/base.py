@@ -267,7 +267,7 @@ class Transformer:
     frontends get them with :func:`transformer_ops`.
     """
 
-    name = None
+    name: Optional[str] = None
     base_set = STANDARD_BASE_SET
     computation_class = Computation
     backend_steps = ()  # names of optional backend steps that ``disable`` accepts

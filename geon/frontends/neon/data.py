@@ -1,5 +1,7 @@
 """Data for training: minibatches of NumPy arrays, and the bundled digits set."""
 
+from typing import Any, Iterator, Optional
+
 import numpy as np
 
 from geon.errors import ArgumentError
@@ -21,7 +23,8 @@ class ArrayIterator:
     ``ranks * batch_size`` reads.
     """
 
-    def __init__(self, x, y=None, batch_size=32, shuffle=True, seed=0, rank=0, ranks=1):
+    def __init__(self, x: Any, y: Any = None, batch_size: int = 32, shuffle: bool = True,
+                 seed: int = 0, rank: int = 0, ranks: int = 1) -> None:
         self.x = np.asarray(x)
         self.y = None if y is None else np.asarray(y)
         if self.y is not None and len(self.y) != len(self.x):
@@ -38,31 +41,33 @@ class ArrayIterator:
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.rank, self.ranks = int(rank), int(ranks)
 
-    def shard(self, rank, ranks):
+    def shard(self, rank: int, ranks: int) -> "ArrayIterator":
         """This iterator for rank ``rank`` of ``ranks`` (the same arrays, order and
         local ``batch_size``): see the class's description."""
         return ArrayIterator(self.x, self.y, self.batch_size, self.shuffle, self.seed,
                              rank=rank, ranks=ranks)
 
     @property
-    def global_batch_size(self):
+    def global_batch_size(self) -> int:
         """``ranks * batch_size``: the samples of one step over every rank."""
         return self.ranks * self.batch_size
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.x)
 
     @property
-    def steps_per_epoch(self):
+    def steps_per_epoch(self) -> int:
+        """The number of full global batches in an epoch, ``len(x) // global_batch_size``."""
         return len(self.x) // self.global_batch_size
 
-    def order(self, epoch):
+    def order(self, epoch: int) -> np.ndarray:
         """The sample order of epoch ``epoch`` (0-based)."""
         if not self.shuffle:
             return np.arange(len(self.x))
         return np.random.default_rng((self.seed, epoch)).permutation(len(self.x))
 
-    def epoch(self, epoch, start=0):
+    def epoch(self, epoch: int, start: int = 0
+              ) -> Iterator[tuple[np.ndarray, Optional[np.ndarray]]]:
         """The batches ``(x, y)`` (``y`` None without targets) of epoch ``epoch`` from
         batch ``start`` on (this rank's blocks of them, when sharded)."""
         order, b, g = self.order(epoch), self.batch_size, self.global_batch_size
@@ -72,7 +77,7 @@ class ArrayIterator:
             yield self.x[idx], None if self.y is None else self.y[idx]
 
 
-def load_digits():
+def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The bundled 8x8 digits: ``(x_train, y_train, x_test, y_test)``, pixels float32
     in [0, 1] with shape ``(n, 64)``, labels int64; the held-out 20% is the fixed split
     of ``geon.examples.digits.split``."""

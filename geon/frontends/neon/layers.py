@@ -18,24 +18,34 @@ The axes: the *batch* axes (``Axis(..., batch=True)``) and the *recurrent* axis
 
 import itertools
 import zlib
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError, AxisMismatchError
 from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform, KaimingNormal
+from geon.op_graph import op_graph as og
+from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.nodes import user_location
 
-_counters = {}
+#: An activation: a function of an op, or the name of a geon function (``"relu"``).
+ActivationLike = Union[str, Callable[[og.TensorOp], og.TensorOp], None]
+#: An initializer: ``init(shape, dtype, name) -> array`` (see ``initializers``).
+Init = Callable[[tuple[int, ...], np.dtype, str], Any]
+#: An output axis, or its length.
+AxisOrLength = Union[Axis, int]
+
+_counters: dict[str, Iterator[int]] = {}
 
 
-def _auto_name(kind):
+def _auto_name(kind: str) -> str:
     n = _counters.setdefault(kind, itertools.count())
     i = next(n)
     return kind if i == 0 else f"{kind}_{i}"
 
 
-def _activation(fn):
+def _activation(fn: ActivationLike) -> Optional[Callable[[og.TensorOp], og.TensorOp]]:
     if fn is None or callable(fn):
         return fn
     try:
@@ -46,7 +56,16 @@ def _activation(fn):
                             ) from None
 
 
-def _features(x, what):
+def _required(fn: ActivationLike, what: str) -> Callable[[og.TensorOp], og.TensorOp]:
+    f = _activation(fn)
+    if f is None:
+        raise ArgumentError(f"{what}: the activation is None; give a callable or the name "
+                            f"of a geon function such as 'relu' or 'tanh' (at "
+                            f"{user_location()})")
+    return f
+
+
+def _features(x: og.TensorOp, what: str) -> Axes:
     feats = x.axes.sample_axes()
     if not len(feats):
         raise AxisMismatchError(f"{what}: input {x.name} ({x.axes!r}) has no feature axes "
@@ -61,21 +80,22 @@ class Layer:
     :meth:`variable`, which returns the existing one on later calls.
     """
 
-    def __init__(self, name=None, dtype=np.float32):
+    def __init__(self, name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         self.name = name or _auto_name(type(self).__name__.lower())
         self.dtype = np.dtype(dtype)
-        self._vars = {}
-        self._updates = []
+        self._vars: dict[str, og.Variable] = {}
+        self._updates: list[og.Op] = []
 
-    def __call__(self, x, training=False):
+    def __call__(self, x: og.TensorOp, training: bool = False) -> og.TensorOp:
         """The layer's output op for the input op ``x``; ``training`` selects the
         training behaviour of layers that have one (BatchNorm, Dropout)."""
         return self.forward(x, training)
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         raise NotImplementedError
 
-    def variable(self, short, axes, init, trainable=True):
+    def variable(self, short: str, axes: Iterable[Axis], init: Init,
+                 trainable: bool = True) -> og.TensorOp:
         """The Variable ``<self.name>/<short>`` (created on first use), read through
         :func:`geon.value_of`."""
         v = self._vars.get(short)
@@ -94,22 +114,22 @@ class Layer:
         return be.value_of(v)
 
     @property
-    def variables(self):
+    def variables(self) -> list[og.Variable]:
         """The layer's Variables (trainable or not), in creation order."""
         return list(self._vars.values())
 
-    def pop_updates(self):
+    def pop_updates(self) -> list[og.Op]:
         """The assignments (SetItems) the training-mode calls since the last
         ``pop_updates`` made, such as BatchNorm's running averages: a training
         computation requests them among its results. Cleared by the call."""
         ups, self._updates = self._updates, []
         return ups
 
-    def _rename(self, prefix):
+    def _rename(self, prefix: str) -> None:
         self.name = f"{prefix}/{self.name}"
 
 
-def _out_axis(n, layer):
+def _out_axis(n: AxisOrLength, layer: Layer) -> Axis:
     if isinstance(n, be.Axis):
         return n
     return be.Axis(int(n), name=f"{layer.name}_out")
@@ -123,16 +143,18 @@ class Affine(Layer):
     ``b``.
     """
 
-    def __init__(self, nout, activation=None, weight_init=None, bias_init=None,
-                 bias=True, name=None, dtype=np.float32):
+    def __init__(self, nout: AxisOrLength, activation: ActivationLike = None,
+                 weight_init: Optional[Init] = None, bias_init: Optional[Init] = None,
+                 bias: bool = True, name: Optional[str] = None,
+                 dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.nout, self.activation = nout, _activation(activation)
         self.weight_init = weight_init or GlorotUniform()
         self.bias_init = bias_init or Constant(0.0)
         self.bias = bias
-        self.out_axis = None
+        self.out_axis: Optional[Axis] = None
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         feats = _features(x, f"Affine {self.name}")
         if self.out_axis is None:
             self.out_axis = _out_axis(self.nout, self)
@@ -145,11 +167,11 @@ class Affine(Layer):
 class Activation(Layer):
     """An elementwise function, given as a callable or a geon function's name."""
 
-    def __init__(self, fn, name=None):
+    def __init__(self, fn: ActivationLike, name: Optional[str] = None) -> None:
         super().__init__(name)
-        self.fn = _activation(fn)
+        self.fn = _required(fn, "Activation")
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         return self.fn(x)
 
 
@@ -157,7 +179,7 @@ class Flatten(Layer):
     """The feature axes merged into one axis ``<name>_out`` (batch and recurrent axes
     kept, first and last)."""
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         feats = _features(x, f"Flatten {self.name}")
         lead = x.axes.batch_axes()
         rest = x.axes.recurrent_axes()
@@ -174,13 +196,14 @@ class Embedding(Layer):
     The table ``W`` has axes ``(vocab, out)``, ``vocab`` of length ``vocab_size``.
     """
 
-    def __init__(self, vocab_size, nout, init=None, name=None, dtype=np.float32):
+    def __init__(self, vocab_size: int, nout: AxisOrLength, init: Optional[Init] = None,
+                 name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.vocab = be.Axis(int(vocab_size), name=f"{self.name}_vocab")
         self.nout, self.init = nout, init
-        self.out_axis = None
+        self.out_axis: Optional[Axis] = None
 
-    def forward(self, ids, training):
+    def forward(self, ids: og.TensorOp, training: bool) -> og.TensorOp:
         if self.out_axis is None:
             self.out_axis = _out_axis(self.nout, self)
         table = self.variable("W", (self.vocab, self.out_axis), self.init or Gaussian(0, 1))
@@ -191,11 +214,12 @@ class LayerNorm(Layer):
     """Normalization over the feature axes of each sample (and time step):
     ``(x - mean) / sqrt(var + eps) * g + b`` with ``g``, ``b`` over the features."""
 
-    def __init__(self, eps=1e-5, name=None, dtype=np.float32):
+    def __init__(self, eps: float = 1e-5, name: Optional[str] = None,
+                 dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.eps = eps
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         feats = _features(x, f"LayerNorm {self.name}")
         mu = be.mean(x, reduction_axes=feats)
         centered = x - mu
@@ -217,11 +241,12 @@ class BatchNorm(Layer):
     ``mean`` and ``var`` (persistent, not trainable).
     """
 
-    def __init__(self, axis=None, momentum=0.1, eps=1e-5, name=None, dtype=np.float32):
+    def __init__(self, axis: Optional[Axis] = None, momentum: float = 0.1, eps: float = 1e-5,
+                 name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.axis, self.momentum, self.eps = axis, momentum, eps
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         channel = self.axis or _features(x, f"BatchNorm {self.name}")[0]
         if channel not in x.axes:
             raise AxisMismatchError(f"BatchNorm {self.name}: axis {channel!r} is not in "
@@ -256,17 +281,19 @@ class _RecurrentBase(Layer):
 
     gates = 1
 
-    def __init__(self, nout, activation="tanh", init=None, recurrent_init=None,
-                 return_sequence=True, name=None, dtype=np.float32):
+    def __init__(self, nout: AxisOrLength, activation: ActivationLike = "tanh",
+                 init: Optional[Init] = None, recurrent_init: Optional[Init] = None,
+                 return_sequence: bool = True, name: Optional[str] = None,
+                 dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.nout = nout
-        self.activation = _activation(activation)
+        self.activation = _required(activation, type(self).__name__)
         self.init = init or GlorotUniform()
         self.recurrent_init = recurrent_init or GlorotUniform()
         self.return_sequence = return_sequence
-        self.out_axis = None
+        self.out_axis: Optional[Axis] = None
 
-    def _setup(self, x):
+    def _setup(self, x: og.TensorOp) -> tuple[Axis, og.TensorOp, og.TensorOp]:
         rec = x.axes.recurrent_axes()
         if len(rec) != 1:
             raise AxisMismatchError(f"{type(self).__name__} {self.name}: input {x.name} "
@@ -274,7 +301,7 @@ class _RecurrentBase(Layer):
                                     f"{user_location()})")
         feats = _features(x, f"{type(self).__name__} {self.name}")
         if self.out_axis is None:
-            self.out_axis = _out_axis(self.nout, self)
+            self.out_axis = self.hidden_axis = _out_axis(self.nout, self)
             self.rec_axis = be.Axis(self.out_axis.length, name=f"{self.name}_hprev")
             self.gate_axis = be.Axis(self.gates, name=f"{self.name}_gate")
         H, Hr, G = self.out_axis, self.rec_axis, self.gate_axis
@@ -283,27 +310,35 @@ class _RecurrentBase(Layer):
         U = self.variable("U", lead + (H, Hr), self.recurrent_init)
         return rec[0], W, U
 
-    def _as_prev(self, h):
+    def _as_prev(self, h: og.TensorOp) -> og.TensorOp:
         return be.cast_axes(h, be.Axes(*[self.rec_axis if a == self.out_axis else a
                                          for a in h.axes]))
 
-    def _gate(self, y, k):
+    def _gate(self, y: og.TensorOp, k: int) -> og.TensorOp:
         return be.slice_along_axis(y, self.gate_axis, k) if self.gates > 1 else y
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         T, W, U = self._setup(x)
         wx = self._input_part(be.dot(W, x))
-        state, outs = None, []
-        for t in range(T.length):
+        state: Optional[tuple[og.TensorOp, ...]] = None
+        outs = []
+        steps = T.length
+        assert steps is not None  # the input's own axis: its length is known
+        for t in range(steps):
             xt = [be.slice_along_axis(p, T, t) for p in wx]
-            uh = None if state is None else be.dot(U, self._as_prev(state[0]))
+            uh: Optional[og.TensorOp] = (None if state is None
+                                         else be.dot(U, self._as_prev(state[0])))
             state = self.cell(xt, uh, state)
             outs.append(state[0])
         if not self.return_sequence:
             return outs[-1]
         return be.stack(outs, T, position=1)
 
-    def _input_part(self, wx):
+    def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
+             state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
+        raise NotImplementedError
+
+    def _input_part(self, wx: og.TensorOp) -> list[og.TensorOp]:
         return [self._gate(wx, k) for k in range(self.gates)]
 
 
@@ -311,8 +346,9 @@ class Recurrent(_RecurrentBase):
     """An Elman RNN: ``h_t = activation(W x_t + U h_{t-1} + b)`` (PyTorch's ``nn.RNN``
     with one bias)."""
 
-    def cell(self, xt, uh, state):
-        b = self.variable("b", (self.out_axis,), Constant(0.0))
+    def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
+             state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
+        b = self.variable("b", (self.hidden_axis,), Constant(0.0))
         pre = xt[0] + b if uh is None else xt[0] + uh + b
         return (self.activation(pre),)
 
@@ -326,8 +362,9 @@ class LSTM(_RecurrentBase):
 
     gates = 4
 
-    def cell(self, xt, uh, state):
-        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
+    def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
+             state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
+        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
         pre = [xt[k] + self._gate(b, k) if uh is None else
                xt[k] + self._gate(b, k) + self._gate(uh, k) for k in range(4)]
         i, f, o = be.sigmoid(pre[0]), be.sigmoid(pre[1]), be.sigmoid(pre[3])
@@ -343,9 +380,10 @@ class GRU(_RecurrentBase):
 
     gates = 3
 
-    def cell(self, xt, uh, state):
-        b = self.variable("b", (self.gate_axis, self.out_axis), Constant(0.0))
-        bh = self.variable("bh", (self.gate_axis, self.out_axis), Constant(0.0))
+    def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
+             state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
+        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
+        bh = self.variable("bh", (self.gate_axis, self.hidden_axis), Constant(0.0))
         hpart = [self._gate(bh, k) if uh is None else self._gate(uh, k) + self._gate(bh, k)
                  for k in range(3)]
         r = be.sigmoid(xt[0] + self._gate(b, 0) + hpart[0])
@@ -359,7 +397,7 @@ class Sequential(Layer):
     """Layers applied in order. With a ``name``, the children's names (and so their
     Variables') are prefixed with it: ``net/hidden/W``."""
 
-    def __init__(self, layers, name=None):
+    def __init__(self, layers: Iterable[Layer], name: Optional[str] = None) -> None:
         super().__init__()
         self.name = name or ""
         self.layers = list(layers)
@@ -367,32 +405,33 @@ class Sequential(Layer):
             for layer in self.layers:
                 layer._rename(self.name)
 
-    def _rename(self, prefix):
+    def _rename(self, prefix: str) -> None:
         if self.name:
             super()._rename(prefix)
         for layer in self.layers:
             layer._rename(prefix)
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         for layer in self.layers:
             x = layer(x, training)
         return x
 
     @property
-    def variables(self):
+    def variables(self) -> list[og.Variable]:
         return [v for layer in self.layers for v in layer.variables]
 
-    def pop_updates(self):
+    def pop_updates(self) -> list[og.Op]:
         return [u for layer in self.layers for u in layer.pop_updates()]
 
 
-def _spatial_out(layer, spatial):
+def _spatial_out(layer: Layer, spatial: Axes) -> Axes:
     """The layer's own output spatial axes (lengths set by the op), one per input axis,
     named ``<layer>_<axis>``: layers applied one after another never share one."""
     return be.Axes(*[be.Axis(None, name=f"{layer.name}_{a.name}") for a in spatial])
 
 
-def _channel_spatial(x, channel, spatial, what):
+def _channel_spatial(x: og.TensorOp, channel: Optional[Axis],
+                     spatial: Optional[Iterable[Axis]], what: str) -> tuple[Axis, Axes]:
     feats = _features(x, what)
     channel = feats[0] if channel is None else channel
     if spatial is None:
@@ -413,9 +452,13 @@ class Conv(Layer):
     ``A`` by ``<name>_A``.
     """
 
-    def __init__(self, nout, kernel, strides=1, padding=0, dilation=1, activation=None,
-                 channel=None, spatial=None, weight_init=None, bias_init=None, bias=True,
-                 name=None, dtype=np.float32):
+    def __init__(self, nout: AxisOrLength, kernel: Union[int, Sequence[int]],
+                 strides: Union[int, Sequence[int]] = 1, padding: Any = 0,
+                 dilation: Union[int, Sequence[int]] = 1, activation: ActivationLike = None,
+                 channel: Optional[Axis] = None, spatial: Optional[Iterable[Axis]] = None,
+                 weight_init: Optional[Init] = None, bias_init: Optional[Init] = None,
+                 bias: bool = True, name: Optional[str] = None,
+                 dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         self.nout, self.kernel = nout, kernel
         self.strides, self.padding, self.dilation = strides, padding, dilation
@@ -424,9 +467,9 @@ class Conv(Layer):
         self.weight_init = weight_init or KaimingNormal()
         self.bias_init = bias_init or Constant(0.0)
         self.bias = bias
-        self.out_axis = None
+        self.out_axis: Optional[Axis] = None
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         channel, spatial = _channel_spatial(x, self.channel, self.spatial,
                                             f"Conv {self.name}")
         kernel = self.kernel if isinstance(self.kernel, (tuple, list)) else \
@@ -449,8 +492,10 @@ class Pool(Layer):
     ``strides`` defaulting to the kernel (see :func:`geon.max_pool`). Each spatial axis
     ``A`` becomes ``<name>_A``."""
 
-    def __init__(self, kernel, strides=None, padding=0, op="max", channel=None,
-                 spatial=None, name=None):
+    def __init__(self, kernel: Union[int, Sequence[int]],
+                 strides: Union[int, Sequence[int], None] = None, padding: Any = 0,
+                 op: str = "max", channel: Optional[Axis] = None,
+                 spatial: Optional[Iterable[Axis]] = None, name: Optional[str] = None) -> None:
         super().__init__(name)
         if op not in ("max", "avg"):
             raise ArgumentError(f"Pool: op must be 'max' or 'avg', not {op!r} (at "
@@ -458,7 +503,7 @@ class Pool(Layer):
         self.kernel, self.strides, self.padding, self.op = kernel, strides, padding, op
         self.channel, self.spatial = channel, spatial
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         _, spatial = _channel_spatial(x, self.channel, self.spatial, f"Pool {self.name}")
         pool = be.max_pool if self.op == "max" else be.avg_pool
         return pool(x, spatial, self.kernel, strides=self.strides, padding=self.padding,
@@ -473,14 +518,15 @@ class Dropout(Layer):
     masks) fix it; its step counter is a persistent Variable, so a restored run draws
     what an uninterrupted one would."""
 
-    def __init__(self, rate=0.5, seed=0, stream=None, name=None):
+    def __init__(self, rate: float = 0.5, seed: int = 0, stream: Optional[int] = None,
+                 name: Optional[str] = None) -> None:
         super().__init__(name)
         if not 0.0 <= rate < 1.0:
             raise ArgumentError(f"Dropout: rate must be in [0, 1), not {rate!r} (at "
                                 f"{user_location()})")
         self.rate, self.seed, self.stream = rate, seed, stream
 
-    def forward(self, x, training):
+    def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         if not training:
             return x
         stream = self.stream if self.stream is not None else \

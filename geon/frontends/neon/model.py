@@ -1,18 +1,25 @@
 """A :class:`Model`: a network, a loss and an optimizer, compiled into one training
 computation and inference computations that share the weights."""
 
+import os
 import signal
 import threading
 import time
+from typing import IO, Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError
+from geon.frontends.neon.callbacks import Callback
 from geon.frontends.neon.data import ArrayIterator
-from geon.frontends.neon.optimizers import SGD
+from geon.frontends.neon.layers import Layer
+from geon.frontends.neon.optimizers import SGD, Optimizer
 from geon.frontends.neon.progress import clock, make_progress
+from geon.op_graph import op_graph as og
+from geon.op_graph.axes import Axis
 from geon.op_graph.nodes import user_location
+from geon.transformers.base import Computation, Transformer
 
 
 class Model:
@@ -54,9 +61,11 @@ class Model:
     statistics, and a Dropout layer draws the same masks on every rank.
     """
 
-    def __init__(self, net, input_axes, loss="cross_entropy", optimizer=None,
-                 batch_size=32, eval_batch_size=None, transformer="numpy",
-                 dtype=np.float32, data_parallel=False):
+    def __init__(self, net: Layer, input_axes: Union[Axis, Iterable[Axis]],
+                 loss: str = "cross_entropy", optimizer: Optional[Optimizer] = None,
+                 batch_size: int = 32, eval_batch_size: Optional[int] = None,
+                 transformer: Union[str, Transformer] = "numpy",
+                 dtype: og.DTypeLike = np.float32, data_parallel: bool = False) -> None:
         if loss not in ("cross_entropy", "mse"):
             raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r} "
                                 f"(at {user_location()})")
@@ -65,12 +74,14 @@ class Model:
                                 else be.Axes(input_axes))
         self.optimizer = optimizer or SGD(0.01)
         self.dtype = dtype
-        self.transformer = (be.make_transformer(transformer) if isinstance(transformer, str)
-                            else transformer)
+        self.transformer: Transformer = (
+            be.make_transformer(transformer) if isinstance(transformer, str) else transformer)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.stop_training = False
-        self._train, self._predict, self._eval = {}, {}, {}
+        self._train: dict[int, Computation] = {}
+        self._predict: dict[int, Computation] = {}
+        self._eval: dict[int, Computation] = {}
         self.data_parallel, self._synced = bool(data_parallel), False
         if self.data_parallel:
             import geon.distributed as gd  # raises MPIUnavailableError without mpi4py
@@ -116,7 +127,7 @@ class Model:
         err = be.square(out - target)
         return be.sum(err, out_axes=be.Axes(N)), None
 
-    def train_computation(self, batch_size):
+    def train_computation(self, batch_size: int) -> Computation:
         """The training computation for ``batch_size`` (built once per size):
         ``(x, targets) -> (loss, correct count or NaN, *updates)``."""
         if batch_size not in self._train:
@@ -183,21 +194,21 @@ class Model:
 
     # -- state -------------------------------------------------------------------------
     @property
-    def variables(self):
+    def variables(self) -> list[og.Variable]:
         """The network's Variables, then the optimizer's."""
         return list(self.net.variables) + self.optimizer.variables
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """This process's rank in a data-parallel job (0 otherwise)."""
         return self._gd.world().rank if self.data_parallel else 0
 
     @property
-    def ranks(self):
+    def ranks(self) -> int:
         """The number of ranks of a data-parallel job (1 otherwise)."""
         return self._gd.world().size if self.data_parallel else 1
 
-    def sync(self):
+    def sync(self) -> None:
         """Data-parallel: make every rank's Variables rank 0's (one bucketed broadcast;
         :meth:`fit` calls it before its first step). Every rank must call it."""
         if self.data_parallel:
@@ -205,16 +216,16 @@ class Model:
             self._synced = True
 
     @property
-    def step(self):
+    def step(self) -> int:
         """The number of updates made so far (restored ones included)."""
         return int(self._step())
 
-    def weights(self):
+    def weights(self) -> dict[str, np.ndarray]:
         """``{name: copy of the array}`` of every Variable (initializing them if needed)."""
         self.transformer.initialize()
         return {v.name: self.transformer.state[v].copy() for v in self.variables}
 
-    def save(self, path):
+    def save(self, path: Union[str, os.PathLike]) -> None:
         """Write every Variable (weights and optimizer state) to the checkpoint ``path``.
         Data-parallel: rank 0 writes it; every rank must call it, and returns once the
         file is written."""
@@ -223,7 +234,7 @@ class Model:
         else:
             self.transformer.save(path)
 
-    def restore(self, path):
+    def restore(self, path: Union[str, os.PathLike]) -> None:
         """Read a checkpoint written by :meth:`save` of the same model (on every rank,
         when data-parallel: it holds no number of ranks, so a run of 2 ranks resumes on
         1 or 3)."""
@@ -248,7 +259,7 @@ class Model:
                     yb = np.concatenate([yb, np.repeat(y[:1], b - n, axis=0)])
             yield xb, yb, n
 
-    def predict(self, x):
+    def predict(self, x: Any) -> np.ndarray:
         """The network's output for ``x`` (shape ``(n, *input lengths)``), as an array
         with the batch first. Assigns no Variable."""
         x = np.asarray(x, dtype=self.dtype)
@@ -258,7 +269,7 @@ class Model:
             outs.append(comp(xb)[:n])
         return np.concatenate(outs)
 
-    def evaluate(self, x, y):
+    def evaluate(self, x: Any, y: Any) -> dict[str, float]:
         """``{"loss": mean loss, "accuracy": fraction right}`` (accuracy with the
         cross-entropy loss only) on ``x``, ``y``. Assigns no Variable. Data-parallel:
         each rank evaluates its contiguous part of ``x`` and the sums are added over
@@ -287,8 +298,10 @@ class Model:
             logs["accuracy"] = right / n_all
         return logs
 
-    def fit(self, data, epochs=1, batch_size=None, validation_data=None, callbacks=(),
-            verbose=True, seed=0, stream=None):
+    def fit(self, data: Union[ArrayIterator, tuple[Any, Any]], epochs: int = 1,
+            batch_size: Optional[int] = None, validation_data: Optional[tuple[Any, Any]] = None,
+            callbacks: Sequence[Callback] = (), verbose: bool = True, seed: int = 0,
+            stream: Optional[IO[str]] = None) -> list[dict[str, Any]]:
         """Train for ``epochs`` epochs and return the list of each epoch's logs.
 
         ``data`` is an :class:`ArrayIterator` or a pair ``(x, y)`` (then shuffled with
@@ -323,7 +336,7 @@ class Model:
         first = step // spe
         history, logs = [], {}
         self.stop_training = False
-        interrupted = []
+        interrupted: list[int] = []  # the signal numbers caught
         restore_handler = self._catch_sigint(interrupted)
         try:
             for cb in callbacks:

@@ -15,27 +15,34 @@ The step counter ``opt.step`` (float64, 0 before the first update) counts update
 step's rules see ``t = step + 1``.
 """
 
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
 import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError
+from geon.op_graph import op_graph as og
+
+#: A learning rate: a number, or ``lr(t)`` giving the rate op of update ``t`` (a
+#: :class:`Schedule`).
+LearningRate = Union[float, Callable[[og.TensorOp], og.TensorOp]]
 
 
 class Schedule:
     """A learning-rate schedule: ``schedule(t)`` gives the rate op of step ``t`` (an
     op, ``t = 1`` for the first update)."""
 
-    def __call__(self, t):
+    def __call__(self, t: og.TensorOp) -> og.TensorOp:
         raise NotImplementedError
 
 
 class ExponentialDecay(Schedule):
     """``lr * rate ** ((t - 1) / decay_steps)``."""
 
-    def __init__(self, lr, rate, decay_steps):
+    def __init__(self, lr: float, rate: float, decay_steps: float) -> None:
         self.lr, self.rate, self.decay_steps = lr, rate, decay_steps
 
-    def __call__(self, t):
+    def __call__(self, t: og.TensorOp) -> og.TensorOp:
         return self.lr * be.power(self.rate, (t - 1) / self.decay_steps)
 
 
@@ -44,13 +51,13 @@ class PiecewiseConstant(Schedule):
     ``PiecewiseConstant([100, 200], [0.1, 0.01, 0.001])`` uses 0.1 for the first 100
     updates, 0.01 for the next 100, then 0.001."""
 
-    def __init__(self, boundaries, values):
+    def __init__(self, boundaries: Sequence[float], values: Sequence[float]) -> None:
         if len(values) != len(boundaries) + 1:
             raise ArgumentError(f"PiecewiseConstant: {len(boundaries)} boundaries need "
                                 f"{len(boundaries) + 1} values, not {len(values)}")
         self.boundaries, self.values = list(boundaries), list(values)
 
-    def __call__(self, t):
+    def __call__(self, t: og.TensorOp) -> og.TensorOp:
         lr = t * 0 + self.values[0]          # in t's dtype (float64), not float32
         for bound, prev, value in zip(self.boundaries, self.values, self.values[1:]):
             lr = lr + (t > bound) * (value - prev)
@@ -61,22 +68,22 @@ class Optimizer:
     """Base class: subclasses implement ``direction(w, g, lr, t)`` returning the new
     value of ``w`` (an op) and the state updates (a list of SetItems)."""
 
-    def __init__(self, learning_rate=0.01, weight_decay=0.0, clip_norm=None,
-                 name="optimizer"):
+    def __init__(self, learning_rate: LearningRate = 0.01, weight_decay: float = 0.0,
+                 clip_norm: Optional[float] = None, name: str = "optimizer") -> None:
         self.learning_rate = learning_rate
         self.weight_decay = weight_decay
         self.clip_norm = clip_norm
         self.name = name
         self.step = be.Variable((), initial_value=0, dtype=np.float64, trainable=False,
                                 name=f"{name}/step")
-        self.state = {}
+        self.state: dict[tuple[og.Variable, str], list[og.Variable]] = {}
 
     @property
-    def variables(self):
+    def variables(self) -> list[og.Variable]:
         """The optimizer's state Variables (the step counter first)."""
         return [self.step] + [v for vs in self.state.values() for v in vs]
 
-    def slot(self, w, what):
+    def slot(self, w: og.Variable, what: str) -> og.Variable:
         """The state Variable ``<name>/<w's name>/<what>`` (zeros like ``w``)."""
         key = (w, what)
         if key not in self.state:
@@ -84,7 +91,9 @@ class Optimizer:
                                            trainable=False, name=f"{self.name}/{w.name}/{what}")]
         return self.state[key][0]
 
-    def updates(self, loss, variables=None, average=None):
+    def updates(self, loss: og.TensorOp, variables: Optional[Iterable[og.Variable]] = None,
+                average: Optional[Callable[[list[og.TensorOp]], Iterable[og.TensorOp]]] = None
+                ) -> list[og.Op]:
         """The SetItem ops of one step minimizing the scalar ``loss`` over
         ``variables`` (default: the trainable variables ``loss`` depends on).
 
@@ -107,7 +116,7 @@ class Optimizer:
             grads = [g * scale for g in grads]
         t = be.value_of(self.step) + 1
         lr = self.learning_rate(t) if callable(self.learning_rate) else self.learning_rate
-        ops = []
+        ops: list[og.Op] = []
         for w, g in zip(variables, grads):
             wv = be.value_of(w)
             if self.weight_decay:
@@ -118,7 +127,8 @@ class Optimizer:
         ops.append(be.SetItem(self.step, t))
         return ops
 
-    def rule(self, w, wv, g, lr, t):
+    def rule(self, w: og.Variable, wv: og.TensorOp, g: og.TensorOp, lr: Union[og.TensorOp, float],
+             t: og.TensorOp) -> tuple[og.TensorOp, list[og.Op]]:
         raise NotImplementedError
 
 
@@ -126,13 +136,15 @@ class SGD(Optimizer):
     """Stochastic gradient descent, with momentum and Nesterov momentum as in PyTorch:
     ``v = momentum * v + g``; ``w -= lr * (g + momentum * v if nesterov else v)``."""
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, **kw):
+    def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
+                 nesterov: bool = False, **kw: Any) -> None:
         super().__init__(learning_rate, name=kw.pop("name", "sgd"), **kw)
         if nesterov and not momentum:
             raise ArgumentError("SGD: nesterov=True needs a momentum > 0")
         self.momentum, self.nesterov = momentum, nesterov
 
-    def rule(self, w, wv, g, lr, t):
+    def rule(self, w: og.Variable, wv: og.TensorOp, g: og.TensorOp, lr: Union[og.TensorOp, float],
+             t: og.TensorOp) -> tuple[og.TensorOp, list[og.Op]]:
         if not self.momentum:
             return wv - lr * g, []
         v = self.slot(w, "velocity")
@@ -145,11 +157,13 @@ class RMSProp(Optimizer):
     """RMSProp (Tieleman & Hinton, 2012) as in PyTorch:
     ``s = decay * s + (1 - decay) g^2``; ``w -= lr * g / (sqrt(s) + eps)``."""
 
-    def __init__(self, learning_rate=0.001, decay=0.99, eps=1e-8, **kw):
+    def __init__(self, learning_rate: LearningRate = 0.001, decay: float = 0.99,
+                 eps: float = 1e-8, **kw: Any) -> None:
         super().__init__(learning_rate, name=kw.pop("name", "rmsprop"), **kw)
         self.decay, self.eps = decay, eps
 
-    def rule(self, w, wv, g, lr, t):
+    def rule(self, w: og.Variable, wv: og.TensorOp, g: og.TensorOp, lr: Union[og.TensorOp, float],
+             t: og.TensorOp) -> tuple[og.TensorOp, list[og.Op]]:
         s = self.slot(w, "sq_avg")
         s_new = self.decay * be.value_of(s) + (1 - self.decay) * be.square(g)
         return wv - lr * g / (be.sqrt(s_new) + self.eps), [be.SetItem(s, s_new)]
@@ -161,12 +175,14 @@ class Adam(Optimizer):
 
     decoupled = False
 
-    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, eps=1e-8, **kw):
+    def __init__(self, learning_rate: LearningRate = 0.001, beta1: float = 0.9,
+                 beta2: float = 0.999, eps: float = 1e-8, **kw: Any) -> None:
         super().__init__(learning_rate, name=kw.pop("name", type(self).__name__.lower()),
                          **kw)
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
-    def rule(self, w, wv, g, lr, t):
+    def rule(self, w: og.Variable, wv: og.TensorOp, g: og.TensorOp, lr: Union[og.TensorOp, float],
+             t: og.TensorOp) -> tuple[og.TensorOp, list[og.Op]]:
         m, v = self.slot(w, "m"), self.slot(w, "v")
         m_new = self.beta1 * be.value_of(m) + (1 - self.beta1) * g
         v_new = self.beta2 * be.value_of(v) + (1 - self.beta2) * be.square(g)
@@ -181,9 +197,11 @@ class AdamW(Adam):
     ``AdamW``: ``w *= 1 - lr * weight_decay`` before the Adam step (default
     ``weight_decay=0.01``)."""
 
-    def __init__(self, learning_rate=0.001, weight_decay=0.01, **kw):
+    def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.01,
+                 **kw: Any) -> None:
         self.decay_w = weight_decay
         super().__init__(learning_rate, **kw)
 
-    def rule(self, w, wv, g, lr, t):
+    def rule(self, w: og.Variable, wv: og.TensorOp, g: og.TensorOp, lr: Union[og.TensorOp, float],
+             t: og.TensorOp) -> tuple[og.TensorOp, list[og.Op]]:
         return super().rule(w, wv * (1 - lr * self.decay_w), g, lr, t)

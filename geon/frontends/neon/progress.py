@@ -5,6 +5,7 @@ tqdm is optional (the ``examples`` extra installs it)."""
 
 import sys
 import time
+from typing import IO, Any, Optional, Union
 
 
 class Progress:
@@ -14,7 +15,8 @@ class Progress:
     finished task (``done``), so logs stay readable. ``enabled=False`` prints nothing.
     """
 
-    def __init__(self, stream=None, enabled=True, width=24):
+    def __init__(self, stream: Optional[IO[str]] = None, enabled: bool = True,
+                 width: int = 24) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = enabled
         isatty = getattr(self.stream, "isatty", None)
@@ -22,9 +24,11 @@ class Progress:
         self.width = width
         self._last = 0.0
         self._len = 0
-        self._start = None  # (label, time, step) of the current task's first update
+        # (label, time, step) of the current task's first update
+        self._start: Optional[tuple[str, float, int]] = None
 
-    def update(self, label, step, total, info="", rate=None):
+    def update(self, label: str, step: int, total: int, info: str = "",
+               rate: Optional[float] = None) -> None:
         """Redraw the bar (terminals only, at most ~20 times a second) with ``step`` of
         ``total``, ``info``, the rate (``rate`` steps per second if given, else measured
         from this task's first update) and the time left at that rate."""
@@ -45,7 +49,7 @@ class Progress:
             f" | {rate:.1f} steps/s, ETA {clock(max(total - step, 0) / rate)}"
         self._write(f"{label} [{bar}] {step}/{total} {info}".rstrip() + speed)
 
-    def done(self, line):
+    def done(self, line: str) -> None:
         """Finish the current task with ``line`` (kept on screen / in the log)."""
         self._start = None
         if not self.enabled:
@@ -58,7 +62,7 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def _write(self, text):
+    def _write(self, text: str) -> None:
         pad = max(0, self._len - len(text))
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
@@ -69,10 +73,12 @@ class TqdmProgress:
     """The same interface drawn by ``tqdm`` (one bar per task; tqdm measures the rate
     and the time left itself)."""
 
-    def __init__(self, tqdm, stream):
-        self.tqdm, self.stream, self.bar = tqdm, stream, None
+    def __init__(self, tqdm: Any, stream: IO[str]) -> None:
+        self.tqdm, self.stream = tqdm, stream
+        self.bar: Any = None  # the current task's tqdm bar
 
-    def update(self, label, step, total, info="", rate=None):
+    def update(self, label: str, step: int, total: int, info: str = "",
+               rate: Optional[float] = None) -> None:
         if self.bar is None:
             # initial: a resumed epoch starts part way; tqdm's rate counts from there.
             self.bar = self.tqdm(total=total, desc=label, file=self.stream, leave=False,
@@ -80,7 +86,7 @@ class TqdmProgress:
         self.bar.set_postfix_str(info, refresh=False)
         self.bar.update(step - self.bar.n)   # update (not n =): tqdm's rate follows it
 
-    def done(self, line):
+    def done(self, line: str) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -88,7 +94,7 @@ class TqdmProgress:
         self.stream.flush()
 
 
-def clock(seconds):
+def clock(seconds: float) -> str:
     """``m:ss`` (or ``h:mm:ss``) of a number of seconds, rounded up."""
     s = int(-(-seconds // 1)) if seconds == seconds and seconds < 1e9 else None
     if s is None:
@@ -98,7 +104,8 @@ def clock(seconds):
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def make_progress(stream=None, enabled=True):
+def make_progress(stream: Optional[IO[str]] = None, enabled: bool = True
+                  ) -> Union[Progress, TqdmProgress]:
     """A ``TqdmProgress`` if tqdm is importable and ``stream`` (default stderr)
     is a terminal, else a :class:`Progress`."""
     stream = sys.stderr if stream is None else stream

@@ -9,17 +9,21 @@ one call to the next like ``TranslatedModel.forward`` does.
 """
 
 import math
+from typing import Any, Mapping, Union
 
 import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError
-from geon.frontends.netgraph.graph import NodeType
+from geon.frontends.netgraph.graph import Graph, NodeType
 from geon.frontends.netgraph.layout import ATTENTION_LIKE, Layout
+from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
+from geon.transformers.base import Transformer
 
 
-def to_geon(graph, batch_size, steps=1, dtype=np.float32, seed=0):
+def to_geon(graph: Graph, batch_size: int, steps: int = 1, dtype: og.DTypeLike = np.float32,
+            seed: int = 0) -> "GeonNet":
     """Build the geon computation of ``graph`` (see :class:`GeonNet`).
 
     ``batch_size`` is the length of the batch axis ``N``; ``steps`` the number of
@@ -47,7 +51,8 @@ class GeonNet:
         params: ``{name: Variable}`` named like the PyTorch ``state_dict`` keys.
     """
 
-    def __init__(self, graph, batch_size, steps, dtype, seed):
+    def __init__(self, graph: Graph, batch_size: int, steps: int, dtype: np.dtype,
+                 seed: int) -> None:
         if steps < 1:
             raise ArgumentError(f"to_geon: steps must be at least 1, got {steps}")
         if not graph.output_node_ids:
@@ -61,9 +66,9 @@ class GeonNet:
         self.X = Axis(sum(lay.input_sizes), "X")
         out_sizes = [lay.size[o] for o in graph.output_node_ids]
         self.OUT = Axis(sum(out_sizes), "OUT")
-        self.params = {}
+        self.params: dict[str, og.Variable] = {}
         self._make_params()
-        self.state_in = {}
+        self.state_in: dict[str, og.Placeholder] = {}
         for nid in lay.recurrent_sources:
             self._state(f"prev_{nid}", nid)
         for nid in sorted(lay.in_edges):
@@ -230,7 +235,7 @@ class GeonNet:
         return _ACTIVATIONS[act](z)
 
     # --- parameters in and out ---------------------------------------------------------
-    def load_state_dict(self, transformer, state_dict):
+    def load_state_dict(self, transformer: Transformer, state_dict: Mapping[str, Any]) -> None:
         """Copy a ``TranslatedModel.state_dict()`` (tensors or arrays) into this net's
         Variables on ``transformer``; the names and shapes must match exactly. Build the
         computations first: a Variable none of them uses (a node no output depends on)
@@ -240,7 +245,7 @@ class GeonNet:
         if missing or extra:
             raise ArgumentError(f"load_state_dict: missing {missing}, unexpected {extra}")
         transformer.initialize()
-        live = transformer.state_view()
+        live: Mapping[Any, np.ndarray] = transformer.state_view()  # keyed by snap(var)
         for name, var in self.params.items():
             value = state_dict[name]
             value = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach")
@@ -251,20 +256,20 @@ class GeonNet:
             if be.snap(var) in live:
                 np.copyto(live[be.snap(var)], value)
 
-    def state_dict(self, transformer):
+    def state_dict(self, transformer: Transformer) -> dict[str, np.ndarray]:
         """``{name: array}``: the Variables' values on ``transformer`` (their initial
         values for those no computation uses), for ``TranslatedModel.load_state_dict``
         after ``torch.from_numpy``."""
         transformer.initialize()
-        live = transformer.state_view()
+        live: Mapping[Any, np.ndarray] = transformer.state_view()  # keyed by snap(var)
         return {name: live[be.snap(var)].copy() if be.snap(var) in live
                 else np.asarray(var.initial_array()) for name, var in self.params.items()}
 
-    def zero_state(self):
+    def zero_state(self) -> dict[str, np.ndarray]:
         """``{name: zeros}``: the state of a fresh start."""
         return {k: np.zeros(p.axes.shape, self.dtype) for k, p in self.state_in.items()}
 
-    def stepper(self, transformer):
+    def stepper(self, transformer: Transformer) -> "Stepper":
         """A :class:`Stepper` running this net on ``transformer``."""
         return Stepper(self, transformer)
 
@@ -275,7 +280,7 @@ class Stepper:
     ``[batch, width]`` array per unrolled step and returns the outputs (one array for
     a one-step net, else a list)."""
 
-    def __init__(self, net, transformer):
+    def __init__(self, net: GeonNet, transformer: Transformer) -> None:
         self.net = net
         names = list(net.state_in)
         self.names = names
@@ -284,11 +289,12 @@ class Stepper:
             *net.inputs, *[net.state_in[n] for n in names])
         self.state = net.zero_state()
 
-    def reset(self):
+    def reset(self) -> None:
         """Start the next call from zero states."""
         self.state = self.net.zero_state()
 
-    def __call__(self, *xs, reset_states=False):
+    def __call__(self, *xs: Any, reset_states: bool = False
+                 ) -> Union[np.ndarray, list[np.ndarray]]:
         if reset_states:
             self.reset()
         steps = len(self.net.inputs)

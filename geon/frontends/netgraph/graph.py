@@ -8,6 +8,7 @@ separately). Everything here is plain Python: no tensor library is needed.
 import enum
 import heapq
 import numbers
+from typing import Any, Mapping, Optional
 
 from geon.errors import GeonError
 
@@ -39,14 +40,16 @@ class Node:
     ``edges_in`` / ``edges_out`` map the node at the other end to the edge (a simple
     graph) or to the list of edges, by increasing ``edge_id`` (a multigraph)."""
 
-    def __init__(self, node_id, node_type, activation_function, bias, attributes):
+    def __init__(self, node_id: int, node_type: "NodeType", activation_function: str, bias: float,
+                 attributes: dict[str, Any]) -> None:
         self.node_id = node_id
         self.node_type = node_type
         self.activation_function = activation_function
         self.bias = bias
         self.attributes = attributes
-        self.edges_in = {}
-        self.edges_out = {}
+        # the other end -> Edge (a simple graph) or list[Edge] (a multigraph)
+        self.edges_in: dict[int, Any] = {}
+        self.edges_out: dict[int, Any] = {}
 
     def __repr__(self):
         return (f"Node({self.node_id}, {self.node_type.name}, {self.activation_function!r}, "
@@ -56,7 +59,8 @@ class Node:
 class Edge:
     """A weighted connection ``source_id -> target_id`` (see :meth:`Graph.add_edge`)."""
 
-    def __init__(self, edge_id, source_id, target_id, weight, enabled, attributes):
+    def __init__(self, edge_id: int, source_id: int, target_id: int, weight: float,
+                 enabled: bool, attributes: dict[str, Any]) -> None:
         self.edge_id = edge_id
         self.source_id = source_id
         self.target_id = target_id
@@ -65,7 +69,7 @@ class Edge:
         self.attributes = attributes
 
     @property
-    def is_recurrent(self):
+    def is_recurrent(self) -> bool:
         """Whether the edge carries the source's output of the previous step."""
         return bool(self.attributes.get("is_recurrent", False))
 
@@ -82,21 +86,21 @@ class Graph:
     nodes; a simple graph refuses a second edge between the same (source, target).
     """
 
-    def __init__(self, config=None):
-        self.config = {"multigraph": False, **(config or {})}
-        self.nodes = {}
-        self.edges = {}
-        self.input_node_ids = []
-        self.output_node_ids = []
+    def __init__(self, config: Optional[Mapping[str, Any]] = None) -> None:
+        self.config: dict[str, Any] = {"multigraph": False, **(config or {})}
+        self.nodes: dict[int, Node] = {}
+        self.edges: dict[int, Edge] = {}
+        self.input_node_ids: list[int] = []
+        self.output_node_ids: list[int] = []
         self._next_node = 0
         self._next_edge = 0
 
     @property
-    def multigraph(self):
+    def multigraph(self) -> bool:
         """Whether parallel edges are allowed."""
         return bool(self.config.get("multigraph"))
 
-    def add_node(self, properties):
+    def add_node(self, properties: Mapping[str, Any]) -> int:
         """Add a node and return its id.
 
         ``properties``: ``node_type`` (a :class:`NodeType`, default HIDDEN),
@@ -122,7 +126,8 @@ class Graph:
             self.output_node_ids.append(node_id)
         return node_id
 
-    def add_edge(self, source_id, target_id, properties=None):
+    def add_edge(self, source_id: int, target_id: int,
+                 properties: Optional[Mapping[str, Any]] = None) -> Optional[int]:
         """Add an edge and return its id, or ``None`` when a simple graph already has an
         edge from ``source_id`` to ``target_id``.
 
@@ -149,7 +154,7 @@ class Graph:
             dst.edges_in[source_id] = edge
         return edge.edge_id
 
-    def find_edges(self, source_id, target_id):
+    def find_edges(self, source_id: int, target_id: int) -> list[Edge]:
         """The edges ``source_id -> target_id`` by increasing id (at most one in a simple
         graph)."""
         found = self.nodes[source_id].edges_out.get(target_id)
@@ -157,16 +162,16 @@ class Graph:
             return []
         return list(found) if self.multigraph else [found]
 
-    def in_edges(self, node_id, enabled_only=True):
+    def in_edges(self, node_id: int, enabled_only: bool = True) -> list[Edge]:
         """The edges into ``node_id``, by increasing ``edge_id`` (the translators' order
         for concatenation and stacking)."""
         return self._edges(self.nodes[node_id].edges_in, enabled_only)
 
-    def out_edges(self, node_id, enabled_only=True):
+    def out_edges(self, node_id: int, enabled_only: bool = True) -> list[Edge]:
         """The edges out of ``node_id``, by increasing ``edge_id``."""
         return self._edges(self.nodes[node_id].edges_out, enabled_only)
 
-    def _edges(self, table, enabled_only):
+    def _edges(self, table: dict[int, Any], enabled_only: bool) -> list[Edge]:
         if self.multigraph:
             found = [e for lst in table.values() for e in lst]
         else:
@@ -175,7 +180,7 @@ class Graph:
         return [e for e in found if e.enabled or not enabled_only]
 
     # --- structure ---------------------------------------------------------------------
-    def _order(self, ignore_recurrent):
+    def _order(self, ignore_recurrent: bool) -> list[int]:
         """Kahn's algorithm over enabled edges, smallest ready node id first; returns the
         order (shorter than the graph when a cycle remains)."""
         indegree = {nid: 0 for nid in self.nodes}
@@ -197,12 +202,12 @@ class Graph:
                     heapq.heappush(ready, e.target_id)
         return order
 
-    def detect_cycles(self):
+    def detect_cycles(self) -> bool:
         """Whether the enabled, non-recurrent edges form a cycle (recurrent edges close
         loops legitimately: they read the previous step)."""
         return len(self._order(True)) != len(self.nodes)
 
-    def topological_sort(self, ignore_recurrent=True):
+    def topological_sort(self, ignore_recurrent: bool = True) -> list[int]:
         """The node ids in an order where every enabled edge (recurrent ones excepted when
         ``ignore_recurrent``) goes forward; ties go to the smaller node id, so the order
         is deterministic. Raises :class:`GraphError` naming the nodes left on a cycle."""
@@ -213,7 +218,7 @@ class Graph:
                              f"of enabled{' non-recurrent' if ignore_recurrent else ''} edges")
         return order
 
-    def validate(self):
+    def validate(self) -> list[str]:
         """A list of problems (empty when the graph is valid): unknown activations and
         aggregations, missing or non-positive ``output_size``, bad aggregation attributes,
         dangling edges (an endpoint that is not a node, an edge into an INPUT node),
@@ -223,7 +228,7 @@ class Graph:
         for nid, node in self.nodes.items():
             size = node.attributes.get("output_size")
             if not (isinstance(size, numbers.Integral) and not isinstance(size, bool)
-                    and size > 0):
+                    and int(size) > 0):
                 problems.append(f"node {nid}: output_size {size!r} must be a positive int")
             if node.node_type is NodeType.INPUT:
                 continue
@@ -235,10 +240,10 @@ class Graph:
                 problems.append(f"node {nid}: unknown aggregation {agg!r}")
             for key in ("num_heads", "head_dim", "top_k", "pool_heads"):
                 v = node.attributes.get(key)
-                if v is not None and not (isinstance(v, numbers.Integral) and v > 0):
+                if v is not None and not (isinstance(v, numbers.Integral) and int(v) > 0):
                     problems.append(f"node {nid}: {key} {v!r} must be a positive int")
             t = node.attributes.get("temperature")
-            if t is not None and not (isinstance(t, numbers.Real) and t > 0):
+            if t is not None and not (isinstance(t, numbers.Real) and float(t) > 0):
                 problems.append(f"node {nid}: temperature {t!r} must be positive")
             rt = node.attributes.get("router_type", "softmax")
             if rt not in ("softmax", "topk"):

@@ -6,31 +6,35 @@ model works without it.
 
 import hashlib
 import math
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from geon.errors import FeedError, TorchMissingError
-from geon.frontends.netgraph.graph import NodeType
+from geon.frontends.netgraph.graph import Graph, NodeType
 from geon.frontends.netgraph.layout import Layout
+
+if TYPE_CHECKING:  # only for the annotations: importing geon never needs torch
+    import torch
 
 # The translation cache: derivation_uuid -> {parameter or layer name: object}. Nodes of
 # one derivation share their bias and post-aggregation layer across translations.
-_CACHE = {}
+_CACHE: dict[str, dict[str, Any]] = {}
 _METRICS = {"hits": 0, "misses": 0}
 _CACHE_ENABLED = [True]
 
 
-def set_translation_cache_enabled(enabled):
+def set_translation_cache_enabled(enabled: bool) -> None:
     """Turn the translation cache on or off for models built afterwards (a model's
     ``config["enable_translation_cache"]`` overrides this)."""
     _CACHE_ENABLED[0] = bool(enabled)
 
 
-def clear_translation_cache():
+def clear_translation_cache() -> None:
     """Empty the translation cache and zero its metrics."""
     _CACHE.clear()
     _METRICS.update(hits=0, misses=0)
 
 
-def get_translation_cache_metrics():
+def get_translation_cache_metrics() -> dict[str, int]:
     """``{"hits", "misses", "entries"}``: lookups that found / did not find an object
     under a node's ``derivation_uuid``, and the number of cached objects."""
     return {**_METRICS, "entries": sum(len(v) for v in _CACHE.values())}
@@ -63,7 +67,8 @@ class StateManager:
             self.batch_size = batch_size
 
 
-def to_pytorch_model(graph, config=None):
+def to_pytorch_model(graph: Graph, config: Optional[Mapping[str, Any]] = None
+                     ) -> "torch.nn.Module":
     """Build the ``TranslatedModel`` (an ``nn.Module``) of ``graph``.
 
     ``config``: ``device`` (default ``"cpu"``), ``dtype`` (default ``torch.float32``),
@@ -76,7 +81,7 @@ def to_pytorch_model(graph, config=None):
     return _model_class()(graph, config)
 
 
-_CLASS = []
+_CLASS: list[type] = []
 
 
 def _model_class():

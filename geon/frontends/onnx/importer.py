@@ -7,6 +7,9 @@ whose inputs are all known arrays is evaluated at import, which folds shape-comp
 subgraphs (``Shape -> Gather -> Concat -> Reshape``) into constants.
 """
 
+import os
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+
 import numpy as np
 
 import geon as be
@@ -16,6 +19,11 @@ from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
                                          load_proto, narrow_format, node_order, onnx_module,
                                          tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
+from geon.op_graph import op_graph as og
+from geon.transformers.base import Transformer
+
+if TYPE_CHECKING:  # only for the annotations: importing geon never needs onnx
+    import onnx
 
 # Nodes evaluated at import when all their inputs are known have results at most this
 # large; bigger ones stay ops (folding must not turn a small model into a huge one).
@@ -29,22 +37,28 @@ class Value:
 
     __slots__ = ("op", "array", "dtype")
 
-    def __init__(self, op=None, array=None, dtype=None):
+    def __init__(self, op: Optional[og.TensorOp] = None, array: Optional[np.ndarray] = None,
+                 dtype: og.DTypeLike = None) -> None:
+        if op is None and array is None:
+            raise TypeError("Value: give op or array")
         self.op, self.array = op, array
-        self.dtype = np.dtype(dtype if dtype is not None else
-                              (array.dtype if array is not None else op.dtype))
+        if dtype is None:
+            dtype = array.dtype if array is not None else self.tensor().dtype
+        self.dtype = np.dtype(dtype)
 
     @property
-    def shape(self):
-        return self.array.shape if self.array is not None else be.np.shape(self.op)
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape if self.array is not None else be.np.shape(self.tensor())
 
-    def tensor(self):
+    def tensor(self) -> og.TensorOp:
         """The value as a geon op (a constant for a known array)."""
         if self.op is None:
-            if self.array.size == 0:
-                raise UnsupportedOnnxOp(f"an empty tensor (shape {self.array.shape}) used "
+            array = self.array
+            assert array is not None  # __init__ has one of op and array
+            if array.size == 0:
+                raise UnsupportedOnnxOp(f"an empty tensor (shape {array.shape}) used "
                                         f"as an operand: geon has no empty tensors")
-            self.op = be.np.constant(self.array.astype(carrier(self.dtype)))
+            self.op = be.np.constant(array.astype(carrier(self.dtype)))
         return self.op
 
 
@@ -65,21 +79,24 @@ class OnnxGraph:
         opsets: ``{domain: version}`` of the model.
     """
 
-    def __init__(self, inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
-                 empty_outputs=None):
+    def __init__(self, inputs: list[og.Placeholder], outputs: list[Optional[og.TensorOp]],
+                 variables: dict[str, og.Variable], output_dtypes: Sequence[np.dtype],
+                 input_dtypes: Sequence[np.dtype], opsets: dict[str, int],
+                 empty_outputs: Optional[Mapping[int, np.ndarray]] = None) -> None:
         self.inputs, self.outputs, self.variables = inputs, outputs, variables
         self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
             opsets
         self.empty_outputs = dict(empty_outputs or {})
 
-    def computation(self, transformer=None):
+    def computation(self, transformer: Union[Transformer, str, None] = None
+                    ) -> Callable[..., list[np.ndarray]]:
         """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
         (in ``inputs`` order), one per output. ``transformer`` is a transformer,
         a registered name, or ``None`` for the NumPy transformer."""
-        if transformer is None or isinstance(transformer, str):
-            transformer = be.make_transformer(transformer or "numpy")
+        tf = (be.make_transformer(transformer or "numpy")
+              if transformer is None or isinstance(transformer, str) else transformer)
         computed = [o for o in self.outputs if o is not None]
-        comp = transformer.computation(computed, *self.inputs) if computed else None
+        comp = tf.computation(computed, *self.inputs) if computed else None
         in_types = [carrier(d) for d in self.input_dtypes]
         out_types = list(self.output_dtypes)
         empty_out = self.empty_outputs
@@ -92,7 +109,7 @@ class OnnxGraph:
             outs = iter(comp(*feeds) if comp is not None else ())
             return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
                     for k, d in enumerate(out_types)]
-        run.computation = comp
+        setattr(run, "computation", comp)  # a function attribute (mypy: not declared)
         return run
 
 
@@ -166,7 +183,9 @@ def _tensor_type(vi, what, input_shapes):
     return shape, dtype
 
 
-def import_model(model, input_shapes=None, input_values=None):
+def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
+                 input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                 input_values: Optional[Mapping[str, Any]] = None) -> OnnxGraph:
     """Import an ONNX model as geon ops (see :class:`OnnxGraph`).
 
     ``model`` is an ``onnx.ModelProto``, its serialized bytes or a path (external
@@ -227,7 +246,8 @@ def import_model(model, input_shapes=None, input_values=None):
     for node in node_order(graph, set(values)):
         _import_node(node, values, opsets)
 
-    outputs, output_dtypes, empty_outputs = [], [], {}
+    outputs: list[Optional[og.TensorOp]] = []
+    output_dtypes, empty_outputs = [], {}
     for vi in graph.output:
         if vi.name not in values:
             raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")

@@ -9,6 +9,8 @@ not make). It builds ``be.np`` ops, reads every attribute it honours through
 ``ctx.unsupported(...)`` for any setting it cannot compute exactly.
 """
 
+from typing import Any, Callable
+
 import numpy as np
 
 import geon as be
@@ -20,12 +22,13 @@ from geon.op_graph import op_graph as og
 gnp = be.np
 
 #: ``{(domain, op_type): [(first_version, last_version, builder), ...]}``
-OPS = {}
+OPS: dict[tuple[str, str], list[tuple[int, int, Callable[..., Any]]]] = {}
 
 _LAST = 10 ** 6
 
 
-def onnx_op(op_type, since=1, until=_LAST, domain=""):
+def onnx_op(op_type: str, since: int = 1, until: int = _LAST, domain: str = ""
+            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register a builder for ``op_type`` at opset versions
     ``since..until`` (inclusive)."""
     def register(fn):

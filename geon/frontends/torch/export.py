@@ -16,6 +16,7 @@ import keyword
 import math
 import re
 import warnings
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ torch_op = TORCH_OPS.register
 _STORAGE = frozenset({og.Placeholder, og.Variable, og.Constant})
 
 
-def torch_dtype(dtype):
+def torch_dtype(dtype: og.DTypeLike) -> torch.dtype:
     """The torch dtype of the NumPy dtype ``dtype`` (the same width and kind)."""
     return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
 
@@ -398,14 +399,14 @@ class TorchComputation(nn.Module):
     buffer name to the geon Variable it holds.
     """
 
-    def __init__(self, comp, values):
+    def __init__(self, comp: Computation, values: Mapping[og.Variable, Any]) -> None:
         super().__init__()
         self.single = comp.single
         self.placeholders = list(comp.params)
         self.geon_variables = {}
-        self._geon_steps = []
+        self._geon_steps: list[tuple[Any, ...]] = []  # (op, dtype, how, ref)
         taken = set(dir(self))
-        owner = {}
+        owner: dict[str, og.Variable] = {}
         for v in comp.variables:
             attr = _attribute_name(v.name, taken)
             if attr in owner:
@@ -424,10 +425,11 @@ class TorchComputation(nn.Module):
         var_attr = {v: a for a, v in self.geon_variables.items()}
         feed_pos = {p: i for i, p in enumerate(self.placeholders)}
         order = schedule(comp.graph.roots)
-        position = {}
+        position: dict[og.Op, int] = {}
         n_const = 0
         for op in order:
             dtype = torch_dtype(op.dtype) if isinstance(op, og.TensorOp) else None
+            step: tuple[Any, Any]  # (how, ref): a kind and its index or name, or a rule
             if isinstance(op, og.Placeholder):
                 step = (_FEED, feed_pos[op])
             elif isinstance(op, og.Variable):
@@ -479,14 +481,14 @@ class TorchComputation(nn.Module):
             value = value.to(dtype)
         return value.clone() if i in self._geon_copied_feeds else value
 
-    def forward(self, *tensors):
+    def forward(self, *tensors: Any) -> Any:
         """The computation's results from one tensor (or array) per placeholder."""
         if len(tensors) != len(self.placeholders):
             raise FeedError(f"the module takes {len(self.placeholders)} value(s) ("
                             + ", ".join(p.name for p in self.placeholders)
                             + f"), got {len(tensors)}")
         feeds = [self._feed(i, t) for i, t in enumerate(tensors)]
-        values = []
+        values: list[Any] = []
         for op, dtype, how, ref in self._geon_steps:
             if how is _FEED:
                 v = feeds[ref]
@@ -521,7 +523,8 @@ def _initial_values(comp, transformer):
     return values
 
 
-def to_torch(results, *placeholders, transformer=None):
+def to_torch(results: Union[og.Op, list[og.Op], tuple[og.Op, ...]], *placeholders: og.Placeholder,
+             transformer: Optional[Transformer] = None) -> TorchComputation:
     """An ``nn.Module`` computing ``results`` (an op, or a list or tuple of ops) from
     ``placeholders`` with PyTorch ops, as ``transformer.computation(results,
     *placeholders)`` would.
