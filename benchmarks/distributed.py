@@ -2,7 +2,7 @@
 step its allreduce takes, the allreduce's cost per byte, and a projection from it to 8
 and 64 ranks for the digits CNN and a ResNet-50-sized model.
 
-One command prints everything (about a minute)::
+One command prints everything (a minute or two)::
 
     python -m benchmarks.distributed            # options: --batch, --steps, --repeats,
                                                 #          --no-bind, --quick
@@ -21,7 +21,8 @@ measurement, then the next repeat; medians printed):
 * the step of the 784-512-512-10 MLP of benchmarks/mlp.py (ReLU, softmax
   cross-entropy, float32, plain SGD) built with ``geon.distributed.data_parallel``
   (one bucketed allreduce of the 2.67 MB of gradients per step), local batch
-  ``--batch`` (default 128): as a 1-rank job (rank 0 alone, on a communicator of its
+  ``--batch`` (default 128 and 1024, one job each, the batches of benchmarks/mlp.py):
+  as a 1-rank job (rank 0 alone, on a communicator of its
   own, while rank 1 sleeps) and as the 2-rank job; samples per second count the global
   batch (ranks × local batch); the time spent inside the allreduce per step (on rank 0,
   including any wait for the other rank) against the step time;
@@ -152,7 +153,8 @@ def _worker(args):
     both = Timed(comm)
     set_collectives(both)
     step, grad_bytes = _mlp_step(args.batch)   # sync_variables: broadcast on 2 ranks
-    cnn, cnn_params = _cnn_step() if rank == 0 else (None, None)
+    sweep = not args.throughput_only   # the CNN step and the allreduce sizes
+    cnn, cnn_params = _cnn_step() if rank == 0 and sweep else (None, None)
 
     def phase(backend, fn, ranks, steps):
         """Seconds per call of ``fn`` on ``ranks`` (the others sleep), and seconds of
@@ -173,7 +175,8 @@ def _worker(args):
     # warm up (first calls allocate), then interleave the repeats
     phase(solo, step, 1, 2)
     phase(both, step, 2, 2)
-    phase(solo, cnn, 1, 2)
+    if sweep:
+        phase(solo, cnn, 1, 2)
     samples = {"1": [], "2": [], "2solo": [], "ar1": [], "ar2": [], "cnn": []}
     costs = {s: [] for s in SIZES}
     for _ in range(args.repeats):
@@ -186,6 +189,8 @@ def _worker(args):
         # both ranks stepping at once with no communication (each on its own 1-rank
         # communicator): the step time two busy cores allow, the ceiling of the speedup
         samples["2solo"].append(phase(solo, step, 2, args.steps)[0])
+        if not sweep:
+            continue
         samples["cnn"].append(phase(solo, cnn, 1, args.steps)[0])
         for size in SIZES:   # allreduce cost per byte, one round of sizes per repeat
             buf = np.ones(size // 4, np.float32)
@@ -199,13 +204,13 @@ def _worker(args):
     cpus = comm.gather(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else None, root=0)
     if rank == 0:
-        med = {k: statistics.median(v) for k, v in samples.items()}
+        med = {k: statistics.median(v) if v else None for k, v in samples.items()}
         out = {"ranks": world.size, "batch": args.batch, "grad_bytes": grad_bytes,
                "step_1": med["1"], "step_2": med["2"], "step_2_solo": med["2solo"], "allreduce_1": med["ar1"],
                "allreduce_2": med["ar2"], "cnn_step": med["cnn"], "cnn_batch": 32,
                "cnn_params": cnn_params, "cpus": cpus, "repeats": args.repeats,
                "speedups": [2 * a / b for a, b in zip(samples["1"], samples["2"])],
-               "allreduce_by_bytes": {s: statistics.median(v) for s, v in costs.items()}}
+               "allreduce_by_bytes": {s: statistics.median(v) for s, v in costs.items() if v}}
         print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -230,6 +235,7 @@ def _launch(args, bind):
                 "--mca", "coll_tuned_allreduce_algorithm", "4"]
     cmd += [sys.executable, "-m", "benchmarks.distributed", "--worker",
             "--batch", str(args.batch), "--steps", str(args.steps),
+            *(["--throughput-only"] if args.throughput_only else []),
             "--repeats", str(args.repeats)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=root)
     for line in p.stdout.splitlines():
@@ -296,6 +302,8 @@ def report(r, bound):
     print(f"\n2-rank / 1-rank throughput: {2 * r['step_1'] / r['step_2']:.2f}× (ratio of "
           f"medians; per repeat {sp[0]:.2f}-{sp[-1]:.2f}×); target ≥ 1.7× with a core "
           "per rank.")
+    if r["cnn_step"] is None:
+        return
     costs = {int(k): v for k, v in r["allreduce_by_bytes"].items()}
     alpha, bw, dropped = fit(costs)
     table("allreduce (in place, float32) on 2 ranks", ["bytes", "time", "GB/s"],
@@ -330,7 +338,10 @@ def report(r, bound):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=128, help="local batch per rank")
+    p.add_argument("--batch", type=int, nargs="+", default=[128, 1024],
+                   help="local batch per rank (several: one job each; the allreduce "
+                        "sizes and the projection come with the first)")
+    p.add_argument("--throughput-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--no-bind", action="store_true", help="do not bind ranks to cores")
@@ -343,18 +354,25 @@ def main(argv=None):
     if args.quick:
         args.steps, args.repeats = 3, 3
     if args.worker:
+        args.batch = args.batch[0]
         return _worker(args)
     bound = not args.no_bind
-    try:
-        r = _launch(args, bind=bound)
-    except RuntimeError as e:
-        if not bound:
-            raise
-        print(f"binding ranks to cores failed; running unbound ({str(e).splitlines()[0]})")
-        bound = False
-        r = _launch(args, bind=False)
-    r["allreduce_algorithm"] = args.allreduce
-    report(r, bound)
+    for i, batch in enumerate(args.batch):
+        job = argparse.Namespace(**vars(args))
+        job.batch, job.throughput_only = batch, i > 0
+        try:
+            r = _launch(job, bind=bound)
+        except RuntimeError as e:
+            if not bound:
+                raise
+            print(f"binding ranks to cores failed; running unbound "
+                  f"({str(e).splitlines()[0]})")
+            bound = False
+            r = _launch(job, bind=False)
+        r["allreduce_algorithm"] = args.allreduce
+        if i:
+            print()
+        report(r, bound)
 
 
 if __name__ == "__main__":
