@@ -1,6 +1,7 @@
 """Data-parallel training on MPI (geon.distributed): the collective ops in one process,
 and jobs of 2 and 3 ranks under ``mpirun`` (tests/distributed_worker.py)."""
 
+import importlib
 import os
 import re
 import shutil
@@ -61,14 +62,18 @@ def assert_same(got, want, keys):
         np.testing.assert_allclose(got[k], want[k], rtol=tol, atol=tol * scale, err_msg=k)
 
 
-@pytest.fixture(scope="module")
-def worker():
+def _module_beside(name):
+    """Import tests/<name>.py (the worker modules the mpirun jobs run) for a fixture."""
     sys.path.insert(0, str(HERE))
     try:
-        import distributed_worker
-        yield distributed_worker
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(HERE))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    yield from _module_beside("distributed_worker")
 
 
 # --- one process --------------------------------------------------------------------
@@ -284,12 +289,7 @@ FIT_WORKER = HERE / "distributed_fit_worker.py"
 
 @pytest.fixture(scope="module")
 def fit_worker():
-    sys.path.insert(0, str(HERE))
-    try:
-        import distributed_fit_worker
-        yield distributed_fit_worker
-    finally:
-        sys.path.remove(str(HERE))
+    yield from _module_beside("distributed_fit_worker")
 
 
 @needs_mpi
