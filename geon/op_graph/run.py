@@ -55,8 +55,9 @@ lowered graphs it ran, views included, placeholders, variables and constants not
 
 import collections
 import hashlib
-import weakref
+import logging
 import os
+import weakref
 from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
@@ -275,8 +276,9 @@ class Runner:
         if entry is not None:
             if all(r() is op for r, op in zip(entry.keys, compute + reused)):
                 self._computations.move_to_end(key)
-                logger.debug("run: reused the compiled computation of %s",
-                             ", ".join(op.name for op in compute))
+                if logger.isEnabledFor(logging.DEBUG):   # no name joining per call
+                    logger.debug("run: reused the compiled computation of %s",
+                                 ", ".join(op.name for op in compute))
                 return entry
             del self._computations[key]  # ops that died and left their ids to others
             self._drop(entry)
