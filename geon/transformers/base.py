@@ -9,6 +9,7 @@ transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
 import logging
+import operator
 import threading
 import time
 import types
@@ -190,7 +191,21 @@ class Computation:
         :class:`FeedError` naming the placeholder."""
         return self._shapes[i][0].as_feed(v)
 
-    def __call__(self, *args, **kwargs):
+    # ``comp(x)`` finds ``__call__`` on the class; this property (a getter written in C)
+    # hands back the instance's ``_entry``, which is called with the feeds. Before the
+    # first call that is the method below, which allocates and initializes; after it,
+    # the backend's fast entry (for the NumPy transformer, the generated ``run``), so a
+    # steady call runs no Python frame but the entry's own.
+    __call__ = property(operator.attrgetter("_entry"),
+                        doc="Call the computation with one value per parameter, by "
+                            "position; returns the result (a tuple for several).")
+    #: Whether the backend's fast entry checks the number of values and rejects
+    #: keywords itself (with :meth:`_check_args`); if not, it is wrapped in a check.
+    _entry_checks_args = False
+
+    def _check_args(self, args, kwargs):
+        """Raise the :class:`FeedError` of a call with keywords or a wrong number of
+        values (nothing if the call is well formed)."""
         if kwargs:
             raise FeedError(f"a computation takes its values by position, one per "
                             f"parameter ({', '.join(p.name for p in self.params)}); got "
@@ -199,15 +214,18 @@ class Computation:
             raise FeedError(f"computation takes {len(self._shapes)} value(s) ("
                             + ", ".join(p.name for p in self.params)
                             + f"), got {len(args)}")
-        return self._entry(*args)
 
-    def _entry(self, *args):
+    def _entry(self, *args, **kwargs):
         # The first call (and the first after the transformer changed) allocates and
         # initializes, then installs the backend's fast entry point.
+        self._check_args(args, kwargs)
         t = self.transformer
         with t._lock:
             t._ready()
-            self._entry = self._fast_entry()
+            fast = self._fast_entry()
+            if not self._entry_checks_args:
+                fast = _checking_args(self, fast)
+            self._entry = fast
         return self._entry(*args)
 
     def _fast_entry(self):
@@ -248,6 +266,17 @@ class Computation:
 
     def _run(self, feeds):
         raise NotImplementedError
+
+
+def _checking_args(comp, entry):
+    """``entry`` behind the check of :meth:`Computation._check_args`."""
+    n = len(comp._shapes)
+
+    def checked(*args, **kwargs):
+        if kwargs or len(args) != n:
+            comp._check_args(args, kwargs)
+        return entry(*args)
+    return checked
 
 
 class Transformer:

@@ -71,8 +71,11 @@ def _ufunc_code(name):
     return code
 
 
+#: class -> its ufunc rule (NumPyComputation._ufunc_allocates checks that a class still
+#: has it)
+_UFUNC_RULES = {}
 for _cls, _fn in NP_UFUNCS.items():
-    NUMPY_CODE[_cls] = _ufunc_code(_fn.__name__)
+    NUMPY_CODE[_cls] = _UFUNC_RULES[_cls] = _ufunc_code(_fn.__name__)
 
 
 @numpy_code(Select)
@@ -273,7 +276,8 @@ class NumPyComputation(Computation):
         taken = {"np", "setup", "run"}
         taken.update(_module_globals())
         names, consts, variables, scratch = {}, {}, {}, {}
-        scalars = {}
+        scalars, zero_d = {}, {}
+        self._result_dtypes = {}  # dtype of a result -> its name in the module
         setup, body = [], []
         for p in self.params:
             names[p] = identifier(p.name, taken)
@@ -329,9 +333,12 @@ class NumPyComputation(Computation):
 
         def arg_names(op, local=None):
             local = local or {}
-            return [local.get(a) or (scalars.get(a) or names[a]
-                                     if isinstance(op, og.ElementWise) else names[a])
-                    for a in op.args]
+            if not isinstance(op, og.ElementWise):
+                return [local.get(a) or names[a] for a in op.args]
+            # a ufunc reads a one-number constant faster from a 0-d array than from a
+            # NumPy scalar (same dtype, same result)
+            small = zero_d if type(op) in NP_UFUNCS else scalars
+            return [local.get(a) or small.get(a) or names[a] for a in op.args]
 
         present = set(order)
         for op in order:  # storage first: a fused group reads ahead in the order
@@ -346,6 +353,8 @@ class NumPyComputation(Computation):
                 if op.scalar is not None:
                     scalars[op] = identifier("s_" + op.name, taken)
                     consts[scalars[op]] = op.value[()]
+                    zero_d[op] = identifier("z_" + op.name, taken)
+                    consts[zero_d[op]] = np.array(op.value[()])
         for op in order:
             if op in names:
                 continue
@@ -374,6 +383,12 @@ class NumPyComputation(Computation):
             elif isinstance(op, pr.Assign) and op.args[1] in self._into:
                 body.append(f"    # {comment(op.name)}: its value was computed in "
                             f"{names[op.args[0]]}")
+            elif self._ufunc_allocates(op, fresh, zero_d):
+                out = names[op] = identifier("t_" + op.name, taken)
+                call = f"np.{NP_UFUNCS[type(op)].__name__}({', '.join(arg_names(op))})"
+                body.append(self._annotate(f"{out} = {call}", op))
+                if check and numerics.checked(op):
+                    body.append(self._check_line(op, out, arg_names(op)))
             else:
                 out = None
                 if not isinstance(op, og.VoidOp):
@@ -413,13 +428,15 @@ class NumPyComputation(Computation):
             if check and numerics.checked(p):
                 checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
         body[:0] = checks
+        # The last values stay readable (Computation.value): one result as itself,
+        # several as the tuple the call returns.
         if self.single:
-            body.append(f"    _last[0] = ({returns[0]},)")
-            returns_line = "    return _last[0][0]"
+            body.append(f"    _r = {returns[0]}")
         else:
-            body.append(f"    _last[0] = ({', '.join(returns)},)")
-            returns_line = "    return _last[0]"
-        params = ", ".join(names[p] for p in self.params)
+            body.append(f"    _r = ({', '.join(returns)},)")
+        body.append("    _last[0] = _r")
+        body.append("    return _r")
+        params = [names[p] for p in self.params]
         glob = [ln.split(" = ")[0].strip() for ln in setup]
         src = ["# geon NumPy transformer: computation of "
                + comment(", ".join(getattr(r, "name", "?") for r in self.requested))]
@@ -433,12 +450,25 @@ class NumPyComputation(Computation):
         if glob:
             src.append("    global " + ", ".join(glob))
         src.extend(setup or ["    pass"])
-        src.append(f"def run({params}):")
+        # Computation.__call__ calls run itself: it checks that it got one value per
+        # parameter, by position (Computation._check_args raises the FeedError).
+        src.append("def run(" + "".join(f"{n}=_nofeed, " for n in params)
+                   + "*_more, **_kw):")
+        got = "".join(f"{n}, " for n in params)
+        src.append(f"    if _more or _kw{f' or {params[-1]} is _nofeed' if params else ''}:")
+        src.append(f"        _bad_args(({got}) + _more, _kw)")
         # Calls take turns: every computation of the transformer shares its buffers.
+        # (An acquire and a release around try/finally cost less than a with block.)
         # The debug mode raises NumericsError where NumPy would warn of NaN and Inf.
-        src.append("    with _lock, _quiet():" if check else "    with _lock:")
-        src.extend("    " + ln for ln in body)
-        src.append("    " + returns_line)
+        src.append("    _acquire()")
+        src.append("    try:")
+        if check:
+            src.append("        with _quiet():")
+            src.extend("        " + ln for ln in body)
+        else:
+            src.extend("    " + ln for ln in body)
+        src.append("    finally:")
+        src.append("        _release()")
         self._arenas = dict(zip(arenas, plan.sizes))
         self._scratch = scratch
         check_lines(src, "Python")
@@ -449,6 +479,29 @@ class NumPyComputation(Computation):
                                   fname)  # tracebacks show generated lines
         weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
+
+    def _ufunc_allocates(self, op, fresh, zero_d):
+        """Whether result ``op`` is best computed by its ufunc without ``out=``: NumPy
+        then allocates the result itself, which saves a call of ``np.empty`` (much of
+        the time of a call on a few elements). Only where that array is exactly what
+        ``np.empty`` would give: one axis (a new 1-d array is contiguous whatever the
+        layout of the operands), the op's shape (no operand broadcast to it) and dtype
+        (the ufunc's own loop for the operands' dtypes, no ``dtype=`` or casting)."""
+        ufunc = NP_UFUNCS.get(type(op))
+        if ufunc is None or op not in fresh or op in self._into or len(op.axes) != 1 \
+                or NUMPY_CODE.get(type(op)) is not _UFUNC_RULES.get(type(op)):
+            return False
+        if _loop(op) or (op.dtype.kind in "iub"
+                         and any(a.dtype != op.dtype for a in op.args)):
+            return False  # a dtype= or casting= the rule would add
+        shapes = [() if a in zero_d else a.axes.shape for a in op.args]
+        try:
+            if np.broadcast_shapes(*shapes) != op.axes.shape:
+                return False
+            dtypes = ufunc.resolve_dtypes(tuple(a.dtype for a in op.args) + (None,))
+        except (ValueError, TypeError, AttributeError):
+            return False
+        return dtypes[-1] == op.dtype
 
     def _buffer(self, op, plan, arenas, setup, body, fresh, taken):
         """The name of ``op``'s buffer. A planned value is a view of its arena, made
@@ -469,7 +522,11 @@ class NumPyComputation(Computation):
             return name
         assert op in fresh, op
         name = identifier("t_" + op.name, taken)
-        body.append(f"    {name} = np.empty({py_literal(shape)}, np.{dtype.name})")
+        # np.empty with a dtype object bound in the module's globals: a call of a few
+        # elements spends much of its time here otherwise (attribute look-ups and the
+        # conversion of the scalar type)
+        dt = self._result_dtypes.setdefault(np.dtype(dtype), f"_rdt{len(self._result_dtypes)}")
+        body.append(f"    {name} = _empty({py_literal(shape)}, {dt})  # {dtype.name}")
         return name
 
     def _group_code(self, g, names, arg_names, plan, arenas, setup, fresh, scratch, taken):
@@ -582,8 +639,12 @@ class NumPyComputation(Computation):
                       .view(dtype).reshape(shape) for k, (shape, dtype) in enumerate(temps)]
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
-        ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
-        ns["_lock"] = self.transformer._lock
+        ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
+        lock = self.transformer._lock
+        ns["_acquire"], ns["_release"] = lock.acquire, lock.release
+        ns["_nofeed"], ns["_bad_args"], ns["_empty"] = _UNSET, self._bad_args, np.empty
+        for dt, n in self._result_dtypes.items():
+            ns[n] = dt
         if self._check_numerics:
             ns["_finite"] = _all_finite
             ns["_bad"], ns["_bad_feed"] = self._bad, self._bad_feed
@@ -596,12 +657,28 @@ class NumPyComputation(Computation):
         ns["setup"]()
         self._fn = ns["run"]
 
+    #: the generated ``run`` checks its arguments (see _generate)
+    _entry_checks_args = True
+
     def _fast_entry(self):
         return self._fn
 
+    def _bad_args(self, args, kwargs):
+        """Raise the FeedError of a call with keywords or a wrong number of values
+        (called by the generated code; parameters not given hold ``_nofeed``)."""
+        self._check_args(tuple(a for a in args if a is not _UNSET), kwargs)
+
     def _last_values(self):
         ns = getattr(self, "_ns", None)  # the generated code keeps the last results
-        return ns["_last"][0] if ns else None
+        last = ns["_last"][0] if ns else _UNSET
+        if last is _UNSET:
+            return None
+        return (last,) if self.single else last
+
+
+#: the default of each parameter of a generated ``run`` (a value not given), and what
+#: it keeps as the last results before the first call
+_UNSET = object()
 
 
 def _all_finite(a):
