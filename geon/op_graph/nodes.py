@@ -265,6 +265,18 @@ def in_pass():
     return bool(_rewrite_stack) and _rewrite_stack[-1][2]
 
 
+#: Changes whenever existing nodes may have been rewired (args, other_deps, forward: a
+#: pass ran, or replace_arg / add_other_dep was called). Caches of graph walks compare
+#: it (geon.op_graph.run); building new nodes does not change it.
+graph_edits = 0
+
+
+def note_graph_edit():
+    """Mark the walks of existing graphs as stale (see :data:`graph_edits`)."""
+    global graph_edits
+    graph_edits += 1
+
+
 class Node(NameableValue, DebugInfo):
     """A graph node: ``args``, ``other_deps``, ``user_deps``, ``users`` and ``forward``.
 
@@ -328,6 +340,7 @@ class Node(NameableValue, DebugInfo):
         """Make ``dep`` run before this node (passes call it: a node built by the user
         keeps its dependencies as built, see :meth:`as_built`)."""
         if dep is not self and dep not in self.other_deps:
+            note_graph_edit()
             self._keep_as_built()
             if self.other_deps is _NO_DEPS:
                 self.other_deps = OrderedSet()
@@ -339,6 +352,7 @@ class Node(NameableValue, DebugInfo):
         call it: a node built by the user keeps its dependencies as built, see
         :meth:`as_built`)."""
         if old in self._args or old in self.other_deps:
+            note_graph_edit()
             self._keep_as_built()
         if old in self._args:
             self._args = tuple(new if a is old else a for a in self._args)

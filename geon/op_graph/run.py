@@ -64,7 +64,7 @@ import numpy as np
 
 from geon._logging import get_logger
 from geon.errors import FeedError
-from geon.op_graph import op_graph as og
+from geon.op_graph import nodes, op_graph as og
 from geon.op_graph.ordering import ASSIGN_CLASSES
 from geon.op_graph.params import clone_graph, graph_ops, live_deps
 from geon.registry import make_transformer
@@ -122,6 +122,10 @@ class Runner:
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # Variable -> int
         self._versions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # targets' ids -> _Plan; the count of ops added to _memo (plans list the
+        # remembered ops of their graph again when it changed)
+        self._plans: dict = {}
+        self._memo_epoch = 0
         self.primitives_executed = 0
         self.last_primitives = 0
         self.computations_built = 0
@@ -132,6 +136,7 @@ class Runner:
         Call it after writing into the variables' storage directly."""
         if variables is None:
             self._memo = weakref.WeakKeyDictionary()
+            self._memo_epoch += 1
             return
         for v in ([variables] if isinstance(variables, og.Op) else variables):
             self._versions[v] = self._versions.get(v, 0) + 1
@@ -177,9 +182,8 @@ class Runner:
         """
         targets, single = og.as_op_list(targets, "run: targets")
         live = [og.require_valid(t) for t in targets]
-        order = graph_ops(live, initializers=False)
-        arrays = self._feeds(feeds, order)
-        sig = _Signatures(order, arrays, self._version)
+        plan = self._plan(live)
+        sig = _Signatures(plan, self._feeds(feeds, plan), self._version)
 
         values: list[Any] = [None] * len(live)
         compute = []
@@ -194,8 +198,8 @@ class Runner:
         compute = list(dict.fromkeys(compute))
         self.last_primitives = 0
         if compute:
-            entry = self._computation(compute, order, sig)
-            args = [arrays[p] for p in entry.placeholders] + \
+            entry = self._computation(compute, live, plan, sig)
+            args = [sig.arrays[p] for p in entry.placeholders] + \
                 [self._memo[c()][1] for c in entry.reused]
             out = entry.computation(*args)
             self.last_primitives = entry.primitives
@@ -203,6 +207,8 @@ class Runner:
             got = dict(zip(compute, out))
             for op, value in got.items():
                 if value is not None and sig.memoizable(op):
+                    if op not in self._memo:
+                        self._memo_epoch += 1  # the plans' lists of reusable ops grow
                     self._memo[op] = (sig.of(op), np.array(value))
             for v in entry.assigned:
                 self._versions[v] = self._versions.get(v, 0) + 1
@@ -211,16 +217,40 @@ class Runner:
                     values[i] = None if got[op] is None else np.array(got[op])
         return values[0] if single else values
 
-    def _feeds(self, feeds, order):
+    def _plan(self, live):
+        """The :class:`_Plan` of the graph of ``live`` (the targets): made by one walk
+        of the graph, then kept while the targets live and no graph was rewired."""
+        key = tuple(map(id, live))
+        plan = self._plans.get(key)
+        if plan is not None and plan.edits == nodes.graph_edits and \
+                all(r() is op for r, op in zip(plan.keys, live)):
+            return plan
+        if plan is None or plan.edits != nodes.graph_edits:
+            if len(self._plans) >= 4 * self.max_computations or \
+                    (plan is not None and plan.edits != nodes.graph_edits):
+                self._plans.clear()  # rewired graphs: every plan may be stale
+        plan = _Plan(live, graph_ops(live, initializers=False))
+        plans, runner = self._plans, weakref.ref(self)
+
+        def dead(_):
+            r = runner()
+            if r is not None and r._plans.get(key) is plan_ref():
+                del r._plans[key]
+
+        plan_ref = weakref.ref(plan)
+        plan.keys = [weakref.ref(op, dead) for op in live]
+        plans[key] = plan
+        return plan
+
+    def _feeds(self, feeds, plan):
         feeds = dict(feeds or {})
         for p in feeds:
             if not isinstance(p, og.Placeholder):
                 raise FeedError(f"run: feeds are keyed by placeholders, not "
                                 f"{type(p).__name__} {getattr(p, 'name', p)!r}")
         arrays = {}
-        for p in order:
-            if not isinstance(p, og.Placeholder):
-                continue
+        for r in plan.placeholders:
+            p = r()
             if p not in feeds:
                 raise FeedError(f"run: no value fed for placeholder {p.name} "
                                 f"({', '.join(map(repr, p.axes))}), built at {p.file_info}")
@@ -241,7 +271,34 @@ class Runner:
             return None
         return hit[1]
 
-    def _computation(self, compute, order, sig):
+    def _computation(self, compute, live, plan, sig):
+        # Which remembered values inside the graph can be reused now: the walk below
+        # depends only on that (and on the ops to compute), so its outcome is kept.
+        if plan.memo_epoch != self._memo_epoch:
+            plan.candidates = [(weakref.ref(op), id(op)) for op in list(self._memo.keys())
+                               if id(op) in plan.ids]
+            plan.memo_epoch = self._memo_epoch
+        computed = set(map(id, compute))
+        hits = []
+        for r, i in plan.candidates:
+            op = r()
+            if op is not None and i not in computed and self._lookup(op, sig) is not None:
+                hits.append(i)
+        walk_key = (tuple(map(id, compute)), frozenset(hits))
+        key = plan.walks.get(walk_key)
+        if key is not None:
+            entry = self._computations.get(key)
+            if entry is not None and all(r() is not None for r in entry.keys):
+                self._computations.move_to_end(key)
+                if logger.isEnabledFor(logging.DEBUG):   # no name joining per call
+                    logger.debug("run: reused the compiled computation of %s",
+                                 ", ".join(op.name for op in compute))
+                return entry
+        entry, key = self._walk(compute, graph_ops(live, initializers=False), sig)
+        plan.walks[walk_key] = key
+        return entry
+
+    def _walk(self, compute, order, sig):
         # Walk down from the ops to compute; stop at values that can be reused.
         reused, placeholders, assigned = [], [], []
         seen = set(compute)
@@ -279,7 +336,7 @@ class Runner:
                 if logger.isEnabledFor(logging.DEBUG):   # no name joining per call
                     logger.debug("run: reused the compiled computation of %s",
                                  ", ".join(op.name for op in compute))
-                return entry
+                return entry, key
             del self._computations[key]  # ops that died and left their ids to others
             self._drop(entry)
         stand_ins = {}
@@ -311,45 +368,79 @@ class Runner:
         while len(self._computations) > self.max_computations:
             _, old = self._computations.popitem(last=False)
             self._drop(old)
-        return entry
+        return entry, key
 
 
-class _Signatures:
-    """Per call: which ops may be remembered, and the state of each op's inputs."""
+class _Plan:
+    """What one walk of the targets' graph says, kept for the next calls with the same
+    targets, so that a call does work in proportion to its inputs, not to the graph:
+    the placeholders to feed, which ops may be remembered, the inputs (placeholders and
+    Variables) each op depends on, and which computation each set of reusable values
+    leads to. It holds ops only weakly or by ``id`` (every op of the graph lives as
+    long as the targets, and the runner drops the plan when a target dies), and it is
+    stale once any graph was rewired (``nodes.graph_edits``)."""
 
-    def __init__(self, order, arrays, version):
-        self._arrays, self._version = arrays, version
-        self._tokens = {}
-        self._inputs = {}
-        self._volatile = set()
+    __slots__ = ("keys", "edits", "sources", "placeholders", "inputs", "memo_ok", "ids",
+                 "candidates", "memo_epoch", "walks", "__weakref__")
+
+    def __init__(self, live, order):
+        self.edits = nodes.graph_edits
+        self.keys = []
+        index = {}          # id(placeholder or variable) -> its index in sources
+        self.sources = []   # weak references to the placeholders and variables
+        self.placeholders = []
+        inputs = {}         # id(op) -> frozenset of source indices
+        volatile = set()
+        self.memo_ok = set()
         empty = frozenset()
         for op in order:
             deps = live_deps(op)
             if isinstance(op, (og.Placeholder, og.Variable)):
-                self._inputs[op] = frozenset((op,))
+                index[id(op)] = len(self.sources)
+                self.sources.append(weakref.ref(op))
+                if isinstance(op, og.Placeholder):
+                    self.placeholders.append(self.sources[-1])
+                inputs[id(op)] = frozenset((index[id(op)],))
                 continue
             if isinstance(op, og.AssignableTensorOp) and not isinstance(op, og.Constant):
-                self._volatile.add(op)  # storage of a kind the runner does not track
-            if isinstance(op, ASSIGN_CLASSES) or any(d in self._volatile for d in deps):
-                self._volatile.add(op)
-            self._inputs[op] = empty.union(*(self._inputs[d] for d in deps))
+                volatile.add(id(op))  # storage of a kind the runner does not track
+            if isinstance(op, ASSIGN_CLASSES) or any(id(d) in volatile for d in deps):
+                volatile.add(id(op))
+            inputs[id(op)] = empty.union(*(inputs[id(d)] for d in deps))
+            if isinstance(op, og.TensorOp) and not isinstance(op, og.AssignableTensorOp) \
+                    and id(op) not in volatile:
+                self.memo_ok.add(id(op))
+        self.inputs = inputs
+        self.ids = frozenset(inputs)
+        self.candidates, self.memo_epoch = [], -1
+        self.walks = {}
+
+
+class _Signatures:
+    """Per call: the fed arrays, and the state of each op's inputs (placeholder digests
+    and variable versions, each computed once per call when first needed)."""
+
+    def __init__(self, plan, arrays, version):
+        self.arrays, self._plan, self._version = arrays, plan, version
+        self._tokens = {}
 
     def memoizable(self, op):
         """Whether a value of ``op`` may be remembered and reused."""
-        return isinstance(op, og.TensorOp) and not isinstance(op, og.AssignableTensorOp) \
-            and op not in self._volatile
+        return id(op) in self._plan.memo_ok
 
     def _token(self, s):
         t = self._tokens.get(s)
         if t is None:
-            t = fingerprint(self._arrays[s]) if isinstance(s, og.Placeholder) \
+            t = fingerprint(self.arrays[s]) if isinstance(s, og.Placeholder) \
                 else ("version",) + self._version(s)
             self._tokens[s] = t
         return t
 
     def of(self, op):
         """The state of ``op``'s inputs (placeholder digests, variable versions)."""
-        return frozenset((s, self._token(s)) for s in self._inputs[op])
+        sources = self._plan.sources
+        return frozenset((s, self._token(s))
+                         for s in (sources[i]() for i in self._plan.inputs[id(op)]))
 
 
 _default = None
