@@ -262,3 +262,88 @@ def test_value_written_by_a_later_initializer_is_recomputed():
     np.testing.assert_array_equal(r.transformer.state[w], [5.0, 5.0, 5.0])
     np.testing.assert_array_equal(r.run(doubled), [10.0, 10.0, 10.0])
     assert r.last_primitives > 0
+
+
+def test_a_call_does_not_walk_the_graph_again(monkeypatch):
+    """The graph is walked once per set of targets (and once more to build each
+    computation); later calls, with new feeds or a changed Variable, only look at
+    their inputs, and still see every change."""
+    import geon.op_graph.run as run_module
+    x = be.placeholder((C,), dtype=np.float64, name="x")
+    y = be.placeholder((C,), dtype=np.float64, name="y")
+    w = be.Variable((C,), initial_value=1.0, dtype=np.float64, name="w")
+    h = x
+    for k in range(300):
+        h = h * 1.001 + w if k % 2 else be.tanh(h)
+    t = h + y
+    r = be.Runner()
+    r.run([h, t], {x: XV[:, 0], y: XV[:, 1]})
+    r.run(t, {x: XV[:, 0], y: XV[:, 1]})
+    r.run(t, {x: XV[:, 0], y: XV[:, 2]})
+    ref = be.Runner()
+    want = [ref.run(t, {x: XV[:, 0], y: XV[:, k]}) for k in range(3)]
+    walks = []
+    real = run_module.graph_ops
+    monkeypatch.setattr(run_module, "graph_ops", lambda *a, **k: walks.append(1) or real(*a, **k))
+    for k in range(6):                      # new y only: h is reused
+        got = r.run(t, {x: XV[:, 0], y: XV[:, k % 3]})
+        assert r.last_primitives == 1
+        np.testing.assert_allclose(got, want[k % 3], rtol=1e-15)
+    assert walks == [] and r.computations_built == 2
+    double = be.SetItem(w, w * 2.0)
+    for k in range(3):                      # a changed Variable: t is computed in full
+        r.run(double)
+        ref.run(double)
+        walks.clear()
+        built = r.computations_built
+        after = r.run(t, {x: XV[:, 0], y: XV[:, 0]})
+        assert r.last_primitives > 1
+        np.testing.assert_allclose(after, ref.run(t, {x: XV[:, 0], y: XV[:, 0]}),
+                                   rtol=1e-15)
+        assert not np.allclose(after, want[0])
+        if k:                               # the second time: nothing walked or built
+            assert walks == [] and r.computations_built == built
+        r.run(t, {x: XV[:, 0], y: XV[:, 0]})
+        assert r.last_primitives == 0
+
+
+def test_new_shapes_dtypes_and_rewired_graphs_are_seen():
+    x = be.placeholder((C,), dtype=np.float64, name="x")
+    s = be.exp(x) * 2.0
+    r = be.Runner()
+    np.testing.assert_allclose(r.run(s, {x: np.ones(3)}), 2 * np.e, rtol=1e-15)
+    # a feed of another dtype is converted (other bytes: computed again)
+    got = r.run(s, {x: np.zeros(3, np.float32)})
+    assert r.last_primitives > 0
+    np.testing.assert_allclose(got, 2.0, rtol=1e-15)
+    with pytest.raises(be.FeedError, match="x"):
+        r.run(s, {x: np.zeros(4)})
+    # Compiling the user's ops directly rewrites their graph in place (here CSE
+    # forwards one exp to the other): the runner's kept walk of it is made again.
+    from geon.op_graph import nodes
+    a, b = be.exp(x), be.exp(x)
+    t = a * 2.0 + b
+    np.testing.assert_allclose(r.run(t, {x: np.ones(3)}), 3 * np.e, rtol=1e-15)
+    edits = nodes.graph_edits
+    plan = r._plans[(id(t),)]
+    be.NumPyTransformer().computation(t, x)
+    assert b.forward is a and nodes.graph_edits != edits
+    np.testing.assert_allclose(r.run(t, {x: np.full(3, 0.5)}), 3 * np.exp(0.5),
+                               rtol=1e-15)
+    assert r._plans[(id(t),)] is not plan
+    np.testing.assert_allclose(r.run(t, {x: np.ones(3)}), 3 * np.e, rtol=1e-15)
+    assert r.last_primitives == 0
+
+
+def test_kept_walks_do_not_keep_targets_alive():
+    x = be.placeholder((C,), dtype=np.float64, name="x")
+    r = be.Runner()
+    refs = []
+    for k in range(5):
+        t = be.tanh(x) * float(k)
+        r.run([t, x], {x: np.ones(3)})
+        refs.append(weakref.ref(t))
+        del t
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    assert len(r._plans) == 0

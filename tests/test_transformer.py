@@ -120,7 +120,7 @@ def test_source_is_readable_numpy():
     x, w, b, y = model()
     f = be.NumPyTransformer().computation(y, x)
     src = f.source
-    assert "def run(feed_x=_nofeed, *_more, **_kw):" in src and "np.matmul(" in src and "out=" in src
+    assert "def run(feed_x=_nofeed, /, *_more, **_kw):" in src and "np.matmul(" in src and "out=" in src
     assert __file__ in src  # each primitive names the user's line
 
 

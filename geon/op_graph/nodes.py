@@ -265,16 +265,18 @@ def in_pass():
     return bool(_rewrite_stack) and _rewrite_stack[-1][2]
 
 
-#: Changes whenever existing nodes may have been rewired (args, other_deps, forward: a
-#: pass ran, or replace_arg / add_other_dep was called). Caches of graph walks compare
-#: it (geon.op_graph.run); building new nodes does not change it.
+#: Changes whenever a node that a kept graph walk holds (``Node._walked``, set by
+#: geon.op_graph.run) is rewired: its args, other_deps or forward. The kept walks
+#: compare it; building nodes, or rewiring others (a pass over a copy), does not change it.
 graph_edits = 0
 
 
-def note_graph_edit():
-    """Mark the walks of existing graphs as stale (see :data:`graph_edits`)."""
+def note_rewired(node):
+    """Called where ``node``'s args, other_deps or forward change: marks the kept
+    walks stale if one holds ``node`` (see :data:`graph_edits`)."""
     global graph_edits
-    graph_edits += 1
+    if node._walked:
+        graph_edits += 1
 
 
 class Node(NameableValue, DebugInfo):
@@ -289,6 +291,9 @@ class Node(NameableValue, DebugInfo):
     #: ``(args, other_deps)`` as built, kept when a pass first rewires this node (what
     #: the printers show by default); ``False`` for nodes a pass built.
     _as_built = None
+
+    #: Whether a kept graph walk holds this node (see :func:`note_rewired`).
+    _walked = False
 
     # Most nodes have none of these: they share one empty set until they gain one.
     user_deps: "OrderedSet" = _NO_DEPS
@@ -340,7 +345,7 @@ class Node(NameableValue, DebugInfo):
         """Make ``dep`` run before this node (passes call it: a node built by the user
         keeps its dependencies as built, see :meth:`as_built`)."""
         if dep is not self and dep not in self.other_deps:
-            note_graph_edit()
+            note_rewired(self)
             self._keep_as_built()
             if self.other_deps is _NO_DEPS:
                 self.other_deps = OrderedSet()
@@ -352,7 +357,7 @@ class Node(NameableValue, DebugInfo):
         call it: a node built by the user keeps its dependencies as built, see
         :meth:`as_built`)."""
         if old in self._args or old in self.other_deps:
-            note_graph_edit()
+            note_rewired(self)
             self._keep_as_built()
         if old in self._args:
             self._args = tuple(new if a is old else a for a in self._args)

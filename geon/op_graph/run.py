@@ -225,21 +225,21 @@ class Runner:
         if plan is not None and plan.edits == nodes.graph_edits and \
                 all(r() is op for r, op in zip(plan.keys, live)):
             return plan
-        if plan is None or plan.edits != nodes.graph_edits:
-            if len(self._plans) >= 4 * self.max_computations or \
-                    (plan is not None and plan.edits != nodes.graph_edits):
-                self._plans.clear()  # rewired graphs: every plan may be stale
+        if (plan is not None and plan.edits != nodes.graph_edits) or \
+                len(self._plans) >= 4 * self.max_computations:
+            self._plans.clear()  # a graph was rewired: every plan may be stale
         plan = _Plan(live, graph_ops(live, initializers=False))
-        plans, runner = self._plans, weakref.ref(self)
+        runner = weakref.ref(self)
 
         def dead(_):
-            r = runner()
-            if r is not None and r._plans.get(key) is plan_ref():
-                del r._plans[key]
+            # (each target's death calls it: only the first finds the plan)
+            r, p = runner(), plan_ref()
+            if r is not None and p is not None and r._plans.get(key) is p:
+                r._plans.pop(key, None)
 
         plan_ref = weakref.ref(plan)
         plan.keys = [weakref.ref(op, dead) for op in live]
-        plans[key] = plan
+        self._plans[key] = plan
         return plan
 
     def _feeds(self, feeds, plan):
@@ -378,7 +378,8 @@ class _Plan:
     Variables) each op depends on, and which computation each set of reusable values
     leads to. It holds ops only weakly or by ``id`` (every op of the graph lives as
     long as the targets, and the runner drops the plan when a target dies), and it is
-    stale once any graph was rewired (``nodes.graph_edits``)."""
+    stale once an op of a kept walk was rewired (``nodes.graph_edits``, which the
+    passes and Node.replace_arg / add_other_dep change for ops marked ``_walked``)."""
 
     __slots__ = ("keys", "edits", "sources", "placeholders", "inputs", "memo_ok", "ids",
                  "candidates", "memo_epoch", "walks", "__weakref__")
@@ -394,6 +395,7 @@ class _Plan:
         self.memo_ok = set()
         empty = frozenset()
         for op in order:
+            op._walked = True  # rewiring it now marks kept walks stale
             deps = live_deps(op)
             if isinstance(op, (og.Placeholder, og.Variable)):
                 index[id(op)] = len(self.sources)

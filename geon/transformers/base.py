@@ -26,7 +26,7 @@ from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, Feed
 from geon.op_graph import op_graph as og
 from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.random import Random
-from geon.op_graph.nodes import no_gc, note_graph_edit, user_stacklevel
+from geon.op_graph.nodes import no_gc, user_stacklevel
 from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
                                     pulled_in)
 from geon.op_graph import primitives as pr
@@ -388,13 +388,10 @@ class Transformer:
     def _run_passes(self, graph, stop_after=None):
         """Run the pipeline over ``graph`` (up to and including the pass named
         ``stop_after``, if given)."""
-        note_graph_edit()  # passes rewire the graph in place (see geon.op_graph.run)
         try:
             self._run_pipeline(graph, stop_after)
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
-        finally:
-            note_graph_edit()
 
     def transform(self, results: Any, stop_after: Optional[str] = None) -> list[og.Op]:
         """Run the pipeline over the graph of ``results`` (ops; they are rewritten in

@@ -452,8 +452,9 @@ class NumPyComputation(Computation):
         src.extend(setup or ["    pass"])
         # Computation.__call__ calls run itself: it checks that it got one value per
         # parameter, by position (Computation._check_args raises the FeedError).
+        # (positional-only: a keyword named like a parameter lands in _kw too)
         src.append("def run(" + "".join(f"{n}=_nofeed, " for n in params)
-                   + "*_more, **_kw):")
+                   + ("/, " if params else "") + "*_more, **_kw):")
         got = "".join(f"{n}, " for n in params)
         src.append(f"    if _more or _kw{f' or {params[-1]} is _nofeed' if params else ''}:")
         src.append(f"        _bad_args(({got}) + _more, _kw)")

@@ -12,7 +12,7 @@ import collections
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.nodes import note_graph_edit, rewriting
+from geon.op_graph.nodes import note_rewired, rewriting
 from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
 
 __all__ = ["DeadCodeElimination", "Graph", "Pass", "RewritePass"]
@@ -90,7 +90,7 @@ class Graph:
             for d in old.other_deps:
                 user.add_other_dep(d)
         old.forward = new
-        note_graph_edit()
+        note_rewired(old)
         self._ops = None
         if old in self.extra_roots:
             self.extra_roots = [new if r is old else r for r in self.extra_roots]
@@ -209,4 +209,4 @@ class DeadCodeElimination(Pass):
         for op in graph.initial - live:
             if op.forward is None and not isinstance(op, og.AssignableTensorOp):
                 op.forward = og.Invalid
-                note_graph_edit()
+                note_rewired(op)
