@@ -8,7 +8,8 @@ process per implementation), with interleaved repeats and medians, as ratios:
 2. a 20-op elementwise chain on 4M float32 against NumPy eager and NumPy with ``out=``;
 3. transformation time (build + computation() + first call) of long chains and of
    wide graphs (n branches reading one placeholder, summed);
-4. call overhead of a one-element ``x + 1``;
+4. call overhead of a one-element ``x + 1``, and ``be.run`` per call on graphs of
+   100 to 4,000 ops (it should not grow with the graph);
 5. peak memory (VmHWM) of the MLP step against the minimum working set.
 
 ``--quick`` uses fewer repeats (for a smoke test). These are measurements, not tests.
@@ -197,9 +198,48 @@ def bench_overhead(repeats):
     inner = 2000
     r = interleaved({"geon": lambda: f(xs), "numpy": lambda: xs + 1},
                     repeats=repeats, inner=inner)
-    return table("4. Call overhead, x + 1 on one element",
-                 ["geon call", "NumPy x + 1", "geon - NumPy"],
-                 [[us(r["geon"]), us(r["numpy"]), us(r["geon"] - r["numpy"])]])
+    table("4. Call overhead, x + 1 on one element",
+          ["geon call", "NumPy x + 1", "geon - NumPy"],
+          [[us(r["geon"]), us(r["numpy"]), us(r["geon"] - r["numpy"])]])
+    return bench_be_run(repeats)
+
+
+def _run_graph(n):
+    """``t = h + y`` where ``h`` is a chain of ``n`` ops on ``x`` and a Variable."""
+    A = be.Axis(4, "A")
+    x, y = be.placeholder([A], name="x"), be.placeholder([A], name="y")
+    v = be.Variable([A], initial_value=1.0, name="v")
+    h = x
+    for i in range(n // 2):
+        h = h * 1.0001 + v
+    return x, y, h, h + y
+
+
+def bench_be_run(repeats):
+    """``be.run`` per call on a chain of n ops: the target's inputs unchanged (its
+    remembered value is returned), and one feed changed (the chain's remembered value
+    is reused, one add runs). Neither should grow with n."""
+    rows, per = [], {}
+    for n in (100, 1000, 4000):
+        x, y, h, t = _run_graph(n)
+        runner = be.Runner()
+        xs = np.ones(4, np.float32)
+        ys = [np.full(4, k, np.float32) for k in range(2)]
+        runner.run([h, t], {x: xs, y: ys[0]})
+        flip = [0]
+
+        def changed():
+            flip[0] ^= 1
+            runner.run(t, {x: xs, y: ys[flip[0]]})
+
+        r = interleaved({"same": lambda: runner.run(t, {x: xs, y: ys[0]}),
+                         "changed": changed}, repeats=repeats, inner=50)
+        per[n] = r
+        rows.append([n, us(r["same"]), us(r["changed"])])
+    rows.append(["4000 / 100", f"{per[4000]['same'] / per[100]['same']:.2f}",
+                 f"{per[4000]['changed'] / per[100]['changed']:.2f}"])
+    return table("4b. be.run per call on a chain of n ops (x, a Variable) plus a feed y",
+                 ["ops", "inputs unchanged", "y changed"], rows)
 
 
 _MEM_CHILD = """

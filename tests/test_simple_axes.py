@@ -80,7 +80,7 @@ def test_both_preferences_give_the_same_results(model):
 def gemm_shapes(source):
     """The shapes of the matmul results in generated code, in order."""
     shapes = {}
-    for m in re.finditer(r"(\w+) = (?:arena\d+\[:\d+\]\.view\(np\.\w+\)\.reshape|np\.empty)"
+    for m in re.finditer(r"(\w+) = (?:arena\d+\[:\d+\]\.view\(np\.\w+\)\.reshape|_empty)"
                          r"\(\(([\d, ]+)\)", source):
         shapes[m.group(1)] = tuple(int(n) for n in m.group(2).split(",") if n.strip())
     found = []

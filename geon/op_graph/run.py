@@ -45,6 +45,19 @@ The user's graph is never transformed: each computation is compiled from a copy
 (:func:`~geon.op_graph.params.clone_graph`) that shares the placeholders and
 variables, with a fresh placeholder standing in for each reused value.
 
+What a call costs
+-----------------
+
+The first call with a list of targets walks their graph once and keeps what it found
+(the placeholders to feed, the inputs each op depends on, which ops may be remembered)
+for as long as the targets live. Later calls with the same targets do work in
+proportion to their inputs, not to the graph: a digest of each fed array, the version
+of each Variable, a look at the remembered values inside the graph, and, when something
+must be computed, the call of a computation found by which remembered values are
+reusable now (the graph is walked again only to build a new one). The kept walk is
+made again after an op of it is rewired in place (a transformer's passes do that to the
+graph they compile: ``transformer.computation(ops)`` on your own ops).
+
 Counting
 --------
 
