@@ -345,7 +345,8 @@ class Node(NameableValue, DebugInfo):
         """Make ``dep`` run before this node (passes call it: a node built by the user
         keeps its dependencies as built, see :meth:`as_built`)."""
         if dep is not self and dep not in self.other_deps:
-            note_rewired(self)
+            if self._walked:
+                note_rewired(self)
             self._keep_as_built()
             if self.other_deps is _NO_DEPS:
                 self.other_deps = OrderedSet()
@@ -357,7 +358,8 @@ class Node(NameableValue, DebugInfo):
         call it: a node built by the user keeps its dependencies as built, see
         :meth:`as_built`)."""
         if old in self._args or old in self.other_deps:
-            note_rewired(self)
+            if self._walked:
+                note_rewired(self)
             self._keep_as_built()
         if old in self._args:
             self._args = tuple(new if a is old else a for a in self._args)
