@@ -456,7 +456,8 @@ class NumPyComputation(Computation):
         src.append("def run(" + "".join(f"{n}=_nofeed, " for n in params)
                    + ("/, " if params else "") + "*_more, **_kw):")
         got = "".join(f"{n}, " for n in params)
-        src.append(f"    if _more or _kw{f' or {params[-1]} is _nofeed' if params else ''}:")
+        last = f" or {params[-1]} is _nofeed" if params else ""
+        src.append(f"    if _more or _kw{last}:")
         src.append(f"        _bad_args(({got}) + _more, _kw)")
         # Calls take turns: every computation of the transformer shares its buffers.
         # (An acquire and a release around try/finally cost less than a with block.)
@@ -526,7 +527,8 @@ class NumPyComputation(Computation):
         # np.empty with a dtype object bound in the module's globals: a call of a few
         # elements spends much of its time here otherwise (attribute look-ups and the
         # conversion of the scalar type)
-        dt = self._result_dtypes.setdefault(np.dtype(dtype), f"_rdt{len(self._result_dtypes)}")
+        known = self._result_dtypes
+        dt = known.setdefault(np.dtype(dtype), f"_rdt{len(known)}")
         body.append(f"    {name} = _empty({py_literal(shape)}, {dt})  # {dtype.name}")
         return name
 
