@@ -55,10 +55,12 @@ def _fusable(op):
             and op.axes.size >= MIN_ELEMENTS)
 
 
-def find_groups(order, results, emits):
+def find_groups(order, results, emits, fusable=None):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
-    sit between members)."""
+    sit between members). ``fusable(op)``: whether ``op`` may be a member (default:
+    elementwise with at least :data:`MIN_ELEMENTS` elements)."""
+    _fusable_op = fusable or _fusable
     readers = {}
     for op in order:
         for a in op.args:
@@ -73,14 +75,14 @@ def find_groups(order, results, emits):
             continue
         # A member must read the others element by element (same block), not through
         # a view such as a transpose.
-        if _fusable(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+        if _fusable_op(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
                 not any(root.get(a) in members for a in op.args):
             cur.append(op)
             members.add(op)
             continue
         if len(cur) > 1:
             runs.append(cur)
-        cur = [op] if _fusable(op) else []
+        cur = [op] if _fusable_op(op) else []
         members = set(cur)
     if len(cur) > 1:
         runs.append(cur)

@@ -36,6 +36,7 @@ from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
 from geon.transformers import fusion, numerics
+from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
@@ -263,10 +264,16 @@ class NumPyComputation(Computation):
 
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
-        self._generate()
         self._fn = None
+        if getattr(transformer, "compiled", False):
+            try:
+                self._generate(compiled=True)
+                return
+            except compiled_kernels.CompileError as e:  # the NumPy code instead
+                compiled_kernels.warn_once(e.key, f"{e}; running the NumPy code instead")
+        self._generate()
 
-    def _generate(self):
+    def _generate(self, compiled=False):
         t = self.transformer
         # The module's own names; those it makes itself begin with an underscore, which
         # names made from the graph's text never do (codegen_text.identifier).
@@ -306,8 +313,10 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
+        # The compiled path (compiled.py) also fuses small groups it can compile.
+        kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits)
+            order, self.results, emits, kernels and compiled_kernels.fusable)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
@@ -353,6 +362,10 @@ class NumPyComputation(Computation):
                 names[op] = identifier("v_" + op.name, taken)
                 line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
                 (body if op in dynamic else setup).append(self._annotate(line, op))
+            elif op in first and kernels and kernels.compilable(first[op], scalars):
+                body.extend(kernels.group_code(
+                    first[op], names, scalars, consts, dynamic, lambda m, lines: self._buffer(
+                        m, plan, arenas, setup, lines, fresh, taken), taken))
             elif op in first:
                 body.extend(self._group_code(first[op], names, arg_names, plan, arenas,
                                              setup, fresh, scratch, taken))
@@ -449,6 +462,7 @@ class NumPyComputation(Computation):
                                   fname)  # tracebacks show generated lines
         weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
+        self._kernel_fns = kernels.build() if kernels else {}
 
     def _buffer(self, op, plan, arenas, setup, body, fresh, taken):
         """The name of ``op``'s buffer. A planned value is a view of its arena, made
@@ -582,6 +596,7 @@ class NumPyComputation(Computation):
                       .view(dtype).reshape(shape) for k, (shape, dtype) in enumerate(temps)]
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
+        ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [None]
         ns["_lock"] = self.transformer._lock
         if self._check_numerics:
@@ -623,6 +638,11 @@ class NumPyTransformer(Transformer):
             naming the op, the user's op it was lowered from, its source line and which
             of its inputs were finite (see ``geon.transformers.numerics``). Off, the
             generated code is exactly what it is without the option.
+        compiled: run fused elementwise groups as C loops built with the system C
+            compiler, and fuse small groups too (see
+            ``geon.transformers.numpy.compiled``); default: the environment variable
+            ``GEON_COMPILED`` (off when unset). Without a working compiler the NumPy
+            code runs, after a GeonWarning.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
@@ -640,8 +660,10 @@ class NumPyTransformer(Transformer):
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
-                 check_numerics: bool = False) -> None:
+                 check_numerics: bool = False, compiled: Optional[bool] = None) -> None:
         self.check_numerics = bool(check_numerics)
+        self.compiled = (compiled_kernels.enabled_by_env() if compiled is None
+                         else bool(compiled))
         super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
                          sample_axis=sample_axis)
 
