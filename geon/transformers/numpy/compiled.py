@@ -318,6 +318,16 @@ def _probe():
     return Toolchain(command, flags, identity, simd_math)
 
 
+def available():
+    """Whether the compiled path can run here (a C compiler that builds a shared
+    library, and a known ndarray layout)."""
+    try:
+        toolchain()
+    except CompileError:
+        return False
+    return ndarray_offsets() is not None
+
+
 # --- ndarray layout -------------------------------------------------------------------
 _layout = []
 
@@ -434,15 +444,18 @@ def _compile(tc, source, path):
         if not ok:
             raise CompileError(f"{tc.command[0]} failed on the fused kernels: "
                                f"{err.strip()[-2000:]}", key="compile failed")
+        # Loaded under its temporary name (the loader knows libraries by name: a file
+        # that replaced one loaded before under the final name would not be read).
+        try:
+            lib = ctypes.CDLL(out)
+        except OSError as e:
+            raise CompileError(f"cannot load the compiled kernels {out}: {e}",
+                               key="load failed") from None
         _write_atomic(path[:-3] + ".c", source.encode())
         # the digest first: a reader that sees the new library also sees its digest
         _write_atomic(path[:-3] + ".sha256", (_digest(out) + "\n").encode())
         os.replace(out, path)
-    try:
-        return ctypes.CDLL(path)
-    except OSError as e:
-        raise CompileError(f"cannot load the compiled kernels {path}: {e}",
-                           key="load failed") from None
+    return lib
 
 
 # --- code generation ------------------------------------------------------------------
@@ -479,6 +492,7 @@ class Kernels:
         self.functions = []   # C source of each function
         self.names = []       # the Python name each is called by
         self.groups = 0
+        self.source = None    # the C file, once built
 
     def compilable(self, g, scalars):
         """Whether every member of ``g`` compiles and every input is a buffer, view or
@@ -628,6 +642,7 @@ class Kernels:
         tc = toolchain()
         source = (_HEADER.format(data=offsets[0], strides=offsets[1])
                   + (_simd_declarations() if tc.simd_math else "") + "\n" + "\n\n".join(self.functions) + "\n")
+        self.source = source
         lib = build(source)
         out = {}
         for pyname, cname, nargs in self.names:
@@ -639,7 +654,8 @@ class Kernels:
 
 
 def _c_comment(op):
-    text = f"{type(op).__name__} {op.name}"
+    # the class only: op names differ between equal graphs, and the source is the key
+    text = type(op).__name__
     return "".join(c if c.isalnum() or c in " _-.:" else "_" for c in text)
 
 

@@ -355,6 +355,14 @@ class NumPyComputation(Computation):
                 if op.scalar is not None:
                     scalars[op] = identifier("s_" + op.name, taken)
                     consts[scalars[op]] = op.value[()]
+
+        def name_view(op):  # a view made once, named ahead of its place in the order
+            if op not in names and isinstance(op, pr.ViewOp) and op not in dynamic:
+                name_view(op.args[0])
+                names[op] = identifier("v_" + op.name, taken)
+                line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
+                setup.append(self._annotate(line, op))
+
         for op in order:
             if op in names:
                 continue
@@ -362,13 +370,18 @@ class NumPyComputation(Computation):
                 names[op] = identifier("v_" + op.name, taken)
                 line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
                 (body if op in dynamic else setup).append(self._annotate(line, op))
-            elif op in first and kernels and kernels.compilable(first[op], scalars):
-                body.extend(kernels.group_code(
-                    first[op], names, scalars, consts, dynamic, lambda m, lines: self._buffer(
-                        m, plan, arenas, setup, lines, fresh, taken), taken))
             elif op in first:
-                body.extend(self._group_code(first[op], names, arg_names, plan, arenas,
-                                             setup, fresh, scratch, taken))
+                g = first[op]
+                for m in g.members:
+                    for a in m.args:
+                        name_view(a)
+                if kernels and kernels.compilable(g, scalars):
+                    body.extend(kernels.group_code(
+                        g, names, scalars, consts, dynamic, lambda m, lines: self._buffer(
+                            m, plan, arenas, setup, lines, fresh, taken), taken))
+                else:
+                    body.extend(self._group_code(g, names, arg_names, plan, arenas,
+                                                 setup, fresh, scratch, taken))
             elif op in in_group or isinstance(op, og.Output):
                 continue  # emitted with its group / by its multi-output op
             elif isinstance(op, og.MultiOutput):
@@ -462,6 +475,7 @@ class NumPyComputation(Computation):
                                   fname)  # tracebacks show generated lines
         weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
+        self._kernels = kernels  # its .source: the C code of the compiled groups
         self._kernel_fns = kernels.build() if kernels else {}
 
     def _buffer(self, op, plan, arenas, setup, body, fresh, taken):
