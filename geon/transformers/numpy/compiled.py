@@ -465,11 +465,12 @@ _HEADER = """\
 #include <stdint.h>
 #define GEON_DATA(o) (*(char **)((char *)(o) + {data}))
 #define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
-/* NumPy's maximum / minimum: the NaN operand wins */
-static inline float geon_max_f(float a, float b) {{ return (a >= b || a != a) ? a : b; }}
-static inline float geon_min_f(float a, float b) {{ return (a <= b || a != a) ? a : b; }}
-static inline double geon_max_d(double a, double b) {{ return (a >= b || a != a) ? a : b; }}
-static inline double geon_min_d(double a, double b) {{ return (a <= b || a != a) ? a : b; }}
+/* NumPy's maximum / minimum: the NaN operand wins (b's through the comparison, a's
+   through the second select; written as two selects, which GCC vectorizes) */
+static inline float geon_max_f(float a, float b) {{ const float m = a >= b ? a : b; return a != a ? a : m; }}
+static inline float geon_min_f(float a, float b) {{ const float m = a <= b ? a : b; return a != a ? a : m; }}
+static inline double geon_max_d(double a, double b) {{ const double m = a >= b ? a : b; return a != a ? a : m; }}
+static inline double geon_min_d(double a, double b) {{ const double m = a <= b ? a : b; return a != a ? a : m; }}
 """
 
 
