@@ -327,3 +327,23 @@ def test_groups_that_do_not_compile_run_numpy_code(cache):
     assert kernel_calls(comp) == 0 and not comp.groups
     np.testing.assert_array_equal(comp(np.arange(8, dtype=np.int32)),
                                   (np.arange(8) + 1) * 3)
+
+
+def test_a_training_step_matches_the_numpy_path(cache):
+    from test_fusion import _mlp
+    rng = np.random.default_rng(0)
+    xs, ts = rng.standard_normal((7, 6)), np.eye(3)[rng.integers(0, 3, 6)].T
+    runs = []
+    for compiled in (True, False):
+        results, params, variables = _mlp()
+        t = be.NumPyTransformer(compiled=compiled)
+        step = t.computation(results, *params)
+        losses = [step(xs, ts)[0] for _ in range(3)]
+        runs.append((losses, [t.state[v].copy() for v in variables], step))
+    (l1, s1, comp), (l2, s2, plain) = runs
+    # bias adds, ReLU, sigmoid and the updates: small, so fused only when compiled
+    assert kernel_calls(comp) >= 3 and "strided reads" in comp.source
+    assert not plain.groups
+    np.testing.assert_allclose(l1, l2, rtol=1e-12)
+    for a, b in zip(s1, s2):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -467,10 +467,12 @@ _HEADER = """\
 #define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
 /* NumPy's maximum / minimum: the NaN operand wins (b's through the comparison, a's
    through the second select; written as two selects, which GCC vectorizes) */
-static inline float geon_max_f(float a, float b) {{ const float m = a >= b ? a : b; return a != a ? a : m; }}
-static inline float geon_min_f(float a, float b) {{ const float m = a <= b ? a : b; return a != a ? a : m; }}
-static inline double geon_max_d(double a, double b) {{ const double m = a >= b ? a : b; return a != a ? a : m; }}
-static inline double geon_min_d(double a, double b) {{ const double m = a <= b ? a : b; return a != a ? a : m; }}
+#define GEON_MINMAX(name, t, cmp) static inline t name(t a, t b) \\
+    {{ const t m = a cmp b ? a : b; return a != a ? a : m; }}
+GEON_MINMAX(geon_max_f, float, >=)
+GEON_MINMAX(geon_min_f, float, <=)
+GEON_MINMAX(geon_max_d, double, >=)
+GEON_MINMAX(geon_min_d, double, <=)
 """
 
 
@@ -565,7 +567,8 @@ class Kernels:
             t = _CTYPE[a.dtype]
             v = f"x{p}"
             if p in strided:
-                loads.append(f"const {t} {v} = *(const {t} *)(b{p} + o{p} + j * s{p}_{rank - 1});")
+                loads.append(f"const {t} {v} = "
+                             f"*(const {t} *)(b{p} + o{p} + j * s{p}_{rank - 1});")
             elif strided:
                 loads.append(f"const {t} {v} = (({t} *)b{p})[r * {inner} + j];")
             else:
@@ -642,7 +645,8 @@ class Kernels:
             raise CompileError("this NumPy's ndarray layout was not recognised")
         tc = toolchain()
         source = (_HEADER.format(data=offsets[0], strides=offsets[1])
-                  + (_simd_declarations() if tc.simd_math else "") + "\n" + "\n\n".join(self.functions) + "\n")
+                  + (_simd_declarations() if tc.simd_math else "") + "\n"
+                  + "\n\n".join(self.functions) + "\n")
         self.source = source
         lib = build(source)
         out = {}
