@@ -67,7 +67,7 @@ def test_op_table_with_a_compiled_tail_matches_numpy(case, cache):
 
 
 # --- small tensors ---------------------------------------------------------------------
-def test_a_long_chain_on_a_small_vector_is_one_c_call(cache):
+def test_a_long_chain_on_a_small_vector_is_a_few_c_calls(cache):
     n = 1000
 
     def build():
@@ -81,7 +81,8 @@ def test_a_long_chain_on_a_small_vector_is_one_c_call(cache):
     xs = np.linspace(-2, 2, n, dtype=np.float32)
     (c, got), (p, want) = compiled_and_numpy(build, xs)
     assert n < fusion.MIN_ELEMENTS
-    assert kernel_calls(c) == 1 and "np.tanh" not in c.source
+    # one C function per MAX_MEMBERS ops (compile time grows faster than length)
+    assert kernel_calls(c) == -(-1000 // ck.MAX_MEMBERS) and "np.tanh" not in c.source
     assert not p.groups and p.source.count("np.tanh") == 500
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

@@ -55,11 +55,12 @@ def _fusable(op):
             and op.axes.size >= MIN_ELEMENTS)
 
 
-def find_groups(order, results, emits, fusable=None):
+def find_groups(order, results, emits, fusable=None, max_members=None):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
     sit between members). ``fusable(op)``: whether ``op`` may be a member (default:
-    elementwise with at least :data:`MIN_ELEMENTS` elements)."""
+    elementwise with at least :data:`MIN_ELEMENTS` elements); ``max_members``: a
+    longer run is cut into groups of at most this many ops."""
     _fusable_op = fusable or _fusable
     readers = {}
     for op in order:
@@ -76,6 +77,7 @@ def find_groups(order, results, emits, fusable=None):
         # A member must read the others element by element (same block), not through
         # a view such as a transpose.
         if _fusable_op(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+                (max_members is None or len(cur) < max_members) and \
                 not any(root.get(a) in members for a in op.args):
             cur.append(op)
             members.add(op)

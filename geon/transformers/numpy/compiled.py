@@ -59,6 +59,9 @@ from geon.transformers import fusion
 
 #: Groups with at least this many elements are split over OpenMP threads.
 PARALLEL_ELEMENTS = 1 << 16
+#: At most this many ops per C function: the compiler's time grows faster than the
+#: function's length (a 5,000-op loop took 36 s, 1,000 ops 2.8 s).
+MAX_MEMBERS = 250
 #: Elements per chunk of work handed to a thread.
 CHUNK_ELEMENTS = 1 << 14
 #: Flags always given; ``-march=native`` and ``-fopenmp`` are added when they compile.

@@ -316,7 +316,8 @@ class NumPyComputation(Computation):
         # The compiled path (compiled.py) also fuses small groups it can compile.
         kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits, kernels and compiled_kernels.fusable)
+            order, self.results, emits, kernels and compiled_kernels.fusable,
+            kernels and compiled_kernels.MAX_MEMBERS)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
