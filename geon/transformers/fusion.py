@@ -59,10 +59,6 @@ def find_groups(order, results, emits):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
     sit between members)."""
-    readers = {}
-    for op in order:
-        for a in op.args:
-            readers.setdefault(a, []).append(op)
     root = {}  # view -> the op whose elements it shows
     for op in order:
         if isinstance(op, pr.ViewOp):
@@ -84,6 +80,12 @@ def find_groups(order, results, emits):
         members = set(cur)
     if len(cur) > 1:
         runs.append(cur)
+    if not runs:
+        return []
+    readers = {}
+    for op in order:
+        for a in op.args:
+            readers.setdefault(a, []).append(op)
     keep = set(results)
     groups = []
     for run in runs:

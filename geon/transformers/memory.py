@@ -109,6 +109,9 @@ def assign_in_place(order, results):
     """
     from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
     order = list(order)
+    assigns = [op for op in order if isinstance(op, pr.Assign)]
+    if not assigns:
+        return order, {}
     root = {}
     for op in order:  # storage reached through views
         if isinstance(op, og.AssignableTensorOp):
@@ -122,7 +125,7 @@ def assign_in_place(order, results):
     kept = set(results)
     out = {}
     pos = {op: i for i, op in enumerate(order)}
-    for asg in [op for op in order if isinstance(op, pr.Assign)]:
+    for asg in assigns:
         w, v = asg.args
         if not isinstance(w, og.Variable) or not _elementwise_like(v) \
                 or v in kept or v.dtype != w.dtype or v.axes.lengths != w.axes.lengths \

@@ -34,13 +34,16 @@ def cse_key(op):
     if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
         return None
     try:
-        attrs = tuple(value_key(v) for v in op.attr_values().values())
+        attrs = tuple([value_key(v) for v in op.attr_values().values()])
     except TypeError as e:
         raise GeonError(f"{type(op).__name__} {op.name}: {e}; an op's parameters (its "
                         f"class's attrs) are immutable values") from None
     axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
         else None
-    return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op._tags))
+    # most ops have neither other_deps nor tags: no sets to build for them
+    deps, tags = op.other_deps, op._tags
+    return (type(op), axes, attrs, op.args, frozenset(deps) if len(deps) else None,
+            frozenset(tags) if tags else None)
 
 
 class CommonSubexpressionElimination(Pass):
