@@ -130,18 +130,49 @@ def _get_pool():
 
 
 def run_blocks(fn, rows, block, scratch_sets):
-    """Run ``fn(lo, hi, *scratch)`` over ``range(rows)`` split into as many block-aligned
-    parts as there are scratch sets; part 0 runs in the calling thread."""
+    """Run ``fn(lo, hi, *scratch)`` over ``range(rows)``, one block of ``block`` rows per
+    call, on as many workers as there are scratch sets (worker 0 is the calling thread,
+    the others run in the pool; worker ``k`` passes ``scratch_sets[k]``).
+
+    Work is handed out dynamically: each worker takes the next block not yet taken from
+    a shared counter until none are left, so a worker whose core is busy (or a pool
+    thread that starts late) does fewer blocks instead of holding up the group. Every
+    block runs exactly once. Returns when all workers are done, even if one raised (its
+    exception is then raised here), so no worker writes a buffer after the return."""
     parts = len(scratch_sets)
     if parts == 1:
         fn(0, rows, *scratch_sets[0])
         return
     blocks = -(-rows // block)
-    per = -(-blocks // parts) * block
-    bounds = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
+    parts = min(parts, blocks)
+    taken = [0]  # blocks handed out so far
+    lock = threading.Lock()  # a lock per block costs little next to a block's work
+    stop = []  # set when a worker raised: the others take no more blocks
+
+    def worker(scratch):
+        while True:
+            with lock:
+                k = taken[0]
+                taken[0] = k + 1
+            if k >= blocks or stop:
+                return
+            lo = k * block
+            try:
+                fn(lo, min(lo + block, rows), *scratch)
+            except BaseException:
+                stop.append(True)
+                raise
+
     pool = _get_pool()
-    futures = [pool.submit(fn, lo, hi, *scratch_sets[k])
-               for k, (lo, hi) in enumerate(bounds[1:], 1)]
-    fn(bounds[0][0], bounds[0][1], *scratch_sets[0])
-    for f in futures:
+    futures = [pool.submit(worker, scratch_sets[k]) for k in range(1, parts)]
+    try:
+        worker(scratch_sets[0])
+    finally:
+        # Every block is taken (or a worker failed): a pool worker that has not started
+        # has nothing to do, so it is cancelled rather than waited for (the pool may be
+        # busy with another group); the running ones finish their block.
+        running = [f for f in futures if not f.cancel()]
+        for f in running:
+            f.exception()  # waits
+    for f in running:
         f.result()
