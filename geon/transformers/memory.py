@@ -12,6 +12,8 @@ placed in arenas. :func:`verify_plan` replays a plan and proves that no value is
 overwritten while a later step still reads it; the tests run it on every computation.
 """
 
+import bisect
+
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -156,7 +158,24 @@ def assign_in_place(order, results):
 def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
     ``results``, nor internal to a fused group (``groups``, see
-    :mod:`geon.transformers.fusion`). Returns a :class:`Plan`."""
+    :mod:`geon.transformers.fusion`). Returns a :class:`Plan`: the smaller (in total
+    bytes) of two, one placing values in schedule order (:func:`_plan_in_order`), one
+    placing the biggest values first (:func:`_plan_by_size`)."""
+    plan = _plan_in_order(order, results, inplace, groups, exclude)
+    if len(plan.slot) <= BY_SIZE_LIMIT:
+        other = _plan_by_size(order, results, inplace, groups, exclude)
+        if sum(other.sizes) < sum(plan.sizes):
+            return other
+    return plan
+
+
+#: The size-ordered plan is tried for schedules with at most this many planned values.
+BY_SIZE_LIMIT = 4096
+
+
+def _plan_in_order(order, results, inplace, groups, exclude):
+    """Place values in schedule order: each takes an arena that one of its args frees
+    at its step (in place) or the smallest free arena that fits."""
     root = value_roots(order)
     reads = _reads(order, root)
     last = {}
@@ -212,6 +231,86 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
                 pending.setdefault(group_end.get(i, i), []).append(a)
         free.extend(pending.pop(i, ()))
     return plan
+
+
+def _plan_by_size(order, results, inplace, groups, exclude):
+    """Place values biggest first (then by step): each goes in place over an arg that
+    dies at its step where allowed, else into the first arena none of whose values'
+    lifetimes it overlaps, else into a new arena of its size.
+
+    Placing in schedule order lets a small value take a big free arena that a big value
+    needs a step later (a weight gradient in the arena of a dead activation, so the next
+    delta gets a new one); biggest first avoids that. A value lives from its step to
+    the last step that reads it; an arena released inside a fused group is reusable
+    (other than in place) only after the group's last step, as in the other planner."""
+    root = value_roots(order)
+    reads = _reads(order, root)
+    last = {}
+    for i, rs in enumerate(reads):
+        for r in rs:
+            last[r] = i
+    for end_step, roots in _group_spans(order, groups, root):
+        for r in roots:
+            last[r] = max(last.get(r, end_step), end_step)
+    internal = set()
+    for g in groups:
+        internal |= g.internal
+    group_end = _group_steps(order, groups)
+    end = len(order)
+    for r in results:
+        last[root.get(r, r)] = end
+    keep = {root.get(r, r) for r in results} | set(exclude)
+    present = set(order)
+    values = []  # (step, value, the step's op)
+    for i, op in enumerate(order):
+        if isinstance(op, og.MultiOutput):
+            values += [(i, out, op) for out in op.outputs if out in present and
+                       out not in keep]
+        elif is_producer(op) and op not in keep and op not in internal \
+                and not isinstance(op, og.Output):
+            values.append((i, op, op))
+    span = {}  # value -> (first step, last step its arena is held)
+    for i, v, _ in values:
+        j = last.get(v, i)
+        span[v] = (i, group_end.get(j, j) if j > i else j)
+    plan = Plan()
+    births, held = [], []  # per arena: sorted first steps, and (first, last, value)
+    for i, v, op in sorted(values, key=lambda e: (-_nbytes(e[1]), e[0])):
+        b, f = span[v]
+        arena = None
+        if inplace and v is op:
+            for r in dict.fromkeys(reads[i]):
+                a = plan.slot.get(r)
+                if a is not None and last.get(r) == i and _inplace_ok(op, r, root) \
+                        and _fits(births[a], held[a], b, f, r):
+                    arena = a
+                    plan.inplace.add(op)
+                    break
+        if arena is None:
+            for a in range(len(plan.sizes)):
+                if _fits(births[a], held[a], b, f, None):
+                    arena = a
+                    break
+        if arena is None:
+            plan.sizes.append(_nbytes(v))
+            births.append([])
+            held.append([])
+            arena = len(plan.sizes) - 1
+        k = bisect.bisect_right(births[arena], b)
+        births[arena].insert(k, b)
+        held[arena].insert(k, (b, f, v))
+        plan.slot[v] = arena
+    return plan
+
+
+def _fits(births, held, b, f, over):
+    """Whether a value held over steps ``b..f`` fits an arena holding ``held`` (sorted
+    by first step, not overlapping): the value held before it ends before ``b`` (or is
+    ``over``, which it overwrites in place at ``b``), the next starts after ``f``."""
+    k = bisect.bisect_left(births, b)
+    if k and held[k - 1][1] >= b and held[k - 1][2] is not over:
+        return False
+    return k == len(held) or held[k][0] > f
 
 
 def _group_steps(order, groups):

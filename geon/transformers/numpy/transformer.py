@@ -321,6 +321,11 @@ class NumPyComputation(Computation):
             verify_plan(order, self.results, plan, groups)
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         self.plan, self.groups, self.order = plan, groups, order
+        self._root, self._last_read, self._step = root, {}, {}
+        for i, op in enumerate(order):  # the last step reading each value, for groups
+            self._step[op] = i
+            for a in op.args:
+                self._last_read[root.get(a, a)] = i
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
@@ -500,6 +505,13 @@ class NumPyComputation(Computation):
                 last[a] = k
         free, temp_of, temps = [], {}, []
         for k, m in enumerate(members):
+            over = self._block_over(g, k, last, plan) if m in g.internal else None
+            if over is not None:  # written over its arg's block: no scratch
+                out = local[m] = local[over]
+                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+                body.append("    " + self._annotate(code[0], m))
+                body.extend("        " + ln for ln in code[1:])
+                continue
             if m in g.internal:
                 tmp = None
                 for a in m.args:  # in place over an internal arg that dies here
@@ -538,6 +550,25 @@ class NumPyComputation(Computation):
         lines.extend("    " + ln for ln in body)
         lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
         return lines
+
+    def _block_over(self, g, k, last, plan):
+        """The arg of internal member ``k`` of group ``g`` whose blocks it may be written
+        over (so it needs no scratch), or None: a planned value of its shape and dtype,
+        read by the group's members only directly and by member ``k`` last, and by
+        nothing after the group. Each block of it is then read (up to member ``k``) and
+        overwritten by the same call on that block, whatever the order of blocks."""
+        m = g.members[k]
+        end = self._step[g.members[-1]]
+        for a in dict.fromkeys(m.args):
+            if a not in plan.slot or a in g.members or last.get(a) != k \
+                    or a.dtype != m.dtype or a.axes.lengths != m.axes.lengths \
+                    or self._last_read.get(a, end + 1) > end:
+                continue
+            if any(b is not a and self._root.get(b) is a
+                   for op in g.members for b in op.args):
+                continue  # read through a view somewhere in the group
+            return a
+        return None
 
     def _check_line(self, op, out, args):
         """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
