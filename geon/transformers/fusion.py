@@ -55,10 +55,16 @@ def _fusable(op):
             and op.axes.size >= MIN_ELEMENTS)
 
 
-def find_groups(order, results, emits):
+def find_groups(order, results, emits, gemm_head=None):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
-    sit between members)."""
+    sit between members).
+
+    With ``gemm_head(gemm, run)``, a matrix product run right before a group, of its
+    shape and read only by its members (directly), becomes the group's first member
+    where ``gemm_head`` agrees: it is then computed a block of rows at a time (rows of
+    its first operand, all of its second) into scratch, and never gets a full buffer.
+    """
     readers = {}
     for op in order:
         for a in op.args:
@@ -85,6 +91,16 @@ def find_groups(order, results, emits):
     if len(cur) > 1:
         runs.append(cur)
     keep = set(results)
+    if gemm_head is not None:
+        emitted = [op for op in order if emits(op)]
+        before = {b: a for a, b in zip(emitted, emitted[1:])}
+        for run in runs:
+            g = before.get(run[0])
+            if isinstance(g, pr.Gemm) and g not in keep \
+                    and g.axes.lengths == run[0].axes.lengths \
+                    and readers.get(g) and all(r in run for r in readers[g]) \
+                    and gemm_head(g, run):
+                run.insert(0, g)
     groups = []
     for run in runs:
         members = set(run)
@@ -98,19 +114,22 @@ def find_groups(order, results, emits):
 
 
 def view_reads(group, root):
-    """Roots the group's members read through a view (not block-aligned reads)."""
+    """Roots the group's members read through a view, and the operands of a matrix
+    product member (not block-aligned reads)."""
     out = set()
     for op in group.members:
         for a in op.args:
-            if isinstance(a, pr.ViewOp):
+            if isinstance(a, pr.ViewOp) or isinstance(op, pr.Gemm):
                 out.add(root.get(a, a))
     return out
 
 
 def threads_for(group):
-    """How many threads run ``group``."""
+    """How many threads run ``group`` (one where it has a matrix product: the BLAS
+    library runs that on its own threads)."""
     size = group.members[0].axes.size
-    if size < PARALLEL_ELEMENTS or MAX_THREADS < 2:
+    if size < PARALLEL_ELEMENTS or MAX_THREADS < 2 \
+            or isinstance(group.members[0], pr.Gemm):
         return 1
     blocks = -(-group.rows // group.rows_per_block)
     return max(1, min(MAX_THREADS, blocks))

@@ -103,7 +103,9 @@ def assign_in_place(order, results):
 
     Returns ``(order, {value op: storage})``. For each ``Assign(w, v)`` whose value is an
     elementwise op of ``w``'s shape and dtype read only by the assignment, ``v`` and the
-    chain of elementwise ops only it reads are moved to just before the assignment (so
+    chain of elementwise ops only it reads (and a matrix product of ``w``'s shape, the
+    gradient, that only the chain reads: the fused group can then compute it block by
+    block) are moved to just before the assignment (so
     the reads of ``w`` scheduled in between come first); then ``v`` is computed into
     ``w`` and the ``Assign`` does nothing. It is skipped where ``v`` reads ``w`` other
     than element by element, or where the move would carry a read of some storage past
@@ -133,9 +135,11 @@ def assign_in_place(order, results):
         if any(root.get(a) is w and a is not w for a in v.args):
             continue  # reads the storage through a view: not element by element
         chain, todo = {v}, [v]
-        while todo:  # the elementwise ops that only feed v
+        while todo:  # the elementwise ops (and a gradient's product) that only feed v
             for a in todo.pop().args:
-                if isinstance(a, og.ElementWise) and a not in kept and a not in chain \
+                if (isinstance(a, og.ElementWise) or isinstance(a, pr.Gemm)
+                        and a.axes.lengths == w.axes.lengths) \
+                        and a not in kept and a not in chain \
                         and len(users.get(a, ())) == 1 and users[a][0] in chain:
                     chain.add(a)
                     todo.append(a)

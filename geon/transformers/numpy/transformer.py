@@ -306,8 +306,10 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
+        # The gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
+        # block in its group: G never exists in full, and w is touched once.
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits)
+            order, self.results, emits, gemm_head=lambda g, run: run[-1] in self._into)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
@@ -492,7 +494,7 @@ class NumPyComputation(Computation):
         body = [f"        _j = min(_i + {B}, _hi)"]
         local = {}
         for m in members:
-            for a in m.args:
+            for a in m.args[:1] if isinstance(m, pr.Gemm) else m.args:
                 if a in local or a in g.internal or a in members:
                     continue
                 if isinstance(a, og.Constant) and a.scalar is not None:
@@ -504,9 +506,16 @@ class NumPyComputation(Computation):
             for a in m.args:
                 last[a] = k
         free, temp_of, temps = [], {}, []
+        on_block = set()  # internal members computed over the block of a dying arg
         for k, m in enumerate(members):
-            over = self._block_over(g, k, last, plan) if m in g.internal else None
+            over = None
+            if m in g.internal and isinstance(m, og.ElementWise):
+                over = self._block_over(g, k, last, plan)
+                if over is None:  # or over an internal arg computed so, dying here
+                    over = next((a for a in dict.fromkeys(m.args) if a in on_block
+                                 and last[a] == k and a.dtype == m.dtype), None)
             if over is not None:  # written over its arg's block: no scratch
+                on_block.add(m)
                 out = local[m] = local[over]
                 code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
                 body.append("    " + self._annotate(code[0], m))
@@ -533,7 +542,10 @@ class NumPyComputation(Computation):
                 out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
-            code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+            args = arg_names(m, local)
+            if isinstance(m, pr.Gemm):  # a block of rows of its first operand, all the second
+                args = [local[m.args[0]], names[m.args[1]]]
+            code = find_rule(NUMPY_CODE, m)(m, out, args)
             body.append("    " + self._annotate(code[0], m))
             body.extend("        " + ln for ln in code[1:])
             for a in dict.fromkeys(m.args):
@@ -542,7 +554,9 @@ class NumPyComputation(Computation):
         sets = identifier("scratch", taken)
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
-        lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
+        head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
+        lines.append(f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
+                     f"({len(g.internal)} without "
                      f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
         params = "".join(f", _s{k}" for k in range(len(temps)))
         lines.append(f"    def {fn}(_lo, _hi{params}):")
