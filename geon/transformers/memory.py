@@ -30,6 +30,8 @@ class Plan:
         self.slot = {}
         self.sizes = []
         self.inplace = set()
+        #: the most bytes of values held at one step (no plan needs fewer arena bytes)
+        self.peak = 0
 
 
 def _nbytes(op):
@@ -164,17 +166,20 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     ``results``, nor internal to a fused group (``groups``, see
     :mod:`geon.transformers.fusion`). Returns a :class:`Plan`: the smaller (in total
     bytes) of two, one placing values in schedule order (:func:`_plan_in_order`), one
-    placing the biggest values first (:func:`_plan_by_size`)."""
+    placing the biggest values first (:func:`_plan_by_size`), made only where the first
+    uses more bytes than are ever held at once, and not too many arenas."""
     plan = _plan_in_order(order, results, inplace, groups, exclude)
-    if len(plan.slot) <= BY_SIZE_LIMIT:
+    if sum(plan.sizes) > plan.peak \
+            and len(plan.slot) * len(plan.sizes) <= BY_SIZE_LIMIT:
         other = _plan_by_size(order, results, inplace, groups, exclude)
         if sum(other.sizes) < sum(plan.sizes):
             return other
     return plan
 
 
-#: The size-ordered plan is tried for schedules with at most this many planned values.
-BY_SIZE_LIMIT = 4096
+#: The size-ordered plan is tried where planned values times arenas (of the plan in
+#: schedule order) is at most this: its search for an arena is linear in the arenas.
+BY_SIZE_LIMIT = 100_000
 
 
 def _plan_in_order(order, results, inplace, groups, exclude):
@@ -205,6 +210,7 @@ def _plan_in_order(order, results, inplace, groups, exclude):
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
     present = set(order)
+    live = 0  # bytes of the values held now
     for i, op in enumerate(order):
         dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
         if isinstance(op, og.MultiOutput):
@@ -214,6 +220,7 @@ def _plan_in_order(order, results, inplace, groups, exclude):
                     arena = _take(plan, free, _nbytes(out))
                     plan.slot[out] = arena
                     occupant[arena] = out
+                    live += _nbytes(out)
         elif is_producer(op) and op not in keep and op not in internal \
                 and not isinstance(op, og.Output):
             need = _nbytes(op)
@@ -226,12 +233,15 @@ def _plan_in_order(order, results, inplace, groups, exclude):
                         break
             if arena is None:
                 arena = _take(plan, free, need)
+                live += need  # (in place, it replaces a value of its size)
             plan.slot[op] = arena
             occupant[arena] = op
+        plan.peak = max(plan.peak, live)
         for r in dying:
             a = plan.slot[r]
             if occupant.get(a) is r:
                 occupant.pop(a)
+                live -= _nbytes(r)
                 pending.setdefault(group_end.get(i, i), []).append(a)
         free.extend(pending.pop(i, ()))
     return plan
