@@ -22,6 +22,10 @@ from geon.op_graph import primitives as pr
 BLOCK_ELEMENTS = 131072
 #: Only tensors bigger than a few blocks are worth blocking (smaller ones stay in cache).
 MIN_ELEMENTS = 2 * BLOCK_ELEMENTS
+#: A group that starts with a matrix product computes at least this many of its rows
+#: per block (per call of the BLAS library, which runs small products below its speed
+#: and pays a synchronization of its threads per call).
+GEMM_BLOCK_ROWS = 256
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
 #: At most this many threads per group: the environment variable ``GEON_NUM_THREADS``
@@ -109,7 +113,10 @@ def find_groups(order, results, emits, gemm_head=None):
             rs = readers.get(op, ())
             if op not in keep and rs and all(r in members for r in rs):
                 internal.add(op)
-        groups.append(Group(run, internal))
+        group = Group(run, internal)
+        if isinstance(run[0], pr.Gemm):  # each block is one call of the BLAS library
+            group.rows_per_block = max(group.rows_per_block, GEMM_BLOCK_ROWS)
+        groups.append(group)
     return groups
 
 
