@@ -157,3 +157,17 @@ def test_size_ordered_plan_keeps_in_place_and_multi_output_rules():
     v = np.random.default_rng(6).standard_normal((7, 9))
     yv = np.exp(np.tanh(v * 2) + 1)
     np.testing.assert_allclose(f(v)[0], yv.max(1) + yv.argmax(1), rtol=1e-14)
+
+
+def test_gradient_product_stays_out_of_the_group_when_switched_off(fuse_small,
+                                                                   monkeypatch):
+    monkeypatch.setattr(fusion, "GEMM_HEADS", False)
+    rng = np.random.default_rng(7)
+    av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    W, upd, ps = _gradient_update()
+    t = be.NumPyTransformer()
+    f = t.computation(upd, *ps)
+    f(av, bv)
+    assert f.groups and not any(isinstance(g.members[0], pr.Gemm) for g in f.groups)
+    np.testing.assert_allclose(t.state[W], np.arange(24.0).reshape(6, 4) / 7
+                               - 0.1 * (av @ bv), rtol=1e-13)

@@ -22,6 +22,9 @@ from geon.op_graph import primitives as pr
 BLOCK_ELEMENTS = 131072
 #: Only tensors bigger than a few blocks are worth blocking (smaller ones stay in cache).
 MIN_ELEMENTS = 2 * BLOCK_ELEMENTS
+#: Whether the NumPy transformer lets an update's gradient product start its group (see
+#: :func:`find_groups`); read when a computation is compiled.
+GEMM_HEADS = True
 #: A group that starts with a matrix product computes at least this many of its rows
 #: per block (per call of the BLAS library, which runs small products below its speed
 #: and pays a synchronization of its threads per call).

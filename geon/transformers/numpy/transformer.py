@@ -309,7 +309,8 @@ class NumPyComputation(Computation):
         # The gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
         # block in its group: G never exists in full, and w is touched once.
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits, gemm_head=lambda g, run: run[-1] in self._into)
+            order, self.results, emits, gemm_head=(lambda g, run: run[-1] in self._into)
+            if fusion.GEMM_HEADS else None)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
