@@ -309,8 +309,11 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
+        # The gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
+        # block in its group: G never exists in full, and w is touched once.
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits)
+            order, self.results, emits, gemm_head=(lambda g, run: run[-1] in self._into)
+            if fusion.GEMM_HEADS else None)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
@@ -324,6 +327,11 @@ class NumPyComputation(Computation):
             verify_plan(order, self.results, plan, groups)
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         self.plan, self.groups, self.order = plan, groups, order
+        self._root, self._last_read, self._step = root, {}, {}
+        for i, op in enumerate(order):  # the last step reading each value, for groups
+            self._step[op] = i
+            for a in op.args:
+                self._last_read[root.get(a, a)] = i
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
@@ -490,7 +498,7 @@ class NumPyComputation(Computation):
         body = [f"        _j = min(_i + {B}, _hi)"]
         local = {}
         for m in members:
-            for a in m.args:
+            for a in m.args[:1] if isinstance(m, pr.Gemm) else m.args:
                 if a in local or a in g.internal or a in members:
                     continue
                 if isinstance(a, og.Constant) and a.scalar is not None:
@@ -502,7 +510,21 @@ class NumPyComputation(Computation):
             for a in m.args:
                 last[a] = k
         free, temp_of, temps = [], {}, []
+        on_block = set()  # internal members computed over the block of a dying arg
         for k, m in enumerate(members):
+            over = None
+            if m in g.internal and isinstance(m, og.ElementWise):
+                over = self._block_over(g, k, last, plan)
+                if over is None:  # or over an internal arg computed so, dying here
+                    over = next((a for a in dict.fromkeys(m.args) if a in on_block
+                                 and last[a] == k and a.dtype == m.dtype), None)
+            if over is not None:  # written over its arg's block: no scratch
+                on_block.add(m)
+                out = local[m] = local[over]
+                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+                body.append("    " + self._annotate(code[0], m))
+                body.extend("        " + ln for ln in code[1:])
+                continue
             if m in g.internal:
                 tmp = None
                 for a in m.args:  # in place over an internal arg that dies here
@@ -524,7 +546,10 @@ class NumPyComputation(Computation):
                 out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
-            code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+            args = arg_names(m, local)
+            if isinstance(m, pr.Gemm):  # a block of rows of its first operand, all the second
+                args = [local[m.args[0]], names[m.args[1]]]
+            code = find_rule(NUMPY_CODE, m)(m, out, args)
             body.append("    " + self._annotate(code[0], m))
             body.extend("        " + ln for ln in code[1:])
             for a in dict.fromkeys(m.args):
@@ -533,7 +558,9 @@ class NumPyComputation(Computation):
         sets = identifier("scratch", taken)
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
-        lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
+        head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
+        lines.append(f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
+                     f"({len(g.internal)} without "
                      f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
         params = "".join(f", _s{k}" for k in range(len(temps)))
         lines.append(f"    def {fn}(_lo, _hi{params}):")
@@ -541,6 +568,25 @@ class NumPyComputation(Computation):
         lines.extend("    " + ln for ln in body)
         lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
         return lines
+
+    def _block_over(self, g, k, last, plan):
+        """The arg of internal member ``k`` of group ``g`` whose blocks it may be written
+        over (so it needs no scratch), or None: a planned value of its shape and dtype,
+        read by the group's members only directly and by member ``k`` last, and by
+        nothing after the group. Each block of it is then read (up to member ``k``) and
+        overwritten by the same call on that block, whatever the order of blocks."""
+        m = g.members[k]
+        end = self._step[g.members[-1]]
+        for a in dict.fromkeys(m.args):
+            if a not in plan.slot or a in g.members or last.get(a) != k \
+                    or a.dtype != m.dtype or a.axes.lengths != m.axes.lengths \
+                    or self._last_read.get(a, end + 1) > end:
+                continue
+            if any(b is not a and self._root.get(b) is a
+                   for op in g.members for b in op.args):
+                continue  # read through a view somewhere in the group
+            return a
+        return None
 
     def _check_line(self, op, out, args):
         """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
