@@ -650,6 +650,13 @@ class Constant(AssignableTensorOp):
 
     def __init__(self, value: Any, axes: Optional[AxesLike] = None,
                  dtype: DTypeLike = None, weak: bool = False, **kwargs: Any) -> None:
+        if axes is None and dtype is None and (type(value) is float or type(value) is int):
+            # a Python number in an expression (``x * 0.5``): the common case, made short
+            self.weak = True
+            super().__init__(axes=NO_AXES, dtype=DEFAULT_DTYPE, **kwargs)
+            self._number = value
+            self._adopt(DEFAULT_DTYPE)
+            return
         axes = as_axes(axes)
         arr = np.asarray(value)
         number = arr.ndim == 0 and isinstance(value, numbers.Number) and not isinstance(
