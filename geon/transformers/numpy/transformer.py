@@ -14,6 +14,7 @@ returns the lines computing ``op`` into the buffer named ``out`` from the names 
 only the first line may read the args; later lines read and write ``out`` alone.
 """
 
+import functools
 import linecache
 import weakref
 from typing import IO, Iterable, Optional
@@ -68,7 +69,9 @@ def _ufunc_code(name):
         # reference evaluator does ('same_kind' would refuse float64 -> int64).
         cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
             a.dtype != op.dtype for a in op.args) else ""
-        return [f"np.{name}({', '.join(args)}, out={out}{_loop(op)}{cast})"]
+        # ``out`` positionally: NumPy parses it faster than a keyword (a small tensor's
+        # op costs about a third less), and Python compiles the line faster.
+        return [f"np.{name}({', '.join(args)}, {out}{_loop(op)}{cast})"]
     return code
 
 
@@ -119,15 +122,15 @@ def _sigmoid(op, out, args):
     # wherever the result is a normal number, and no overflow warnings.
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
-    return [f"np.negative({x}, out={out}{_loop(op)})",
-            f"np.minimum({out}, {limit}, out={out})",
-            f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
-            f"np.reciprocal({out}, out={out})"]
+    return [f"np.negative({x}, {out}{_loop(op)})",
+            f"np.minimum({out}, {limit}, {out})",
+            f"np.exp({out}, {out})", f"np.add({out}, 1, {out})",
+            f"np.reciprocal({out}, {out})"]
 
 
 @numpy_code(og.Erf)
 def _erf(op, out, args):
-    return [f"_erf({args[0]}, out={out})"]
+    return [f"_erf({args[0]}, {out})"]
 
 
 NUMPY_GLOBALS["_erf"] = special.erf
@@ -135,7 +138,7 @@ NUMPY_GLOBALS["_erf"] = special.erf
 
 @numpy_code(og.Softplus)
 def _softplus(op, out, args):
-    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
+    return [f"np.logaddexp({args[0]}, 0, {out})"]  # max(x, 0) + log1p(exp(-|x|))
 
 
 @numpy_code(sc.SigmoidCrossEntropy)
@@ -313,11 +316,14 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
-        # The compiled path (compiled.py) also fuses small groups it can compile.
+        # The compiled path (compiled.py) also fuses small groups it can compile. The
+        # gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
+        # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
             order, self.results, emits, kernels and compiled_kernels.fusable,
-            kernels and compiled_kernels.MAX_MEMBERS)
+            kernels and compiled_kernels.MAX_MEMBERS,
+            gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
@@ -331,6 +337,11 @@ class NumPyComputation(Computation):
             verify_plan(order, self.results, plan, groups)
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         self.plan, self.groups, self.order = plan, groups, order
+        self._root, self._last_read, self._step = root, {}, {}
+        for i, op in enumerate(order):  # the last step reading each value, for groups
+            self._step[op] = i
+            for a in op.args:
+                self._last_read[root.get(a, a)] = i
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
@@ -516,7 +527,7 @@ class NumPyComputation(Computation):
         body = [f"        _j = min(_i + {B}, _hi)"]
         local = {}
         for m in members:
-            for a in m.args:
+            for a in m.args[:1] if isinstance(m, pr.Gemm) else m.args:
                 if a in local or a in g.internal or a in members:
                     continue
                 if isinstance(a, og.Constant) and a.scalar is not None:
@@ -528,7 +539,21 @@ class NumPyComputation(Computation):
             for a in m.args:
                 last[a] = k
         free, temp_of, temps = [], {}, []
+        on_block = set()  # internal members computed over the block of a dying arg
         for k, m in enumerate(members):
+            over = None
+            if m in g.internal and isinstance(m, og.ElementWise):
+                over = self._block_over(g, k, last, plan)
+                if over is None:  # or over an internal arg computed so, dying here
+                    over = next((a for a in dict.fromkeys(m.args) if a in on_block
+                                 and last[a] == k and a.dtype == m.dtype), None)
+            if over is not None:  # written over its arg's block: no scratch
+                on_block.add(m)
+                out = local[m] = local[over]
+                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+                body.append("    " + self._annotate(code[0], m))
+                body.extend("        " + ln for ln in code[1:])
+                continue
             if m in g.internal:
                 tmp = None
                 for a in m.args:  # in place over an internal arg that dies here
@@ -550,7 +575,10 @@ class NumPyComputation(Computation):
                 out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
-            code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+            args = arg_names(m, local)
+            if isinstance(m, pr.Gemm):  # a block of rows of its first operand, all the second
+                args = [local[m.args[0]], names[m.args[1]]]
+            code = find_rule(NUMPY_CODE, m)(m, out, args)
             body.append("    " + self._annotate(code[0], m))
             body.extend("        " + ln for ln in code[1:])
             for a in dict.fromkeys(m.args):
@@ -559,7 +587,9 @@ class NumPyComputation(Computation):
         sets = identifier("scratch", taken)
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
-        lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
+        head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
+        lines.append(f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
+                     f"({len(g.internal)} without "
                      f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
         params = "".join(f", _s{k}" for k in range(len(temps)))
         lines.append(f"    def {fn}(_lo, _hi{params}):")
@@ -567,6 +597,25 @@ class NumPyComputation(Computation):
         lines.extend("    " + ln for ln in body)
         lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
         return lines
+
+    def _block_over(self, g, k, last, plan):
+        """The arg of internal member ``k`` of group ``g`` whose blocks it may be written
+        over (so it needs no scratch), or None: a planned value of its shape and dtype,
+        read by the group's members only directly and by member ``k`` last, and by
+        nothing after the group. Each block of it is then read (up to member ``k``) and
+        overwritten by the same call on that block, whatever the order of blocks."""
+        m = g.members[k]
+        end = self._step[g.members[-1]]
+        for a in dict.fromkeys(m.args):
+            if a not in plan.slot or a in g.members or last.get(a) != k \
+                    or a.dtype != m.dtype or a.axes.lengths != m.axes.lengths \
+                    or self._last_read.get(a, end + 1) > end:
+                continue
+            if any(b is not a and self._root.get(b) is a
+                   for op in g.members for b in op.args):
+                continue  # read through a view somewhere in the group
+            return a
+        return None
 
     def _check_line(self, op, out, args):
         """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
@@ -586,8 +635,7 @@ class NumPyComputation(Computation):
 
     @staticmethod
     def _annotate(line, op):
-        origin = f" <- {op.derived_from}" if op.derived_from else ""
-        note = comment(f"{type(op).__name__}{origin}, {op.file_info}")
+        note = _note(type(op), op.derived_from, op.filename, op.lineno)
         return f"    {line:<60} # {note}"
 
     def _allocate(self):
@@ -632,6 +680,14 @@ class NumPyComputation(Computation):
     def _last_values(self):
         ns = getattr(self, "_ns", None)  # the generated code keeps the last results
         return ns["_last"][0] if ns else None
+
+
+@functools.lru_cache(maxsize=4096)  # many ops share a class and a source line
+def _note(cls, derived_from, filename, lineno):
+    """The comment on a generated line: the op's class, the op it was lowered from, and
+    where it was built."""
+    origin = f" <- {derived_from}" if derived_from else ""
+    return comment(f'{cls.__name__}{origin}, File "{filename}", line {lineno}')
 
 
 def _all_finite(a):
