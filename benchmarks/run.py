@@ -12,7 +12,9 @@ process per implementation), with interleaved repeats and medians, as ratios:
    100 to 4,000 ops (it should not grow with the graph);
 5. peak memory (VmHWM) of the MLP step against the minimum working set.
 
-``--quick`` uses fewer repeats (for a smoke test). These are measurements, not tests.
+``--quick`` uses fewer repeats (for a smoke test); ``--only memory`` (or mlp, chain,
+transform, overhead; may be repeated) runs only those tables. These are measurements,
+not tests.
 """
 
 import argparse
@@ -298,18 +300,24 @@ def bench_memory():
                   "NumPy / minimum", "geon / NumPy", "model objects geon / NumPy"], rows)
 
 
+#: The tables by the name ``--only`` takes, in the order they print.
+TABLES = {"mlp": bench_mlp, "chain": bench_chain, "transform": bench_transform,
+          "overhead": bench_overhead, "memory": lambda repeats: bench_memory()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--only", action="append", choices=list(TABLES), metavar="TABLE",
+                    help=f"run only this table (one of {', '.join(TABLES)}; repeatable)")
     args = ap.parse_args(argv)
     repeats = 3 if args.quick else 15
     print(f"Machine: {machine()}")
-    print(f"Command: python -m benchmarks.run{' --quick' if args.quick else ''}")
-    bench_mlp(repeats)
-    bench_chain(repeats)
-    bench_transform(repeats)
-    bench_overhead(repeats)
-    bench_memory()
+    print("Command: python -m benchmarks.run" + (" --quick" if args.quick else "")
+          + "".join(f" --only {t}" for t in args.only or ()))
+    for name, bench in TABLES.items():
+        if not args.only or name in args.only:
+            bench(repeats)
 
 
 if __name__ == "__main__":

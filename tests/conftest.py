@@ -8,6 +8,19 @@ def rng():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def kernel_cache(tmp_path_factory):
+    """Compiled kernels (geon/transformers/numpy/compiled.py) go to a fresh cache."""
+    import os
+    old = os.environ.get("GEON_CACHE_DIR")
+    os.environ["GEON_CACHE_DIR"] = str(tmp_path_factory.mktemp("geon-cache"))
+    yield
+    if old is None:
+        os.environ.pop("GEON_CACHE_DIR", None)
+    else:
+        os.environ["GEON_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def verify_memory_plans():
     """Prove every memory plan made during the tests (see geon/transformers/memory.py)."""
     from geon.transformers import memory

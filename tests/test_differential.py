@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import geon as be
 from geon.transformers import memory
+from geon.transformers.numpy import compiled as compiled_kernels
 
 # Random graphs read variables after assignments they do not request, on purpose: the
 # computations then run those assignments (and say so with a GeonWarning).
@@ -701,9 +702,9 @@ def feeds_for(recipe, placeholders):
     return [[_data(rng, p.axes.shape, recipe.grid) for p in placeholders] for _ in range(2)]
 
 
-def run_transformer(recipe, disable):
+def run_transformer(recipe, disable, compiled=False):
     ops, placeholders, variables = build(recipe)
-    t = be.NumPyTransformer(disable=disable)
+    t = be.NumPyTransformer(disable=disable, compiled=compiled)
     comp = t.computation([ops[k] for k in recipe.results], *placeholders)
     calls = []
     for feeds in feeds_for(recipe, placeholders):
@@ -748,13 +749,14 @@ def _cycle(fn):
         return e
 
 
-def check_recipe(recipe):
-    """Run ``recipe`` all-on, all-off and in the reference evaluator; compare."""
+def check_recipe(recipe, compiled=False):
+    """Run ``recipe`` all-on, all-off and in the reference evaluator; compare. With
+    ``compiled``, "all on" is the compiled path (NumPyTransformer(compiled=True))."""
     note(repr(recipe))
     bounds = analyze(recipe)
     ref = _cycle(lambda: run_reference(recipe)[0])
     off = _cycle(lambda: run_transformer(recipe, OPTIONAL))
-    on = _cycle(lambda: run_transformer(recipe, []))
+    on = _cycle(lambda: run_transformer(recipe, [], compiled=compiled))
     if isinstance(ref, Exception):
         # Some assignments through views have no order without a temporary (a swap:
         # a := b, then b := a view of the old a). The reference refuses them; where a
@@ -803,6 +805,26 @@ def test_all_passes_on_matches_all_off(recipe):
 @given(recipes(state=True, max_ops=10))
 def test_state_after_setitems_matches(recipe):
     check_recipe(recipe)
+
+
+# The compiled path (C loops for fused groups, small groups fused too): fewer examples,
+# since each computation runs the C compiler once (its cache is fresh per session).
+needs_cc = pytest.mark.skipif(not compiled_kernels.available(),
+                              reason="no working C compiler for the compiled path")
+
+
+@needs_cc
+@settings(max_examples=80, **COMMON)
+@given(recipes())
+def test_compiled_path_matches_reference(recipe):
+    check_recipe(recipe, compiled=True)
+
+
+@needs_cc
+@settings(max_examples=30, **COMMON)
+@given(recipes(state=True, max_ops=10))
+def test_compiled_path_state_after_setitems_matches(recipe):
+    check_recipe(recipe, compiled=True)
 
 
 # --- the switch itself ---------------------------------------------------------------------

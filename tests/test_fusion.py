@@ -146,3 +146,109 @@ def test_ops_of_equal_size_but_different_shapes_are_never_one_group():
     ga, gb = f(xv, yv)
     np.testing.assert_allclose(ga, np.exp(xv) * 2 + xv, rtol=1e-6)
     np.testing.assert_allclose(gb, np.tanh(yv) * 3 - yv, rtol=1e-6, atol=1e-6)
+
+
+def _recording(fn_slow_pool=None):
+    """A block function that records ``(lo, hi, thread, scratch)`` of each call."""
+    import threading
+    calls, lock = [], threading.Lock()
+
+    def fn(lo, hi, s):
+        if fn_slow_pool is not None and threading.current_thread() is not \
+                threading.main_thread():
+            fn_slow_pool()
+        with lock:
+            calls.append((lo, hi, threading.get_ident(), id(s)))
+
+    return fn, calls
+
+
+def test_run_blocks_hands_out_blocks_dynamically(monkeypatch):
+    # The pool worker is stalled in its first block until the calling thread has done
+    # every other block: with blocks handed out on demand the caller does them all
+    # (with fixed halves it would wait, with the stalled worker owning half).
+    import threading
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    rows, block = 50, 3
+    blocks = -(-rows // block)
+    rest_done = threading.Event()
+    fn, calls = _recording(lambda: rest_done.wait(timeout=10))
+    main = threading.get_ident()
+
+    def caller_side(lo, hi, s):
+        fn(lo, hi, s)
+        if sum(c[2] == main for c in calls) >= blocks - 1:
+            rest_done.set()
+
+    def either(lo, hi, s):
+        (caller_side if threading.get_ident() == main else fn)(lo, hi, s)
+
+    scratch = [[np.empty(3)], [np.empty(3)]]
+    fusion.run_blocks(either, rows, block, scratch)
+    spans = sorted((lo, hi) for lo, hi, _, _ in calls)
+    assert spans == [(lo, min(lo + block, rows)) for lo in range(0, rows, block)]
+    by_caller = [c for c in calls if c[2] == main]
+    others = [c for c in calls if c[2] != main]
+    assert len(others) <= 1 and len(by_caller) >= blocks - 1
+    assert {c[3] for c in by_caller} == {id(scratch[0][0])}  # each worker its own set
+    assert {c[3] for c in others} <= {id(scratch[1][0])}
+
+
+def test_run_blocks_raises_a_workers_error_after_all_stopped(monkeypatch):
+    # A block that raises: the error reaches the caller, and only once no worker runs
+    # a block any more (none writes a buffer after run_blocks returned).
+    import time
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    ran = []
+
+    def fn(lo, hi, s):
+        if lo == 6:
+            raise ValueError("block 6")
+        time.sleep(0.001)
+        ran.append(lo)
+
+    with pytest.raises(ValueError, match="block 6"):
+        fusion.run_blocks(fn, 600, 3, [[None], [None]])
+    after = len(ran)
+    time.sleep(0.05)
+    assert len(ran) == after < 200  # stopped early, and nothing ran after the return
+    assert len(ran) == len(set(ran))
+
+
+def test_fused_step_with_a_slow_worker_matches_unfused(fuse_everything, monkeypatch):
+    # One worker sleeps in every block it takes: the results equal the unfused run's.
+    import threading
+    import time
+    real = fusion.run_blocks
+    seen = []
+
+    def slowed(fn, rows, block, scratch_sets):
+        spans = []
+
+        def wrapped(lo, hi, *s):
+            if threading.current_thread() is not threading.main_thread():
+                time.sleep(0.002)
+            spans.append((lo, hi))
+            fn(lo, hi, *s)
+        real(wrapped, rows, block, scratch_sets)
+        # every block of the group ran exactly once (one call on one worker)
+        assert sorted(spans) == ([(lo, min(lo + block, rows))
+                                  for lo in range(0, rows, block)]
+                                 if len(scratch_sets) > 1 else [(0, rows)])
+        seen.append(len(scratch_sets))
+
+    monkeypatch.setattr(fusion, "run_blocks", slowed)
+    rng = np.random.default_rng(0)
+    xs, ts = rng.standard_normal((7, 6)), np.eye(3)[rng.integers(0, 3, 6)].T
+    runs = []
+    for disable in ([], ["fusion"]):
+        results, params, variables = _mlp()
+        t = be.NumPyTransformer(disable=disable)
+        step = t.computation(results, *params)
+        losses = [step(xs, ts)[0] for _ in range(3)]
+        runs.append((losses, [t.state[v].copy() for v in variables]))
+    assert 2 in seen  # the fused run went through the slowed runner, on two workers
+    (l1, s1), (l2, s2) = runs
+    np.testing.assert_allclose(l1, l2, rtol=1e-12)
+    for a, b in zip(s1, s2):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -110,7 +110,7 @@ class Axes:
     __slots__ = ("_axes", "_names", "_lengths")
     _axes: tuple[Axis, ...]
     _names: tuple[str, ...]
-    _lengths: Optional[tuple[int, tuple[Optional[int], ...]]]
+    _lengths: Optional[tuple[int, tuple[Optional[int], ...], Optional[int]]]
 
     def __init__(self, *axes: Any) -> None:
         if len(axes) == 1 and not isinstance(axes[0], Axis):
@@ -150,6 +150,8 @@ class Axes:
 
     def __eq__(self, other):
         """Same axes (names and lengths) in the same order."""
+        if other is self:
+            return True
         if not isinstance(other, Axes):
             return NotImplemented
         return self._names == other._names and self.lengths == other.lengths
@@ -172,9 +174,14 @@ class Axes:
         cached = self._lengths
         if cached is not None and cached[0] == _length_epoch:
             return cached[1]
+        return self._cache_lengths()[1]
+
+    def _cache_lengths(self):
+        """``(epoch, lengths, size)``, recomputed once per change of any axis length."""
         lengths = tuple(a.length for a in self._axes)
-        self._lengths = (_length_epoch, lengths)
-        return lengths
+        size = math.prod(lengths) if None not in lengths else None
+        cached = self._lengths = (_length_epoch, lengths, size)
+        return cached
 
     @property
     def lengths_known(self) -> bool:
@@ -194,7 +201,12 @@ class Axes:
     @property
     def size(self) -> int:
         """The number of elements."""
-        return math.prod(self.shape)
+        cached = self._lengths
+        if cached is None or cached[0] != _length_epoch:
+            cached = self._cache_lengths()
+        if cached[2] is None:
+            return math.prod(self.shape)  # raises: a length is not set
+        return cached[2]
 
     def index(self, axis: Union[Axis, str]) -> int:
         """Position of ``axis`` (an Axis or a name)."""
@@ -273,5 +285,9 @@ AxesLike = Union[Axes, Axis, Iterable[Axis]]
 def as_axes(axes: Any) -> Axes:
     """Coerce an Axis, a sequence of Axis, or Axes to :class:`Axes` (``None`` -> empty)."""
     if axes is None:
-        return Axes()
+        return NO_AXES
     return axes if isinstance(axes, Axes) else Axes(axes)
+
+
+#: The empty Axes (of scalars), shared: Axes are immutable.
+NO_AXES = Axes()

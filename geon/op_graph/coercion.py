@@ -284,7 +284,17 @@ def numpy_dtype_rule(cls):
 
 def elementwise_hook(cls, args, kwargs):
     """Run before an elementwise op is built (see the module docstring)."""
-    if nodes.in_pass() or not any(_has_positional(a) for a in args):
+    for a in args:  # (loops, not any(): this runs for every elementwise op built)
+        if isinstance(a, og.TensorOp):
+            for axis in a.axes:
+                if isinstance(axis, PositionalAxis):
+                    break
+            else:
+                continue
+            break
+    else:
+        return args, kwargs
+    if nodes.in_pass():
         return args, kwargs
     args = [_np_constant(a) if isinstance(a, np.ndarray) and a.ndim else a for a in args]
     tensors = [a for a in args if isinstance(a, og.TensorOp)]

@@ -9,6 +9,7 @@ import gc
 import os
 import sys
 import weakref
+from threading import get_ident
 
 import geon
 from geon.errors import ArgumentError
@@ -61,6 +62,19 @@ def _user_frame():
             return f
         f = f.f_back
     return None
+
+
+#: ``(thread id, filename, lineno)`` of the user's line while an op builds the ops it
+#: needs (the Constants of its Python-number args) and itself: one stack walk for all
+#: of them. A node only takes an entry of its own thread (else it walks the stack).
+_site_stack = []
+
+
+def user_site():
+    """``(thread id, filename, lineno)`` of the user's code calling into geon now."""
+    f = _user_frame()
+    return (get_ident(), "<unknown>", 0) if f is None else (
+        get_ident(), f.f_code.co_filename, f.f_lineno)
 
 
 def user_stacklevel():
@@ -300,24 +314,45 @@ class Node(NameableValue, DebugInfo):
     _dep_users = _NO_USERS
 
     def __init__(self, args=(), name=None, follows=()):
-        NameableValue.__init__(self, name)
-        DebugInfo.__init__(self)
-        self._args = tuple(args)
+        # NameableValue's and DebugInfo's __init__, inlined: every op runs this
+        if name is None:
+            cls = type(self).__name__
+            n = _name_counters.get(cls, 0)
+            _name_counters[cls] = n + 1
+            self._name = f"{cls}_{n}"
+        else:
+            self.name = name
+        top = _rewrite_stack[-1] if _rewrite_stack else None
+        if top is None:
+            site = _site_stack[-1] if _site_stack else None
+            if site is not None and site[0] == get_ident():
+                _, self.filename, self.lineno = site
+            else:
+                f = _user_frame()
+                if f is None:
+                    self.filename, self.lineno = "<unknown>", 0
+                else:
+                    self.filename, self.lineno = f.f_code.co_filename, f.f_lineno
+        else:
+            src = top[0]
+            self.filename, self.lineno = src.filename, src.lineno
+            self.derived_from = src.derived_from or f"{type(src).__name__} {src.name}"
+        self._args = args = tuple(args)
         self.users = WeakNodeSet()
         self.forward = None
-        src = _note_created(self)
-        if src is None:
-            inherited = [d for a in self._args for d in a.user_deps]
+        if top is None:
+            inherited = [d for a in args for d in a.user_deps._d]
         else:
-            inherited = src.other_deps
-            if in_pass():
+            top[1].append(self)  # the rewrite's ``created``
+            inherited = top[0].other_deps
+            if top[2]:  # built by a pass
                 self._as_built = False
         if follows or inherited:
             self.other_deps = OrderedSet(follows)
             self.other_deps.update(inherited)
         else:
             self.other_deps = _NO_DEPS
-        for a in self._args:
+        for a in args:
             a.users.add(self)
         for d in self.other_deps:
             d._add_dep_user(self)

@@ -19,8 +19,9 @@ import inspect
 
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
                          GeonError, InvalidValueError, TruthValueError)
-from geon.op_graph.axes import (Axes, AxesLike, Axis, FlattenedAxis, as_axes,
+from geon.op_graph.axes import (NO_AXES, Axes, AxesLike, Axis, FlattenedAxis, as_axes,
                                 check_lengths)
+from geon.op_graph import nodes
 from geon.op_graph.nodes import Node, OrderedSet, user_location
 
 DEFAULT_DTYPE = np.dtype(np.float32)
@@ -124,7 +125,24 @@ class Op(Node):
         if self.arity is not None and len(args) != self.arity:
             raise ArgumentError(f"{type(self).__name__} takes {self.arity} arg(s), got "
                                 f"{len(args)}")
-        super().__init__(tuple(as_op(a) for a in args), name=name, follows=follows)
+        all_ops = True
+        for a in args:  # (a loop, not all(): this runs for every op built)
+            if not isinstance(a, Op):
+                all_ops = False
+                break
+        if all_ops:
+            super().__init__(args, name=name, follows=follows)
+        elif nodes._rewrite_stack:  # built by a pass: its ops take the rewritten op's site
+            super().__init__(tuple([as_op(a) for a in args]), name=name, follows=follows)
+        else:
+            # Python numbers become Constants built at the user's line, as this op is:
+            # find that line once for all of them
+            nodes._site_stack.append(nodes.user_site())
+            try:
+                super().__init__(tuple([as_op(a) for a in args]), name=name,
+                                 follows=follows)
+            finally:
+                nodes._site_stack.pop()
         if tags:
             # A string is one tag, not a set of characters.
             self._tags = {tags} if isinstance(tags, str) else set(tags)
@@ -247,7 +265,7 @@ class TensorOp(Op):
         return f" ({', '.join(repr(a) for a in axes)}) {dtype}"
 
     def _infer_axes(self):
-        return Axes()
+        return NO_AXES
 
     def _infer_dtype(self):
         return result_dtype(self.args)
@@ -259,6 +277,9 @@ class TensorOp(Op):
 
     # Set by helpers such as softmax() whose result has a known structure.
     schema: Any = None
+    #: Whether this is a Python-number constant that takes its dtype from the other
+    #: operands (see :class:`Constant`).
+    weak: bool = False
     __array_ufunc__ = None  # ``array + op`` builds an op (NumPy defers to __radd__)
 
     # Magic methods build ops; ``==`` and ``!=`` stay identity so ops can live in sets.
@@ -313,7 +334,9 @@ def result_dtype(args):
               if isinstance(a, TensorOp) and not getattr(a, "weak", False)]
     if not strong:
         return DEFAULT_DTYPE
-    dt = np.result_type(*strong) if len(strong) > 1 else strong[0]
+    dt = strong[0]
+    if len(strong) > 1 and strong.count(dt) != len(strong):  # (equal dtypes: no call)
+        dt = np.result_type(*strong)
     if dt.kind in "iub" and any(getattr(a, "weak", False) and isinstance(
             a._number, float) for a in args):
         return np.result_type(dt, np.float64)
@@ -442,6 +465,8 @@ def toposort(roots, deps=True, extra=None, children=None):
     ``extra`` maps an op to further ops that must come before it; ``children(op)``, if
     given, replaces both rules. A cycle raises.
     """
+    if children is None and deps and not extra:
+        return _toposort_all_deps(roots)
     order, done, onstack = [], set(), set()
 
     if children is None:
@@ -464,6 +489,36 @@ def toposort(roots, deps=True, extra=None, children=None):
                 if child not in done:
                     onstack.add(child)
                     stack.append((child, iter(children(child))))
+                    break
+            else:
+                stack.pop()
+                onstack.discard(op)
+                done.add(op)
+                order.append(op)
+    return order
+
+
+def _toposort_all_deps(roots):
+    """:func:`toposort` through args and other_deps (``Node.all_deps`` inlined: passes
+    sort whole graphs several times)."""
+    order, done, onstack = [], set(), set()
+    for root in roots:
+        if root in done:
+            continue
+        od = root.other_deps._d
+        stack = [(root, iter(root._args + tuple(od) if od else root._args))]
+        onstack.add(root)
+        while stack:
+            op, it = stack[-1]
+            for child in it:
+                if child in onstack:
+                    raise GeonError(f"dependency cycle through {child.name} "
+                                    f"({type(child).__name__}, built at {child.file_info})")
+                if child not in done:
+                    onstack.add(child)
+                    od = child.other_deps._d
+                    stack.append((child, iter(child._args + tuple(od) if od
+                                              else child._args)))
                     break
             else:
                 stack.pop()
@@ -595,6 +650,13 @@ class Constant(AssignableTensorOp):
 
     def __init__(self, value: Any, axes: Optional[AxesLike] = None,
                  dtype: DTypeLike = None, weak: bool = False, **kwargs: Any) -> None:
+        if axes is None and dtype is None and (type(value) is float or type(value) is int):
+            # a Python number in an expression (``x * 0.5``): the common case, made short
+            self.weak = True
+            super().__init__(axes=NO_AXES, dtype=DEFAULT_DTYPE, **kwargs)
+            self._number = value
+            self._adopt(DEFAULT_DTYPE)
+            return
         axes = as_axes(axes)
         arr = np.asarray(value)
         number = arr.ndim == 0 and isinstance(value, numbers.Number) and not isinstance(
@@ -637,8 +699,10 @@ class Constant(AssignableTensorOp):
         return None
 
     def array(self) -> np.ndarray:
-        """The constant's value with the full shape (a read-only broadcast view)."""
-        return np.broadcast_to(self.value, self.axes.shape)
+        """The constant's value with the full shape (read-only: a broadcast view, or the
+        value itself when it has that shape)."""
+        shape = self.axes.shape
+        return self.value if self.value.shape == shape else np.broadcast_to(self.value, shape)
 
 
 @keywords({"shape": "give axes= (the shape follows them)"})
@@ -737,8 +801,11 @@ class ElementWise(ComputationOp):
     def _infer_axes(self):
         args = self.args
         axes = args[0].axes
-        if all(a.axes is axes or not len(a.axes) for a in args[1:]):
-            return axes  # the common case: nothing to match
+        for a in args:  # the common case: nothing to match
+            if a.axes is not axes and len(a.axes):
+                break
+        else:
+            return axes
         check_lengths([(a.name, a.axes) for a in args], f"{type(self).__name__} {self.name}",
                       self._where())
         for a in args[1:]:

@@ -60,29 +60,45 @@ def value_key(v):
     (``1`` and ``1.0``, ``0.0`` and ``-0.0`` differ; arrays compare dtype, shape and
     bytes; axes compare names and lengths). Raises :class:`TypeError` for a value of a
     type parameters may not have."""
+    key = _KEY_OF_TYPE.get(type(v))
+    if key is None:
+        key = _KEY_OF_TYPE[type(v)] = _key_function(v)
+    return key(v)
+
+
+def _key_function(v):
+    """The function computing :func:`value_key` for values of ``type(v)`` (looked up
+    once per type: CSE keys every op of a graph)."""
     if v is None or isinstance(v, (bool, int, str)):
-        return (type(v).__name__, v)
+        return lambda v: (type(v).__name__, v)
     if isinstance(v, float):
-        return ("float", v.hex())
+        return lambda v: ("float", v.hex())
     if isinstance(v, complex):
-        return ("complex", v.real.hex(), v.imag.hex())
+        return lambda v: ("complex", v.real.hex(), v.imag.hex())
     if isinstance(v, tuple):
-        return ("tuple",) + tuple(value_key(x) for x in v)
+        return lambda v: ("tuple",) + tuple(value_key(x) for x in v)
     if isinstance(v, slice):
-        return ("slice", value_key(v.start), value_key(v.stop), value_key(v.step))
+        return lambda v: ("slice", value_key(v.start), value_key(v.stop),
+                          value_key(v.step))
     if isinstance(v, Axis):
-        return ("axis", v.name, v.length)
+        return lambda v: ("axis", v.name, v.length)
     if isinstance(v, Axes):
-        return ("axes",) + tuple((a.name, a.length) for a in v)
+        return lambda v: ("axes",) + tuple((a.name, a.length) for a in v)
     if isinstance(v, np.dtype):
-        return ("dtype", v.str)
+        return lambda v: ("dtype", v.str)
     if isinstance(v, (np.ndarray, np.generic)):
-        a = np.asarray(v)
-        return ("array", a.dtype.str, a.shape, a.tobytes())
+        def array_key(v):
+            a = np.asarray(v)
+            return ("array", a.dtype.str, a.shape, a.tobytes())
+        return array_key
     if isinstance(v, og.Op) or callable(v):
-        return ("ref", v)  # identity
+        return lambda v: ("ref", v)  # identity
     raise TypeError(f"a parameter value of type {type(v).__name__} ({v!r}) is not "
                     f"supported")
+
+
+#: type -> the function computing value_key for its values
+_KEY_OF_TYPE = {}
 
 
 def _show_index(k):

@@ -36,6 +36,7 @@ MAX_IDENTIFIER = 48
 
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 _PLAIN = re.compile(r"[ -~]*\Z")  # printable ASCII
+_PLAIN_TEXT = re.compile(r"[ -~\n]*\Z")  # lines of printable ASCII
 
 
 def identifier(text, taken):
@@ -105,6 +106,12 @@ def check_lines(lines, language):
     backslash (which joins the next line to it, in C even to a comment) and, in C, has
     no ``??`` (a trigraph): text from the graph that bypassed this module fails here
     instead of running."""
+    lines = list(lines)
+    text = "\n".join(lines)  # one scan of the whole text; line by line only to report
+    if _PLAIN_TEXT.match(text) and text.count("\n") == len(lines) - 1 and (
+            not text.endswith("\\") and "\\\n" not in text) and (
+            language == "Python" or "??" not in text):
+        return
     for n, line in enumerate(lines, 1):
         if not _PLAIN.match(line) or line.endswith("\\") or (
                 language != "Python" and "??" in line):

@@ -22,6 +22,13 @@ from geon.op_graph import primitives as pr
 BLOCK_ELEMENTS = 131072
 #: Only tensors bigger than a few blocks are worth blocking (smaller ones stay in cache).
 MIN_ELEMENTS = 2 * BLOCK_ELEMENTS
+#: Whether the NumPy transformer lets an update's gradient product start its group (see
+#: :func:`find_groups`); read when a computation is compiled.
+GEMM_HEADS = True
+#: A group that starts with a matrix product computes at least this many of its rows
+#: per block (per call of the BLAS library, which runs small products below its speed
+#: and pays a synchronization of its threads per call).
+GEMM_BLOCK_ROWS = 256
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
 #: At most this many threads per group: the environment variable ``GEON_NUM_THREADS``
@@ -55,14 +62,19 @@ def _fusable(op):
             and op.axes.size >= MIN_ELEMENTS)
 
 
-def find_groups(order, results, emits):
+def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head=None):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
-    sit between members)."""
-    readers = {}
-    for op in order:
-        for a in op.args:
-            readers.setdefault(a, []).append(op)
+    sit between members). ``fusable(op)``: whether ``op`` may be a member (default:
+    elementwise with at least :data:`MIN_ELEMENTS` elements); ``max_members``: a
+    longer run is cut into groups of at most this many ops.
+
+    With ``gemm_head(gemm, run)``, a matrix product run right before a group, of its
+    shape and read only by its members (directly), becomes the group's first member
+    where ``gemm_head`` agrees: it is then computed a block of rows at a time (rows of
+    its first operand, all of its second) into scratch, and never gets a full buffer.
+    """
+    _fusable_op = fusable or _fusable
     root = {}  # view -> the op whose elements it shows
     for op in order:
         if isinstance(op, pr.ViewOp):
@@ -73,18 +85,35 @@ def find_groups(order, results, emits):
             continue
         # A member must read the others element by element (same block), not through
         # a view such as a transpose.
-        if _fusable(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+        if _fusable_op(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+                (max_members is None or len(cur) < max_members) and \
                 not any(root.get(a) in members for a in op.args):
             cur.append(op)
             members.add(op)
             continue
         if len(cur) > 1:
             runs.append(cur)
-        cur = [op] if _fusable(op) else []
+        cur = [op] if _fusable_op(op) else []
         members = set(cur)
     if len(cur) > 1:
         runs.append(cur)
+    if not runs:
+        return []
+    readers = {}
+    for op in order:
+        for a in op.args:
+            readers.setdefault(a, []).append(op)
     keep = set(results)
+    if gemm_head is not None:
+        emitted = [op for op in order if emits(op)]
+        before = {b: a for a, b in zip(emitted, emitted[1:])}
+        for run in runs:
+            g = before.get(run[0])
+            if isinstance(g, pr.Gemm) and g not in keep \
+                    and g.axes.lengths == run[0].axes.lengths \
+                    and readers.get(g) and all(r in run for r in readers[g]) \
+                    and gemm_head(g, run):
+                run.insert(0, g)
     groups = []
     for run in runs:
         members = set(run)
@@ -93,24 +122,30 @@ def find_groups(order, results, emits):
             rs = readers.get(op, ())
             if op not in keep and rs and all(r in members for r in rs):
                 internal.add(op)
-        groups.append(Group(run, internal))
+        group = Group(run, internal)
+        if isinstance(run[0], pr.Gemm):  # each block is one call of the BLAS library
+            group.rows_per_block = max(group.rows_per_block, GEMM_BLOCK_ROWS)
+        groups.append(group)
     return groups
 
 
 def view_reads(group, root):
-    """Roots the group's members read through a view (not block-aligned reads)."""
+    """Roots the group's members read through a view, and the operands of a matrix
+    product member (not block-aligned reads)."""
     out = set()
     for op in group.members:
         for a in op.args:
-            if isinstance(a, pr.ViewOp):
+            if isinstance(a, pr.ViewOp) or isinstance(op, pr.Gemm):
                 out.add(root.get(a, a))
     return out
 
 
 def threads_for(group):
-    """How many threads run ``group``."""
+    """How many threads run ``group`` (one where it has a matrix product: the BLAS
+    library runs that on its own threads)."""
     size = group.members[0].axes.size
-    if size < PARALLEL_ELEMENTS or MAX_THREADS < 2:
+    if size < PARALLEL_ELEMENTS or MAX_THREADS < 2 \
+            or isinstance(group.members[0], pr.Gemm):
         return 1
     blocks = -(-group.rows // group.rows_per_block)
     return max(1, min(MAX_THREADS, blocks))
@@ -130,18 +165,49 @@ def _get_pool():
 
 
 def run_blocks(fn, rows, block, scratch_sets):
-    """Run ``fn(lo, hi, *scratch)`` over ``range(rows)`` split into as many block-aligned
-    parts as there are scratch sets; part 0 runs in the calling thread."""
+    """Run ``fn(lo, hi, *scratch)`` over ``range(rows)``, one block of ``block`` rows per
+    call, on as many workers as there are scratch sets (worker 0 is the calling thread,
+    the others run in the pool; worker ``k`` passes ``scratch_sets[k]``).
+
+    Work is handed out dynamically: each worker takes the next block not yet taken from
+    a shared counter until none are left, so a worker whose core is busy (or a pool
+    thread that starts late) does fewer blocks instead of holding up the group. Every
+    block runs exactly once. Returns when all workers are done, even if one raised (its
+    exception is then raised here), so no worker writes a buffer after the return."""
     parts = len(scratch_sets)
     if parts == 1:
         fn(0, rows, *scratch_sets[0])
         return
     blocks = -(-rows // block)
-    per = -(-blocks // parts) * block
-    bounds = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
+    parts = min(parts, blocks)
+    taken = [0]  # blocks handed out so far
+    lock = threading.Lock()  # a lock per block costs little next to a block's work
+    stop = []  # set when a worker raised: the others take no more blocks
+
+    def worker(scratch):
+        while True:
+            with lock:
+                k = taken[0]
+                taken[0] = k + 1
+            if k >= blocks or stop:
+                return
+            lo = k * block
+            try:
+                fn(lo, min(lo + block, rows), *scratch)
+            except BaseException:
+                stop.append(True)
+                raise
+
     pool = _get_pool()
-    futures = [pool.submit(fn, lo, hi, *scratch_sets[k])
-               for k, (lo, hi) in enumerate(bounds[1:], 1)]
-    fn(bounds[0][0], bounds[0][1], *scratch_sets[0])
-    for f in futures:
+    futures = [pool.submit(worker, scratch_sets[k]) for k in range(1, parts)]
+    try:
+        worker(scratch_sets[0])
+    finally:
+        # Every block is taken (or a worker failed): a pool worker that has not started
+        # has nothing to do, so it is cancelled rather than waited for (the pool may be
+        # busy with another group); the running ones finish their block.
+        running = [f for f in futures if not f.cancel()]
+        for f in running:
+            f.exception()  # waits
+    for f in running:
         f.result()

@@ -12,6 +12,8 @@ placed in arenas. :func:`verify_plan` replays a plan and proves that no value is
 overwritten while a later step still reads it; the tests run it on every computation.
 """
 
+import bisect
+
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
@@ -28,6 +30,8 @@ class Plan:
         self.slot = {}
         self.sizes = []
         self.inplace = set()
+        #: the most bytes of values held at one step (no plan needs fewer arena bytes)
+        self.peak = 0
 
 
 def _nbytes(op):
@@ -101,7 +105,9 @@ def assign_in_place(order, results):
 
     Returns ``(order, {value op: storage})``. For each ``Assign(w, v)`` whose value is an
     elementwise op of ``w``'s shape and dtype read only by the assignment, ``v`` and the
-    chain of elementwise ops only it reads are moved to just before the assignment (so
+    chain of elementwise ops only it reads (and a matrix product of ``w``'s shape, the
+    gradient, that only the chain reads: the fused group can then compute it block by
+    block) are moved to just before the assignment (so
     the reads of ``w`` scheduled in between come first); then ``v`` is computed into
     ``w`` and the ``Assign`` does nothing. It is skipped where ``v`` reads ``w`` other
     than element by element, or where the move would carry a read of some storage past
@@ -109,6 +115,9 @@ def assign_in_place(order, results):
     """
     from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
     order = list(order)
+    assigns = [op for op in order if isinstance(op, pr.Assign)]
+    if not assigns:
+        return order, {}
     root = {}
     for op in order:  # storage reached through views
         if isinstance(op, og.AssignableTensorOp):
@@ -122,7 +131,7 @@ def assign_in_place(order, results):
     kept = set(results)
     out = {}
     pos = {op: i for i, op in enumerate(order)}
-    for asg in [op for op in order if isinstance(op, pr.Assign)]:
+    for asg in assigns:
         w, v = asg.args
         if not isinstance(w, og.Variable) or not _elementwise_like(v) \
                 or v in kept or v.dtype != w.dtype or v.axes.lengths != w.axes.lengths \
@@ -131,9 +140,11 @@ def assign_in_place(order, results):
         if any(root.get(a) is w and a is not w for a in v.args):
             continue  # reads the storage through a view: not element by element
         chain, todo = {v}, [v]
-        while todo:  # the elementwise ops that only feed v
+        while todo:  # the elementwise ops (and a gradient's product) that only feed v
             for a in todo.pop().args:
-                if isinstance(a, og.ElementWise) and a not in kept and a not in chain \
+                if (isinstance(a, og.ElementWise) or isinstance(a, pr.Gemm)
+                        and a.axes.lengths == w.axes.lengths) \
+                        and a not in kept and a not in chain \
                         and len(users.get(a, ())) == 1 and users[a][0] in chain:
                     chain.add(a)
                     todo.append(a)
@@ -156,7 +167,27 @@ def assign_in_place(order, results):
 def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
     ``results``, nor internal to a fused group (``groups``, see
-    :mod:`geon.transformers.fusion`). Returns a :class:`Plan`."""
+    :mod:`geon.transformers.fusion`). Returns a :class:`Plan`: the smaller (in total
+    bytes) of two, one placing values in schedule order (:func:`_plan_in_order`), one
+    placing the biggest values first (:func:`_plan_by_size`), made only where the first
+    uses more bytes than are ever held at once, and not too many arenas."""
+    plan = _plan_in_order(order, results, inplace, groups, exclude)
+    if sum(plan.sizes) > plan.peak \
+            and len(plan.slot) * len(plan.sizes) <= BY_SIZE_LIMIT:
+        other = _plan_by_size(order, results, inplace, groups, exclude)
+        if sum(other.sizes) < sum(plan.sizes):
+            return other
+    return plan
+
+
+#: The size-ordered plan is tried where planned values times arenas (of the plan in
+#: schedule order) is at most this: its search for an arena is linear in the arenas.
+BY_SIZE_LIMIT = 100_000
+
+
+def _plan_in_order(order, results, inplace, groups, exclude):
+    """Place values in schedule order: each takes an arena that one of its args frees
+    at its step (in place) or the smallest free arena that fits."""
     root = value_roots(order)
     reads = _reads(order, root)
     last = {}
@@ -182,6 +213,7 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
     present = set(order)
+    live = 0  # bytes of the values held now
     for i, op in enumerate(order):
         dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
         if isinstance(op, og.MultiOutput):
@@ -191,6 +223,7 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
                     arena = _take(plan, free, _nbytes(out))
                     plan.slot[out] = arena
                     occupant[arena] = out
+                    live += _nbytes(out)
         elif is_producer(op) and op not in keep and op not in internal \
                 and not isinstance(op, og.Output):
             need = _nbytes(op)
@@ -203,15 +236,98 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
                         break
             if arena is None:
                 arena = _take(plan, free, need)
+                live += need  # (in place, it replaces a value of its size)
             plan.slot[op] = arena
             occupant[arena] = op
+        plan.peak = max(plan.peak, live)
         for r in dying:
             a = plan.slot[r]
             if occupant.get(a) is r:
                 occupant.pop(a)
+                live -= _nbytes(r)
                 pending.setdefault(group_end.get(i, i), []).append(a)
         free.extend(pending.pop(i, ()))
     return plan
+
+
+def _plan_by_size(order, results, inplace, groups, exclude):
+    """Place values biggest first (then by step): each goes in place over an arg that
+    dies at its step where allowed, else into the first arena none of whose values'
+    lifetimes it overlaps, else into a new arena of its size.
+
+    Placing in schedule order lets a small value take a big free arena that a big value
+    needs a step later (a weight gradient in the arena of a dead activation, so the next
+    delta gets a new one); biggest first avoids that. A value lives from its step to
+    the last step that reads it; an arena released inside a fused group is reusable
+    (other than in place) only after the group's last step, as in the other planner."""
+    root = value_roots(order)
+    reads = _reads(order, root)
+    last = {}
+    for i, rs in enumerate(reads):
+        for r in rs:
+            last[r] = i
+    for end_step, roots in _group_spans(order, groups, root):
+        for r in roots:
+            last[r] = max(last.get(r, end_step), end_step)
+    internal = set()
+    for g in groups:
+        internal |= g.internal
+    group_end = _group_steps(order, groups)
+    end = len(order)
+    for r in results:
+        last[root.get(r, r)] = end
+    keep = {root.get(r, r) for r in results} | set(exclude)
+    present = set(order)
+    values = []  # (step, value, the step's op)
+    for i, op in enumerate(order):
+        if isinstance(op, og.MultiOutput):
+            values += [(i, out, op) for out in op.outputs if out in present and
+                       out not in keep]
+        elif is_producer(op) and op not in keep and op not in internal \
+                and not isinstance(op, og.Output):
+            values.append((i, op, op))
+    span = {}  # value -> (first step, last step its arena is held)
+    for i, v, _ in values:
+        j = last.get(v, i)
+        span[v] = (i, group_end.get(j, j) if j > i else j)
+    plan = Plan()
+    births, held = [], []  # per arena: sorted first steps, and (first, last, value)
+    for i, v, op in sorted(values, key=lambda e: (-_nbytes(e[1]), e[0])):
+        b, f = span[v]
+        arena = None
+        if inplace and v is op:
+            for r in dict.fromkeys(reads[i]):
+                a = plan.slot.get(r)
+                if a is not None and last.get(r) == i and _inplace_ok(op, r, root) \
+                        and _fits(births[a], held[a], b, f, r):
+                    arena = a
+                    plan.inplace.add(op)
+                    break
+        if arena is None:
+            for a in range(len(plan.sizes)):
+                if _fits(births[a], held[a], b, f, None):
+                    arena = a
+                    break
+        if arena is None:
+            plan.sizes.append(_nbytes(v))
+            births.append([])
+            held.append([])
+            arena = len(plan.sizes) - 1
+        k = bisect.bisect_right(births[arena], b)
+        births[arena].insert(k, b)
+        held[arena].insert(k, (b, f, v))
+        plan.slot[v] = arena
+    return plan
+
+
+def _fits(births, held, b, f, over):
+    """Whether a value held over steps ``b..f`` fits an arena holding ``held`` (sorted
+    by first step, not overlapping): the value held before it ends before ``b`` (or is
+    ``over``, which it overwrites in place at ``b``), the next starts after ``f``."""
+    k = bisect.bisect_left(births, b)
+    if k and held[k - 1][1] >= b and held[k - 1][2] is not over:
+        return False
+    return k == len(held) or held[k][0] > f
 
 
 def _group_steps(order, groups):

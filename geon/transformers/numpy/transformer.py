@@ -14,6 +14,7 @@ returns the lines computing ``op`` into the buffer named ``out`` from the names 
 only the first line may read the args; later lines read and write ``out`` alone.
 """
 
+import functools
 import linecache
 import weakref
 from typing import IO, Iterable, Optional
@@ -36,6 +37,7 @@ from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
 from geon.transformers import fusion, numerics
+from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
@@ -67,7 +69,9 @@ def _ufunc_code(name):
         # reference evaluator does ('same_kind' would refuse float64 -> int64).
         cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
             a.dtype != op.dtype for a in op.args) else ""
-        return [f"np.{name}({', '.join(args)}, out={out}{_loop(op)}{cast})"]
+        # ``out`` positionally: NumPy parses it faster than a keyword (a small tensor's
+        # op costs about a third less), and Python compiles the line faster.
+        return [f"np.{name}({', '.join(args)}, {out}{_loop(op)}{cast})"]
     return code
 
 
@@ -121,15 +125,15 @@ def _sigmoid(op, out, args):
     # wherever the result is a normal number, and no overflow warnings.
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
-    return [f"np.negative({x}, out={out}{_loop(op)})",
-            f"np.minimum({out}, {limit}, out={out})",
-            f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
-            f"np.reciprocal({out}, out={out})"]
+    return [f"np.negative({x}, {out}{_loop(op)})",
+            f"np.minimum({out}, {limit}, {out})",
+            f"np.exp({out}, {out})", f"np.add({out}, 1, {out})",
+            f"np.reciprocal({out}, {out})"]
 
 
 @numpy_code(og.Erf)
 def _erf(op, out, args):
-    return [f"_erf({args[0]}, out={out})"]
+    return [f"_erf({args[0]}, {out})"]
 
 
 NUMPY_GLOBALS["_erf"] = special.erf
@@ -137,7 +141,7 @@ NUMPY_GLOBALS["_erf"] = special.erf
 
 @numpy_code(og.Softplus)
 def _softplus(op, out, args):
-    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
+    return [f"np.logaddexp({args[0]}, 0, {out})"]  # max(x, 0) + log1p(exp(-|x|))
 
 
 @numpy_code(sc.SigmoidCrossEntropy)
@@ -266,10 +270,16 @@ class NumPyComputation(Computation):
 
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
-        self._generate()
         self._fn = None
+        if getattr(transformer, "compiled", False):
+            try:
+                self._generate(compiled=True)
+                return
+            except compiled_kernels.CompileError as e:  # the NumPy code instead
+                compiled_kernels.warn_once(e.key, f"{e}; running the NumPy code instead")
+        self._generate()
 
-    def _generate(self):
+    def _generate(self, compiled=False):
         t = self.transformer
         # The module's own names; those it makes itself begin with an underscore, which
         # names made from the graph's text never do (codegen_text.identifier).
@@ -310,8 +320,14 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
+        # The compiled path (compiled.py) also fuses small groups it can compile. The
+        # gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
+        # block in its group: G never exists in full, and w is touched once.
+        kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits)
+            order, self.results, emits, kernels and compiled_kernels.fusable,
+            kernels and compiled_kernels.MAX_MEMBERS,
+            gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
@@ -325,6 +341,11 @@ class NumPyComputation(Computation):
             verify_plan(order, self.results, plan, groups)
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         self.plan, self.groups, self.order = plan, groups, order
+        self._root, self._last_read, self._step = root, {}, {}
+        for i, op in enumerate(order):  # the last step reading each value, for groups
+            self._step[op] = i
+            for a in op.args:
+                self._last_read[root.get(a, a)] = i
         first = {g.members[0]: g for g in groups}
         in_group = {m for g in groups for m in g.members}
         arenas = [identifier(f"arena{k}", taken) for k in range(len(plan.sizes))]
@@ -353,8 +374,21 @@ class NumPyComputation(Computation):
                 if op.scalar is not None:
                     scalars[op] = identifier("s_" + op.name, taken)
                     consts[scalars[op]] = op.value[()]
-                    zero_d[op] = identifier("z_" + op.name, taken)
-                    consts[zero_d[op]] = np.array(op.value[()])
+                    # the 0-d array itself (a ufunc reads it faster than a NumPy scalar):
+                    # the constant's own name where its value has its shape
+                    if op.value.shape == op.axes.shape:
+                        zero_d[op] = names[op]
+                    else:
+                        zero_d[op] = identifier("z_" + op.name, taken)
+                        consts[zero_d[op]] = op.value
+
+        def name_view(op):  # a view made once, named ahead of its place in the order
+            if op not in names and isinstance(op, pr.ViewOp) and op not in dynamic:
+                name_view(op.args[0])
+                names[op] = identifier("v_" + op.name, taken)
+                line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
+                setup.append(self._annotate(line, op))
+
         for op in order:
             if op in names:
                 continue
@@ -363,8 +397,17 @@ class NumPyComputation(Computation):
                 line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
                 (body if op in dynamic else setup).append(self._annotate(line, op))
             elif op in first:
-                body.extend(self._group_code(first[op], names, arg_names, plan, arenas,
-                                             setup, fresh, scratch, taken))
+                g = first[op]
+                for m in g.members:
+                    for a in m.args:
+                        name_view(a)
+                if kernels and kernels.compilable(g, scalars):
+                    body.extend(kernels.group_code(
+                        g, names, scalars, consts, dynamic, lambda m, lines: self._buffer(
+                            m, plan, arenas, setup, lines, fresh, taken), taken))
+                else:
+                    body.extend(self._group_code(g, names, arg_names, plan, arenas,
+                                                 setup, fresh, scratch, taken))
             elif op in in_group or isinstance(op, og.Output):
                 continue  # emitted with its group / by its multi-output op
             elif isinstance(op, og.MultiOutput):
@@ -481,6 +524,8 @@ class NumPyComputation(Computation):
                                   fname)  # tracebacks show generated lines
         weakref.finalize(self, linecache.cache.pop, fname, None)
         self._code = compile(self._source, fname, "exec")
+        self._kernels = kernels  # its .source: the C code of the compiled groups
+        self._kernel_fns = kernels.build() if kernels else {}
 
     def _ufunc_allocates(self, op, fresh, zero_d):
         """Whether result ``op`` is best computed by its ufunc without ``out=``: NumPy
@@ -547,7 +592,7 @@ class NumPyComputation(Computation):
         body = [f"        _j = min(_i + {B}, _hi)"]
         local = {}
         for m in members:
-            for a in m.args:
+            for a in m.args[:1] if isinstance(m, pr.Gemm) else m.args:
                 if a in local or a in g.internal or a in members:
                     continue
                 if isinstance(a, og.Constant) and a.scalar is not None:
@@ -559,7 +604,21 @@ class NumPyComputation(Computation):
             for a in m.args:
                 last[a] = k
         free, temp_of, temps = [], {}, []
+        on_block = set()  # internal members computed over the block of a dying arg
         for k, m in enumerate(members):
+            over = None
+            if m in g.internal and isinstance(m, og.ElementWise):
+                over = self._block_over(g, k, last, plan)
+                if over is None:  # or over an internal arg computed so, dying here
+                    over = next((a for a in dict.fromkeys(m.args) if a in on_block
+                                 and last[a] == k and a.dtype == m.dtype), None)
+            if over is not None:  # written over its arg's block: no scratch
+                on_block.add(m)
+                out = local[m] = local[over]
+                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+                body.append("    " + self._annotate(code[0], m))
+                body.extend("        " + ln for ln in code[1:])
+                continue
             if m in g.internal:
                 tmp = None
                 for a in m.args:  # in place over an internal arg that dies here
@@ -581,7 +640,10 @@ class NumPyComputation(Computation):
                 out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
-            code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+            args = arg_names(m, local)
+            if isinstance(m, pr.Gemm):  # a block of rows of its first operand, all the second
+                args = [local[m.args[0]], names[m.args[1]]]
+            code = find_rule(NUMPY_CODE, m)(m, out, args)
             body.append("    " + self._annotate(code[0], m))
             body.extend("        " + ln for ln in code[1:])
             for a in dict.fromkeys(m.args):
@@ -590,7 +652,9 @@ class NumPyComputation(Computation):
         sets = identifier("scratch", taken)
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
-        lines.append(f"    # fused: {len(members)} elementwise ops ({len(g.internal)} without "
+        head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
+        lines.append(f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
+                     f"({len(g.internal)} without "
                      f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
         params = "".join(f", _s{k}" for k in range(len(temps)))
         lines.append(f"    def {fn}(_lo, _hi{params}):")
@@ -598,6 +662,25 @@ class NumPyComputation(Computation):
         lines.extend("    " + ln for ln in body)
         lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
         return lines
+
+    def _block_over(self, g, k, last, plan):
+        """The arg of internal member ``k`` of group ``g`` whose blocks it may be written
+        over (so it needs no scratch), or None: a planned value of its shape and dtype,
+        read by the group's members only directly and by member ``k`` last, and by
+        nothing after the group. Each block of it is then read (up to member ``k``) and
+        overwritten by the same call on that block, whatever the order of blocks."""
+        m = g.members[k]
+        end = self._step[g.members[-1]]
+        for a in dict.fromkeys(m.args):
+            if a not in plan.slot or a in g.members or last.get(a) != k \
+                    or a.dtype != m.dtype or a.axes.lengths != m.axes.lengths \
+                    or self._last_read.get(a, end + 1) > end:
+                continue
+            if any(b is not a and self._root.get(b) is a
+                   for op in g.members for b in op.args):
+                continue  # read through a view somewhere in the group
+            return a
+        return None
 
     def _check_line(self, op, out, args):
         """The debug mode's check of ``op``'s value ``out`` (read from ``args``)."""
@@ -617,8 +700,7 @@ class NumPyComputation(Computation):
 
     @staticmethod
     def _annotate(line, op):
-        origin = f" <- {op.derived_from}" if op.derived_from else ""
-        note = comment(f"{type(op).__name__}{origin}, {op.file_info}")
+        note = _note(type(op), op.derived_from, op.filename, op.lineno)
         return f"    {line:<60} # {note}"
 
     def _allocate(self):
@@ -642,6 +724,7 @@ class NumPyComputation(Computation):
                       .view(dtype).reshape(shape) for k, (shape, dtype) in enumerate(temps)]
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
+        ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
         lock = self.transformer._lock
         ns["_acquire"], ns["_release"] = lock.acquire, lock.release
@@ -684,6 +767,14 @@ class NumPyComputation(Computation):
 _UNSET = object()
 
 
+@functools.lru_cache(maxsize=4096)  # many ops share a class and a source line
+def _note(cls, derived_from, filename, lineno):
+    """The comment on a generated line: the op's class, the op it was lowered from, and
+    where it was built."""
+    origin = f" <- {derived_from}" if derived_from else ""
+    return comment(f'{cls.__name__}{origin}, File "{filename}", line {lineno}')
+
+
 def _all_finite(a):
     return np.isfinite(a).all()
 
@@ -703,6 +794,11 @@ class NumPyTransformer(Transformer):
             naming the op, the user's op it was lowered from, its source line and which
             of its inputs were finite (see ``geon.transformers.numerics``). Off, the
             generated code is exactly what it is without the option.
+        compiled: run fused elementwise groups as C loops built with the system C
+            compiler, and fuse small groups too (see
+            ``geon.transformers.numpy.compiled``); default: the environment variable
+            ``GEON_COMPILED`` (off when unset). Without a working compiler the NumPy
+            code runs, after a GeonWarning.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
@@ -720,8 +816,10 @@ class NumPyTransformer(Transformer):
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
-                 check_numerics: bool = False) -> None:
+                 check_numerics: bool = False, compiled: Optional[bool] = None) -> None:
         self.check_numerics = bool(check_numerics)
+        self.compiled = (compiled_kernels.enabled_by_env() if compiled is None
+                         else bool(compiled))
         super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
                          sample_axis=sample_axis)
 

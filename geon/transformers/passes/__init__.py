@@ -12,7 +12,7 @@ import collections
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.nodes import note_rewired, rewriting
+from geon.op_graph.nodes import _rewrite_stack, note_rewired, rewriting
 from geon.op_graph.ordering import ASSIGN_CLASSES, VIEW_CLASSES
 
 __all__ = ["DeadCodeElimination", "Graph", "Pass", "RewritePass"]
@@ -29,6 +29,8 @@ class Graph:
         stale = False
         for op in self.ops():
             for a in op.all_deps():
+                if a.forward is None:
+                    continue  # (most ops: no call to snap)
                 s = og.snap(a)
                 if s is not a:
                     op.replace_arg(a, s)
@@ -165,16 +167,25 @@ class RewritePass(Pass):
         queued = set(initial)
         members = set(initial)  # users outside this graph are not this pass's business
         budget = 100 * len(initial) + 1000
-        self.steps = 0
+        steps = 0
+        # ``with rewriting(op)`` around each rule, inlined: most rules decline, and this
+        # loop runs them on every op of the graph
+        stack = _rewrite_stack
+        rules_for, cache = self._rules_for, self._cache
         while work:
             op = work.popleft()
             queued.discard(op)
-            self.steps += 1
+            steps += 1
             if op.forward is not None:
                 continue
-            for rule in self._rules_for(type(op)):
-                with rewriting(op) as ctx:
+            rules = cache.get(type(op))
+            for rule in rules_for(type(op)) if rules is None else rules:
+                created = []
+                stack.append((op, created, True))
+                try:
                     new = rule(op)
+                finally:
+                    stack.pop()
                 if new is None or new is op:
                     continue
                 # Only op's users see a new arg: queue them, not all of new's users
@@ -183,10 +194,10 @@ class RewritePass(Pass):
                 moved = [u for u in list(op.users) + list(op._dep_users) if u in members]
                 graph.replace(op, new)
                 new = op.forward  # replace() may have put a Copy in between
-                members.update(ctx.created)
+                members.update(created)
                 members.add(new)
-                offered = ctx.created + [new] + moved
-                self.steps += len(offered)
+                offered = created + [new] + moved
+                steps += len(offered)
                 for n in offered:
                     if n not in queued and n.forward is None:
                         work.append(n)
@@ -196,6 +207,7 @@ class RewritePass(Pass):
             if budget < 0:
                 raise GeonError(f"pass {self.name}: rules keep firing; a rule must not "
                                 f"undo another (last op: {op.name})")
+        self.steps = steps
 
 
 class DeadCodeElimination(Pass):

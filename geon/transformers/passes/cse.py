@@ -34,13 +34,37 @@ def cse_key(op):
     if isinstance(op, og.AssignableTensorOp) and not op.is_constant:
         return None
     try:
-        attrs = tuple(value_key(v) for v in op.attr_values().values())
+        names = _KEYED_ATTRS.get(type(op), False)
+        if names is False:
+            names = _KEYED_ATTRS[type(op)] = _keyed_attrs(type(op))
+        if names is None:
+            attrs = tuple([value_key(v) for v in op.attr_values().values()])
+        else:
+            attrs = tuple([value_key(getattr(op, n)) for n in names])
     except TypeError as e:
         raise GeonError(f"{type(op).__name__} {op.name}: {e}; an op's parameters (its "
                         f"class's attrs) are immutable values") from None
     axes = (op.axes.names, op.axes.lengths, op.dtype) if isinstance(op, og.TensorOp) \
         else None
-    return (type(op), axes, attrs, op.args, frozenset(op.other_deps), frozenset(op._tags))
+    # most ops have neither other_deps nor tags: no sets to build for them
+    deps, tags = op.other_deps, op._tags
+    return (type(op), axes, attrs, op.args, frozenset(deps) if len(deps) else None,
+            frozenset(tags) if tags else None)
+
+
+#: op class -> the attrs its key compares one by one (see :func:`_keyed_attrs`)
+_KEYED_ATTRS = {}
+
+
+def _keyed_attrs(cls):
+    """The ``attrs`` of ``cls`` that :func:`cse_key` compares one by one: all but
+    ``axes`` and ``dtype`` of a tensor op, which the key holds anyway. ``None`` for a
+    class that computes its ``attr_values`` itself: all of those are compared."""
+    if cls.attr_values is not og.Op.attr_values:
+        return None
+    if issubclass(cls, og.TensorOp):
+        return tuple(n for n in cls.attrs if n not in ("axes", "dtype"))
+    return tuple(cls.attrs)
 
 
 class CommonSubexpressionElimination(Pass):

@@ -1,0 +1,671 @@
+"""Compiled fused groups: one C loop per elementwise group (opt-in).
+
+With ``NumPyTransformer(compiled=True)`` (or the environment variable
+``GEON_COMPILED=1``) each fused elementwise group (see :mod:`geon.transformers.fusion`)
+whose members all have a C rule here becomes one C function: a single loop over the
+elements that loads the group's inputs, computes every member in local variables and
+stores the members that have a buffer. The functions of one computation form one C
+file, compiled with the system C compiler into a shared library, loaded with
+:mod:`ctypes` and called from the generated Python with the arrays themselves.
+
+- Small groups: with the compiled path, elementwise ops under
+  :data:`fusion.MIN_ELEMENTS <geon.transformers.fusion.MIN_ELEMENTS>` are fused too when
+  they have a C rule, so a long chain on a small tensor is one C call, not one NumPy
+  call per op.
+- What compiles: members of dtype float32 or float64 whose classes are in
+  :data:`C_RULES` (their compute dtype float32 / float64; comparisons may compare any
+  integer, bool or float operands); inputs of those dtypes, bool or integer, read as
+  buffers of the group's shape (contiguous), as views or constants of the group's shape
+  (any strides, read through the strides NumPy reports), or as scalar constants. A group
+  with another member (integer arithmetic, user ops, sigmoid cross-entropy) or an input
+  of another shape runs the NumPy code of :mod:`.transformer` instead.
+- Floating point: ``-O3 -fno-math-errno -fno-trapping-math -ffp-contract=off`` and
+  not ``-ffast-math``: NaN and infinities propagate as in NumPy (maximum / minimum
+  return the NaN operand; comparisons with NaN are false), no ``a * b + c`` is fused
+  into one rounding, so ``+ - * /`` give NumPy's bits. ``-march=native`` and
+  ``-fopenmp`` are used when the compiler accepts them; the transcendental functions
+  (``exp``, ``log``, ``tanh``, ...) come from the C library, in its vector versions
+  (glibc's libmvec, at most 4 ulp) where the compiler can call them.
+- Threads: groups of at least :data:`PARALLEL_ELEMENTS` elements are split over
+  OpenMP threads (``fusion.MAX_THREADS`` of them, i.e. ``GEON_NUM_THREADS``) in chunks
+  handed out dynamically, so a busy core costs at most its share.
+- Cache: libraries are kept under ``$GEON_CACHE_DIR/kernels`` (default
+  ``~/.cache/geon/kernels``), named by a hash of the C source, the compiler, its flags
+  and the CPU; each is written to a temporary name and renamed, with a ``.sha256`` file
+  of its digest checked before it is loaded (a file that does not match is rebuilt).
+- Fallback: no compiler (``$CC``, else ``cc`` or ``gcc`` on the PATH), a failed
+  compilation or an unknown ndarray layout give a :class:`~geon.errors.GeonWarning`
+  (once per cause) and the NumPy code.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+
+import numpy as np
+
+from geon.errors import GeonWarning
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph.np_ops import Select
+from geon.transformers import fusion
+
+#: Groups with at least this many elements are split over OpenMP threads.
+PARALLEL_ELEMENTS = 1 << 16
+#: At most this many ops per C function: the compiler's time grows faster than the
+#: function's length (a 5,000-op loop took 36 s, 1,000 ops 2.8 s).
+MAX_MEMBERS = 250
+#: Elements per chunk of work handed to a thread.
+CHUNK_ELEMENTS = 1 << 14
+#: Flags always given; ``-march=native`` and ``-fopenmp`` are added when they compile.
+BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu99", "-fno-math-errno",
+              "-fno-trapping-math", "-ffp-contract=off")
+
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+          np.dtype(np.bool_): "unsigned char",
+          np.dtype(np.int8): "int8_t", np.dtype(np.int16): "int16_t",
+          np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
+          np.dtype(np.uint8): "uint8_t", np.dtype(np.uint16): "uint16_t",
+          np.dtype(np.uint32): "uint32_t", np.dtype(np.uint64): "uint64_t"}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class CompileError(Exception):
+    """The compiled path cannot be used (no compiler, compilation failed, ...);
+    ``key`` names the cause (one warning per cause)."""
+
+    def __init__(self, message, key=None):
+        super().__init__(message)
+        self.key = key or message
+
+
+def enabled_by_env():
+    """Whether ``GEON_COMPILED`` asks for the compiled path (anything but empty / 0)."""
+    return os.environ.get("GEON_COMPILED", "").strip().lower() not in ("", "0", "false",
+                                                                       "no", "off")
+
+
+_warned = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(key, message):
+    """A GeonWarning, once per ``key`` in this process."""
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, GeonWarning, stacklevel=4)
+
+
+# --- the C rules ----------------------------------------------------------------------
+def _fn(name, t):
+    return name + ("f" if t == "float" else "")
+
+
+def _sigmoid(op, t, a):
+    limit = "80.0f" if op.dtype.itemsize <= 4 else "700.0"
+    return f"(({t})1 / (({t})1 + {_fn('exp', t)}(geon_min_{t[0]}(-{a[0]}, {limit}))))"
+
+
+def _softplus(op, t, a):
+    x = a[0]
+    return (f"({x} != {x} ? {x} : geon_max_{t[0]}({x}, ({t})0) + "
+            f"{_fn('log1p', t)}({_fn('exp', t)}(-{_fn('fabs', t)}({x}))))")
+
+
+def _call(name):
+    return lambda op, t, a: f"{_fn(name, t)}({', '.join(a)})"
+
+
+def _infix(sym):
+    return lambda op, t, a: f"({a[0]} {sym} {a[1]})"
+
+
+#: ElementWise class -> fn(op, C type of the compute dtype, [arg expressions]) -> C
+#: expression. The args are already converted to the compute dtype (comparisons: their
+#: promoted dtype; ``Select``: as they are).
+C_RULES = {
+    og.Add: _infix("+"), og.Subtract: _infix("-"), og.Multiply: _infix("*"),
+    og.Divide: _infix("/"),
+    og.Power: _call("pow"),
+    og.Maximum: lambda op, t, a: f"geon_max_{t[0]}({a[0]}, {a[1]})",
+    og.Minimum: lambda op, t, a: f"geon_min_{t[0]}({a[0]}, {a[1]})",
+    og.Equal: _infix("=="), og.NotEqual: _infix("!="), og.Less: _infix("<"),
+    og.LessEqual: _infix("<="), og.Greater: _infix(">"), og.GreaterEqual: _infix(">="),
+    og.Negative: lambda op, t, a: f"(-{a[0]})",
+    og.Absolute: _call("fabs"),
+    # NumPy's sign: 1, -1, 0 (also for -0) and NaN for NaN
+    og.Sign: lambda op, t, a: (f"({a[0]} > 0 ? ({t})1 : {a[0]} < 0 ? ({t})-1 : "
+                               f"{a[0]} == 0 ? ({t})0 : {a[0]})"),
+    og.Square: lambda op, t, a: f"({a[0]} * {a[0]})",
+    og.Sqrt: _call("sqrt"),
+    og.Reciprocal: lambda op, t, a: f"(({t})1 / {a[0]})",
+    og.Exp: _call("exp"), og.Log: _call("log"), og.Sin: _call("sin"),
+    og.Cos: _call("cos"), og.Tanh: _call("tanh"), og.Expm1: _call("expm1"),
+    og.Sigmoid: _sigmoid,
+    og.Softplus: _softplus,
+    # in double and rounded once, as geon.op_graph.special.erf does for float32
+    og.Erf: lambda op, t, a: f"(({t})erf((double){a[0]}))",
+    Select: lambda op, t, a: f"({a[0]} ? {a[1]} : {a[2]})",
+}
+
+_MATH_USED = ("exp", "log", "sin", "cos", "tanh", "expm1", "pow", "log1p", "erf")
+
+
+def supported(op):
+    """Whether ``op`` (an elementwise op) has a C rule for its dtypes."""
+    if type(op) not in C_RULES or op.dtype not in _FLOATS:
+        return False
+    if any(a.dtype not in _CTYPE for a in op.args):
+        return False
+    ct = op.compute_dtype()
+    if isinstance(op, og.Comparison):
+        return ct in _CTYPE
+    return ct is None or ct in _FLOATS
+
+
+def fusable(op):
+    """The fusion predicate of the compiled path: what fusion fuses anyway, and
+    elementwise ops of any size that compile."""
+    return fusion._fusable(op) or (isinstance(op, og.ElementWise) and len(op.axes) >= 1
+                                   and supported(op))
+
+
+def _literal(value, dtype):
+    """A C expression of exactly ``value`` in ``dtype``."""
+    t = _CTYPE[np.dtype(dtype)]
+    v = np.asarray(value).astype(dtype)[()]
+    if np.dtype(dtype).kind == "f":
+        f = float(v)
+        if f != f:
+            return f"(({t})NAN)"
+        if f in (float("inf"), float("-inf")):
+            return f"(({t}){'-' if f < 0 else ''}INFINITY)"
+        return f"(({t}){f.hex()})"
+    if np.dtype(dtype).kind == "b":
+        return "((unsigned char)1)" if v else "((unsigned char)0)"
+    if np.dtype(dtype).kind == "u":
+        return f"(({t}){int(v)}ULL)"
+    iv = int(v)
+    if iv == -2 ** 63:
+        return "((int64_t)(-9223372036854775807LL - 1))"
+    return f"(({t}){iv}LL)"
+
+
+# --- the toolchain --------------------------------------------------------------------
+class Toolchain:
+    """A working C compiler: its command, its flags and a text naming it (for the cache
+    key)."""
+
+    def __init__(self, command, flags, identity, simd_math=False):
+        self.command, self.flags, self.identity = command, tuple(flags), identity
+        self.openmp = "-fopenmp" in flags
+        #: whether the C library's vector maths (glibc's libmvec) can be called
+        self.simd_math = simd_math
+
+
+_toolchains = {}
+_tc_lock = threading.Lock()
+
+
+def _probe_source(simd_math):
+    calls = " + ".join(f"{_fn(n, 'float')}(x[i]{', x[i]' if n == 'pow' else ''})"
+                       for n in _MATH_USED)
+    return ("#include <math.h>\n#include <stdint.h>\n"
+            + (_simd_declarations() if simd_math else "") + """
+void geon_probe(float *x, int64_t n) {
+    #pragma omp parallel for schedule(dynamic, 1) if (n > 1000000)
+    for (int64_t c = 0; c < n; c += 64) {
+        int64_t e = c + 64 < n ? c + 64 : n;
+        #pragma omp simd
+        for (int64_t i = c; i < e; i++) x[i] = """ + calls + """;
+    }
+}
+""")
+
+
+def _compiler_command():
+    cc = os.environ.get("CC", "").strip()
+    if cc:
+        cmd = shlex.split(cc)
+        path = shutil.which(cmd[0])
+        if path is None:
+            raise CompileError(f"no C compiler: $CC is {cc!r}, which is not on the PATH")
+        return [path] + cmd[1:]
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return [path]
+    raise CompileError("no C compiler: $CC is not set and neither cc, gcc nor clang "
+                       "is on the PATH")
+
+
+def _cpu_identity():
+    """What ``-march=native`` depends on: the CPU's model and flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f.read().splitlines()
+                     if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(dict.fromkeys(lines))
+    except OSError:
+        return platform.processor()
+
+
+def _run_cc(command, flags, src_path, out_path):
+    try:
+        r = subprocess.run(command + list(flags) + [src_path, "-o", out_path, "-lm"],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, str(e)
+    return r.returncode == 0, (r.stderr or r.stdout or "")
+
+
+def toolchain():
+    """The :class:`Toolchain` for the current ``$CC`` (probed once per value); raises
+    :class:`CompileError` when there is none."""
+    key = os.environ.get("CC", "")
+    with _tc_lock:
+        tc = _toolchains.get(key)
+        if tc is None:
+            try:
+                tc = _probe()
+            except CompileError as e:
+                tc = e
+            _toolchains[key] = tc
+    if isinstance(tc, CompileError):
+        raise tc
+    return tc
+
+
+def _probe():
+    command = _compiler_command()
+    try:
+        version = subprocess.run(command + ["--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CompileError(f"the C compiler {command[0]} does not run: {e}") from None
+    flags, simd_math, err = None, False, ""
+    with tempfile.TemporaryDirectory(prefix="geon-probe-") as d:
+        src = os.path.join(d, "probe.c")
+        for k, extra in enumerate((("-march=native", "-fopenmp"), ("-fopenmp",),
+                                   ("-march=native",), ())):
+            simd_math = k == 0  # vector maths: only with the best flags
+            with open(src, "w") as f:
+                f.write(_probe_source(simd_math))
+            out = os.path.join(d, f"probe{k}.so")
+            ok, err = _run_cc(command, BASE_FLAGS + extra, src, out)
+            if ok and simd_math:  # the vector functions must resolve when loaded
+                try:
+                    ctypes.CDLL(out)
+                except OSError:
+                    with open(src, "w") as f:
+                        f.write(_probe_source(False))
+                    simd_math, out = False, os.path.join(d, "probe-plain.so")
+                    ok, err = _run_cc(command, BASE_FLAGS + extra, src, out)
+            if ok:
+                flags = BASE_FLAGS + extra
+                break
+        if flags is None:
+            raise CompileError(f"the C compiler {command[0]} cannot build a shared "
+                               f"library: {err.strip()[-500:]}")
+    identity = "\n".join([" ".join(command)] + version + [platform.machine()]
+                         + ([_cpu_identity()] if "-march=native" in flags else []))
+    return Toolchain(command, flags, identity, simd_math)
+
+
+def available():
+    """Whether the compiled path can run here (a C compiler that builds a shared
+    library, and a known ndarray layout)."""
+    try:
+        toolchain()
+    except CompileError:
+        return False
+    return ndarray_offsets() is not None
+
+
+# --- ndarray layout -------------------------------------------------------------------
+_layout = []
+
+
+def ndarray_offsets():
+    """Byte offsets of the data pointer and the strides pointer in an ndarray object,
+    found (and checked) on a test array; None if not found."""
+    if not _layout:
+        _layout.append(_find_offsets())
+    return _layout[0]
+
+
+def _find_offsets():
+    a = np.zeros((3, 5), np.float64)[:, ::2]
+    base = id(a)
+    for off in range(8, 129, 8):
+        if ctypes.c_void_p.from_address(base + off).value != a.ctypes.data:
+            continue
+        strides = ctypes.c_void_p.from_address(base + off + 24).value
+        dims = ctypes.c_void_p.from_address(base + off + 16).value
+        if not strides or not dims:
+            continue
+        if (list((ctypes.c_int64 * 2).from_address(strides)) == list(a.strides)
+                and list((ctypes.c_int64 * 2).from_address(dims)) == list(a.shape)
+                and ctypes.c_int.from_address(base + off + 8).value == 2):
+            return off, off + 24
+    return None
+
+
+# --- the cache ------------------------------------------------------------------------
+def cache_dir():
+    """Where compiled kernels are kept: ``$GEON_CACHE_DIR/kernels``, default
+    ``~/.cache/geon/kernels``."""
+    root = os.environ.get("GEON_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "geon")
+    return os.path.join(root, "kernels")
+
+
+_libs = {}
+_lib_lock = threading.Lock()
+
+
+def _digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(path, data):
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cache_key(source, tc):
+    h = hashlib.sha256()
+    for part in (source, tc.identity, " ".join(tc.flags)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def build(source):
+    """The loaded library of C ``source``: from the cache when a checked copy is there,
+    else compiled and stored. Raises :class:`CompileError`."""
+    tc = toolchain()
+    key = cache_key(source, tc)
+    with _lib_lock:
+        lib = _libs.get(key)
+        if lib is not None:
+            return lib
+        d = cache_dir()
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise CompileError(f"cannot create the kernel cache {d}: {e}") from None
+        path = os.path.join(d, key + ".so")
+        lib = _load_cached(path)
+        if lib is None:
+            lib = _compile(tc, source, path)
+        _libs[key] = lib
+        return lib
+
+
+def _load_cached(path):
+    """The library at ``path`` if it is there and its digest matches its .sha256 file."""
+    try:
+        with open(path[:-3] + ".sha256") as f:
+            want = f.read().strip()
+        if _digest(path) != want:
+            return None
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
+def _compile(tc, source, path):
+    d = os.path.dirname(path)
+    with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
+        src = os.path.join(tmp, "kernels.c")
+        with open(src, "w") as f:
+            f.write(source)
+        out = os.path.join(tmp, "kernels.so")
+        ok, err = _run_cc(tc.command, tc.flags, src, out)
+        if not ok:
+            raise CompileError(f"{tc.command[0]} failed on the fused kernels: "
+                               f"{err.strip()[-2000:]}", key="compile failed")
+        # Loaded under its temporary name (the loader knows libraries by name: a file
+        # that replaced one loaded before under the final name would not be read).
+        try:
+            lib = ctypes.CDLL(out)
+        except OSError as e:
+            raise CompileError(f"cannot load the compiled kernels {out}: {e}",
+                               key="load failed") from None
+        _write_atomic(path[:-3] + ".c", source.encode())
+        # the digest first: a reader that sees the new library also sees its digest
+        _write_atomic(path[:-3] + ".sha256", (_digest(out) + "\n").encode())
+        os.replace(out, path)
+    return lib
+
+
+# --- code generation ------------------------------------------------------------------
+_HEADER = """\
+/* geon: fused elementwise groups of one computation (generated) */
+#include <math.h>
+#include <stdint.h>
+#define GEON_DATA(o) (*(char **)((char *)(o) + {data}))
+#define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
+/* NumPy's maximum / minimum: the NaN operand wins (b's through the comparison, a's
+   through the second select; written as two selects, which GCC vectorizes) */
+#define GEON_MINMAX(name, t, cmp) static inline t name(t a, t b) \\
+    {{ const t m = a cmp b ? a : b; return a != a ? a : m; }}
+GEON_MINMAX(geon_max_f, float, >=)
+GEON_MINMAX(geon_min_f, float, <=)
+GEON_MINMAX(geon_max_d, double, >=)
+GEON_MINMAX(geon_min_d, double, <=)
+"""
+
+
+def _simd_declarations():
+    # glibc declares the vector versions only under -ffast-math; these declarations let
+    # the compiler call them in `omp simd` loops without it.
+    out = []
+    for name in _MATH_USED:
+        for t in ("float", "double"):
+            args = f"{t}, {t}" if name == "pow" else t
+            out.append(f"#pragma omp declare simd notinbranch\n{t} {_fn(name, t)}({args});")
+    return "\n".join(out) + "\n"
+
+
+class Kernels:
+    """The compiled groups of one computation being generated: collects a C function per
+    group (:meth:`group_code`), then builds them into one library (:meth:`build`)."""
+
+    def __init__(self):
+        self.functions = []   # C source of each function
+        self.names = []       # the Python name each is called by
+        self.groups = 0
+        self.source = None    # the C file, once built
+
+    def compilable(self, g, scalars):
+        """Whether every member of ``g`` compiles and every input is a buffer, view or
+        constant of the group's shape, or a scalar constant."""
+        lengths = g.members[0].axes.lengths
+        members = set(g.members)
+        for m in g.members:
+            if not supported(m):
+                return False
+            for a in m.args:
+                if a in members or a in scalars:
+                    continue
+                if a.axes.lengths != lengths:
+                    return False
+        return True
+
+    def group_code(self, g, names, scalars, consts, dynamic, buffer, taken):
+        """Python lines running group ``g`` as one C call (see the module docstring).
+
+        ``names``: op -> name of its array (filled here for members with a buffer);
+        ``scalars``: scalar constant -> name; ``consts``: name -> value; ``dynamic``:
+        the ops whose arrays change between calls; ``buffer(op, lines)``: the name of a
+        member's buffer, adding any line that makes it to ``lines``."""
+        from geon.transformers.codegen_text import identifier
+        lines = []
+        members = g.members
+        for m in members:
+            if m not in g.internal:
+                names[m] = buffer(m, lines)
+        shape = members[0].axes.shape
+        n = int(np.prod(shape))
+        k = self.groups
+        self.groups += 1
+        cname = f"geon_group{k}"
+        pyname = identifier(f"kernel{k}", taken)
+        # the arrays passed: inputs (contiguous or strided) then outputs
+        params, index = [], {}   # array name -> parameter number
+
+        def param(name):
+            if name not in index:
+                index[name] = len(params)
+                params.append(name)
+            return index[name]
+
+        inputs, strided = {}, set()
+        for m in members:
+            for a in m.args:
+                if a in inputs or a in g.internal or a in members or a in scalars:
+                    continue
+                inputs[a] = param(names[a])
+                if isinstance(a, (pr.ViewOp, og.Constant)):
+                    strided.add(inputs[a])
+                elif isinstance(a, og.Placeholder):
+                    x = names[a]  # a feed may be any ndarray of the right shape
+                    lines.append(f"    if not {x}.flags.c_contiguous: "
+                                 f"{x} = _np_contiguous({x})")
+        outputs = {m: param(names[m]) for m in members if m not in g.internal}
+        # an output never goes through strides: buffers, fresh arrays and variables are
+        # contiguous (an input read through a view is never an output's buffer)
+        strided -= set(outputs.values())
+        rank = len(shape)
+        rows = int(np.prod(shape[:-1])) if rank > 1 else 1
+        inner = shape[-1] if strided else n
+        if not strided:
+            rows = 1
+        loads, body, stores = [], [], []
+        value = {}
+        for a, p in inputs.items():
+            t = _CTYPE[a.dtype]
+            v = f"x{p}"
+            if p in strided:
+                loads.append(f"const {t} {v} = "
+                             f"*(const {t} *)(b{p} + o{p} + j * s{p}_{rank - 1});")
+            elif strided:
+                loads.append(f"const {t} {v} = (({t} *)b{p})[r * {inner} + j];")
+            else:
+                loads.append(f"const {t} {v} = (({t} *)b{p})[i];")
+            value[a] = (v, a.dtype)
+        for m in members:
+            for a in m.args:
+                if a in scalars and a not in value:
+                    value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
+        for q, m in enumerate(members):
+            ct = m.compute_dtype()
+            t = _CTYPE[ct] if ct is not None else _CTYPE[m.dtype]
+            args = []
+            for a in m.args:
+                v, dt = value[a]
+                args.append(v if (ct is None or dt == ct) else f"(({_CTYPE[ct]}){v})")
+            expr = C_RULES[type(m)](m, t, args)
+            mt = _CTYPE[m.dtype]
+            body.append(f"const {mt} v{q} = ({mt}){expr};  /* {_c_comment(m)} */")
+            value[m] = (f"v{q}", m.dtype)
+            if m in outputs:
+                p = outputs[m]
+                idx = f"r * {inner} + j" if strided else "i"
+                stores.append(f"(({mt} *)b{p})[{idx}] = v{q};")
+        src = [f"/* {len(members)} ops, shape {shape} */",
+               f"void {cname}({', '.join(f'void *a{p}' for p in range(len(params)))}) {{"]
+        for p in range(len(params)):
+            src.append(f"    char *const b{p} = GEON_DATA(a{p});")
+        for p in sorted(strided):
+            src.append(f"    const int64_t *const st{p} = GEON_STRIDES(a{p});")
+            for d in range(rank):
+                src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
+        threads = max(1, fusion.MAX_THREADS)
+        par = f"num_threads({threads}) if ({n} >= {PARALLEL_ELEMENTS})"
+        inner_body = ["            " + ln for ln in loads + body + stores]
+        if not strided:
+            src += [f"    #pragma omp parallel for schedule(dynamic, 1) {par}",
+                    f"    for (int64_t c = 0; c < {n}; c += {CHUNK_ELEMENTS}) {{",
+                    f"        const int64_t e = c + {CHUNK_ELEMENTS} < {n} ? "
+                    f"c + {CHUNK_ELEMENTS} : {n};",
+                    "        #pragma omp simd",
+                    "        for (int64_t i = c; i < e; i++) {"]
+            src += inner_body + ["        }", "    }", "}"]
+        else:
+            chunk = max(1, CHUNK_ELEMENTS // max(inner, 1))
+            src += [f"    #pragma omp parallel for schedule(dynamic, {chunk}) {par}",
+                    f"    for (int64_t r = 0; r < {rows}; r++) {{"]
+            for p in sorted(strided):
+                src.append(f"        int64_t o{p} = 0;")
+            if rank > 1:
+                src.append("        int64_t q = r, d;")
+                for dim in range(rank - 2, -1, -1):
+                    src.append(f"        d = q % {shape[dim]}; q /= {shape[dim]};")
+                    for p in sorted(strided):
+                        src.append(f"        o{p} += d * s{p}_{dim};")
+            src += ["        #pragma omp simd",
+                    f"        for (int64_t j = 0; j < {inner}; j++) {{"]
+            src += inner_body + ["        }", "    }", "}"]
+        self.functions.append("\n".join(src))
+        self.names.append((pyname, cname, len(params)))
+        lines.append(f"    # compiled: {len(members)} elementwise ops ({len(g.internal)} "
+                     f"without a full buffer) in one C loop over {n} elements "
+                     f"({cname}{', strided reads' if strided else ''})")
+        lines.append(f"    {pyname}({', '.join(params)})")
+        return lines
+
+    def build(self):
+        """``{python name: ctypes function}`` of the collected groups; raises
+        :class:`CompileError`."""
+        if not self.functions:
+            return {}
+        offsets = ndarray_offsets()
+        if offsets is None:
+            raise CompileError("this NumPy's ndarray layout was not recognised")
+        tc = toolchain()
+        source = (_HEADER.format(data=offsets[0], strides=offsets[1])
+                  + (_simd_declarations() if tc.simd_math else "") + "\n"
+                  + "\n\n".join(self.functions) + "\n")
+        self.source = source
+        lib = build(source)
+        out = {}
+        for pyname, cname, nargs in self.names:
+            f = getattr(lib, cname)
+            f.argtypes = [ctypes.py_object] * nargs
+            f.restype = None
+            out[pyname] = f
+        return out
+
+
+def _c_comment(op):
+    # the class only: op names differ between equal graphs, and the source is the key
+    text = type(op).__name__
+    return "".join(c if c.isalnum() or c in " _-.:" else "_" for c in text)
+
+
+#: Names the generated Python of compiled groups uses.
+PY_GLOBALS = {"_np_contiguous": np.ascontiguousarray}

@@ -1,0 +1,350 @@
+"""The compiled path of the NumPy transformer (geon/transformers/numpy/compiled.py): fused
+elementwise groups as C loops, small groups fused too, the kernel cache and the fallback
+to the NumPy code. The differential tests (tests/test_differential.py) run random graphs
+through it as well."""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.errors import GeonWarning
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled as ck
+from op_table import CASES
+
+from test_ops import TOL
+
+needs_cc = pytest.mark.skipif(not ck.available(),
+                              reason="no working C compiler for the compiled path")
+pytestmark = needs_cc
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh kernel cache, and no library loaded earlier in this process."""
+    monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ck, "_libs", {})
+    return tmp_path / "kernels"
+
+
+def kernel_calls(comp):
+    return comp.source.count("# compiled:")
+
+
+def compiled_and_numpy(build, *feeds):
+    """Results of the graph ``build()`` makes, compiled and on the NumPy path."""
+    out = []
+    for compiled in (True, False):
+        result, params = build()
+        comp = be.NumPyTransformer(compiled=compiled).computation(result, *params)
+        out.append((comp, np.asarray(comp(*feeds))))
+    return out
+
+
+# --- every op-table case with an elementwise tail --------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_op_table_with_a_compiled_tail_matches_numpy(case, cache):
+    dtype = np.float64
+    arrays = case.arrays(dtype)
+    xs = [be.placeholder(i.axes, dtype=i.dtype(dtype)) for i in case.inputs]
+    op = case.make(xs, dtype)
+    want = case.expected(arrays)
+    tail = op.dtype.kind == "f" and len(op.axes) > 0
+    if tail:  # small: fused only because the group compiles
+        op = be.tanh(op * 0.5) + op
+        want = np.tanh(want * 0.5) + want
+    comp = be.NumPyTransformer(compiled=True).computation(op, *xs)
+    if tail:
+        assert kernel_calls(comp) >= 1, comp.source
+    got = np.asarray(comp(*arrays))
+    if got.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **TOL[np.dtype(got.dtype)])
+
+
+# --- small tensors ---------------------------------------------------------------------
+def test_a_long_chain_on_a_small_vector_is_a_few_c_calls(cache):
+    n = 1000
+
+    def build():
+        A = be.Axis(n, "A")
+        x = be.placeholder([A], dtype=np.float32)
+        y = x
+        for i in range(1000):
+            y = be.tanh(y) if i % 2 else y * 1.0001
+        return y, (x,)
+
+    xs = np.linspace(-2, 2, n, dtype=np.float32)
+    (c, got), (p, want) = compiled_and_numpy(build, xs)
+    assert n < fusion.MIN_ELEMENTS
+    # one C function per MAX_MEMBERS ops (compile time grows faster than length)
+    assert kernel_calls(c) == -(-1000 // ck.MAX_MEMBERS) and "np.tanh" not in c.source
+    assert not p.groups and p.source.count("np.tanh") == 500
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- views, broadcasting, feeds -------------------------------------------------------
+def test_groups_read_broadcast_biases_transposes_and_strided_feeds(cache):
+    H, N = be.Axis(5, "H"), be.Axis(7, "N")
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((7, 5))      # fed as (H, N) through a transpose below
+    bv = rng.standard_normal(5)
+
+    def build():
+        x = be.placeholder([H, N], dtype=np.float64)
+        b = be.placeholder([H], dtype=np.float64)
+        t = be.placeholder([N, H], dtype=np.float64)
+        y = be.maximum(x + b, 0.0) * be.sigmoid(be.axes_with_order(t, [H, N]))
+        return be.exp(-y) + 1.0, (x, b, t)
+
+    x_feed = np.ascontiguousarray(xv.T)[:, :]        # contiguous (H, N)
+    t_feed = xv.copy()
+    strided = np.zeros((5, 14))[:, ::2]             # a non-contiguous feed
+    strided[...] = x_feed
+    for feed in (x_feed, strided):
+        (c, got), (p, want) = compiled_and_numpy(build, feed, bv, t_feed)
+        # the per-call transpose of the fed t is made between two groups
+        assert kernel_calls(c) == 2 and "strided reads" in c.source
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+
+
+def test_large_groups_run_on_threads_in_chunks(cache, monkeypatch):
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    n = 3 * ck.PARALLEL_ELEMENTS + 5   # several chunks, a ragged last one
+
+    def build():
+        A, B = be.Axis(n, "A"), be.Axis(1, "B")
+        x = be.placeholder([A, B], dtype=np.float32)
+        return be.tanh(x * 2.0) - x, (x,)
+
+    xs = np.random.default_rng(1).standard_normal((n, 1)).astype(np.float32)
+    (c, got), (p, want) = compiled_and_numpy(build, xs)
+    assert "num_threads(2)" in c._kernels.source
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- exactness, ulps, NaN and infinity -------------------------------------------------
+def _binary(op, dtype):
+    def build():
+        A = be.Axis(4096, "A")
+        a, b = be.placeholder([A], dtype=dtype), be.placeholder([A], dtype=dtype)
+        return op(op(a, b), b), (a, b)
+    return build
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the NumPy path's
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_float64_arithmetic_gives_numpys_bits(name, cache):
+    op = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+          "mul": lambda a, b: a * b, "div": lambda a, b: a / b}[name]
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(4096) * 10.0 ** rng.integers(-300, 300, 4096)
+    b = rng.standard_normal(4096) * 10.0 ** rng.integers(-20, 20, 4096)
+    (c, got), (p, want) = compiled_and_numpy(_binary(op, np.float64), a, b)
+    assert kernel_calls(c) == 1
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def _ulps(got, want):
+    """Distance in units in the last place of ``want``'s dtype."""
+    got, want = np.asarray(got), np.asarray(want)
+    spacing = np.spacing(np.abs(want).astype(want.dtype))
+    return np.abs(got.astype(np.float64) - want.astype(np.float64)) / spacing
+
+
+UNARY = {"exp": (be.exp, np.exp, (-80, 80)), "log": (be.log, np.log, (1e-30, 1e30)),
+         "tanh": (be.tanh, np.tanh, (-10, 10)), "sin": (be.sin, np.sin, (-100, 100)),
+         "cos": (be.cos, np.cos, (-100, 100)), "expm1": (be.expm1, np.expm1, (-5, 5)),
+         "sqrt": (be.sqrt, np.sqrt, (0, 1e30)),
+         "sigmoid": (be.sigmoid, lambda x: 1 / (1 + np.exp(-x)), (-30, 30))}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_transcendentals_are_within_a_few_ulps(name, dtype, cache):
+    fn, ref, (lo, hi) = UNARY[name]
+    rng = np.random.default_rng(3)
+    if name in ("log", "sqrt"):
+        xs = np.exp(rng.uniform(np.log(max(lo, 1e-30)), np.log(hi), 4096))
+    else:
+        xs = rng.uniform(lo, hi, 4096)
+    xs = xs.astype(dtype)
+
+    def build():
+        x = be.placeholder([be.Axis(4096, "A")], dtype=dtype)
+        return fn(x) * 2.0, (x,)   # "* 2.0" (exact): a group of two, fused and compiled
+
+    (c, got), _ = compiled_and_numpy(build, xs)
+    assert kernel_calls(c) == 1
+    want = ref(xs.astype(np.float64)).astype(dtype)  # float64 maths, rounded once
+    assert _ulps(got / 2, want).max() <= 4, name
+
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1e308, -1e-310, 2.5])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_and_infinity_propagate_as_in_numpy(dtype, cache):
+    n = len(SPECIAL)
+    with np.errstate(over="ignore"):  # 1e308 is an infinity in float32
+        a = SPECIAL.astype(dtype)
+        b = np.roll(SPECIAL, 3).astype(dtype)
+
+    def build():
+        A = be.Axis(n, "A")
+        x, y = be.placeholder([A], dtype=dtype), be.placeholder([A], dtype=dtype)
+        outs = [be.maximum(x, y) * 2.0, be.minimum(x, y) * 2.0, x / y * 2.0,
+                be.exp(x) * 2.0, be.log(x) * 2.0, be.sigmoid(x) * 2.0, be.sign(x) * 2.0,
+                be.softplus(x) * 2.0, be.sqrt(x) * 2.0, be.tanh(x) * 2.0,
+                be.less(x, y) * 2.0, be.not_equal(x, y) * 2.0, be.equal(x, x) * 2.0,
+                be.where(be.greater(x, 0.0), x, y) * 2.0, x ** y * 2.0, abs(x) * 2.0,
+                be.reciprocal(x) * 2.0, be.square(x) * 2.0, -x * 2.0]
+        return outs, (x, y)
+
+    with np.errstate(all="ignore"):
+        for compiled in (True, False):
+            outs, params = build()
+            comp = be.NumPyTransformer(compiled=compiled).computation(outs, *params)
+            got = [np.asarray(v) for v in comp(a, b)]
+            if compiled:
+                assert kernel_calls(comp) >= 1
+                first = got
+    for k, (g, w) in enumerate(zip(first, got)):
+        assert np.array_equal(np.isnan(g), np.isnan(w)), (k, g, w)
+        fin = np.isfinite(w)
+        assert np.array_equal(g[~fin & ~np.isnan(w)], w[~fin & ~np.isnan(w)]), (k, g, w)
+        np.testing.assert_allclose(g[fin], w[fin], rtol=4 * np.finfo(dtype).eps,
+                                   atol=0, err_msg=str(k))
+
+
+# --- the cache -------------------------------------------------------------------------
+def _chain():
+    A = be.Axis(64, "A")
+    x = be.placeholder([A], dtype=np.float64)
+    return be.tanh(x * 3.0) + x, (x,)
+
+
+def _run_chain():
+    y, params = _chain()
+    comp = be.NumPyTransformer(compiled=True).computation(y, *params)
+    xs = np.linspace(-1, 1, 64)
+    np.testing.assert_allclose(comp(xs), np.tanh(xs * 3.0) + xs, rtol=1e-14)
+    return comp
+
+
+def test_the_cache_is_written_by_rename_and_reused(cache, monkeypatch):
+    renames = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        renames.append((str(src), str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", replace)
+    _run_chain()
+    files = sorted(p.name for p in cache.iterdir())
+    key = files[0].split(".")[0]
+    assert files == [f"{key}.c", f"{key}.sha256", f"{key}.so"]   # no temporary left
+    final = {dst for _, dst in renames}
+    assert final == {str(cache / f) for f in files}
+    for src, dst in renames:  # each written elsewhere in the same folder, then renamed
+        assert src != dst and os.path.dirname(src).startswith(str(cache))
+    # a new process (no library loaded) reuses the file and never runs the compiler
+    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: pytest.fail("compiled again"))
+    _run_chain()
+
+
+def replace_file(path, data):
+    # a new file (never write into a library this process has mapped)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def test_a_corrupted_cache_file_is_rebuilt(cache, monkeypatch):
+    _run_chain()
+    so = next(cache.glob("*.so"))
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    replace_file(so, bytes(data))
+    monkeypatch.setattr(ck, "_libs", {})
+    runs = []
+    real = ck._run_cc
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: runs.append(1) or real(*a))
+    _run_chain()
+    assert runs == [1]
+    assert ck._digest(str(so)) == (so.with_suffix(".sha256")).read_text().strip()
+    # a truncated library is rejected as well
+    replace_file(so, so.read_bytes()[:100])
+    monkeypatch.setattr(ck, "_libs", {})
+    _run_chain()
+    assert runs == [1, 1]
+
+
+# --- fallback --------------------------------------------------------------------------
+@pytest.mark.parametrize("cc", ["geon-no-such-compiler-xyz", "false"])
+def test_without_a_working_compiler_the_numpy_code_runs_after_a_warning(cc, cache,
+                                                                        monkeypatch):
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setattr(ck, "_warned", set())
+    with pytest.warns(GeonWarning, match="C compiler|NumPy code"):
+        comp = _run_chain()
+    assert kernel_calls(comp) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # once per cause
+        comp = _run_chain()
+    assert not cache.exists() or not list(cache.glob("*.so"))
+
+
+def test_a_failed_compilation_falls_back(cache, monkeypatch):
+    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    with pytest.warns(GeonWarning, match="simulated"):
+        comp = _run_chain()
+    assert kernel_calls(comp) == 0
+
+
+def test_the_environment_variable_turns_it_on(monkeypatch):
+    monkeypatch.setenv("GEON_COMPILED", "1")
+    assert be.NumPyTransformer().compiled
+    assert not be.NumPyTransformer(compiled=False).compiled
+    monkeypatch.setenv("GEON_COMPILED", "0")
+    assert not be.NumPyTransformer().compiled
+    monkeypatch.delenv("GEON_COMPILED")
+    assert not be.NumPyTransformer().compiled
+
+
+def test_groups_that_do_not_compile_run_numpy_code(cache):
+    # integer arithmetic has no C rule: such ops are not fused below MIN_ELEMENTS
+    A = be.Axis(8, "A")
+    i = be.placeholder([A], dtype=np.int32)
+    y = (i + 1) * 3
+    comp = be.NumPyTransformer(compiled=True).computation(y, i)
+    assert kernel_calls(comp) == 0 and not comp.groups
+    np.testing.assert_array_equal(comp(np.arange(8, dtype=np.int32)),
+                                  (np.arange(8) + 1) * 3)
+
+
+def test_a_training_step_matches_the_numpy_path(cache):
+    from test_fusion import _mlp
+    rng = np.random.default_rng(0)
+    xs, ts = rng.standard_normal((7, 6)), np.eye(3)[rng.integers(0, 3, 6)].T
+    runs = []
+    for compiled in (True, False):
+        results, params, variables = _mlp()
+        t = be.NumPyTransformer(compiled=compiled)
+        step = t.computation(results, *params)
+        losses = [step(xs, ts)[0] for _ in range(3)]
+        runs.append((losses, [t.state[v].copy() for v in variables], step))
+    (l1, s1, comp), (l2, s2, plain) = runs
+    # bias adds, ReLU, sigmoid and the updates: small, so fused only when compiled
+    assert kernel_calls(comp) >= 3 and "strided reads" in comp.source
+    assert not plain.groups
+    np.testing.assert_allclose(l1, l2, rtol=1e-12)
+    for a, b in zip(s1, s2):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -1,0 +1,173 @@
+"""Memory and the SGD update in the NumPy transformer: an update's gradient product
+computed block by block inside its fused group, internal values written over the blocks
+of args that die in the group, and the size-ordered memory plan."""
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.op_graph import primitives as pr
+from geon.transformers import fusion, memory
+
+
+@pytest.fixture
+def fuse_small(monkeypatch):
+    monkeypatch.setattr(fusion, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 8)     # several blocks per group
+    monkeypatch.setattr(fusion, "PARALLEL_ELEMENTS", 1)  # threads where allowed
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+
+
+def _gradient_update():
+    """``W <- W - 0.1 * (a @ b)``: (W, the assignment, placeholders)."""
+    I, J, K = be.Axis(6, "uI"), be.Axis(4, "uJ"), be.Axis(5, "uK")
+    a = be.placeholder([I, K], dtype=np.float64)
+    b = be.placeholder([K, J], dtype=np.float64)
+    W = be.Variable(axes=[I, J], initial_value=np.arange(24.0).reshape(6, 4) / 7,
+                    dtype=np.float64)
+    return W, be.SetItem(W, W - 0.1 * be.dot(a, b)), (a, b)
+
+
+def test_gradient_product_runs_block_by_block_in_the_update(fuse_small):
+    rng = np.random.default_rng(0)
+    av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    got = {}
+    for disable in ([], ["fusion"]):
+        W, upd, ps = _gradient_update()
+        t = be.NumPyTransformer(disable=disable)
+        f = t.computation(upd, *ps)
+        for _ in range(2):
+            f(av, bv)
+        got[bool(disable)] = t.state[W].copy()
+        if not disable:
+            heads = [g for g in f.groups if isinstance(g.members[0], pr.Gemm)]
+            assert len(heads) == 1 and heads[0].members[0] in heads[0].internal
+            assert heads[0].members[0] not in f.plan.slot  # no full-size gradient
+            assert fusion.threads_for(heads[0]) == 1  # BLAS has its own threads
+            assert "np.matmul(b_" in f.source  # a block of rows of the first operand
+    want = np.arange(24.0).reshape(6, 4) / 7 - 0.2 * (av @ bv)
+    np.testing.assert_allclose(got[False], want, rtol=1e-13)
+    np.testing.assert_allclose(got[True], want, rtol=1e-13)
+
+
+def test_a_groups_product_operands_live_to_the_groups_end(fuse_small):
+    # Every block of the product reads all of its second operand (and its own rows of
+    # the first): both count as reads at other positions than the block written, so
+    # the plan keeps them to the group's end and nothing is computed over them.
+    W, upd, ps = _gradient_update()
+    f = be.NumPyTransformer().computation(upd, *ps)
+    (g,) = [g for g in f.groups if isinstance(g.members[0], pr.Gemm)]
+    root = memory.value_roots(f.order)
+    gemm = g.members[0]
+    assert {root.get(a, a) for a in gemm.args} <= fusion.view_reads(g, root)
+
+
+def test_internal_value_is_written_over_a_dying_args_blocks(fuse_small):
+    # y = P @ Q has an arena and dies in the group tanh(y * 2) + 1: the internal
+    # y * 2 and tanh(...) are computed over y's blocks, so the group needs no scratch.
+    A, B, K = be.Axis(6, "ovA"), be.Axis(5, "ovB"), be.Axis(3, "ovK")
+    P = be.placeholder([A, K], dtype=np.float64)
+    Q = be.placeholder([K, B], dtype=np.float64)
+    y = be.dot(P, Q)
+    z = be.tanh(y * 2.0) + 1.0
+    f = be.NumPyTransformer().computation(z, P, Q)
+    (g,) = f.groups
+    assert len(g.internal) == 2
+    assert all(temps == [] for _, temps in f._scratch.values())
+    rng = np.random.default_rng(2)
+    p, q = rng.standard_normal((6, 3)), rng.standard_normal((3, 5))
+    np.testing.assert_allclose(f(p, q), np.tanh((p @ q) * 2) + 1, rtol=1e-14)
+
+
+def test_internal_value_is_not_written_over_an_arg_read_later(fuse_small):
+    # y is read again after the group (by the sum): its blocks must survive the group.
+    A, B = be.Axis(6, "olA"), be.Axis(5, "olB")
+    K = be.Axis(3, "olK")
+    P = be.placeholder([A, K], dtype=np.float64)
+    Q = be.placeholder([K, B], dtype=np.float64)
+    y = be.dot(P, Q)
+    z = be.tanh(y * 2.0) + 1.0
+    s = be.sum(y, out_axes=())
+    f = be.NumPyTransformer().computation([z, s], P, Q)
+    rng = np.random.default_rng(3)
+    p, q = rng.standard_normal((6, 3)), rng.standard_normal((3, 5))
+    gz, gs = f(p, q)
+    np.testing.assert_allclose(gz, np.tanh((p @ q) * 2) + 1, rtol=1e-14)
+    np.testing.assert_allclose(gs, (p @ q).sum(), rtol=1e-13)
+
+
+def _small_mlp_step():
+    """An MLP training step small enough that nothing is fused (default thresholds),
+    shaped like benchmarks/mlp.py: hidden activations twice the first weight's size."""
+    F, H, Y = be.Axis(8, "smF"), be.Axis(16, "smH"), be.Axis(2, "smY")
+    N = be.Axis(32, "smN", batch=True)
+    rng = np.random.default_rng(4)
+    x = be.placeholder([F, N])
+    t = be.placeholder([Y, N])
+    W0 = be.Variable(axes=[H, F], initial_value=rng.standard_normal((16, 8)) * 0.3)
+    H2 = be.Axis(16, "smH2")
+    W1 = be.Variable(axes=[H2, H], initial_value=rng.standard_normal((16, 16)) * 0.3)
+    W2 = be.Variable(axes=[Y, H2], initial_value=rng.standard_normal((2, 16)) * 0.3)
+    h0 = be.maximum(be.dot(W0, x), 0.0)
+    h1 = be.maximum(be.dot(W1, h0), 0.0)
+    loss = be.sum(be.cross_entropy_multi(be.softmax(be.dot(W2, h1)), t), out_axes=())
+    ups = [be.SetItem(v, v - 0.01 * be.deriv(loss, v)) for v in (W0, W1, W2)]
+    return [loss] + ups, (x, t)
+
+
+def test_size_ordered_plan_is_used_where_smaller():
+    # Placed in schedule order, the hidden layer's weight gradient takes the arena of a
+    # dead activation and the next delta a new one; biggest first does better here.
+    # (The depth-first schedule, before the NumPy transformer moves each update's
+    # gradient product next to it.)
+    from geon.op_graph.ordering import schedule
+    results, ps = _small_mlp_step()
+    f = be.NumPyTransformer().computation(results, *ps)
+    order, res = schedule(f.graph.roots), f.results
+    kw = dict(inplace=True, groups=(), exclude=())
+    in_order = memory._plan_in_order(order, res, **kw)
+    by_size = memory._plan_by_size(order, res, **kw)
+    for plan in (in_order, by_size):
+        assert memory.verify_plan(order, res, plan)
+    assert sum(by_size.sizes) < sum(in_order.sizes)
+    assert sum(memory.plan_memory(order, res).sizes) == sum(by_size.sizes)
+    # and the step computes what the unplanned step computes
+    rng = np.random.default_rng(5)
+    xv = rng.standard_normal((8, 32)).astype(np.float32)
+    tv = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 32)].T.copy()
+    losses = []
+    for disable in ([], ["memory"]):
+        results, ps = _small_mlp_step()
+        g = be.NumPyTransformer(disable=disable).computation(results, *ps)
+        losses.append([float(g(xv, tv)[0]) for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+
+
+def test_size_ordered_plan_keeps_in_place_and_multi_output_rules():
+    # a chain that runs in place, and a max/argmax pair written at one step
+    A, B = be.Axis(7, "spA"), be.Axis(9, "spB")
+    x = be.placeholder([A, B], dtype=np.float64)
+    y = be.exp(be.tanh(x * 2.0) + 1.0)
+    outs = [be.max(y, reduction_axes=[B]) + be.argmax(y, reduction_axes=[B]) * 1.0]
+    f = be.NumPyTransformer().computation(outs, x)
+    kw = dict(inplace=True, groups=f.groups, exclude=f._into)
+    plan = memory._plan_by_size(f.order, f.results, **kw)
+    assert memory.verify_plan(f.order, f.results, plan, f.groups)
+    assert plan.inplace  # the chain still runs in place
+    v = np.random.default_rng(6).standard_normal((7, 9))
+    yv = np.exp(np.tanh(v * 2) + 1)
+    np.testing.assert_allclose(f(v)[0], yv.max(1) + yv.argmax(1), rtol=1e-14)
+
+
+def test_gradient_product_stays_out_of_the_group_when_switched_off(fuse_small,
+                                                                   monkeypatch):
+    monkeypatch.setattr(fusion, "GEMM_HEADS", False)
+    rng = np.random.default_rng(7)
+    av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    W, upd, ps = _gradient_update()
+    t = be.NumPyTransformer()
+    f = t.computation(upd, *ps)
+    f(av, bv)
+    assert f.groups and not any(isinstance(g.members[0], pr.Gemm) for g in f.groups)
+    np.testing.assert_allclose(t.state[W], np.arange(24.0).reshape(6, 4) / 7
+                               - 0.1 * (av @ bv), rtol=1e-13)
