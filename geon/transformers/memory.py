@@ -185,9 +185,11 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
 BY_SIZE_LIMIT = 100_000
 
 
-def _plan_in_order(order, results, inplace, groups, exclude):
-    """Place values in schedule order: each takes an arena that one of its args frees
-    at its step (in place) or the smallest free arena that fits."""
+def _lifetimes(order, results, groups, exclude):
+    """What both planners know of ``order``: ``root`` (value_roots), ``reads`` (the
+    roots each step reads), ``last`` (root -> the last step that needs it),
+    ``internal`` (values that live inside a fused group only), ``group_end`` (step of
+    a group member -> the group's last step) and ``keep`` (values not planned)."""
     root = value_roots(order)
     reads = _reads(order, root)
     last = {}
@@ -204,11 +206,19 @@ def _plan_in_order(order, results, inplace, groups, exclude):
     # A group runs block by block: an arena freed inside it may only be reused (other
     # than in place) once the whole group has run.
     group_end = _group_steps(order, groups)
-    pending = {}
     end = len(order)
     for r in results:
         last[root.get(r, r)] = end  # results and what they view live to the end
     keep = {root.get(r, r) for r in results} | set(exclude)
+    return root, reads, last, internal, group_end, keep
+
+
+def _plan_in_order(order, results, inplace, groups, exclude):
+    """Place values in schedule order: each takes an arena that one of its args frees
+    at its step (in place) or the smallest free arena that fits."""
+    root, reads, last, internal, group_end, keep = _lifetimes(order, results, groups,
+                                                              exclude)
+    pending = {}
     plan = Plan()
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
@@ -260,23 +270,8 @@ def _plan_by_size(order, results, inplace, groups, exclude):
     delta gets a new one); biggest first avoids that. A value lives from its step to
     the last step that reads it; an arena released inside a fused group is reusable
     (other than in place) only after the group's last step, as in the other planner."""
-    root = value_roots(order)
-    reads = _reads(order, root)
-    last = {}
-    for i, rs in enumerate(reads):
-        for r in rs:
-            last[r] = i
-    for end_step, roots in _group_spans(order, groups, root):
-        for r in roots:
-            last[r] = max(last.get(r, end_step), end_step)
-    internal = set()
-    for g in groups:
-        internal |= g.internal
-    group_end = _group_steps(order, groups)
-    end = len(order)
-    for r in results:
-        last[root.get(r, r)] = end
-    keep = {root.get(r, r) for r in results} | set(exclude)
+    root, reads, last, internal, group_end, keep = _lifetimes(order, results, groups,
+                                                              exclude)
     present = set(order)
     values = []  # (step, value, the step's op)
     for i, op in enumerate(order):
