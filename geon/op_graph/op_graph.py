@@ -465,49 +465,16 @@ def toposort(roots, deps=True, extra=None, children=None):
     ``extra`` maps an op to further ops that must come before it; ``children(op)``, if
     given, replaces both rules. A cycle raises.
     """
-    if children is None and deps and not extra:
-        return _toposort_all_deps(roots)
-    order, done, onstack = [], set(), set()
-
-    if children is None:
+    if children is None and (extra or not deps):
         def children(op):
             kids = op.all_deps() if deps else op.args
             more = extra.get(op) if extra else None
             return kids + tuple(more) if more else kids
 
-    for root in roots:
-        if root in done:
-            continue
-        stack = [(root, iter(children(root)))]
-        onstack.add(root)
-        while stack:
-            op, it = stack[-1]
-            for child in it:
-                if child in onstack:
-                    raise GeonError(f"dependency cycle through {child.name} "
-                                    f"({type(child).__name__}, built at {child.file_info})")
-                if child not in done:
-                    onstack.add(child)
-                    stack.append((child, iter(children(child))))
-                    break
-            else:
-                stack.pop()
-                onstack.discard(op)
-                done.add(op)
-                order.append(op)
-    return order
-
-
-def _toposort_all_deps(roots):
-    """:func:`toposort` through args and other_deps (``Node.all_deps`` inlined: passes
-    sort whole graphs several times)."""
     order, done, onstack = [], set(), set()
+    stack = []
     for root in roots:
-        if root in done:
-            continue
-        od = root.other_deps._d
-        stack = [(root, iter(root._args + tuple(od) if od else root._args))]
-        onstack.add(root)
+        stack.append((None, iter((root,))))
         while stack:
             op, it = stack[-1]
             for child in it:
@@ -516,15 +483,19 @@ def _toposort_all_deps(roots):
                                     f"({type(child).__name__}, built at {child.file_info})")
                 if child not in done:
                     onstack.add(child)
-                    od = child.other_deps._d
-                    stack.append((child, iter(child._args + tuple(od) if od
-                                              else child._args)))
+                    if children is None:  # args and other_deps (all_deps, inlined:
+                        od = child.other_deps._d  # passes sort whole graphs often)
+                        kids = child._args + tuple(od) if od else child._args
+                    else:
+                        kids = children(child)
+                    stack.append((child, iter(kids)))
                     break
             else:
                 stack.pop()
-                onstack.discard(op)
-                done.add(op)
-                order.append(op)
+                if op is not None:
+                    onstack.discard(op)
+                    done.add(op)
+                    order.append(op)
     return order
 
 
