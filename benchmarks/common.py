@@ -7,6 +7,11 @@ import time
 def interleaved(fns, repeats=15, inner=1, warmup=2):
     """Median seconds per call of each function in ``fns`` (a dict name -> callable),
     timing them round-robin so that machine noise hits all of them alike."""
+    return {k: v[0] for k, v in interleaved_stats(fns, repeats, inner, warmup).items()}
+
+
+def interleaved_stats(fns, repeats=15, inner=1, warmup=2):
+    """Like :func:`interleaved`, but name -> (median, minimum) seconds per call."""
     for f in fns.values():
         for _ in range(warmup):
             f()
@@ -17,7 +22,7 @@ def interleaved(fns, repeats=15, inner=1, warmup=2):
             for _ in range(inner):
                 f()
             samples[k].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
 
 
 def table(title, header, rows):
@@ -28,6 +33,16 @@ def table(title, header, rows):
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
     return rows
+
+
+def pair(fmt, v):
+    """``median (minimum)`` of a (median, minimum) pair, each through ``fmt``."""
+    return f"{fmt(v[0])} ({fmt(v[1])})"
+
+
+def ratio(a, b):
+    """a / b of two (median, minimum) pairs: ``median ratio (minimum ratio)``."""
+    return f"{a[0] / b[0]:.2f} ({a[1] / b[1]:.2f})"
 
 
 def ms(s):

@@ -106,3 +106,24 @@ def matmul_only(params):
         return d
 
     return step
+
+
+def gemms_only(batch, seed=2):
+    """Only the eight matrix products of geon's step at ``batch``, called the way geon's
+    NumPy transformer calls them (``np.matmul`` into preallocated outputs, transposed
+    views in the backward pass; the list is benchmarks.gemm.STEP_GEMMS): the time the
+    step would take if everything but its GEMMs were free."""
+    from benchmarks.gemm import gemms
+
+    rng = np.random.default_rng(seed)
+    calls = []
+    for _, m, k, n, ta, tb in gemms(batch):
+        a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        calls.append((a.T if ta else a, b.T if tb else b, np.empty((m, n), np.float32)))
+
+    def step(x=None, t=None):
+        for a, b, c in calls:
+            np.matmul(a, b, out=c)
+
+    return step
