@@ -10,14 +10,20 @@ def interleaved(fns, repeats=15, inner=1, warmup=2):
     return {k: v[0] for k, v in interleaved_stats(fns, repeats, inner, warmup).items()}
 
 
-def interleaved_stats(fns, repeats=15, inner=1, warmup=2):
-    """Like :func:`interleaved`, but name -> (median, minimum) seconds per call."""
+def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0):
+    """Like :func:`interleaved`, but name -> (median, minimum) seconds per call.
+
+    ``gap`` seconds of sleep before each sample let the previous function's thread
+    pool go idle: OpenBLAS's, XLA's and OpenMP's worker threads spin for a while after
+    a call, and on a machine with few cores they would slow whatever runs next."""
     for f in fns.values():
         for _ in range(warmup):
             f()
     samples = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
+            if gap:
+                time.sleep(gap)
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()

@@ -232,6 +232,9 @@ def main(argv=None):
     ap.add_argument("--fma-units", type=int, default=_FMA_UNITS_DEFAULT,
                     help="float32 FMA units per core for the peak (default 2)")
     ap.add_argument("--rounds", type=int, help="processes per variant, round-robin")
+    ap.add_argument("--others", default="openblas32,blis",
+                    help="other BLAS libraries to time when installed (comma-separated "
+                         "of openblas32, blis; empty for none)")
     args = ap.parse_args(argv)
     repeats = 3 if args.quick else 9
     rounds = args.rounds or (1 if args.quick else 3)
@@ -244,7 +247,9 @@ def main(argv=None):
     # the same process on a machine with few cores
     variants = [("NumPy, OpenBLAS's choice", None, "numpy")]
     variants += [(f"NumPy, {c}", c, "numpy") for c in args.coretypes.split(",") if c]
-    variants += [("scipy-openblas32", None, "openblas32"), ("blis", None, "blis")]
+    others = [o for o in args.others.split(",") if o]
+    variants += [(n, None, o) for n, o in (("scipy-openblas32", "openblas32"),
+                                           ("blis", "blis")) if o in others]
     # every round runs each variant once, in turn, so that load hits them alike
     results = {}
     for _ in range(rounds):

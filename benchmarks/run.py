@@ -30,7 +30,10 @@ the first run), PyTorch eager mode with ``torch.no_grad`` updates.
 
 ``--quick`` uses fewer repeats (for a smoke test); ``--only NAME`` runs one table
 (mlp, chain, small, transform, overhead, memory; comma-separated for several);
-``--no-compare`` leaves the other libraries out. These are measurements, not tests.
+``--no-compare`` leaves the other libraries out; ``--gap`` sets the pause before each
+timed sample (0.1 s by default when other libraries are compared: their idle worker
+threads spin for a while after each call and would slow the next library's call on a
+machine with few cores). These are measurements, not tests.
 """
 
 import argparse
@@ -44,9 +47,14 @@ import numpy as np
 
 import geon as be
 from benchmarks import compare, mlp
+from benchmarks.gemm import blas_info
 from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, table, us
 
 NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch"}
+
+#: seconds of sleep before each timed sample when other libraries are compared (their
+#: idle worker threads spin for a while after each call; see common.interleaved_stats)
+GAP = {"s": 0.0}
 
 
 def machine():
@@ -74,7 +82,7 @@ def bench_mlp(repeats, libs=()):
                "gemms": mlp.gemms_only(batch)}
         for lib in libs:
             fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
-        r = interleaved_stats(fns, repeats=repeats)
+        r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
         row = [batch] + [pair(ms, r[k]) for k in fns]
         row += [ratio(r["geon"], r["numpy"]), ratio(r["geon"], r["gemms"])]
         row += [ratio(r["geon"], r[lib]) for lib in libs]
@@ -185,7 +193,7 @@ def bench_chain(repeats, libs=()):
         g, _ = compare.chain_fn(lib, CHAIN, n)
         np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-4, atol=1e-5)
         fns[lib] = (lambda g=g: g(xs))
-    r = interleaved_stats(fns, repeats=repeats)
+    r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
     header = (["geon", "NumPy eager", "NumPy out="] + [NAMES[k] for k in libs]
               + ["geon / eager", "geon / out="] + [f"geon / {NAMES[k]}" for k in libs])
     row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"]),
@@ -218,7 +226,7 @@ def bench_small_chain(repeats, libs=()):
         np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-3, atol=1e-4)
         fns[lib] = (lambda g=g: g(xs))
     inner = 20
-    r = interleaved_stats(fns, repeats=repeats, inner=inner)
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
     ok = [k for k in libs if k in fns]
     header = (["geon", "NumPy eager"] + [NAMES[k] for k in ok] + ["geon / eager"]
               + [f"geon / {NAMES[k]}" for k in ok])
@@ -339,7 +347,7 @@ def bench_overhead(repeats, libs=()):
     fns = {"geon": lambda: f(xs), "numpy": lambda: xs + 1}
     for lib in libs:
         fns[lib] = compare.add_one(lib)[0]
-    r = interleaved_stats(fns, repeats=repeats, inner=inner)
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
     header = (["geon call", "NumPy x + 1"] + [NAMES[k] for k in libs]
               + ["geon - NumPy"] + [f"geon / {NAMES[k]}" for k in libs])
     row = [pair(us, r[k]) for k in fns] + [us(r["geon"][0] - r["numpy"][0])]
@@ -413,6 +421,9 @@ def main(argv=None):
                     help="comma-separated tables to run, of: " + ", ".join(TABLES))
     ap.add_argument("--no-compare", action="store_true",
                     help="leave out JAX, PyTensor and PyTorch even when installed")
+    ap.add_argument("--gap", type=float, default=None,
+                    help="seconds of sleep before each timed sample (default 0.1 when "
+                         "other libraries are compared, else 0)")
     args = ap.parse_args(argv)
     only = [v.strip() for v in args.only.split(",") if v.strip()]
     unknown = sorted(set(only) - set(TABLES))
@@ -421,7 +432,9 @@ def main(argv=None):
                  f"{', '.join(TABLES)})")
     repeats = 3 if args.quick else 15
     libs = [] if args.no_compare else compare.available()
+    GAP["s"] = args.gap if args.gap is not None else (0.1 if libs else 0.0)
     print(f"Machine: {machine()}")
+    print(f"BLAS: {blas_info()}")
     if libs:
         print(f"Compared with: {compare.versions(libs)}")
     print(f"Command: python -m benchmarks.run {' '.join(argv if argv is not None else sys.argv[1:])}"
