@@ -1,5 +1,6 @@
 """MLP training step, 784-512-512-10, ReLU, softmax cross-entropy, SGD on all weights
-and biases, float32: geon against hand-written NumPy, plus the matrix products alone."""
+and biases, float32: geon against hand-written NumPy, plus the matrix products alone
+(:func:`gemms_only`)."""
 
 import numpy as np
 
@@ -84,26 +85,6 @@ def numpy_step(params, copy=True):
             W -= LR * dW
             b -= LR * db
         return loss
-
-    return step
-
-
-def matmul_only(params):
-    """Only the matrix products of the same step (forward and backward)."""
-    Ws = [W for W, _ in params]
-
-    def step(x, t):
-        acts = [x]
-        h = x
-        for W in Ws:
-            h = W @ h
-            acts.append(h)
-        d = h[: SIZES[-1]]
-        for i in reversed(range(len(Ws))):
-            d @ acts[i].T
-            if i:
-                d = Ws[i].T @ d
-        return d
 
     return step
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import compare, gemm, mlp, run
-from geon import _blas
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # benchmarks/ is not installed: it lives beside tests/
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import compare, gemm, mlp, run  # noqa: E402
+from geon import _blas  # noqa: E402
 
 
 def _need(lib):
