@@ -62,7 +62,7 @@ def test_comparison_chain_matches_numpy(lib):
     np.testing.assert_allclose(np.asarray(f(xs)), run.chain_eager(xs, run.CHAIN * 2),
                                rtol=1e-4, atol=1e-5)
     assert seconds > 0
-    add, arg = compare.add_one(lib)
+    add, _ = compare.add_one(lib)
     np.testing.assert_allclose(np.asarray(add()), [2.0])
 
 
