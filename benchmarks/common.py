@@ -7,17 +7,28 @@ import time
 def interleaved(fns, repeats=15, inner=1, warmup=2):
     """Median seconds per call of each function in ``fns`` (a dict name -> callable),
     timing them round-robin so that machine noise hits all of them alike."""
+    return {k: v[0] for k, v in interleaved_stats(fns, repeats, inner, warmup).items()}
+
+
+def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0):
+    """Like :func:`interleaved`, but name -> (median, minimum) seconds per call.
+
+    ``gap`` seconds of sleep before each sample let the previous function's thread
+    pool go idle: OpenBLAS's, XLA's and OpenMP's worker threads spin for a while after
+    a call, and on a machine with few cores they would slow whatever runs next."""
     for f in fns.values():
         for _ in range(warmup):
             f()
     samples = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
+            if gap:
+                time.sleep(gap)
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()
             samples[k].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
 
 
 def table(title, header, rows):
@@ -28,6 +39,16 @@ def table(title, header, rows):
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
     return rows
+
+
+def pair(fmt, v):
+    """``median (minimum)`` of a (median, minimum) pair, each through ``fmt``."""
+    return f"{fmt(v[0])} ({fmt(v[1])})"
+
+
+def ratio(a, b):
+    """a / b of two (median, minimum) pairs: ``median ratio (minimum ratio)``."""
+    return f"{a[0] / b[0]:.2f} ({a[1] / b[1]:.2f})"
 
 
 def ms(s):

@@ -1,5 +1,6 @@
 """MLP training step, 784-512-512-10, ReLU, softmax cross-entropy, SGD on all weights
-and biases, float32: geon against hand-written NumPy, plus the matrix products alone."""
+and biases, float32: geon against hand-written NumPy, plus the matrix products alone
+(:func:`gemms_only`)."""
 
 import numpy as np
 
@@ -88,21 +89,22 @@ def numpy_step(params, copy=True):
     return step
 
 
-def matmul_only(params):
-    """Only the matrix products of the same step (forward and backward)."""
-    Ws = [W for W, _ in params]
+def gemms_only(batch, seed=2):
+    """Only the eight matrix products of geon's step at ``batch``, called the way geon's
+    NumPy transformer calls them (``np.matmul`` into preallocated outputs, transposed
+    views in the backward pass; the list is benchmarks.gemm.STEP_GEMMS): the time the
+    step would take if everything but its GEMMs were free."""
+    from benchmarks.gemm import gemms
 
-    def step(x, t):
-        acts = [x]
-        h = x
-        for W in Ws:
-            h = W @ h
-            acts.append(h)
-        d = h[: SIZES[-1]]
-        for i in reversed(range(len(Ws))):
-            d @ acts[i].T
-            if i:
-                d = Ws[i].T @ d
-        return d
+    rng = np.random.default_rng(seed)
+    calls = []
+    for _, m, k, n, ta, tb in gemms(batch):
+        a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        calls.append((a.T if ta else a, b.T if tb else b, np.empty((m, n), np.float32)))
+
+    def step(x=None, t=None):
+        for a, b, c in calls:
+            np.matmul(a, b, out=c)
 
     return step

@@ -1,20 +1,41 @@
 """geon's benchmark suite: ``python -m benchmarks.run`` from the repository root.
 
-Prints five Markdown tables, each measured side by side in one process (memory: one
-process per implementation), with interleaved repeats and medians, as ratios:
+Prints six Markdown tables, each measured side by side in one process (memory: one
+process per implementation), with interleaved repeats, as medians with the minimum in
+parentheses, and ratios of medians (of minimums in parentheses):
 
-1. MLP training step (784-512-512-10) against hand-written NumPy and the matrix
-   products alone;
-2. a 20-op elementwise chain on 4M float32 against NumPy eager and NumPy with ``out=``;
-3. transformation time (build + computation() + first call) of long chains and of
-   wide graphs (n branches reading one placeholder, summed);
-4. call overhead of a one-element ``x + 1``, and ``be.run`` per call on graphs of
+1. MLP training step (784-512-512-10) against hand-written NumPy, the step's eight
+   GEMMs alone on geon's GEMM path (``np.matmul`` into preallocated outputs), and JAX,
+   PyTensor and PyTorch;
+2. a 20-op elementwise chain on 4M float32 against NumPy eager, NumPy with ``out=``
+   and the other libraries;
+3. a 1,000-op elementwise chain (the 20 ops 50 times) on a 1,000-element float32
+   vector, steady calls;
+4. transformation time (build + computation() + first call) of long chains and of
+   wide graphs, and against ``jax.jit``'s first call and ``pytensor.function``;
+5. call overhead of a one-element ``x + 1``, and ``be.run`` per call on graphs of
    100 to 4,000 ops (it should not grow with the graph);
-5. peak memory (VmHWM) of the MLP step against the minimum working set.
+6. peak memory (VmHWM) of the MLP step against the minimum working set.
 
-``--quick`` uses fewer repeats (for a smoke test); ``--only memory`` (or mlp, chain,
-transform, overhead; may be repeated) runs only those tables. These are measurements,
-not tests.
+The JAX, PyTensor and PyTorch columns appear when those libraries can be imported;
+none is a dependency of geon. To get them, install beside geon (in a virtual
+environment of its own, as they pull in large wheels)::
+
+    pip install jax jaxlib pytensor torch
+
+JAX runs ``jax.jit`` of ``value_and_grad`` plus the update (parameters donated),
+PyTensor a compiled ``pytensor.function`` with ``updates`` (its C backend needs a C
+compiler; compiled modules are cached across runs in its compile directory, so its
+first transformation time in a fresh environment is longer than the one shown after
+the first run), PyTorch eager mode with ``torch.no_grad`` updates.
+
+``--quick`` uses fewer repeats (for a smoke test); ``--only NAME`` runs one table
+(mlp, chain, small, transform, overhead, memory; comma-separated or repeated for
+several);
+``--no-compare`` leaves the other libraries out; ``--gap`` sets the pause before each
+timed sample (0.1 s by default when other libraries are compared: their idle worker
+threads spin for a while after each call and would slow the next library's call on a
+machine with few cores). These are measurements, not tests.
 """
 
 import argparse
@@ -27,8 +48,15 @@ import time
 import numpy as np
 
 import geon as be
-from benchmarks import mlp
-from benchmarks.common import interleaved, ms, table, us
+from benchmarks import compare, mlp
+from benchmarks.gemm import blas_info
+from benchmarks.common import interleaved_stats, ms, pair, ratio, table, us
+
+NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch"}
+
+#: seconds of sleep before each timed sample when other libraries are compared (their
+#: idle worker threads spin for a while after each call; see common.interleaved_stats)
+GAP = {"s": 0.0}
 
 
 def machine():
@@ -45,21 +73,40 @@ def machine():
             f"NumPy {np.__version__}")
 
 
-def bench_mlp(repeats):
+def bench_mlp(repeats, libs=()):
     rows = []
     for batch in (128, 1024):
         params = mlp.init_params()
         x, t = mlp.data(batch)
         g, _ = mlp.geon_step(batch, params)
         n = mlp.numpy_step(params)
-        m = mlp.matmul_only(params)
-        r = interleaved({"geon": lambda: g(x, t), "numpy": lambda: n(x, t),
-                         "mm": lambda: m(x, t)}, repeats=repeats)
-        rows.append([batch, ms(r["geon"]), ms(r["numpy"]), ms(r["mm"]),
-                     f"{r['geon'] / r['numpy']:.2f}", f"{r['geon'] / r['mm']:.2f}"])
-    return table("1. MLP training step 784-512-512-10, float32",
-                 ["batch", "geon", "NumPy", "matmuls only", "geon / NumPy",
-                  "geon / matmuls"], rows)
+        fns = {"geon": lambda: g(x, t), "numpy": lambda: n(x, t),
+               "gemms": mlp.gemms_only(batch)}
+        for lib in libs:
+            fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
+        r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
+        row = [batch] + [pair(ms, r[k]) for k in fns]
+        row += [ratio(r["geon"], r["numpy"]), ratio(r["geon"], r["gemms"])]
+        row += [ratio(r["geon"], r[lib]) for lib in libs]
+        rows.append(row)
+    header = (["batch", "geon", "NumPy", "GEMMs alone"] + [NAMES[k] for k in libs]
+              + ["geon / NumPy", "geon / GEMMs"] + [f"geon / {NAMES[k]}" for k in libs])
+    return table("1. MLP training step 784-512-512-10, float32: median (min)", header, rows)
+
+
+def check_mlp_losses(libs, batch=128):
+    """The first step's loss of every implementation from the same parameters agrees
+    with hand-written NumPy's (raises AssertionError otherwise)."""
+    x, t = mlp.data(batch)
+    ref = mlp.numpy_step(mlp.init_params())(x, t)
+    g, _ = mlp.geon_step(batch, mlp.init_params())
+    out = g(x, t)
+    losses = {"geon": float(np.asarray(out[0] if isinstance(out, (list, tuple)) else out))}
+    for lib in libs:
+        losses[lib] = compare.mlp_step(lib, mlp.init_params(), batch)(x, t)
+    for k, v in losses.items():
+        assert abs(v - ref) <= 1e-4 * max(1.0, abs(ref)), (k, v, ref)
+    return ref, losses
 
 
 CHAIN = [("mul", 1.001), ("add", 0.01), ("tanh", None), ("mul", 0.9), ("exp", None),
@@ -68,8 +115,8 @@ CHAIN = [("mul", 1.001), ("add", 0.01), ("tanh", None), ("mul", 0.9), ("exp", No
          ("add", 0.25), ("square", None), ("mul", 0.5), ("minimum", 3.0), ("sqrt", None)]
 
 
-def chain_geon(x):
-    for name, c in CHAIN:
+def chain_geon(x, chain=CHAIN):
+    for name, c in chain:
         if name == "mul":
             x = x * c
         elif name == "add":
@@ -91,8 +138,8 @@ _NP = {"tanh": np.tanh, "exp": np.exp, "log": np.log, "square": np.square,
        "sqrt": np.sqrt, "abs": np.abs}
 
 
-def chain_eager(x):
-    for name, c in CHAIN:
+def chain_eager(x, chain=CHAIN):
+    for name, c in chain:
         if name == "mul":
             x = x * np.float32(c)
         elif name == "add":
@@ -133,7 +180,7 @@ def chain_out(x, buf):
     return buf
 
 
-def bench_chain(repeats):
+def bench_chain(repeats, libs=()):
     n = 4 * 1024 * 1024
     A = be.Axis(n, "E")
     xs = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -142,12 +189,57 @@ def bench_chain(repeats):
     buf = np.empty_like(xs)
     ref = chain_eager(xs)
     np.testing.assert_allclose(f(xs), ref, rtol=1e-4, atol=1e-5)
-    r = interleaved({"geon": lambda: f(xs), "eager": lambda: chain_eager(xs),
-                     "out": lambda: chain_out(xs, buf)}, repeats=repeats)
-    return table("2. 20-op elementwise chain, 4M float32",
-                 ["geon", "NumPy eager", "NumPy out=", "geon / eager", "geon / out="],
-                 [[ms(r["geon"]), ms(r["eager"]), ms(r["out"]),
-                   f"{r['geon'] / r['eager']:.2f}", f"{r['geon'] / r['out']:.2f}"]])
+    fns = {"geon": lambda: f(xs), "eager": lambda: chain_eager(xs),
+           "out": lambda: chain_out(xs, buf)}
+    for lib in libs:
+        g, _ = compare.chain_fn(lib, CHAIN, n)
+        np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-4, atol=1e-5)
+        fns[lib] = (lambda g=g: g(xs))
+    r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
+    header = (["geon", "NumPy eager", "NumPy out="] + [NAMES[k] for k in libs]
+              + ["geon / eager", "geon / out="] + [f"geon / {NAMES[k]}" for k in libs])
+    row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"]),
+                                           ratio(r["geon"], r["out"])]
+    row += [ratio(r["geon"], r[lib]) for lib in libs]
+    return table("2. 20-op elementwise chain, 4M float32: median (min)", header, [row])
+
+
+#: the 1,000-op chain: the 20 ops of CHAIN fifty times (each pass keeps values finite)
+SMALL_CHAIN = CHAIN * 50
+
+
+def bench_small_chain(repeats, libs=()):
+    n = 1000
+    xs = np.linspace(-2, 2, n, dtype=np.float32)
+    t0 = time.perf_counter()
+    x = be.placeholder([be.Axis(n, "E")])
+    f = be.NumPyTransformer().computation(chain_geon(x, SMALL_CHAIN), x)
+    got = f(xs)
+    build = {"geon": time.perf_counter() - t0}
+    ref = chain_eager(xs, SMALL_CHAIN)
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+    fns = {"geon": lambda: f(xs), "eager": lambda: chain_eager(xs, SMALL_CHAIN)}
+    for lib in libs:
+        try:
+            g, build[lib] = compare.chain_fn(lib, SMALL_CHAIN, n)
+        except RecursionError:  # a library whose graph passes recurse per op
+            build[lib] = None
+            continue
+        np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-3, atol=1e-4)
+        fns[lib] = (lambda g=g: g(xs))
+    inner = 20
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
+    ok = [k for k in libs if k in fns]
+    header = (["geon", "NumPy eager"] + [NAMES[k] for k in ok] + ["geon / eager"]
+              + [f"geon / {NAMES[k]}" for k in ok])
+    row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"])]
+    row += [ratio(r["geon"], r[lib]) for lib in ok]
+    rows = [row]
+    rows.append(["transformation: " + ", ".join(
+        f"{NAMES.get(k, k)} {v:.2f} s" if v is not None else f"{NAMES[k]} failed"
+        for k, v in build.items())] + [""] * (len(header) - 1))
+    return table("3. 1,000-op elementwise chain on 1,000 float32, steady call: median (min)",
+                 header, rows)
 
 
 def transform_time(n, derivative=False):
@@ -177,7 +269,7 @@ def wide_time(n):
     return time.perf_counter() - t0
 
 
-def bench_transform(repeats):
+def bench_transform(repeats, libs=()):
     reps = max(1, repeats // 5)
     sizes = (1000, 5000, 10000)
     times = {n: min(transform_time(n) for _ in range(reps)) for n in sizes}
@@ -188,21 +280,81 @@ def bench_transform(repeats):
     rows.append(["chain 10k / 5k", f"{times[10000] / times[5000]:.2f}"])
     rows += [[f"wide graph, {n} branches", f"{wide[n]:.3f} s"] for n in sizes]
     rows.append(["wide 10k / 5k", f"{wide[10000] / wide[5000]:.2f}"])
-    return table("3. Transformation time (build + computation() + first call)",
-                 ["graph", "time"], rows)
+    table("4. Transformation time (build + computation() + first call)",
+          ["graph", "time"], rows)
+    if libs:
+        bench_transform_compare(reps, libs)
+    return rows
 
 
-def bench_overhead(repeats):
+def _first_step(lib, batch):
+    """Seconds from nothing to the end of a first MLP training step at ``batch``."""
+    x, t = mlp.data(batch)
+    params = mlp.init_params()
+    t0 = time.perf_counter()
+    if lib == "geon":
+        g, _ = mlp.geon_step(batch, params)
+        g(x, t)
+    else:
+        compare.mlp_step(lib, params, batch)(x, t)
+    return time.perf_counter() - t0
+
+
+def _first_chain(lib, n):
+    """Seconds to build, transform and call once an ``n``-op chain (tanh and multiply
+    alternating, as :func:`transform_time`) on 16 float32."""
+    chain = [("tanh", None) if i % 2 else ("mul", 1.0001) for i in range(n)]
+    if lib == "geon":
+        t0 = time.perf_counter()
+        x = be.placeholder([be.Axis(16, "A")])
+        f = be.NumPyTransformer().computation(chain_geon(x, chain), x)
+        f(np.full(16, 0.5, np.float32))
+        return time.perf_counter() - t0
+    return compare.chain_fn(lib, chain, 16)[1]
+
+
+def bench_transform_compare(reps, libs):
+    """geon's transformation against jax.jit's first call and pytensor.function (and
+    torch's first eager step, which has nothing to transform): minimum over repeats."""
+    who = ["geon"] + list(libs)
+    cases = [("MLP step, batch 128", lambda lib: _first_step(lib, 128)),
+             ("1000-op chain on 16 float32", lambda lib: _first_chain(lib, 1000))]
+    rows = []
+    for label, fn in cases:
+        best = {}
+        for _ in range(reps):
+            for lib in who:  # interleaved
+                try:
+                    v = fn(lib)
+                except RecursionError:
+                    v = float("inf")
+                best[lib] = min(best.get(lib, v), v)
+        rows.append([label] + [f"{best[k]:.3f} s" for k in who]
+                    + [f"{best['geon'] / best[k]:.2f}" for k in libs])
+    return table("4b. Transformation time against the other libraries (minimum of "
+                 f"{reps}; PyTorch eager: its first step, nothing to transform)",
+                 ["graph", "geon"] + [NAMES[k] for k in libs]
+                 + [f"geon / {NAMES[k]}" for k in libs], rows)
+
+
+
+
+
+def bench_overhead(repeats, libs=()):
     A = be.Axis(1, "one")
     x = be.placeholder([A])
     f = be.NumPyTransformer().computation(x + 1, x)
     xs = np.ones(1, np.float32)
     inner = 2000
-    r = interleaved({"geon": lambda: f(xs), "numpy": lambda: xs + 1},
-                    repeats=repeats, inner=inner)
-    table("4. Call overhead, x + 1 on one element",
-          ["geon call", "NumPy x + 1", "geon - NumPy"],
-          [[us(r["geon"]), us(r["numpy"]), us(r["geon"] - r["numpy"])]])
+    fns = {"geon": lambda: f(xs), "numpy": lambda: xs + 1}
+    for lib in libs:
+        fns[lib] = compare.add_one(lib)[0]
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
+    header = (["geon call", "NumPy x + 1"] + [NAMES[k] for k in libs]
+              + ["geon - NumPy"] + [f"geon / {NAMES[k]}" for k in libs])
+    row = [pair(us, r[k]) for k in fns] + [us(r["geon"][0] - r["numpy"][0])]
+    row += [ratio(r["geon"], r[lib]) for lib in libs]
+    table("5. Call overhead, x + 1 on one element: median (min)", header, [row])
     return bench_be_run(repeats)
 
 
@@ -240,7 +392,7 @@ def bench_be_run(repeats):
         rows.append([n, us(r["same"]), us(r["changed"])])
     rows.append(["4000 / 100", f"{per[4000]['same'] / per[100]['same']:.2f}",
                  f"{per[4000]['changed'] / per[100]['changed']:.2f}"])
-    return table("4b. be.run per call on a chain of n ops (x, a Variable) plus a feed y",
+    return table("5b. be.run per call on a chain of n ops (x, a Variable) plus a feed y",
                  ["ops", "inputs unchanged", "y changed"], rows)
 
 
@@ -280,7 +432,7 @@ def _child(code, *args):
 
 def bench_memory():
     if not os.path.exists("/proc/self/clear_refs"):
-        return table("5. Peak memory", ["note"], [["needs Linux /proc"]])
+        return table("6. Peak memory", ["note"], [["needs Linux /proc"]])
     rows = []
     sizes = mlp.SIZES
     params = 4 * sum(o * i + o for i, o in zip(sizes[:-1], sizes[1:]))
@@ -294,30 +446,55 @@ def bench_memory():
         rows.append([batch, mib(minimum), mib(g), mib(n), f"{g / minimum:.2f}",
                      f"{n / minimum:.2f}", f"{g / n:.2f}",
                      f"{mib(g_model - params)} / {mib(n_model - params)}"])
-    return table("5. Peak memory of the MLP step: parameters plus the peak growth while "
+    return table("6. Peak memory of the MLP step: parameters plus the peak growth while "
                  "stepping (VmHWM, one process each)",
                  ["batch", "minimum working set", "geon", "NumPy", "geon / minimum",
                   "NumPy / minimum", "geon / NumPy", "model objects geon / NumPy"], rows)
 
 
-#: The tables by the name ``--only`` takes, in the order they print.
-TABLES = {"mlp": bench_mlp, "chain": bench_chain, "transform": bench_transform,
-          "overhead": bench_overhead, "memory": lambda repeats: bench_memory()}
+TABLES = ("mlp", "chain", "small", "transform", "overhead", "memory")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
-    ap.add_argument("--only", action="append", choices=list(TABLES), metavar="TABLE",
-                    help=f"run only this table (one of {', '.join(TABLES)}; repeatable)")
+    ap.add_argument("--only", action="append", metavar="TABLES",
+                    help="tables to run (comma-separated or repeated), of: "
+                         + ", ".join(TABLES))
+    ap.add_argument("--no-compare", action="store_true",
+                    help="leave out JAX, PyTensor and PyTorch even when installed")
+    ap.add_argument("--gap", type=float, default=None,
+                    help="seconds of sleep before each timed sample (default 0.1 when "
+                         "other libraries are compared, else 0)")
     args = ap.parse_args(argv)
+    only = [v.strip() for arg in args.only or [",".join(TABLES)] for v in arg.split(",")
+            if v.strip()]
+    unknown = sorted(set(only) - set(TABLES))
+    if unknown:
+        ap.error(f"--only: unknown table {', '.join(unknown)} (choose from "
+                 f"{', '.join(TABLES)})")
     repeats = 3 if args.quick else 15
+    libs = [] if args.no_compare else compare.available()
+    GAP["s"] = args.gap if args.gap is not None else (0.1 if libs else 0.0)
     print(f"Machine: {machine()}")
-    print("Command: python -m benchmarks.run" + (" --quick" if args.quick else "")
-          + "".join(f" --only {t}" for t in args.only or ()))
-    for name, bench in TABLES.items():
-        if not args.only or name in args.only:
-            bench(repeats)
+    print(f"BLAS: {blas_info()}")
+    if libs:
+        print(f"Compared with: {compare.versions(libs)}")
+    print(f"Command: python -m benchmarks.run {' '.join(argv if argv is not None else sys.argv[1:])}"
+          .rstrip())
+    if "mlp" in only:
+        check_mlp_losses(libs)
+        bench_mlp(repeats, libs)
+    if "chain" in only:
+        bench_chain(repeats, libs)
+    if "small" in only:
+        bench_small_chain(repeats, libs)
+    if "transform" in only:
+        bench_transform(repeats, libs)
+    if "overhead" in only:
+        bench_overhead(repeats, libs)
+    if "memory" in only:
+        bench_memory()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,12 @@ Use it as ``import geon as be``: build ops over named axes, differentiate them w
 
 __version__ = "0.1.0"
 
+# Before anything imports NumPy: let OpenBLAS use AVX-512 kernels on CPUs it misjudges
+# (never overriding OPENBLAS_CORETYPE; see doc/performance.rst).
+from geon._blas import select_coretype as _select_coretype  # noqa: E402
+
+_select_coretype()
+
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # noqa: E402
                          CheckpointError, FeedError, GeonError, GeonWarning,
                          IndexOutOfRangeError, InvalidValueError, LoweringError,

@@ -1,0 +1,119 @@
+"""The benchmark suite (benchmarks/) runs, and its comparison workloads compute what
+geon computes. Timings are never asserted. JAX and PyTensor are optional: their cases
+skip when they are not installed; PyTorch's run wherever torch is."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # benchmarks/ is not installed: it lives beside tests/
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import compare, gemm, mlp, run  # noqa: E402
+from geon import _blas  # noqa: E402
+
+
+def _need(lib):
+    if importlib.util.find_spec(lib) is None:
+        pytest.skip(f"{lib} is not installed (an optional comparison library)")
+
+
+def test_quick_run_of_one_table_without_comparisons():
+    out = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--only",
+                          "overhead", "--no-compare"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Call overhead" in out.stdout
+    assert "MLP training step" not in out.stdout  # --only ran one table
+
+
+def test_only_rejects_an_unknown_table(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--only", "mlp,nonsense"])
+    assert "nonsense" in capsys.readouterr().err
+
+
+def test_gemms_alone_are_the_step_gemms():
+    # the same eight products, with the shapes geon's generated step gives np.matmul
+    batch = 16
+    g, _ = mlp.geon_step(batch, mlp.init_params())
+    calls = [ln for ln in g.source.splitlines() if "np.matmul(" in ln]
+    assert len(calls) == len(gemm.STEP_GEMMS)
+    mlp.gemms_only(batch)()  # runs
+
+
+@pytest.mark.parametrize("lib", compare.LIBS)
+def test_comparison_mlp_step_has_geons_loss(lib):
+    _need(lib)
+    ref, losses = run.check_mlp_losses([lib], batch=32)
+    assert np.isfinite(ref) and set(losses) == {"geon", lib}
+
+
+@pytest.mark.parametrize("lib", compare.LIBS)
+def test_comparison_chain_matches_numpy(lib):
+    _need(lib)
+    xs = np.linspace(-2, 2, 64, dtype=np.float32)
+    f, seconds = compare.chain_fn(lib, run.CHAIN * 2, xs.size)
+    np.testing.assert_allclose(np.asarray(f(xs)), run.chain_eager(xs, run.CHAIN * 2),
+                               rtol=1e-4, atol=1e-5)
+    assert seconds > 0
+    add, _ = compare.add_one(lib)
+    np.testing.assert_allclose(np.asarray(add()), [2.0])
+
+
+def test_gemm_measure_agrees_between_backends():
+    # one repeat of every GEMM of the step on the backends installed here; measure()
+    # itself checks that they compute the same products
+    res, notes = gemm.measure([8], 1, ["numpy", "openblas32", "blis"])
+    assert "numpy" in res and len(res["numpy"][8]) == len(gemm.STEP_GEMMS)
+    assert all(med >= best > 0 for med, best in res["numpy"][8])
+
+
+def test_peak_from_cpu_flags(monkeypatch):
+    monkeypatch.setattr(gemm, "cpuinfo", lambda: ("X", {"avx512f", "avx2", "fma"}, 2000.0))
+    value, how = gemm.peak(cores=2)
+    assert value == pytest.approx(16 * 2 * 2 * 2.0 * 2)  # lanes * FMA * units * GHz * cores
+    assert "AVX-512F" in how
+    monkeypatch.setattr(gemm, "cpuinfo", lambda: ("X", {"avx2", "fma"}, 2500.0))
+    assert gemm.peak(cores=1, fma_units=1)[0] == pytest.approx(8 * 2 * 1 * 2.5)
+
+
+AMD512 = ("AuthenticAMD", set(_blas.AVX512_NEEDED) | {"avx2", "fma"})
+
+
+def test_coretype_choice():
+    assert _blas.coretype_for(*AMD512) == "SkylakeX"
+    assert _blas.coretype_for("AuthenticAMD", {"avx2", "fma", "avx512f"}) is None
+    assert _blas.coretype_for("GenuineIntel", AMD512[1]) is None
+
+
+def test_select_coretype_respects_the_user_and_numpy(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    env = {}
+    assert _blas.select_coretype(env, modules={}, cpu=AMD512) == "SkylakeX"
+    assert env == {"OPENBLAS_CORETYPE": "SkylakeX"}
+    env = {"OPENBLAS_CORETYPE": "Haswell"}  # the user's choice stands
+    assert _blas.select_coretype(env, modules={}, cpu=AMD512) is None
+    assert env == {"OPENBLAS_CORETYPE": "Haswell"}
+    env = {_blas.OPT_OUT: "off"}
+    assert _blas.select_coretype(env, modules={}, cpu=AMD512) is None
+    assert "OPENBLAS_CORETYPE" not in env
+    env = {}  # NumPy already loaded its OpenBLAS: setting it now would do nothing
+    assert _blas.select_coretype(env, modules={"numpy": np}, cpu=AMD512) is None
+    assert env == {}
+    assert _blas.select_coretype(env, modules={}, cpu=("AuthenticAMD", {"avx2"})) is None
+
+
+def test_import_geon_sets_no_coretype_on_this_cpu_unless_it_should():
+    code = "import os, geon; print(os.environ.get('OPENBLAS_CORETYPE', '-'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={k: v for k, v in __import__("os").environ.items()
+                                        if k not in ("OPENBLAS_CORETYPE", _blas.OPT_OUT)},
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (_blas.coretype_for(*_blas._cpu()) or "-")
