@@ -50,7 +50,7 @@ import numpy as np
 import geon as be
 from benchmarks import compare, mlp
 from benchmarks.gemm import blas_info
-from benchmarks.common import interleaved_stats, ms, pair, ratio, table, us
+from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, table, us
 
 NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch"}
 
