@@ -17,6 +17,9 @@ parentheses, and ratios of medians (of minimums in parentheses):
    100 to 4,000 ops (it should not grow with the graph);
 6. peak memory (VmHWM) of the MLP step against the minimum working set.
 
+Tables 2 and 3 also time geon's optional compiled path (``NumPyTransformer(compiled=
+True)``, fused groups compiled to C) where a C compiler works.
+
 The JAX, PyTensor and PyTorch columns appear when those libraries can be imported;
 none is a dependency of geon. To get them, install beside geon (in a virtual
 environment of its own, as they pull in large wheels)::
@@ -52,7 +55,8 @@ from benchmarks import compare, mlp
 from benchmarks.gemm import blas_info
 from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, table, us
 
-NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch"}
+NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch", "geon": "geon",
+         "geon_c": "geon compiled", "eager": "NumPy eager", "out": "NumPy out="}
 
 #: seconds of sleep before each timed sample when other libraries are compared (their
 #: idle worker threads spin for a while after each call; see common.interleaved_stats)
@@ -189,19 +193,42 @@ def bench_chain(repeats, libs=()):
     buf = np.empty_like(xs)
     ref = chain_eager(xs)
     np.testing.assert_allclose(f(xs), ref, rtol=1e-4, atol=1e-5)
-    fns = {"geon": lambda: f(xs), "eager": lambda: chain_eager(xs),
-           "out": lambda: chain_out(xs, buf)}
+    fns = {"geon": lambda: f(xs)}
+    fc = _compiled(lambda x: chain_geon(x), A)
+    if fc is not None:
+        np.testing.assert_allclose(fc(xs), ref, rtol=1e-4, atol=1e-5)
+        fns["geon_c"] = lambda: fc(xs)
+    fns.update(eager=lambda: chain_eager(xs), out=lambda: chain_out(xs, buf))
     for lib in libs:
         g, _ = compare.chain_fn(lib, CHAIN, n)
         np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-4, atol=1e-5)
         fns[lib] = (lambda g=g: g(xs))
     r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
-    header = (["geon", "NumPy eager", "NumPy out="] + [NAMES[k] for k in libs]
-              + ["geon / eager", "geon / out="] + [f"geon / {NAMES[k]}" for k in libs])
+    header = [NAMES[k] for k in fns] + ["geon / eager", "geon / out="]
     row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"]),
                                            ratio(r["geon"], r["out"])]
-    row += [ratio(r["geon"], r[lib]) for lib in libs]
+    header, row = _against(header, row, r, libs)
     return table("2. 20-op elementwise chain, 4M float32: median (min)", header, [row])
+
+
+def _compiled(build, axis):
+    """``NumPyTransformer(compiled=True)``'s computation of ``build(x)`` from a new
+    placeholder on ``axis``, or ``None`` where no C compiler works."""
+    from geon.transformers.numpy import compiled
+    if not compiled.available():
+        return None
+    x = be.placeholder([axis])
+    return be.NumPyTransformer(compiled=True).computation(build(x), x)
+
+
+def _against(header, row, r, libs):
+    """``header`` and ``row`` with the ratios of geon (and of geon's compiled path,
+    where measured) to each of ``libs``."""
+    for k in ("geon", "geon_c"):
+        if k in r:
+            header = header + [f"{NAMES[k]} / {NAMES[lib]}" for lib in libs]
+            row = row + [ratio(r[k], r[lib]) for lib in libs]
+    return header, row
 
 
 #: the 1,000-op chain: the 20 ops of CHAIN fifty times (each pass keeps values finite)
@@ -218,7 +245,14 @@ def bench_small_chain(repeats, libs=()):
     build = {"geon": time.perf_counter() - t0}
     ref = chain_eager(xs, SMALL_CHAIN)
     np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
-    fns = {"geon": lambda: f(xs), "eager": lambda: chain_eager(xs, SMALL_CHAIN)}
+    fns = {"geon": lambda: f(xs)}
+    t0 = time.perf_counter()
+    fc = _compiled(lambda x: chain_geon(x, SMALL_CHAIN), be.Axis(n, "E"))
+    if fc is not None:
+        np.testing.assert_allclose(fc(xs), ref, rtol=1e-3, atol=1e-4)
+        build["geon_c"] = time.perf_counter() - t0
+        fns["geon_c"] = lambda: fc(xs)
+    fns["eager"] = lambda: chain_eager(xs, SMALL_CHAIN)
     for lib in libs:
         try:
             g, build[lib] = compare.chain_fn(lib, SMALL_CHAIN, n)
@@ -230,10 +264,9 @@ def bench_small_chain(repeats, libs=()):
     inner = 20
     r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
     ok = [k for k in libs if k in fns]
-    header = (["geon", "NumPy eager"] + [NAMES[k] for k in ok] + ["geon / eager"]
-              + [f"geon / {NAMES[k]}" for k in ok])
+    header = [NAMES[k] for k in fns] + ["geon / eager"]
     row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"])]
-    row += [ratio(r["geon"], r[lib]) for lib in ok]
+    header, row = _against(header, row, r, ok)
     rows = [row]
     rows.append(["transformation: " + ", ".join(
         f"{NAMES.get(k, k)} {v:.2f} s" if v is not None else f"{NAMES[k]} failed"

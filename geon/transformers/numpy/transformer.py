@@ -69,9 +69,9 @@ def _ufunc_code(name):
         # reference evaluator does ('same_kind' would refuse float64 -> int64).
         cast = ", casting='unsafe'" if op.dtype.kind in "iub" and any(
             a.dtype != op.dtype for a in op.args) else ""
-        # ``out`` positionally: NumPy parses it faster than a keyword (a small tensor's
-        # op costs about a third less), and Python compiles the line faster.
-        return [f"np.{name}({', '.join(args)}, {out}{_loop(op)}{cast})"]
+        # ``out=`` as a keyword: NumPy 2.4 runs np.minimum and np.maximum about 2.4x
+        # slower with ``out`` given positionally (measured on 1,000 float32)
+        return [f"np.{name}({', '.join(args)}, out={out}{_loop(op)}{cast})"]
     return code
 
 
@@ -125,15 +125,15 @@ def _sigmoid(op, out, args):
     # wherever the result is a normal number, and no overflow warnings.
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
-    return [f"np.negative({x}, {out}{_loop(op)})",
-            f"np.minimum({out}, {limit}, {out})",
-            f"np.exp({out}, {out})", f"np.add({out}, 1, {out})",
-            f"np.reciprocal({out}, {out})"]
+    return [f"np.negative({x}, out={out}{_loop(op)})",
+            f"np.minimum({out}, {limit}, out={out})",
+            f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
+            f"np.reciprocal({out}, out={out})"]
 
 
 @numpy_code(og.Erf)
 def _erf(op, out, args):
-    return [f"_erf({args[0]}, {out})"]
+    return [f"_erf({args[0]}, out={out})"]
 
 
 NUMPY_GLOBALS["_erf"] = special.erf
@@ -141,7 +141,7 @@ NUMPY_GLOBALS["_erf"] = special.erf
 
 @numpy_code(og.Softplus)
 def _softplus(op, out, args):
-    return [f"np.logaddexp({args[0]}, 0, {out})"]  # max(x, 0) + log1p(exp(-|x|))
+    return [f"np.logaddexp({args[0]}, 0, out={out})"]  # max(x, 0) + log1p(exp(-|x|))
 
 
 @numpy_code(sc.SigmoidCrossEntropy)
