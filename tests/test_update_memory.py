@@ -8,6 +8,7 @@ import pytest
 import geon as be
 from geon.op_graph import primitives as pr
 from geon.transformers import fusion, memory
+from geon.transformers.numpy import blas, compiled
 
 
 @pytest.fixture
@@ -28,7 +29,17 @@ def _gradient_update():
     return W, be.SetItem(W, W - 0.1 * be.dot(a, b)), (a, b)
 
 
-def test_gradient_product_runs_block_by_block_in_the_update(fuse_small):
+@pytest.fixture
+def no_blas(monkeypatch):
+    monkeypatch.setattr(blas, "_GEMM", {})  # as where NumPy's OpenBLAS is not found
+
+
+needs_blas = pytest.mark.skipif(not blas.available(), reason="NumPy's bundled OpenBLAS "
+                                "(scipy-openblas) was not found: NumPy is built with "
+                                "another BLAS")
+
+
+def test_gradient_product_runs_block_by_block_in_the_update(fuse_small, no_blas):
     rng = np.random.default_rng(0)
     av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
     got = {}
@@ -171,3 +182,89 @@ def test_gradient_product_stays_out_of_the_group_when_switched_off(fuse_small,
     assert f.groups and not any(isinstance(g.members[0], pr.Gemm) for g in f.groups)
     np.testing.assert_allclose(t.state[W], np.arange(24.0).reshape(6, 4) / 7
                                - 0.1 * (av @ bv), rtol=1e-13)
+
+
+@needs_blas
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_blas_accumulate_reads_transposed_operands(dtype, ta, tb):
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((5, 7) if ta else (7, 5)).astype(dtype)
+    b = rng.standard_normal((3, 5) if tb else (5, 3)).astype(dtype)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    c = rng.standard_normal((7, 3)).astype(dtype)
+    want = c.astype(np.float64) - 0.25 * (a.astype(np.float64) @ b.astype(np.float64))
+    assert blas.accumulate(a, b, c, -0.25)
+    np.testing.assert_allclose(c, want, rtol=1e-13 if dtype == np.float64 else 1e-5,
+                               atol=1e-13 if dtype == np.float64 else 1e-5)
+
+
+@needs_blas
+def test_blas_accumulate_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 6))
+    c = np.zeros((6, 6))
+    cases = [(a[:, ::2], b[::2], c),            # no unit stride
+             (a, b, np.zeros((6, 6)).T),        # output not row-major
+             (a.astype(np.float32), b, c),      # mixed dtypes
+             (a.astype(np.int64), b.astype(np.int64), c.astype(np.int64)),
+             (a[:, :0], b[:0], c),              # empty
+             (c[:, :4], b, c),                  # operand overlapping the output
+             (a, b, np.zeros((6, 5))),          # wrong output shape
+             (a, b, np.broadcast_to(0.0, (6, 6)))]  # read-only output
+    for x, y, out in cases:
+        before = out.copy()
+        assert not blas.accumulate(x, y, out, 1.0)
+        np.testing.assert_array_equal(out, before)
+
+
+@needs_blas
+@pytest.mark.parametrize("form", ["w - lr * g", "w + g * lr"])
+def test_update_is_one_blas_call(fuse_small, form):
+    I, J, K = be.Axis(6, "uI"), be.Axis(4, "uJ"), be.Axis(5, "uK")
+    a = be.placeholder([I, K], dtype=np.float64)
+    b = be.placeholder([K, J], dtype=np.float64)
+    w0 = np.arange(24.0).reshape(6, 4) / 7
+    W = be.Variable(axes=[I, J], initial_value=w0, dtype=np.float64)
+    g = be.dot(a, b)
+    new, alpha = (W - 0.1 * g, -0.1) if form == "w - lr * g" else (W + g * 0.1, 0.1)
+    t = be.NumPyTransformer()
+    f = t.computation(be.SetItem(W, new), a, b)
+    assert f"{alpha!r}):" in f.source.split("_gemm_acc(")[1]
+    rng = np.random.default_rng(10)
+    av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    f(av, bv)
+    np.testing.assert_allclose(t.state[W], w0 + alpha * (av @ bv), rtol=1e-13)
+
+
+@needs_blas
+def test_update_falls_back_to_blocks_when_blas_refuses(fuse_small, monkeypatch):
+    # The BLAS accumulation is tried at run time; where it refuses (here: pretended
+    # unavailable after code generation), the blocked product computes the update.
+    W, upd, ps = _gradient_update()
+    t = be.NumPyTransformer()
+    f = t.computation(upd, *ps)
+    assert "_gemm_acc(" in f.source and "np.matmul(b_" in f.source
+    monkeypatch.setattr(blas, "_GEMM", {})
+    rng = np.random.default_rng(11)
+    av, bv = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    f(av, bv)
+    np.testing.assert_allclose(t.state[W], np.arange(24.0).reshape(6, 4) / 7
+                               - 0.1 * (av @ bv), rtol=1e-13)
+
+
+def test_no_blas_call_without_the_library(fuse_small, no_blas):
+    W, upd, ps = _gradient_update()
+    f = be.NumPyTransformer().computation(upd, *ps)
+    assert "_gemm_acc" not in f.source
+
+
+def test_openmp_threads_are_told_to_sleep_unless_the_user_chose():
+    env = {}
+    compiled._quiet_openmp(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    for var in compiled.OPENMP_WAIT_VARIABLES:
+        env = {var: "1"}
+        compiled._quiet_openmp(env)
+        assert env == {var: "1"}

@@ -37,6 +37,7 @@ from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
 from geon.transformers import fusion, numerics
+from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.fusion import find_groups
 from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
@@ -157,6 +158,37 @@ NUMPY_GLOBALS["_sigmoid_ce"] = sigmoid_ce
 @numpy_code(pr.Gemm)
 def _gemm(op, out, args):
     return [f"np.matmul({args[0]}, {args[1]}, out={out})"]
+
+
+NUMPY_GLOBALS["_gemm_acc"] = blas.accumulate
+
+
+def _accumulation(g, names):
+    """(a, b, w, alpha) by name when fused group ``g`` is ``w + alpha * (a @ b)``
+    written into ``w``'s own buffer (an SGD update ``w - lr * (a @ b)``, or
+    ``w + (a @ b) * c``, ...), which the BLAS can do in one call; else None."""
+    if not blas.available() or len(g.members) != 3:
+        return None
+    gemm, scale, last = g.members
+    if not isinstance(gemm, pr.Gemm) or gemm.dtype not in _BLAS_DTYPES \
+            or not isinstance(scale, og.Multiply) \
+            or not isinstance(last, (og.Add, og.Subtract)) \
+            or any(m.dtype != gemm.dtype for m in g.members) \
+            or not {gemm, scale} <= g.internal:
+        return None
+    c = scale.args[1] if scale.args[0] is gemm else scale.args[0]
+    w, p = last.args
+    if gemm not in scale.args or c is gemm or p is not scale \
+            or not (isinstance(c, og.Constant) and c.scalar is not None):
+        return None
+    alpha = -float(c.scalar) if isinstance(last, og.Subtract) else float(c.scalar)
+    a, b = gemm.args
+    if any(x not in names for x in (a, b, w, last)) or names[w] != names[last]:
+        return None
+    return names[a], names[b], names[w], alpha
+
+
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 _REDUCE_FN = {pr.ReduceSum: "sum", pr.ReduceProd: "prod", pr.ReduceMax: "max",
@@ -653,15 +685,21 @@ class NumPyComputation(Computation):
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
         head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
-        lines.append(f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
-                     f"({len(g.internal)} without "
-                     f"a full buffer) in blocks of {B} rows, on {threads} thread(s)")
+        fused = [f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
+                 f"({len(g.internal)} without "
+                 f"a full buffer) in blocks of {B} rows, on {threads} thread(s)"]
         params = "".join(f", _s{k}" for k in range(len(temps)))
-        lines.append(f"    def {fn}(_lo, _hi{params}):")
-        lines.append(f"        for _i in range(_lo, _hi, {B}):")
-        lines.extend("    " + ln for ln in body)
-        lines.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
-        return lines
+        fused.append(f"    def {fn}(_lo, _hi{params}):")
+        fused.append(f"        for _i in range(_lo, _hi, {B}):")
+        fused.extend("    " + ln for ln in body)
+        fused.append(f"    _run_blocks({fn}, {rows}, {B}, {sets})")
+        acc = _accumulation(g, names)
+        if acc is None:
+            return lines + fused
+        # w + alpha * (a @ b) in one BLAS call where it can (blas.py), else the blocks
+        a, b, w, alpha = acc
+        lines.append(f"    if not _gemm_acc({a}, {b}, {w}, {alpha!r}):  # else:")
+        return lines + ["    " + ln for ln in fused]
 
     def _block_over(self, g, k, last, plan):
         """The arg of internal member ``k`` of group ``g`` whose blocks it may be written

