@@ -161,6 +161,7 @@ def _gemm(op, out, args):
 
 
 NUMPY_GLOBALS["_gemm_acc"] = blas.accumulate
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _accumulation(g, names):
@@ -178,7 +179,7 @@ def _accumulation(g, names):
         return None
     c = scale.args[1] if scale.args[0] is gemm else scale.args[0]
     w, p = last.args
-    if gemm not in scale.args or c is gemm or p is not scale \
+    if gemm not in scale.args or p is not scale \
             or not (isinstance(c, og.Constant) and c.scalar is not None):
         return None
     alpha = -float(c.scalar) if isinstance(last, og.Subtract) else float(c.scalar)
@@ -186,9 +187,6 @@ def _accumulation(g, names):
     if any(x not in names for x in (a, b, w, last)) or names[w] != names[last]:
         return None
     return names[a], names[b], names[w], alpha
-
-
-_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 _REDUCE_FN = {pr.ReduceSum: "sum", pr.ReduceProd: "prod", pr.ReduceMax: "max",
