@@ -4,6 +4,7 @@ The GPU transformer runs on the CPU emulator of tests/cuda_emulator.py (skipped 
 without a C++ compiler to build it).
 """
 
+import gc
 import sys
 
 import numpy as np
@@ -73,7 +74,9 @@ def digits_batch(dtype=np.float32):
 def same_names(build):
     """``build()`` with the default op names it would get in a fresh process, so that
     two builds and compilations of one graph have the same names (and so the same
-    generated code)."""
+    generated code). Constants of Python numbers are shared while some op uses them
+    (``op_graph.weak_number``) and keep their first name: collect the last build's."""
+    gc.collect()
     saved = dict(nodes._name_counters)
     nodes._name_counters.clear()
     try:

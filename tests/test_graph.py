@@ -391,6 +391,41 @@ def test_shared_weak_constant_keeps_each_users_precision():
                                   np.full(3, np.float32(0.1)))
 
 
+def test_python_numbers_share_one_constant_per_number_and_dtype():
+    x, y = be.placeholder([A]), be.placeholder([A])
+    x64 = be.placeholder([A], dtype=np.float64)
+    i64 = be.placeholder([A], dtype=np.int64)
+    a, b = x * 1.5, y * 1.5
+    assert a.args[1] is b.args[1] and a.args[1].dtype == np.float32
+    c = x64 * 1.5  # another dtype: its own shared constant; a's is unchanged
+    assert c.args[1].dtype == np.float64 and a.args[1].dtype == np.float32
+    assert (x64 * 1.5).args[1] is c.args[1]
+    # numbers that compare equal but compute differently stay apart
+    assert (x * 0.0).args[1] is not (x * -0.0).args[1]
+    assert (i64 + 1).args[1] is not (i64 + 1.0).args[1]
+    assert (i64 + 1).dtype == np.int64 and (i64 + 1.0).dtype == np.float64
+    assert (x * True).args[1] is not (x * 1).args[1]
+    # a chain of n ``y * k`` builds one constant
+    z = x
+    for _ in range(50):
+        z = be.tanh(z * 1.0001)
+    assert len({op for op in og.toposort([z]) if isinstance(op, be.Constant)}) == 1
+    feeds = {x: np.linspace(-1, 1, 3), y: np.ones(3), x64: np.ones(3)}
+    want = np.linspace(-1, 1, 3, dtype=np.float32)
+    for _ in range(50):
+        want = np.tanh(want * np.float32(1.0001))
+    f = be.NumPyTransformer().computation([a, b, c, z], x, y, x64)
+    got = f(*feeds.values())
+    np.testing.assert_array_equal(got[0], np.linspace(-1, 1, 3, dtype=np.float32) * 1.5)
+    np.testing.assert_array_equal(got[2], np.full(3, 1.5))
+    np.testing.assert_allclose(got[3], want, rtol=1e-6)
+    # A transformed graph leaves the constant for the next graph to share, or a new one
+    # if a pass replaced it.
+    d = x * 1.5
+    assert d.args[1] is a.args[1] or a.args[1].forward is not None
+    np.testing.assert_array_equal(be.evaluate(d, feeds={x: np.ones(3)}), np.full(3, 1.5))
+
+
 def test_integer_literals_stay_exact():
     x = be.placeholder([A], dtype=np.int64)
     y = be.placeholder([A], dtype=np.int64)

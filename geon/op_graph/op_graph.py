@@ -7,9 +7,11 @@ position, and lowering only ever produces them in forms where both readings agre
 """
 
 import builtins
+import math
 import numbers
 import operator
 import os
+import weakref
 from typing import Any, Iterable, Optional, Sequence, Union, overload
 
 import numpy as np
@@ -243,15 +245,17 @@ class TensorOp(Op):
     def _adopt_weak(self, weak):
         """Give Python-number constants among the args the dtype of the other operands
         (NumPy's promotion), so ``x_int64 + 16777217`` stays exact. A constant another
-        op already uses keeps its dtype; this op gets its own copy."""
+        op already uses keeps its dtype; this op gets its own copy (a shared one, the
+        shared constant of its dtype: :func:`weak_number`)."""
         target = result_dtype(self.args)
         if target.kind not in "iufc":
             return
         for a in weak:
             if a.dtype == target:
                 continue
-            if any(u is not self for u in a.users):
-                new = Constant(a._number, dtype=target, weak=True)
+            if a._shared or any(u is not self for u in a.users):
+                new = weak_number(a._number, target) if a._shared else Constant(
+                    a._number, dtype=target, weak=True)
                 self._args = tuple(new if x is a else x for x in self._args)
                 a.users.discard(self)
                 new.users.add(self)
@@ -343,10 +347,38 @@ def result_dtype(args):
     return dt
 
 
+#: ``(type, number, sign, dtype) -> Constant``: the weak constants :func:`weak_number`
+#: shares, held while some op uses them
+_WEAK_NUMBERS: "weakref.WeakValueDictionary[tuple, Constant]" = \
+    weakref.WeakValueDictionary()
+
+
+def weak_number(number: Union[int, float], dtype: "np.dtype" = DEFAULT_DTYPE) -> "Constant":
+    """The weak constant of Python ``int`` or ``float`` ``number`` with ``dtype``,
+    shared by every op that uses that number: ``y * 1.0001`` repeated along a chain
+    builds one constant, not one per op, so building and CSE do no work per use. A
+    shared constant is never changed: an op of another dtype gets the one of its own
+    dtype (see :meth:`TensorOp._adopt_weak`). It keeps the name and source line of
+    where it was first built."""
+    # -0.0 == 0.0 (kept apart by the sign)
+    key = (type(number), number, math.copysign(1.0, number), dtype)
+    c = _WEAK_NUMBERS.get(key)
+    if c is None or c.forward is not None:
+        c = Constant(number) if dtype == DEFAULT_DTYPE else Constant(
+            number, dtype=dtype, weak=True)
+        c._shared = True
+        _WEAK_NUMBERS[key] = c
+    return c
+
+
 def as_op(value: Any) -> "TensorOp":
-    """Return ``value`` if it is an op; wrap numbers and arrays in a :class:`Constant`."""
+    """Return ``value`` if it is an op; wrap numbers and arrays in a :class:`Constant`
+    (a Python ``int`` or ``float`` in a user's expression in a shared one, see
+    :func:`weak_number`)."""
     if isinstance(value, Op):
         return value  # type: ignore[return-value]  # a void op passes through too
+    if (type(value) is float or type(value) is int) and not nodes._rewrite_stack:
+        return weak_number(value)
     if isinstance(value, (numbers.Number, np.number, np.bool_)):
         return Constant(value)
     if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -618,6 +650,8 @@ class Constant(AssignableTensorOp):
 
     is_constant = True
     attrs = ("value", "axes", "dtype", "weak")
+    #: Whether :func:`weak_number` shares this constant among ops (it never changes)
+    _shared = False
 
     def __init__(self, value: Any, axes: Optional[AxesLike] = None,
                  dtype: DTypeLike = None, weak: bool = False, **kwargs: Any) -> None:
