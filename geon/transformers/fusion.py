@@ -85,7 +85,8 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
             continue
         # A member must read the others element by element (same block), not through
         # a view such as a transpose.
-        if _fusable_op(op) and (not cur or op.axes.lengths == cur[0].axes.lengths) and \
+        fusable = _fusable_op(op)
+        if fusable and cur and op.axes.lengths == cur[0].axes.lengths and \
                 (max_members is None or len(cur) < max_members) and \
                 not any(root.get(a) in members for a in op.args):
             cur.append(op)
@@ -93,8 +94,10 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
             continue
         if len(cur) > 1:
             runs.append(cur)
-        cur = [op] if _fusable_op(op) else []
-        members = set(cur)
+        if fusable:
+            cur, members = [op], {op}
+        elif cur:
+            cur, members = [], set()
     if len(cur) > 1:
         runs.append(cur)
     if not runs:

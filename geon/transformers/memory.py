@@ -70,11 +70,23 @@ def _inplace_ok(op, arg_root, root):
     """``op`` may overwrite ``arg_root`` while computing: elementwise (or in place by
     nature), and every arg of ``op`` rooted there is ``arg_root`` itself with ``op``'s
     shape."""
-    if not _elementwise_like(op) or _nbytes(arg_root) != _nbytes(op) \
-            or arg_root.dtype != op.dtype:
-        return False
-    return all(a is arg_root and a.axes.lengths == op.axes.lengths
-               for a in op.args if root.get(a, a) is arg_root)
+    return _elementwise_like(op) and _nbytes(arg_root) == _nbytes(op) \
+        and arg_root.dtype == op.dtype and _reads_only_itself(op, arg_root, root)
+
+
+def _reads_only_itself(op, arg_root, root):
+    """Whether every arg of ``op`` rooted at ``arg_root`` is ``arg_root`` itself with
+    ``op``'s shape (no view of it)."""
+    lengths = None
+    for a in op.args:
+        if root.get(a, a) is arg_root:
+            if a is not arg_root:
+                return False
+            if lengths is None:
+                lengths = op.axes.lengths
+            if a.axes.lengths != lengths:
+                return False
+    return True
 
 
 def _group_spans(order, groups, root):
@@ -220,44 +232,76 @@ def _plan_in_order(order, results, inplace, groups, exclude):
                                                               exclude)
     pending = {}
     plan = Plan()
+    slot = plan.slot
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
     present = set(order)
+    unplanned = keep | internal
+    size = {}  # planned value -> its bytes
     live = 0  # bytes of the values held now
     for i, op in enumerate(order):
-        dying = [r for r in dict.fromkeys(reads[i]) if last.get(r) == i and r in plan.slot]
-        if isinstance(op, og.MultiOutput):
+        rs = reads[i]
+        dying = [r for r in (dict.fromkeys(rs) if len(rs) > 1 else rs)
+                 if r in slot and last.get(r) == i]
+        kind = _KIND.get(type(op))
+        if kind is None:
+            kind = _kind(type(op))
+        if kind == "multi":
             # Its outputs are written at this step (never over an input).
             for out in op.outputs:
                 if out in present and out not in keep:
-                    arena = _take(plan, free, _nbytes(out))
-                    plan.slot[out] = arena
+                    need = size[out] = _nbytes(out)
+                    arena = _take(plan, free, need)
+                    slot[out] = arena
                     occupant[arena] = out
-                    live += _nbytes(out)
-        elif is_producer(op) and op not in keep and op not in internal \
-                and not isinstance(op, og.Output):
-            need = _nbytes(op)
+                    live += need
+        elif kind is not None and op not in unplanned:
+            need = size[op] = _nbytes(op)
             arena = None
-            if inplace:
+            if inplace and kind == "elementwise":
                 for r in dying:
-                    if _inplace_ok(op, r, root):
-                        arena = plan.slot[r]
+                    if size[r] == need and r.dtype == op.dtype \
+                            and _reads_only_itself(op, r, root):  # (_inplace_ok)
+                        arena = slot[r]
                         plan.inplace.add(op)
                         break
             if arena is None:
                 arena = _take(plan, free, need)
                 live += need  # (in place, it replaces a value of its size)
-            plan.slot[op] = arena
+            slot[op] = arena
             occupant[arena] = op
-        plan.peak = max(plan.peak, live)
+        if live > plan.peak:
+            plan.peak = live
         for r in dying:
-            a = plan.slot[r]
+            a = slot[r]
             if occupant.get(a) is r:
                 occupant.pop(a)
-                live -= _nbytes(r)
+                live -= size[r]
                 pending.setdefault(group_end.get(i, i), []).append(a)
-        free.extend(pending.pop(i, ()))
+        if pending:
+            free.extend(pending.pop(i, ()))
     return plan
+
+
+#: op class -> what :func:`_plan_in_order` does at its step (see :func:`_kind`)
+_KIND = {}
+
+
+def _kind(cls):
+    """``"multi"`` (a MultiOutput: its outputs are planned), ``"elementwise"`` (a
+    producer that may compute in place, see :func:`_elementwise_like`), ``"producer"``
+    (another producer) or ``None`` (nothing planned: storage, views, Outputs, void)."""
+    if issubclass(cls, og.MultiOutput):
+        kind = "multi"
+    elif not issubclass(cls, og.TensorOp) or issubclass(
+            cls, (og.AssignableTensorOp, pr.ViewOp, og.Output)):
+        kind = None
+    elif issubclass(cls, og.ElementWise) or getattr(cls, "in_place", False):
+        kind = "elementwise"
+    else:
+        kind = "producer"
+    _KIND[cls] = kind
+    return kind
 
 
 def _plan_by_size(order, results, inplace, groups, exclude):

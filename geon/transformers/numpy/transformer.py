@@ -57,9 +57,10 @@ def _loop(op):
     NumPy promotes their operands as :meth:`compute_dtype` says, and ``dtype=`` would
     name the bool result)."""
     ct = op.compute_dtype()
-    if op.dtype.kind in "fc" and not isinstance(op, og.Comparison) and any(
-            a.dtype != ct for a in op.args):
-        return f", dtype=np.{ct.name}"
+    if op.dtype.kind in "fc" and not isinstance(op, og.Comparison):
+        for a in op.args:  # (a loop, not any(): this runs for every op emitted)
+            if a.dtype is not ct and a.dtype != ct:
+                return f", dtype=np.{ct.name}"
     return ""
 
 
