@@ -124,6 +124,27 @@ def test_source_is_readable_numpy():
     assert __file__ in src  # each primitive names the user's line
 
 
+@pytest.mark.parametrize("shape", [(4, 64), (300, 1024), (64,), (70000,)])
+def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
+    from geon.transformers.numpy import transformer as nt
+    axes = [be.Axis(n, f"RowAx{i}") for i, n in enumerate(shape)]
+    x = be.placeholder(axes, dtype=np.float64)
+    results = [be.maximum(x, 0.0), be.minimum(0.5, x), be.maximum(x, -1.5) * 2.0]
+    f = be.NumPyTransformer().computation(results, x)
+    last = shape[-1]
+    as_row = nt.ROW_LENGTHS[0] <= last <= nt.ROW_LENGTHS[1]
+    assert (f"_{last}, out=" in f.source) == as_row, f.source
+    v = np.random.default_rng(0).standard_normal(shape)
+    v.flat[::7] = np.nan  # NaN propagates from either operand, as with the scalar
+    v.flat[1] = -0.0
+    got = f(v)
+    want = [np.maximum(v, 0.0), np.minimum(0.5, v), np.maximum(v, -1.5) * 2.0]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    for g, w in zip(got, be.evaluate(results, feeds={x: v})):
+        np.testing.assert_array_equal(g, w)
+
+
 def trained(tmp_path):
     x, w, b, y = model()
     t = be.NumPyTransformer()

@@ -49,6 +49,15 @@ numpy_code = NUMPY_CODE.register
 #: function, see :func:`_user_op`).
 NUMPY_GLOBALS = {}
 
+#: Ufunc ops that read a one-number constant as a row of it (the last axis of their
+#: result, broadcast over the others) where that row has ``ROW_LENGTHS[0]`` to
+#: ``ROW_LENGTHS[1]`` elements: NumPy 2.4 runs np.maximum and np.minimum of an array and a
+#: 0-d array or scalar at half the speed of two contiguous operands (ReLU on 128 x 1024
+#: float32: 106 us against 52 us with a row of zeros; 16 x 8192: 106 against 36). Its
+#: arithmetic ufuncs are faster with the scalar, and keep it.
+ROW_OPERAND = frozenset({og.Maximum, og.Minimum})
+ROW_LENGTHS = (16, 65536)
+
 
 def _loop(op):
     """``, dtype=...`` making a ufunc compute in ``op``'s compute dtype, where NumPy
@@ -383,6 +392,16 @@ class NumPyComputation(Computation):
         self._arena_views = {}
         self._names = names
 
+        rows = {}  # (scalar constant, length) -> the name of a row of its value
+
+        def row(c, n):
+            name = rows.get((c, n))
+            if name is None:
+                name = rows[c, n] = identifier(f"r_{c.name}_{n}", taken)
+                consts[name] = value = np.full(n, c.value, dtype=c.dtype)
+                value.setflags(write=False)
+            return name
+
         def arg_names(op, local=None):
             local = local or {}
             if not isinstance(op, og.ElementWise):
@@ -390,6 +409,11 @@ class NumPyComputation(Computation):
             # a ufunc reads a one-number constant faster from a 0-d array than from a
             # NumPy scalar (same dtype, same result)
             small = zero_d if type(op) in NP_UFUNCS else scalars
+            if type(op) in ROW_OPERAND and op.axes:
+                n = op.axes.lengths[-1]
+                if ROW_LENGTHS[0] <= n <= ROW_LENGTHS[1]:
+                    return [local.get(a) or (row(a, n) if a in zero_d else names[a])
+                            for a in op.args]
             return [local.get(a) or small.get(a) or names[a] for a in op.args]
 
         present = set(order)
