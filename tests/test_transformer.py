@@ -124,7 +124,7 @@ def test_source_is_readable_numpy():
     assert __file__ in src  # each primitive names the user's line
 
 
-@pytest.mark.parametrize("shape", [(4, 64), (300, 1024), (64,), (70000,)])
+@pytest.mark.parametrize("shape", [(4, 64), (300, 1024), (64,), (70000,), (300000,)])
 def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
     from geon.transformers.numpy import transformer as nt
     axes = [be.Axis(n, f"RowAx{i}") for i, n in enumerate(shape)]
@@ -132,8 +132,11 @@ def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
     results = [be.maximum(x, 0.0), be.minimum(0.5, x), be.maximum(x, -1.5) * 2.0]
     f = be.NumPyTransformer().computation(results, x)
     last = shape[-1]
-    as_row = nt.ROW_LENGTHS[0] <= last <= nt.ROW_LENGTHS[1]
-    assert (f"_{last}, out=" in f.source) == as_row, f.source
+    if len(shape) == 1 and last > nt.ROW_LENGTHS[1]:  # fused: blocks of the row's length
+        assert "_131072[:_j - _i], out=" in f.source, f.source
+    else:
+        as_row = nt.ROW_LENGTHS[0] <= last <= nt.ROW_LENGTHS[1]
+        assert (f"_{last}, out=" in f.source) == as_row, f.source
     v = np.random.default_rng(0).standard_normal(shape)
     v.flat[::7] = np.nan  # NaN propagates from either operand, as with the scalar
     v.flat[1] = -0.0
@@ -143,6 +146,21 @@ def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
         np.testing.assert_array_equal(g, w)
     for g, w in zip(got, be.evaluate(results, feeds={x: v})):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("shape", [(3,), (40, 70), (200000,), (2, 150000)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_clamps_through_a_row_with_the_same_values(shape, dtype):
+    x = be.placeholder([be.Axis(n, f"SigAx{i}") for i, n in enumerate(shape)], dtype=dtype)
+    f = be.NumPyTransformer().computation([be.sigmoid(x), be.sigmoid(x) * 2.0], x)
+    assert "_row(" in f.source
+    v = np.random.default_rng(1).standard_normal(shape).astype(dtype) * 60
+    v.flat[:4] = [-1000.0, 1000.0, np.nan, -0.0]
+    with np.errstate(over="ignore"):
+        want = 1 / (1 + np.exp(-np.maximum(v, -80.0 if dtype == np.float32 else -700.0)))
+    got = f(v)
+    np.testing.assert_array_equal(got[0], want.astype(dtype))
+    np.testing.assert_array_equal(got[1], want.astype(dtype) * 2)
 
 
 def trained(tmp_path):

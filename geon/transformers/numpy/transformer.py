@@ -53,10 +53,29 @@ NUMPY_GLOBALS = {}
 #: result, broadcast over the others) where that row has ``ROW_LENGTHS[0]`` to
 #: ``ROW_LENGTHS[1]`` elements: NumPy 2.4 runs np.maximum and np.minimum of an array and a
 #: 0-d array or scalar at half the speed of two contiguous operands (ReLU on 128 x 1024
-#: float32: 106 us against 52 us with a row of zeros; 16 x 8192: 106 against 36). Its
-#: arithmetic ufuncs are faster with the scalar, and keep it.
+#: float32: 106 us against 52 us with a row of zeros; 16 x 8192: 106 against 36; in
+#: place on a block of 131,072: 105 against 24). Its arithmetic ufuncs are faster with
+#: the scalar, and keep it. In a fused group, a 1-d op's block reads a slice of the
+#: row; the sigmoid's clamp gets its row at run time (:func:`_row`).
 ROW_OPERAND = frozenset({og.Maximum, og.Minimum})
-ROW_LENGTHS = (16, 65536)
+ROW_LENGTHS = (16, 131072)
+_ROWS = {}  # (value, dtype) -> a read-only row of ROW_LENGTHS[1] elements of value
+
+
+def _row(value, like):
+    """``value`` as a row of ``like``'s last axis (see ROW_OPERAND), or itself where
+    that axis has too few or too many elements."""
+    n = like.shape[-1] if like.ndim else 0
+    if not ROW_LENGTHS[0] <= n <= ROW_LENGTHS[1]:
+        return value
+    row = _ROWS.get((value, like.dtype))
+    if row is None:
+        row = _ROWS[value, like.dtype] = np.full(ROW_LENGTHS[1], value, like.dtype)
+        row.setflags(write=False)
+    return row[:n]
+
+
+NUMPY_GLOBALS["_row"] = _row
 
 
 def _loop(op):
@@ -137,7 +156,7 @@ def _sigmoid(op, out, args):
     x, = args
     limit = 80.0 if op.dtype.itemsize <= 4 else 700.0
     return [f"np.negative({x}, out={out}{_loop(op)})",
-            f"np.minimum({out}, {limit}, out={out})",
+            f"np.minimum({out}, _row({limit}, {out}), out={out})",
             f"np.exp({out}, out={out})", f"np.add({out}, 1, out={out})",
             f"np.reciprocal({out}, out={out})"]
 
@@ -402,7 +421,9 @@ class NumPyComputation(Computation):
                 value.setflags(write=False)
             return name
 
-        def arg_names(op, local=None):
+        def arg_names(op, local=None, block=None):
+            """The names of ``op``'s args; ``local``: of their blocks in a fused group
+            of ``block`` rows per block."""
             local = local or {}
             if not isinstance(op, og.ElementWise):
                 return [local.get(a) or names[a] for a in op.args]
@@ -411,8 +432,11 @@ class NumPyComputation(Computation):
             small = zero_d if type(op) in NP_UFUNCS else scalars
             if type(op) in ROW_OPERAND and op.axes:
                 n = op.axes.lengths[-1]
+                cut = ""
+                if block is not None and len(op.axes) == 1:  # rows are elements
+                    n, cut = min(n, block), "[:_j - _i]"
                 if ROW_LENGTHS[0] <= n <= ROW_LENGTHS[1]:
-                    return [local.get(a) or (row(a, n) if a in zero_d else names[a])
+                    return [local.get(a) or (row(a, n) + cut if a in zero_d else names[a])
                             for a in op.args]
             return [local.get(a) or small.get(a) or names[a] for a in op.args]
 
@@ -670,7 +694,7 @@ class NumPyComputation(Computation):
             if over is not None:  # written over its arg's block: no scratch
                 on_block.add(m)
                 out = local[m] = local[over]
-                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local))
+                code = find_rule(NUMPY_CODE, m)(m, out, arg_names(m, local, B))
                 body.append("    " + self._annotate(code[0], m))
                 body.extend("        " + ln for ln in code[1:])
                 continue
@@ -695,7 +719,7 @@ class NumPyComputation(Computation):
                 out = identifier("b_" + names[m], taken)
                 body.append(f"        {out} = {names[m]}[_i:_j]")
             local[m] = out
-            args = arg_names(m, local)
+            args = arg_names(m, local, B)
             if isinstance(m, pr.Gemm):  # a block of rows of its first operand, all the second
                 args = [local[m.args[0]], names[m.args[1]]]
             code = find_rule(NUMPY_CODE, m)(m, out, args)
