@@ -10,12 +10,21 @@ def interleaved(fns, repeats=15, inner=1, warmup=2):
     return {k: v[0] for k, v in interleaved_stats(fns, repeats, inner, warmup).items()}
 
 
-def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0):
+def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0, prime=None):
     """Like :func:`interleaved`, but name -> (median, minimum) seconds per call.
 
     ``gap`` seconds of sleep before each sample let the previous function's thread
     pool go idle: OpenBLAS's, XLA's and OpenMP's worker threads spin for a while after
-    a call, and on a machine with few cores they would slow whatever runs next."""
+    a call, and on a machine with few cores they would slow whatever runs next.
+
+    ``prime`` (default: where there is a gap) makes one untimed call of the function
+    right before each timed one, so a sample is a call in a running loop (as a training
+    step follows a step), not the first call after an idle pause: on a virtual machine
+    that first call pays for waking idle virtual CPUs, once per hand-off between threads
+    (geon's two-thread NumPy code on the 20-op chain: 22 ms in a loop, 37-43 ms after a
+    0.1 s pause; JAX 25 and 28 ms)."""
+    if prime is None:
+        prime = gap > 0
     for f in fns.values():
         for _ in range(warmup):
             f()
@@ -24,6 +33,8 @@ def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0):
         for k, f in fns.items():
             if gap:
                 time.sleep(gap)
+            if prime:
+                f()
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()

@@ -88,7 +88,7 @@ def bench_mlp(repeats, libs=()):
                "gemms": mlp.gemms_only(batch)}
         for lib in libs:
             fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
-        r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
+        r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'], prime=GAP.get('prime'))
         row = [batch] + [pair(ms, r[k]) for k in fns]
         row += [ratio(r["geon"], r["numpy"]), ratio(r["geon"], r["gemms"])]
         row += [ratio(r["geon"], r[lib]) for lib in libs]
@@ -203,7 +203,7 @@ def bench_chain(repeats, libs=()):
         g, _ = compare.chain_fn(lib, CHAIN, n)
         np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-4, atol=1e-5)
         fns[lib] = (lambda g=g: g(xs))
-    r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'])
+    r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'], prime=GAP.get('prime'))
     header = [NAMES[k] for k in fns] + ["geon / eager", "geon / out="]
     row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"]),
                                            ratio(r["geon"], r["out"])]
@@ -262,7 +262,8 @@ def bench_small_chain(repeats, libs=()):
         np.testing.assert_allclose(np.asarray(g(xs)), ref, rtol=1e-3, atol=1e-4)
         fns[lib] = (lambda g=g: g(xs))
     inner = 20
-    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'],
+                          prime=GAP.get('prime'))
     ok = [k for k in libs if k in fns]
     header = [NAMES[k] for k in fns] + ["geon / eager"]
     row = [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["eager"])]
@@ -382,7 +383,8 @@ def bench_overhead(repeats, libs=()):
     fns = {"geon": lambda: f(xs), "numpy": lambda: xs + 1}
     for lib in libs:
         fns[lib] = compare.add_one(lib)[0]
-    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'])
+    r = interleaved_stats(fns, repeats=repeats, inner=inner, gap=GAP['s'],
+                          prime=GAP.get('prime'))
     header = (["geon call", "NumPy x + 1"] + [NAMES[k] for k in libs]
               + ["geon - NumPy"] + [f"geon / {NAMES[k]}" for k in libs])
     row = [pair(us, r[k]) for k in fns] + [us(r["geon"][0] - r["numpy"][0])]
@@ -499,6 +501,9 @@ def main(argv=None):
     ap.add_argument("--gap", type=float, default=None,
                     help="seconds of sleep before each timed sample (default 0.1 when "
                          "other libraries are compared, else 0)")
+    ap.add_argument("--cold", action="store_true",
+                    help="time the first call after each pause (by default an untimed "
+                         "call comes right before each timed one after a pause)")
     args = ap.parse_args(argv)
     only = [v.strip() for arg in args.only or [",".join(TABLES)] for v in arg.split(",")
             if v.strip()]
@@ -509,6 +514,7 @@ def main(argv=None):
     repeats = 3 if args.quick else 15
     libs = [] if args.no_compare else compare.available()
     GAP["s"] = args.gap if args.gap is not None else (0.1 if libs else 0.0)
+    GAP["prime"] = False if args.cold else None
     print(f"Machine: {machine()}")
     print(f"BLAS: {blas_info()}")
     if libs:

@@ -117,3 +117,23 @@ def test_import_geon_sets_no_coretype_on_this_cpu_unless_it_should():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (_blas.coretype_for(*_blas._cpu()) or "-")
+
+
+def test_samples_after_a_pause_are_primed_by_an_untimed_call():
+    from benchmarks.common import interleaved_stats
+    calls = {"a": 0, "b": 0}
+
+    def counter(k):
+        def f():
+            calls[k] += 1
+        return f
+
+    fns = {k: counter(k) for k in calls}
+    interleaved_stats(fns, repeats=3, warmup=1, gap=0.001)
+    assert calls == {"a": 1 + 3 * 2, "b": 1 + 3 * 2}  # warm-up, then primed samples
+    calls.update(a=0, b=0)
+    interleaved_stats(fns, repeats=3, warmup=1, gap=0.001, prime=False)  # --cold
+    assert calls == {"a": 4, "b": 4}
+    calls.update(a=0, b=0)
+    interleaved_stats(fns, repeats=3, warmup=1)  # no pause: nothing to prime
+    assert calls == {"a": 4, "b": 4}
