@@ -426,6 +426,23 @@ def test_python_numbers_share_one_constant_per_number_and_dtype():
     np.testing.assert_array_equal(be.evaluate(d, feeds={x: np.ones(3)}), np.full(3, 1.5))
 
 
+def test_constants_built_by_deriv_are_not_shared():
+    # deriv of w ** 3 builds the 3 - 1 of the power rule while it rewrites, for an op
+    # ordered after an assignment to w: a constant built there takes that ordering, and
+    # must never reach an unrelated graph through the shared constants.
+    w = be.Variable(axes=[A], initial_value=np.arange(3.0), dtype=np.float64,
+                    name="w_deriv_share")
+    be.SetItem(w, w + 10)
+    be.deriv(be.sum(w ** 3), w)
+    x = be.placeholder([A])
+    for number in (3, 2, 1, 3.0):
+        z = x * number
+        assert not z.args[1].other_deps and z.args[1].derived_from is None
+    t = be.NumPyTransformer()
+    np.testing.assert_array_equal(t.computation(x * 3, x)(np.ones(3)), [3, 3, 3])
+    np.testing.assert_array_equal(t.computation(be.value_of(w))(), [0, 1, 2])
+
+
 def test_integer_literals_stay_exact():
     x = be.placeholder([A], dtype=np.int64)
     y = be.placeholder([A], dtype=np.int64)

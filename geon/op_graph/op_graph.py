@@ -359,16 +359,30 @@ def weak_number(number: Union[int, float], dtype: "np.dtype" = DEFAULT_DTYPE) ->
     builds one constant, not one per op, so building and CSE do no work per use. A
     shared constant is never changed: an op of another dtype gets the one of its own
     dtype (see :meth:`TensorOp._adopt_weak`). It keeps the name and source line of
-    where it was first built."""
+    where it was first built; tags set on it reach every use (``be.constant`` builds an
+    unshared one).
+
+    Built while a pass or ``deriv`` rewrites an op, a constant takes that op's
+    ordering deps and source (see ``geon.op_graph.nodes.rewriting``): there, and for
+    a constant that got them from another thread's rewrite, the constant is the
+    caller's own, never shared."""
+    if nodes._rewrite_stack:
+        return _weak_constant(number, dtype)
     # -0.0 == 0.0 (kept apart by the sign)
     key = (type(number), number, math.copysign(1.0, number), dtype)
     c = _WEAK_NUMBERS.get(key)
     if c is None or c.forward is not None:
-        c = Constant(number) if dtype == DEFAULT_DTYPE else Constant(
-            number, dtype=dtype, weak=True)
+        c = _weak_constant(number, dtype)
+        if c.other_deps or c.derived_from is not None:
+            return c
         c._shared = True
         _WEAK_NUMBERS[key] = c
     return c
+
+
+def _weak_constant(number, dtype):
+    return Constant(number) if dtype == DEFAULT_DTYPE else Constant(
+        number, dtype=dtype, weak=True)
 
 
 def as_op(value: Any) -> "TensorOp":
