@@ -448,24 +448,26 @@ if which == 'geon':
     tr.initialize()
 else:
     step = mlp.numpy_step(mlp.init_params(), copy=False)
+blas = 0
 if len(sys.argv) > 3 and sys.argv[3] == 'blas':
     # OpenBLAS allocates and touches its packing buffers in a process's first products:
-    # run products of the step's shapes once, so that they are in place before the
-    # peak restarts. Their arrays are kept: freed, they would leave memory the step's
-    # own allocations could reuse without growing.
+    # the growth of products of the step's shapes into arrays already touched
     import numpy as np
     keep = []
     for m, k, n in ((512, 784, batch), (512, batch, 784), (512, 512, batch)):
         keep += [np.ones((m, k), np.float32), np.ones((k, n), np.float32),
-                 np.empty((m, n), np.float32)]
-        np.matmul(keep[-3], keep[-2], out=keep[-1])
+                 np.ones((m, n), np.float32)]
+    before = status('VmRSS')
+    for i in range(0, len(keep), 3):
+        np.matmul(keep[i], keep[i + 1], out=keep[i + 2])
+    blas = status('VmRSS') - before
 gc.collect()
 built = status('VmRSS')
 with open('/proc/self/clear_refs', 'w') as f:
     f.write('5')  # the peak (VmHWM) restarts here: initialization temporaries don't count
 for _ in range(3):
     step(x, t)
-print(built - base, status('VmHWM') - built)
+print(built - base, status('VmHWM') - built, blas)
 """
 
 
@@ -473,7 +475,7 @@ def _child(code, *args):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
                          text=True, check=True, cwd=root)
-    return [int(v) for v in out.stdout.split()[-2:]]
+    return [int(v) for v in out.stdout.split()[-3:]]
 
 
 def bench_memory():
@@ -485,22 +487,21 @@ def bench_memory():
     for batch in (128, 1024):
         # parameters, their gradients, and every layer's output for the backward pass
         minimum = 2 * params + 4 * sum(sizes[1:]) * batch
-        g_model, g_step = _child(_MEM_CHILD, "geon", str(batch))
-        n_model, n_step = _child(_MEM_CHILD, "numpy", str(batch))
-        g_warm = params + _child(_MEM_CHILD, "geon", str(batch), "blas")[1]
-        n_warm = params + _child(_MEM_CHILD, "numpy", str(batch), "blas")[1]
+        g_model, g_step, _ = _child(_MEM_CHILD, "geon", str(batch))
+        n_model, n_step, _ = _child(_MEM_CHILD, "numpy", str(batch))
+        blas = _child(_MEM_CHILD, "geon", str(batch), "blas")[2]
         g, n = params + g_step, params + n_step
         mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
         rows.append([batch, mib(minimum), mib(g), mib(n), f"{g / minimum:.2f}",
-                     f"{n / minimum:.2f}", f"{g / n:.2f}",
-                     f"{g_warm / minimum:.2f} / {n_warm / minimum:.2f}",
+                     f"{n / minimum:.2f}", f"{g / n:.2f}", mib(blas),
+                     f"{(g - blas) / minimum:.2f}",
                      f"{mib(g_model - params)} / {mib(n_model - params)}"])
     return table("6. Peak memory of the MLP step: parameters plus the peak growth while "
                  "stepping (VmHWM, one process each)",
                  ["batch", "minimum working set", "geon", "NumPy", "geon / minimum",
                   "NumPy / minimum", "geon / NumPy",
-                  "geon / minimum, NumPy / minimum, BLAS buffers allocated before",
-                  "model objects geon / NumPy"], rows)
+                  "OpenBLAS's buffers (a process's first products of the step's shapes)",
+                  "geon less them / minimum", "model objects geon / NumPy"], rows)
 
 
 TABLES = ("mlp", "chain", "small", "transform", "overhead", "memory")
