@@ -148,6 +148,30 @@ def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("xdtype,cdtype", [(np.float32, np.float64), (np.float32, None),
+                                           (np.int32, np.int64), (np.int64, None)])
+def test_row_operands_with_views_broadcasts_and_other_dtypes(xdtype, cdtype):
+    M, N = be.Axis(40, "RowM"), be.Axis(300, "RowN")
+    x = be.placeholder([M, N], dtype=xdtype)
+    v = be.placeholder([M], dtype=xdtype)
+    c = be.constant(2, dtype=cdtype) if cdtype else 2
+    results = [be.maximum(be.axes_with_order(x, [N, M]), c),  # a transposed view
+               be.minimum(be.broadcast(v, [M, N]), c),  # broadcast along the last axis
+               be.maximum(c, x) + be.minimum(x, c)]
+    f = be.NumPyTransformer().computation(results, x, v)
+    assert "_40, out=" in f.source and "_300, out=" in f.source, f.source
+    rng = np.random.default_rng(2)
+    xs = rng.integers(-5, 6, (40, 300)).astype(xdtype)
+    vs = rng.integers(-5, 6, 40).astype(xdtype)
+    got = f(xs, vs)
+    want = be.evaluate(results, feeds={x: xs, v: vs})
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    cv = np.array(2, dtype=cdtype) if cdtype else 2
+    np.testing.assert_array_equal(got[0], np.maximum(xs.T, cv))
+
+
 @pytest.mark.parametrize("shape", [(3,), (40, 70), (200000,), (2, 150000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sigmoid_clamps_through_a_row_with_the_same_values(shape, dtype):
