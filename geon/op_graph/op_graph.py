@@ -391,7 +391,7 @@ def as_op(value: Any) -> "TensorOp":
     :func:`weak_number`)."""
     if isinstance(value, Op):
         return value  # type: ignore[return-value]  # a void op passes through too
-    if (type(value) is float or type(value) is int) and not nodes._rewrite_stack:
+    if type(value) is float or type(value) is int:
         return weak_number(value)
     if isinstance(value, (numbers.Number, np.number, np.bool_)):
         return Constant(value)

@@ -62,6 +62,13 @@ ROW_LENGTHS = (16, 131072)
 _ROWS = {}  # (value, dtype) -> a read-only row of ROW_LENGTHS[1] elements of value
 
 
+def _constant_row(value, dtype, n):
+    """A read-only array of ``n`` elements ``value`` of ``dtype``."""
+    row = np.full(n, value, dtype)
+    row.setflags(write=False)
+    return row
+
+
 def _row(value, like):
     """``value`` as a row of ``like``'s last axis (see ROW_OPERAND), or itself where
     that axis has too few or too many elements."""
@@ -70,8 +77,7 @@ def _row(value, like):
         return value
     row = _ROWS.get((value, like.dtype))
     if row is None:
-        row = _ROWS[value, like.dtype] = np.full(ROW_LENGTHS[1], value, like.dtype)
-        row.setflags(write=False)
+        row = _ROWS[value, like.dtype] = _constant_row(value, like.dtype, ROW_LENGTHS[1])
     return row[:n]
 
 
@@ -420,8 +426,7 @@ class NumPyComputation(Computation):
             name = rows.get((c, n))
             if name is None:
                 name = rows[c, n] = identifier(f"r_{c.name}_{n}", taken)
-                consts[name] = value = np.full(n, c.value, dtype=c.dtype)
-                value.setflags(write=False)
+                consts[name] = _constant_row(c.value, c.dtype, n)
             return name
 
         def arg_names(op, local=None, block=None):
