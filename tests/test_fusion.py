@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import geon as be
+from geon.op_graph import op_graph as og
 from geon.transformers import fusion
 from op_table import CASES
 
@@ -252,3 +253,65 @@ def test_fused_step_with_a_slow_worker_matches_unfused(fuse_everything, monkeypa
     np.testing.assert_allclose(l1, l2, rtol=1e-12)
     for a, b in zip(s1, s2):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def _reduced_rows(dtype=np.float64):
+    A, B = be.Axis(7, "rtA"), be.Axis(5, "rtB")
+    x = be.placeholder([A, B], dtype=dtype)
+    y = be.tanh(x * 0.5) * x             # read only by the reductions below
+    outs = [be.sum(y, reduction_axes=B), be.max(y, reduction_axes=B),
+            be.argmax(y, reduction_axes=B), be.sum(y, reduction_axes=A)]
+    return outs, x
+
+
+def _want_rows(v):
+    y = np.tanh(v * 0.5) * v
+    return [y.sum(1), y.max(1), y.argmax(1), y.sum(0)]
+
+
+def test_row_reductions_join_the_group_before_them(fuse_everything):
+    from geon.op_graph import primitives as pr
+    outs, x = _reduced_rows()
+    f = be.NumPyTransformer().computation(outs, x)
+    tails = [m for g in f.groups for m in g.members if isinstance(m, pr.ReducePrim)]
+    assert tails and all(m.axis == 1 for m in tails)
+    # the product is read by reductions of rows only, so it has no full buffer: it lives
+    # in a block of scratch
+    (g,) = [g for g in f.groups if tails[0] in g.members]
+    assert any(isinstance(m, og.Multiply) for m in g.internal)
+    v = np.random.default_rng(2).standard_normal((7, 5))
+    for got, want in zip(f(v), _want_rows(v)):
+        if want.dtype.kind == "i":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_row_reductions_give_the_unfused_values(fuse_everything):
+    v = np.random.default_rng(3).standard_normal((7, 5)).astype(np.float32)
+    v[1, 2], v[4, 0] = np.nan, np.inf    # propagate the same way block by block
+    got = []
+    for disable in ([], ["fusion"]):
+        outs, x = _reduced_rows(np.float32)
+        f = be.NumPyTransformer(disable=disable).computation(outs, x)
+        assert bool(f.groups) == (not disable)
+        got.append(f(v))
+    (s1, m1, i1, c1), (s2, m2, i2, c2) = got
+    np.testing.assert_array_equal(m1, m2)
+    np.testing.assert_array_equal(i1, i2)
+    # sums run through the BLAS, whose order of additions depends on the rows it is
+    # given: the same values to float32 rounding, NaN and infinity in the same places
+    for a, b in ((s1, s2), (c1, c2)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b))
+
+
+def test_a_reduction_of_the_first_axis_stays_out_of_the_group(fuse_everything):
+    from geon.op_graph import primitives as pr
+    A, B = be.Axis(7, "rcA"), be.Axis(5, "rcB")
+    x = be.placeholder([A, B], dtype=np.float64)
+    s = be.sum(be.exp(x) + 1.0, reduction_axes=A)
+    f = be.NumPyTransformer().computation(s, x)
+    assert not any(isinstance(m, pr.ReducePrim) for g in f.groups for m in g.members)
+    v = np.random.default_rng(4).standard_normal((7, 5))
+    np.testing.assert_allclose(f(v), (np.exp(v) + 1.0).sum(0), rtol=1e-14)

@@ -148,6 +148,41 @@ def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("length", [1, 1000, 5000])
+def test_float_sums_of_rows_and_columns_are_products_with_ones(dtype, length):
+    from geon.transformers.numpy import transformer as nt
+    M, N = be.Axis(6, "SumM"), be.Axis(length, "SumN")
+    x = be.placeholder([M, N], dtype=dtype)
+    y = be.placeholder([N, M], dtype=dtype)  # the sum over N is then one of columns
+    results = [be.sum(x, reduction_axes=N), be.sum(y, reduction_axes=N),
+               be.sum(x, reduction_axes=M)]
+    f = be.NumPyTransformer().computation(results, x, y)
+    product = np.dtype(dtype).kind == "f" and length <= nt.ONES_LENGTH
+    assert (f"_ones_{np.dtype(dtype).name}[:{length}]" in f.source) == product, f.source
+    rng = np.random.default_rng(5)
+    xs = (rng.standard_normal((6, length)) * 100).astype(dtype)
+    ys = (rng.standard_normal((length, 6)) * 100).astype(dtype)
+    if np.dtype(dtype).kind == "f" and length > 1:
+        xs[1, 3], xs[2, 0], xs[3, :2] = np.nan, np.inf, (np.inf, -np.inf)
+        ys[0, 4] = -np.inf
+    with np.errstate(invalid="ignore"):  # inf - inf
+        got = f(xs, ys)
+        wants = [v.astype(np.float64).sum(axis) for v, axis in ((xs, 1), (ys, 0), (xs, 0))]
+    for g, v, axis, want in zip(got, (xs, ys, xs), (1, 0, 0), wants):
+        # want: the sum in double, rounded once
+        assert g.dtype == np.dtype(dtype)
+        if np.dtype(dtype).kind == "i":
+            np.testing.assert_array_equal(g, v.sum(axis, dtype=dtype))
+            continue
+        # within float rounding of the exact sum (a bound in the sum of magnitudes)
+        eps = np.finfo(dtype).eps
+        bound = length * eps * np.abs(v).astype(np.float64).sum(axis)
+        ok = np.isfinite(want)
+        assert np.all(np.abs(g[ok] - want[ok]) <= bound[ok]), (g, want)
+        np.testing.assert_array_equal(g[~ok], want[~ok].astype(dtype))  # NaN, +-inf
+
+
 @pytest.mark.parametrize("xdtype,cdtype", [(np.float32, np.float64), (np.float32, None),
                                            (np.int32, np.int64), (np.int64, None)])
 def test_row_operands_with_views_broadcasts_and_other_dtypes(xdtype, cdtype):

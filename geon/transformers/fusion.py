@@ -62,7 +62,20 @@ def _fusable(op):
             and op.axes.size >= MIN_ELEMENTS)
 
 
-def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head=None):
+def _row_reduction(op, members):
+    """Whether ``op`` reduces the second dimension of a 2-d member of ``members``: each
+    block of rows of the member then gives the same rows of the result."""
+    return (isinstance(op, _ROW_REDUCTIONS) and op.axis == 1
+            and len(op.args[0].axes) == 2 and op.args[0] in members)
+
+
+#: reductions a group may end with (one output each, computed row by row)
+_ROW_REDUCTIONS = (pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin,
+                   pr.ReduceArgMax)
+
+
+def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head=None,
+                reductions=False):
     """Groups of ``order`` (a schedule). ``emits(op)`` says whether ``op`` executes code
     in the backend's body (ops that do not, such as storage and views made once, may
     sit between members). ``fusable(op)``: whether ``op`` may be a member (default:
@@ -73,6 +86,11 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
     shape and read only by its members (directly), becomes the group's first member
     where ``gemm_head`` agrees: it is then computed a block of rows at a time (rows of
     its first operand, all of its second) into scratch, and never gets a full buffer.
+
+    With ``reductions``, reductions of the second dimension of a 2-d member run right
+    after a group (or after a single fusable op) join it as its last members: each block
+    reduces its own rows while they are in cache (a bias gradient after the backward
+    mask), instead of a second pass over the whole member.
     """
     _fusable_op = fusable or _fusable
     root = {}  # view -> the op whose elements it shows
@@ -80,6 +98,7 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
         if isinstance(op, pr.ViewOp):
             root[op] = root.get(op.args[0], op.args[0])
     runs, cur, members = [], [], set()
+    shortest = 1 if reductions else 2  # a single op may still take a reduction
     for op in order:
         if not emits(op):
             continue
@@ -92,13 +111,13 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
             cur.append(op)
             members.add(op)
             continue
-        if len(cur) > 1:
+        if len(cur) >= shortest:
             runs.append(cur)
         if fusable:
             cur, members = [op], {op}
         elif cur:
             cur, members = [], set()
-    if len(cur) > 1:
+    if len(cur) >= shortest:
         runs.append(cur)
     if not runs:
         return []
@@ -107,8 +126,17 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
         for a in op.args:
             readers.setdefault(a, []).append(op)
     keep = set(results)
+    emitted = [op for op in order if emits(op)] if gemm_head or reductions else []
+    if reductions:
+        after = dict(zip(emitted, emitted[1:]))
+        for run in runs:
+            op = after.get(run[-1])
+            while op is not None and (max_members is None or len(run) < max_members) \
+                    and _row_reduction(op, run):
+                run.append(op)
+                op = after.get(op)
+        runs = [run for run in runs if len(run) > 1]
     if gemm_head is not None:
-        emitted = [op for op in order if emits(op)]
         before = {b: a for a, b in zip(emitted, emitted[1:])}
         for run in runs:
             g = before.get(run[0])
