@@ -709,13 +709,13 @@ class Constant(AssignableTensorOp):
         self.dtype = np.dtype(dtype)
         self.value = np.array(self._number, dtype=self.dtype)
         self.value.setflags(write=False)
+        # (kept: passes and code generation ask for it many times per constant)
+        self._scalar = self.value[()] if self.value.ndim == 0 else None
 
     @property
     def scalar(self) -> Union[int, float, complex, bool, None]:
         """The fill value if the constant is one number everywhere, else ``None``."""
-        if self.value.ndim == 0:
-            return self.value[()]
-        return None
+        return self._scalar
 
     def array(self) -> np.ndarray:
         """The constant's value with the full shape (read-only: a broadcast view, or the

@@ -57,14 +57,16 @@ def sub_zero(op):  # x - 0 -> x
 
 def mul_one_zero(op):  # x * 1 -> x ; x * 0 -> 0 for integer or bool x only
     a, b = op.args
-    for x, y in ((a, b), (b, a)):
-        if _is(y, 1):
+    pairs = [(x, v) for x, v in ((a, _const_value(b)), (b, _const_value(a)))
+             if v is not None]
+    for x, v in pairs:
+        if v == 1:
             r = _keep(x, op)
             if r is not None:
                 return r
-    for x, y in ((a, b), (b, a)):
+    for x, v in pairs:
         # NaN * 0 and inf * 0 are NaN under IEEE: a float x is never known finite
-        if _is(y, 0) and x.dtype.kind in "iub":
+        if v == 0 and x.dtype.kind in "iub":
             return og.Constant(0, axes=op.axes, dtype=op.dtype)
     return None
 
