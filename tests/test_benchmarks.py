@@ -138,3 +138,16 @@ def test_samples_after_a_pause_are_primed_by_an_untimed_call():
     calls.update(a=0, b=0)
     interleaved_stats(fns, repeats=3, warmup=1)  # no pause: nothing to prime
     assert calls == {"a": 4, "b": 4}
+
+
+def test_linetime_times_every_statement_of_the_step(capsys):
+    from benchmarks import linetime
+    linetime.main(["--batch", "16", "--steps", "2", "--top", "100"])
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "`" in ln]
+    # the step's eight products are among the statements timed, each with its time
+    products = [r for r in rows if "_gemm_acc(" in r
+                or ("np.matmul(" in r and "_ones_" not in r)]
+    assert len(products) == len(gemm.STEP_GEMMS)
+    assert all(float(r.split("|")[1]) > 0 for r in rows)
+    assert "matrix products" in out
