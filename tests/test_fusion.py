@@ -315,3 +315,44 @@ def test_a_reduction_of_the_first_axis_stays_out_of_the_group(fuse_everything):
     assert not any(isinstance(m, pr.ReducePrim) for g in f.groups for m in g.members)
     v = np.random.default_rng(4).standard_normal((7, 5))
     np.testing.assert_allclose(f(v), (np.exp(v) + 1.0).sum(0), rtol=1e-14)
+
+
+def test_a_member_writes_over_the_arena_its_internal_arg_was_computed_over(
+        fuse_everything):
+    # relu(W @ x + b): the bias add lives over the product's blocks (no buffer), and the
+    # ReLU, its last reader, writes over the same arena instead of taking a new one
+    from geon.op_graph import primitives as pr
+    H, F, N, Y = (be.Axis(6, "ciH"), be.Axis(4, "ciF"), be.Axis(5, "ciN"),
+                  be.Axis(3, "ciY"))
+    x = be.placeholder([F, N], dtype=np.float64)
+    W = be.placeholder([H, F], dtype=np.float64)
+    b = be.placeholder([H], dtype=np.float64)
+    V = be.placeholder([Y, H], dtype=np.float64)
+    h = be.maximum(be.dot(W, x) + b, 0.0)
+    f = be.NumPyTransformer().computation(be.dot(V, h), x, W, b, V)  # plan verified
+    gemm = next(op for op in f.plan.slot if isinstance(op, pr.Gemm))
+    relu = next(op for op in f.plan.slot if isinstance(op, og.Maximum))
+    assert f.plan.slot[relu] == f.plan.slot[gemm]
+    rng = np.random.default_rng(6)
+    xs, ws, bs, vs = (rng.standard_normal((4, 5)), rng.standard_normal((6, 4)),
+                      rng.standard_normal(6), rng.standard_normal((3, 6)))
+    want = vs @ np.maximum(ws @ xs + bs[:, None], 0.0)
+    np.testing.assert_allclose(f(xs, ws, bs, vs), want, rtol=1e-13)
+
+
+def test_no_write_over_an_arena_whose_internal_value_is_read_later(fuse_everything):
+    from geon.op_graph import primitives as pr
+    H, F, N = be.Axis(6, "cjH"), be.Axis(4, "cjF"), be.Axis(5, "cjN")
+    x = be.placeholder([F, N], dtype=np.float64)
+    W = be.placeholder([H, F], dtype=np.float64)
+    z = be.dot(W, x) + 1.0                    # internal, read by both members below
+    y = be.maximum(z, 0.0) * z
+    f = be.NumPyTransformer().computation(be.tanh(y) + y, x, W)
+    gemm = next(op for op in f.plan.slot if isinstance(op, pr.Gemm))
+    relu = [op for op in f.plan.slot if isinstance(op, og.Maximum)]
+    assert all(f.plan.slot[r] != f.plan.slot[gemm] for r in relu)
+    rng = np.random.default_rng(7)
+    xs, ws = rng.standard_normal((4, 5)), rng.standard_normal((6, 4))
+    zz = ws @ xs + 1.0
+    yy = np.maximum(zz, 0.0) * zz
+    np.testing.assert_allclose(f(xs, ws), np.tanh(yy) + yy, rtol=1e-14)

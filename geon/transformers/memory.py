@@ -239,6 +239,11 @@ def _plan_in_order(order, results, inplace, groups, exclude):
     unplanned = keep | internal
     size = {}  # planned value -> its bytes
     live = 0  # bytes of the values held now
+    # An internal elementwise member of a fused group whose arg dies at its step, with
+    # its size and dtype: the arg's arena is released, but only at the group's end,
+    # so the member that reads the internal value last may still write over it, block
+    # by block (an activation over the product its bias was added to).
+    carrier = {}  # internal value -> (the arg that died, key of its arena in pending)
     for i, op in enumerate(order):
         rs = reads[i]
         dying = [r for r in (dict.fromkeys(rs) if len(rs) > 1 else rs)
@@ -265,11 +270,23 @@ def _plan_in_order(order, results, inplace, groups, exclude):
                         arena = slot[r]
                         plan.inplace.add(op)
                         break
+                if arena is None and carrier:
+                    arena = _carried(op, i, need, carrier, last, size, pending, slot, root)
+                    if arena is not None:
+                        plan.inplace.add(op)
+                        live += need  # the dead arg's bytes were released
             if arena is None:
                 arena = _take(plan, free, need)
                 live += need  # (in place, it replaces a value of its size)
             slot[op] = arena
             occupant[arena] = op
+        elif inplace and kind == "elementwise" and op in internal:
+            need = _nbytes(op)
+            for r in dying:
+                if size[r] == need and r.dtype == op.dtype \
+                        and _reads_only_itself(op, r, root):
+                    carrier[op] = (r, group_end.get(i, i))
+                    break
         if live > plan.peak:
             plan.peak = live
         for r in dying:
@@ -281,6 +298,26 @@ def _plan_in_order(order, results, inplace, groups, exclude):
         if pending:
             free.extend(pending.pop(i, ()))
     return plan
+
+
+def _carried(op, i, need, carrier, last, size, pending, slot, root):
+    """The arena of a dead arg that an internal arg of elementwise ``op`` (step ``i``)
+    was computed over (see ``carrier`` in :func:`_plan_in_order`), taken back from the
+    arenas waiting for the group's end; or None. ``op`` must read that internal value
+    last, element by element, and have the dead arg's size and dtype."""
+    for a in op.args:
+        held = carrier.get(a)
+        if held is None or last.get(a) != i:
+            continue
+        r, key = held
+        arena = slot[r]
+        waiting = pending.get(key, ())
+        if size[r] == need and r.dtype == op.dtype and arena in waiting \
+                and _reads_only_itself(op, a, root):
+            waiting.remove(arena)
+            del carrier[a]
+            return arena
+    return None
 
 
 #: op class -> what :func:`_plan_in_order` does at its step (see :func:`_kind`)
@@ -396,6 +433,9 @@ def verify_plan(order, results, plan, groups=()):
         reads = {root.get(a, a) for m in g.members for a in m.args}
         for m in g.members:
             group_reads[pos[m]] = reads
+    internal = set()
+    for g in groups:
+        internal |= g.internal
     holder = {}  # arena -> producer whose value it holds now
     for i, op in enumerate(order):
         for r in spans.get(i - 1, ()):
@@ -425,7 +465,8 @@ def verify_plan(order, results, plan, groups=()):
                 raise GeonError(f"memory plan: {w.name} does not fit arena {a}")
             prior = holder.get(a)
             if prior is not None and prior in group_reads.get(i, ()) and not (
-                    prior in read and _inplace_ok(op, prior, root)):
+                    prior in read and _inplace_ok(op, prior, root)) \
+                    and not _over_internal(op, prior, root, internal):
                 raise GeonError(f"memory plan: fused {op.name} overwrites {prior.name}, "
                                 f"which its group still reads block by block")
             holder[a] = w
@@ -440,6 +481,16 @@ def verify_plan(order, results, plan, groups=()):
         if a is not None and holder.get(a) is not r:
             raise GeonError(f"memory plan: result {r.name} was overwritten")
     return True
+
+
+def _over_internal(op, prior, root, internal):
+    """Whether elementwise ``op`` may overwrite ``prior`` because it reads, element by
+    element, an internal member of its group that read ``prior`` the same way and has
+    its size and dtype (a later read of ``prior`` is caught as a read of the wrong
+    value)."""
+    return _elementwise_like(op) and any(
+        x in internal and _inplace_ok(x, prior, root) and _nbytes(x) == _nbytes(op)
+        and x.dtype == op.dtype and _reads_only_itself(op, x, root) for x in op.args)
 
 
 def unshared_plan(order, results, groups=(), exclude=()):
