@@ -84,8 +84,10 @@ def gemm_shapes(source):
                          r"\(\(([\d, ]+)\)", source):
         shapes[m.group(1)] = tuple(int(n) for n in m.group(2).split(",") if n.strip())
     found = []
-    for m in re.finditer(r"np\.matmul\([^)]*out=(\w+)\)", source):
-        found.append(shapes[m.group(1)])
+    for line in source.splitlines():
+        m = re.search(r"np\.matmul\([^)]*out=(\w+)\)", line)
+        if m and "# Gemm" in line:  # (sums are products with a row of ones too)
+            found.append(shapes[m.group(1)])
     return found
 
 

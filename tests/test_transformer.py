@@ -402,3 +402,15 @@ def test_concurrent_calls_give_correct_results():
     finally:
         sys.setswitchinterval(old)
     assert wrong == []
+
+
+def test_a_longer_row_of_ones_is_made_when_the_limit_is_raised(monkeypatch):
+    from geon.transformers.numpy import transformer as nt
+    monkeypatch.setattr(nt, "ONES_LENGTH", 8192)
+    M, N = be.Axis(3, "OnesM"), be.Axis(6000, "OnesN")
+    x = be.placeholder([M, N], dtype=np.float64)
+    f = be.NumPyTransformer().computation(be.sum(x, reduction_axes=N), x)
+    assert "_ones_float64[:6000]" in f.source
+    v = np.random.default_rng(8).standard_normal((3, 6000))
+    bound = 6000 * np.finfo(np.float64).eps * np.abs(v).sum(1)  # a float sum's bound
+    assert np.all(np.abs(f(v) - v.sum(1)) <= bound)

@@ -1,9 +1,10 @@
 """Elementwise fusion: runs of elementwise ops executed block by block.
 
 A *group* is a run of consecutive elementwise ops (in schedule order, among the ops that
-execute code) of one shape with at least :data:`MIN_ELEMENTS` elements. A backend runs
-the group one block of rows at a time, so the values passed between its members stay
-in cache. A member whose value nobody outside the group reads, directly, is *internal*:
+execute code) of one shape with at least :data:`MIN_ELEMENTS` elements, possibly headed
+by the matrix product they update a variable with, or ended by reductions of their
+rows (see :func:`find_groups`). A backend runs the group one block of rows at a time,
+so the values passed between its members stay in cache. A member whose value nobody outside the group reads, directly, is *internal*:
 it only ever exists one block at a time and gets no full-size buffer.
 
 Blocked execution reads an input through a view (a broadcast bias, a transpose) at

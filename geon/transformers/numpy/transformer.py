@@ -242,8 +242,16 @@ _REDUCE_FN = {pr.ReduceSum: "add.reduce", pr.ReduceProd: "multiply.reduce",
 #: ONES_LENGTH elements per result, are a product with a row of ones (see _reduce).
 ONES_LENGTH = 4096
 ONES_MIN = 64
-for _t in (np.float32, np.float64):
-    NUMPY_GLOBALS[f"_ones_{np.dtype(_t).name}"] = _constant_row(1, _t, ONES_LENGTH)
+
+
+def _ones(dtype, n):
+    """The name of a read-only row of at least ``n`` ones of ``dtype`` among the
+    generated code's globals (made, or made longer, here)."""
+    name = f"_ones_{dtype.name}"
+    row = NUMPY_GLOBALS.get(name)
+    if row is None or row.size < n:
+        NUMPY_GLOBALS[name] = _constant_row(1, dtype, max(n, ONES_LENGTH))
+    return name
 
 
 @numpy_code(*_REDUCE_FN)
@@ -256,7 +264,7 @@ def _reduce(op, out, args):
         # NumPy's pairwise sum along rows runs about 4x slower than the BLAS's
         # matrix-vector product with a row of ones (on a few elements NumPy's call is
         # the quicker, by a fraction of a microsecond)
-        ones = f"_ones_{op.dtype.name}[:{n}]"
+        ones = f"{_ones(op.dtype, n)}[:{n}]"
         pair = (args[0], ones) if op.axis == 1 else (ones, args[0])
         return [f"np.matmul({pair[0]}, {pair[1]}, out={out})"]
     return [f"np.{_REDUCE_FN[type(op)]}({args[0]}, axis={py_literal(op.axis)}, out={out})"]
@@ -767,8 +775,10 @@ class NumPyComputation(Computation):
         threads = fusion.threads_for(g)
         scratch[sets] = (threads, temps)
         head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
-        fused = [f"    # fused: {head}{len(members) - bool(head)} elementwise ops "
-                 f"({len(g.internal)} without "
+        tails = sum(isinstance(m, pr.ReducePrim) for m in members)
+        tail = f" and {tails} reduction(s) of their rows" if tails else ""
+        fused = [f"    # fused: {head}{len(members) - bool(head) - tails} elementwise ops"
+                 f"{tail} ({len(g.internal)} without "
                  f"a full buffer) in blocks of {B} rows, on {threads} thread(s)"]
         params = "".join(f", _s{k}" for k in range(len(temps)))
         fused.append(f"    def {fn}(_lo, _hi{params}):")
