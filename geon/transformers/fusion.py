@@ -4,8 +4,9 @@ A *group* is a run of consecutive elementwise ops (in schedule order, among the 
 execute code) of one shape with at least :data:`MIN_ELEMENTS` elements, possibly headed
 by the matrix product they update a variable with, or ended by reductions of their
 rows (see :func:`find_groups`). A backend runs the group one block of rows at a time,
-so the values passed between its members stay in cache. A member whose value nobody outside the group reads, directly, is *internal*:
-it only ever exists one block at a time and gets no full-size buffer.
+so the values passed between its members stay in cache. A member whose value nobody
+outside the group reads, directly, is *internal*: it only ever exists one block at a
+time and gets no full-size buffer.
 
 Blocked execution reads an input through a view (a broadcast bias, a transpose) at
 positions other than the block being written, so the memory planner keeps every value
