@@ -484,13 +484,11 @@ def verify_plan(order, results, plan, groups=()):
 
 
 def _over_internal(op, prior, root, internal):
-    """Whether elementwise ``op`` may overwrite ``prior`` because it reads, element by
-    element, an internal member of its group that read ``prior`` the same way and has
-    its size and dtype (a later read of ``prior`` is caught as a read of the wrong
-    value)."""
-    return _elementwise_like(op) and any(
-        x in internal and _inplace_ok(x, prior, root) and _nbytes(x) == _nbytes(op)
-        and x.dtype == op.dtype and _reads_only_itself(op, x, root) for x in op.args)
+    """Whether ``op`` may overwrite ``prior`` because it could overwrite an internal
+    member of its group that could overwrite ``prior`` (both in place, element by
+    element; a later read of ``prior`` is caught as a read of the wrong value)."""
+    return any(x in internal and _inplace_ok(x, prior, root) and _inplace_ok(op, x, root)
+               for x in op.args)
 
 
 def unshared_plan(order, results, groups=(), exclude=()):

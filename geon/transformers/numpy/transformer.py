@@ -59,7 +59,7 @@ NUMPY_GLOBALS = {}
 #: row; the sigmoid's clamp gets its row at run time (:func:`_row`).
 ROW_OPERAND = frozenset({og.Maximum, og.Minimum})
 ROW_LENGTHS = (16, 131072)
-_ROWS = {}  # (value, dtype) -> a read-only row of ROW_LENGTHS[1] elements of value
+_ROWS = {}  # (value, dtype) -> a read-only row of that value (see _shared_row)
 
 
 def _constant_row(value, dtype, n):
@@ -69,16 +69,23 @@ def _constant_row(value, dtype, n):
     return row
 
 
+def _shared_row(value, dtype, n):
+    """A read-only row of at least ``n`` elements ``value`` of ``dtype``, one per value
+    and dtype, made longer when a longer one is asked for."""
+    key = (value, dtype)
+    row = _ROWS.get(key)
+    if row is None or row.size < n:
+        row = _ROWS[key] = _constant_row(value, dtype, n)
+    return row
+
+
 def _row(value, like):
     """``value`` as a row of ``like``'s last axis (see ROW_OPERAND), or itself where
     that axis has too few or too many elements."""
     n = like.shape[-1] if like.ndim else 0
     if not ROW_LENGTHS[0] <= n <= ROW_LENGTHS[1]:
         return value
-    row = _ROWS.get((value, like.dtype))
-    if row is None:
-        row = _ROWS[value, like.dtype] = _constant_row(value, like.dtype, ROW_LENGTHS[1])
-    return row[:n]
+    return _shared_row(value, like.dtype, ROW_LENGTHS[1])[:n]
 
 
 NUMPY_GLOBALS["_row"] = _row
@@ -248,9 +255,7 @@ def _ones(dtype, n):
     """The name of a read-only row of at least ``n`` ones of ``dtype`` among the
     generated code's globals (made, or made longer, here)."""
     name = f"_ones_{dtype.name}"
-    row = NUMPY_GLOBALS.get(name)
-    if row is None or row.size < n:
-        NUMPY_GLOBALS[name] = _constant_row(1, dtype, max(n, ONES_LENGTH))
+    NUMPY_GLOBALS[name] = _shared_row(1, dtype, max(n, ONES_LENGTH))
     return name
 
 
