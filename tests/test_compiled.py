@@ -4,6 +4,7 @@ to the NumPy code. The differential tests (tests/test_differential.py) run rando
 through it as well."""
 
 import os
+import re
 import warnings
 
 import numpy as np
@@ -125,6 +126,101 @@ def test_large_groups_run_on_threads_in_chunks(cache, monkeypatch):
     (c, got), (p, want) = compiled_and_numpy(build, xs)
     assert "num_threads(2)" in c._kernels.source
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- large groups with several slow members: loops over tiles ----------------------------
+def _tiled_build(dtype, n):
+    def build():
+        A = be.Axis(n, "A")
+        x, y = be.placeholder([A], dtype=dtype), be.placeholder([A], dtype=dtype)
+        a = be.tanh(x) * 2.0                      # read again three segments later
+        b = be.exp(a - y) / (y * y + 1.0)
+        c = be.log(abs(b) + 1.0) + a * x
+        d = be.sqrt(c * c + 1.0) - a
+        return [d, b], (x, y)                     # b: a member with a buffer, mid-group
+    return build
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_groups_with_several_slow_members_run_in_tiles(dtype, cache, monkeypatch):
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    # ragged: the last chunk is not whole, nor is the last tile of a chunk
+    n = ck.TILED_MIN_ELEMENTS + ck.CHUNK_ELEMENTS + ck.TILE_ELEMENTS * 3 + 77
+    rng = np.random.default_rng(4)
+    xs, ys = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+    build = _tiled_build(dtype, n)
+    outs, params = build()
+    comp = be.NumPyTransformer(compiled=True).computation(outs, *params)
+    src = comp._kernels.source
+    assert "loops over tiles of" in src and "tile0[u]" in src, src
+    # stores only in the last segment's loop, after all of its loads: an output may be
+    # written over an input's buffer
+    loops = src.split("for (int64_t u = 0; u < ")[1:]
+    store = re.compile(r"\*\)b\d+\)\[[^]]+\] = ")
+    assert not any(store.search(lp) for lp in loops[:-1])
+    last = loops[-1].split("#pragma omp simd")[0]
+    stores = [m.start() for m in store.finditer(last)]
+    loads = [m.start() for m in re.finditer(r"\bx\d+ = ", last)]
+    assert len(stores) == 2 and all(ld < min(stores) for ld in loads)
+    got = [np.asarray(v) for v in comp(xs, ys)]
+    x64, y64 = xs.astype(np.float64), ys.astype(np.float64)
+    a = np.tanh(x64) * 2.0
+    b = np.exp(a - y64) / (y64 * y64 + 1.0)
+    c = np.log(abs(b) + 1.0) + a * x64
+    d = np.sqrt(c * c + 1.0) - a
+    tol = TOL[np.dtype(dtype)]
+    np.testing.assert_allclose(got[0], d, **tol)
+    np.testing.assert_allclose(got[1], b, **tol)
+    # the same values as one loop over the elements (the code before tiles)
+    monkeypatch.setattr(ck, "TILED_MIN_ELEMENTS", 2 * n)
+    outs, params = build()
+    one = be.NumPyTransformer(compiled=True).computation(outs, *params)
+    assert "loops over tiles" not in one._kernels.source
+    for g, w in zip(got, one(xs, ys)):
+        assert _ulps(g, np.asarray(w)).max() <= 8
+
+
+def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
+    N, H = be.Axis(257, "N"), be.Axis(300, "H")   # rows of 300: one whole tile and a rest
+    rng = np.random.default_rng(5)
+    xv, bv = rng.standard_normal((257, 300)), rng.standard_normal(300)
+    tv = rng.standard_normal((300, 257))
+
+    def build():
+        x = be.placeholder([N, H], dtype=np.float64)
+        b = be.placeholder([H], dtype=np.float64)
+        t = be.placeholder([H, N], dtype=np.float64)
+        y = be.tanh(x + b) * be.exp(be.axes_with_order(t, [N, H]) * 0.5)
+        return be.log(abs(y) + 1.0) * be.sigmoid(x), (x, b, t)
+
+    (c, got), (p, want) = compiled_and_numpy(build, xv, bv, tv)
+    src = c._kernels.source
+    assert "strided reads" in c.source and "loops over tiles of" in src, src
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_segments_are_bounded_and_slots_reused():
+    A = be.Axis(ck.TILED_MIN_ELEMENTS, "A")
+    x = be.placeholder([A], dtype=np.float32)
+    members, y = [], x
+    for i in range(40):                           # 40 slow members, 40 cheap ones
+        y = be.tanh(y)
+        members.append(y)
+        y = y * 1.5
+        members.append(y)
+    segments, slots, decls, tile = ck._segments(members, {}, ck.TILED_MIN_ELEMENTS)
+    assert 1 < len(segments) <= ck.MAX_SEGMENTS
+    assert [m for seg in segments for _, m in seg] == members
+    # a chain: two arrays in turn (one read in a segment, the other written)
+    assert len(decls) == 2 and set(decls.values()) == {"float"}
+    assert tile == ck.TILE_ELEMENTS
+    # under the size threshold, and without slow members: one loop
+    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS - 1)[3] == 0
+    assert ck._segments(members[1::2], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
+    # an output computed early keeps an array to the last segment, which stores it
+    segments, slots, decls, tile = ck._segments(members, {members[0]: 1},
+                                                ck.TILED_MIN_ELEMENTS)
+    assert members[0] in slots and len(decls) == 3
 
 
 # --- exactness, ulps, NaN and infinity -------------------------------------------------
