@@ -201,6 +201,29 @@ def test_blas_accumulate_reads_transposed_operands(dtype, ta, tb):
 
 
 @needs_blas
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_blas_accumulate_splits_a_long_inner_dimension(ta, tb, monkeypatch):
+    monkeypatch.setattr(blas, "MAX_INNER", 4)
+    calls = []
+    gemm = blas._GEMM[np.dtype(np.float64)]
+    monkeypatch.setitem(blas._GEMM, np.dtype(np.float64),
+                        lambda *args: (calls.append(args[5]), gemm(*args)))
+    rng = np.random.default_rng(10)
+    k = 11                                   # calls of 4, 4 and 3
+    # operands that are views into wider arrays: the leading dimension is not the width
+    a = rng.standard_normal((k, 9) if ta else (6, 13))
+    a = a[:, :6].T if ta else a[:, :k]
+    b = rng.standard_normal((5, 15) if tb else (k, 8))
+    b = b[:, :k].T if tb else b[:, :5]
+    c = rng.standard_normal((6, 5))
+    want = c - 0.5 * (a @ b)
+    assert blas.accumulate(a, b, c, -0.5)
+    assert calls == [4, 4, 3]
+    np.testing.assert_allclose(c, want, rtol=1e-13, atol=1e-13)
+
+
+@needs_blas
 def test_blas_accumulate_refuses_what_it_cannot_do():
     rng = np.random.default_rng(9)
     a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 6))
