@@ -197,6 +197,12 @@ def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
     src = c._kernels.source
     assert "strided reads" in c.source and "loops over tiles of" in src, src
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+    # rows shorter than a tile: one loop per row, no tiles
+    xv, tv = xv.reshape(-1, 100)[:771], tv.reshape(100, -1)[:, :771]
+    N, H = be.Axis(771, "N"), be.Axis(100, "H")
+    (c, got), (p, want) = compiled_and_numpy(build, xv, bv[:100], tv)
+    assert "strided reads" in c.source and "tile" not in c._kernels.source
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
 def test_segments_are_bounded_and_slots_reused():

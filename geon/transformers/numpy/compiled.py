@@ -687,6 +687,8 @@ class Kernels:
                 if a in scalars and a not in value:
                     value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
         segments, slots, decls, tile = _segments(members, outputs, n)
+        if tile > inner:   # strided rows shorter than a tile: one loop per row
+            segments, slots, decls, tile = [list(enumerate(members))], {}, {}, 0
 
         def loop_bodies(segments, slots):
             """Per segment, the lines of its loop body."""
