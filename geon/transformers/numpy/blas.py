@@ -99,9 +99,10 @@ def _layout(x):
 
 def accumulate(a, b, c, alpha):
     """``c += alpha * (a @ b)`` for 2-D ``a`` (M, K), ``b`` (K, N) and ``c`` (M, N) of
-    one float dtype, in one BLAS call (one per :data:`MAX_INNER` of K). Returns False, having done nothing, where it
-    cannot: no BLAS found, another dtype, an empty or unreadable operand, ``c`` not
-    row-major, or ``c`` possibly overlapping ``a`` or ``b``."""
+    one float dtype, in one BLAS call (one per :data:`MAX_INNER` of K). Returns False,
+    having done nothing, where it cannot: no BLAS found, another dtype, an empty or
+    unreadable operand, ``c`` not row-major, or ``c`` possibly overlapping ``a`` or
+    ``b``."""
     fn = _GEMM.get(c.dtype)
     if fn is None or a.dtype != c.dtype or b.dtype != c.dtype or 0 in a.shape \
             or 0 in b.shape:

@@ -551,17 +551,20 @@ def _segments(members, outputs, n):
     tanh, two exp, a log, a division, a square root) this took about three quarters of
     the time.
 
-    Groups of fewer than :data:`TILED_MIN_ELEMENTS` elements are one loop; a group with
-    more than :data:`MAX_SEGMENTS` slow members is cut after every second (third, ...)
-    one, which bounds the compile time.
+    Groups of fewer than :data:`TILED_MIN_ELEMENTS` elements, or with fewer than two
+    slow members, are one loop. A group is cut into at most :data:`MAX_SEGMENTS`
+    loops: with more slow members (not counting a last member, after which there is
+    nothing to cut), it is cut after every second (third, ...) one, which bounds the
+    compile time.
 
     ``segments``: lists of (index, member); ``slots``: member -> the name of its array;
     ``decls``: array name -> C type; ``tile``: elements per tile (0: one segment, no
     tiles)."""
     everything = [list(enumerate(members))]
-    slow = [q for q, m in enumerate(members[:-1]) if isinstance(m, _SLOW)]
-    if n < TILED_MIN_ELEMENTS or not slow:
+    slow = [q for q, m in enumerate(members) if isinstance(m, _SLOW)]
+    if n < TILED_MIN_ELEMENTS or len(slow) < 2:
         return everything, {}, {}, 0
+    slow = [q for q in slow if q < len(members) - 1]   # no cut after the last member
     every = -(-len(slow) // (MAX_SEGMENTS - 1))
     cuts = set(slow[every - 1::every])
     segments = [[]]
@@ -576,7 +579,7 @@ def _segments(members, outputs, n):
         for a in m.args:
             if a in seg_of:
                 last[a] = max(last.get(a, 0), seg_of[m])
-    slots, decls, free, live = {}, {}, {}, []
+    slots, decls, sizes, free, live = {}, {}, {}, {}, []
     for s, seg in enumerate(segments):
         for item in [x for x in live if x[0] < s]:   # dead before this segment
             live.remove(item)
@@ -585,10 +588,10 @@ def _segments(members, outputs, n):
             if last.get(m, -1) > s:
                 t = _CTYPE[m.dtype]
                 name = free[t].pop() if free.get(t) else f"tile{len(decls)}"
-                decls[name] = t
+                decls[name], sizes[name] = t, m.dtype.itemsize
                 slots[m] = name
                 live.append((last[m], name))
-    per_element = sum(8 if t == "double" else 4 for t in decls.values())
+    per_element = sum(sizes.values())
     tile = TILE_ELEMENTS
     while tile > 16 and tile * per_element > TILE_BYTES:
         tile //= 2
@@ -640,13 +643,13 @@ class Kernels:
         cname = f"geon_group{k}"
         pyname = identifier(f"kernel{k}", taken)
         # the arrays passed: inputs (contiguous or strided) then outputs
-        params, index = [], {}   # array name -> parameter number
+        params, number = [], {}   # array name -> parameter number
 
         def param(name):
-            if name not in index:
-                index[name] = len(params)
+            if name not in number:
+                number[name] = len(params)
                 params.append(name)
-            return index[name]
+            return number[name]
 
         inputs, strided = {}, set()
         for m in members:
@@ -691,8 +694,9 @@ class Kernels:
             segments, slots, decls, tile = [list(enumerate(members))], {}, {}, 0
 
         def loop_bodies(segments, slots):
-            """Per segment, the lines of its loop body."""
-            bodies = []
+            """Per segment, (the lines of its loop body, whether they read or write
+            the arrays by element index)."""
+            bodies, indexed, values = [], [], dict(value)
             for seg in segments:
                 used, body, here = set(), [], {m for _, m in seg}
                 for q, m in seg:
@@ -700,7 +704,7 @@ class Kernels:
                     t = _CTYPE[ct] if ct is not None else _CTYPE[m.dtype]
                     args = []
                     for a in m.args:
-                        v, dt = value[a]
+                        v, dt = values[a]
                         if a in inputs:
                             used.add(inputs[a])
                         elif a in slots and a not in here:
@@ -710,20 +714,22 @@ class Kernels:
                     expr = C_RULES[type(m)](m, t, args)
                     mt = _CTYPE[m.dtype]
                     body.append(f"const {mt} v{q} = ({mt}){expr};  /* {_c_comment(m)} */")
-                    value[m] = (f"v{q}", m.dtype)
+                    values[m] = (f"v{q}", m.dtype)
                     if m in slots:
                         body.append(f"{slots[m]}[u] = v{q};")
                 bodies.append([loads[p] for p in sorted(used)] + body)
+                indexed.append(bool(used))
             # Every store comes last, after every load of the element: an output may
             # be written over an input's buffer.
             here = {m for _, m in segments[-1]}
             idx = f"r * {inner} + j" if strided else "i"
             for m, p in outputs.items():
-                v = value[m][0] if m in here else f"{slots[m]}[u]"
+                v = values[m][0] if m in here else f"{slots[m]}[u]"
                 bodies[-1].append(f"(({_CTYPE[m.dtype]} *)b{p})[{idx}] = {v};")
-            return bodies
+            indexed[-1] = indexed[-1] or bool(outputs)
+            return list(zip(bodies, indexed))
 
-        fused = loop_bodies([list(enumerate(members))], {})[0]
+        fused = loop_bodies([list(enumerate(members))], {})[0][0]
         bodies = loop_bodies(segments, slots) if tile else []
         src = [f"/* {len(members)} ops, shape {shape}"
                + (f", {len(segments)} loops over tiles of {tile}" if tile else "") + " */",
@@ -736,7 +742,7 @@ class Kernels:
                 src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
         threads = max(1, fusion.MAX_THREADS)
         par = f"num_threads({threads}) if ({n} >= {PARALLEL_ELEMENTS})"
-        index = "j" if strided else "i"
+        ix = "j" if strided else "i"   # the element's index in the loops
         if not strided:
             src += [f"    #pragma omp parallel for schedule(dynamic, 1) {par}",
                     f"    for (int64_t c = 0; c < {n}; c += {CHUNK_ELEMENTS}) {{",
@@ -762,18 +768,17 @@ class Kernels:
                 src.append(f"        {t} {name}[{tile}] __attribute__((aligned(64)));")
             src += [f"        int64_t t = {first};",
                     f"        for (; t + {tile} <= e; t += {tile}) {{"]
-            for body in bodies:
+            for body, indexed in bodies:
                 src += ["            #pragma omp simd",
                         f"            for (int64_t u = 0; u < {tile}; u++) {{"]
-                if any(f"[{index}]" in ln or f"{index} *" in ln or "+ j]" in ln
-                       for ln in body):   # it reads an input or writes an output
-                    src.append(f"                const int64_t {index} = t + u;")
+                if indexed:   # it reads an input or writes an output
+                    src.append(f"                const int64_t {ix} = t + u;")
                 src += ["                " + ln for ln in body] + ["            }"]
             src.append("        }")
             first = "t"   # the rest: one loop, as below
         # one loop over the elements, every member in registers
         src += ["        #pragma omp simd",
-                f"        for (int64_t {index} = {first}; {index} < e; {index}++) {{"]
+                f"        for (int64_t {ix} = {first}; {ix} < e; {ix}++) {{"]
         src += ["            " + ln for ln in fused] + ["        }"]
         src += ["    }", "}"]
         self.functions.append("\n".join(src))
