@@ -227,6 +227,9 @@ def test_segments_are_bounded_and_slots_reused():
     assert ck._segments(members[:2], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
     assert ck._segments(members[1:3], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
     assert ck._segments(members[:3], {}, ck.TILED_MIN_ELEMENTS)[3] > 0
+    # loops over rows shorter than a tile: one loop
+    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS, row=100)[3] == 0
+    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS, row=300)[3] > 0
     # an output computed early keeps an array to the last segment, which stores it
     segments, slots, decls, tile = ck._segments(members, {members[0]: 1},
                                                 ck.TILED_MIN_ELEMENTS)

@@ -535,7 +535,7 @@ TILED_MIN_ELEMENTS = 1 << 16
 MAX_SEGMENTS = 16
 
 
-def _segments(members, outputs, n):
+def _segments(members, outputs, n, row=None):
     """How a group's loop is cut: ``(segments, slots, decls, tile)``.
 
     One loop that computes every member of an element before the next element makes each
@@ -552,7 +552,8 @@ def _segments(members, outputs, n):
     the time.
 
     Groups of fewer than :data:`TILED_MIN_ELEMENTS` elements, or with fewer than two
-    slow members, are one loop. A group is cut into at most :data:`MAX_SEGMENTS`
+    slow members, are one loop, and so is a group whose loops run over rows of ``row``
+    elements (strided reads) shorter than a tile. A group is cut into at most :data:`MAX_SEGMENTS`
     loops: with more slow members (not counting a last member, after which there is
     nothing to cut), it is cut after every second (third, ...) one, which bounds the
     compile time.
@@ -595,6 +596,8 @@ def _segments(members, outputs, n):
     tile = TILE_ELEMENTS
     while tile > 16 and tile * per_element > TILE_BYTES:
         tile //= 2
+    if row is not None and row < tile:
+        return everything, {}, {}, 0
     return segments, slots, decls, tile
 
 
@@ -689,9 +692,7 @@ class Kernels:
             for a in m.args:
                 if a in scalars and a not in value:
                     value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
-        segments, slots, decls, tile = _segments(members, outputs, n)
-        if tile > inner:   # strided rows shorter than a tile: one loop per row
-            segments, slots, decls, tile = [list(enumerate(members))], {}, {}, 0
+        segments, slots, decls, tile = _segments(members, outputs, n, inner)
 
         def loop_bodies(segments, slots):
             """Per segment, (the lines of its loop body, whether they read or write
