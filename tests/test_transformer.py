@@ -2,12 +2,15 @@
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
 
 import geon as be
 from geon.transformers import base as tbase
+from geon.transformers.numpy import compiled as compiled_kernels
+from geon.transformers.numpy import transformer as nt
 
 A = be.Axis(3, "TA")
 B = be.Axis(2, "TB")
@@ -209,18 +212,45 @@ def test_row_operands_with_views_broadcasts_and_other_dtypes(xdtype, cdtype):
 
 
 @pytest.mark.parametrize("shape", [(3,), (40, 70), (200000,), (2, 150000)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sigmoid_clamps_through_a_row_with_the_same_values(shape, dtype):
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_sigmoid_never_warns_and_is_exact_where_normal(shape, dtype):
+    # small float32/float64 sigmoids clamp -x below exp's overflow (through a row of the
+    # limit); large ones and float16 let exp overflow with its warning off for that call
     x = be.placeholder([be.Axis(n, f"SigAx{i}") for i, n in enumerate(shape)], dtype=dtype)
     f = be.NumPyTransformer().computation([be.sigmoid(x), be.sigmoid(x) * 2.0], x)
-    assert "_row(" in f.source
+    size = int(np.prod(shape))
+    unclamped = size >= nt.SIGMOID_UNCLAMPED or dtype == np.float16
+    assert ("_overflow_ok()" in f.source) == unclamped
+    assert ("_row(" in f.source) == (not unclamped)
     v = np.random.default_rng(1).standard_normal(shape).astype(dtype) * 60
-    v.flat[:4] = [-1000.0, 1000.0, np.nan, -0.0]
+    v.flat[:6] = [-1000.0, 1000.0, np.nan, -0.0, -20.0, 20.0]
+    limit = compiled_kernels.sigmoid_limit(dtype)
     with np.errstate(over="ignore"):
-        want = 1 / (1 + np.exp(-np.maximum(v, -80.0 if dtype == np.float32 else -700.0)))
-    got = f(v)
+        want = 1 / (1 + np.exp(-(v if unclamped else np.maximum(v, -limit))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = f(v)
     np.testing.assert_array_equal(got[0], want.astype(dtype))
     np.testing.assert_array_equal(got[1], want.astype(dtype) * 2)
+    # against the value in extended precision (where the platform has it): equal up to
+    # a few ulps wherever that is a normal number of the dtype, and tiny elsewhere
+    wide = v.astype(np.longdouble)
+    with np.errstate(over="ignore"):
+        exact = 1 / (1 + np.exp(-wide))
+    normal = np.abs(exact) >= np.finfo(dtype).tiny
+    np.testing.assert_allclose(got[0][normal].astype(np.longdouble), exact[normal],
+                               rtol=4 * np.finfo(dtype).eps)
+    assert np.all(got[0][~normal & ~np.isnan(v)] <= np.finfo(dtype).tiny)
+
+
+@pytest.mark.parametrize("dtype, limit", [(np.float16, 11.0), (np.float32, 88.0),
+                                          (np.float64, 709.0)])
+def test_sigmoid_limit_is_the_largest_whole_number_with_a_finite_exp(dtype, limit):
+    assert compiled_kernels.sigmoid_limit(dtype) == limit
+    with np.errstate(over="raise"):
+        assert np.isfinite(np.exp(np.array(limit, dtype)))
+        with pytest.raises(FloatingPointError):
+            np.exp(np.array(limit + 1, dtype))
 
 
 def trained(tmp_path):

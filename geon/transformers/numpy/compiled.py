@@ -50,6 +50,7 @@ themselves.
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shlex
@@ -124,8 +125,16 @@ def _fn(name, t):
     return name + ("f" if t == "float" else "")
 
 
+def sigmoid_limit(dtype):
+    """The largest whole number whose exp is finite in ``dtype`` (11 for float16, 88 for
+    float32, 709 for float64): the clamp of ``-x`` before ``exp`` in the sigmoid. Up to
+    it the result is exact wherever it is a normal number; beyond it the result is
+    already below the smallest normal number."""
+    return float(math.floor(math.log(float(np.finfo(dtype).max))))
+
+
 def _sigmoid(op, t, a):
-    limit = "80.0f" if op.dtype.itemsize <= 4 else "700.0"
+    limit = repr(sigmoid_limit(op.dtype)) + ("f" if t == "float" else "")
     return f"(({t})1 / (({t})1 + {_fn('exp', t)}(geon_min_{t[0]}(-{a[0]}, {limit}))))"
 
 
