@@ -185,8 +185,8 @@ def _sigmoid(op, out, args):
     x, = args
     first = f"np.negative({x}, out={out}{_loop(op)})"
     rest = [f"np.add({out}, 1, out={out})", f"np.reciprocal({out}, out={out})"]
-    if op.axes.size >= SIGMOID_UNCLAMPED or op.dtype.itemsize < 4:  # (float16: too
-        # narrow for a clamp; sigmoid(-20) would come out as 1.7e-5, not 0)
+    # float16 never clamps: its clamp would be 11, and sigmoid(-20) 1.7e-5 instead of 0
+    if op.axes.size >= SIGMOID_UNCLAMPED or op.dtype.itemsize < 4:
         return [first, "with _overflow_ok():", f"    np.exp({out}, out={out})"] + rest
     limit = compiled_kernels.sigmoid_limit(op.dtype)
     return [first, f"np.minimum({out}, _row({limit}, {out}), out={out})",
