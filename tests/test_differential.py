@@ -114,6 +114,13 @@ UNARY = {
     "-(-x)": OpKind(lambda x: -(-x), _same, exact=True),
     "log(exp(x))": OpKind(lambda x: be.log(be.exp(x)),
                           lambda m, e: (m, 1.01 * e + 4 * EPS * max(1.0, m)), max_m=20.0),
+    # -> expm1(x): the reference's exp(x) - 1 rounds twice, expm1 once
+    "exp(x)-1": OpKind(lambda x: be.exp(x) - 1.0,
+                       lambda m, e: (math.expm1(m), math.exp(m) * (1.01 * e + 4 * EPS)),
+                       max_m=4.0),
+    "-1+exp(x)": OpKind(lambda x: -1.0 + be.exp(x),
+                        lambda m, e: (math.expm1(m), math.exp(m) * (1.01 * e + 4 * EPS)),
+                        max_m=4.0),
 }
 
 
@@ -365,7 +372,7 @@ def analyze(recipe):
 KINDS = (["unary"] * 4 + ["rewrite"] * 2 + ["binary"] * 5 + ["reduce"] * 3 + ["dot"] * 2
          + ["slice"] * 2 + ["broadcast", "reorder", "input"])
 REWRITES = ["x*1", "1*x", "x+0", "0+x", "x-0", "x/1", "x**1", "x**2", "x*0", "-(-x)",
-            "log(exp(x))", "stop_gradient"]
+            "log(exp(x))", "exp(x)-1", "-1+exp(x)", "stop_gradient"]
 PLAIN_UNARY = [n for n in UNARY if n not in REWRITES]
 SCALARS = [0.0, 1.0, 2.0, -0.5, 1.5]
 

@@ -135,6 +135,49 @@ def test_forward_snap_and_invalid():
     np.testing.assert_allclose(g(np.zeros(3)), [1, 1, 1])
 
 
+def test_exp_minus_one_becomes_expm1_where_nothing_else_reads_the_exp():
+    x = be.placeholder([A], dtype=np.float64, name="xe")
+    xs = np.array([1e-10, 0.5, -3.0])
+    forms = [be.exp(x) - 1.0, be.exp(x) + -1.0, -1.0 + be.exp(x)]
+    f = be.NumPyTransformer().computation(forms, x)
+    for y, got in zip(forms, f(xs)):
+        assert isinstance(be.snap(y), og.Expm1)
+        np.testing.assert_array_equal(got, np.expm1(xs))
+    # exp(x) - 1 rounded twice is 8 digits off at 1e-10; expm1 is exact there
+    assert abs(np.exp(1e-10) - 1 - 1e-10) > 1e-18
+
+    # an exp built after an assignment to its argument reads the assigned value, and
+    # so does the expm1 that replaces it
+    v = be.Variable(axes=[A], initial_value=0.0, dtype=np.float64, name="ve")
+    s = be.SetItem(v, x)
+    after = be.exp(v) - 1.0
+    t = be.NumPyTransformer()
+    got = t.computation([s, after], x)(xs)[1]
+    assert isinstance(be.snap(after), og.Expm1)
+    np.testing.assert_array_equal(got, np.expm1(xs))
+
+    # the exp is read elsewhere too (here by the derivative): both stay
+    e = be.exp(x)
+    y = e - 1.0
+    dy = be.deriv(be.sum(y), x)
+    f = be.NumPyTransformer().computation([y, dy], x)
+    got, grad = f(xs)
+    assert isinstance(be.snap(y), og.Subtract) and isinstance(be.snap(e), og.Exp)
+    np.testing.assert_allclose(got, np.expm1(xs), rtol=1e-6)
+    np.testing.assert_allclose(grad, np.exp(xs))
+
+    # a constant that broadcasts (more axes than the exp) is not the number 1 of the rule
+    ones = be.Constant(np.ones((3, 4)), axes=[A, B])
+    z = be.exp(x) - ones
+    got = be.NumPyTransformer().computation(z, x)(xs)
+    assert isinstance(be.snap(z), og.Subtract)
+    np.testing.assert_allclose(got, np.broadcast_to((np.exp(xs) - 1)[:, None], (3, 4)))
+    # subtracting 2, or exp subtracted from 1, is not the rule's either
+    w = [be.exp(x) - 2.0, 1.0 - be.exp(x)]
+    be.NumPyTransformer().computation(w, x)(xs)
+    assert [type(be.snap(v)).__name__ for v in w] == ["Subtract", "Subtract"]
+
+
 def test_replacement_updates_users_outside_the_subgraph():
     x = be.placeholder([A], name="xr")
     y = x + 0.0
