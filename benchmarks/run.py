@@ -17,7 +17,7 @@ parentheses, and ratios of medians (of minimums in parentheses):
    100 to 4,000 ops (it should not grow with the graph);
 6. peak memory (VmHWM) of the MLP step against the minimum working set.
 
-Tables 2 and 3 also time geon's optional compiled path (``NumPyTransformer(compiled=
+Tables 1, 2 and 3 also time geon's optional compiled path (``NumPyTransformer(compiled=
 True)``, fused groups compiled to C) where a C compiler works.
 
 The JAX, PyTensor and PyTorch columns appear when those libraries can be imported;
@@ -54,6 +54,7 @@ import geon as be
 from benchmarks import compare, mlp
 from benchmarks.gemm import blas_info
 from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, table, us
+from geon.transformers.numpy import compiled
 
 NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch", "geon": "geon",
          "geon_c": "geon compiled", "eager": "NumPy eager", "out": "NumPy out="}
@@ -84,17 +85,26 @@ def bench_mlp(repeats, libs=()):
         x, t = mlp.data(batch)
         g, _ = mlp.geon_step(batch, params)
         n = mlp.numpy_step(params)
-        fns = {"geon": lambda: g(x, t), "numpy": lambda: n(x, t),
-               "gemms": mlp.gemms_only(batch)}
+        fns = {"geon": lambda: g(x, t)}
+        if compiled.available():  # the same step with its fused groups compiled to C
+            gc, _ = mlp.geon_step(batch, params, be.NumPyTransformer(compiled=True))
+            fns["geon_c"] = lambda: gc(x, t)
+        fns.update(numpy=lambda: n(x, t), gemms=mlp.gemms_only(batch))
         for lib in libs:
             fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
         r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'], prime=GAP.get('prime'))
         row = [batch] + [pair(ms, r[k]) for k in fns]
-        row += [ratio(r["geon"], r["numpy"]), ratio(r["geon"], r["gemms"])]
-        row += [ratio(r["geon"], r[lib]) for lib in libs]
+        row += [ratio(r["geon"], r["numpy"])]
+        row += [ratio(r[k], r["gemms"]) for k in ("geon", "geon_c") if k in r]
+        for k in ("geon", "geon_c"):
+            if k in r:
+                row += [ratio(r[k], r[lib]) for lib in libs]
         rows.append(row)
-    header = (["batch", "geon", "NumPy", "GEMMs alone"] + [NAMES[k] for k in libs]
-              + ["geon / NumPy", "geon / GEMMs"] + [f"geon / {NAMES[k]}" for k in libs])
+    mine = ["geon", "geon_c"] if compiled.available() else ["geon"]
+    header = (["batch"] + [NAMES[k] for k in mine] + ["NumPy", "GEMMs alone"]
+              + [NAMES[k] for k in libs] + ["geon / NumPy"]
+              + [f"{NAMES[k]} / GEMMs" for k in mine]
+              + [f"{NAMES[k]} / {NAMES[lib]}" for k in mine for lib in libs])
     return table("1. MLP training step 784-512-512-10, float32: median (min)", header, rows)
 
 
@@ -214,7 +224,6 @@ def bench_chain(repeats, libs=()):
 def _compiled(build, axis):
     """``NumPyTransformer(compiled=True)``'s computation of ``build(x)`` from a new
     placeholder on ``axis``, or ``None`` where no C compiler works."""
-    from geon.transformers.numpy import compiled
     if not compiled.available():
         return None
     x = be.placeholder([axis])
