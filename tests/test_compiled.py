@@ -113,19 +113,66 @@ def test_groups_read_broadcast_biases_transposes_and_strided_feeds(cache):
         np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
 
 
-def test_large_groups_run_on_threads_in_chunks(cache, monkeypatch):
+@pytest.mark.parametrize("strided", [False, True])
+def test_large_groups_run_in_blocks_on_threads(strided, cache, monkeypatch):
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
-    n = 3 * ck.PARALLEL_ELEMENTS + 5   # several chunks, a ragged last one
+    monkeypatch.setattr(ck, "PARALLEL_ELEMENTS", 4096)
+    monkeypatch.setattr(ck, "BLOCK_ELEMENTS", 1000)   # ragged: the last block is short
+    calls, real = [], fusion.run_blocks
+
+    def spy(fn, units, block, sets):
+        calls.append((units, block, len(sets)))
+        return real(fn, units, block, sets)
+
+    monkeypatch.setattr(fusion, "run_blocks", spy)
+    A, B = be.Axis(90, "A"), be.Axis(70, "B")
 
     def build():
-        A, B = be.Axis(n, "A"), be.Axis(1, "B")
         x = be.placeholder([A, B], dtype=np.float32)
-        return be.tanh(x * 2.0) - x, (x,)
+        if not strided:
+            return be.tanh(x * 2.0) - x, (x,)
+        b = be.placeholder([A], dtype=np.float32)      # read broadcast, by strides
+        return be.tanh(x * 2.0 + b) - x, (x, b)
 
-    xs = np.random.default_rng(1).standard_normal((n, 1)).astype(np.float32)
-    (c, got), (p, want) = compiled_and_numpy(build, xs)
-    assert "num_threads(2)" in c._kernels.source
+    rng = np.random.default_rng(1)
+    feeds = [rng.standard_normal((90, 70)).astype(np.float32)]
+    if strided:
+        feeds.append(rng.standard_normal(90).astype(np.float32))
+    (c, got), (p, want) = compiled_and_numpy(build, *feeds)
+    assert kernel_calls(c) == 1 and ("strided reads" in c.source) == strided
+    # blocks of 1,000 elements, or of the 14 rows of 70 that fit in 1,000
+    assert calls == [(90, 14, 2)] if strided else [(6300, 1000, 2)], calls
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # without threads, one call over the whole range
+    monkeypatch.setattr(ck, "PARALLEL_ELEMENTS", 1 << 20)
+    calls.clear()
+    (c, got), _ = compiled_and_numpy(build, *feeds)
+    assert calls == [] and "_run_blocks" not in c.source.split("# compiled:")[1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_a_compiled_function_writes_only_the_range_it_is_given(strided, cache):
+    A, B = be.Axis(6, "A"), be.Axis(5, "B")
+    x = be.placeholder([A, B], dtype=np.float64)
+    b = be.placeholder([A], dtype=np.float64)
+    y = be.tanh(x + b) if strided else be.tanh(x * 2.0) + x
+    comp = be.NumPyTransformer(compiled=True).computation(y, x, b)
+    assert kernel_calls(comp) == 1
+    assert re.search(r"kernel0\(Placeholder_\d+, " + ("v_Expand" if strided else "t_"),
+                     comp.source), comp.source
+    (kernel,) = comp._kernel_fns.values()
+    xs = np.arange(30.0).reshape(6, 5) / 30
+    bs = np.linspace(-1, 1, 6)
+    want = np.tanh(xs + bs[:, None]) if strided else np.tanh(xs * 2) + xs
+    out = np.full((6, 5), -7.0)
+    lo, hi = (2, 4) if strided else (7, 19)    # rows, or elements
+    bview = np.broadcast_to(bs[:, None], (6, 5))   # as the generated code passes it
+    kernel(*((xs, bview, out) if strided else (xs, out)), lo, hi)
+    expect = np.full(30, -7.0)
+    span = slice(lo * 5, hi * 5) if strided else slice(lo, hi)
+    expect[span] = want.reshape(-1)[span]
+    np.testing.assert_allclose(out.reshape(-1), expect, rtol=1e-15)
 
 
 # --- large groups with several slow members: loops over tiles ----------------------------

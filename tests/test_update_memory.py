@@ -289,13 +289,3 @@ def test_no_blas_call_without_the_library(fuse_small, no_blas):
     W, upd, ps = _gradient_update()
     f = be.NumPyTransformer().computation(upd, *ps)
     assert "_gemm_acc" not in f.source
-
-
-def test_openmp_threads_are_told_to_sleep_unless_the_user_chose():
-    env = {}
-    compiled._quiet_openmp(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    for var in compiled.OPENMP_WAIT_VARIABLES:
-        env = {var: "1"}
-        compiled._quiet_openmp(env)
-        assert env == {var: "1"}

@@ -25,8 +25,9 @@ themselves.
   not ``-ffast-math``: NaN and infinities propagate as in NumPy (maximum / minimum
   return the NaN operand; comparisons with NaN are false), no ``a * b + c`` is fused
   into one rounding, so ``+ - * /`` give NumPy's bits. ``-march=native`` (with
-  512-bit vectors preferred on AVX-512 CPUs) and ``-fopenmp`` are used when the
-  compiler accepts them; the transcendental functions
+  512-bit vectors preferred on AVX-512 CPUs) and ``-fopenmp-simd`` (the ``simd``
+  directives only: no OpenMP runtime) are used when the compiler accepts them; the
+  transcendental functions
   (``exp``, ``log``, ``tanh``, ...) come from the C library, in its vector versions
   (glibc's libmvec, at most 4 ulp) where the compiler can call them.
 - Tiles: in a group of at least :data:`TILED_MIN_ELEMENTS` elements with several slow
@@ -34,11 +35,15 @@ themselves.
   member and the elements are taken a tile at a time (:func:`_segments`): one loop per
   segment over the tile, so the CPU overlaps the slow calls of successive elements
   instead of waiting on each element's chain.
-- Threads: groups of at least :data:`PARALLEL_ELEMENTS` elements are split over
-  OpenMP threads (``fusion.MAX_THREADS`` of them, i.e. ``GEON_NUM_THREADS``) in chunks
-  handed out dynamically, so a busy core costs at most its share. Idle OpenMP threads
-  sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``, set unless the user chose a
-  wait policy: :data:`OPENMP_WAIT_VARIABLES`), so they leave the cores to the BLAS.
+- Threads: each function takes the range of elements (or rows, for strided reads) it
+  computes. Groups of at least :data:`PARALLEL_ELEMENTS` elements are called in blocks
+  of :data:`BLOCK_ELEMENTS` on geon's own threads (``fusion.run_blocks``, with
+  ``fusion.MAX_THREADS`` workers, i.e. ``GEON_NUM_THREADS``), which take the next block
+  as they become free, so a busy core costs at most its share; :mod:`ctypes` lets go
+  of the GIL during each call. There is no OpenMP runtime: its idle threads spin, and
+  a process that also loaded PyTorch's (which is initialized as PyTorch wants, before
+  geon can set ``OMP_WAIT_POLICY``) ran the MLP step of the benchmarks at batch 128 in
+  16.7 ms instead of 2.7, its spinning threads taking the cores from the BLAS.
 - Cache: libraries are kept under ``$GEON_CACHE_DIR/kernels`` (default
   ``~/.cache/geon/kernels``), named by a hash of the C source, the compiler, its flags
   and the CPU; each is written to a temporary name and renamed, with a ``.sha256`` file
@@ -68,14 +73,18 @@ from geon.op_graph import primitives as pr
 from geon.op_graph.np_ops import Select
 from geon.transformers import fusion
 
-#: Groups with at least this many elements are split over OpenMP threads.
-PARALLEL_ELEMENTS = 1 << 16
+#: Groups with at least this many elements run in blocks on several threads.
+PARALLEL_ELEMENTS = 1 << 20
+#: Elements per block handed to a thread (rows of strided groups: this many elements'
+#: worth, at least one row).
+BLOCK_ELEMENTS = 1 << 18
 #: At most this many ops per C function: the compiler's time grows faster than the
 #: function's length (a 5,000-op loop took 36 s, 1,000 ops 2.8 s).
 MAX_MEMBERS = 250
-#: Elements per chunk of work handed to a thread.
+#: Elements per step of a function's outer loop (a step's tiles stay in cache).
 CHUNK_ELEMENTS = 1 << 14
-#: Flags always given; ``-march=native`` and ``-fopenmp`` are added when they compile.
+#: Flags always given; ``-march=native`` and ``-fopenmp-simd`` are added when they
+#: compile.
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu99", "-fno-math-errno",
               "-fno-trapping-math", "-ffp-contract=off")
 #: Tried first: all of the CPU, with 512-bit vectors where it has them (GCC prefers 256
@@ -230,7 +239,6 @@ class Toolchain:
 
     def __init__(self, command, flags, identity, simd_math=False):
         self.command, self.flags, self.identity = command, tuple(flags), identity
-        self.openmp = "-fopenmp" in flags
         #: whether the C library's vector maths (glibc's libmvec) can be called
         self.simd_math = simd_math
 
@@ -245,7 +253,6 @@ def _probe_source(simd_math):
     return ("#include <math.h>\n#include <stdint.h>\n"
             + (_simd_declarations() if simd_math else "") + """
 void geon_probe(float *x, int64_t n) {
-    #pragma omp parallel for schedule(dynamic, 1) if (n > 1000000)
     for (int64_t c = 0; c < n; c += 64) {
         int64_t e = c + 64 < n ? c + 64 : n;
         #pragma omp simd
@@ -308,22 +315,7 @@ def toolchain():
     return tc
 
 
-#: Environment variables that choose how OpenMP threads wait for work. Left to
-#: themselves, GCC's libgomp threads spin for a while after each parallel region; on a
-#: machine with few cores they then take the cores from the BLAS library's threads
-#: (the MLP step of the benchmarks at batch 128 took 15 ms instead of 2.9 ms on two
-#: cores). Unless the user has set one of these, geon sets ``OMP_WAIT_POLICY=PASSIVE``
-#: before the first kernel loads the OpenMP runtime: idle threads sleep.
-OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
-def _quiet_openmp(environ=os.environ):
-    if not any(v in environ for v in OPENMP_WAIT_VARIABLES):
-        environ["OMP_WAIT_POLICY"] = "PASSIVE"
-
-
 def _probe():
-    _quiet_openmp()
     command = _compiler_command()
     try:
         version = subprocess.run(command + ["--version"], capture_output=True, text=True,
@@ -333,7 +325,8 @@ def _probe():
     flags, simd_math, err = None, False, ""
     with tempfile.TemporaryDirectory(prefix="geon-probe-") as d:
         src = os.path.join(d, "probe.c")
-        tries = ((*NATIVE_FLAGS, "-fopenmp"), ("-march=native", "-fopenmp"), ("-fopenmp",),
+        tries = ((*NATIVE_FLAGS, "-fopenmp-simd"), ("-march=native", "-fopenmp-simd"),
+                 ("-fopenmp-simd",),
                  ("-march=native",), ())
         for k, extra in enumerate(tries):
             simd_math = k < 2  # vector maths: only with the best flags
@@ -743,26 +736,23 @@ class Kernels:
         bodies = loop_bodies(segments, slots) if tile else []
         src = [f"/* {len(members)} ops, shape {shape}"
                + (f", {len(segments)} loops over tiles of {tile}" if tile else "") + " */",
-               f"void {cname}({', '.join(f'void *a{p}' for p in range(len(params)))}) {{"]
+               f"void {cname}({''.join(f'void *a{p}, ' for p in range(len(params)))}"
+               f"int64_t lo, int64_t hi) {{"]
         for p in range(len(params)):
             src.append(f"    char *const b{p} = GEON_DATA(a{p});")
         for p in sorted(strided):
             src.append(f"    const int64_t *const st{p} = GEON_STRIDES(a{p});")
             for d in range(rank):
                 src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
-        threads = max(1, fusion.MAX_THREADS)
-        par = f"num_threads({threads}) if ({n} >= {PARALLEL_ELEMENTS})"
         ix = "j" if strided else "i"   # the element's index in the loops
+        # elements lo..hi (rows lo..hi with strided reads): the caller splits the range
         if not strided:
-            src += [f"    #pragma omp parallel for schedule(dynamic, 1) {par}",
-                    f"    for (int64_t c = 0; c < {n}; c += {CHUNK_ELEMENTS}) {{",
-                    f"        const int64_t e = c + {CHUNK_ELEMENTS} < {n} ? "
-                    f"c + {CHUNK_ELEMENTS} : {n};"]
+            src += [f"    for (int64_t c = lo; c < hi; c += {CHUNK_ELEMENTS}) {{",
+                    f"        const int64_t e = c + {CHUNK_ELEMENTS} < hi ? "
+                    f"c + {CHUNK_ELEMENTS} : hi;"]
             first = "c"
         else:
-            chunk = max(1, CHUNK_ELEMENTS // max(inner, 1))
-            src += [f"    #pragma omp parallel for schedule(dynamic, {chunk}) {par}",
-                    f"    for (int64_t r = 0; r < {rows}; r++) {{",
+            src += ["    for (int64_t r = lo; r < hi; r++) {",
                     f"        const int64_t e = {inner};"]
             first = "0"
             for p in sorted(strided):
@@ -798,7 +788,15 @@ class Kernels:
                      + (f"{len(segments)} C loops over tiles of {tile} of the {n} elements "
                         if tile else f"one C loop over {n} elements ")
                      + f"({cname}{', strided reads' if strided else ''})")
-        lines.append(f"    {pyname}({', '.join(params)})")
+        units = rows if strided else n   # the function's range
+        threads = fusion.MAX_THREADS if n >= PARALLEL_ELEMENTS else 1
+        if threads > 1:
+            block = max(1, BLOCK_ELEMENTS // (inner if strided else 1))
+            args = "".join(f"{a}, " for a in params)
+            lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}({args}_lo, _hi), "
+                         f"{units}, {block}, ((),) * {threads})")
+        else:
+            lines.append(f"    {pyname}({''.join(f'{a}, ' for a in params)}0, {units})")
         return lines
 
     def build(self):
@@ -818,7 +816,7 @@ class Kernels:
         out = {}
         for pyname, cname, nargs in self.names:
             f = getattr(lib, cname)
-            f.argtypes = [ctypes.py_object] * nargs
+            f.argtypes = [ctypes.py_object] * nargs + [ctypes.c_int64] * 2
             f.restype = None
             out[pyname] = f
         return out
