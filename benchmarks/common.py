@@ -10,6 +10,10 @@ def interleaved(fns, repeats=15, inner=1, warmup=2):
     return {k: v[0] for k, v in interleaved_stats(fns, repeats, inner, warmup).items()}
 
 
+#: Untimed calls right before each timed one after a pause (see interleaved_stats).
+PRIME_CALLS = 2
+
+
 def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0, prime=None):
     """Like :func:`interleaved`, but name -> (median, minimum) seconds per call.
 
@@ -17,14 +21,18 @@ def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0, prime=None):
     pool go idle: OpenBLAS's, XLA's and OpenMP's worker threads spin for a while after
     a call, and on a machine with few cores they would slow whatever runs next.
 
-    ``prime`` (default: where there is a gap) makes one untimed call of the function
-    right before each timed one, so a sample is a call in a running loop (as a training
-    step follows a step), not the first call after an idle pause: on a virtual machine
-    that first call pays for waking idle virtual CPUs, once per hand-off between threads
-    (geon's two-thread NumPy code on the 20-op chain: 22 ms in a loop, 37-43 ms after a
-    0.1 s pause; JAX 25 and 28 ms)."""
+    ``prime`` untimed calls of the function (default: :data:`PRIME_CALLS` where there
+    is a gap, else none; ``False``: none) come right before each timed one, so a
+    sample is a call in a running loop (as a training step follows a step), not one of
+    the first calls after an idle pause: on a virtual machine those pay for waking idle
+    virtual CPUs, once per hand-off between threads. On the 2-core KVM guest of the
+    2026-11-27 results, geon's two-thread NumPy code on the 20-op chain took 30-43
+    ms as the first call after a 0.1 s pause, alternately 15-16 and 22-30 ms as the
+    second, and 15-16 ms from the third on, as in a loop; JAX's one thread took 23 ms
+    throughout."""
     if prime is None:
-        prime = gap > 0
+        prime = PRIME_CALLS if gap > 0 else 0
+    prime = int(prime)  # (True: one call, as before)
     for f in fns.values():
         for _ in range(warmup):
             f()
@@ -33,7 +41,7 @@ def interleaved_stats(fns, repeats=15, inner=1, warmup=2, gap=0.0, prime=None):
         for k, f in fns.items():
             if gap:
                 time.sleep(gap)
-            if prime:
+            for _ in range(prime):
                 f()
             t0 = time.perf_counter()
             for _ in range(inner):

@@ -528,8 +528,8 @@ def main(argv=None):
                     help="seconds of sleep before each timed sample (default 0.1 when "
                          "other libraries are compared, else 0)")
     ap.add_argument("--cold", action="store_true",
-                    help="time the first call after each pause (by default an untimed "
-                         "call comes right before each timed one after a pause)")
+                    help="time the first call after each pause (by default two untimed "
+                         "calls come right before each timed one after a pause)")
     args = ap.parse_args(argv)
     only = [v.strip() for arg in args.only or [",".join(TABLES)] for v in arg.split(",")
             if v.strip()]

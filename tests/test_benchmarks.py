@@ -120,8 +120,8 @@ def test_import_geon_sets_no_coretype_on_this_cpu_unless_it_should():
     assert out.stdout.strip() == (_blas.coretype_for(*_blas._cpu()) or "-")
 
 
-def test_samples_after_a_pause_are_primed_by_an_untimed_call():
-    from benchmarks.common import interleaved_stats
+def test_samples_after_a_pause_are_primed_by_untimed_calls():
+    from benchmarks.common import PRIME_CALLS, interleaved_stats
     calls = {"a": 0, "b": 0}
 
     def counter(k):
@@ -131,7 +131,11 @@ def test_samples_after_a_pause_are_primed_by_an_untimed_call():
 
     fns = {k: counter(k) for k in calls}
     interleaved_stats(fns, repeats=3, warmup=1, gap=0.001)
-    assert calls == {"a": 1 + 3 * 2, "b": 1 + 3 * 2}  # warm-up, then primed samples
+    per = 1 + 3 * (PRIME_CALLS + 1)   # warm-up, then primed samples
+    assert PRIME_CALLS == 2 and calls == {"a": per, "b": per}
+    calls.update(a=0, b=0)
+    interleaved_stats(fns, repeats=3, warmup=1, gap=0.001, prime=1)
+    assert calls == {"a": 1 + 3 * 2, "b": 1 + 3 * 2}
     calls.update(a=0, b=0)
     interleaved_stats(fns, repeats=3, warmup=1, gap=0.001, prime=False)  # --cold
     assert calls == {"a": 4, "b": 4}
