@@ -156,6 +156,22 @@ def test_exp_minus_one_becomes_expm1_where_nothing_else_reads_the_exp():
     assert isinstance(be.snap(after), og.Expm1)
     np.testing.assert_array_equal(got, np.expm1(xs))
 
+    # an op ordered after an assignment the exp was not (follows=) reads what the exp
+    # read: the rule (and log(exp(v)) -> v) stands aside
+    v = be.Variable(axes=[A], initial_value=0.5, dtype=np.float64, name="vf")
+    e = be.exp(v)
+    s = be.SetItem(v, x)
+    ops = [og.Subtract(e, 1.0, follows=[s]), og.Log(e, follows=[s])]
+    got = be.NumPyTransformer().computation([s] + ops, x)(xs)[1:]
+    assert [type(be.snap(o)).__name__ for o in ops] == ["Subtract", "Log"]
+    np.testing.assert_allclose(got[0], np.expm1([0.5] * 3))
+    np.testing.assert_allclose(got[1], [0.5] * 3)
+    # an integer exp rounds before the subtraction: not expm1's value
+    y = og.Exp(x, dtype=np.int32) - 1
+    got = be.NumPyTransformer().computation(y, x)(np.array([-1.0, 0.5, 2.0]))
+    assert isinstance(be.snap(y), og.Subtract)
+    np.testing.assert_array_equal(got, [-1, 0, 6])
+
     # the exp is read elsewhere too (here by the derivative): both stay
     e = be.exp(x)
     y = e - 1.0
@@ -176,6 +192,17 @@ def test_exp_minus_one_becomes_expm1_where_nothing_else_reads_the_exp():
     w = [be.exp(x) - 2.0, 1.0 - be.exp(x)]
     be.NumPyTransformer().computation(w, x)(xs)
     assert [type(be.snap(v)).__name__ for v in w] == ["Subtract", "Subtract"]
+
+
+def test_expm1_derivatives_keep_their_digits_where_expm1_is_minus_one():
+    x = be.placeholder([be.Axis(3, "X")], dtype=np.float64, name="xd")
+    xs = np.array([-20.0, -40.0, 0.5])
+    y = be.expm1(x)
+    t = be.NumPyTransformer()
+    grad, tangent = t.computation([be.deriv(be.sum(y), x), be.jvp(y, x, 1.0)], x)(xs)
+    # exp(x), not expm1(x) + 1 (which is 0 at -40, and 2.06e-9 only to 8 digits at -20)
+    np.testing.assert_allclose(grad, np.exp(xs), rtol=1e-15)
+    np.testing.assert_allclose(tangent, np.exp(xs), rtol=1e-15)
 
 
 def test_replacement_updates_users_outside_the_subgraph():

@@ -8,7 +8,7 @@ import pytest
 import geon as be
 from geon.op_graph import primitives as pr
 from geon.transformers import fusion, memory
-from geon.transformers.numpy import blas, compiled, transformer
+from geon.transformers.numpy import blas, transformer
 
 
 @pytest.fixture

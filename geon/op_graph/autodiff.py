@@ -225,7 +225,7 @@ def _erf(op, d):
     x = op.args[0]
     return (d * float(2 / math.sqrt(math.pi)) * og.Exp(-(x * x)),)
 @R(og.Expm1)
-def _expm1(op, d): return (d * (op + 1.0),)
+def _expm1(op, d): return (d * og.Exp(op.args[0]),)  # not op + 1: 0 once op rounds to -1
 @R(og.Softplus)
 def _softplus(op, d): return (d * og.Sigmoid(op.args[0]),)
 @R(sc.SigmoidCrossEntropy)

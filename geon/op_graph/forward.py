@@ -238,7 +238,7 @@ F(og.Tanh)(_scaled(lambda op: 1.0 - op * op))
 F(og.Sigmoid)(_scaled(lambda op: op * (1.0 - op)))
 F(og.Erf)(_scaled(lambda op: float(2 / math.sqrt(math.pi))
                    * og.Exp(-(op.args[0] * op.args[0]))))
-F(og.Expm1)(_scaled(lambda op: op + 1.0))
+F(og.Expm1)(_scaled(lambda op: og.Exp(op.args[0])))  # not op + 1: 0 once op is -1
 F(og.Softplus)(_scaled(lambda op: og.Sigmoid(op.args[0])))
 
 

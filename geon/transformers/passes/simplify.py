@@ -90,22 +90,33 @@ def neg_neg(op):  # -(-x) -> x
     return _keep(a.args[0], op) if isinstance(a, og.Negative) else None
 
 
+def _runs_as(op, a):
+    """Whether ``op`` waits for nothing its operand ``a`` did not wait for (its
+    other_deps, e.g. an assignment it was built ``follows=``): then a rule may compute
+    ``op`` from ``a``'s own operands where ``a`` ran."""
+    return all(d in a.other_deps for d in op.other_deps)
+
+
 def log_exp(op):  # log(exp(x)) -> x
     a = op.args[0]
-    return _keep(a.args[0], op) if isinstance(a, og.Exp) else None
+    ok = isinstance(a, og.Exp) and _runs_as(op, a)
+    return _keep(a.args[0], op) if ok else None
 
 
 def exp_minus_one(op):  # exp(x) - 1 -> expm1(x) ; exp(x) + -1 and -1 + exp(x) too
     """One rounding instead of two, exact near 0 where ``exp(x) - 1`` cancels (``x =
-    1e-10`` loses 8 of 16 digits), and one pass over the data instead of two. Only where
-    nothing else reads the ``exp``: computing it and ``expm1`` would cost more."""
+    1e-10`` loses 8 of 16 digits), and one pass over the data instead of two. Only
+    where no other op reads this ``exp`` op (computing it and ``expm1`` would cost
+    more; an ``exp(x)`` built twice is merged only later, by ``cse``), and only in
+    floats: an integer ``exp`` rounds before the subtraction."""
     a, b = op.args
     if isinstance(op, og.Subtract):
         e = a if _is(b, 1) else None
     else:
         e = a if _is(b, -1) else b if _is(a, -1) else None
     if not isinstance(e, og.Exp) or e.axes != op.axes or e.dtype != op.dtype \
-            or len(e.users) != 1 or e._dep_users:
+            or op.dtype.kind != "f" or len(e.users) != 1 or e._dep_users \
+            or not _runs_as(op, e):
         return None
     new = og.Expm1(e.args[0], dtype=op.dtype)
     for d in e.other_deps:  # the exp read its argument after these (an assignment)
