@@ -790,13 +790,13 @@ class Kernels:
                      + f"({cname}{', strided reads' if strided else ''})")
         units = rows if strided else n   # the function's range
         threads = fusion.MAX_THREADS if n >= PARALLEL_ELEMENTS else 1
+        args = "".join(f"{a}, " for a in params)
         if threads > 1:
             block = max(1, BLOCK_ELEMENTS // (inner if strided else 1))
-            args = "".join(f"{a}, " for a in params)
             lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}({args}_lo, _hi), "
                          f"{units}, {block}, ((),) * {threads})")
         else:
-            lines.append(f"    {pyname}({''.join(f'{a}, ' for a in params)}0, {units})")
+            lines.append(f"    {pyname}({args}0, {units})")
         return lines
 
     def build(self):
