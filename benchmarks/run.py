@@ -57,7 +57,8 @@ from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, t
 from geon.transformers.numpy import compiled
 
 NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch", "geon": "geon",
-         "geon_c": "geon compiled", "eager": "NumPy eager", "out": "NumPy out="}
+         "geon_c": "geon compiled", "eager": "NumPy eager", "out": "NumPy out=",
+         "numpy": "NumPy", "gemms": "GEMMs alone"}
 
 #: seconds of sleep before each timed sample when other libraries are compared (their
 #: idle worker threads spin for a while after each call; see common.interleaved_stats)
@@ -93,18 +94,13 @@ def bench_mlp(repeats, libs=()):
         for lib in libs:
             fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
         r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'], prime=GAP.get('prime'))
-        row = [batch] + [pair(ms, r[k]) for k in fns]
-        row += [ratio(r["geon"], r["numpy"])]
-        row += [ratio(r[k], r["gemms"]) for k in ("geon", "geon_c") if k in r]
-        for k in ("geon", "geon_c"):
-            if k in r:
-                row += [ratio(r[k], r[lib]) for lib in libs]
+        mine = [k for k in ("geon", "geon_c") if k in r]
+        header = (["batch"] + [NAMES[k] for k in fns] + ["geon / NumPy"]
+                  + [f"{NAMES[k]} / GEMMs" for k in mine])
+        row = ([batch] + [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["numpy"])]
+               + [ratio(r[k], r["gemms"]) for k in mine])
+        header, row = _against(header, row, r, libs)
         rows.append(row)
-    mine = ["geon", "geon_c"] if compiled.available() else ["geon"]
-    header = (["batch"] + [NAMES[k] for k in mine] + ["NumPy", "GEMMs alone"]
-              + [NAMES[k] for k in libs] + ["geon / NumPy"]
-              + [f"{NAMES[k]} / GEMMs" for k in mine]
-              + [f"{NAMES[k]} / {NAMES[lib]}" for k in mine for lib in libs])
     return table("1. MLP training step 784-512-512-10, float32: median (min)", header, rows)
 
 
