@@ -252,6 +252,48 @@ def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_read_through_each_kind_of_stride(dtype, cache):
+    """A strided row is read a chunk at a time, each strided input's chunk made
+    contiguous: a last stride of the element size is read in place, a last stride of 0
+    (a value broadcast along the row) fills the chunk, any other stride is gathered.
+    Rows of 2,500 take three chunks, the last one short; one of the groups is tiled."""
+    N, H = be.Axis(27, "N"), be.Axis(2500, "H")
+    assert H.length % ck.ROW_CHUNK_ELEMENTS and H.length > 2 * ck.ROW_CHUNK_ELEMENTS
+    assert N.length * H.length >= ck.TILED_MIN_ELEMENTS
+    rng = np.random.default_rng(11)
+    xv, bv, cv = (rng.standard_normal(s).astype(dtype) for s in ((27, 2500), 2500, 27))
+    tv = rng.standard_normal((2500, 27)).astype(dtype)
+
+    for slow in (False, True):
+        def build():
+            # views of variables are made once, so the group is one run of ops
+            x = be.placeholder([N, H], dtype=dtype)
+            b = be.Variable([H], initial_value=bv, dtype=dtype)  # element stride
+            c = be.Variable([N], initial_value=cv, dtype=dtype)  # stride 0 along rows
+            t = be.Variable([H, N], initial_value=tv, dtype=dtype)  # transposed
+            y = (x + b) * c - be.axes_with_order(t, [N, H])
+            if slow:
+                y = be.exp(be.tanh(y)) * c
+            return y, (x,)
+
+        (comp, got), (_, want) = compiled_and_numpy(build, xv)
+        src = comp._kernels.source
+        assert kernel_calls(comp) == 1 and "strided reads" in comp.source
+        assert ("loops over tiles of" in src) == slow, src
+        # against float64: each element to a few roundings of its terms' size (the
+        # subtraction cancels)
+        x64, b64, c64, t64 = (a.astype(np.float64) for a in (xv, bv, cv, tv))
+        exact = (x64 + b64) * c64[:, None] - t64.T
+        size = (abs(x64) + abs(b64)) * abs(c64[:, None]) + abs(t64.T)
+        eps = np.finfo(dtype).eps
+        if slow:
+            exact = np.exp(np.tanh(exact)) * c64[:, None]
+            np.testing.assert_allclose(got, want, rtol=8 * eps)
+        else:   # + - * give NumPy's bits
+            np.testing.assert_array_equal(got, want)
+        assert (abs(got - exact) <= 16 * eps * (size + abs(exact))).all()
+
 def test_segments_are_bounded_and_slots_reused():
     A = be.Axis(ck.TILED_MIN_ELEMENTS, "A")
     x = be.placeholder([A], dtype=np.float32)
