@@ -294,6 +294,48 @@ def test_long_rows_read_through_each_kind_of_stride(dtype, cache):
             np.testing.assert_array_equal(got, want)
         assert (abs(got - exact) <= 16 * eps * (size + abs(exact))).all()
 
+@pytest.mark.parametrize("rows, length, kept", [(7, 2500, True), (5, 300, False),
+                                                 (1100, 1000, True)])
+def test_groups_end_with_sums_of_their_rows(rows, length, kept, cache, monkeypatch):
+    """A row sum after a group (the bias gradient after the backward ReLU mask) is added
+    up in the group's C loop, in double, and stored once per row. ``kept``: the masked
+    product is also a result (else it never gets a full buffer); 1,100 x 1,000 runs in
+    blocks of rows on two threads."""
+    from geon.op_graph import primitives as pr
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    N, H = be.Axis(rows, "N"), be.Axis(length, "H")
+    rng = np.random.default_rng(rows)
+    dv = rng.standard_normal((rows, length)).astype(np.float32)
+    hv = np.maximum(rng.standard_normal((rows, length)), 0).astype(np.float32)
+    dv[0, :3], hv[0, :3] = [1e8, 1.0, -1e8], 1.0  # float32 sums would lose the 1
+
+    def build():
+        d = be.placeholder([N, H])
+        h = be.placeholder([N, H])
+        masked = d * be.greater(h, 0.0)
+        out = [be.sum(masked, reduction_axes=H)]
+        return (out + [masked] if kept else out), (d, h)
+
+    (got, c), (want, _) = [
+        (comp(dv, hv), comp) for comp in
+        (be.NumPyTransformer(compiled=compiled).computation(out, *params)
+         for compiled in (True, False) for out, params in [build()])]
+    (g,) = c.groups
+    assert isinstance(g.members[-1], pr.ReduceSum) and kernel_calls(c) == 1, c.source
+    assert "sum(s) of their rows" in c.source
+    assert ("_run_blocks(" in c.source) == (rows * length >= ck.PARALLEL_ELEMENTS)
+    masked = dv.astype(np.float64) * (hv > 0)
+    exact = masked.sum(axis=1)
+    # one rounding of the exact sum (double accumulation: the 1 in row 0 is kept)
+    assert (_ulps(got[0], exact.astype(np.float32)) <= 1).all()
+    assert abs(exact[0] - (1.0 + masked[0, 3:].sum())) < 1e-6
+    assert got[0][0] == np.float32(exact[0])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4,
+                               atol=1e-5 * abs(masked).sum(axis=1).max())
+    if kept:
+        np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_segments_are_bounded_and_slots_reused():
     A = be.Axis(ck.TILED_MIN_ELEMENTS, "A")
     x = be.placeholder([A], dtype=np.float32)

@@ -92,7 +92,8 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
     With ``reductions``, reductions of the second dimension of a 2-d member run right
     after a group (or after a single fusable op) join it as its last members: each block
     reduces its own rows while they are in cache (a bias gradient after the backward
-    mask), instead of a second pass over the whole member.
+    mask), instead of a second pass over the whole member. ``reductions`` may be a
+    predicate: then only the reductions it accepts join.
     """
     _fusable_op = fusable or _fusable
     root = {}  # view -> the op whose elements it shows
@@ -134,7 +135,8 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
         for run in runs:
             op = after.get(run[-1])
             while op is not None and (max_members is None or len(run) < max_members) \
-                    and _row_reduction(op, run):
+                    and _row_reduction(op, run) \
+                    and (reductions is True or reductions(op)):
                 run.append(op)
                 op = after.get(op)
         runs = [run for run in runs if len(run) > 1]

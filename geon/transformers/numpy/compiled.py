@@ -215,6 +215,14 @@ def supported(op):
     return ct is None or ct in _FLOATS
 
 
+def row_sum(op):
+    """Whether ``op`` may end a compiled group as a sum of a member's rows (the group
+    finder checks that it reduces the second dimension of a 2-d member): a float
+    ReduceSum of its own dtype, accumulated in double."""
+    return isinstance(op, pr.ReduceSum) and op.dtype in _FLOATS \
+        and op.args[0].dtype == op.dtype
+
+
 def fusable(op):
     """The fusion predicate of the compiled path: what fusion fuses anyway, and
     elementwise ops of any size that compile."""
@@ -630,7 +638,7 @@ class Kernels:
         lengths = g.members[0].axes.lengths
         members = set(g.members)
         for m in g.members:
-            if not supported(m):
+            if not (supported(m) or row_sum(m)):
                 return False
             for a in m.args:
                 if a in members or a in scalars:
@@ -684,10 +692,15 @@ class Kernels:
         # an output never goes through strides: buffers, fresh arrays and variables are
         # contiguous (an input read through a view is never an output's buffer)
         strided -= set(outputs.values())
+        # row sums (the group finder puts them last): one accumulator each per row,
+        # stored once the row is done
+        sums = {m: k for k, m in enumerate(x for x in members if row_sum(x))}
+        stored = {m: p for m, p in outputs.items() if m not in sums}
+        by_rows = bool(strided or sums)   # loops over rows, then over a row's elements
         rank = len(shape)
         rows = int(np.prod(shape[:-1])) if rank > 1 else 1
-        inner = shape[-1] if strided else n
-        if not strided:
+        inner = shape[-1] if by_rows else n
+        if not by_rows:
             rows = 1
         loads = {}    # parameter -> the line loading element i (or j) of that input
         value = {}
@@ -696,7 +709,7 @@ class Kernels:
             v = f"x{p}"
             if p in strided:   # q<p>: the current chunk of its row, contiguous
                 loads[p] = f"const {t} {v} = q{p}[j - c0];"
-            elif strided:
+            elif by_rows:
                 loads[p] = f"const {t} {v} = (({t} *)b{p})[r * {inner} + j];"
             else:
                 loads[p] = f"const {t} {v} = (({t} *)b{p})[i];"
@@ -706,8 +719,11 @@ class Kernels:
                 if a in scalars and a not in value:
                     value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
         chunk = min(inner, ROW_CHUNK_ELEMENTS)   # strided groups: a row's piece
-        segments, slots, decls, tile = _segments(members, outputs, n,
-                                                 chunk if strided else None)
+        if sums:   # one loop: the sums add up the values of the last one
+            segments, slots, decls, tile = [list(enumerate(members))], {}, {}, 0
+        else:
+            segments, slots, decls, tile = _segments(members, outputs, n,
+                                                     chunk if strided else None)
 
         def loop_bodies(segments, slots):
             """Per segment, (the lines of its loop body, whether they read or write
@@ -716,6 +732,10 @@ class Kernels:
             for seg in segments:
                 used, body, here = set(), [], {m for _, m in seg}
                 for q, m in seg:
+                    if m in sums:
+                        body.append(f"acc{sums[m]} += (double){values[m.args[0]][0]};"
+                                    f"  /* {_c_comment(m)} */")
+                        continue
                     ct = m.compute_dtype()
                     t = _CTYPE[ct] if ct is not None else _CTYPE[m.dtype]
                     args = []
@@ -738,8 +758,8 @@ class Kernels:
             # Every store comes last, after every load of the element: an output may
             # be written over an input's buffer.
             here = {m for _, m in segments[-1]}
-            idx = f"r * {inner} + j" if strided else "i"
-            for m, p in outputs.items():
+            idx = f"r * {inner} + j" if by_rows else "i"
+            for m, p in stored.items():
                 v = values[m][0] if m in here else f"{slots[m]}[u]"
                 bodies[-1].append(f"(({_CTYPE[m.dtype]} *)b{p})[{idx}] = {v};")
             indexed[-1] = indexed[-1] or bool(outputs)
@@ -759,9 +779,9 @@ class Kernels:
                 src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
             src.append(f"    {_CTYPE[param_dtype[p]]} g{p}[{chunk}] "
                        "__attribute__((aligned(64)));")
-        ix = "j" if strided else "i"   # the element's index in the loops
+        ix = "j" if by_rows else "i"   # the element's index in the loops
         # elements lo..hi (rows lo..hi with strided reads): the caller splits the range
-        if not strided:
+        if not by_rows:
             src += [f"    for (int64_t c = lo; c < hi; c += {CHUNK_ELEMENTS}) {{",
                     f"        const int64_t e = c + {CHUNK_ELEMENTS} < hi ? "
                     f"c + {CHUNK_ELEMENTS} : hi;"]
@@ -770,7 +790,9 @@ class Kernels:
             src.append("    for (int64_t r = lo; r < hi; r++) {")
             for p in sorted(strided):
                 src.append(f"        int64_t o{p} = 0;")
-            if rank > 1:
+            for k in sums.values():
+                src.append(f"        double acc{k} = 0;")
+            if rank > 1 and strided:
                 src.append("        int64_t q = r, d;")
                 for dim in range(rank - 2, -1, -1):
                     src.append(f"        d = q % {shape[dim]}; q /= {shape[dim]};")
@@ -808,24 +830,29 @@ class Kernels:
             src.append("        }")
             first = "t"   # the rest: one loop, as below
         # one loop over the elements, every member in registers
-        src += ["        #pragma omp simd",
+        accs = ",".join(f"acc{k}" for k in sums.values())
+        src += ["        #pragma omp simd" + (f" reduction(+:{accs})" if sums else ""),
                 f"        for (int64_t {ix} = {first}; {ix} < e; {ix}++) {{"]
         src += ["            " + ln for ln in fused] + ["        }"]
-        if strided:
+        if by_rows:
             src.append("      }")   # the row's chunks
+        for m, k in sums.items():
+            src.append(f"        (({_CTYPE[m.dtype]} *)b{outputs[m]})[r] = "
+                       f"({_CTYPE[m.dtype]})acc{k};")
         src += ["    }", "}"]
         self.functions.append("\n".join(src))
         self.names.append((pyname, cname, len(params)))
-        lines.append(f"    # compiled: {len(members)} elementwise ops ({len(g.internal)} "
-                     f"without a full buffer) in "
+        lines.append(f"    # compiled: {len(members) - len(sums)} elementwise ops "
+                     + (f"and {len(sums)} sum(s) of their rows " if sums else "")
+                     + f"({len(g.internal)} without a full buffer) in "
                      + (f"{len(segments)} C loops over tiles of {tile} of the {n} elements "
                         if tile else f"one C loop over {n} elements ")
                      + f"({cname}{', strided reads' if strided else ''})")
-        units = rows if strided else n   # the function's range
+        units = rows if by_rows else n   # the function's range
         threads = fusion.MAX_THREADS if n >= PARALLEL_ELEMENTS else 1
         args = "".join(f"{a}, " for a in params)
         if threads > 1:
-            block = max(1, BLOCK_ELEMENTS // (inner if strided else 1))
+            block = max(1, BLOCK_ELEMENTS // (inner if by_rows else 1))
             lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}({args}_lo, _hi), "
                          f"{units}, {block}, ((),) * {threads})")
         else:

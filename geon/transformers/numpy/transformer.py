@@ -450,7 +450,7 @@ class NumPyComputation(Computation):
             order, self.results, emits, kernels and compiled_kernels.fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None,
-            reductions=kernels is None)
+            reductions=True if kernels is None else compiled_kernels.row_sum)
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
