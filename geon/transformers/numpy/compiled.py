@@ -37,8 +37,11 @@ themselves.
   member and the elements are taken a tile at a time (:func:`_segments`): one loop per
   segment over the tile, so the CPU overlaps the slow calls of successive elements
   instead of waiting on each element's chain.
-- Threads: each function takes the range of elements (or rows, for strided reads) it
-  computes. Groups of at least :data:`PARALLEL_ELEMENTS` elements are called in blocks
+- Row sums: a float sum over the second dimension of a 2-d member right after the
+  group (see :func:`row_sum`) is added up in the group's loop, in double, and stored
+  once per row.
+- Threads: each function takes the range of elements (or rows, for strided reads and
+  row sums) it computes. Groups of at least :data:`PARALLEL_ELEMENTS` elements are called in blocks
   of :data:`BLOCK_ELEMENTS` on geon's own threads (``fusion.run_blocks``, with
   ``fusion.MAX_THREADS`` workers, i.e. ``GEON_NUM_THREADS``), which take the next block
   as they become free, so a busy core costs at most its share; :mod:`ctypes` lets go
@@ -812,8 +815,9 @@ class Kernels:
                         f"            const {t} w = *(const {t} *)(b{p} + o{p});",
                         f"            for (int64_t j = 0; j < e - c0; j++) g{p}[j] = w;",
                         "        } else {",
-                        f"            for (int64_t j = c0; j < e; j++)",
-                        f"                g{p}[j - c0] = *(const {t} *)(b{p} + o{p} + j * {s_});",
+                        "            for (int64_t j = c0; j < e; j++)",
+                        f"                g{p}[j - c0] = "
+                        f"*(const {t} *)(b{p} + o{p} + j * {s_});",
                         "        }"]
             first = "c0"
         if tile:   # whole tiles: one loop per segment, values between them in arrays
