@@ -289,3 +289,88 @@ def test_no_blas_call_without_the_library(fuse_small, no_blas):
     W, upd, ps = _gradient_update()
     f = be.NumPyTransformer().computation(upd, *ps)
     assert "_gemm_acc" not in f.source
+
+
+# --- a bias added to a GEMM in the same BLAS call --------------------------------------
+def _dense(dtype, bias_first=False, keep_product=False):
+    """relu(W @ x + b): the bias add starts the fused group after the product."""
+    O, I, N = be.Axis(6, "dO"), be.Axis(5, "dI"), be.Axis(7, "dN")
+    W = be.placeholder([O, I], dtype=dtype)
+    x = be.placeholder([I, N], dtype=dtype)
+    b = be.placeholder([O], dtype=dtype)
+    p = be.dot(W, x)
+    out = be.maximum(b + p if bias_first else p + b, 0.0)
+    return ([out, p] if keep_product else out), (W, x, b)
+
+
+def _dense_feeds(dtype, seed=12):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(dtype) for s in ((6, 5), (5, 7), 6)]
+
+
+@needs_blas
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_bias_add_is_in_the_blas_call(fuse_small, dtype, bias_first, monkeypatch):
+    calls = []
+
+    def recording(*args):
+        calls.append(blas.add_product(*args))
+        return calls[-1]
+
+    monkeypatch.setitem(transformer.NUMPY_GLOBALS, "_gemm_add", recording)
+    outs, ps = _dense(dtype, bias_first)
+    f = be.NumPyTransformer().computation(outs, *ps)
+    group = f.source.split("_gemm_add(")[1].split("_run_blocks(")[0]
+    assert "np.add(b_" not in group and "np.maximum(b_" in group  # the add is not blocked
+    Wv, xv, bv = _dense_feeds(dtype)
+    got = f(Wv, xv, bv)
+    assert calls == [True]
+    want = np.maximum(Wv.astype(np.float64) @ xv + bv[:, None], 0)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@needs_blas
+def test_bias_add_falls_back_to_numpy_when_blas_refuses(fuse_small, monkeypatch):
+    # decided at code generation, refused at run time: matmul, then the add
+    outs, ps = _dense(np.float64)
+    f = be.NumPyTransformer().computation(outs, *ps)
+    assert "_gemm_add(" in f.source
+    monkeypatch.setattr(blas, "_GEMM", {})
+    Wv, xv, bv = _dense_feeds(np.float64)
+    np.testing.assert_allclose(f(Wv, xv, bv), np.maximum(Wv @ xv + bv[:, None], 0),
+                               rtol=1e-13, atol=1e-13)
+
+
+def test_bias_add_needs_a_product_read_by_it_alone(fuse_small):
+    # the product is also a result: the sum cannot be written over it
+    outs, ps = _dense(np.float64, keep_product=True)
+    f = be.NumPyTransformer().computation(outs, *ps)
+    assert "_gemm_add(" not in f.source
+    Wv, xv, bv = _dense_feeds(np.float64)
+    relu, prod = f(Wv, xv, bv)
+    np.testing.assert_allclose(prod, Wv @ xv, rtol=1e-13)
+    np.testing.assert_allclose(relu, np.maximum(Wv @ xv + bv[:, None], 0), rtol=1e-13)
+
+
+def test_no_bias_add_call_without_the_library(fuse_small, no_blas):
+    outs, ps = _dense(np.float64)
+    f = be.NumPyTransformer().computation(outs, *ps)
+    assert "_gemm_add(" not in f.source and "np.add(b_" in f.source
+
+
+@needs_blas
+def test_blas_add_product_reads_broadcasts_and_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((7, 5)).T            # (5, 7), read transposed
+    b = rng.standard_normal((7, 3))
+    bias = rng.standard_normal(5)
+    for v in (np.broadcast_to(bias[:, None], (5, 3)), rng.standard_normal((5, 3))):
+        c = np.full((5, 3), np.nan)              # every element is written
+        assert blas.add_product(a, b, c, v)
+        np.testing.assert_allclose(c, v + a @ b, rtol=1e-13, atol=1e-13)
+    c = np.zeros((5, 3))
+    for v in (c, np.zeros((5, 3), np.float32), np.zeros((5, 4))):  # overlap, dtype, shape
+        assert not blas.add_product(a, b, c, v)
+        assert not c.any()

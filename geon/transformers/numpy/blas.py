@@ -97,12 +97,26 @@ def _layout(x):
     return None, 0
 
 
-def accumulate(a, b, c, alpha):
+def add_product(a, b, c, v):
+    """``c = v + a @ b`` for 2-D ``a`` (M, K), ``b`` (K, N), ``c`` (M, N) and ``v`` of
+    ``c``'s shape (a broadcast view, such as a bias along the rows, is fine): ``v`` is
+    copied into ``c``, then one BLAS call (one per :data:`MAX_INNER` of K) adds the
+    product, with ``beta = 1``. That copy takes the place of the pass in which the BLAS
+    zeroes ``c`` for a plain product, so the addition costs no pass of its own. Returns
+    False, having done nothing, where :func:`accumulate` would, or where ``v`` has
+    another dtype or shape or may overlap ``c``."""
+    if v.dtype != c.dtype or v.shape != c.shape or np.may_share_memory(v, c):
+        return False
+    return accumulate(a, b, c, 1.0, fill=v)
+
+
+def accumulate(a, b, c, alpha, fill=None):
     """``c += alpha * (a @ b)`` for 2-D ``a`` (M, K), ``b`` (K, N) and ``c`` (M, N) of
     one float dtype, in one BLAS call (one per :data:`MAX_INNER` of K). Returns False,
     having done nothing, where it cannot: no BLAS found, another dtype, an empty or
     unreadable operand, ``c`` not row-major, or ``c`` possibly overlapping ``a`` or
-    ``b``."""
+    ``b``. With ``fill``, ``c`` is first set to ``fill`` (once the call is known to
+    go ahead)."""
     fn = _GEMM.get(c.dtype)
     if fn is None or a.dtype != c.dtype or b.dtype != c.dtype or 0 in a.shape \
             or 0 in b.shape:
@@ -116,6 +130,8 @@ def accumulate(a, b, c, alpha):
             or c.shape != (m, n) or not c.flags.writeable \
             or np.may_share_memory(a, c) or np.may_share_memory(b, c):
         return False
+    if fill is not None:
+        np.copyto(c, fill)
     pa, pb, it = a.ctypes.data, b.ctypes.data, c.itemsize
     # stepping along K: a's columns and b's rows (each stored as rows, or transposed)
     da = it if ta == _NO_TRANS else lda * it
