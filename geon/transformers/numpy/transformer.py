@@ -741,8 +741,9 @@ class NumPyComputation(Computation):
         The product is then computed as ``v + a @ b`` in one BLAS call
         (:func:`blas.add_product`): ``v`` is copied into the output in place of the
         pass in which the BLAS zeroes it, and the group starts after the addition. In
-        the MLP step of the benchmarks at batch 1,024 this took 0.3-0.5 ms off the
-        NumPy code's 20 ms (the median of paired differences)."""
+        the MLP step of the benchmarks at batch 1,024 this took 0.24-0.39 ms off the
+        NumPy code's 20 ms (medians of paired differences, two runs on a noisy
+        machine; doc/performance.rst)."""
         if not blas.available():
             return None
         m0 = g.members[0]
