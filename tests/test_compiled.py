@@ -253,11 +253,17 @@ def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_long_rows_read_through_each_kind_of_stride(dtype, cache):
+@pytest.mark.parametrize("budget", [None, 48])
+def test_long_rows_read_through_each_kind_of_stride(dtype, budget, cache, monkeypatch):
     """A strided row is read a chunk at a time, each strided input's chunk made
     contiguous: a last stride of the element size is read in place, a last stride of 0
     (a value broadcast along the row) fills the chunk, any other stride is gathered.
-    Rows of 2,500 take three chunks, the last one short; one of the groups is tiled."""
+    Rows of 2,500 take three chunks, the last one short; one of the groups is tiled.
+    With 48 bytes for the copies of three strided inputs, chunks are the shortest, 16
+    elements (shorter than a tile: no tiles)."""
+    if budget:
+        monkeypatch.setattr(ck, "ROW_BUFFER_BYTES", budget)
+    chunk = 16 if budget else ck.ROW_CHUNK_ELEMENTS
     N, H = be.Axis(27, "N"), be.Axis(2500, "H")
     assert H.length % ck.ROW_CHUNK_ELEMENTS and H.length > 2 * ck.ROW_CHUNK_ELEMENTS
     assert N.length * H.length >= ck.TILED_MIN_ELEMENTS
@@ -280,7 +286,8 @@ def test_long_rows_read_through_each_kind_of_stride(dtype, cache):
         (comp, got), (_, want) = compiled_and_numpy(build, xv)
         src = comp._kernels.source
         assert kernel_calls(comp) == 1 and "strided reads" in comp.source
-        assert ("loops over tiles of" in src) == slow, src
+        assert ("loops over tiles of" in src) == (slow and not budget), src
+        assert f"[{chunk}] __attribute__((aligned(64)))" in src
         # against float64: each element to a few roundings of its terms' size (the
         # subtraction cancels)
         x64, b64, c64, t64 = (a.astype(np.float64) for a in (xv, bv, cv, tv))
@@ -293,6 +300,7 @@ def test_long_rows_read_through_each_kind_of_stride(dtype, cache):
         else:   # + - * give NumPy's bits
             np.testing.assert_array_equal(got, want)
         assert (abs(got - exact) <= 16 * eps * (size + abs(exact))).all()
+
 
 @pytest.mark.parametrize("rows, length, kept", [(7, 2500, True), (5, 300, False),
                                                  (1100, 1000, True)])

@@ -97,6 +97,9 @@ CHUNK_ELEMENTS = 1 << 14
 #: floats right after their GEMM: 369 us read through the stride, 198 us from a filled
 #: row, on one Cascade Lake core).
 ROW_CHUNK_ELEMENTS = 1024
+#: At most this many bytes of those contiguous arrays per function (they are on the C
+#: stack, of a thread too): a group with many strided inputs takes shorter chunks.
+ROW_BUFFER_BYTES = 1 << 16
 #: Flags always given; ``-march=native`` and ``-fopenmp-simd`` are added when they
 #: compile.
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu99", "-fno-math-errno",
@@ -721,7 +724,9 @@ class Kernels:
             for a in m.args:
                 if a in scalars and a not in value:
                     value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
-        chunk = min(inner, ROW_CHUNK_ELEMENTS)   # strided groups: a row's piece
+        # strided groups: a row's piece, its contiguous copies within ROW_BUFFER_BYTES
+        copied = sum(param_dtype[p].itemsize for p in strided)
+        chunk = min(inner, ROW_CHUNK_ELEMENTS, max(16, ROW_BUFFER_BYTES // max(1, copied)))
         if sums:   # one loop: the sums add up the values of the last one
             segments, slots, decls, tile = [list(enumerate(members))], {}, {}, 0
         else:
