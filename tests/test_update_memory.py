@@ -343,6 +343,7 @@ def test_bias_add_falls_back_to_numpy_when_blas_refuses(fuse_small, monkeypatch)
                                rtol=1e-13, atol=1e-13)
 
 
+@needs_blas  # (without the library there is never a BLAS call to refuse)
 def test_bias_add_needs_a_product_read_by_it_alone(fuse_small):
     # the product is also a result: the sum cannot be written over it
     outs, ps = _dense(np.float64, keep_product=True)

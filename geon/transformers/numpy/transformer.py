@@ -254,6 +254,11 @@ def _accumulation(g, names):
     return names[a], names[b], names[w], alpha
 
 
+def _last_readers(g):
+    """arg -> the index of the last member of group ``g`` that reads it."""
+    return {a: k for k, m in enumerate(g.members) for a in m.args}
+
+
 #: The NumPy call of each reduction: the ufunc's own ``reduce`` where there is one (what
 #: np.sum, np.prod, np.max and np.min call, less about 2 us of Python around it)
 _REDUCE_FN = {pr.ReduceSum: "add.reduce", pr.ReduceProd: "multiply.reduce",
@@ -764,11 +769,7 @@ class NumPyComputation(Computation):
         if any(emits(op) and not isinstance(op, pr.ViewOp)
                for op in order[self._step[gemm] + 1:self._step[m0]]):
             return None   # other code than views (of feeds) runs between them
-        last = {}
-        for k, m in enumerate(g.members):
-            for a in m.args:
-                last[a] = k
-        if self._block_over(g, 0, last, plan) is not gemm:
+        if self._block_over(g, 0, _last_readers(g), plan) is not gemm:
             return None   # the sum would not be written over the product
         return gemm, v
 
@@ -805,10 +806,7 @@ class NumPyComputation(Computation):
                     continue
                 local[a] = identifier("b_" + names[a], taken)
                 body.append(f"        {local[a]} = {names[a]}[_i:_j]")
-        last = {}
-        for k, m in enumerate(members):
-            for a in m.args:
-                last[a] = k
+        last = _last_readers(g)
         free, temp_of, temps = [], {}, []
         on_block = set()  # internal members computed over the block of a dying arg
         for k, m in enumerate(members):
