@@ -17,8 +17,10 @@ parentheses, and ratios of medians (of minimums in parentheses):
    100 to 4,000 ops (it should not grow with the graph);
 6. peak memory (VmHWM) of the MLP step against the minimum working set.
 
-Tables 1, 2 and 3 also time geon's optional compiled path (``NumPyTransformer(compiled=
-True)``, fused groups compiled to C) where a C compiler works.
+"geon" is the NumPy transformer as it comes (``compiled="auto"``: its fused groups of at
+least 262,144 elements compiled to C where a C compiler works). Tables 1 and 2 also
+time its NumPy code alone (``compiled=False``), and tables 1, 2 and 3 its compiled path
+with small groups too (``compiled=True``) where a C compiler works.
 
 The JAX, PyTensor and PyTorch columns appear when those libraries can be imported;
 none is a dependency of geon. To get them, install beside geon (in a virtual
@@ -57,7 +59,8 @@ from benchmarks.common import interleaved, interleaved_stats, ms, pair, ratio, t
 from geon.transformers.numpy import compiled
 
 NAMES = {"jax": "JAX", "pytensor": "PyTensor", "torch": "PyTorch", "geon": "geon",
-         "geon_c": "geon compiled", "eager": "NumPy eager", "out": "NumPy out=",
+         "geon_c": "geon compiled", "geon_np": "geon NumPy code", "eager": "NumPy eager",
+         "out": "NumPy out=",
          "numpy": "NumPy", "gemms": "GEMMs alone"}
 
 #: seconds of sleep before each timed sample when other libraries are compared (their
@@ -86,7 +89,8 @@ def bench_mlp(repeats, libs=()):
         x, t = mlp.data(batch)
         g, _ = mlp.geon_step(batch, params)
         n = mlp.numpy_step(params)
-        fns = {"geon": lambda: g(x, t)}
+        gn, _ = mlp.geon_step(batch, params, be.NumPyTransformer(compiled=False))
+        fns = {"geon": lambda: g(x, t), "geon_np": lambda: gn(x, t)}
         if compiled.available():  # the same step with its fused groups compiled to C
             gc, _ = mlp.geon_step(batch, params, be.NumPyTransformer(compiled=True))
             fns["geon_c"] = lambda: gc(x, t)
@@ -94,7 +98,7 @@ def bench_mlp(repeats, libs=()):
         for lib in libs:
             fns[lib] = (lambda step=compare.mlp_step(lib, params, batch): step(x, t))
         r = interleaved_stats(fns, repeats=repeats, gap=GAP['s'], prime=GAP.get('prime'))
-        mine = [k for k in ("geon", "geon_c") if k in r]
+        mine = [k for k in ("geon", "geon_np", "geon_c") if k in r]
         header = (["batch"] + [NAMES[k] for k in fns] + ["geon / NumPy"]
                   + [f"{NAMES[k]} / GEMMs" for k in mine])
         row = ([batch] + [pair(ms, r[k]) for k in fns] + [ratio(r["geon"], r["numpy"])]
@@ -199,7 +203,10 @@ def bench_chain(repeats, libs=()):
     buf = np.empty_like(xs)
     ref = chain_eager(xs)
     np.testing.assert_allclose(f(xs), ref, rtol=1e-4, atol=1e-5)
-    fns = {"geon": lambda: f(xs)}
+    xn = be.placeholder([A])
+    fn = be.NumPyTransformer(compiled=False).computation(chain_geon(xn), xn)
+    np.testing.assert_allclose(fn(xs), ref, rtol=1e-4, atol=1e-5)
+    fns = {"geon": lambda: f(xs), "geon_np": lambda: fn(xs)}
     fc = _compiled(lambda x: chain_geon(x), A)
     if fc is not None:
         np.testing.assert_allclose(fc(xs), ref, rtol=1e-4, atol=1e-5)
@@ -229,7 +236,7 @@ def _compiled(build, axis):
 def _against(header, row, r, libs):
     """``header`` and ``row`` with the ratios of geon (and of geon's compiled path,
     where measured) to each of ``libs``."""
-    for k in ("geon", "geon_c"):
+    for k in ("geon", "geon_np", "geon_c"):
         if k in r:
             header = header + [f"{NAMES[k]} / {NAMES[lib]}" for lib in libs]
             row = row + [ratio(r[k], r[lib]) for lib in libs]

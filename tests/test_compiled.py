@@ -1,6 +1,6 @@
 """The compiled path of the NumPy transformer (geon/transformers/numpy/compiled.py): fused
-elementwise groups as C loops, small groups fused too, the kernel cache and the fallback
-to the NumPy code. The differential tests (tests/test_differential.py) run random graphs
+elementwise groups as C loops, small groups fused too, the default mode (large groups
+only), the kernel cache and the fallback to the NumPy code. The differential tests (tests/test_differential.py) run random graphs
 through it as well."""
 
 import os
@@ -534,6 +534,29 @@ def test_a_corrupted_cache_file_is_rebuilt(cache, monkeypatch):
     assert runs == [1, 1]
 
 
+def test_the_probe_of_the_compiler_is_kept_in_the_cache(cache, monkeypatch):
+    monkeypatch.setattr(ck, "_toolchains", {})
+    runs = []
+    real = ck._run_cc
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: runs.append(a[1]) or real(*a))
+    first = ck.toolchain()
+    assert runs  # probed: at least one build
+    (record,) = cache.glob("toolchain-*.json")
+    monkeypatch.setattr(ck, "_toolchains", {})  # a new process, as far as probing goes
+    del runs[:]
+    again = ck.toolchain()
+    assert runs == [] and again.flags == first.flags
+    assert (again.identity, again.simd_math) == (first.identity, first.simd_math)
+    # a record is never trusted to add flags: anything but a known choice is probed again
+    for bad in ('{"extra": ["-fplugin=x.so"], "simd_math": false}', "not json",
+                '{"extra": [], "simd_math": true}'):
+        record.write_text(bad)
+        monkeypatch.setattr(ck, "_toolchains", {})
+        tc = ck.toolchain()
+        assert runs and "-fplugin=x.so" not in tc.flags and tc.flags == first.flags
+        del runs[:]
+
+
 # --- fallback --------------------------------------------------------------------------
 @pytest.mark.parametrize("cc", ["geon-no-such-compiler-xyz", "false"])
 def test_without_a_working_compiler_the_numpy_code_runs_after_a_warning(cc, cache,
@@ -557,14 +580,79 @@ def test_a_failed_compilation_falls_back(cache, monkeypatch):
     assert kernel_calls(comp) == 0
 
 
-def test_the_environment_variable_turns_it_on(monkeypatch):
-    monkeypatch.setenv("GEON_COMPILED", "1")
-    assert be.NumPyTransformer().compiled
-    assert not be.NumPyTransformer(compiled=False).compiled
-    monkeypatch.setenv("GEON_COMPILED", "0")
-    assert not be.NumPyTransformer().compiled
-    monkeypatch.delenv("GEON_COMPILED")
-    assert not be.NumPyTransformer().compiled
+def test_the_environment_variable_chooses_the_mode(monkeypatch):
+    monkeypatch.delenv("GEON_COMPILED", raising=False)
+    assert be.NumPyTransformer().compiled == ck.AUTO
+    for value, mode in [("1", True), ("yes", True), ("0", False), ("off", False),
+                        ("", ck.AUTO), (" Auto ", ck.AUTO)]:
+        monkeypatch.setenv("GEON_COMPILED", value)
+        assert be.NumPyTransformer().compiled is mode or (
+            mode == ck.AUTO and be.NumPyTransformer().compiled == ck.AUTO), value
+        assert be.NumPyTransformer(compiled=False).compiled is False
+        assert be.NumPyTransformer(compiled=True).compiled is True
+    assert be.NumPyTransformer(compiled="auto").compiled == ck.AUTO
+    with pytest.raises(ValueError, match="compiled must be True, False, 'auto'"):
+        be.NumPyTransformer(compiled="fast")
+
+
+# --- the default: large groups only ----------------------------------------------------
+def _large_and_small(transformer):
+    """``tanh(3x) + x`` on 512 x 512 float32 (fusion.MIN_ELEMENTS elements) and on 64."""
+    xb = be.placeholder([be.Axis(512, "AutoR"), be.Axis(512, "AutoC")], dtype=np.float32)
+    xs = be.placeholder([be.Axis(64, "AutoS")], dtype=np.float32)
+    comp = transformer.computation([be.tanh(xb * 3.0) + xb, be.tanh(xs * 3.0) + xs],
+                                   xb, xs)
+    rng = np.random.default_rng(3)
+    vb = rng.standard_normal((512, 512)).astype(np.float32)
+    vs = rng.standard_normal(64).astype(np.float32)
+    gb, gs = comp(vb, vs)
+    np.testing.assert_allclose(gb, np.tanh(vb * 3) + vb, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gs, np.tanh(vs * 3) + vs, rtol=1e-6, atol=1e-6)
+    return comp
+
+
+def test_auto_compiles_the_large_groups_only(cache, monkeypatch):
+    monkeypatch.delenv("GEON_COMPILED", raising=False)
+    comp = _large_and_small(be.NumPyTransformer())
+    assert fusion.MIN_ELEMENTS == 512 * 512
+    # the large group is one C call; the small ops are not fused (one NumPy call each)
+    assert kernel_calls(comp) == 1, comp.source
+    assert [g.members[0].axes.lengths for g in comp.groups] == [(512, 512)]
+    assert "np.tanh(" in comp.source
+    assert list(cache.glob("*.so"))
+    everything = _large_and_small(be.NumPyTransformer(compiled=True))
+    assert kernel_calls(everything) == 2 and "np.tanh(" not in everything.source
+    numpy_code = _large_and_small(be.NumPyTransformer(compiled=False))
+    assert kernel_calls(numpy_code) == 0 and numpy_code.groups
+
+
+def test_auto_without_a_compiler_or_cache_runs_the_numpy_code_silently(cache, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setenv("CC", "geon-no-such-compiler-xyz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+    assert kernel_calls(comp) == 0 and comp.groups
+    monkeypatch.delenv("CC")
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("GEON_CACHE_DIR", str(not_a_folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+    assert kernel_calls(comp) == 0
+    with pytest.warns(GeonWarning, match="cannot create the kernel cache"):
+        _large_and_small(be.NumPyTransformer(compiled=True))
+
+
+def test_auto_warns_when_a_compilation_fails(cache, monkeypatch):
+    ck.toolchain()  # probed with the real compiler: only the kernels' build fails
+    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    with pytest.warns(GeonWarning, match="simulated"):
+        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+    assert kernel_calls(comp) == 0
 
 
 def test_groups_that_do_not_compile_run_numpy_code(cache):

@@ -1,6 +1,7 @@
 """Fused elementwise groups: with the size thresholds lowered, every op-table case gets
 an elementwise tail that is fused (blocks of 3 rows, two threads), and results equal
-NumPy's."""
+NumPy's. This module tests the NumPy code's blocked groups: compiling them (the default
+``compiled="auto"``) is turned off here; tests/test_compiled.py tests the C loops."""
 
 import numpy as np
 import pytest
@@ -11,6 +12,12 @@ from geon.transformers import fusion
 from op_table import CASES
 
 from test_ops import TOL
+
+
+@pytest.fixture(autouse=True)
+def numpy_code(monkeypatch):
+    """Every NumPy transformer made without ``compiled=`` runs the NumPy code."""
+    monkeypatch.setenv("GEON_COMPILED", "0")
 
 
 @pytest.fixture

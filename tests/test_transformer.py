@@ -133,7 +133,7 @@ def test_maximum_and_minimum_read_a_scalar_as_a_row(shape):
     axes = [be.Axis(n, f"RowAx{i}") for i, n in enumerate(shape)]
     x = be.placeholder(axes, dtype=np.float64)
     results = [be.maximum(x, 0.0), be.minimum(0.5, x), be.maximum(x, -1.5) * 2.0]
-    f = be.NumPyTransformer().computation(results, x)
+    f = be.NumPyTransformer(compiled=False).computation(results, x)  # the NumPy code
     last = shape[-1]
     if len(shape) == 1 and last > nt.ROW_LENGTHS[1]:  # fused: blocks of the row's length
         assert "_131072[:_j - _i], out=" in f.source, f.source
@@ -217,7 +217,8 @@ def test_sigmoid_never_warns_and_is_exact_where_normal(shape, dtype):
     # small float32/float64 sigmoids clamp -x below exp's overflow (through a row of the
     # limit); large ones and float16 let exp overflow with its warning off for that call
     x = be.placeholder([be.Axis(n, f"SigAx{i}") for i, n in enumerate(shape)], dtype=dtype)
-    f = be.NumPyTransformer().computation([be.sigmoid(x), be.sigmoid(x) * 2.0], x)
+    f = be.NumPyTransformer(compiled=False).computation([be.sigmoid(x), be.sigmoid(x) * 2.0],
+                                                        x)  # the NumPy code
     size = int(np.prod(shape))
     unclamped = size >= nt.SIGMOID_UNCLAMPED or dtype == np.float16
     assert ("_overflow_ok()" in f.source) == unclamped

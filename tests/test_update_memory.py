@@ -320,7 +320,7 @@ def test_bias_add_is_in_the_blas_call(fuse_small, dtype, bias_first, monkeypatch
 
     monkeypatch.setitem(transformer.NUMPY_GLOBALS, "_gemm_add", recording)
     outs, ps = _dense(dtype, bias_first)
-    f = be.NumPyTransformer().computation(outs, *ps)
+    f = be.NumPyTransformer(compiled=False).computation(outs, *ps)
     group = f.source.split("_gemm_add(")[1].split("_run_blocks(")[0]
     assert "np.add(b_" not in group and "np.maximum(b_" in group  # the add is not blocked
     Wv, xv, bv = _dense_feeds(dtype)
@@ -335,7 +335,7 @@ def test_bias_add_is_in_the_blas_call(fuse_small, dtype, bias_first, monkeypatch
 def test_bias_add_falls_back_to_numpy_when_blas_refuses(fuse_small, monkeypatch):
     # decided at code generation, refused at run time: matmul, then the add
     outs, ps = _dense(np.float64)
-    f = be.NumPyTransformer().computation(outs, *ps)
+    f = be.NumPyTransformer(compiled=False).computation(outs, *ps)
     assert "_gemm_add(" in f.source
     monkeypatch.setattr(blas, "_GEMM", {})
     Wv, xv, bv = _dense_feeds(np.float64)
@@ -347,7 +347,7 @@ def test_bias_add_falls_back_to_numpy_when_blas_refuses(fuse_small, monkeypatch)
 def test_bias_add_needs_a_product_read_by_it_alone(fuse_small):
     # the product is also a result: the sum cannot be written over it
     outs, ps = _dense(np.float64, keep_product=True)
-    f = be.NumPyTransformer().computation(outs, *ps)
+    f = be.NumPyTransformer(compiled=False).computation(outs, *ps)
     assert "_gemm_add(" not in f.source
     Wv, xv, bv = _dense_feeds(np.float64)
     relu, prod = f(Wv, xv, bv)
@@ -357,7 +357,7 @@ def test_bias_add_needs_a_product_read_by_it_alone(fuse_small):
 
 def test_no_bias_add_call_without_the_library(fuse_small, no_blas):
     outs, ps = _dense(np.float64)
-    f = be.NumPyTransformer().computation(outs, *ps)
+    f = be.NumPyTransformer(compiled=False).computation(outs, *ps)
     assert "_gemm_add(" not in f.source and "np.add(b_" in f.source
 
 

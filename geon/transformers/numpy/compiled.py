@@ -1,8 +1,12 @@
-"""Compiled fused groups: one C loop per elementwise group (opt-in).
+"""Compiled fused groups: one C loop per elementwise group.
 
-With ``NumPyTransformer(compiled=True)`` (or the environment variable
-``GEON_COMPILED=1``) each fused elementwise group (see :mod:`geon.transformers.fusion`)
-whose members all have a C rule here becomes one C function: a single loop over the
+Which groups: :func:`mode` of ``NumPyTransformer(compiled=...)`` (default: the
+environment variable ``GEON_COMPILED``). With :data:`AUTO`, the default, the fused
+groups of at least :data:`fusion.MIN_ELEMENTS <geon.transformers.fusion.MIN_ELEMENTS>`
+elements, where a compiler works; with True (``GEON_COMPILED=1``) small groups too;
+with False (``GEON_COMPILED=0``) none. Each such group (see
+:mod:`geon.transformers.fusion`) whose members all have a C rule here becomes one C
+function: a single loop over the
 elements that loads the group's inputs, computes every member in local variables and
 stores the members that have a buffer (or, for large groups with several slow members,
 one loop per segment over tiles of elements: see Tiles below). The functions of one
@@ -10,7 +14,7 @@ computation form one C file, compiled with the system C compiler into a shared l
 loaded with :mod:`ctypes` and called from the generated Python with the arrays
 themselves.
 
-- Small groups: with the compiled path, elementwise ops under
+- Small groups: with ``compiled=True``, elementwise ops under
   :data:`fusion.MIN_ELEMENTS <geon.transformers.fusion.MIN_ELEMENTS>` are fused too when
   they have a C rule, so a long chain on a small tensor is one C call, not one NumPy
   call per op.
@@ -53,13 +57,18 @@ themselves.
   ``~/.cache/geon/kernels``), named by a hash of the C source, the compiler, its flags
   and the CPU; each is written to a temporary name and renamed, with a ``.sha256`` file
   of its digest checked before it is loaded (a file that does not match is rebuilt).
-- Fallback: no compiler (``$CC``, else ``cc`` or ``gcc`` on the PATH), a failed
-  compilation or an unknown ndarray layout give a :class:`~geon.errors.GeonWarning`
-  (once per cause) and the NumPy code.
+  What the probe of the compiler found (which of :data:`PROBE_FLAGS` work) is kept
+  there too, per compiler version and CPU, so a process whose kernels are all cached
+  runs the compiler once (``--version``), not for the probe.
+- Fallback: no compiler (``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH), no
+  cache folder or an unknown ndarray layout give the NumPy code (with ``compiled=True``
+  after a :class:`~geon.errors.GeonWarning`, once per cause: :data:`UNAVAILABLE`); a
+  failed compilation gives it after a warning in either mode.
 """
 
 import ctypes
 import hashlib
+import json
 import math
 import os
 import platform
@@ -127,10 +136,33 @@ class CompileError(Exception):
         self.key = key or message
 
 
-def enabled_by_env():
-    """Whether ``GEON_COMPILED`` asks for the compiled path (anything but empty / 0)."""
-    return os.environ.get("GEON_COMPILED", "").strip().lower() not in ("", "0", "false",
-                                                                       "no", "off")
+#: ``NumPyTransformer(compiled=AUTO)``, the default: the fused groups of at least
+#: :data:`fusion.MIN_ELEMENTS <geon.transformers.fusion.MIN_ELEMENTS>` elements are
+#: compiled where a C compiler works; small groups are not fused.
+AUTO = "auto"
+
+#: The causes of a :class:`CompileError` that mean this machine cannot compile (no
+#: compiler, no cache directory, an unknown ndarray layout): with :data:`AUTO` they
+#: give the NumPy code silently; a failed compilation still warns.
+UNAVAILABLE = frozenset({"no compiler", "no cache", "layout"})
+
+
+def mode(compiled=None):
+    """The compiled mode ``NumPyTransformer(compiled=...)`` stands for: True (every
+    group that compiles, small ones too), False (none) or :data:`AUTO`. ``None`` reads
+    the environment variable ``GEON_COMPILED``: unset, empty or ``auto`` give AUTO;
+    ``0``, ``false``, ``no`` or ``off`` False; anything else True."""
+    if compiled is None:
+        v = os.environ.get("GEON_COMPILED", "").strip().lower()
+        if v in ("", AUTO):
+            return AUTO
+        return v not in ("0", "false", "no", "off")
+    if isinstance(compiled, str):
+        if compiled.strip().lower() == AUTO:
+            return AUTO
+        raise ValueError(f"compiled must be True, False, {AUTO!r} or None, not "
+                         f"{compiled!r}")
+    return bool(compiled)
 
 
 _warned = set()
@@ -293,14 +325,15 @@ def _compiler_command():
         cmd = shlex.split(cc)
         path = shutil.which(cmd[0])
         if path is None:
-            raise CompileError(f"no C compiler: $CC is {cc!r}, which is not on the PATH")
+            raise CompileError(f"no C compiler: $CC is {cc!r}, which is not on the PATH",
+                               key="no compiler")
         return [path] + cmd[1:]
     for name in ("cc", "gcc", "clang"):
         path = shutil.which(name)
         if path:
             return [path]
     raise CompileError("no C compiler: $CC is not set and neither cc, gcc nor clang "
-                       "is on the PATH")
+                       "is on the PATH", key="no compiler")
 
 
 def _cpu_identity():
@@ -340,20 +373,66 @@ def toolchain():
     return tc
 
 
+#: The extra flags tried, best first; the first that builds the probe is used.
+PROBE_FLAGS = ((*NATIVE_FLAGS, "-fopenmp-simd"), ("-march=native", "-fopenmp-simd"),
+               ("-fopenmp-simd",), ("-march=native",), ())
+
+
 def _probe():
     command = _compiler_command()
     try:
         version = subprocess.run(command + ["--version"], capture_output=True, text=True,
                                  timeout=60).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as e:
-        raise CompileError(f"the C compiler {command[0]} does not run: {e}") from None
-    flags, simd_math, err = None, False, ""
+        raise CompileError(f"the C compiler {command[0]} does not run: {e}",
+                           key="no compiler") from None
+    # What the probe found for this compiler (its version) on this CPU is kept in the
+    # cache: a process that only loads cached kernels runs the compiler once, for
+    # --version, not five times.
+    h = hashlib.sha256()
+    for part in (command, version, [platform.machine(), _cpu_identity()],
+                 [_probe_source(True), _probe_source(False)], [BASE_FLAGS, PROBE_FLAGS]):
+        h.update(repr(part).encode())
+    record = os.path.join(cache_dir(), f"toolchain-{h.hexdigest()[:40]}.json")
+    found = _read_probe(record)
+    if found is None:
+        found = _run_probe(command)
+        try:
+            os.makedirs(cache_dir(), exist_ok=True)
+            _write_atomic(record, json.dumps({"extra": list(found[0]),
+                                              "simd_math": found[1]}).encode())
+        except OSError:
+            pass  # not kept: probed again in the next process
+    extra, simd_math = found
+    flags = BASE_FLAGS + extra
+    identity = "\n".join([" ".join(command)] + version + [platform.machine()]
+                         + ([_cpu_identity()] if "-march=native" in flags else []))
+    return Toolchain(command, flags, identity, simd_math)
+
+
+def _read_probe(path):
+    """``(extra flags, simd_math)`` kept at ``path``, or None; only one of
+    :data:`PROBE_FLAGS` is accepted (the file is never trusted to add flags)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        extra = tuple(data["extra"])
+        simd_math = data["simd_math"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if extra not in PROBE_FLAGS or simd_math not in (True, False) or (
+            simd_math and PROBE_FLAGS.index(extra) >= 2):
+        return None
+    return extra, simd_math
+
+
+def _run_probe(command):
+    """The first of :data:`PROBE_FLAGS` with which ``command`` builds a shared library
+    (and whether the vector maths library resolves with it): ``(extra, simd_math)``."""
+    err = ""
     with tempfile.TemporaryDirectory(prefix="geon-probe-") as d:
         src = os.path.join(d, "probe.c")
-        tries = ((*NATIVE_FLAGS, "-fopenmp-simd"), ("-march=native", "-fopenmp-simd"),
-                 ("-fopenmp-simd",),
-                 ("-march=native",), ())
-        for k, extra in enumerate(tries):
+        for k, extra in enumerate(PROBE_FLAGS):
             simd_math = k < 2  # vector maths: only with the best flags
             with open(src, "w") as f:
                 f.write(_probe_source(simd_math))
@@ -368,14 +447,9 @@ def _probe():
                     simd_math, out = False, os.path.join(d, "probe-plain.so")
                     ok, err = _run_cc(command, BASE_FLAGS + extra, src, out)
             if ok:
-                flags = BASE_FLAGS + extra
-                break
-        if flags is None:
-            raise CompileError(f"the C compiler {command[0]} cannot build a shared "
-                               f"library: {err.strip()[-500:]}")
-    identity = "\n".join([" ".join(command)] + version + [platform.machine()]
-                         + ([_cpu_identity()] if "-march=native" in flags else []))
-    return Toolchain(command, flags, identity, simd_math)
+                return extra, simd_math
+    raise CompileError(f"the C compiler {command[0]} cannot build a shared "
+                       f"library: {err.strip()[-500:]}", key="no compiler")
 
 
 def available():
@@ -472,7 +546,8 @@ def build(source):
         try:
             os.makedirs(d, exist_ok=True)
         except OSError as e:
-            raise CompileError(f"cannot create the kernel cache {d}: {e}") from None
+            raise CompileError(f"cannot create the kernel cache {d}: {e}",
+                               key="no cache") from None
         path = os.path.join(d, key + ".so")
         lib = _load_cached(path)
         if lib is None:
@@ -875,7 +950,8 @@ class Kernels:
             return {}
         offsets = ndarray_offsets()
         if offsets is None:
-            raise CompileError("this NumPy's ndarray layout was not recognised")
+            raise CompileError("this NumPy's ndarray layout was not recognised",
+                               key="layout")
         tc = toolchain()
         source = (_HEADER.format(data=offsets[0], strides=offsets[1])
                   + (_simd_declarations() if tc.simd_math else "") + "\n"

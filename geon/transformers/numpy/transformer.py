@@ -17,7 +17,7 @@ only the first line may read the args; later lines read and write ``out`` alone.
 import functools
 import linecache
 import weakref
-from typing import IO, Iterable, Optional
+from typing import IO, Iterable, Optional, Union
 
 import numpy as np
 
@@ -399,12 +399,15 @@ class NumPyComputation(Computation):
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
         self._fn = None
-        if getattr(transformer, "compiled", False):
+        mode = getattr(transformer, "compiled", False)
+        if mode:
             try:
-                self._generate(compiled=True)
+                self._generate(compiled=mode)
                 return
             except compiled_kernels.CompileError as e:  # the NumPy code instead
-                compiled_kernels.warn_once(e.key, f"{e}; running the NumPy code instead")
+                if mode is True or e.key not in compiled_kernels.UNAVAILABLE:
+                    compiled_kernels.warn_once(e.key,
+                                               f"{e}; running the NumPy code instead")
         self._generate()
 
     def _generate(self, compiled=False):
@@ -453,7 +456,8 @@ class NumPyComputation(Computation):
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
-            order, self.results, emits, kernels and compiled_kernels.fusable,
+            order, self.results, emits,
+            compiled_kernels.fusable if kernels and compiled is True else None,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
@@ -1013,10 +1017,12 @@ class NumPyTransformer(Transformer):
             of its inputs were finite (see ``geon.transformers.numerics``). Off, the
             generated code is exactly what it is without the option.
         compiled: run fused elementwise groups as C loops built with the system C
-            compiler, and fuse small groups too (see
-            ``geon.transformers.numpy.compiled``); default: the environment variable
-            ``GEON_COMPILED`` (off when unset). Without a working compiler the NumPy
-            code runs, after a GeonWarning.
+            compiler (see ``geon.transformers.numpy.compiled``). ``"auto"``: the
+            groups of at least ``fusion.MIN_ELEMENTS`` elements, where a compiler
+            works (without one, the NumPy code, silently); True: also small groups,
+            which are then fused too (without a compiler, the NumPy code after a
+            GeonWarning); False: the NumPy code only. Default: the environment
+            variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
@@ -1034,10 +1040,10 @@ class NumPyTransformer(Transformer):
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
-                 check_numerics: bool = False, compiled: Optional[bool] = None) -> None:
+                 check_numerics: bool = False,
+                 compiled: Union[bool, str, None] = None) -> None:
         self.check_numerics = bool(check_numerics)
-        self.compiled = (compiled_kernels.enabled_by_env() if compiled is None
-                         else bool(compiled))
+        self.compiled = compiled_kernels.mode(compiled)
         super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
                          sample_axis=sample_axis)
 
