@@ -24,6 +24,7 @@ applied to exact values, so they cannot flip on a rounding difference.
 
 import dataclasses
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import geon as be
-from geon.transformers import memory
+from geon.transformers import fusion, memory
 from geon.transformers.numpy import compiled as compiled_kernels
 
 # Random graphs read variables after assignments they do not request, on purpose: the
@@ -757,8 +758,9 @@ def _cycle(fn):
 
 
 def check_recipe(recipe, compiled=False):
-    """Run ``recipe`` all-on, all-off and in the reference evaluator; compare. With
-    ``compiled``, "all on" is the compiled path (NumPyTransformer(compiled=True))."""
+    """Run ``recipe`` all-on, all-off and in the reference evaluator; compare. "All on"
+    is ``NumPyTransformer(compiled=compiled)`` (True: the compiled path, small groups
+    too; "auto": large groups compiled); "all off" is always the NumPy code."""
     note(repr(recipe))
     bounds = analyze(recipe)
     ref = _cycle(lambda: run_reference(recipe)[0])
@@ -832,6 +834,17 @@ def test_compiled_path_matches_reference(recipe):
 @given(recipes(state=True, max_ops=10))
 def test_compiled_path_state_after_setitems_matches(recipe):
     check_recipe(recipe, compiled=True)
+
+
+@needs_cc
+@settings(max_examples=60, **COMMON)
+@given(recipes())
+def test_default_mode_matches_reference(recipe):
+    # compiled="auto" compiles the groups of at least fusion.MIN_ELEMENTS elements: here
+    # 4, so the recipes' tensors (1 to 64 elements) fall on both sides of it (18 of the
+    # first 40 examples compiled a group)
+    with mock.patch.object(fusion, "MIN_ELEMENTS", 4):
+        check_recipe(recipe, compiled="auto")
 
 
 # --- the switch itself ---------------------------------------------------------------------
