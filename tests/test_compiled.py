@@ -597,13 +597,13 @@ def test_the_environment_variable_chooses_the_mode(monkeypatch):
 
 # --- the default: large groups only ----------------------------------------------------
 def _large_and_small(transformer):
-    """``tanh(3x) + x`` on 512 x 512 float32 (fusion.MIN_ELEMENTS elements) and on 64."""
-    xb = be.placeholder([be.Axis(512, "AutoR"), be.Axis(512, "AutoC")], dtype=np.float32)
+    """``tanh(3x) + x`` on 256 x 256 float32 (AUTO_MIN_ELEMENTS elements) and on 64."""
+    xb = be.placeholder([be.Axis(256, "AutoR"), be.Axis(256, "AutoC")], dtype=np.float32)
     xs = be.placeholder([be.Axis(64, "AutoS")], dtype=np.float32)
     comp = transformer.computation([be.tanh(xb * 3.0) + xb, be.tanh(xs * 3.0) + xs],
                                    xb, xs)
     rng = np.random.default_rng(3)
-    vb = rng.standard_normal((512, 512)).astype(np.float32)
+    vb = rng.standard_normal((256, 256)).astype(np.float32)
     vs = rng.standard_normal(64).astype(np.float32)
     gb, gs = comp(vb, vs)
     np.testing.assert_allclose(gb, np.tanh(vb * 3) + vb, rtol=1e-6, atol=1e-6)
@@ -611,19 +611,19 @@ def _large_and_small(transformer):
     return comp
 
 
-def test_auto_compiles_the_large_groups_only(cache, monkeypatch):
+def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
     monkeypatch.delenv("GEON_COMPILED", raising=False)
+    assert ck.AUTO_MIN_ELEMENTS == 256 * 256 < fusion.MIN_ELEMENTS
     comp = _large_and_small(be.NumPyTransformer())
-    assert fusion.MIN_ELEMENTS == 512 * 512
     # the large group is one C call; the small ops are not fused (one NumPy call each)
     assert kernel_calls(comp) == 1, comp.source
-    assert [g.members[0].axes.lengths for g in comp.groups] == [(512, 512)]
+    assert [g.members[0].axes.lengths for g in comp.groups] == [(256, 256)]
     assert "np.tanh(" in comp.source
     assert list(cache.glob("*.so"))
     everything = _large_and_small(be.NumPyTransformer(compiled=True))
     assert kernel_calls(everything) == 2 and "np.tanh(" not in everything.source
-    numpy_code = _large_and_small(be.NumPyTransformer(compiled=False))
-    assert kernel_calls(numpy_code) == 0 and numpy_code.groups
+    numpy_code = _large_and_small(be.NumPyTransformer(compiled=False))  # too small
+    assert kernel_calls(numpy_code) == 0 and not numpy_code.groups
 
 
 def test_auto_without_a_compiler_or_cache_runs_the_numpy_code_silently(cache, tmp_path,
@@ -633,7 +633,7 @@ def test_auto_without_a_compiler_or_cache_runs_the_numpy_code_silently(cache, tm
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
-    assert kernel_calls(comp) == 0 and comp.groups
+    assert kernel_calls(comp) == 0
     monkeypatch.delenv("CC")
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")

@@ -451,13 +451,15 @@ class NumPyComputation(Computation):
             return not isinstance(op, (og.AssignableTensorOp, og.Output)) and (
                 not isinstance(op, pr.ViewOp) or op in dynamic)
 
-        # The compiled path (compiled.py) also fuses small groups it can compile. The
+        # The compiled path (compiled.py) also fuses smaller groups it can compile (of
+        # any size with compiled=True, from AUTO_MIN_ELEMENTS with "auto"). The
         # gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
             order, self.results, emits,
-            compiled_kernels.fusable if kernels and compiled is True else None,
+            None if kernels is None else compiled_kernels.fusable if compiled is True
+            else compiled_kernels.auto_fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
@@ -1018,8 +1020,8 @@ class NumPyTransformer(Transformer):
             generated code is exactly what it is without the option.
         compiled: run fused elementwise groups as C loops built with the system C
             compiler (see ``geon.transformers.numpy.compiled``). ``"auto"``: the
-            groups of at least ``fusion.MIN_ELEMENTS`` elements, where a compiler
-            works (without one, the NumPy code, silently); True: also small groups,
+            groups of at least ``compiled.AUTO_MIN_ELEMENTS`` (65,536) elements,
+            where a compiler works (without one, the NumPy code, silently); True: also small groups,
             which are then fused too (without a compiler, the NumPy code after a
             GeonWarning); False: the NumPy code only. Default: the environment
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
