@@ -2,7 +2,11 @@
 training step spends its time, GEMMs and fused groups line by line.
 
     python -m benchmarks.linetime            # batch 1024, 50 steps
-    python -m benchmarks.linetime --batch 128 --steps 200 [--compiled]
+    python -m benchmarks.linetime --batch 128 --steps 200 [--compiled | --numpy]
+
+The step is generated as the NumPy transformer does by default (``compiled="auto"``);
+``--compiled`` compiles small groups too (``compiled=True``), ``--numpy`` gives the
+NumPy code alone (``compiled=False``).
 
 Each top-level statement of ``run`` (a NumPy call, a fused group's ``_run_blocks``, a
 guarded BLAS update) gets a clock reading before it; the table gives the mean per step
@@ -54,13 +58,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--compiled", action="store_true",
-                    help="NumPyTransformer(compiled=True)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--compiled", dest="mode", action="store_const", const=True,
+                     default="auto", help="NumPyTransformer(compiled=True)")
+    how.add_argument("--numpy", dest="mode", action="store_const", const=False,
+                     help="NumPyTransformer(compiled=False)")
     ap.add_argument("--top", type=int, default=25, help="rows shown")
     args = ap.parse_args(argv)
     import geon as be
     comp, _ = mlp.geon_step(args.batch,
-                            transformer=be.NumPyTransformer(compiled=args.compiled))
+                            transformer=be.NumPyTransformer(compiled=args.mode))
     x, t = mlp.data(args.batch)
     comp(x, t)  # allocates and initializes
     run, labels, totals = instrument(comp)

@@ -155,3 +155,24 @@ def test_linetime_times_every_statement_of_the_step(capsys):
     assert len(products) == len(gemm.STEP_GEMMS)
     assert all(float(r.split("|")[1]) > 0 for r in rows)
     assert "matrix products" in out
+
+
+@pytest.mark.parametrize("flag, mode", [([], "auto"), (["--numpy"], False),
+                                        (["--compiled"], True)])
+def test_linetime_times_the_mode_asked_for(flag, mode, monkeypatch):
+    from benchmarks import linetime, mlp
+    made = []
+    real = mlp.geon_step
+    monkeypatch.setattr(mlp, "geon_step", lambda *a, **k: made.append(
+        k["transformer"].compiled) or real(*a, **k))
+    linetime.main(["--batch", "4", "--steps", "1"] + flag)
+    assert made == [mode]
+
+
+def test_modes_pairs_steps_of_two_modes(capsys):
+    from benchmarks import modes
+    a, b, g = modes.paired(4, "numpy", "all", pairs=3)
+    assert len(a) == len(b) == len(g) == 3 and (a > 0).all() and (b > 0).all()
+    modes.main(["--batch", "4", "--pairs", "2", "numpy", "auto"])
+    out = capsys.readouterr().out
+    assert "median difference auto - numpy" in out and "of pairs" in out

@@ -28,6 +28,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh kernel cache, and no library loaded earlier in this process."""
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ck, "_auto_off", set())
     return tmp_path / "kernels"
 
 
@@ -558,20 +559,6 @@ def test_the_probe_of_the_compiler_is_kept_in_the_cache(cache, monkeypatch):
 
 
 # --- fallback --------------------------------------------------------------------------
-@pytest.mark.parametrize("cc", ["geon-no-such-compiler-xyz", "false"])
-def test_without_a_working_compiler_the_numpy_code_runs_after_a_warning(cc, cache,
-                                                                        monkeypatch):
-    monkeypatch.setenv("CC", cc)
-    monkeypatch.setattr(ck, "_warned", set())
-    with pytest.warns(GeonWarning, match="C compiler|NumPy code"):
-        comp = _run_chain()
-    assert kernel_calls(comp) == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # once per cause
-        comp = _run_chain()
-    assert not cache.exists() or not list(cache.glob("*.so"))
-
-
 def test_a_failed_compilation_falls_back(cache, monkeypatch):
     monkeypatch.setattr(ck, "_warned", set())
     monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
@@ -626,15 +613,9 @@ def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
     assert kernel_calls(numpy_code) == 0 and not numpy_code.groups
 
 
-def test_auto_without_a_compiler_or_cache_runs_the_numpy_code_silently(cache, tmp_path,
-                                                                       monkeypatch):
+def test_auto_with_a_cache_it_cannot_use_runs_the_numpy_code_silently(cache, tmp_path,
+                                                                      monkeypatch):
     monkeypatch.setattr(ck, "_warned", set())
-    monkeypatch.setenv("CC", "geon-no-such-compiler-xyz")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
-    assert kernel_calls(comp) == 0
-    monkeypatch.delenv("CC")
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")
     monkeypatch.setenv("GEON_CACHE_DIR", str(not_a_folder))
@@ -644,6 +625,77 @@ def test_auto_without_a_compiler_or_cache_runs_the_numpy_code_silently(cache, tm
     assert kernel_calls(comp) == 0
     with pytest.warns(GeonWarning, match="cannot create the kernel cache"):
         _large_and_small(be.NumPyTransformer(compiled=True))
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no POSIX owners and modes here")
+def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path / "mine"))
+    _run_chain()
+    kernels = tmp_path / "mine" / "kernels"
+    assert kernels.stat().st_mode & 0o777 == 0o700  # made readable by its owner only
+    (so,) = kernels.glob("*.so")
+    kernels.chmod(0o777)
+    monkeypatch.setattr(ck, "_libs", {})
+    loads = []
+    monkeypatch.setattr(ck, "_load_cached", lambda path: loads.append(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+    assert kernel_calls(comp) == 0 and loads == []
+    with pytest.warns(GeonWarning, match="others may write to it"):
+        comp = _run_chain()
+    assert kernel_calls(comp) == 0 and loads == []
+
+
+def test_auto_leaves_a_group_it_cannot_compile_below_the_numpy_threshold(cache,
+                                                                          monkeypatch):
+    # W <- W - 0.1 * (a @ b) without the BLAS accumulate: the product heads the
+    # update's group, and a group with a product does not compile
+    from geon.transformers.numpy import blas
+    monkeypatch.setattr(blas, "_GEMM", {})
+    I, J, K = be.Axis(256, "gI"), be.Axis(256, "gJ"), be.Axis(8, "gK")
+    a = be.placeholder([I, K], dtype=np.float32)
+    b = be.placeholder([K, J], dtype=np.float32)
+    w0 = np.full((256, 256), 1 / 7, np.float32)
+    W = be.Variable(axes=[I, J], initial_value=w0, dtype=np.float32)
+    t = be.NumPyTransformer(compiled=True)
+    upd = be.SetItem(W, W - 0.1 * be.dot(a, b))
+    assert t.computation(upd, a, b).groups  # compiled=True: a NumPy blocked group
+    t = be.NumPyTransformer(compiled="auto")
+    comp = t.computation(upd, a, b)
+    assert not comp.groups and "_run_blocks" not in comp.source
+    rng = np.random.default_rng(4)
+    av, bv = (rng.standard_normal(s).astype(np.float32) for s in ((256, 8), (8, 256)))
+    comp(av, bv)
+    np.testing.assert_allclose(t.state[W], w0 - 0.1 * (av @ bv), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiler_that_fails_is_probed_again_in_the_next_process(cache, monkeypatch):
+    monkeypatch.setattr(ck, "_toolchains", {})
+    monkeypatch.setattr(ck, "_warned", set())
+    tc = ck.toolchain()
+    assert tc.record and os.path.exists(tc.record)
+    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    with pytest.warns(GeonWarning, match="simulated"):
+        _run_chain()
+    assert not os.path.exists(tc.record)
+
+
+def test_a_full_disk_gives_the_numpy_code(cache, monkeypatch):
+    ck.toolchain()
+    monkeypatch.setattr(ck, "_warned", set())
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ck, "_compile", full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+    assert kernel_calls(comp) == 0
+    with pytest.warns(GeonWarning, match="No space left"):
+        assert kernel_calls(_run_chain()) == 0
 
 
 def test_auto_warns_when_a_compilation_fails(cache, monkeypatch):

@@ -24,6 +24,7 @@ applied to exact values, so they cannot flip on a rounding difference.
 
 import dataclasses
 import math
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -837,13 +838,19 @@ def test_compiled_path_state_after_setitems_matches(recipe):
 
 
 @needs_cc
-@settings(max_examples=60, **COMMON)
+@settings(max_examples=100, **COMMON)
 @given(recipes())
 def test_default_mode_matches_reference(recipe):
-    # compiled="auto" compiles the groups of at least fusion.MIN_ELEMENTS elements: here
-    # 4, so the recipes' tensors (1 to 64 elements) fall on both sides of it (18 of the
-    # first 40 examples compiled a group)
-    with mock.patch.object(fusion, "MIN_ELEMENTS", 4):
+    # compiled="auto" compiles groups from AUTO_MIN_ELEMENTS elements and leaves those
+    # that do not compile to the NumPy code from fusion.MIN_ELEMENTS: here 4 and 16, so
+    # the recipes' tensors (1 to 64 elements) fall on all three sides of them (15 of
+    # the 100 examples compile a group). Any fallback to the NumPy code is an error.
+    with mock.patch.object(compiled_kernels, "AUTO_MIN_ELEMENTS", 4), \
+            mock.patch.object(fusion, "MIN_ELEMENTS", 16), \
+            mock.patch.object(compiled_kernels, "UNAVAILABLE", frozenset()), \
+            mock.patch.object(compiled_kernels, "_warned", set()), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*running the NumPy code instead")
         check_recipe(recipe, compiled="auto")
 
 

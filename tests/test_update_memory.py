@@ -13,6 +13,9 @@ from geon.transformers.numpy import blas, transformer
 
 @pytest.fixture
 def fuse_small(monkeypatch):
+    """The NumPy code's blocked groups on small tensors (compiled groups: see
+    tests/test_compiled.py)."""
+    monkeypatch.setenv("GEON_COMPILED", "0")
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 1)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 8)     # several blocks per group
     monkeypatch.setattr(fusion, "PARALLEL_ELEMENTS", 1)  # threads where allowed

@@ -154,6 +154,28 @@ AUTO_MIN_ELEMENTS = 1 << 16
 UNAVAILABLE = frozenset({"no compiler", "no cache", "layout"})
 
 
+_auto_off = set()  # (CC, cache folder) where AUTO found that it cannot compile
+
+
+def _where():
+    return os.environ.get("CC", ""), cache_dir()
+
+
+def auto_unavailable():
+    """Whether :data:`AUTO` found earlier in this process that it cannot compile with
+    this ``$CC`` and cache folder (no compiler, no cache, libraries that do not load):
+    it then goes straight to the NumPy code instead of generating code twice."""
+    return _where() in _auto_off
+
+
+def auto_failed(error):
+    """Remember a :class:`CompileError` of :data:`AUTO` that will happen again for every
+    computation (see :func:`auto_unavailable`); a failed compilation is not one: it is
+    about one C source."""
+    if error.key in UNAVAILABLE or error.key == "load failed":
+        _auto_off.add(_where())
+
+
 def mode(compiled=None):
     """The compiled mode ``NumPyTransformer(compiled=...)`` stands for: True (every
     group that compiles, small ones too), False (none) or :data:`AUTO`. ``None`` reads
@@ -309,10 +331,13 @@ class Toolchain:
     """A working C compiler: its command, its flags and a text naming it (for the cache
     key)."""
 
-    def __init__(self, command, flags, identity, simd_math=False):
+    def __init__(self, command, flags, identity, simd_math=False, record=None):
         self.command, self.flags, self.identity = command, tuple(flags), identity
         #: whether the C library's vector maths (glibc's libmvec) can be called
         self.simd_math = simd_math
+        #: the file keeping what the probe found (removed when a build with these
+        #: flags fails: the next process probes again)
+        self.record = record
 
 
 _toolchains = {}
@@ -337,7 +362,11 @@ void geon_probe(float *x, int64_t n) {
 def _compiler_command():
     cc = os.environ.get("CC", "").strip()
     if cc:
-        cmd = shlex.split(cc)
+        try:
+            cmd = shlex.split(cc)
+        except ValueError as e:
+            raise CompileError(f"no C compiler: $CC is {cc!r}, which does not parse: {e}",
+                               key="no compiler") from None
         path = shutil.which(cmd[0])
         if path is None:
             raise CompileError(f"no C compiler: $CC is {cc!r}, which is not on the PATH",
@@ -406,6 +435,7 @@ def _probe():
     # --version, not five times.
     h = hashlib.sha256()
     for part in (command, version, [platform.machine(), _cpu_identity()],
+                 platform.libc_ver(),
                  [_probe_source(True), _probe_source(False)], [BASE_FLAGS, PROBE_FLAGS]):
         h.update(repr(part).encode())
     record = os.path.join(cache_dir(), f"toolchain-{h.hexdigest()[:40]}.json")
@@ -413,16 +443,16 @@ def _probe():
     if found is None:
         found = _run_probe(command)
         try:
-            os.makedirs(cache_dir(), exist_ok=True)
+            _make_cache_dir(cache_dir())
             _write_atomic(record, json.dumps({"extra": list(found[0]),
                                               "simd_math": found[1]}).encode())
-        except OSError:
-            pass  # not kept: probed again in the next process
+        except (OSError, CompileError):
+            record = None  # not kept: probed again in the next process
     extra, simd_math = found
     flags = BASE_FLAGS + extra
     identity = "\n".join([" ".join(command)] + version + [platform.machine()]
                          + ([_cpu_identity()] if "-march=native" in flags else []))
-    return Toolchain(command, flags, identity, simd_math)
+    return Toolchain(command, flags, identity, simd_math, record)
 
 
 def _read_probe(path):
@@ -445,7 +475,18 @@ def _run_probe(command):
     """The first of :data:`PROBE_FLAGS` with which ``command`` builds a shared library
     (and whether the vector maths library resolves with it): ``(extra, simd_math)``."""
     err = ""
-    with tempfile.TemporaryDirectory(prefix="geon-probe-") as d:
+    try:  # where the kernels will be loaded from, if it can be written (else the
+        # system's temporary folder): a folder whose files cannot be run fails here too
+        _make_cache_dir(cache_dir())
+        where = cache_dir()
+    except CompileError:
+        where = None
+    try:
+        probe_dir = tempfile.TemporaryDirectory(dir=where, prefix=".probe-")
+    except OSError as e:
+        raise CompileError(f"no folder to probe the C compiler in: {e}",
+                           key="no compiler") from None
+    with probe_dir as d:
         src = os.path.join(d, "probe.c")
         for k, extra in enumerate(PROBE_FLAGS):
             simd_math = k < 2  # vector maths: only with the best flags
@@ -515,6 +556,25 @@ def cache_dir():
     return os.path.join(root, "kernels")
 
 
+def _make_cache_dir(d):
+    """Make the cache folder ``d`` (readable by its owner only) if it is not there, and
+    check that libraries may be loaded from it: it must belong to this user and be
+    writable by nobody else, who could otherwise put code there that geon would run.
+    Raises :class:`CompileError` (cause "no cache")."""
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.stat(d)
+    except OSError as e:
+        raise CompileError(f"cannot create the kernel cache {d}: {e}",
+                           key="no cache") from None
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise CompileError(f"the kernel cache {d} belongs to another user or others may "
+                           f"write to it: no library is loaded from it (set "
+                           f"GEON_CACHE_DIR to a folder of your own)", key="no cache")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise CompileError(f"cannot write to the kernel cache {d}", key="no cache")
+
+
 _libs = {}
 _lib_lock = threading.Lock()
 
@@ -558,17 +618,30 @@ def build(source):
         if lib is not None:
             return lib
         d = cache_dir()
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError as e:
-            raise CompileError(f"cannot create the kernel cache {d}: {e}",
-                               key="no cache") from None
+        _make_cache_dir(d)
         path = os.path.join(d, key + ".so")
         lib = _load_cached(path)
         if lib is None:
-            lib = _compile(tc, source, path)
+            try:
+                lib = _compile(tc, source, path)
+            except OSError as e:  # a full disk, a folder that turned read-only, ...
+                raise CompileError(f"cannot build the kernels in {d}: {e}",
+                                   key="no cache") from None
+            except CompileError:
+                _forget_probe(tc)
+                raise
         _libs[key] = lib
         return lib
+
+
+def _forget_probe(tc):
+    """A build with ``tc``'s flags failed: the next process probes the compiler again
+    (this one keeps its toolchain)."""
+    if tc.record:
+        try:
+            os.unlink(tc.record)
+        except OSError:
+            pass
 
 
 def _load_cached(path):

@@ -400,14 +400,19 @@ class NumPyComputation(Computation):
         super().__init__(transformer, results, params)
         self._fn = None
         mode = getattr(transformer, "compiled", False)
+        auto = mode == compiled_kernels.AUTO
+        if auto and compiled_kernels.auto_unavailable():
+            mode = False
         if mode:
             try:
                 self._generate(compiled=mode)
                 return
             except compiled_kernels.CompileError as e:  # the NumPy code instead
-                if mode is True or e.key not in compiled_kernels.UNAVAILABLE:
+                if not auto or e.key not in compiled_kernels.UNAVAILABLE:
                     compiled_kernels.warn_once(e.key,
                                                f"{e}; running the NumPy code instead")
+                if auto:
+                    compiled_kernels.auto_failed(e)
         self._generate()
 
     def _generate(self, compiled=False):
@@ -458,11 +463,17 @@ class NumPyComputation(Computation):
         kernels = compiled_kernels.Kernels() if compiled and not check else None
         groups = [] if "fusion" in t.disabled or check else find_groups(
             order, self.results, emits,
-            None if kernels is None else compiled_kernels.fusable if compiled is True
-            else compiled_kernels.auto_fusable,
+            None if kernels is None else compiled_kernels.auto_fusable
+            if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in self._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
+        if kernels is not None and compiled == compiled_kernels.AUTO:
+            # below the NumPy code's own threshold, a group is only worth it as C
+            scalar_consts = {op for op in order
+                             if isinstance(op, og.Constant) and op.scalar is not None}
+            groups = [g for g in groups if g.members[0].axes.size >= fusion.MIN_ELEMENTS
+                      or kernels.compilable(g, scalar_consts)]
         for g in groups:  # blocked groups read views at other places than they write
             seen = fusion.view_reads(g, root)
             for m in g.members:
