@@ -142,8 +142,8 @@ AUTO = "auto"
 #: The smallest group :data:`AUTO` compiles. A C function costs tens of milliseconds
 #: of compiler time per op once (then it is cached), and saves a pass over memory and
 #: a NumPy call per op and call: from 65,536 elements that pays back within about a
-#: hundred calls (the MLP step at batch 128: 512 x 128 activations, 0.11-0.13 ms of
-#: about 2.8 ms per step). Below it, the saving is mostly NumPy's per-call cost, a
+#: hundred calls (the MLP step at batch 128: 512 x 128 activations, 0.09-0.15 ms of
+#: about 2.7 ms per step, in paired steps). Below it, the saving is mostly NumPy's per-call cost, a
 #: microsecond or two per op, and compiling pays back only after thousands of calls:
 #: ``compiled=True`` compiles those too.
 AUTO_MIN_ELEMENTS = 1 << 16
