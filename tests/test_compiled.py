@@ -1,7 +1,8 @@
 """The compiled path of the NumPy transformer (geon/transformers/numpy/compiled.py): fused
 elementwise groups as C loops, small groups fused too, the default mode (large groups
-only), the kernel cache and the fallback to the NumPy code. The differential tests (tests/test_differential.py) run random graphs
-through it as well."""
+only), the kernel cache and the fallback to the NumPy code (without a compiler: see
+tests/test_compiled_fallback.py). The differential tests (tests/test_differential.py)
+run random graphs through it as well."""
 
 import os
 import re

@@ -2,13 +2,13 @@
 
 Which groups: :func:`mode` of ``NumPyTransformer(compiled=...)`` (default: the
 environment variable ``GEON_COMPILED``). With :data:`AUTO`, the default, the groups
-of at least :data:`AUTO_MIN_ELEMENTS` elements, where a compiler works; with True (``GEON_COMPILED=1``) small groups too;
-with False (``GEON_COMPILED=0``) none. Each such group (see
-:mod:`geon.transformers.fusion`) whose members all have a C rule here becomes one C
-function: a single loop over the
-elements that loads the group's inputs, computes every member in local variables and
-stores the members that have a buffer (or, for large groups with several slow members,
-one loop per segment over tiles of elements: see Tiles below). The functions of one
+of at least :data:`AUTO_MIN_ELEMENTS` elements, where a compiler works; with True
+(``GEON_COMPILED=1``) small groups too; with False (``GEON_COMPILED=0``) none. Each
+such group (see :mod:`geon.transformers.fusion`) whose members all have a C rule here
+becomes one C function: a single loop over the elements that loads the group's inputs,
+computes every member in local variables and stores the members that have a buffer
+(or, for large groups with several slow members, one loop per segment over tiles of
+elements: see Tiles below). The functions of one
 computation form one C file, compiled with the system C compiler into a shared library,
 loaded with :mod:`ctypes` and called from the generated Python with the arrays
 themselves.
@@ -143,9 +143,9 @@ AUTO = "auto"
 #: of compiler time per op once (then it is cached), and saves a pass over memory and
 #: a NumPy call per op and call: from 65,536 elements that pays back within about a
 #: hundred calls (the MLP step at batch 128: 512 x 128 activations, 0.09-0.15 ms of
-#: about 2.7 ms per step, in paired steps). Below it, the saving is mostly NumPy's per-call cost, a
-#: microsecond or two per op, and compiling pays back only after thousands of calls:
-#: ``compiled=True`` compiles those too.
+#: about 2.7 ms per step, in paired steps). Below it, the saving is mostly NumPy's
+#: per-call cost, a microsecond or two per op, and compiling pays back only after
+#: thousands of calls: ``compiled=True`` compiles those too.
 AUTO_MIN_ELEMENTS = 1 << 16
 
 #: The causes of a :class:`CompileError` that mean this machine cannot compile (no

@@ -1032,9 +1032,9 @@ class NumPyTransformer(Transformer):
         compiled: run fused elementwise groups as C loops built with the system C
             compiler (see ``geon.transformers.numpy.compiled``). ``"auto"``: the
             groups of at least ``compiled.AUTO_MIN_ELEMENTS`` (65,536) elements,
-            where a compiler works (without one, the NumPy code, silently); True: also small groups,
-            which are then fused too (without a compiler, the NumPy code after a
-            GeonWarning); False: the NumPy code only. Default: the environment
+            where a compiler works (without one, the NumPy code, silently); True:
+            also small groups, which are then fused too (without a compiler, the
+            NumPy code after a GeonWarning); False: the NumPy code only. Default: the environment
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
