@@ -362,16 +362,14 @@ def _first_step(lib, batch):
     with an empty kernel cache, so the C compiler's time is included)."""
     x, t = mlp.data(batch)
     params = mlp.init_params()
-    t0 = time.perf_counter()
-    if lib == "geon":
-        with cold_kernels():
-            t0 = time.perf_counter()
+    with cold_kernels() if lib == "geon" else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        if lib == "geon":
             g, _ = mlp.geon_step(batch, params)
             g(x, t)
-            return time.perf_counter() - t0
-    else:
-        compare.mlp_step(lib, params, batch)(x, t)
-    return time.perf_counter() - t0
+        else:
+            compare.mlp_step(lib, params, batch)(x, t)
+        return time.perf_counter() - t0
 
 
 def _first_chain(lib, n):

@@ -16,6 +16,7 @@ from geon.errors import GeonWarning
 from geon.transformers import fusion
 from geon.transformers.numpy import compiled as ck
 from op_table import CASES
+from test_compiled_fallback import large_and_small
 
 from test_ops import TOL
 
@@ -584,33 +585,18 @@ def test_the_environment_variable_chooses_the_mode(monkeypatch):
 
 
 # --- the default: large groups only ----------------------------------------------------
-def _large_and_small(transformer):
-    """``tanh(3x) + x`` on 256 x 256 float32 (AUTO_MIN_ELEMENTS elements) and on 64."""
-    xb = be.placeholder([be.Axis(256, "AutoR"), be.Axis(256, "AutoC")], dtype=np.float32)
-    xs = be.placeholder([be.Axis(64, "AutoS")], dtype=np.float32)
-    comp = transformer.computation([be.tanh(xb * 3.0) + xb, be.tanh(xs * 3.0) + xs],
-                                   xb, xs)
-    rng = np.random.default_rng(3)
-    vb = rng.standard_normal((256, 256)).astype(np.float32)
-    vs = rng.standard_normal(64).astype(np.float32)
-    gb, gs = comp(vb, vs)
-    np.testing.assert_allclose(gb, np.tanh(vb * 3) + vb, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(gs, np.tanh(vs * 3) + vs, rtol=1e-6, atol=1e-6)
-    return comp
-
-
 def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
     monkeypatch.delenv("GEON_COMPILED", raising=False)
     assert ck.AUTO_MIN_ELEMENTS == 256 * 256 < fusion.MIN_ELEMENTS
-    comp = _large_and_small(be.NumPyTransformer())
+    comp = large_and_small(be.NumPyTransformer())
     # the large group is one C call; the small ops are not fused (one NumPy call each)
     assert kernel_calls(comp) == 1, comp.source
     assert [g.members[0].axes.lengths for g in comp.groups] == [(256, 256)]
     assert "np.tanh(" in comp.source
     assert list(cache.glob("*.so"))
-    everything = _large_and_small(be.NumPyTransformer(compiled=True))
+    everything = large_and_small(be.NumPyTransformer(compiled=True))
     assert kernel_calls(everything) == 2 and "np.tanh(" not in everything.source
-    numpy_code = _large_and_small(be.NumPyTransformer(compiled=False))  # too small
+    numpy_code = large_and_small(be.NumPyTransformer(compiled=False))  # too small
     assert kernel_calls(numpy_code) == 0 and not numpy_code.groups
 
 
@@ -622,15 +608,16 @@ def test_auto_with_a_cache_it_cannot_use_runs_the_numpy_code_silently(cache, tmp
     monkeypatch.setenv("GEON_CACHE_DIR", str(not_a_folder))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+        comp = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert kernel_calls(comp) == 0
     with pytest.warns(GeonWarning, match="cannot create the kernel cache"):
-        _large_and_small(be.NumPyTransformer(compiled=True))
+        large_and_small(be.NumPyTransformer(compiled=True))
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="no POSIX owners and modes here")
 def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, monkeypatch):
     monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ck, "_toolchains", {})  # probed here, its record kept here
     monkeypatch.setattr(ck, "_warned", set())
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path / "mine"))
     _run_chain()
@@ -643,11 +630,16 @@ def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, mon
     monkeypatch.setattr(ck, "_load_cached", lambda path: loads.append(path))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+        comp = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert kernel_calls(comp) == 0 and loads == []
     with pytest.warns(GeonWarning, match="others may write to it"):
         comp = _run_chain()
     assert kernel_calls(comp) == 0 and loads == []
+    # nor is the compiler's probe read from or kept there
+    (record,) = kernels.glob("toolchain-*.json")
+    record.write_text("not json")
+    monkeypatch.setattr(ck, "_toolchains", {})
+    assert ck.toolchain().record is None and record.read_text() == "not json"
 
 
 def test_auto_leaves_a_group_it_cannot_compile_below_the_numpy_threshold(cache,
@@ -693,7 +685,7 @@ def test_a_full_disk_gives_the_numpy_code(cache, monkeypatch):
     monkeypatch.setattr(ck, "_compile", full)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+        comp = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert kernel_calls(comp) == 0
     with pytest.warns(GeonWarning, match="No space left"):
         assert kernel_calls(_run_chain()) == 0
@@ -704,7 +696,7 @@ def test_auto_warns_when_a_compilation_fails(cache, monkeypatch):
     monkeypatch.setattr(ck, "_warned", set())
     monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
     with pytest.warns(GeonWarning, match="simulated"):
-        comp = _large_and_small(be.NumPyTransformer(compiled="auto"))
+        comp = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert kernel_calls(comp) == 0
 
 

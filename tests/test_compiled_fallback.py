@@ -23,8 +23,9 @@ def fresh(tmp_path, monkeypatch):
     return tmp_path / "kernels"
 
 
-def _chains(transformer):
-    """``tanh(3x) + x`` on 256 x 256 float64 (a group "auto" compiles) and on 64."""
+def large_and_small(transformer):
+    """``tanh(3x) + x`` on 256 x 256 float64 (AUTO_MIN_ELEMENTS elements: a group "auto"
+    compiles) and on 64 (left to NumPy); checks the values and returns the computation."""
     xb = be.placeholder([be.Axis(256, "FbR"), be.Axis(256, "FbC")], dtype=np.float64)
     xs = be.placeholder([be.Axis(64, "FbS")], dtype=np.float64)
     comp = transformer.computation([be.tanh(xb * 3.0) + xb, be.tanh(xs * 3.0) + xs],
@@ -45,11 +46,11 @@ def test_compiled_true_without_a_working_compiler_warns_once_and_runs_numpy_code
         cc, fresh, monkeypatch):
     monkeypatch.setenv("CC", cc)
     with pytest.warns(GeonWarning, match="C compiler|NumPy code"):
-        comp = _chains(be.NumPyTransformer(compiled=True))
+        comp = large_and_small(be.NumPyTransformer(compiled=True))
     assert "# compiled:" not in comp.source
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # once per cause
-        _chains(be.NumPyTransformer(compiled=True))
+        large_and_small(be.NumPyTransformer(compiled=True))
     assert not fresh.exists() or not list(fresh.glob("*.so"))
 
 
@@ -66,8 +67,8 @@ def test_auto_without_a_working_compiler_is_silent_and_tries_once(cc, fresh,
     monkeypatch.setattr(nt.NumPyComputation, "_generate", counting)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        first = _chains(be.NumPyTransformer(compiled="auto"))
-        second = _chains(be.NumPyTransformer(compiled="auto"))
+        first = large_and_small(be.NumPyTransformer(compiled="auto"))
+        second = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert "# compiled:" not in first.source + second.source
     # the first computation tried, found no compiler, and generated the NumPy code; the
     # second went straight to the NumPy code

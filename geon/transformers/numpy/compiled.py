@@ -290,19 +290,17 @@ def row_sum(op):
         and op.args[0].dtype == op.dtype
 
 
-def fusable(op):
+def fusable(op, min_elements=0):
     """The fusion predicate of ``compiled=True``: what fusion fuses anyway, and
-    elementwise ops of any size that compile."""
+    elementwise ops of at least ``min_elements`` elements (any size) that compile."""
     return fusion._fusable(op) or (isinstance(op, og.ElementWise) and len(op.axes) >= 1
-                                   and supported(op))
+                                   and op.axes.size >= min_elements and supported(op))
 
 
 def auto_fusable(op):
-    """The fusion predicate of :data:`AUTO`: what fusion fuses anyway, and elementwise
-    ops of at least :data:`AUTO_MIN_ELEMENTS` elements that compile."""
-    return fusion._fusable(op) or (isinstance(op, og.ElementWise) and len(op.axes) >= 1
-                                   and op.axes.size >= AUTO_MIN_ELEMENTS
-                                   and supported(op))
+    """The fusion predicate of :data:`AUTO`: :func:`fusable` from
+    :data:`AUTO_MIN_ELEMENTS` elements."""
+    return fusable(op, AUTO_MIN_ELEMENTS)
 
 
 def _literal(value, dtype):
@@ -438,15 +436,21 @@ def _probe():
                  platform.libc_ver(),
                  [_probe_source(True), _probe_source(False)], [BASE_FLAGS, PROBE_FLAGS]):
         h.update(repr(part).encode())
-    record = os.path.join(cache_dir(), f"toolchain-{h.hexdigest()[:40]}.json")
-    found = _read_probe(record)
+    try:  # probed where the kernels will be loaded from (a folder whose files cannot
+        # be run fails there too), and kept there; without a cache folder to trust, in
+        # the system's temporary folder, and kept nowhere
+        _make_cache_dir(cache_dir())
+        record = os.path.join(cache_dir(), f"toolchain-{h.hexdigest()[:40]}.json")
+    except CompileError:
+        record = None
+    found = _read_probe(record) if record else None
     if found is None:
-        found = _run_probe(command)
+        found = _run_probe(command, record and os.path.dirname(record))
         try:
-            _make_cache_dir(cache_dir())
-            _write_atomic(record, json.dumps({"extra": list(found[0]),
-                                              "simd_math": found[1]}).encode())
-        except (OSError, CompileError):
+            if record:
+                _write_atomic(record, json.dumps({"extra": list(found[0]),
+                                                  "simd_math": found[1]}).encode())
+        except OSError:
             record = None  # not kept: probed again in the next process
     extra, simd_math = found
     flags = BASE_FLAGS + extra
@@ -471,16 +475,11 @@ def _read_probe(path):
     return extra, simd_math
 
 
-def _run_probe(command):
+def _run_probe(command, where=None):
     """The first of :data:`PROBE_FLAGS` with which ``command`` builds a shared library
-    (and whether the vector maths library resolves with it): ``(extra, simd_math)``."""
+    (and whether the vector maths library resolves with it), built in a temporary
+    folder in ``where`` (default: the system's): ``(extra, simd_math)``."""
     err = ""
-    try:  # where the kernels will be loaded from, if it can be written (else the
-        # system's temporary folder): a folder whose files cannot be run fails here too
-        _make_cache_dir(cache_dir())
-        where = cache_dir()
-    except CompileError:
-        where = None
     try:
         probe_dir = tempfile.TemporaryDirectory(dir=where, prefix=".probe-")
     except OSError as e:
