@@ -81,6 +81,16 @@ __device__ __forceinline__ float geon_f32(unsigned int b) { return __uint_as_flo
 __device__ __forceinline__ double geon_f64(unsigned long long b) {
     return __longlong_as_double((long long)b);
 }
+// 16 bytes of T (4 floats, 2 doubles ...), moved by one vector load or store; the
+// address must be 16-byte aligned
+template <typename T> struct __align__(16) geon_vec { T v[16 / sizeof(T)]; };
+template <typename T> __device__ __forceinline__ geon_vec<T> geon_load_vec(const T* p) {
+    return *reinterpret_cast<const geon_vec<T>*>(p);
+}
+template <typename T>
+__device__ __forceinline__ void geon_store_vec(T* p, const geon_vec<T>& v) {
+    *reinterpret_cast<geon_vec<T>*>(p) = v;
+}
 // NaN-propagating max / min, as NumPy's maximum and minimum (a != a: a is NaN)
 template <typename T> __device__ __forceinline__ T geon_max(T a, T b) {
     return (a > b || a != a) ? a : b;
@@ -91,11 +101,12 @@ template <typename T> __device__ __forceinline__ T geon_min(T a, T b) {
 template <typename T> __device__ __forceinline__ T geon_sign(T a) {
     return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a);
 }
-// sigmoid without overflow: exp of a non-positive number only
+// sigmoid without overflow: exp of a non-positive number only. float32 without a
+// branch: with e = exp(-|x|), 1 / (1 + e) for x >= 0 and e / (1 + e) below, as one
+// IEEE division (the same bits as a branch on the sign; NaN gives NaN)
 __device__ __forceinline__ float geon_sigmoid(float x) {
-    if (x >= 0.0f) { return 1.0f / (1.0f + expf(-x)); }
-    const float e = expf(x);
-    return e / (1.0f + e);
+    const float e = expf(-fabsf(x));
+    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 __device__ __forceinline__ double geon_sigmoid(double x) {
     if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
