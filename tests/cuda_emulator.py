@@ -273,6 +273,11 @@ class _Buffer:
                     and np.all(g[hi:hi + GUARD] == _GUARD_BYTE))
 
 
+class _DoneFence:
+    def wait(self):
+        pass
+
+
 class EmulatorRuntime:
     """The runtime interface on the CPU (see the module docstring). ``seed`` fixes the
     shuffled order of blocks and threads."""
@@ -311,8 +316,36 @@ class EmulatorRuntime:
     def copy(self, dst, src, nbytes):
         ctypes.memmove(int(dst), int(src), nbytes)
 
+    # Copies are synchronous here, so there is no stream: pinned memory is ordinary,
+    # fences are done when made, and there are no graphs.
+    stream_handle = 0
+
+    @staticmethod
+    def pinned(shape, dtype):
+        return np.empty(shape, dtype)
+
+    def upload(self, address, staging, array):
+        np.copyto(staging, array)
+        self.htod(address, staging)
+
+    def download(self, pinned, address):
+        self.dtoh(pinned, address)
+
+    @staticmethod
+    def take(pinned):
+        return pinned.copy()
+
+    def fence(self):
+        return _DoneFence()
+
+    def finish(self):
+        pass
+
     def synchronize(self):
         pass
+
+    def graph(self, run):
+        return None
 
     def compile(self, kernels):
         from geon.transformers.gpu.codegen import module_source

@@ -153,7 +153,9 @@ def test_linetime_times_every_statement_of_the_step(capsys):
     products = [r for r in rows if "_gemm_acc(" in r
                 or ("np.matmul(" in r and "_ones_" not in r)]
     assert len(products) == len(gemm.STEP_GEMMS)
-    assert all(float(r.split("|")[1]) > 0 for r in rows)
+    # every statement has its time (a check of a feed's type can round to 0.000 ms)
+    assert all(float(r.split("|")[1]) >= 0 for r in rows)
+    assert all(float(r.split("|")[1]) > 0 for r in products)
     assert "matrix products" in out
 
 

@@ -18,8 +18,9 @@ import pytest
 
 import geon as be
 from geon.transformers.gpu import GPUTransformer, GPUUnavailableError, gpu_status
-from test_gpu_codegen import (GRAPHS, _stand_in_pycuda, build_all, check_checkpoints,
-                              check_digits, check_graph, check_state_sync, needs_cxx)
+from test_gpu_codegen import (GRAPHS, build_all, check_checkpoints, check_digits,
+                              check_graph, check_state_sync, needs_cxx)
+from test_gpu_runtime import _stand_in_pycuda
 
 OK, WHY = gpu_status()
 GPU_REASON = f"no CUDA GPU available ({WHY})"
@@ -86,15 +87,77 @@ def test_large_elementwise_and_reduction_on_gpu(gpu_transformer):
 
 
 @gpu
-@pytest.mark.parametrize("gemm", ["generated", "auto"])
+@pytest.mark.parametrize("gemm", ["generated", "auto", "cublas"])
 def test_gemm_on_gpu(gpu_transformer, gemm):
     M, K, N = (be.Axis(n, f"D{n}") for n in (515, 1024, 300))
     a, b = be.placeholder((M, K)), be.placeholder((K, N))
     rng = np.random.default_rng(1)
     va = rng.standard_normal((515, 1024)).astype(np.float32)
     vb = rng.standard_normal((1024, 300)).astype(np.float32)
-    got = gpu_transformer(gemm=gemm).computation(be.dot(a, b), a, b)(va, vb)
+    t = gpu_transformer(gemm=gemm)
+    if gemm != "generated":
+        assert t._blas is not None  # cuBLAS loads and works on a GPU machine
+    got = t.computation(be.dot(a, b), a, b)(va, vb)
     np.testing.assert_allclose(got, va.astype(np.float64) @ vb, rtol=1e-4, atol=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cublas_with_transposed_operands_on_gpu(gpu_transformer, dtype):
+    """Both operands read through their transposes' strides, three calls (launched,
+    captured into a graph, replayed), new values each time."""
+    M, K, N = (be.Axis(n, f"T{n}") for n in (37, 129, 70))
+    at, bt = be.placeholder((K, M), dtype=dtype), be.placeholder((N, K), dtype=dtype)
+    f = gpu_transformer(gemm="cublas").computation(
+        be.dot(be.axes_with_order(at, (M, K)), be.axes_with_order(bt, (K, N))), at, bt)
+    rng = np.random.default_rng(4)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for _ in range(3):
+        va = rng.standard_normal((129, 37)).astype(dtype)
+        vb = rng.standard_normal((70, 129)).astype(dtype)
+        np.testing.assert_allclose(f(va, vb), va.T.astype(np.float64) @ vb.T, **tol)
+    assert f._run_kernels.graph is not None
+
+
+@gpu
+def test_cuda_graphs_on_gpu(gpu_transformer):
+    """From the second call on a computation runs as one captured graph; results follow
+    the feeds and the variables it updates."""
+    C, N = be.Axis(300, "C"), be.Axis(7, "N")
+    x = be.placeholder((C, N), name="x")
+    v = be.Variable((C,), initial_value=0.0, name="v")
+    total = be.SetItem(v, v + be.sum(be.tanh(x), reduction_axes=N))
+    t = gpu_transformer()
+    f = t.computation([be.exp(x) * 2.0, total], x)
+    rng = np.random.default_rng(5)
+    want_v = np.zeros(300)
+    for k in range(5):
+        xv = rng.standard_normal((300, 7)).astype(np.float32)
+        got = f(xv)[0]
+        want_v += np.tanh(xv.astype(np.float64)).sum(axis=1)
+        np.testing.assert_allclose(got, np.exp(xv) * 2.0, rtol=1e-5)
+        np.testing.assert_allclose(t.state[v], want_v, rtol=1e-4, atol=1e-4)
+        assert (f._run_kernels.graph is not None) == (k >= 1)
+    g = gpu_transformer(cuda_graphs=False).computation([be.exp(x) * 2.0], x)
+    for _ in range(3):
+        np.testing.assert_allclose(g(xv)[0], np.exp(xv) * 2.0, rtol=1e-5)
+    assert g._run_kernels.graph is None
+
+
+@gpu
+def test_large_feeds_and_results_on_gpu(gpu_transformer):
+    """Feeds and results of several MB go through pinned buffers in pieces."""
+    from geon.transformers.gpu import runtime
+    A, B = be.Axis(3000, "A"), be.Axis(1001, "B")   # 12 MB of float32
+    assert A.length * B.length * 4 > 2 * runtime.PARALLEL_COPY_BYTES
+    x = be.placeholder((A, B), name="x")
+    f = gpu_transformer().computation([x + 1.0, be.axes_with_order(x, (B, A))], x)
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        xv = rng.standard_normal((3000, 1001)).astype(np.float32)
+        plus, tr = f(xv)
+        np.testing.assert_array_equal(plus, xv + np.float32(1.0))
+        np.testing.assert_array_equal(tr, xv.T)
 
 
 # --- where there is no GPU -------------------------------------------------------------------

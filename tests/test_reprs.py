@@ -98,4 +98,7 @@ def test_gpu_transformer_repr_names_its_device():
     from geon.transformers.gpu import GPUTransformer
     t = GPUTransformer(runtime=EmulatorRuntime(seed=0))
     assert repr(t) == "<GPUTransformer 'gpu': 0 computations, device CPU emulator, " \
-                      "gemm='generated'>"
+                      "gemm='auto'>"
+    t = GPUTransformer(runtime=EmulatorRuntime(seed=0), gemm="generated", cuda_graphs=False)
+    assert repr(t) == "<GPUTransformer 'gpu': 0 computations, device CPU emulator, " \
+                      "gemm='generated', cuda_graphs=False>"

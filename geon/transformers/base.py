@@ -477,7 +477,7 @@ class Transformer:
             self.allocate()
         todo = [v for v in self.variables() if force or v not in self._initialized]
         for v in todo:
-            np.copyto(self.state[v], v.initial_array())
+            self._store(v, v.initial_array())
             self._initialized.add(v)
             self._wrote(v)
         # Initializers run once each (all again with ``force``).
@@ -490,11 +490,16 @@ class Transformer:
             evaluate(inits, state=values)
             for v, a in values.items():
                 if v in self.state:  # in place: generated code holds these arrays
-                    np.copyto(self.state[v], a)
+                    self._store(v, a)
             for op in og.toposort(inits):
                 if isinstance(op, ASSIGN_CLASSES):
                     self._wrote(og.snap(op.args[0]))
         self._initialized_all = True
+
+    def _store(self, v, value, casting="same_kind"):
+        """Write ``value`` into Variable ``v``'s storage, in place (generated code holds
+        the arrays)."""
+        np.copyto(self.state[v], value, casting=casting)
 
     def _wrote(self, v):
         self._writes[v] = self._writes.get(v, 0) + 1
@@ -521,7 +526,7 @@ class Transformer:
                 if a.shape != v.axes.shape:
                     raise ArgumentError(f"write_values: {v.name} has shape {v.axes.shape} "
                                         f"({v.axes!r}), the value {a.shape}")
-                np.copyto(self.state[v], a, casting="unsafe")
+                self._store(v, a, casting="unsafe")
                 self._initialized.add(v)
                 self._wrote(v)
 
@@ -576,7 +581,7 @@ class Transformer:
 
             def commit():
                 for n, v in names.items():
-                    np.copyto(self.state[v], loaded[n])
+                    self._store(v, loaded[n])
                     self._initialized.add(v)
                     self._wrote(v)
             # Restored variables are never initialized (their initial value may be

@@ -246,6 +246,7 @@ class GeonNet:
             raise ArgumentError(f"load_state_dict: missing {missing}, unexpected {extra}")
         transformer.initialize()
         live: Mapping[Any, np.ndarray] = transformer.state_view()  # keyed by snap(var)
+        values: dict[Any, np.ndarray] = {}
         for name, var in self.params.items():
             value = state_dict[name]
             value = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach")
@@ -254,7 +255,8 @@ class GeonNet:
                 raise ArgumentError(f"load_state_dict: {name} has shape {value.shape}, "
                                     f"the Variable {var.axes.shape}")
             if be.snap(var) in live:
-                np.copyto(live[be.snap(var)], value)
+                values[be.snap(var)] = value
+        transformer.write_values(values)  # (in place, and on a GPU, to the device)
 
     def state_dict(self, transformer: Transformer) -> dict[str, np.ndarray]:
         """``{name: array}``: the Variables' values on ``transformer`` (their initial

@@ -671,9 +671,10 @@ def _emit_gemm(prog, ctx, op):
     k = kernels.gemm_kernel(params, pa, pb, c, M, N, K, la.strides, lb.strides, op.dtype,
                             vec(la, a_fast_k), vec(lb, b_fast_n), True, [op])
     # What a BLAS needs to replace the kernel (the runtime's gemm option): the sizes,
-    # the operands' strides, and which arguments are C, A and B.
+    # the operands' strides, which arguments are C, A and B, and C's strides.
     where = [int(p[1:]) for p in (c, pa, pb)]
-    k.library = ("gemm", M, N, K, tuple(la.strides), tuple(lb.strides), op.dtype, where)
+    k.library = ("gemm", M, N, K, tuple(la.strides), tuple(lb.strides), op.dtype, where,
+                 tuple(lc.strides))
     _add(prog, k)
 
 

@@ -7,6 +7,7 @@ plan and needs neither pycuda nor a GPU (its computations have a ``source`` and 
 CUDA device.
 """
 
+import warnings
 from collections.abc import MutableMapping
 
 import numpy as np
@@ -80,10 +81,15 @@ class GPUComputation(CudaComputation):
                     for k in prog.launches]
         if t.check_numerics:
             self._run_kernels = self._checked_launcher(launches, bufs, rt, t)
+            self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
         else:
-            self._run_kernels = rt.launcher(launches, t._blas)
+            self._run_kernels = _Launches(rt, rt.launcher(launches, t._blas),
+                                          t.cuda_graphs)
+            self._results = [self._pinned_fetcher(spec, bufs, rt) for spec in prog.results]
         self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
-        self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
+        # feeds go to the device through pinned buffers of their own
+        self._staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
+        self._fence = None  # the last call's copies out of the staging buffers
 
     def _checked_launcher(self, launches, bufs, rt, t):
         """The numerics debug mode's ``run``: each check unit's launches, with the values
@@ -139,23 +145,82 @@ class GPUComputation(CudaComputation):
             return host_view(flat, rel)
         return fetch_strided
 
+    def _pinned_fetcher(self, spec, bufs, rt):
+        """``(enqueue, value)`` for result ``spec``: ``enqueue()`` enqueues its copy into a
+        pinned buffer (``None`` where nothing is copied), ``value()`` gives the result
+        once the stream has finished."""
+        if spec.void:
+            return None, lambda: None
+        if spec.array is not None:
+            return None, spec.array.copy
+        from geon.transformers.gpu.codegen import host_view
+        from geon.transformers.gpu.layout import Layout
+        dtype, shape = spec.dtype, spec.shape
+        item = dtype.itemsize
+        lay = Layout(None, spec.offset, shape, spec.strides)
+        base = int(bufs[spec.buffer])
+        if lay.contiguous or lay.size <= 1:
+            pinned = rt.pinned(shape, dtype)
+            address = base + spec.offset * item
+            return (lambda: rt.download(pinned, address)), (lambda: rt.take(pinned))
+        lo, hi = lay.span()
+        flat = rt.pinned((hi - lo + 1,), dtype)
+        rel = Layout(None, spec.offset - lo, shape, spec.strides)
+        address = base + lo * item
+        return (lambda: rt.download(flat, address)), (lambda: host_view(flat, rel))
+
     def _fast_entry(self):
         t = self.transformer
+        if t.check_numerics:
+            return self._checking_feeds(self._checked_entry())
         rt, state = t.runtime, t.state
         checks = [(p.axes.shape, p.dtype) for p in self.params]
-        ptrs = self._feed_ptrs
-        run, fetch = self._run_kernels, self._fetch
+        copies_in = list(zip(self._feed_ptrs, self._staging))
+        run = self._run_kernels
+        copies_out = [enqueue for enqueue, _ in self._results if enqueue is not None]
+        values_of = [value for _, value in self._results]
         assigned = list(self.program.assigned)
         single, check = self.single, self._check_feed
+        upload, fence, finish = rt.upload, rt.fence, rt.finish
         ndarray = np.ndarray
         lock = t._lock  # calls take turns: computations share the device buffers
 
         def entry(*args):
             with lock:
+                if self._fence is not None:  # the staging buffers are free again
+                    self._fence.wait()
+                    self._fence = None
                 for i, a in enumerate(args):
                     shape, dt = checks[i]
                     if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
                         a = check(i, a)
+                    upload(*copies_in[i], a)
+                if state.host_dirty:
+                    state.push()
+                run()
+                if assigned:
+                    state.written(assigned)
+                for enqueue in copies_out:
+                    enqueue()
+                if copies_out:
+                    finish()
+                elif args:  # nothing to wait for now, but the next call reuses staging
+                    self._fence = fence()
+                values = [value() for value in values_of]
+                self._last = values
+            return values[0] if single else tuple(values)
+        return entry
+
+    def _checked_entry(self):
+        """The numerics debug mode's call: synchronous copies, launches one by one."""
+        t = self.transformer
+        rt, state = t.runtime, t.state
+        ptrs, run, fetch = self._feed_ptrs, self._run_kernels, self._fetch
+        assigned = list(self.program.assigned)
+
+        def entry(*args):
+            with t._lock:
+                for i, a in enumerate(args):
                     rt.htod(ptrs[i], a)
                 if state.host_dirty:
                     state.push()
@@ -164,9 +229,7 @@ class GPUComputation(CudaComputation):
                     state.written(assigned)
                 values = [f() for f in fetch]
                 self._last = values
-            return values[0] if single else tuple(values)
-        if t.check_numerics:
-            return self._checking_feeds(entry)
+            return values[0] if self.single else tuple(values)
         return entry
 
     def _checking_feeds(self, entry):
@@ -183,21 +246,53 @@ class GPUComputation(CudaComputation):
         return checked_entry
 
 
+class _Launches:
+    """A computation's kernels: enqueued from the launch list on its first call, and
+    from its second call on as one CUDA graph captured then (where the runtime has
+    graphs and ``graphs`` is true), so that a call costs one launch however many
+    kernels it has. A capture that fails warns and leaves the launch list."""
+
+    def __init__(self, runtime, run, graphs):
+        self.runtime, self.run, self.graphs = runtime, run, graphs
+        self.graph = None
+        self.calls = 0
+
+    def __call__(self):
+        if self.graph is not None:
+            self.graph()
+            return
+        self.calls += 1
+        if self.graphs and self.calls == 2:  # (the first call loaded what it needed)
+            try:
+                self.graph = self.runtime.graph(self.run)
+            except GeonError as e:
+                warnings.warn(f"geon gpu: capturing a CUDA graph failed ({e}); the "
+                              f"computation launches its kernels one by one",
+                              RuntimeWarning, stacklevel=4)
+            if self.graph is not None:
+                self.graph()
+                return
+            self.graphs = False
+        self.run()
+
+
 class DeviceState(MutableMapping):
     """``{variable: array}`` whose values live on the device.
 
-    Reading ``state[v]`` returns a host copy synchronized at that moment (the same
-    array object each time); writes into it reach the device before the next
-    computation runs. This keeps :meth:`Transformer.save`, ``restore`` and
-    ``initialize`` (which read and write ``state[v]``) working as on the CPU, with
-    the same checkpoint files.
+    Reading ``state[v]`` returns a read-only host copy, synchronized at that moment
+    (the same array object each time); reading never copies anything back to the
+    device. Writing goes through ``state[v] = value`` or :meth:`store` (which
+    :meth:`Transformer.initialize`, ``restore`` and ``write_values`` use): the value
+    reaches the device before the next computation runs. So ``save`` and ``restore``
+    work as on the CPU, with the same checkpoint files.
     """
 
     def __init__(self, runtime):
         self.runtime = runtime
         self._host = {}
+        self._view = {}             # read-only views of _host, handed out
         self._device = {}
-        self.host_dirty = set()     # handed out or set: push before the next run
+        self.host_dirty = set()     # written on the host: push before the next run
         self._device_dirty = set()  # written by a computation: pull before reading
 
     def __getitem__(self, v):
@@ -205,8 +300,7 @@ class DeviceState(MutableMapping):
         if v in self._device_dirty:
             self.runtime.dtoh(host, int(self._device[v]))
             self._device_dirty.discard(v)
-        self.host_dirty.add(v)
-        return host
+        return self._view[v]
 
     def __setitem__(self, v, value):
         host = np.array(value, dtype=v.dtype, order="C")
@@ -216,11 +310,21 @@ class DeviceState(MutableMapping):
         if v not in self._device:
             self._device[v] = self.runtime.alloc(max(host.nbytes, 1))
         self._host[v] = host
+        view = self._view[v] = host.view()
+        view.flags.writeable = False
         self._device_dirty.discard(v)
+        self.host_dirty.add(v)
+
+    def store(self, v, value, casting="same_kind"):
+        """Write ``value`` into ``v``'s host copy in place (NumPy's ``casting`` rule)
+        and mark it for the device."""
+        np.copyto(self._host[v], value, casting=casting)
+        self._device_dirty.discard(v)  # the whole value is the host's now
         self.host_dirty.add(v)
 
     def __delitem__(self, v):
         del self._host[v]
+        del self._view[v]
         del self._device[v]
         self.host_dirty.discard(v)
         self._device_dirty.discard(v)
@@ -239,7 +343,7 @@ class DeviceState(MutableMapping):
         return self._device[v]
 
     def push(self):
-        """Copy the host copies that may have changed to the device."""
+        """Copy the host copies written since the last run to the device."""
         for v in self.host_dirty:
             self.runtime.htod(int(self._device[v]), self._host[v])
         self.host_dirty.clear()
@@ -286,9 +390,14 @@ class GPUTransformer(CudaCodegenTransformer):
         runtime: ``None`` (PyCUDA on ``device``), or an object offering the runtime
             interface of :class:`geon.transformers.gpu.runtime.PyCUDARuntime` (the test
             suite passes a CPU emulator of the generated kernels this way).
-        gemm: ``"generated"`` (default: the generated tiled GEMM), ``"cublas"`` (cuBLAS
-            through CuPy, which must be installed) or ``"auto"`` (cuBLAS if CuPy works
-            here, else the generated GEMM).
+        gemm: ``"auto"`` (default: cuBLAS where it can be loaded and works here, else
+            the generated tiled GEMM), ``"cublas"`` (cuBLAS, an error if it does not
+            work) or ``"generated"`` (the generated GEMM only). cuBLAS comes from the
+            process, the loader's path, the NVIDIA wheels or the CUDA toolkit (see
+            doc/gpu.rst); it never uses TF32.
+        cuda_graphs: from the second call on, launch each computation's kernels as one
+            CUDA graph captured at that call (default ``True``; where the driver has no
+            graphs, or a capture fails, the kernels are launched one by one).
         check_numerics: the numerics debug mode (default off): each kernel's
             floating-point results are checked after it runs, and the floating-point
             feeds when the computation is called; the first NaN or infinity raises
@@ -306,7 +415,7 @@ class GPUTransformer(CudaCodegenTransformer):
     name = "gpu"
     computation_class = GPUComputation
 
-    def __init__(self, device=0, runtime=None, gemm="generated", **kwargs):
+    def __init__(self, device=0, runtime=None, gemm="auto", cuda_graphs=True, **kwargs):
         if runtime is None:
             from geon.transformers.gpu.runtime import gpu_status, pycuda_runtime
             ok, why = gpu_status(device)
@@ -319,24 +428,20 @@ class GPUTransformer(CudaCodegenTransformer):
             runtime = pycuda_runtime(device)
         self.runtime = runtime
         self.gemm = gemm
+        self.cuda_graphs = bool(cuda_graphs)
         self._blas = runtime.blas_for(gemm)
         super().__init__(**kwargs)
         self.state = DeviceState(runtime)
 
     def _repr_details(self):
         runtime = getattr(self.runtime, "name", None) or type(self.runtime).__name__
-        return [f"device {runtime}", f"gemm={self.gemm!r}"] + super()._repr_details()
+        return ([f"device {runtime}", f"gemm={self.gemm!r}"]
+                + ([] if self.cuda_graphs else ["cuda_graphs=False"])
+                + super()._repr_details())
 
     def synchronize(self):
         """Wait until every kernel launched so far has finished."""
         self.runtime.synchronize()
 
-    def save(self, path):
-        # Reading the state to save it leaves the host copies equal to the device's:
-        # they need not be copied back before the next run (but what initialize
-        # wrote must be).
-        with self._lock:
-            self._ready()
-            before = set(self.state.host_dirty)
-            super().save(path)
-            self.state.host_dirty.intersection_update(before)
+    def _store(self, v, value, casting="same_kind"):
+        self.state.store(v, value, casting)
