@@ -33,7 +33,7 @@ import numpy as np
 import geon as be
 from benchmarks import mlp
 from benchmarks.common import ms, table
-from benchmarks.run import CHAIN, chain_eager, chain_geon
+from benchmarks.run import CHAIN, apply_chain, chain_eager, chain_geon
 
 try:
     import torch
@@ -96,25 +96,13 @@ CHEAP_CHAIN = [("mul", 1.001), ("add", 0.01), ("maximum", -3.0), ("mul", 0.9),
                ("mul", 1.5), ("sub", 0.75), ("maximum", 0.0), ("add", 0.25),
                ("mul", 0.5), ("square", None), ("minimum", 3.0)]
 
-_TORCH_UNARY = {"tanh": "tanh", "exp": "exp", "log": "log", "sigmoid": "sigmoid",
-                "sqrt": "sqrt", "square": "square", "abs": "abs"}
-
-
 def _torch_chain(x, chain):
-    for name, c in chain:
-        if name == "mul":
-            x = x * c
-        elif name == "add":
-            x = x + c
-        elif name == "sub":
-            x = x - c
-        elif name == "maximum":
-            x = torch.clamp_min(x, c)
-        elif name == "minimum":
-            x = torch.clamp_max(x, c)
-        else:
-            x = getattr(torch, _TORCH_UNARY[name])(x)
-    return x
+    binary = {"mul": lambda x, c: x * c, "add": lambda x, c: x + c,
+              "sub": lambda x, c: x - c, "maximum": torch.clamp_min,
+              "minimum": torch.clamp_max}
+    unary = {name: getattr(torch, name)
+             for name in ("tanh", "exp", "log", "sigmoid", "sqrt", "square", "abs")}
+    return apply_chain(x, chain, unary, binary)
 
 
 def bench_chain(make, measure, repeats, copy_bw, scale=1):

@@ -131,46 +131,34 @@ CHAIN = [("mul", 1.001), ("add", 0.01), ("tanh", None), ("mul", 0.9), ("exp", No
          ("add", 0.25), ("square", None), ("mul", 0.5), ("minimum", 3.0), ("sqrt", None)]
 
 
-def chain_geon(x, chain=CHAIN):
+def apply_chain(x, chain, unary, binary):
+    """``x`` through ``chain``: ``binary[name](x, c)`` for the ops with a constant
+    (mul, add, sub, maximum, minimum), ``unary[name](x)`` for the others."""
     for name, c in chain:
-        if name == "mul":
-            x = x * c
-        elif name == "add":
-            x = x + c
-        elif name == "sub":
-            x = x - c
-        elif name == "maximum":
-            x = be.maximum(x, c)
-        elif name == "minimum":
-            x = be.minimum(x, c)
-        elif name == "abs":
-            x = abs(x)
-        else:
-            x = getattr(be, name)(x)
+        x = unary[name](x) if c is None else binary[name](x, c)
     return x
 
 
+_GEON_BINARY = {"mul": lambda x, c: x * c, "add": lambda x, c: x + c,
+                "sub": lambda x, c: x - c, "maximum": be.maximum, "minimum": be.minimum}
+_GEON_UNARY = {"abs": abs, "tanh": be.tanh, "exp": be.exp, "log": be.log,
+               "sigmoid": be.sigmoid, "square": be.square, "sqrt": be.sqrt}
+
+
+def chain_geon(x, chain=CHAIN):
+    return apply_chain(x, chain, _GEON_UNARY, _GEON_BINARY)
+
+
+# NumPy in float32 throughout: constants as float32 scalars
+_NP_BINARY = {name: (lambda f: lambda x, c: f(x, np.float32(c)))(f) for name, f in
+              [("mul", np.multiply), ("add", np.add), ("sub", np.subtract),
+               ("maximum", np.maximum), ("minimum", np.minimum)]}
 _NP = {"tanh": np.tanh, "exp": np.exp, "log": np.log, "square": np.square,
-       "sqrt": np.sqrt, "abs": np.abs}
+       "sqrt": np.sqrt, "abs": np.abs, "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 
 
 def chain_eager(x, chain=CHAIN):
-    for name, c in chain:
-        if name == "mul":
-            x = x * np.float32(c)
-        elif name == "add":
-            x = x + np.float32(c)
-        elif name == "sub":
-            x = x - np.float32(c)
-        elif name == "maximum":
-            x = np.maximum(x, np.float32(c))
-        elif name == "minimum":
-            x = np.minimum(x, np.float32(c))
-        elif name == "sigmoid":
-            x = 1 / (1 + np.exp(-x))
-        else:
-            x = _NP[name](x)
-    return x
+    return apply_chain(x, chain, _NP, _NP_BINARY)
 
 
 def chain_out(x, buf):

@@ -178,3 +178,16 @@ def test_modes_pairs_steps_of_two_modes(capsys):
     modes.main(["--batch", "4", "--pairs", "2", "numpy", "auto"])
     out = capsys.readouterr().out
     assert "median difference auto - numpy" in out and "of pairs" in out
+
+
+@pytest.mark.parametrize("name", ["CHAIN", "CHEAP_CHAIN"])
+def test_gpu_benchmark_chains_agree_in_torch_and_numpy(name):
+    """benchmarks.gpu compares geon's fused chain with PyTorch's ops on the GPU; the
+    PyTorch version computes what the NumPy one does (checked here on the CPU)."""
+    torch = pytest.importorskip("torch", reason="needs PyTorch (pip install torch==2.13.0)")
+    from benchmarks import gpu as bgpu
+    from benchmarks.run import chain_eager
+    chain = getattr(bgpu, name)
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    got = bgpu._torch_chain(torch.from_numpy(x), chain).numpy()
+    np.testing.assert_allclose(got, chain_eager(x, chain), rtol=1e-5, atol=1e-6)

@@ -745,6 +745,8 @@ def check_checkpoints(make_gpu, tmp_path):
     back = be.NumPyTransformer()
     train_back, (wb, bb, sb) = _model(back)
     back.restore(tmp_path / "gpu.npz")
+    for v, g in [(wb, wg), (bb, bg), (sb, sg)]:  # bit for bit what the GPU held
+        np.testing.assert_array_equal(back.state[v], gpu.state[g])
     np.testing.assert_allclose(back.state[wb], cpu.state[wc], rtol=1e-5, atol=1e-6)
     assert int(back.state[sb]) == 3
     with np.load(tmp_path / "gpu.npz") as f, np.load(tmp_path / "cpu.npz") as g:
