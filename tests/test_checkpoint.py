@@ -622,3 +622,24 @@ def test_property_corrupt_files_are_rejected_and_change_nothing(corrupt_setup, d
     # Rejecting costs what a checkpoint of these variables (~200 bytes) can need, with
     # zip and zlib's fixed buffers, not what the file claims.
     assert peak < 256 * 1024, peak
+
+
+def test_names_with_surrogate_pairs_round_trip(tmp_path):
+    """A name holding a high and a low surrogate (two code units) is read back from
+    the manifest's JSON as one character; restore maps it back to the variable's name.
+    Two names that differ only in that pairing cannot both be saved."""
+    specs = [("\ud800\udc00", (2,), np.float32), ("lone \udc00", (3,), np.float64)]
+    t, vs = build(specs, rename=True)
+    t.initialize()
+    fill(t, vs, 3)
+    saved = snapshot(t)
+    t.save(tmp_path / "s.npz")
+    t2, vs2 = build(specs, rename=True)
+    t2.restore(tmp_path / "s.npz")
+    for v, v2 in zip(vs, vs2):
+        assert (t2.state[v2].dtype, t2.state[v2].shape, t2.state[v2].tobytes()) == saved[v]
+    clash, _ = build([("\ud800\udc00", (2,), np.float32), ("\U00010000", (2,), np.float32)],
+                     rename=True)
+    with pytest.raises(be.CheckpointError, match="differ only in how UTF-16 surrogates"):
+        clash.save(tmp_path / "clash.npz")
+    assert not (tmp_path / "clash.npz").exists()

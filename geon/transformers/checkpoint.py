@@ -69,6 +69,14 @@ def member_name(i):
     return f"arr_{i}.npy"
 
 
+def manifest_form(name):
+    """``name`` as the manifest gives it back. JSON escapes each UTF-16 surrogate on
+    its own and a reader joins a high and a low one into one character, so a name
+    holding such a pair of lone surrogates comes back as that character; every other
+    name comes back as it is."""
+    return json.loads(json.dumps(name, ensure_ascii=True))
+
+
 # --- writing ---------------------------------------------------------------------------
 
 def write(path, arrays):
@@ -79,6 +87,14 @@ def write(path, arrays):
     if not os.path.isdir(folder):
         raise CheckpointError(f"cannot save checkpoint {path}: {folder} is not an "
                               f"existing folder")
+    forms = {}
+    for name, _ in arrays:
+        other = forms.setdefault(manifest_form(name), name)
+        if other != name:
+            raise CheckpointError(
+                f"cannot save checkpoint {path}: variables {other!r} and {name!r} differ "
+                f"only in how UTF-16 surrogates are paired, which a checkpoint's manifest "
+                f"cannot tell apart; rename one of them")
     remove_stale_temps(folder)
     tmp = None
     try:
@@ -312,6 +328,9 @@ def _read_manifest(z, expected):
             and type(e["crc32"]) is int for e in entries):
         raise _Invalid("has a malformed manifest: 'variables' must list objects with a "
                        "name, a .npy member, a dtype, a shape and a crc32")
+    known = {manifest_form(n): n for n in expected}  # (see manifest_form)
+    for e in entries:
+        e["name"] = known.get(e["name"], e["name"])
     members = {}
     for e in entries:
         if e["name"] in members:
