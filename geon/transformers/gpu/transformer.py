@@ -86,10 +86,10 @@ class GPUComputation(CudaComputation):
             self._run_kernels = _Launches(rt, rt.launcher(launches, t._blas),
                                           t.cuda_graphs)
             self._results = [self._pinned_fetcher(spec, bufs, rt) for spec in prog.results]
+            # feeds go to the device through pinned buffers of their own
+            self._staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
+            self._fence = None  # the last call's copies out of the staging buffers
         self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
-        # feeds go to the device through pinned buffers of their own
-        self._staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
-        self._fence = None  # the last call's copies out of the staging buffers
 
     def _checked_launcher(self, launches, bufs, rt, t):
         """The numerics debug mode's ``run``: each check unit's launches, with the values
