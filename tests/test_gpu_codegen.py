@@ -840,3 +840,15 @@ def test_every_standard_primitive_has_gpu_code():
                and not (issubclass(c, og.ElementWise)
                         and any(k in CUDA_CODE for k in c.__mro__))]
     assert not missing, missing
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sign_gives_numpys_bits(dtype):
+    """sign(-0.0) is +0.0 and sign(NaN) is NaN, as in NumPy (bit for bit)."""
+    C = be.Axis(6, "C")
+    x = be.placeholder(C, dtype=dtype)
+    f = _gpu().computation(be.sign(x), x)
+    v = np.array([-0.0, 0.0, np.nan, -np.inf, 2.5, -1e-30], dtype)
+    got, want = f(v), np.sign(v)
+    assert got.tobytes() == want.tobytes(), (got, want)

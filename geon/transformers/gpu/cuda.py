@@ -98,8 +98,9 @@ template <typename T> __device__ __forceinline__ T geon_max(T a, T b) {
 template <typename T> __device__ __forceinline__ T geon_min(T a, T b) {
     return (a < b || a != a) ? a : b;
 }
+// NumPy's sign: 1, -1, +0 for either zero, NaN for NaN (a != a)
 template <typename T> __device__ __forceinline__ T geon_sign(T a) {
-    return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a);
+    return a > T(0) ? T(1) : (a < T(0) ? T(-1) : (a != a ? a : T(0)));
 }
 // sigmoid without overflow: exp of a non-positive number only. float32 without a
 // branch: with e = exp(-|x|), 1 / (1 + e) for x >= 0 and e / (1 + e) below, as one
