@@ -20,9 +20,11 @@ def kernel_cache(tmp_path_factory):
         os.environ["GEON_CACHE_DIR"] = old
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def verify_memory_plans():
-    """Prove every memory plan made during the tests (see geon/transformers/memory.py)."""
+    """Every memory plan made in a test is proved (geon/transformers/memory.py: on by
+    default, as for users); a test that switches it off gets it back on after."""
     from geon.transformers import memory
     memory.VERIFY = True
     yield
+    memory.VERIFY = True

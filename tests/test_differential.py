@@ -10,8 +10,13 @@ followed by reads built after it; and rewrites the simplifier knows, such as ``x
 or ``log(exp(x))``). The recipe is built three times into fresh ops (passes rewrite the
 graph they run on): once for ``NumPyTransformer()``, once for
 ``NumPyTransformer(disable=OPTIONAL)``, once for the reference evaluator. Each computation
-is called twice, so the state it leaves behind is compared too. tests/conftest.py turns on
-the memory-plan verifier, so every plan made here is verified as well.
+is called twice, so the state it leaves behind is compared too. Every memory plan made
+here is verified as well (memory.verify_plan runs on every computation).
+
+At the end, many random graphs from a seeded NumPy generator (a new seed each run,
+``GEON_DIFF_SEED`` to replay one) put views beside the values they view in fused groups,
+with reductions, matrix products and updates, at sizes around every threshold, in every
+mode and on the GPU emulator, against NumPy (see "random graphs" below).
 
 Tolerances. Everything is float64 and every value has a bound ``M`` on its magnitude and a
 first-order bound ``E`` on its rounding error (:class:`Tracker`), from inputs in [-2, 2].
@@ -24,6 +29,7 @@ applied to exact values, so they cannot flip on a rounding difference.
 
 import dataclasses
 import math
+import os
 import warnings
 from unittest import mock
 
@@ -866,12 +872,12 @@ def test_multiply_by_one_stays_with_the_optional_steps_off():
 
     def build():  # passes rewrite the graph they run on: one graph per transformer
         x = be.placeholder([A], dtype=np.float64)
-        return x * 1.0 + 0.0, x
+        return x * 1.0 - 0.0, x  # (x + 0.0 is not x at -0.0: it stays)
 
     off = be.NumPyTransformer(disable=OPTIONAL).computation(*build())
     on = be.NumPyTransformer().computation(*build())
-    assert "np.multiply" in off.source and "np.add" in off.source
-    assert "np.multiply" not in on.source and "np.add" not in on.source
+    assert "np.multiply" in off.source and "np.subtract" in off.source
+    assert "np.multiply" not in on.source and "np.subtract" not in on.source
     xv = np.array([0.5, -1.0, 2.0])
     np.testing.assert_array_equal(on(xv), xv)
     np.testing.assert_array_equal(off(xv), xv)
@@ -934,3 +940,360 @@ def test_dce_alone_can_be_switched_off():
     be.NumPyTransformer().computation(y, x)
     assert e.forward is be.Invalid
 
+
+# --- random graphs around the fusion and memory thresholds -----------------------------
+# The Hypothesis tests above draw small graphs over named axes. These are drawn by a
+# seeded NumPy generator, many per run and a new seed each run, and aim at what fused
+# groups and the memory plan must get right: an elementwise op reading a value both
+# directly and through a view (reversed slices, transposes, broadcasts, shifted and
+# strided slices), next to reductions, matrix products and a variable's update, at
+# sizes on both sides of every threshold (lowered, as in
+# test_default_mode_matches_reference, so that tensors of 1 to 400 elements cross
+# them). Each graph is built afresh for the reference evaluator and for every mode,
+# called twice, and compared with NumPy in float64.
+
+#: How many graphs a run checks (env GEON_DIFF_GRAPHS) from which seed (env
+#: GEON_DIFF_SEED, to replay a failure; by default a new one each run).
+RANDOM_GRAPHS = int(os.environ.get("GEON_DIFF_GRAPHS") or 500)
+#: Every how many graphs one also runs on the GPU emulator (the slowest mode).
+GPU_EVERY = 16
+#: The thresholds, lowered: (module, name, value).
+LOW_THRESHOLDS = [(fusion, "MIN_ELEMENTS", 48), (fusion, "BLOCK_ELEMENTS", 24),
+                  (fusion, "PARALLEL_ELEMENTS", 96), (fusion, "GEMM_BLOCK_ROWS", 2),
+                  (compiled_kernels, "AUTO_MIN_ELEMENTS", 20),
+                  (compiled_kernels, "PARALLEL_ELEMENTS", 96),
+                  (compiled_kernels, "BLOCK_ELEMENTS", 32),
+                  (compiled_kernels, "TILED_MIN_ELEMENTS", 64),
+                  (compiled_kernels, "CHUNK_ELEMENTS", 16)]
+DIMS = (1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 20)
+MAX_ELEMENTS = 400
+BOUND = 200.0  # a value whose magnitude may pass this goes through tanh before use
+
+
+def _lib(x):
+    return np if isinstance(x, (np.ndarray, np.generic)) else be.np
+
+
+# name -> (fn for a geon op or a NumPy array alike, whether it applies to a shape)
+GRAPH_VIEWS = {
+    "same": (lambda x: x, lambda s: True),
+    "T": (lambda x: x.T, lambda s: len(s) == 2),
+    "rev0": (lambda x: x[::-1], lambda s: True),
+    "rev1": (lambda x: x[:, ::-1], lambda s: len(s) == 2),
+    "rev01": (lambda x: x[::-1, ::-1], lambda s: len(s) == 2),
+    "Trev": (lambda x: x.T[::-1], lambda s: len(s) == 2),
+    "tail": (lambda x: x[1:], lambda s: s[0] > 1),
+    "head": (lambda x: x[:-1], lambda s: s[0] > 1),
+    "even": (lambda x: x[::2], lambda s: s[0] > 1),
+    "col": (lambda x: x[:, None], lambda s: len(s) == 1),
+    "row0": (lambda x: x[0], lambda s: len(s) == 2),
+}
+# name -> (fn, bound of the result from the operands' bounds)
+GRAPH_UNARY = {
+    "tanh": (lambda x: _lib(x).tanh(x), lambda m: min(m, 1.0)),
+    "sin": (lambda x: _lib(x).sin(x), lambda m: min(m, 1.0)),
+    "relu": (lambda x: _lib(x).maximum(x, 0.0), lambda m: m),
+    "neg": (lambda x: -x, lambda m: m),
+    "abs": (lambda x: abs(x), lambda m: m),
+    "half": (lambda x: x * 0.5, lambda m: m / 2),
+    "shift": (lambda x: x + 0.25, lambda m: m + 0.25),
+    "exp": (lambda x: _lib(x).exp(x), lambda m: math.exp(m)),
+}
+GRAPH_BINARY = {
+    "add": (lambda a, b: a + b, lambda p, q: p + q),
+    "sub": (lambda a, b: a - b, lambda p, q: p + q),
+    "mul": (lambda a, b: a * b, lambda p, q: p * q),
+    "max": (lambda a, b: _lib(a).maximum(a, b), max),
+    "min": (lambda a, b: _lib(a).minimum(a, b), max),
+}
+GRAPH_REDUCE = {
+    "sum": (lambda x, **k: _lib(x).sum(x, **k), lambda m, n: m * n),
+    "max": (lambda x, **k: _lib(x).max(x, **k), lambda m, n: m),
+    "mean": (lambda x, **k: _lib(x).mean(x, **k), lambda m, n: m),
+}
+
+
+def _view_shape(name, shape):
+    return GRAPH_VIEWS[name][0](np.empty(shape)).shape
+
+
+@dataclasses.dataclass
+class RandomGraph:
+    """``inputs``: their shapes (input 0 is a variable if ``variable``); ``steps``:
+    ``(kind, name, operands, views, extra)``, operands indexing inputs then steps, each
+    read through its view; ``results``: requested indices; ``bounds``: of every
+    value's magnitude; an ``"update"`` step (the last, if any) assigns to input 0."""
+
+    seed: int
+    inputs: list
+    steps: list
+    results: list
+    bounds: list
+    variable: bool
+
+    def __str__(self):
+        lines = [f"graph seed {self.seed}: inputs {self.inputs}"
+                 + (" (input 0 a variable)" if self.variable else "")]
+        n = len(self.inputs)
+        lines += [f"  {n + k}: {s}" for k, s in enumerate(self.steps)]
+        lines.append(f"  results {self.results}")
+        return "\n".join(lines)
+
+
+def draw_graph(seed):
+    """A :class:`RandomGraph` from ``seed``."""
+    rng = np.random.default_rng(seed)
+
+    def pick(seq):
+        return seq[int(rng.integers(len(seq)))]
+
+    R, C, K = (int(pick(DIMS)) for _ in range(3))
+    inputs = [(R, C)] + [pick([(R, C), (C, R), (R, K), (K, C), (R,), (C,), (R + 1, C),
+                               (2 * R, C)]) for _ in range(int(rng.integers(0, 3)))]
+    shapes, bounds, steps = list(inputs), [1.0] * len(inputs), []
+    of_input0 = [True] + [False] * (len(inputs) - 1)  # input 0 or a view of it
+
+    def add(step, shape, bound):
+        steps.append(step)
+        shapes.append(shape)
+        bounds.append(bound)
+        of_input0.append(step[0] == "view" and of_input0[step[2][0]])
+        return len(shapes) - 1
+
+    def operand():  # the most recent values most often
+        n = len(shapes)
+        return n - min(n, int(rng.geometric(0.35)))
+
+    def squash(i):
+        if bounds[i] > BOUND:
+            return add(("unary", "tanh", (i,), ("same",), None), shapes[i], 1.0)
+        return i
+
+    def adapt(a, js):
+        """``(j, view)``: a value among ``js`` through a view that broadcasts with
+        shape ``a`` (to at most 2-d and MAX_ELEMENTS), or None."""
+        for j in js:
+            for v in rng.permutation(list(GRAPH_VIEWS)):
+                v = str(v)
+                if not GRAPH_VIEWS[v][1](shapes[j]):
+                    continue
+                try:
+                    out = np.broadcast_shapes(a, _view_shape(v, shapes[j]))
+                except ValueError:
+                    continue
+                if len(out) <= 2 and math.prod(out) <= MAX_ELEMENTS:
+                    return j, v, out
+        return None
+
+    for _ in range(int(rng.integers(3, 12))):
+        kind = pick(["unary", "binary", "binary", "self", "self", "self", "reduce",
+                     "matmul", "view"])
+        i = squash(operand())
+        a = shapes[i]
+        if kind == "unary":
+            name = pick(list(GRAPH_UNARY))
+            if name == "exp" and bounds[i] > 3:
+                name = "tanh"
+            add(("unary", name, (i,), ("same",), None), a, GRAPH_UNARY[name][1](bounds[i]))
+        elif kind in ("binary", "self"):
+            # self: a value beside a view of itself
+            found = adapt(a, [i] if kind == "self" else [operand() for _ in range(4)])
+            if found is None:
+                continue
+            j, v, out = found
+            j = squash(j)
+            mine = "same"
+            if kind == "self":  # the value itself through a view of its own shape, too
+                mine = pick([w for w in GRAPH_VIEWS if GRAPH_VIEWS[w][1](a)
+                             and _view_shape(w, a) == a])
+            name = pick(list(GRAPH_BINARY))
+            if name == "mul" and bounds[i] * bounds[j] > BOUND:
+                name = "add"
+            step = (("binary", name, (i, j), (mine, v), None) if rng.integers(2) else
+                    ("binary", name, (j, i), (v, mine), None))
+            add(step, out, GRAPH_BINARY[name][1](bounds[i], bounds[j]))
+        elif kind == "reduce" and len(a) == 2:
+            name = pick(list(GRAPH_REDUCE))
+            axis, keep = int(rng.integers(2)), bool(rng.integers(2))
+            out = list(a)
+            if keep:
+                out[axis] = 1
+            else:
+                del out[axis]
+            add(("reduce", name, (i,), ("same",), (axis, keep)), tuple(out),
+                GRAPH_REDUCE[name][1](bounds[i], a[axis]))
+        elif kind == "matmul" and len(a) == 2:
+            for j in [operand() for _ in range(4)] + list(range(len(shapes))):
+                s = shapes[j]
+                v = "same" if s[:1] == a[1:] else "T" if s[1:] == a[1:] else None
+                if v is None or len(s) != 2 or a[0] * _view_shape(v, s)[1] > MAX_ELEMENTS:
+                    continue
+                j = squash(j)
+                add(("matmul", "matmul", (i, j), ("same", v), None),
+                    (a[0], _view_shape(v, s)[1]), a[1] * bounds[i] * bounds[j])
+                break
+        elif kind == "view":
+            v = pick([w for w in GRAPH_VIEWS if GRAPH_VIEWS[w][1](a)])
+            add(("view", v, (i,), (v,), None), _view_shape(v, a), bounds[i])
+    if not steps:
+        add(("unary", "tanh", (0,), ("same",), None), shapes[0], 1.0)
+    n = len(shapes)
+    results = sorted({n - 1} | {int(k) for k in rng.integers(
+        len(inputs), n, size=int(rng.integers(0, 3)))})
+    variable = bool(rng.integers(3) == 0)
+    if variable:
+        # A requested view of a variable that the computation also assigns to is
+        # returned with the new values (the reference evaluator: the old ones), a
+        # known difference outside the memory plan: such views are not requested.
+        results = [k for k in results if not of_input0[k]] or [
+            add(("unary", "neg", (n - 1,), ("same",), None), shapes[n - 1],
+                bounds[n - 1])]
+        n = len(shapes)
+    if variable:  # an update of input 0: from a product of its shape, or another value
+        step = None
+        if rng.integers(2):
+            for i in range(n):
+                for j in range(n):
+                    si, sj = shapes[i], shapes[j]
+                    if len(si) == len(sj) == 2 and si[0] == R and sj[1] == C \
+                            and si[1] == sj[0]:
+                        step = ("update", "gemm", (squash(i), squash(j)), ("same", "same"),
+                                None)
+                        break
+                if step:
+                    break
+        if step is None:
+            found = adapt((R, C), [operand() for _ in range(4)] + [0])
+            if found is not None and found[2] == (R, C):
+                step = ("update", "tanh", (squash(found[0]),), (found[1],), None)
+        if step is None:
+            variable = False
+        else:
+            steps.append(step)
+    return RandomGraph(seed, inputs, steps, results, bounds, variable)
+
+
+def build_graph(graph, arrays, geon):
+    """The values of ``graph``: NumPy arrays computed from ``arrays`` (the inputs), or
+    with ``geon``, fresh ops (placeholders; input 0 a variable holding ``arrays[0]``
+    if ``graph.variable``). Returns ``(values, the update or None)``."""
+    if geon:
+        vals = [be.np.variable(arrays[0].copy(), dtype=np.float64)
+                if k == 0 and graph.variable else be.np.placeholder(s, dtype=np.float64)
+                for k, s in enumerate(graph.inputs)]
+    else:
+        vals = list(arrays)
+    update = None
+    for kind, name, args, views, extra in graph.steps:
+        xs = [GRAPH_VIEWS[v][0](vals[k]) for k, v in zip(args, views)]
+        if kind == "unary":
+            y = GRAPH_UNARY[name][0](xs[0])
+        elif kind == "binary":
+            y = GRAPH_BINARY[name][0](*xs)
+        elif kind == "reduce":
+            y = GRAPH_REDUCE[name][0](xs[0], axis=extra[0], keepdims=extra[1])
+        elif kind == "matmul":
+            y = xs[0] @ xs[1]
+        elif kind == "update":  # w - 0.1 * (a @ b), or w + 0.5 * tanh(x)
+            new = (vals[0] - 0.1 * (xs[0] @ xs[1]) if name == "gemm"
+                   else vals[0] + 0.5 * _lib(xs[0]).tanh(xs[0]))
+            update = be.SetItem(vals[0], new) if geon else new
+            continue
+        else:
+            y = xs[0]
+        vals.append(y)
+    return vals, update
+
+
+def _graph_modes(k):
+    """The transformers graph number ``k`` runs on: name -> factory."""
+    modes = {"compiled=False": lambda: be.NumPyTransformer(compiled=False)}
+    if compiled_kernels.available():
+        modes["compiled=True"] = lambda: be.NumPyTransformer(compiled=True)
+        modes["compiled='auto'"] = lambda: be.NumPyTransformer(compiled="auto")
+    if k % GPU_EVERY == 0 and _emulator() is not None:
+        from geon.transformers.gpu import GPUTransformer
+        modes["GPU emulator"] = lambda: GPUTransformer(runtime=_emulator()(seed=k))
+    return modes
+
+
+def _emulator():
+    from cuda_emulator import EmulatorRuntime, find_compiler
+    return EmulatorRuntime if find_compiler() else None
+
+
+def check_random_graph(graph):
+    """Run ``graph`` on NumPy, the reference evaluator and every mode, two calls each;
+    compare the results (and the variable) with NumPy's."""
+    rng = np.random.default_rng(graph.seed + 1)
+    feeds = [[rng.uniform(-1.0, 1.0, size=s) for s in graph.inputs] for _ in range(2)]
+    if graph.variable:  # input 0 holds feeds[0][0] to begin with, and is not fed
+        feeds = [f[1:] for f in feeds]
+        first = rng.uniform(-1.0, 1.0, size=graph.inputs[0])
+    want, w = [], None
+    for f in feeds:  # NumPy; a variable starts the second call where the first left it
+        if graph.variable:
+            w = first if w is None else w
+            vals, w = build_graph(graph, [w] + f, False)
+        else:
+            vals, _ = build_graph(graph, f, False)
+        want.append(([vals[k] for k in graph.results], w))
+
+    def check(what, call, got, state):
+        values, new = want[call]
+        for k, g, v in zip(graph.results, got, values):
+            np.testing.assert_allclose(g, v, rtol=1e-9, atol=1e-9 * (1 + graph.bounds[k]),
+                                       err_msg=f"{what}, call {call + 1}, value {k}")
+        if graph.variable:
+            np.testing.assert_allclose(state, new, rtol=1e-9, atol=1e-9 * (1 + BOUND),
+                                       err_msg=f"{what}, call {call + 1}, the variable")
+
+    def build():
+        """``(variable or None, placeholders, ops to request)``"""
+        vals, update = build_graph(graph, [first] if graph.variable else [], True)
+        n = len(graph.inputs)
+        wanted = [vals[k] for k in graph.results] + ([update] if update is not None else [])
+        if graph.variable:
+            return vals[0], vals[1:n], wanted
+        return None, vals[:n], wanted
+
+    var, params, wanted = build()
+    state = {}
+    for call, f in enumerate(feeds):
+        got = be.evaluate(wanted, feeds=dict(zip(params, f)), state=state)
+        check("be.evaluate", call, got, state.get(var))
+    for name, make in _graph_modes(graph.seed).items():
+        var, params, wanted = build()
+        t = make()
+        comp = t.computation(wanted, *params)
+        for call, f in enumerate(feeds):
+            got = comp(*[a.copy() for a in f])
+            check(name, call, got, t.state[var] if var is not None else None)
+
+
+@pytest.fixture
+def low_thresholds(monkeypatch):
+    for module, name, value in LOW_THRESHOLDS:
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(fusion, "MAX_THREADS", max(2, fusion.MAX_THREADS))
+    monkeypatch.setattr(compiled_kernels, "UNAVAILABLE", frozenset())
+    monkeypatch.setattr(compiled_kernels, "_warned", set())
+    monkeypatch.setattr(memory, "VERIFY", True)
+
+
+def test_random_graphs_match_numpy_in_every_mode(low_thresholds):
+    first = int(os.environ.get("GEON_DIFF_SEED") or
+                int.from_bytes(os.urandom(4), "little"))
+    print(f"random graphs: GEON_DIFF_SEED={first} GEON_DIFF_GRAPHS={RANDOM_GRAPHS}")
+    with warnings.catch_warnings():
+        # a compiled mode that fell back to the NumPy code would test nothing new
+        warnings.filterwarnings("error", message=".*running the NumPy code instead")
+        for seed in range(first, first + RANDOM_GRAPHS):
+            graph = draw_graph(seed)
+            try:
+                check_random_graph(graph)
+            except Exception as e:
+                raise AssertionError(
+                    f"{graph}\nreplay: GEON_DIFF_SEED={seed} GEON_DIFF_GRAPHS=1 python -m "
+                    f"pytest -q tests/test_differential.py -k random_graphs\n"
+                    f"{type(e).__name__}: {e}") from e

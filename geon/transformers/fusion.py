@@ -10,13 +10,15 @@ time and gets no full-size buffer.
 
 Blocked execution reads an input through a view (a broadcast bias, a transpose) at
 positions other than the block being written, so the memory planner keeps every value
-read through a view alive until the group ends (see ``plan_memory(groups=...)``).
+a group reads through a view (:func:`view_reads`) alive until the group ends, and lets
+no member write over it in place (see ``plan_memory(groups=...)``).
 """
 
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from geon._env import env_int
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 
@@ -34,11 +36,12 @@ GEMM_BLOCK_ROWS = 256
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
 #: At most this many threads per group: the environment variable ``GEON_NUM_THREADS``
-#: if set (``1``: no threads, e.g. one MPI rank per core), else the CPUs this process
-#: may use. Read when a computation is compiled.
-MAX_THREADS = int(os.environ.get("GEON_NUM_THREADS", "0") or 0) or (
-    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-    else (os.cpu_count() or 1))
+#: if set (``1``: no threads, e.g. one MPI rank per core; ``0``: the default), else the
+#: CPUs this process may use. Read when geon is imported; a value that is not an
+#: integer >= 0 warns and gives the default (see geon/_env.py).
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    else (os.cpu_count() or 1)
+MAX_THREADS = env_int("GEON_NUM_THREADS", _CPUS, minimum=0) or _CPUS
 
 
 class Group:
@@ -165,12 +168,16 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
 
 
 def view_reads(group, root):
-    """Roots the group's members read through a view, and the operands of a matrix
-    product member (not block-aligned reads)."""
+    """Roots the group's members read at other positions than the block being written:
+    through a view, as a matrix product's operands, or with another shape (a row
+    reduction's input). The memory plan keeps them intact until the group's end."""
     out = set()
     for op in group.members:
+        gemm = isinstance(op, pr.Gemm)
+        # (an assignment, a GPU group's last member, writes its target's shape)
+        lengths = (op.args[0] if isinstance(op, pr.Assign) else op).axes.lengths
         for a in op.args:
-            if isinstance(a, pr.ViewOp) or isinstance(op, pr.Gemm):
+            if gemm or isinstance(a, pr.ViewOp) or a.axes.lengths != lengths:
                 out.add(root.get(a, a))
     return out
 

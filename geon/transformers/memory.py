@@ -5,11 +5,14 @@ view, not a requested result) a place in an *arena*, a byte buffer shared over t
 values whose lifetimes do not overlap. A value lives from the step that computes it to
 the last step that reads it, directly or through views of it. An elementwise op may
 write into the arena of an argument that dies at that op, when it reads that argument
-only directly, with its own shape (in-place execution).
+only directly, with its own shape (in-place execution), and nothing else at that step
+reads it at other positions: a fused group runs block by block, so what its members
+read through views lives to the group's end and no member writes over it.
 
 Persistent state (variables), constants, placeholders and requested results are never
-placed in arenas. :func:`verify_plan` replays a plan and proves that no value is
-overwritten while a later step still reads it; the tests run it on every computation.
+placed in arenas. :func:`verify_plan` replays every plan before code is made from it
+and raises :class:`PlanError` if a value would be overwritten while a later step still
+reads it.
 """
 
 import bisect
@@ -18,8 +21,10 @@ from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 
-#: Set by the test suite: verify every plan the NumPy transformer makes.
-VERIFY = False
+#: Verify every plan the NumPy and GPU transformers make (:func:`verify_plan`, linear
+#: in the schedule: a few percent of the transformation time). Switch it off only to
+#: measure that cost (benchmarks/verify.py).
+VERIFY = True
 
 
 class Plan:
@@ -66,14 +71,6 @@ def _elementwise_like(op):
     return isinstance(op, og.ElementWise) or getattr(op, "in_place", False)
 
 
-def _inplace_ok(op, arg_root, root):
-    """``op`` may overwrite ``arg_root`` while computing: elementwise (or in place by
-    nature), and every arg of ``op`` rooted there is ``arg_root`` itself with ``op``'s
-    shape."""
-    return _elementwise_like(op) and _nbytes(arg_root) == _nbytes(op) \
-        and arg_root.dtype == op.dtype and _reads_only_itself(op, arg_root, root)
-
-
 def _reads_only_itself(op, arg_root, root):
     """Whether every arg of ``op`` rooted at ``arg_root`` is ``arg_root`` itself with
     ``op``'s shape (no view of it)."""
@@ -87,13 +84,6 @@ def _reads_only_itself(op, arg_root, root):
             if a.axes.lengths != lengths:
                 return False
     return True
-
-
-def _group_spans(order, groups, root):
-    """``[(last step of group, roots it reads through views)]`` for fused groups."""
-    from geon.transformers.fusion import view_reads
-    pos = {op: i for i, op in enumerate(order)}
-    return [(pos[g.members[-1]], view_reads(g, root)) for g in groups]
 
 
 def _take(plan, free, need):
@@ -197,46 +187,80 @@ def plan_memory(order, results, inplace=True, groups=(), exclude=()):
 BY_SIZE_LIMIT = 100_000
 
 
+class _Lives:
+    """What both planners know of a schedule (see :func:`_lifetimes`)."""
+
+    __slots__ = ("root", "reads", "last", "internal", "group_end", "keep", "viewed")
+
+
 def _lifetimes(order, results, groups, exclude):
     """What both planners know of ``order``: ``root`` (value_roots), ``reads`` (the
     roots each step reads), ``last`` (root -> the last step that needs it),
     ``internal`` (values that live inside a fused group only), ``group_end`` (step of
-    a group member -> the group's last step) and ``keep`` (values not planned)."""
-    root = value_roots(order)
-    reads = _reads(order, root)
-    last = {}
+    a group member -> the group's last step), ``keep`` (values not planned) and
+    ``viewed`` (step -> the roots read there at positions other than those written:
+    no value may be written over them at that step)."""
+    from geon.transformers.fusion import view_reads
+    lives = _Lives()
+    lives.root = root = value_roots(order)
+    lives.reads = reads = _reads(order, root)
+    lives.last = last = {}
     for i, rs in enumerate(reads):
         for r in rs:
             last[r] = i
-    # A fused group reads views at other positions than it writes: keep those alive.
-    for end_step, roots in _group_spans(order, groups, root):
-        for r in roots:
-            last[r] = max(last.get(r, end_step), end_step)
-    internal = set()
-    for g in groups:
-        internal |= g.internal
-    # A group runs block by block: an arena freed inside it may only be reused (other
-    # than in place) once the whole group has run.
-    group_end = _group_steps(order, groups)
+    # A fused group runs block by block: an arena released inside it is reused only
+    # after its last step (group_end), and what a member reads through a view (or as
+    # a matrix product's operand) is read at other positions than the block being
+    # written, at every member's step, so no member (the last one included) may write
+    # over it in place. Both keep such values intact to the group's end.
+    lives.viewed = viewed = {}
+    lives.group_end = group_end = {}
+    lives.internal = internal = set()
+    if groups:
+        pos = {op: i for i, op in enumerate(order)}
+        for g in groups:
+            internal |= g.internal
+            steps = [pos[m] for m in g.members]
+            for s in steps:
+                group_end[s] = steps[-1]
+            seen = view_reads(g, root)
+            if seen:
+                for s in steps:
+                    viewed[s] = seen
     end = len(order)
     for r in results:
         last[root.get(r, r)] = end  # results and what they view live to the end
-    keep = {root.get(r, r) for r in results} | set(exclude)
-    return root, reads, last, internal, group_end, keep
+    lives.keep = {root.get(r, r) for r in results} | set(exclude)
+    return lives
+
+
+def _overwritable(op, r, i, lives):
+    """Whether elementwise-like ``op`` at step ``i`` may write its value over ``r`` (an
+    arg's root that dies there): same shape and dtype, ``op`` reads ``r`` only directly
+    (no view of it), and nothing else at step ``i`` (the rest of ``op``'s fused group)
+    reads ``r`` at other positions."""
+    if r.dtype != op.dtype or r in lives.viewed.get(i, ()) \
+            or r.axes.lengths != op.axes.lengths:
+        return False
+    root = lives.root
+    for a in op.args:
+        if a is not r and root.get(a, a) is r:
+            return False
+    return True
 
 
 def _plan_in_order(order, results, inplace, groups, exclude):
     """Place values in schedule order: each takes an arena that one of its args frees
     at its step (in place) or the smallest free arena that fits."""
-    root, reads, last, internal, group_end, keep = _lifetimes(order, results, groups,
-                                                              exclude)
+    lives = _lifetimes(order, results, groups, exclude)
+    reads, last, group_end, keep = lives.reads, lives.last, lives.group_end, lives.keep
     pending = {}
     plan = Plan()
     slot = plan.slot
     free = []        # arena indices free now
     occupant = {}    # arena -> producer held
     present = set(order)
-    unplanned = keep | internal
+    unplanned = keep | lives.internal
     size = {}  # planned value -> its bytes
     live = 0  # bytes of the values held now
     # An internal elementwise member of a fused group whose arg dies at its step, with
@@ -265,13 +289,12 @@ def _plan_in_order(order, results, inplace, groups, exclude):
             arena = None
             if inplace and kind == "elementwise":
                 for r in dying:
-                    if size[r] == need and r.dtype == op.dtype \
-                            and _reads_only_itself(op, r, root):  # (_inplace_ok)
+                    if _overwritable(op, r, i, lives):
                         arena = slot[r]
                         plan.inplace.add(op)
                         break
                 if arena is None and carrier:
-                    arena = _carried(op, i, need, carrier, last, size, pending, slot, root)
+                    arena = _carried(op, i, carrier, pending, slot, lives)
                     if arena is not None:
                         plan.inplace.add(op)
                         live += need  # the dead arg's bytes were released
@@ -280,11 +303,9 @@ def _plan_in_order(order, results, inplace, groups, exclude):
                 live += need  # (in place, it replaces a value of its size)
             slot[op] = arena
             occupant[arena] = op
-        elif inplace and kind == "elementwise" and op in internal:
-            need = _nbytes(op)
+        elif inplace and kind == "elementwise" and op in lives.internal:
             for r in dying:
-                if size[r] == need and r.dtype == op.dtype \
-                        and _reads_only_itself(op, r, root):
+                if _overwritable(op, r, i, lives):
                     carrier[op] = (r, group_end.get(i, i))
                     break
         if live > plan.peak:
@@ -300,20 +321,20 @@ def _plan_in_order(order, results, inplace, groups, exclude):
     return plan
 
 
-def _carried(op, i, need, carrier, last, size, pending, slot, root):
+def _carried(op, i, carrier, pending, slot, lives):
     """The arena of a dead arg that an internal arg of elementwise ``op`` (step ``i``)
     was computed over (see ``carrier`` in :func:`_plan_in_order`), taken back from the
     arenas waiting for the group's end; or None. ``op`` must read that internal value
     last, element by element, and have the dead arg's size and dtype."""
     for a in op.args:
         held = carrier.get(a)
-        if held is None or last.get(a) != i:
+        if held is None or lives.last.get(a) != i:
             continue
         r, key = held
         arena = slot[r]
         waiting = pending.get(key, ())
-        if size[r] == need and r.dtype == op.dtype and arena in waiting \
-                and _reads_only_itself(op, a, root):
+        if arena in waiting and _overwritable(op, r, i, lives) \
+                and _reads_only_itself(op, a, lives.root):
             waiting.remove(arena)
             del carrier[a]
             return arena
@@ -351,8 +372,9 @@ def _plan_by_size(order, results, inplace, groups, exclude):
     delta gets a new one); biggest first avoids that. A value lives from its step to
     the last step that reads it; an arena released inside a fused group is reusable
     (other than in place) only after the group's last step, as in the other planner."""
-    root, reads, last, internal, group_end, keep = _lifetimes(order, results, groups,
-                                                              exclude)
+    lives = _lifetimes(order, results, groups, exclude)
+    reads, last, group_end, keep = lives.reads, lives.last, lives.group_end, lives.keep
+    internal = lives.internal
     present = set(order)
     values = []  # (step, value, the step's op)
     for i, op in enumerate(order):
@@ -374,7 +396,8 @@ def _plan_by_size(order, results, inplace, groups, exclude):
         if inplace and v is op:
             for r in dict.fromkeys(reads[i]):
                 a = plan.slot.get(r)
-                if a is not None and last.get(r) == i and _inplace_ok(op, r, root) \
+                if a is not None and last.get(r) == i and _elementwise_like(op) \
+                        and _overwritable(op, r, i, lives) \
                         and _fits(births[a], held[a], b, f, r):
                     arena = a
                     plan.inplace.add(op)
@@ -406,89 +429,160 @@ def _fits(births, held, b, f, over):
     return k == len(held) or held[k][0] > f
 
 
-def _group_steps(order, groups):
-    """``{step of a fused group's member: step of the group's last member}``."""
-    pos = {op: i for i, op in enumerate(order)}
-    out = {}
-    for g in groups:
-        end = pos[g.members[-1]]
-        for m in g.members:
-            out[pos[m]] = end
-    return out
+class PlanError(GeonError):
+    """A memory plan would overwrite a value that a later step still reads: an internal
+    error of geon, raised before any code runs instead of returning wrong numbers.
+    Switching the planner off (``disable=["memory"]``) works around it."""
+
+
+def _named(op):
+    return f"{type(op).__name__} '{op.name}'"
 
 
 def verify_plan(order, results, plan, groups=()):
-    """Replay ``plan`` over ``order``; raise :class:`GeonError` if some step reads a
-    value whose arena was overwritten since it was computed, or if a step overwrites
-    an arg it reads in a way that is not a safe elementwise in-place update. A fused
-    group's reads through views must survive to the group's end."""
+    """Replay ``plan`` over ``order`` (a schedule) and prove that every step reads the
+    values it was scheduled to read; raise :class:`PlanError`, naming the value, the
+    op that overwrote it and the step that still reads it, if not. Linear in the steps
+    and the reads: run on every computation (see :data:`VERIFY`).
+
+    A step reads its args' roots, then writes its value (a multi-output op: each
+    output) into its arena. A read finds its value if the arena still holds it. A
+    write over a value the step itself reads must be an in-place update (elementwise,
+    same dtype and shape, the value read only directly). A fused group runs block by
+    block through all its members: what a member reads through a view, as a matrix
+    product's operand or with another shape, it reads at other positions than the
+    block being written, all through the group, so those values must still be held
+    after the group's last step; and a member may write over a value the group reads
+    directly only block for block (same shape and element size)."""
+    slot = plan.slot
+    if not slot:
+        return True
+    sizes = plan.sizes
     root = value_roots(order)
-    spans = {}
-    for end_step, roots in _group_spans(order, groups, root):
-        spans.setdefault(end_step, set()).update(roots)
-    # Inside a group, a member may overwrite a value other members read only in place.
-    pos = {op: i for i, op in enumerate(order)}
-    group_reads = {}
-    for g in groups:
-        reads = {root.get(a, a) for m in g.members for a in m.args}
-        for m in g.members:
-            group_reads[pos[m]] = reads
-    internal = set()
-    for g in groups:
-        internal |= g.internal
-    holder = {}  # arena -> producer whose value it holds now
+    in_group, ends = {}, {}  # step -> its group's _GroupReads; last step -> [those]
+    if groups:
+        pos = {op: i for i, op in enumerate(order)}
+        for g in groups:
+            info = _GroupReads(g, pos, root, slot)
+            for m in g.members:
+                in_group[pos[m]] = info
+            ends.setdefault(info.last, []).append(info)
+    holder = {}   # arena -> the value it holds now
+    clobber = {}  # value -> the step that wrote over it
     for i, op in enumerate(order):
-        for r in spans.get(i - 1, ()):
-            a = plan.slot.get(r)
-            if a is not None and holder.get(a) is not r:
-                raise GeonError(f"memory plan: a fused group reads {r.name} through a "
-                                f"view, but arena {a} was overwritten inside the group")
-        read = [root.get(a, a) for a in op.args]
-        for r in read:
-            a = plan.slot.get(r)
-            if a is not None and holder.get(a) is not r:
-                raise GeonError(f"memory plan: step {i} ({op.name}) reads {r.name} from "
-                                f"arena {a}, which now holds "
-                                f"{getattr(holder.get(a), 'name', 'nothing')}")
-        written = [op] if not isinstance(op, og.MultiOutput) else list(op.outputs)
-        if isinstance(op, og.Output):
-            written = []  # written by its multi-output op, at that op's step
+        for a in op.args:
+            r = root.get(a, a)
+            arena = slot.get(r)
+            if arena is not None and holder.get(arena) is not r:
+                raise _stale(r, i, op, clobber, order)
+        kind = _KIND.get(type(op), False)
+        if kind is False:
+            kind = _kind(type(op))
+        if kind == "multi":
+            written = [w for w in op.outputs if w in slot]
+        elif kind is not None and op in slot:
+            written = (op,)
+        else:
+            written = ()  # storage, a view, an Output (written at its op's step)
         for w in written:
-            a = plan.slot.get(w)
-            if a is None:
-                continue
-            for r in read:
-                if plan.slot.get(r) == a and not (w is op and _inplace_ok(op, r, root)):
-                    raise GeonError(f"memory plan: {op.name} overwrites its input "
-                                    f"{r.name} in arena {a} unsafely")
-            if _nbytes(w) > plan.sizes[a]:
-                raise GeonError(f"memory plan: {w.name} does not fit arena {a}")
-            prior = holder.get(a)
-            if prior is not None and prior in group_reads.get(i, ()) and not (
-                    prior in read and _inplace_ok(op, prior, root)) \
-                    and not _over_internal(op, prior, root, internal):
-                raise GeonError(f"memory plan: fused {op.name} overwrites {prior.name}, "
-                                f"which its group still reads block by block")
-            holder[a] = w
-    for r in spans.get(len(order) - 1, ()):
-        a = plan.slot.get(r)
-        if a is not None and holder.get(a) is not r:
-            raise GeonError(f"memory plan: a fused group's view input {r.name} was "
-                            f"overwritten inside the group")
+            arena = slot[w]
+            need = w.axes.size * w.dtype.itemsize
+            if need > sizes[arena]:
+                raise PlanError(f"memory plan: {_named(w)} ({need} bytes) does not fit "
+                                f"arena {arena} ({sizes[arena]} bytes){_HINT}")
+            prior = holder.get(arena)
+            if prior is not None:
+                _check_write(op, w, prior, i, in_group.get(i), root)
+                clobber[prior] = i
+            holder[arena] = w
+        if i in ends:
+            for info in ends[i]:
+                for r, (reader, j) in info.spread.items():
+                    if holder.get(slot[r]) is not r:
+                        raise _stale(r, j, reader, clobber, order, info)
     for r in results:
         r = root.get(r, r)
-        a = plan.slot.get(r)
-        if a is not None and holder.get(a) is not r:
-            raise GeonError(f"memory plan: result {r.name} was overwritten")
+        arena = slot.get(r)
+        if arena is not None and holder.get(arena) is not r:
+            raise _stale(r, len(order), None, clobber, order)
     return True
 
 
-def _over_internal(op, prior, root, internal):
-    """Whether ``op`` may overwrite ``prior`` because it could overwrite an internal
-    member of its group that could overwrite ``prior`` (both in place, element by
-    element; a later read of ``prior`` is caught as a read of the wrong value)."""
-    return any(x in internal and _inplace_ok(x, prior, root) and _inplace_ok(op, x, root)
-               for x in op.args)
+class _GroupReads:
+    """What a fused group reads from arenas: ``spread`` (root -> (member, step) of a
+    read at other positions than the block being written: through a view, as a matrix
+    product's operand, or with another shape) and ``direct`` (roots read block for
+    block); ``first`` and ``last``, its steps."""
+
+    def __init__(self, group, pos, root, slot):
+        self.first, self.last = pos[group.members[0]], pos[group.members[-1]]
+        self.spread, self.direct = {}, set()
+        for m in group.members:
+            gemm = isinstance(m, pr.Gemm)
+            lengths = (m.args[0] if isinstance(m, pr.Assign) else m).axes.lengths
+            for a in m.args:
+                r = root.get(a, a)
+                if r not in slot:
+                    continue
+                if a is r and not gemm and a.axes.lengths == lengths:
+                    self.direct.add(r)
+                elif r not in self.spread:
+                    self.spread[r] = (m, pos[m])
+
+
+def _check_write(op, w, prior, i, group, root):
+    """Raise :class:`PlanError` unless step ``i`` (``op``) may write ``w`` over
+    ``prior``, the value its arena holds (see :func:`verify_plan`)."""
+    reads = False  # op reads what it overwrites: only an elementwise update in place
+    for a in op.args:
+        if root.get(a, a) is prior:
+            if a is not prior:
+                reads = "through a view"
+                break
+            reads = True
+    if reads and (reads is not True or w is not op or not _elementwise_like(op)
+                  or prior.dtype != op.dtype or prior.axes.lengths != op.axes.lengths):
+        raise PlanError(
+            f"memory plan: {_named(prior)} is overwritten by {_named(op)} (step {i}), "
+            f"which still reads it {'at other positions' if reads is True else reads} "
+            f"(not an elementwise update in place){_HINT}")
+    if group is None:
+        return
+    spread = group.spread.get(prior)
+    if spread is not None:
+        reader, j = spread
+        raise PlanError(
+            f"memory plan: {_named(prior)} is overwritten by {_named(op)} (step {i}) "
+            f"while step {j} ({_named(reader)}) still reads it at other positions, "
+            f"block by block in the fused group of steps {group.first}-{group.last}"
+            f"{_HINT}")
+    if prior in group.direct and not (
+            w is op and w.axes.lengths == prior.axes.lengths
+            and w.dtype.itemsize == prior.dtype.itemsize):
+        raise PlanError(
+            f"memory plan: {_named(prior)} is overwritten by {_named(op)} (step {i}) "
+            f"(a value of another shape or element size) while the fused group of steps "
+            f"{group.first}-{group.last} still reads it block by block{_HINT}")
+
+
+_HINT = ("; this is an internal error of geon's memory planner (please report it); "
+         "disable=['memory'] avoids it")
+
+
+def _stale(r, j, reader, clobber, order, group=None):
+    """The :class:`PlanError` of step ``j`` (``reader``; None: the caller, for a
+    result) finding ``r``'s arena overwritten."""
+    k = clobber.get(r)
+    by = (f"overwritten by {_named(order[k])} (step {k})" if k is not None
+          else "not computed into its arena")
+    if reader is None:
+        still = "the caller still reads it (a requested result)"
+    elif group is not None:
+        still = (f"step {j} ({_named(reader)}) still reads it at other positions, block "
+                 f"by block in the fused group of steps {group.first}-{group.last}")
+    else:
+        still = f"step {j} ({_named(reader)}) still reads it"
+    return PlanError(f"memory plan: {_named(r)} is {by} while {still}{_HINT}")
 
 
 def unshared_plan(order, results, groups=(), exclude=()):

@@ -2,7 +2,7 @@
 
 :func:`generate` schedules the lowered graph, finds the GPU's fused groups, plans
 device memory with the CPU's liveness planner (:func:`geon.transformers.memory.plan_memory`,
-proved by ``verify_plan`` under the test suite), and emits one kernel per group or op.
+each plan proved by ``verify_plan``), and emits one kernel per group or op.
 The result is a :class:`Program`: the kernels (CUDA C), the buffers (arenas, feeds,
 results, constants, variables, scratch) and the launches in order, each argument a
 buffer and a byte offset. A runtime (PyCUDA, or the CPU emulator) only allocates,
@@ -234,12 +234,17 @@ def _may_join(cur, op, root):
 
 
 def _split(groups, group, at, results, order, lay):
-    """Replace ``group`` by its members before ``at`` and from ``at`` on."""
+    """Replace ``group`` by its members before ``at`` and from ``at`` on. A reduction
+    (the last member) whose input member is left in the first part runs alone."""
     idx = groups.index(group)
     keep, uses = _keep(results, lay), _uses(order, lay)
+    first, second = group.members[:at], group.members[at:]
+    last = second[-1]
+    if isinstance(last, pr.ReducePrim) \
+            and permutation_source(last.args[0], lay) not in second:
+        second = second[:-1]
     groups[idx:idx + 1] = [GPUGroup(run, _internal(run, uses, keep, lay))
-                           for run in (group.members[:at], group.members[at:])
-                           if len(run) > 1]
+                           for run in (first, second) if len(run) > 1]
 
 
 class Context:
@@ -447,7 +452,7 @@ def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
         plan = plan_for(groups)
     else:  # pragma: no cover - each round splits a group, so this cannot run long
         raise GeonError("internal: fused groups keep conflicting with the memory plan")
-    if memory.VERIFY:
+    if memory.VERIFY:  # every plan is proved before kernels are made from it
         memory.verify_plan(order, results, plan, groups)
     prog.plan, prog.groups = plan, groups
     prog.arenas = list(plan.sizes)
