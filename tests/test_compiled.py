@@ -491,19 +491,23 @@ def test_the_cache_is_written_by_rename_and_reused(cache, monkeypatch):
     renames = []
     real_replace = os.replace
 
-    def replace(src, dst):
-        renames.append((str(src), str(dst)))
-        return real_replace(src, dst)
+    def replace(src, dst, **dir_fds):
+        renames.append((str(src), str(dst), dir_fds))
+        return real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(ck.os, "replace", replace)
     _run_chain()
     files = sorted(p.name for p in cache.iterdir())
     key = files[0].split(".")[0]
-    assert files == [f"{key}.c", f"{key}.sha256", f"{key}.so"]   # no temporary left
-    final = {dst for _, dst in renames}
-    assert final == {str(cache / f) for f in files}
-    for src, dst in renames:  # each written elsewhere in the same folder, then renamed
-        assert src != dst and os.path.dirname(src).startswith(str(cache))
+    # no temporary left (the probe's record is kept beside them)
+    assert [f for f in files if not f.startswith("toolchain-")] == \
+        [f"{key}.c", f"{key}.sha256", f"{key}.so"]
+    final = {dst for _, dst, _ in renames}
+    assert final >= {f"{key}.c", f"{key}.sha256", f"{key}.so"}
+    for src, dst, dir_fds in renames:  # each written under a fresh name, then renamed,
+        # both names in the folder that was checked (through its descriptor)
+        assert src != dst and src.startswith(".tmp-") and os.sep not in src + dst
+        assert dir_fds["src_dir_fd"] == dir_fds["dst_dir_fd"]
     # a new process (no library loaded) reuses the file and never runs the compiler
     monkeypatch.setattr(ck, "_libs", {})
     monkeypatch.setattr(ck, "_run_cc", lambda *a: pytest.fail("compiled again"))
@@ -627,7 +631,7 @@ def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, mon
     kernels.chmod(0o777)
     monkeypatch.setattr(ck, "_libs", {})
     loads = []
-    monkeypatch.setattr(ck, "_load_cached", lambda path: loads.append(path))
+    monkeypatch.setattr(ck, "_load_cached", lambda *args: loads.append(args))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = large_and_small(be.NumPyTransformer(compiled="auto"))

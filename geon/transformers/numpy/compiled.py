@@ -28,8 +28,14 @@ themselves.
   of another shape runs the NumPy code of :mod:`.transformer` instead.
 - Floating point: ``-O3 -fno-math-errno -fno-trapping-math -ffp-contract=off`` and
   not ``-ffast-math``: NaN and infinities propagate as in NumPy (maximum / minimum
-  return the NaN operand; comparisons with NaN are false), no ``a * b + c`` is fused
-  into one rounding, so ``+ - * /`` give NumPy's bits. ``-march=native`` (with
+  return the NaN operand, and of -0.0 and +0.0 the second, as NumPy does; comparisons
+  with NaN are false), no ``a * b + c`` is fused into one rounding, so ``+ - * /``
+  give NumPy's bits. Words of ``$CC`` that would change that (:data:`REFUSED_FLAGS`,
+  :data:`REFUSED_PREFIXES`) are left out with a warning, and the probe of the compiler
+  checks IEEE semantics on values the compiler cannot see (inf * 0 is NaN, NaN is
+  unequal to itself, 1 / -0.0 is -inf, -0.0 + 0.0 is +0.0, no reordered sums, correctly
+  rounded divisions) and that loading its library leaves subnormal numbers alone; a
+  compiler that fails is not used (cause "ieee"). ``-march=native`` (with
   512-bit vectors preferred on AVX-512 CPUs) and ``-fopenmp-simd`` (the ``simd``
   directives only: no OpenMP runtime) are used when the compiler accepts them; the
   transcendental functions
@@ -55,24 +61,34 @@ themselves.
 - Cache: libraries are kept under ``$GEON_CACHE_DIR/kernels`` (default
   ``~/.cache/geon/kernels``), named by a hash of the C source, the compiler, its flags
   and the CPU; each is written to a temporary name and renamed, with a ``.sha256`` file
-  of its digest checked before it is loaded (a file that does not match is rebuilt).
-  What the probe of the compiler found (which of :data:`PROBE_FLAGS` work) is kept
-  there too, per compiler version and CPU, so a process whose kernels are all cached
-  runs the compiler once (``--version``), not for the probe.
+  of its digest checked before it is loaded (a file that does not match, or that lacks
+  one of the kernels, is rebuilt). What the probe of the compiler found (which of
+  :data:`PROBE_FLAGS` work) is kept there too, per compiler version and CPU, so a
+  process whose kernels are all cached runs the compiler once (``--version``), not
+  for the probe. The folder is opened once per build and checked through its
+  descriptor (:func:`open_folder`: a real folder, this user's, writable by no one
+  else); every read, write and rename in it is relative to that descriptor, the
+  compiler runs in it through ``/proc/self/fd``, and a library is loaded from a new
+  copy of the bytes that were checked, so a folder swapped in under the same path
+  (by another user who may write to the folder above) is never used.
 - Fallback: no compiler (``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH), no
   cache folder or an unknown ndarray layout give the NumPy code (with ``compiled=True``
   after a :class:`~geon.errors.GeonWarning`, once per cause: :data:`UNAVAILABLE`); a
-  failed compilation gives it after a warning in either mode.
+  failed compilation or load, or a compiler that fails the IEEE checks, gives it after
+  a warning in either mode.
 """
 
 import ctypes
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
+import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -172,7 +188,7 @@ def auto_failed(error):
     """Remember a :class:`CompileError` of :data:`AUTO` that will happen again for every
     computation (see :func:`auto_unavailable`); a failed compilation is not one: it is
     about one C source."""
-    if error.key in UNAVAILABLE or error.key == "load failed":
+    if error.key in UNAVAILABLE or error.key in ("load failed", "ieee"):
         _auto_off.add(_where())
 
 
@@ -341,6 +357,53 @@ class Toolchain:
 _toolchains = {}
 _tc_lock = threading.Lock()
 
+#: Flags that change floating-point results from NumPy's: they let the compiler assume
+#: that no value is NaN or infinite, ignore the sign of zero, reorder sums, divide by
+#: multiplying with a reciprocal, flush subnormal numbers to zero (GCC links
+#: crtfastmath.o into a ``-ffast-math`` library, whose loading sets that for the whole
+#: thread, NumPy included), fuse ``a * b + c`` into one rounding or round constants to
+#: float. geon leaves them out of ``$CC`` with a :class:`~geon.errors.GeonWarning`
+#: naming them; ``-fno-math-errno`` and ``-fno-trapping-math`` stay (they change no
+#: result: geon gives them itself). geon reads no ``$CFLAGS``.
+REFUSED_FLAGS = ("-ffast-math", "-Ofast", "-ffinite-math-only", "-fno-signed-zeros",
+                 "-funsafe-math-optimizations", "-fassociative-math",
+                 "-freciprocal-math", "-fno-honor-nans", "-fno-honor-infinities",
+                 "-fapprox-func", "-fsingle-precision-constant", "-mdaz-ftz")
+#: Flags refused whatever their value (geon sets ``-ffp-contract=off`` itself).
+REFUSED_PREFIXES = ("-ffp-contract=", "-ffp-model=", "-fdenormal-fp-math")
+
+#: The checks of :data:`_IEEE_SOURCE`: bit -> what failed.
+_IEEE_CHECKS = {1: "inf * 0 is not NaN, or NaN compares equal", 2: "no infinities",
+                4: "signed zeros are not kept (1 / -0.0 is not -inf, or -0.0 + 0.0 is "
+                   "-0.0)",
+                8: "sums are reordered", 16: "divisions are not correctly rounded"}
+# Each check runs on values the caller passes (zero, one), so the compiler cannot fold
+# it to the right answer at compile time; what the flags let it assume it does fold.
+_IEEE_SOURCE = """
+int geon_ieee(double zero, double one) {
+    int bad = 0;
+    const double inf = one / zero, nan = inf * zero, nzero = -zero;
+    const float fzero = (float)zero, fone = (float)one;
+    const float finf = fone / fzero, fnan = finf * fzero, fnzero = -fzero;
+    if (!isnan(nan) || nan == nan || !(nan != nan) || nan < one || nan >= one
+            || !isnan(fnan) || fnan == fnan || !(fnan != fnan) || fnan < fone)
+        bad |= 1;
+    if (!isinf(inf) || !(inf > 1e308) || !isinf(finf) || !(finf > 3e38f))
+        bad |= 2;
+    if (one / nzero != -inf || fone / fnzero != -finf || signbit(nzero + 0.0)
+            || signbit(fnzero + 0.0f) || !signbit(nzero - 0.0))
+        bad |= 4;
+    const double big = one * 9007199254740992.0;    /* 2^53: big + 1 rounds to big */
+    const float fbig = fone * 16777216.0f;           /* 2^24 */
+    if ((big + one) - big != 0.0 || (fbig + fone) - fbig != 0.0f)
+        bad |= 8;
+    if ((one * 5.0) / 3.0 != 0x1.aaaaaaaaaaaabp+0        /* 5 / 3, correctly rounded */
+            || (fone * 5.0f) / 3.0f != 0x1.aaaaaap+0f)
+        bad |= 16;
+    return bad;
+}
+"""
+
 
 def _probe_source(simd_math):
     calls = " + ".join(f"{_fn(n, 'float')}(x[i]{', x[i]' if n == 'pow' else ''})"
@@ -354,7 +417,11 @@ void geon_probe(float *x, int64_t n) {
         for (int64_t i = c; i < e; i++) x[i] = """ + calls + """;
     }
 }
-""")
+""" + _IEEE_SOURCE)
+
+
+def _refused(word):
+    return word in REFUSED_FLAGS or word.startswith(REFUSED_PREFIXES)
 
 
 def _compiler_command():
@@ -369,7 +436,14 @@ def _compiler_command():
         if path is None:
             raise CompileError(f"no C compiler: $CC is {cc!r}, which is not on the PATH",
                                key="no compiler")
-        return [path] + cmd[1:]
+        refused = [w for w in cmd[1:] if _refused(w)]
+        if refused:
+            warn_once(("refused flags", cc),
+                      f"$CC is {cc!r}: geon leaves out {' '.join(refused)} when it "
+                      "compiles its kernels, since they change floating-point results "
+                      "from NumPy's (NaN, infinities, signed zeros, rounding or "
+                      "subnormal numbers)")
+        return [path] + [w for w in cmd[1:] if not _refused(w)]
     for name in ("cc", "gcc", "clang"):
         path = shutil.which(name)
         if path:
@@ -389,10 +463,14 @@ def _cpu_identity():
         return platform.processor()
 
 
-def _run_cc(command, flags, src_path, out_path):
+def _run_cc(command, flags, src, out, folder):
+    """Compile ``src`` into the shared library ``out``, two names in ``folder`` (a
+    :class:`Folder`); the compiler runs in that folder, reached through its descriptor
+    (see :meth:`Folder.at`)."""
     try:
-        r = subprocess.run(command + list(flags) + [src_path, "-o", out_path, "-lm"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(command + list(flags) + [src, "-o", out, "-lm"],
+                           capture_output=True, text=True, timeout=300,
+                           cwd=folder.at(), pass_fds=folder.pass_fds())
     except (OSError, subprocess.SubprocessError) as e:
         return False, str(e)
     return r.returncode == 0, (r.stderr or r.stdout or "")
@@ -438,33 +516,39 @@ def _probe():
         h.update(repr(part).encode())
     try:  # probed where the kernels will be loaded from (a folder whose files cannot
         # be run fails there too), and kept there; without a cache folder to trust, in
-        # the system's temporary folder, and kept nowhere
-        _make_cache_dir(cache_dir())
-        record = os.path.join(cache_dir(), f"toolchain-{h.hexdigest()[:40]}.json")
+        # a private folder made in the system's temporary folder, and kept nowhere
+        folder = open_cache()
     except CompileError:
-        record = None
-    found = _read_probe(record) if record else None
-    if found is None:
-        found = _run_probe(command, record and os.path.dirname(record))
-        try:
-            if record:
-                _write_atomic(record, json.dumps({"extra": list(found[0]),
-                                                  "simd_math": found[1]}).encode())
-        except OSError:
-            record = None  # not kept: probed again in the next process
+        folder = None
+    record = f"toolchain-{h.hexdigest()[:40]}.json"
+    try:
+        found = _read_probe(folder, record) if folder else None
+        if found is None:
+            found = _run_probe(command, folder)
+            try:
+                if folder:
+                    folder.write_atomic(record, json.dumps(
+                        {"extra": list(found[0]), "simd_math": found[1]}).encode())
+            except OSError:
+                folder.close()
+                folder = None  # not kept: probed again in the next process
+    finally:
+        if folder:
+            folder.close()
     extra, simd_math = found
     flags = BASE_FLAGS + extra
     identity = "\n".join([" ".join(command)] + version + [platform.machine()]
                          + ([_cpu_identity()] if "-march=native" in flags else []))
-    return Toolchain(command, flags, identity, simd_math, record)
+    return Toolchain(command, flags, identity, simd_math,
+                     folder and os.path.join(folder.path, record))
 
 
-def _read_probe(path):
-    """``(extra flags, simd_math)`` kept at ``path``, or None; only one of
-    :data:`PROBE_FLAGS` is accepted (the file is never trusted to add flags)."""
+def _read_probe(folder, name):
+    """``(extra flags, simd_math)`` kept in the file ``name`` of ``folder``, or None;
+    only one of :data:`PROBE_FLAGS` is accepted (the file is never trusted to add
+    flags)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(folder.read(name))
         extra = tuple(data["extra"])
         simd_math = data["simd_math"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -475,36 +559,64 @@ def _read_probe(path):
     return extra, simd_math
 
 
-def _run_probe(command, where=None):
+def _run_probe(command, folder=None):
     """The first of :data:`PROBE_FLAGS` with which ``command`` builds a shared library
-    (and whether the vector maths library resolves with it), built in a temporary
-    folder in ``where`` (default: the system's): ``(extra, simd_math)``."""
-    err = ""
+    that loads (and whether the vector maths library resolves with it), built in
+    ``folder`` (default: a private folder in the system's temporary folder): ``(extra,
+    simd_math)``. Raises :class:`CompileError` where none does, and where the library
+    fails the IEEE checks of :data:`_IEEE_SOURCE` (cause "ieee")."""
+    own = folder is None
+    if own:
+        path = None
+        try:
+            path = tempfile.mkdtemp(prefix="geon-probe-")
+            folder = open_folder(path)
+        except (OSError, CompileError) as e:
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
+            raise CompileError(f"no folder to probe the C compiler in: {e}",
+                               key="no compiler") from None
+    err, key = "", "no compiler"
     try:
-        probe_dir = tempfile.TemporaryDirectory(dir=where, prefix=".probe-")
-    except OSError as e:
-        raise CompileError(f"no folder to probe the C compiler in: {e}",
-                           key="no compiler") from None
-    with probe_dir as d:
-        src = os.path.join(d, "probe.c")
         for k, extra in enumerate(PROBE_FLAGS):
-            simd_math = k < 2  # vector maths: only with the best flags
-            with open(src, "w") as f:
-                f.write(_probe_source(simd_math))
-            out = os.path.join(d, f"probe{k}.so")
-            ok, err = _run_cc(command, BASE_FLAGS + extra, src, out)
-            if ok and simd_math:  # the vector functions must resolve when loaded
+            # vector maths: only with the best flags, and only where it resolves
+            for simd_math in ((True, False) if k < 2 else (False,)):
                 try:
-                    ctypes.CDLL(out)
-                except OSError:
-                    with open(src, "w") as f:
-                        f.write(_probe_source(False))
-                    simd_math, out = False, os.path.join(d, "probe-plain.so")
-                    ok, err = _run_cc(command, BASE_FLAGS + extra, src, out)
-            if ok:
+                    lib, _ = _build_in(folder, command, BASE_FLAGS + extra,
+                                       _probe_source(simd_math))
+                except CompileError as e:
+                    if e.key == "ieee":
+                        raise
+                    err = str(e)
+                    if e.key == "compile failed":
+                        key = "no compiler"
+                        break  # these flags do not build: the next ones
+                    key = "load failed"
+                    continue
+                _check_ieee(lib, command, BASE_FLAGS + extra)
                 return extra, simd_math
+    finally:
+        if own:
+            folder.close()
+            shutil.rmtree(folder.path, ignore_errors=True)
+    if key == "load failed":
+        raise CompileError(f"libraries built by the C compiler {command[0]} do not "
+                           f"load from {folder.path}: {err.strip()[-500:]}", key=key)
     raise CompileError(f"the C compiler {command[0]} cannot build a shared "
-                       f"library: {err.strip()[-500:]}", key="no compiler")
+                       f"library: {err.strip()[-500:]}", key=key)
+
+
+def _check_ieee(lib, command, flags):
+    """Raise :class:`CompileError` (cause "ieee") where the probe library ``lib`` shows
+    that the compiler with these flags breaks IEEE arithmetic."""
+    f = lib.geon_ieee
+    f.argtypes, f.restype = [ctypes.c_double, ctypes.c_double], ctypes.c_int
+    bad = f(0.0, 1.0)
+    if bad:
+        what = "; ".join(text for bit, text in _IEEE_CHECKS.items() if bad & bit)
+        raise CompileError(f"the C compiler {' '.join(command)} with the flags "
+                           f"{' '.join(flags)} breaks IEEE floating point ({what}): "
+                           "geon does not use it", key="ieee")
 
 
 def available():
@@ -555,23 +667,172 @@ def cache_dir():
     return os.path.join(root, "kernels")
 
 
-def _make_cache_dir(d):
-    """Make the cache folder ``d`` (readable by its owner only) if it is not there, and
-    check that libraries may be loaded from it: it must belong to this user and be
-    writable by nobody else, who could otherwise put code there that geon would run.
-    Raises :class:`CompileError` (cause "no cache")."""
+#: Where this process's open descriptors have paths (Linux): ``/proc/self/fd/N`` is
+#: the folder opened as N, whatever its old path names by now.
+_PROC_FD = "/proc/self/fd"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _fresh(prefix, suffix=""):
+    """A name never used before (for files made with O_EXCL)."""
+    return f"{prefix}{secrets.token_hex(8)}{suffix}"
+
+
+def _mine(st, strict=True):
+    """Whether ``st`` is this user's, and (``strict``) writable by no one else."""
+    return st.st_uid == os.getuid() and not (strict and st.st_mode & 0o022)
+
+
+class Folder:
+    """A folder opened once and checked through its descriptor (:func:`open_folder`).
+
+    Every later open, write, rename and removal in it is relative to that descriptor
+    (``dir_fd``, never following a symbolic link), and the compiler and the loader
+    reach it by :meth:`at`, so a folder swapped in under its path after the check
+    (by anyone who may write to the folder above) is never read or written. Close it
+    after use (or use ``with``)."""
+
+    def __init__(self, fd, path):
+        self.fd, self.path = fd, path
+        self.via_fd = os.path.isdir(_PROC_FD)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _dir(self):
+        """The descriptor to open relative to; an error once closed (``dir_fd=None``
+        would name the working directory instead)."""
+        if self.fd is None:
+            raise OSError(f"the cache folder {self.path} was closed")
+        return self.fd
+
+    def at(self, name=""):
+        """A path naming ``name`` in this folder: through the descriptor
+        (``/proc/self/fd/N/name``) where the system has such paths, else through the
+        folder's path (then checked from the root: see :func:`open_folder`)."""
+        base = f"{_PROC_FD}/{self.fd}" if self.via_fd else self.path
+        return os.path.join(base, name) if name else base
+
+    def pass_fds(self):
+        """The descriptors a child process needs to reach :meth:`at`."""
+        return (self.fd,) if self.via_fd else ()
+
+    def read(self, name, strict=True):
+        """The bytes of the file ``name``, read through one descriptor; None where it is
+        missing or not a regular file of this user's (``strict``: that no one else may
+        write)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=self._dir())
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not _mine(st, strict):
+                return None
+            return f.read()
+
+    def write_new(self, name, data, mode=0o600):
+        """Write ``data`` to a new file ``name`` (which must not exist)."""
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode,
+                     dir_fd=self._dir())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def write_atomic(self, name, data):
+        """Write ``data`` to ``name`` under a fresh name, then rename it: a reader sees
+        the old file or the whole new one."""
+        tmp = _fresh(".tmp-", "-" + name)
+        try:
+            self.write_new(tmp, data)
+            os.replace(tmp, name, src_dir_fd=self._dir(), dst_dir_fd=self._dir())
+        except BaseException:
+            self.unlink(tmp)
+            raise
+
+    def unlink(self, name):
+        """Remove the file ``name`` if it is there."""
+        try:
+            os.unlink(name, dir_fd=self._dir())
+        except FileNotFoundError:
+            pass
+
+
+def open_folder(d, make=False):
+    """The folder ``d`` (made readable by its owner only if ``make`` and it is missing)
+    as a :class:`Folder`, after checking through its descriptor that libraries may be
+    loaded from it: a real folder (not a symbolic link), this user's, writable by no
+    one else, who could otherwise put code there that geon would run. Where the system
+    cannot name a descriptor as a path (no ``/proc/self/fd``), every folder above it
+    must be this user's or root's and writable by no one else (or sticky, as /tmp),
+    so that its path keeps naming it. Raises :class:`CompileError` (cause "no
+    cache")."""
+    if not hasattr(os, "getuid") or os.open not in os.supports_dir_fd:
+        raise CompileError("no kernel cache on this system: it cannot open files "
+                           "relative to a folder", key="no cache")
     try:
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        st = os.stat(d)
+        if make:
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                pass
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
     except OSError as e:
-        raise CompileError(f"cannot create the kernel cache {d}: {e}",
+        why = ("it is a symbolic link (set GEON_CACHE_DIR to the folder it points to)"
+               if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(d) else e)
+        raise CompileError(f"cannot create the kernel cache {d}: {why}",
                            key="no cache") from None
-    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
-        raise CompileError(f"the kernel cache {d} belongs to another user or others may "
-                           f"write to it: no library is loaded from it (set "
-                           f"GEON_CACHE_DIR to a folder of your own)", key="no cache")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise CompileError(f"cannot write to the kernel cache {d}", key="no cache")
+    folder = Folder(fd, d)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or not _mine(st):
+            raise CompileError(f"the kernel cache {d} belongs to another user or "
+                               f"others may write to it: no library is loaded from it "
+                               f"(set GEON_CACHE_DIR to a folder of your own)",
+                               key="no cache")
+        if not folder.via_fd:
+            folder.path = _check_path(d, st)
+        if not os.access(folder.at(), os.W_OK | os.X_OK):
+            raise CompileError(f"cannot write to the kernel cache {d}", key="no cache")
+    except BaseException:
+        folder.close()
+        raise
+    return folder
+
+
+def _check_path(d, st):
+    """The real path of the folder ``d`` opened with status ``st``, where no other user
+    can change what it names (see :func:`open_folder`)."""
+    real = os.path.realpath(d)
+    parts = real.split(os.sep)
+    for k in range(1, len(parts)):
+        above = os.sep.join(parts[:k]) or os.sep
+        s = os.stat(above)
+        if s.st_uid not in (0, os.getuid()) or (s.st_mode & 0o022
+                                                 and not s.st_mode & stat.S_ISVTX):
+            raise CompileError(f"others may change the folder {above} above the "
+                               f"kernel cache {d}: no library is loaded from it (set "
+                               f"GEON_CACHE_DIR to a folder of your own)",
+                               key="no cache")
+    s = os.stat(real)
+    if (s.st_dev, s.st_ino) != (st.st_dev, st.st_ino):
+        raise CompileError(f"the kernel cache {d} was moved while it was checked",
+                           key="no cache")
+    return real
+
+
+def open_cache():
+    """The kernel cache (:func:`cache_dir`) as a checked :class:`Folder`, made if
+    missing; raises :class:`CompileError` (cause "no cache")."""
+    return open_folder(cache_dir(), make=True)
 
 
 _libs = {}
@@ -586,19 +847,6 @@ def _digest(path):
     return h.hexdigest()
 
 
-def _write_atomic(path, data):
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def cache_key(source, tc):
     h = hashlib.sha256()
     for part in (source, tc.identity, " ".join(tc.flags)):
@@ -607,28 +855,27 @@ def cache_key(source, tc):
     return h.hexdigest()[:40]
 
 
-def build(source):
-    """The loaded library of C ``source``: from the cache when a checked copy is there,
-    else compiled and stored. Raises :class:`CompileError`."""
+def build(source, symbols=()):
+    """The loaded library of C ``source``, which defines the functions ``symbols``:
+    from the cache when a checked copy is there, else compiled and stored. Raises
+    :class:`CompileError`."""
     tc = toolchain()
     key = cache_key(source, tc)
     with _lib_lock:
         lib = _libs.get(key)
         if lib is not None:
             return lib
-        d = cache_dir()
-        _make_cache_dir(d)
-        path = os.path.join(d, key + ".so")
-        lib = _load_cached(path)
-        if lib is None:
-            try:
-                lib = _compile(tc, source, path)
-            except OSError as e:  # a full disk, a folder that turned read-only, ...
-                raise CompileError(f"cannot build the kernels in {d}: {e}",
-                                   key="no cache") from None
-            except CompileError:
-                _forget_probe(tc)
-                raise
+        with open_cache() as folder:
+            lib = _load_cached(folder, key, symbols)
+            if lib is None:
+                try:
+                    lib = _compile(tc, source, folder, key, symbols)
+                except OSError as e:  # a full disk, a folder that turned read-only, ...
+                    raise CompileError(f"cannot build the kernels in {folder.path}: "
+                                       f"{e}", key="no cache") from None
+                except CompileError:
+                    _forget_probe(tc)
+                    raise
         _libs[key] = lib
         return lib
 
@@ -638,46 +885,122 @@ def _forget_probe(tc):
     (this one keeps its toolchain)."""
     if tc.record:
         try:
-            os.unlink(tc.record)
-        except OSError:
+            with open_folder(os.path.dirname(tc.record)) as folder:
+                folder.unlink(os.path.basename(tc.record))
+        except (OSError, CompileError):
             pass
 
 
-def _load_cached(path):
-    """The library at ``path`` if it is there and its digest matches its .sha256 file."""
-    try:
-        with open(path[:-3] + ".sha256") as f:
-            want = f.read().strip()
-        if _digest(path) != want:
-            return None
-        return ctypes.CDLL(path)
-    except OSError:
+def _load_cached(folder, key, symbols=()):
+    """The library ``key`` kept in ``folder`` if it is there, is this user's alone,
+    matches the digest in its .sha256 file and defines every one of ``symbols``; else
+    None (it is then built again)."""
+    want, data = folder.read(key + ".sha256"), folder.read(key + ".so")
+    if want is None or data is None or hashlib.sha256(data).hexdigest() != \
+            want.decode("ascii", "replace").strip():
         return None
-
-
-def _compile(tc, source, path):
-    d = os.path.dirname(path)
-    with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
-        src = os.path.join(tmp, "kernels.c")
-        with open(src, "w") as f:
-            f.write(source)
-        out = os.path.join(tmp, "kernels.so")
-        ok, err = _run_cc(tc.command, tc.flags, src, out)
-        if not ok:
-            raise CompileError(f"{tc.command[0]} failed on the fused kernels: "
-                               f"{err.strip()[-2000:]}", key="compile failed")
-        # Loaded under its temporary name (the loader knows libraries by name: a file
-        # that replaced one loaded before under the final name would not be read).
-        try:
-            lib = ctypes.CDLL(out)
-        except OSError as e:
-            raise CompileError(f"cannot load the compiled kernels {out}: {e}",
-                               key="load failed") from None
-        _write_atomic(path[:-3] + ".c", source.encode())
-        # the digest first: a reader that sees the new library also sees its digest
-        _write_atomic(path[:-3] + ".sha256", (_digest(out) + "\n").encode())
-        os.replace(out, path)
+    try:
+        lib = _load(folder, data)
+    except CompileError as e:
+        if e.key == "load failed":
+            return None
+        raise
+    if not all(hasattr(lib, s) for s in symbols):
+        return None  # e.g. written by a build that was cut short
     return lib
+
+
+def _compile(tc, source, folder, key, symbols=()):
+    """Compile ``source``, load it, and keep it in ``folder`` as ``key``: the ``.c``
+    file, the ``.sha256`` digest, then the library, each renamed into place (a reader
+    that sees the new library also sees its digest)."""
+    try:
+        lib, data = _build_in(folder, tc.command, tc.flags, source)
+    except CompileError as e:
+        if e.key != "compile failed":
+            raise
+        raise CompileError(f"{tc.command[0]} failed on the fused kernels: "
+                           f"{str(e).strip()[-2000:]}", key=e.key) from None
+    missing = [s for s in symbols if not hasattr(lib, s)]
+    if missing:
+        raise CompileError(f"the compiled kernels lack {', '.join(missing)}",
+                           key="compile failed")
+    folder.write_atomic(key + ".c", source.encode())
+    folder.write_atomic(key + ".sha256",
+                        (hashlib.sha256(data).hexdigest() + "\n").encode())
+    folder.write_atomic(key + ".so", data)
+    return lib
+
+
+def _build_in(folder, command, flags, source):
+    """``source`` compiled in ``folder`` under fresh names (removed after) and loaded
+    (:func:`_load`): ``(library, its bytes)``. Raises :class:`CompileError`: cause
+    "compile failed" (its text: the compiler's message), or :func:`_load`'s."""
+    stem = _fresh(".build-")
+    src, out = stem + ".c", stem + ".so"
+    try:
+        folder.write_new(src, source.encode())
+        ok, err = _run_cc(command, flags, src, out, folder)
+        # the compiler's output: this user's (its mode is the umask's)
+        data = folder.read(out, strict=False) if ok else None
+        if data is None:
+            raise CompileError(err or "no library was written", key="compile failed")
+        return _load(folder, data), data
+    finally:
+        folder.unlink(src)
+        folder.unlink(out)
+
+
+def _load(folder, data):
+    """The library whose bytes are ``data`` (checked by the caller), loaded: written to
+    a new file of ``folder`` (O_EXCL), loaded through the folder's descriptor, then
+    removed. So the loader maps exactly these bytes, under a name never used before
+    (it knows libraries by name: a name loaded earlier gives the earlier library).
+    Raises :class:`CompileError`: cause "load failed", or "ieee" where loading it made
+    this thread flush subnormal numbers to zero (undone)."""
+    name = _fresh(".load-", ".so")
+    folder.write_new(name, data, 0o700)
+    try:
+        kept = _subnormals_kept()
+        env = _fenv("fegetenv") if kept else None
+        try:
+            lib = ctypes.CDLL(folder.at(name))
+        except OSError as e:
+            raise CompileError(f"cannot load the compiled kernels in {folder.path}: "
+                               f"{e}", key="load failed") from None
+        if kept and not _subnormals_kept():
+            _fenv("fesetenv", env)
+            raise CompileError(
+                "loading a library built by the C compiler made this process flush "
+                "subnormal numbers to zero (as a library built with -ffast-math does): "
+                "geon does not use it", key="ieee")
+        return lib
+    finally:
+        folder.unlink(name)
+
+
+_SUBNORMAL = [5e-324, 1.0, 2.2250738585072014e-308, 0.5]   # a list: nothing folds it
+
+
+def _subnormals_kept():
+    """Whether this thread computes with subnormal numbers (no flush to zero: reads and
+    results), as NumPy does by default."""
+    tiny, one, least_normal, half = _SUBNORMAL
+    return tiny * one != 0.0 and least_normal * half != 0.0
+
+
+def _fenv(name, env=None):
+    """Call the C library's ``fegetenv`` (returns the saved environment) or ``fesetenv``
+    (restores ``env``), where it can be called; None otherwise."""
+    try:
+        fn = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+    if env is None:
+        if name != "fegetenv":
+            return None
+        env = ctypes.create_string_buffer(1024)   # larger than any fenv_t
+    return env if fn(env) == 0 else None
 
 
 # --- code generation ------------------------------------------------------------------
@@ -687,14 +1010,16 @@ _HEADER = """\
 #include <stdint.h>
 #define GEON_DATA(o) (*(char **)((char *)(o) + {data}))
 #define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
-/* NumPy's maximum / minimum: the NaN operand wins (b's through the comparison, a's
-   through the second select; written as two selects, which GCC vectorizes) */
+/* NumPy's maximum / minimum, bit for bit: a NaN operand wins (a's where both are: b's
+   through the comparison, a's through the second select), and of equal operands
+   (-0.0 and +0.0) the second, as NumPy gives np.maximum(-0.0, 0.0) = 0.0 and
+   np.maximum(0.0, -0.0) = -0.0. Two selects, which GCC vectorizes (maxps / minps). */
 #define GEON_MINMAX(name, t, cmp) static inline t name(t a, t b) \\
     {{ const t m = a cmp b ? a : b; return a != a ? a : m; }}
-GEON_MINMAX(geon_max_f, float, >=)
-GEON_MINMAX(geon_min_f, float, <=)
-GEON_MINMAX(geon_max_d, double, >=)
-GEON_MINMAX(geon_min_d, double, <=)
+GEON_MINMAX(geon_max_f, float, >)
+GEON_MINMAX(geon_min_f, float, <)
+GEON_MINMAX(geon_max_d, double, >)
+GEON_MINMAX(geon_min_d, double, <)
 """
 
 
@@ -1044,7 +1369,7 @@ class Kernels:
                   + (_simd_declarations() if tc.simd_math else "") + "\n"
                   + "\n\n".join(self.functions) + "\n")
         self.source = source
-        lib = build(source)
+        lib = build(source, [cname for _, cname, _ in self.names])
         out = {}
         for pyname, cname, nargs in self.names:
             f = getattr(lib, cname)
