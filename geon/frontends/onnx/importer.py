@@ -8,15 +8,17 @@ subgraphs (``Shape -> Gather -> Concat -> Reshape``) into constants.
 """
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence,
+                    Union)
 
 import numpy as np
 
 import geon as be
-from geon.errors import GeonError
-from geon.frontends.onnx.loading import (MAX_TENSOR_BYTES, InvalidOnnxModel,
-                                         UnsupportedOnnxOp, elem_dtype, elem_name,
-                                         load_proto, narrow_format, node_order, onnx_module,
+from geon.errors import GeonError, IndexOutOfRangeError
+from geon.frontends.onnx import loading
+from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, check_size,
+                                         elem_dtype, elem_name, element_count, load_proto,
+                                         narrow_format, node_order, onnx_module,
                                          tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
 from geon.op_graph import op_graph as og
@@ -28,6 +30,52 @@ if TYPE_CHECKING:  # only for the annotations: importing geon never needs onnx
 # Nodes evaluated at import when all their inputs are known have results at most this
 # large; bigger ones stay ops (folding must not turn a small model into a huge one).
 FOLD_LIMIT = 1 << 16
+
+
+def check_labels(labels: Any, classes: int, ignore_index: Optional[int], what: str,
+                 error: type = IndexOutOfRangeError) -> None:
+    """Raise ``error`` if an integer class label of ``labels`` is outside
+    ``0 .. classes - 1`` and is not ``ignore_index``, naming the label, its position and
+    the class count.
+
+    This is the one check of the labels (targets) of ``NegativeLogLikelihoodLoss`` and
+    ``SoftmaxCrossEntropyLoss``: ONNX leaves an out-of-range label undefined, and the
+    importer's one-hot form would silently give it a loss of 0. A label equal to
+    ``ignore_index`` is skipped whatever its value, as ONNX specifies. It runs at import
+    for labels known then (``error=InvalidOnnxModel``), and when the function of
+    :meth:`OnnxGraph.computation` is called for labels fed or computed at run time
+    (:class:`~geon.errors.IndexOutOfRangeError`). The integer value domain of geon's
+    placeholders, when geon core has one, is the place to move the run-time half: the
+    domain is ``0 .. classes - 1`` plus ``ignore_index``."""
+    a = np.asarray(labels)
+    if a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    if a.dtype == np.uint64:  # the one type int64 does not hold: compared as it is
+        bad = a >= np.uint64(classes)
+        if ignore_index is not None and ignore_index >= 0:
+            bad &= a != np.uint64(ignore_index)
+    else:
+        wide = a.astype(np.int64, copy=False)
+        bad = (wide < 0) | (wide >= classes)
+        if ignore_index is not None:
+            bad &= wide != ignore_index
+    if np.any(bad):
+        k = int(np.flatnonzero(bad)[0])
+        pos = tuple(int(i) for i in np.unravel_index(k, a.shape)) if a.ndim else ()
+        ignored = (f"; ignore_index is {ignore_index}" if ignore_index is not None else
+                   "; no ignore_index is set")
+        raise error(f"{what}: label {a.flat[k]} (at position {pos}) is not a class: there "
+                    f"are {classes} classes, 0 to {classes - 1}{ignored}")
+
+
+class LabelCheck(NamedTuple):
+    """A check of class labels when the model runs (:func:`check_labels`): ``op`` (the
+    labels: a graph input's placeholder, or an op computing them), ``classes``,
+    ``ignore_index`` and ``where`` (the node, for the message)."""
+    op: Any
+    classes: int
+    ignore_index: Optional[int]
+    where: str
 
 
 class Value:
@@ -77,26 +125,44 @@ class OnnxGraph:
         output_dtypes: the ONNX element type of each output (booleans are computed as
             1.0 / 0.0 and returned as ``bool`` by :meth:`computation`).
         opsets: ``{domain: version}`` of the model.
+        label_checks: the class labels of the loss nodes that are only known when the
+            model runs (``LabelCheck`` tuples: the labels' op, the class count, the
+            ``ignore_index`` and the node); the function of :meth:`computation` checks
+            them on every call.
     """
 
     def __init__(self, inputs: list[og.Placeholder], outputs: list[Optional[og.TensorOp]],
                  variables: dict[str, og.Variable], output_dtypes: Sequence[np.dtype],
                  input_dtypes: Sequence[np.dtype], opsets: dict[str, int],
-                 empty_outputs: Optional[Mapping[int, np.ndarray]] = None) -> None:
+                 empty_outputs: Optional[Mapping[int, np.ndarray]] = None,
+                 label_checks: Sequence[tuple] = ()) -> None:
         self.inputs, self.outputs, self.variables = inputs, outputs, variables
         self.output_dtypes, self.input_dtypes, self.opsets = output_dtypes, input_dtypes, \
             opsets
         self.empty_outputs = dict(empty_outputs or {})
+        self.label_checks: list[LabelCheck] = [LabelCheck(*c) for c in label_checks]
 
     def computation(self, transformer: Union[Transformer, str, None] = None
                     ) -> Callable[..., list[np.ndarray]]:
         """A function ``f(*arrays) -> [arrays]`` running the model: one array per input
         (in ``inputs`` order), one per output. ``transformer`` is a transformer,
-        a registered name, or ``None`` for the NumPy transformer."""
+        a registered name, or ``None`` for the NumPy transformer.
+
+        The function checks the class labels of the loss nodes (``label_checks``): a
+        label out of range raises :class:`~geon.errors.IndexOutOfRangeError` naming
+        the node, the label and the class count (a graph input's labels before the
+        model runs, computed ones after)."""
         tf = (be.make_transformer(transformer or "numpy")
               if transformer is None or isinstance(transformer, str) else transformer)
         computed = [o for o in self.outputs if o is not None]
-        comp = tf.computation(computed, *self.inputs) if computed else None
+        # Labels fed as graph inputs are checked in the feeds; computed labels are
+        # extra results of the computation, checked before the outputs are returned.
+        position = {id(p): k for k, p in enumerate(self.inputs)}
+        fed = [(position[id(c.op)], c) for c in self.label_checks if id(c.op) in position]
+        later = [c for c in self.label_checks if id(c.op) not in position]
+        extra = [c.op for c in later]
+        comp = tf.computation(computed + extra, *self.inputs) if computed or extra \
+            else None
         in_types = [carrier(d) for d in self.input_dtypes]
         out_types = list(self.output_dtypes)
         empty_out = self.empty_outputs
@@ -106,7 +172,13 @@ class OnnxGraph:
                 raise be.FeedError(f"the model takes {len(in_types)} inputs, got "
                                    f"{len(arrays)}")
             feeds = [np.asarray(a).astype(t, copy=False) for a, t in zip(arrays, in_types)]
-            outs = iter(comp(*feeds) if comp is not None else ())
+            for k, c in fed:
+                check_labels(feeds[k], c.classes, c.ignore_index,
+                             f"{c.where}: input {self.inputs[k].name!r}")
+            results = list(comp(*feeds)) if comp is not None else []
+            for c, value in zip(later, results[len(computed):]):
+                check_labels(value, c.classes, c.ignore_index, f"{c.where}: the labels")
+            outs = iter(results[:len(computed)])
             return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
                     for k, d in enumerate(out_types)]
         setattr(run, "computation", comp)  # a function attribute (mypy: not declared)
@@ -177,9 +249,9 @@ def _tensor_type(vi, what, input_shapes):
         if d < 0:
             raise InvalidOnnxModel(f"{what}: negative dimension in {shape}")
         n *= d
-    if n * dtype.itemsize > MAX_TENSOR_BYTES:
-        raise InvalidOnnxModel(f"{what}: declares {shape}, more than {MAX_TENSOR_BYTES} "
-                               f"bytes")
+    if n * dtype.itemsize > loading.MAX_TENSOR_BYTES:
+        raise InvalidOnnxModel(f"{what}: declares {shape}, more than "
+                               f"{loading.MAX_TENSOR_BYTES} bytes")
     return shape, dtype
 
 
@@ -243,8 +315,9 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
         raise InvalidOnnxModel(f"input_shapes / input_values name {sorted(unknown)}, which "
                                f"are not inputs of the model")
 
+    state = _ImportState()
     for node in node_order(graph, set(values)):
-        _import_node(node, values, opsets)
+        _import_node(node, values, opsets, state)
 
     outputs: list[Optional[og.TensorOp]] = []
     output_dtypes, empty_outputs = [], {}
@@ -259,7 +332,7 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
             outputs.append(v.tensor())
         output_dtypes.append(v.dtype)
     return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
-                     empty_outputs)
+                     empty_outputs, state.label_checks)
 
 
 def _geon_name(name):
@@ -268,7 +341,17 @@ def _geon_name(name):
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "value"
 
 
-def _import_node(node, values, opsets):
+class _ImportState:
+    """What the nodes of one import share: the bytes of the values computed at import
+    so far (bounded in all by ``MAX_TENSOR_BYTES``), and the label checks left for
+    run time."""
+
+    def __init__(self):
+        self.folded_bytes = 0
+        self.label_checks: list[LabelCheck] = []
+
+
+def _import_node(node, values, opsets, state):
     domain = node.domain if node.domain != "ai.onnx" else ""
     version = opsets.get(domain)
     label = f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node"
@@ -278,9 +361,11 @@ def _import_node(node, values, opsets):
                                 f"{domain!r}")
     build = find_builder(domain, node.op_type, version, where)
     args = [values[name] if name else None for name in node.input]
-    ctx = Context(node, args, version, where)
+    ctx = Context(node, args, version, where, state)
     try:
         results = build(ctx)
+        if ctx.all_known() and node.op_type not in NO_FOLD:
+            results = _fold(results, state)
     except (UnsupportedOnnxOp, InvalidOnnxModel):
         raise
     except GeonError as e:
@@ -288,8 +373,6 @@ def _import_node(node, values, opsets):
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
             OverflowError) as e:
         raise InvalidOnnxModel(f"{where}: the node does not fit its inputs: {e}") from None
-    if ctx.all_known() and node.op_type not in NO_FOLD:
-        results = _fold(results)
     unused = set(ctx.attrs) - ctx.read
     if unused:
         raise UnsupportedOnnxOp(f"{where}: attribute(s) {sorted(unused)} not supported")
@@ -301,7 +384,10 @@ def _import_node(node, values, opsets):
             continue
         if not isinstance(v, Value):
             raise AssertionError(f"{where}: builder returned {v!r}")
-        _check_bytes(v, where)
+        check_size(v.shape, v.dtype, where, f"output {name!r}")
+        if v.array is not None and not any(a is not None and v.array is a.array
+                                           for a in args):
+            state.folded_bytes += v.array.nbytes
         values[name] = v
 
 
@@ -310,10 +396,20 @@ NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLi
            "Multinomial", "Bernoulli"}
 
 
-def _fold(results):
-    """``results`` with the small ones computed from known inputs evaluated now."""
-    todo = [k for k, v in enumerate(results) if isinstance(v, Value) and v.array is None
-            and int(np.prod(v.shape)) <= FOLD_LIMIT]
+def _fold(results, state):
+    """``results`` with the small ones computed from known inputs evaluated now (the
+    element count taken exactly; a result that would take the values computed at
+    import past the limit stays an op)."""
+    todo, used = [], state.folded_bytes
+    for k, v in enumerate(results):
+        if not isinstance(v, Value) or v.array is not None:
+            continue
+        nbytes = element_count(v.shape) * max(np.dtype(v.dtype).itemsize,
+                                               np.dtype(v.op.dtype).itemsize)
+        if element_count(v.shape) <= FOLD_LIMIT and \
+                used + nbytes <= loading.MAX_TENSOR_BYTES:
+            todo.append(k)
+            used += nbytes
     if not todo:
         return results
     arrays = be.evaluate([results[k].op for k in todo])
@@ -325,22 +421,42 @@ def _fold(results):
     return out
 
 
-def _check_bytes(v, where):
-    n = 1
-    for d in v.shape:
-        n *= d
-    if n * v.dtype.itemsize > MAX_TENSOR_BYTES:
-        raise InvalidOnnxModel(f"{where}: a result of shape {v.shape} is larger than "
-                               f"{MAX_TENSOR_BYTES} bytes")
-
-
 class Context:
     """What a builder sees of one node: its inputs, attributes and opset version."""
 
-    def __init__(self, node, args, version, where):
+    def __init__(self, node, args, version, where, state=None):
         self.node, self.args, self.version, self.where = node, args, version, where
         self.attrs = {a.name: a for a in node.attribute}
         self.read = set()
+        self.state = state if state is not None else _ImportState()
+
+    # --- limits ------------------------------------------------------------------------
+    def bound(self, shape, dtype, what="its result", known=False):
+        """The element count of ``shape``, checked by ``loading.check_size`` before a
+        builder makes a value of that shape; ``known``: the value is computed now, at
+        import (an array), and counts toward the limit on all such values."""
+        return check_size(shape, dtype, self.where, what,
+                          self.state.folded_bytes if known else None)
+
+    def check_labels(self, i, classes, ignore_index):
+        """Check input ``i``, the class labels of a loss, by :func:`check_labels`: now
+        if they are known at import, else each time the model runs (a graph input's
+        labels are checked in the feeds, computed ones in the results)."""
+        v = self.value(i)
+        what = f"{self.where}: input {i} ({self.node.input[i]!r})"
+        if v.array is not None:
+            check_labels(v.array, classes, ignore_index, what, error=InvalidOnnxModel)
+            return
+        op = v.tensor()
+        self.state.label_checks.append(LabelCheck(op, int(classes), ignore_index,
+                                                  self.where))
+        # Where geon core gives placeholders a value domain, a graph input's labels
+        # declare theirs too, so that a computation built from ``g.outputs`` by hand
+        # checks them as well (the first loss to read them declares it).
+        if isinstance(op, og.Placeholder) and getattr(op, "domain", None) is None and \
+                hasattr(op, "set_domain"):
+            op.set_domain(int(classes), allow=() if ignore_index is None else
+                          (int(ignore_index),))
 
     # --- inputs ----------------------------------------------------------------------
     def n_inputs(self):
@@ -424,4 +540,4 @@ class Context:
         return Value(array=arr)
 
 
-__all__ = ["FOLD_LIMIT", "OnnxGraph", "Value", "import_model"]
+__all__ = ["FOLD_LIMIT", "LabelCheck", "OnnxGraph", "Value", "check_labels", "import_model"]

@@ -8,22 +8,25 @@ declares. Every problem raises :class:`InvalidOnnxModel`.
 
 import heapq
 import os
+import stat
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from geon.errors import GeonError
 
 #: The most bytes one tensor of a model may declare (initializers, constants and every
-#: value computed at import); a larger declaration is refused before anything is
-#: allocated.
+#: value computed at import), and the most bytes the values computed at import may hold
+#: in all; a larger declaration or result is refused before anything is allocated. Read
+#: when a model is imported (a test may lower it).
 MAX_TENSOR_BYTES = 1 << 32
 
 
 class InvalidOnnxModel(GeonError, ValueError):
     """An ONNX model is malformed, inconsistent or hostile: a file that does not parse,
     a value used before it is made or made twice, a cycle, external data outside the
-    model's folder or shorter than declared, a tensor declared larger than
-    :data:`MAX_TENSOR_BYTES`."""
+    model's folder, not a regular file or shorter than declared, a tensor declared (or
+    a value computed at import) larger than :data:`MAX_TENSOR_BYTES`."""
 
 
 class UnsupportedOnnxOp(GeonError, ValueError):
@@ -54,7 +57,7 @@ def load_proto(model):
         try:
             with open(path, "rb") as f:
                 data = f.read()
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
             raise InvalidOnnxModel(f"cannot read ONNX model {path!r}: {e}") from None
         folder = os.path.dirname(os.path.abspath(path))
         model = data
@@ -119,12 +122,49 @@ def elem_name(elem_type):
         return f"element type {elem_type}"
 
 
-def _check_size(dims, dtype, what):
+def element_count(shape: Sequence[int]) -> int:
+    """The number of elements of ``shape``, exactly (Python integers: a product of
+    dimensions never wraps around as NumPy's ``prod`` of int64 does)."""
     n = 1
-    for d in dims:
-        if d < 0:
-            raise InvalidOnnxModel(f"{what}: negative dimension in {list(dims)}")
+    for d in shape:
         n *= int(d)
+    return n
+
+
+def check_size(shape: Sequence[int], dtype: Any, where: str, what: str = "its result",
+               used: Optional[int] = None) -> int:
+    """The element count of ``shape``, after checking it against the limits on hostile
+    files: a negative dimension, or more than :data:`MAX_TENSOR_BYTES`
+    bytes of ``dtype``, raises :class:`InvalidOnnxModel` naming ``where`` (the node and
+    op), ``what`` and the shape. With ``used`` (the bytes the values computed at import
+    already hold), the result is one more such value, and the limit is on their total.
+
+    Every builder calls this (through ``Context.bound``) with the shape of what it
+    is about to compute at import *before* computing it, so a 96-byte file cannot
+    allocate terabytes first."""
+    shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise InvalidOnnxModel(f"{where}: {what} would have a negative dimension "
+                               f"({shape})")
+    n = element_count(shape)
+    limit = MAX_TENSOR_BYTES
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes > limit:
+        raise InvalidOnnxModel(f"{where}: {what} of shape {shape} ({nbytes} bytes of "
+                               f"{np.dtype(dtype)}) is larger than the limit of {limit} "
+                               f"bytes; refused before computing it")
+    if used is not None and used + nbytes > limit:
+        raise InvalidOnnxModel(f"{where}: computing {what} of shape {shape} at import "
+                               f"({nbytes} bytes) would bring the values computed at "
+                               f"import to {used + nbytes} bytes, more than the limit of "
+                               f"{limit} bytes")
+    return n
+
+
+def _check_size(dims, dtype, what):
+    if any(d < 0 for d in dims):
+        raise InvalidOnnxModel(f"{what}: negative dimension in {list(dims)}")
+    n = element_count(dims)
     if n * dtype.itemsize > MAX_TENSOR_BYTES:
         raise InvalidOnnxModel(f"{what}: declares {list(dims)} ({n * dtype.itemsize} bytes), "
                                f"more than the limit of {MAX_TENSOR_BYTES} bytes")
@@ -132,14 +172,16 @@ def _check_size(dims, dtype, what):
 
 
 def _external_bytes(t, folder, nbytes, what):
-    """The bytes of an external-data tensor, read only from inside ``folder``."""
+    """The bytes of an external-data tensor, read only from a regular file inside
+    ``folder`` (never a link leading out of it, a directory, a FIFO or a device: a
+    FIFO would block the import forever, a device would give endless bytes)."""
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     if folder is None:
         raise InvalidOnnxModel(f"{what}: external data ({loc!r}) needs the model to be "
                                f"loaded from a path")
-    if not loc or os.path.isabs(loc) or loc.startswith(("/", "\\")) or ":" in loc or \
-            ".." in loc.replace("\\", "/").split("/"):
+    if not loc or "\0" in loc or os.path.isabs(loc) or loc.startswith(("/", "\\")) or \
+            ":" in loc or ".." in loc.replace("\\", "/").split("/"):
         raise InvalidOnnxModel(f"{what}: external data location {loc!r} is not a relative "
                                f"path inside the model's folder")
     root = os.path.realpath(folder)
@@ -155,16 +197,29 @@ def _external_bytes(t, folder, nbytes, what):
     if offset < 0 or length != nbytes:
         raise InvalidOnnxModel(f"{what}: external data declares {length} bytes at offset "
                                f"{offset}; the tensor needs {nbytes}")
+    # Opened without blocking (a FIFO) and without following a link put in place since
+    # the path was resolved; what was opened is then checked to be a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_BINARY", 0)
     try:
-        size = os.path.getsize(path)
-        if offset + nbytes > size:
-            raise InvalidOnnxModel(f"{what}: external data file {loc!r} has {size} bytes, "
-                                   f"fewer than the {offset + nbytes} declared")
-        with open(path, "rb") as f:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise InvalidOnnxModel(f"{what}: cannot open external data {loc!r}: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidOnnxModel(f"{what}: external data {loc!r} is not a regular file "
+                                   f"(a directory, FIFO, socket or device)")
+        if offset + nbytes > st.st_size:
+            raise InvalidOnnxModel(f"{what}: external data file {loc!r} has {st.st_size} "
+                                   f"bytes, fewer than the {offset + nbytes} declared")
+        with os.fdopen(fd, "rb", closefd=False) as f:
             f.seek(offset)
             data = f.read(nbytes)
     except OSError as e:
         raise InvalidOnnxModel(f"{what}: cannot read external data {loc!r}: {e}") from None
+    finally:
+        os.close(fd)
     if len(data) != nbytes:
         raise InvalidOnnxModel(f"{what}: external data file {loc!r} is short")
     return data

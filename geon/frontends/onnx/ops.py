@@ -14,8 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 import geon as be
-from geon.frontends.onnx.loading import (UnsupportedOnnxOp, elem_dtype, elem_name,
-                                         narrow_format)
+from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, elem_dtype,
+                                         elem_name, element_count, narrow_format)
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 
@@ -95,7 +95,7 @@ def cast(op, dtype):
         return r if r.dtype.kind == "f" else og.Add(r, 0, dtype=np.dtype(np.float32))
     if op.dtype == dtype:
         return op
-    return og.Add(op, 0, dtype=dtype)
+    return og.Add(op, -0.0, dtype=dtype)  # (x + -0.0 is x, -0.0 included; x + 0 is not)
 
 
 def _same(ctx, op, i=0):
@@ -347,8 +347,8 @@ def _softmax(op_type, log):
         x = _float(ctx)
         shape = ctx.shape(0)
         axis = _norm_axis(ctx, ctx.attr("axis", 1), len(shape))
-        rows = int(np.prod(shape[:axis]))
-        flat = gnp.reshape(x, (rows, int(np.prod(shape[axis:]))))
+        rows = element_count(shape[:axis])
+        flat = gnp.reshape(x, (rows, element_count(shape[axis:])))
         return [_same(ctx, gnp.reshape(_softmax_along(flat, 1, log), shape))]
 
     @onnx_op(op_type, 13)
@@ -393,6 +393,7 @@ def _empty_reduction(ctx, op_type, axes, keep):
     fill = _EMPTY_REDUCTION.get(op_type)
     if fill is None or narrow_format(dtype) is not None:
         raise ctx.unsupported("reducing an empty set of values (the result is undefined)")
+    ctx.bound(out, carrier(dtype), "the reduction of an empty set", known=True)
     if fill in ("low", "high"):
         if dtype == np.bool_:
             fill = fill == "high"
@@ -470,7 +471,7 @@ def _shape(ctx):
 
 @onnx_op("Size", 1)
 def _size(ctx):
-    return [ctx.known(np.array(int(np.prod(ctx.shape(0))), np.int64))]
+    return [ctx.known(np.array(element_count(ctx.shape(0)), np.int64))]
 
 
 @onnx_op("Reshape", 5)
@@ -480,6 +481,9 @@ def _reshape(ctx):
     old = ctx.shape(0)
     if not allowzero:
         shape = [old[k] if d == 0 and k < len(old) else d for k, d in enumerate(shape)]
+    # The given dimensions, exactly (one -1 is inferred by the reshape): astronomical
+    # ones are refused here, not wrapped around by an int64 product.
+    ctx.bound([d for d in shape if d != -1], ctx.dtype(0), "the target shape")
     return [ctx.out(gnp.reshape(ctx.tensor(0), shape), ctx.dtype(0))]
 
 
@@ -491,8 +495,8 @@ def _flatten(ctx):
         raise ctx.unsupported(f"axis {axis} out of range")
     if axis < 0:
         axis += len(shape)
-    rows = int(np.prod(shape[:axis]))
-    return [ctx.out(gnp.reshape(ctx.tensor(0), (rows, int(np.prod(shape[axis:])))),
+    rows = element_count(shape[:axis])
+    return [ctx.out(gnp.reshape(ctx.tensor(0), (rows, element_count(shape[axis:]))),
                     ctx.dtype(0))]
 
 
@@ -532,6 +536,9 @@ def _concat(ctx):
     xs = [i for i in range(ctx.n_inputs()) if ctx.has(i)]
     rank = len(ctx.shape(xs[0]))
     axis = _norm_axis(ctx, ctx.attr("axis"), rank)
+    out = list(ctx.shape(xs[0]))
+    out[axis] = sum(ctx.shape(i)[axis] if len(ctx.shape(i)) == rank else 0 for i in xs)
+    ctx.bound(out, carrier(ctx.dtype(xs[0])), known=ctx.all_known())
     if ctx.all_known():  # shapes and constants: NumPy, empty ones too
         return [ctx.known(np.concatenate([ctx.const(i) for i in xs], axis))]
     # Empty inputs add nothing (ONNX allows them; geon has no empty slices to join).
@@ -620,6 +627,7 @@ def _gather(ctx):
     axis = _norm_axis(ctx, ctx.attr("axis", 0), len(shape))
     if ctx.dtype(1).kind not in "iu":
         raise ctx.unsupported("indices must be integers")
+    ctx.bound(shape[:axis] + ctx.shape(1) + shape[axis + 1:], carrier(ctx.dtype(0)))
     if ctx.value(1).array is not None:
         idx = ctx.const(1).astype(np.int64)
         if idx.size and (idx.min() < -shape[axis] or idx.max() >= shape[axis]):
@@ -636,12 +644,19 @@ def _gather(ctx):
 
 @onnx_op("Tile", 6)
 def _tile(ctx):
-    return [ctx.out(gnp.tile(ctx.tensor(0), _shape_arg(ctx, 1)), ctx.dtype(0))]
+    shape, reps = ctx.shape(0), _shape_arg(ctx, 1)
+    if len(reps) != len(shape) or any(r < 0 for r in reps):
+        raise ctx.unsupported(f"repeats {reps} for an input of shape {shape}")
+    ctx.bound([d * r for d, r in zip(shape, reps)], carrier(ctx.dtype(0)))
+    return [ctx.out(gnp.tile(ctx.tensor(0), reps), ctx.dtype(0))]
 
 
 @onnx_op("Expand", 8)
 def _expand(ctx):
-    shape = np.broadcast_shapes(ctx.shape(0), tuple(_shape_arg(ctx, 1)))
+    target = _shape_arg(ctx, 1)
+    ctx.bound(target, carrier(ctx.dtype(0)), "the target shape")
+    shape = np.broadcast_shapes(ctx.shape(0), tuple(target))
+    ctx.bound(shape, carrier(ctx.dtype(0)))
     return [ctx.out(gnp.broadcast_to(ctx.tensor(0), shape), ctx.dtype(0))]
 
 
@@ -657,8 +672,13 @@ def _pad_common(ctx, pads, value, axes):
     width = [[0, 0] for _ in range(rank)]
     for k, a in enumerate(axes):
         width[a] = [pads[k], pads[k + len(axes)]]
-    x = ctx.tensor(0)
     pos = [[max(b, 0), max(e, 0)] for b, e in width]
+    if any((b < 0 or e < 0) and n + b + e <= 0 for (b, e), n in zip(width, shape)):
+        raise ctx.unsupported("padding that removes every element")
+    dtype = carrier(ctx.dtype(0))
+    ctx.bound([n + b + e for (b, e), n in zip(pos, shape)], dtype, "the padded input")
+    ctx.bound([n + b + e for (b, e), n in zip(width, shape)], dtype)
+    x = ctx.tensor(0)
     if mode == "reflect" and any(p >= n for (b, e), n in zip(pos, shape) for p in (b, e)):
         raise ctx.unsupported("reflect padding as wide as the dimension")
     if mode == "wrap":  # the far end's elements before, the near end's after
@@ -704,6 +724,8 @@ def _cast_to(ctx, to_type, saturate=True, round_mode="up"):
     src = ctx.dtype(0)
     v = ctx.value(0)
     fmt = narrow_format(dtype)
+    if v.array is not None:
+        ctx.bound(v.array.shape, np.float64 if fmt is not None else dtype, known=True)
     if v.array is not None and fmt is None:
         return [ctx.known(v.array.astype(dtype))]
     if v.array is not None:  # rounded by geon's rule, then held in the ml_dtypes type
@@ -763,16 +785,39 @@ def _constant_of_shape(ctx):
     value = np.zeros(1, np.float32) if value is None else value
     if any(d < 0 for d in shape):
         raise ctx.unsupported(f"negative dimension in shape {shape}")
-    n = int(np.prod(shape))
+    n = ctx.bound(shape, carrier(value.dtype))
     if n * value.dtype.itemsize > (1 << 16):  # large: a filled constant, not an array
         return [ctx.out(gnp.full(shape, np.ravel(value)[0], dtype=carrier(value.dtype)),
                         value.dtype)]
+    ctx.bound(shape, value.dtype, known=True)
     return [ctx.known(np.full(shape, np.ravel(value)[0], dtype=value.dtype))]
+
+
+def _range_length(ctx, start, limit, delta):
+    """The length of ``Range``'s result, ONNX's ``max(ceil((limit - start) / delta),
+    0)``, before anything is allocated: exactly for integers; for floats as NumPy's
+    ``arange`` (ONNX's reference) computes it, the difference in the inputs' type."""
+    if start.dtype.kind in "iu":
+        s, l, d = int(start), int(limit), int(delta)
+        if d == 0:
+            raise ctx.unsupported("Range with delta 0")
+        return max(-((s - l) // d), 0)  # ceil((l - s) / d) in integers
+    with np.errstate(all="ignore"):
+        n = float((limit - start) / delta)
+    if not np.isfinite(n):
+        raise InvalidOnnxModel(f"{ctx.where}: Range from {start} to {limit} by {delta} has "
+                               f"no finite length")
+    return max(int(np.ceil(n)), 0)
 
 
 @onnx_op("Range", 11)
 def _range(ctx):
     start, limit, delta = (ctx.const(i) for i in range(3))
+    if any(v.size != 1 for v in (start, limit, delta)):
+        raise ctx.unsupported("start, limit and delta must be scalars")
+    start, limit, delta = (v.reshape(()) for v in (start, limit, delta))
+    ctx.bound([_range_length(ctx, start, limit, delta)], start.dtype, "the range",
+              known=True)
     return [ctx.known(np.arange(start, limit, delta, dtype=start.dtype))]
 
 
@@ -1141,6 +1186,17 @@ def _ceil_pads(ctx, sizes, kernel, strides, dil, pads):
     return extra if changed else None
 
 
+def _bound_windows(ctx, sizes, kernel, strides, dil, pads):
+    """Check the window positions of a pooling before geon builds it: along each
+    spatial dimension, the windows times the kernel's taps (what geon computes at build
+    time to check that every window reads an input element)."""
+    for i, (L, k, s, d, (lo, hi)) in enumerate(zip(sizes, kernel, strides, dil, pads)):
+        if k < 1 or s < 1 or d < 1:
+            raise ctx.unsupported(f"kernel {kernel}, strides {strides}, dilations {dil}")
+        n = (L + lo + hi - d * (k - 1) - 1) // s + 1
+        ctx.bound((max(n, 0), k), np.int64, f"the window taps of spatial dimension {i}")
+
+
 def _pool_input(ctx):
     """MaxPool's input as floats: integers up to 16 bits in float32 and 32-bit ones in
     float64, both exact (a max pool only selects values)."""
@@ -1165,6 +1221,7 @@ def _max_pool(ctx):
     pads = _pads(ctx, sizes, kernel, strides, dil)
     if ctx.attr("ceil_mode", 0):
         pads = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) or pads
+    _bound_windows(ctx, sizes, kernel, strides, dil, pads)
     y = gnp.max_pool(x, kernel, stride=strides, padding=pads, dilation=dil)
     out = [_same(ctx, y)]
     if want_indices:
@@ -1185,9 +1242,14 @@ def _max_pool_indices(ctx, x, y, kernel, strides, dil, pads, storage_order):
     outs = gnp.shape(y)[2:]
     # Spatial positions, row- or column-major, -1 in the padding.
     if storage_order == 0:
-        mult = [int(np.prod(sizes[i + 1:])) for i in range(n)]
+        mult = [element_count(sizes[i + 1:]) for i in range(n)]
     else:
-        mult = [int(np.prod(sizes[:i])) for i in range(n)]
+        mult = [element_count(sizes[:i]) for i in range(n)]
+    # Positions known at import: the padded grid, and one slice of it per kernel offset.
+    ctx.bound((n + 1,) + tuple(L + lo + hi for L, (lo, hi) in zip(sizes, pads)), np.int64,
+              "the padded positions of the input")
+    ctx.bound((element_count(kernel),) + tuple(outs), np.int64,
+              "the positions of every kernel offset")
     grid = np.indices(sizes, dtype=np.int64)
     pos = sum(g * m for g, m in zip(grid, mult)) if n else np.zeros((), np.int64)
     pos = np.pad(pos, pads, constant_values=-1)
@@ -1205,7 +1267,7 @@ def _max_pool_indices(ctx, x, y, kernel, strides, dil, pads, storage_order):
         hit = gnp.equal(xp[(slice(None), slice(None)) + key], y)
         found = gnp.where(hit, here, found)
     channel = np.arange(shape[0] * shape[1], dtype=np.int64).reshape(
-        shape[:2] + (1,) * n) * int(np.prod(sizes))
+        shape[:2] + (1,) * n) * element_count(sizes)
     return found + gnp.constant(channel)
 
 
@@ -1219,6 +1281,7 @@ def _avg_pool(ctx):
     include = bool(ctx.attr("count_include_pad", 0))
     ceil = _ceil_pads(ctx, sizes, kernel, strides, dil, pads) if ctx.attr("ceil_mode", 0) \
         else None
+    _bound_windows(ctx, sizes, kernel, strides, dil, ceil or pads)
     if ceil is None and all(d == 1 for d in dil):
         return [_same(ctx, gnp.avg_pool(x, kernel, stride=strides, padding=pads,
                                         count_include_pad=include))]
@@ -1228,9 +1291,12 @@ def _avg_pool(ctx):
     # count_include_pad), known at import.
     full = ceil or pads
     channels = ctx.shape(0)[1]
+    padded = [L + lo + hi for L, (lo, hi) in zip(sizes, full)]
+    ctx.bound((channels, 1) + tuple(kernel), x.dtype, "the kernel of ones")
+    ctx.bound(padded, x.dtype, "the mask of the padded input")
     ones = gnp.constant(np.ones((channels, 1) + tuple(kernel), x.dtype))
     sums = gnp.conv(x, ones, stride=strides, padding=full, dilation=dil, groups=channels)
-    mask = np.zeros([L + lo + hi for L, (lo, hi) in zip(sizes, full)], x.dtype)
+    mask = np.zeros(padded, x.dtype)
     inner = tuple(slice(lo, lo + L) for L, (lo, _) in zip(sizes, pads)) if not include \
         else tuple(slice(0, lo + L + hi) for L, (lo, hi) in zip(sizes, pads))
     mask[inner] = 1
@@ -1246,6 +1312,7 @@ def _mod(ctx):
     if not ctx.all_known():  # geon has no remainder op; shape arithmetic only
         raise ctx.unsupported("Mod of values computed at run time")
     a, b = ctx.const(0), ctx.const(1)
+    ctx.bound(np.broadcast_shapes(a.shape, b.shape), a.dtype, known=True)
     if b.dtype.kind in "iu" and np.any(b == 0):
         raise ctx.unsupported("Mod by zero")
     return [ctx.known(np.fmod(a, b) if fmod else np.mod(a, b))]
@@ -1280,6 +1347,7 @@ def _nll(ctx, logp, target_i, weight_i):
     if reduction not in ("none", "sum", "mean"):
         raise ctx.unsupported(f"reduction={reduction!r}")
     ignore = ctx.attr("ignore_index")
+    ctx.check_labels(target_i, shape[1], ignore)
     target = ctx.tensor(target_i)
     classes = np.arange(shape[1]).reshape((1, -1) + (1,) * (len(shape) - 2))
     onehot = gnp.equal(gnp.expand_dims(target, 1), gnp.constant(classes))
@@ -1329,7 +1397,8 @@ def _gather_elements(ctx):
     idx = cast(ctx.tensor(1), np.int64)
     length = dshape[axis]
     idx = gnp.where(idx < 0, idx + length, idx)
-    strides = [int(np.prod(dshape[k + 1:])) for k in range(len(dshape))]
+    strides = [element_count(dshape[k + 1:]) for k in range(len(dshape))]
+    ctx.bound((len(ishape),) + tuple(ishape), np.int64, "the positions of the indices")
     grid = np.indices(ishape, dtype=np.int64)
     offset = sum(grid[k] * strides[k] for k in range(len(dshape)) if k != axis)
     flat = idx * strides[axis] + gnp.constant(np.asarray(offset, np.int64))
@@ -1343,7 +1412,10 @@ def _trilu(ctx):
         raise ctx.unsupported("input of rank < 2")
     k = int(np.ravel(ctx.const(1))[0]) if ctx.has(1) else 0
     rows, cols = shape[-2:]
-    keep = np.triu(np.ones((rows, cols)), k) if ctx.attr("upper", 1) else \
-        np.tril(np.ones((rows, cols)), k)
-    return [ctx.out(gnp.where(gnp.constant(keep.astype(np.float32)), ctx.tensor(0), 0),
-                    ctx.dtype(0))]
+    # The mask is computed in the graph from the row and column numbers (rows + cols
+    # constants), never as a rows x cols array at import: column - row >= k keeps the
+    # upper part, column - row <= k the lower one.
+    diag = gnp.subtract(gnp.constant(np.arange(cols, dtype=np.int64).reshape(1, cols)),
+                        gnp.constant(np.arange(rows, dtype=np.int64).reshape(rows, 1)))
+    keep = gnp.greater_equal(diag, k) if ctx.attr("upper", 1) else gnp.less_equal(diag, k)
+    return [ctx.out(gnp.where(keep, ctx.tensor(0), 0), ctx.dtype(0))]
