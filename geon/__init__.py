@@ -37,6 +37,7 @@ from geon.op_graph.nn_ops import (  # noqa: E402
     argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
     log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
     sort_with_indices, stack, tile, topk, where)
+from geon.op_graph.domains import Domain, DomainError, set_domain  # noqa: E402
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.op_graph.collectives import allreduce, broadcast_from  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
@@ -66,7 +67,8 @@ from geon.transformers.base import (insert_passes, pass_named, transformer_ops, 
 #: builtins. tests/test_api.py checks this list against the namespace.
 __all__ = [
     "ArgumentError", "Axes", "Axis", "AxisIndexError", "AxisMismatchError",
-    "CheckpointError", "Computation", "ComputationOp", "Constant", "FamilyError",
+    "CheckpointError", "Computation", "ComputationOp", "Constant", "Domain", "DomainError",
+    "FamilyError",
     "FeedError", "FlattenedAxis", "GeonError", "GeonWarning", "IndexOutOfRangeError",
     "Invalid", "InvalidValueError", "LoadedGraph", "LoweringError", "MultiOutput",
     "NumPyTransformer", "NumericsError", "Op", "Output", "Placeholder", "Runner", "SerializationError",
@@ -84,7 +86,8 @@ __all__ = [
     "max_argmax", "max_pool", "maximum", "mean", "minimum", "multiply", "negative",
     "normal", "not_equal", "one_hot", "pad", "pass_named", "placeholder", "power",
     "prod", "reciprocal", "register_transformer", "relu", "round_to_format", "run", "safelog",
-    "scatter_add", "select", "selu", "serialize", "sigmoid", "sign", "silu", "sin",
+    "scatter_add", "select", "selu", "serialize", "set_domain", "sigmoid", "sign", "silu",
+    "sin",
     "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
     "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "tanh",
     "tensor_size", "tile", "topk", "transformer_ops", "transformers_with", "unflatten",

@@ -63,6 +63,23 @@ def test_attributes_keep_ops_apart():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def test_dtype_keeps_ops_apart():
+    """Two conversions of one tensor, the same class, args and axes but to float64 and
+    to int32, are different values: a key without the dtype would merge them (and the
+    replacement would change the int32 result's type)."""
+    x = be.placeholder((C,), dtype=np.float32, name="x")
+    wide, whole = og.Negative(x, dtype=np.float64), og.Negative(x, dtype=np.int32)
+    assert cse_key(wide) != cse_key(whole)
+    assert cse_key(og.Negative(x, dtype=np.float64)) == cse_key(wide)  # same dtype: one
+    comp = be.NumPyTransformer().computation([wide, whole], x)
+    assert count(comp, og.Negative) == 2
+    v = np.array([1.75, -2.5, 3.25], np.float32)
+    got_wide, got_whole = comp(v)
+    assert got_wide.dtype == np.float64 and got_whole.dtype == np.int32
+    np.testing.assert_array_equal(got_wide, [-1.75, 2.5, -3.25])
+    np.testing.assert_array_equal(got_whole, [-1, 2, -3])
+
+
 def test_placeholders_and_variables_are_never_merged():
     p, q = be.placeholder((C,), name="p"), be.placeholder((C,), name="q")
     v = be.Variable((C,), initial_value=1.0, name="v")

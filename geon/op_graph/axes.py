@@ -90,7 +90,10 @@ class FlattenedAxis(Axis):
 
     @property
     def length(self) -> Optional[int]:
-        return math.prod(a.length for a in self.axes) if self.axes.lengths_known else None
+        # Each part's length once: asking twice (known? then the product) made a
+        # flattened axis nested k deep cost 2**k calls.
+        lengths = [a.length for a in self.axes]
+        return None if None in lengths else math.prod(lengths)  # type: ignore[arg-type]
 
     @length.setter
     def length(self, value):

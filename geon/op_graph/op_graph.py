@@ -561,14 +561,38 @@ class AssignableTensorOp(TensorOp):
 
 
 class Placeholder(AssignableTensorOp):
-    """A tensor whose value is passed in when a computation is called (marked ``in``)."""
+    """A tensor whose value is passed in when a computation is called (marked ``in``).
+
+    ``domain`` (integer dtypes only) declares the values it may be fed: an int ``n``
+    (``0 <= v < n``), a ``range`` of step 1, or a ``Domain`` (from
+    ``geon.op_graph.domains``) with allowed extra values (an ``ignore_index``);
+    computations check each feed against it when called and raise ``DomainError``. See
+    :meth:`set_domain` and the guide's "Value domains of integer placeholders"."""
 
     is_input = True
-    attrs = ("axes", "dtype")
+    attrs = ("axes", "dtype", "domain")
+    #: attrs a serialized graph holds only when they differ from the constructor's
+    #: default (documents written before them still load)
+    optional_attrs = ("domain",)
+    domain = None
 
-    def __init__(self, axes: AxesLike, dtype: DTypeLike = None, **kwargs: Any) -> None:
+    def __init__(self, axes: AxesLike, dtype: DTypeLike = None, domain: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(axes=as_axes(axes), dtype=dtype or DEFAULT_DTYPE, **kwargs)
         self.tags.add("in")
+        if domain is not None:
+            from geon.op_graph.domains import as_domain, check_dtype
+            check_dtype(self.dtype, self.name, f"built at {self.file_info}")
+            self.domain = as_domain(domain, f"placeholder {self.name}")
+
+    def set_domain(self, stop: Optional[int], *, start: int = 0,
+                   allow: Iterable[int] = ()) -> "Placeholder":
+        """Declare the values this integer placeholder may be fed: ``start <= v <
+        stop``, and those in ``allow`` (``stop=None``: any). Computations built
+        afterwards check their feeds for it; returns the placeholder. The same as
+        ``geon.op_graph.domains.set_domain``."""
+        from geon.op_graph.domains import set_domain
+        return set_domain(self, stop, start=start, allow=allow)
 
     def as_feed(self, value: Any) -> np.ndarray:
         """``value``, fed for this placeholder, as an array of its shape and dtype, or a
@@ -601,9 +625,15 @@ def _short(value, limit=60):
 
 @keywords({"shape": "give axes= (be.Axis objects; be.np.placeholder takes a shape)"})
 def placeholder(axes: AxesLike, dtype: DTypeLike = None, name: Optional[str] = None,
-                **kwargs: Any) -> Placeholder:
-    """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32."""
-    return Placeholder(axes, dtype=dtype, name=name, **kwargs)
+                domain: Any = None, **kwargs: Any) -> Placeholder:
+    """A tensor with ``axes`` fed at call time. ``dtype`` defaults to float32.
+
+    ``domain`` (integer dtypes): the values it may be fed, checked at each call: ``n``
+    for ``0 <= v < n`` (class labels), ``range(start, stop)``, or
+    ``Domain(n, allow=(-100,))`` (from ``geon.op_graph.domains``) to also accept an
+    ``ignore_index``. A placeholder read as ``one_hot`` labels or ``gather`` indices
+    gets the axis's range in each computation without it (doc/building_graphs.rst)."""
+    return Placeholder(axes, dtype=dtype, name=name, domain=domain, **kwargs)
 
 
 class Variable(AssignableTensorOp):

@@ -3,7 +3,9 @@ as one document (format ``"geon-graph"``, version 2, described in
 ``doc/interchange.rst``); :func:`deserialize` reads it back into fresh ops.
 
 An op's ``"attrs"`` are its class's ``attrs`` (:class:`~geon.op_graph.op_graph.Op`) but
-``axes`` and ``dtype``, which its ``"outputs"`` give; values are encoded by their Python
+``axes`` and ``dtype``, which its ``"outputs"`` give; those the class lists in
+``optional_attrs`` (a placeholder's ``domain``) are written only when not ``None``, and
+a document without them still loads. Values are encoded by their Python
 type (:data:`CODECS`). This module knows no op class. Loading executes nothing from the
 document: op types are looked up among the op classes the program defined
 (:func:`~geon.op_graph.params.op_classes`), every op is rebuilt through its constructor
@@ -31,6 +33,14 @@ FORMAT = "geon-graph"
 #: The version this geon writes and the only one it reads.
 VERSION = 2
 
+#: Parameter values (a tuple in a tuple ...) and flattened axes (of flattened axes ...)
+#: nest at most this deep in a document, so that neither reading nor the ops built
+#: from it recurse without bound; a deeper one is a SerializationError, on writing too.
+MAX_DEPTH = 32
+#: A flattened axis stands for at most this many plain axes, its parts' parts counted
+#: (with repeats: ``((A*B)*(A*B)*...)`` made of shared parts counts every use).
+MAX_FLAT_AXES = 4096
+
 #: The dtypes a document may use, by NumPy name.
 DTYPES = {n: np.dtype(n) for n in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -40,6 +50,11 @@ _DT = ", ".join(DTYPES)
 
 def _fail(where, message):
     return SerializationError(f"{where}: {message}" if where else message)
+
+
+def _clip(text, limit=120):
+    """``text``, its middle cut out past ``limit`` characters (a deep place's path)."""
+    return text if len(text) <= limit else text[:limit // 2] + " ... " + text[-limit // 3:]
 
 
 # --- checked reading of JSON values -----------------------------------------------------
@@ -208,8 +223,14 @@ _TAGS["function"] = lambda d, x, w: MissingValue(d.op_name)
 class _Encoder:
     def __init__(self, ids):
         self.ids, self.table, self._axes = ids, {}, {}  # table: JSON entry, _axes: Axis
+        self.depth = 0  # of the parameter value being written
 
     def axis(self, a, where=""):
+        if isinstance(a, FlattenedAxis) and a.name not in self._axes:
+            _check_flat(_flat_shape(a), a.name, where)
+        return self._axis(a, where)
+
+    def _axis(self, a, where):
         old = self._axes.get(a.name)
         if old is not None:
             if old is not a and _axis_key(old) != _axis_key(a):
@@ -218,7 +239,7 @@ class _Encoder:
                                    f"{_axis_key(a)}); a name must mean one axis in a graph")
             return a.name
         self._axes[a.name] = a
-        self.table[a.name] = {"parts": [self.axis(p, where) for p in a.axes]} \
+        self.table[a.name] = {"parts": [self._axis(p, where) for p in a.axes]} \
             if isinstance(a, FlattenedAxis) else {"length": a.length, **{
                 k: True for k in ("batch", "recurrent") if getattr(a, k)}}
         return a.name
@@ -237,10 +258,46 @@ class _Encoder:
             return int(v)
         codec = next((CODECS[k] for k in type(v).__mro__ if k in CODECS), None)
         if codec is not None:
-            return {codec[0]: codec[1](self, v, where) if codec[1] else repr(v)}
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    raise _fail(_clip(where), f"the value is nested more than {MAX_DEPTH} "
+                                              f"deep")
+                return {codec[0]: codec[1](self, v, where) if codec[1] else repr(v)}
+            finally:
+                self.depth -= 1
         if callable(v):
             return {"function": None}   # read back as a MissingValue
         raise _fail(where, f"cannot write a value of type {type(v).__name__} ({v!r})")
+
+
+def _flat_shape(a):
+    """``(depth, plain axes)`` of flattened axis ``a``: how deep its parts nest and how
+    many plain axes it stands for (each use of a shared part counted), found without
+    recursion and stopping early past the bounds."""
+    memo, stack = {}, [a]
+    while stack:
+        f = stack[-1]
+        todo = [p for p in f.axes if isinstance(p, FlattenedAxis) and id(p) not in memo]
+        if todo and len(stack) <= MAX_DEPTH + 1:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        parts = [memo.get(id(p), (MAX_DEPTH + 1, MAX_FLAT_AXES + 1))
+                 if isinstance(p, FlattenedAxis) else (0, 1) for p in f.axes]
+        memo[id(f)] = (1 + max((d for d, _ in parts), default=0),
+                       min(MAX_FLAT_AXES + 1, sum(n for _, n in parts)))
+    return memo[id(a)]
+
+
+def _check_flat(shape, name, where):
+    depth, count = shape
+    short = _clip(name, 60)
+    if depth > MAX_DEPTH:
+        raise _fail(where, f"flattened axis {short} nests more than {MAX_DEPTH} deep")
+    if count > MAX_FLAT_AXES:
+        raise _fail(where, f"flattened axis {short} stands for more than {MAX_FLAT_AXES} "
+                           f"axes")
 
 
 def _axis_key(a):
@@ -338,7 +395,9 @@ def _record(op, i, enc, classes, values, debug_info):
             raise _fail(where, f"values[{op.name}] has shape {v.shape}, its axes need "
                                f"{op.axes.shape}")
         attrs["initial_value"] = v.astype(op.dtype)
-    written = {k: enc.value(attrs[k], f"{where}, attribute {k}") for k in _written_attrs(cls)}
+    optional = getattr(cls, "optional_attrs", ())
+    written = {k: enc.value(attrs[k], f"{where}, attribute {k}") for k in _written_attrs(cls)
+               if not (k in optional and attrs[k] is None)}
     if written:
         rec["attrs"] = written
     schema = getattr(op, "schema", None)
@@ -389,6 +448,8 @@ class LoadedGraph:
 class _Decoder:
     def __init__(self):
         self.table, self.ops, self.n_out, self.types = {}, [], [], []
+        self.depth = 0          # of the parameter value being read
+        self.flat = {}          # flattened axis name -> (depth, plain axes)
         self.limit = 0          # ops before this id may be referred to
         self.op_name = None     # the op being read (for MissingValue)
 
@@ -413,15 +474,20 @@ class _Decoder:
     def read_axes(self, data):
         _dict(data, "axes")
         for name, entry in data.items():
-            where = f"axes[{name!r}]"
+            where = _clip(f"axes[{name!r}]")
             _str(name, where)
             _dict(entry, where, {"length", "batch", "recurrent", "parts"})
             if "parts" in entry:
                 if len(entry) != 1:
                     raise _fail(where, "a flattened axis has only \"parts\"")
-                a = _checked(FlattenedAxis, where, [
-                    self.axis(p, f"{where}.parts[{i}]")
-                    for i, p in enumerate(_list(entry["parts"], f"{where}.parts"))])
+                parts = [self.axis(p, f"{where}.parts[{i}]")
+                         for i, p in enumerate(_list(entry["parts"], f"{where}.parts"))]
+                # (bounded before the axis is built: its length is a walk of its parts)
+                shape = [self.flat.get(p.name, (0, 1)) for p in parts]
+                self.flat[name] = (1 + max((d for d, _ in shape), default=0),
+                                   sum(n for _, n in shape))
+                _check_flat(self.flat[name], name, where)
+                a = _checked(FlattenedAxis, where, parts)
                 if a.name != name:
                     raise _fail(where, f"the parts make an axis named {a.name!r}")
             else:
@@ -458,7 +524,14 @@ class _Decoder:
             (tag, x), = data.items()
             decode = _TAGS.get(tag)
             if decode is not None:
-                return decode(self, x, f"{where}.{tag}")
+                self.depth += 1
+                try:
+                    if self.depth > MAX_DEPTH:
+                        raise _fail(_clip(where), f"the value is nested more than "
+                                                  f"{MAX_DEPTH} deep")
+                    return decode(self, x, f"{where}.{tag}")
+                finally:
+                    self.depth -= 1
         raise _fail(where, f"expected a parameter value (a JSON scalar or one of "
                            f"{', '.join(sorted(_TAGS))}), got {_json_type(data)}")
 
@@ -567,8 +640,11 @@ def _read_op(i, rec, dec, classes):
     tags = [_str(t, f"{where}.tags[{j}]")
             for j, t in enumerate(_list(rec.get("tags", []), f"{where}.tags"))]
     names = _written_attrs(cls)
-    data = _dict(rec.get("attrs", {}), f"{where}.attrs", set(names), names, "attribute")
-    attrs = {n: dec.value(data[n], f"{where}.attrs.{n}") for n in names}
+    optional = getattr(cls, "optional_attrs", ())  # None when left out
+    data = _dict(rec.get("attrs", {}), f"{where}.attrs", set(names),
+                 [n for n in names if n not in optional], "attribute")
+    attrs = {n: dec.value(data[n], f"{where}.attrs.{n}") if n in data else None
+             for n in names}
     if tensor:
         attrs.update({k: v for k, v in zip(("axes", "dtype"), types[0]) if k in cls.attrs})
     loc = _list(rec.get("loc", ["<unknown>", 0]), f"{where}.loc")

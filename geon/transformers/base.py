@@ -23,6 +23,7 @@ import numpy as np
 from geon._logging import get_logger
 from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, FeedError,
                          GeonError, GeonWarning, LoweringError)
+from geon.op_graph import domains
 from geon.op_graph import op_graph as og
 from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.random import Random
@@ -142,6 +143,13 @@ class Computation:
         #: ``pulled_in``); a :class:`GeonWarning` names them.
         self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
         needed_by = assignment_inputs(self.graph.results, self.pulled_in)
+        # Value domains (declared, and those one_hot / gather indices imply) are read off
+        # the graph as built, before lowering turns those ops into comparisons and takes.
+        #: per parameter: None, or (Domain, why, noun) checked on each call (see
+        #: geon/op_graph/domains.py; the backends' fast entries check it too)
+        self._domains = domains.param_domains(self.params, self.graph.initial_order)
+        self._domain_checks = [None if d is None else domains.checker(p, *d)
+                               for p, d in zip(self.params, self._domains)]
         transformer._run_passes(self.graph)
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers = list(dict.fromkeys(
@@ -188,8 +196,19 @@ class Computation:
 
     def _check_feed(self, i, v):
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
-        :class:`FeedError` naming the placeholder."""
-        return self._shapes[i][0].as_feed(v)
+        :class:`FeedError` naming the placeholder; a value outside the placeholder's
+        domain is a :class:`~geon.op_graph.domains.DomainError`."""
+        a = self._shapes[i][0].as_feed(v)
+        check = self._domain_checks[i]
+        if check is not None:
+            check(a)
+        return a
+
+    def _bad_value(self, i, a):
+        """Raise the :class:`~geon.op_graph.domains.DomainError` of feed ``a`` of
+        parameter ``i`` (called where a quick test of it failed; returns if every
+        value is in the domain after all, e.g. an allowed ignore_index)."""
+        domains.report(self.params[i], a, *self._domains[i])
 
     # ``comp(x)`` finds ``__call__`` on the class; this property (a getter written in C)
     # hands back the instance's ``_entry``, which is called with the feeds. Before the

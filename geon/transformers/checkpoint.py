@@ -289,21 +289,169 @@ def _check_directory(f, expected):
     # zipfile takes the size from the zip64 end record right before the locator when
     # there is one (the end record may then hold 0xFFFFFFFF), else from the end record.
     if len(tail) == 98 and tail[-42:-38] == b"PK\x06\x07" and tail[:4] == b"PK\x06\x06":
-        declared = struct.unpack("<Q", tail[40:48])[0]
+        declared, start = struct.unpack("<QQ", tail[40:56])
     else:
-        declared = struct.unpack("<I", end[12:16])[0]
+        declared, start = struct.unpack("<II", end[12:20])
     room = 46 + 128 + len(MANIFEST)  # fixed part, extra fields, name
     for i, name in enumerate(expected):
         room += 46 + 128 + max(len(member_name(i)), len(name.encode("utf-8", "replace")) + 4)
     if declared > room:
-        raise _Invalid(f"declares a zip directory of {declared} bytes; one of these "
-                       f"{len(expected)} variable(s) takes at most {room}")
+        # More members than these variables: most likely the checkpoint of a larger
+        # model. Name the variables that differ, reading a bounded part of the file.
+        try:
+            told = _larger_archive(f, expected, declared, start, room)
+        except _READ_ERRORS + (RecursionError,):  # (a manifest nested too deep)
+            told = None
+        f.seek(0)
+        raise _Invalid(told or f"declares a zip directory of {declared} bytes; one of "
+                               f"these {len(expected)} variable(s) takes at most {room}")
+
+
+#: A checkpoint whose zip directory is larger than the expected variables' can be (a
+#: larger model's) is still read this far, at least, to name the variables that differ:
+#: its directory and its manifest up to ``max(SCAN_BYTES, 8 x`` what the expected
+#: variables need``)`` bytes each.
+SCAN_BYTES = 64 * 1024
+_NUMBERED = re.compile(r"arr_[0-9]+\.npy")
+
+
+def _directory_entries(data, ends):
+    """Yield ``(name, method, crc32, compressed size, local header offset)`` of each
+    complete central directory entry at the start of ``data`` (bytes read from the
+    directory); ``ends[0]`` is then the offset after the last one."""
+    pos = ends[0] = 0
+    while pos + 46 <= len(data) and data[pos:pos + 4] == b"PK\x01\x02":
+        (flags, method, crc, csize, usize, n, e, c) = struct.unpack_from(
+            "<HH4xIIIHHH", data, pos + 8)
+        offset = struct.unpack_from("<I", data, pos + 42)[0]
+        end = pos + 46 + n + e + c
+        if end > len(data):
+            return
+        raw = data[pos + 46:pos + 46 + n]
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        extra, k = data[pos + 46 + n:pos + 46 + n + e], 0
+        while k + 4 <= len(extra):  # zip64: the 32-bit fields that overflowed, in order
+            tag, size = struct.unpack_from("<HH", extra, k)
+            if tag == 1:
+                vals = list(struct.unpack_from(f"<{min(size, 24) // 8}Q", extra, k + 4))
+                if usize == 0xFFFFFFFF and vals:
+                    vals.pop(0)
+                if csize == 0xFFFFFFFF and vals:
+                    csize = vals.pop(0)
+                if offset == 0xFFFFFFFF and vals:
+                    offset = vals.pop(0)
+            k += 4 + size
+        yield name, method, crc, csize, offset
+        pos = ends[0] = end
+
+
+def _larger_archive(f, expected, declared, start, room):
+    """The message for a checkpoint with a larger zip directory than ``expected`` can
+    have: the variables missing, unexpected and of another shape or dtype, from its
+    manifest (or its member names, without one) read within bounds; ``None`` if they
+    cannot be told within them. (Its memory is bounded too: the entries are looked at
+    one by one, keeping a few names.)"""
+    budget = min(declared, max(SCAN_BYTES, 8 * room))
+    f.seek(start)
+    data = f.read(budget)
+    manifest, found, unexpected, count, plain, numbered = None, set(), [], 0, True, 0
+    ends = [0]
+    for entry in _directory_entries(data, ends):
+        name = entry[0]
+        count += 1
+        if name == MANIFEST:
+            manifest = entry
+        elif not name.endswith(".npy"):
+            plain = False
+        elif name[:-4] in expected:
+            found.add(name[:-4])
+        elif _NUMBERED.fullmatch(name):  # a member of a checkpoint with a manifest
+            numbered += 1
+        elif len(unexpected) < 10:
+            unexpected.append(name[:-4])
+    whole = ends[0] == len(data) == declared
+    n_unexpected = count - len(found) - (manifest is not None)
+    if manifest is not None:
+        return _larger_manifest(f, expected, manifest,
+                                max(SCAN_BYTES, 8 * _manifest_limit(expected)))
+    if not count or not plain:
+        return None
+    if numbered == count and not whole:  # its manifest lies beyond what was read
+        return (f"holds more arrays than these {len(expected)} variable(s): at least "
+                f"{count} (a checkpoint of another model? its zip directory has "
+                f"{declared} bytes, its manifest was not read)")
+    more = f" and {n_unexpected - len(unexpected)} more" \
+        if n_unexpected > len(unexpected) else ""
+    if whole:
+        missing = [n for n in expected if n not in found]
+        return (f"does not match the variables: missing {_some(sorted(missing))}, "
+                f"unexpected {unexpected!r}{more}")
+    return (f"does not match the variables: it holds more arrays than these "
+            f"{len(expected)} variable(s), among them unexpected {unexpected!r}{more} "
+            f"(in its first {count} members; its zip directory has {declared} bytes)")
+
+
+def _larger_manifest(f, expected, entry, budget):
+    """:func:`_larger_archive`'s message from the manifest ``entry`` of the directory,
+    read (and inflated) to at most ``budget`` bytes; ``None`` if it cannot be."""
+    _, method, crc, csize, offset = entry
+    f.seek(offset)
+    head = f.read(30)
+    if len(head) != 30 or head[:4] != b"PK\x03\x04" or method not in (0, 8):
+        return None
+    n, e = struct.unpack_from("<HH", head, 26)
+    f.seek(offset + 30 + n + e)
+    data = f.read(min(csize, budget + 1))
+    text = zlib.decompressobj(-15).decompress(data, budget + 1) if method == 8 else data
+    if len(text) > budget or zlib.crc32(text) != crc:
+        return None
+    doc = json.loads(text)
+    entries = doc.get("variables") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in entries):
+        return None
+    known = {manifest_form(n): n for n in expected}  # (see manifest_form)
+    return _differences({known.get(v["name"], v["name"]): (v.get("dtype"), v.get("shape"))
+                         for v in entries}, expected)
+
+
+def _differences(held, expected):
+    """The message saying how the variables a manifest lists (``{name: (dtype,
+    shape)}``, as written) differ from ``expected``: missing, unexpected, and of another
+    shape or dtype (``does not fit: ...`` when only that); ``None`` if they match."""
+    missing = sorted(n for n in expected if n not in held)
+    unexpected = sorted(n for n in held if n not in expected)
+    other = []
+    for name, (shape, dtype) in expected.items():
+        if name not in held:
+            continue
+        got_dtype, got_shape = held[name]
+        try:
+            same = np.dtype(got_dtype) == dtype and tuple(got_shape) == shape
+        except (TypeError, ValueError, OverflowError):
+            same = False
+        if not same:
+            if not isinstance(got_shape, list):
+                got_shape = [got_shape]
+            other.append(_mismatch(name, got_dtype, got_shape, shape, dtype))
+    if not missing and not unexpected:
+        return other[0] if other else None
+    more = f" and {len(other) - 10} more" if len(other) > 10 else ""
+    shapes = "; ".join(o[len("does not fit: "):] for o in other[:10]) + more
+    return (f"does not match the variables: missing {_some(missing)}, unexpected "
+            f"{_some(unexpected)}" + (f"; of another shape or dtype: {shapes}"
+                                      if other else ""))
+
+
+def _manifest_limit(expected):
+    """The most bytes a manifest of the ``expected`` variables can take."""
+    return 1024 + sum(288 + 12 * len(n) + 24 * len(shape)
+                      for n, (shape, _) in expected.items())
 
 
 def _read_manifest(z, expected):
     """``{name: member}`` from the manifest, checked against the expected variables."""
-    limit = 1024 + sum(288 + 12 * len(n) + 24 * len(shape)
-                       for n, (shape, _) in expected.items())
+    limit = _manifest_limit(expected)
     with z.open(MANIFEST) as m:
         text = m.read(limit + 1)
     if len(text) > limit:
@@ -341,18 +489,14 @@ def _read_manifest(z, expected):
     missing = [m for m in members.values() if m not in z.NameToInfo]
     if missing:
         raise _Invalid(f"lacks the member(s) {_some(missing)} its manifest lists")
-    _check_names(members, expected)
     for e in entries:
         if z.getinfo(e["member"]).CRC != e["crc32"]:
             raise _Invalid(f"has a member {e['member']!r} that is not the one its "
                            f"manifest lists for {e['name']!r} (another CRC-32)")
-        shape, dtype = expected[e["name"]]
-        try:
-            same = np.dtype(e["dtype"]) == dtype
-        except (TypeError, ValueError, OverflowError):
-            same = False
-        if not same or tuple(e["shape"]) != shape:
-            raise _Invalid(_mismatch(e["name"], e["dtype"], e["shape"], shape, dtype))
+    # Names and shapes in one message: a checkpoint of another model differs in both.
+    told = _differences({e["name"]: (e["dtype"], e["shape"]) for e in entries}, expected)
+    if told:
+        raise _Invalid(told)
     return members
 
 

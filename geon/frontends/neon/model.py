@@ -17,6 +17,7 @@ from geon.frontends.neon.layers import Layer
 from geon.frontends.neon.optimizers import SGD, Optimizer
 from geon.frontends.neon.progress import clock, make_progress
 from geon.op_graph import op_graph as og
+from geon.op_graph.domains import DomainError
 from geon.op_graph.axes import Axis
 from geon.op_graph.nodes import user_location
 from geon.transformers.base import Computation, Transformer
@@ -103,10 +104,35 @@ class Model:
         return N, x
 
     def _target(self, N, out, tag):
-        if self.loss_kind == "cross_entropy":
-            return be.placeholder(N, dtype=np.int64, name=f"labels_{tag}")
+        if self.loss_kind == "cross_entropy":  # class labels: 0 <= y < classes
+            self._class_axis = self._classes(out)
+            return be.placeholder(N, dtype=np.int64, name=f"labels_{tag}",
+                                  domain=self._class_axis.length)
         return be.placeholder(be.Axes(N, *out.axes.sample_axes(), *out.axes.recurrent_axes()),
                               dtype=out.dtype, name=f"targets_{tag}")
+
+    def _check_labels(self, y, what):
+        """A :class:`DomainError` naming the first label of ``y`` (the whole data set,
+        before it is cut into batches) that is not a class of the output: an
+        out-of-range label would one-hot to zeros and train with a loss of 0."""
+        if self.loss_kind != "cross_entropy" or y is None:
+            return
+        y = np.asarray(y)
+        Y = self._class_axis  # (set when __init__ built the training computation)
+        n = Y.length
+        if y.dtype.kind not in "iu" or not y.size:
+            return  # (the feed's conversion says what is wrong with other types)
+        bad = (y < 0) | (y >= n)
+        if bad.any():
+            k = int(np.argmax(bad.reshape(-1)))
+            pos = np.unravel_index(k, y.shape)
+            more = int(np.count_nonzero(bad)) - 1
+            raise DomainError(
+                f"Model.{what}: label {y.reshape(-1)[k].item()} at y[{', '.join(map(str, pos))}]"
+                f" is not a class of the output axis {Y.name}:{n} (0 <= label < {n})"
+                + (f"; {more} more label(s) are out of range too" if more else "")
+                + f" (at {user_location()})", value=y.reshape(-1)[k].item(),
+                position=tuple(int(p) for p in pos))
 
     def _classes(self, out):
         classes = out.axes.sample_axes()
@@ -275,6 +301,7 @@ class Model:
         each rank evaluates its contiguous part of ``x`` and the sums are added over
         the ranks (every rank gets the result)."""
         x, y = np.asarray(x, dtype=self.dtype), np.asarray(y)
+        self._check_labels(y, "evaluate")
         n_all = len(x)
         if self.data_parallel:
             if not self._synced:
@@ -324,6 +351,7 @@ class Model:
         if not isinstance(data, ArrayIterator):
             x, y = data
             data = ArrayIterator(x, y, batch_size or self.batch_size, seed=seed)
+        self._check_labels(data.y, "fit")
         if self.data_parallel:
             if data.ranks == 1 and self.ranks > 1:
                 data = data.shard(self.rank, self.ranks)

@@ -181,6 +181,7 @@ class GPUComputation(CudaComputation):
         values_of = [value for _, value in self._results]
         assigned = list(self.program.assigned)
         single, check = self.single, self._check_feed
+        in_domain = self._domain_checks  # per parameter: None, or a check of its values
         upload, fence, finish = rt.upload, rt.fence, rt.finish
         ndarray = np.ndarray
         lock = t._lock  # calls take turns: computations share the device buffers
@@ -193,7 +194,9 @@ class GPUComputation(CudaComputation):
                 for i, a in enumerate(args):
                     shape, dt = checks[i]
                     if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
-                        a = check(i, a)
+                        a = check(i, a)   # converts, and checks the domain
+                    elif in_domain[i] is not None:
+                        in_domain[i](a)
                     upload(*copies_in[i], a)
                 if state.host_dirty:
                     state.push()

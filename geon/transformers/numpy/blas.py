@@ -24,9 +24,11 @@ import os
 
 import numpy as np
 
-#: set ``GEON_BLAS_ACCUMULATE=0`` to compute updates with NumPy calls only
-ENABLED = os.environ.get("GEON_BLAS_ACCUMULATE", "1").strip().lower() not in (
-    "0", "off", "no", "false")
+from geon._env import env_flag
+
+#: set ``GEON_BLAS_ACCUMULATE=0`` to compute updates with NumPy calls only (read at
+#: import; a value that is not a switch warns and leaves it on, see geon/_env.py)
+ENABLED = env_flag("GEON_BLAS_ACCUMULATE", True)
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 

@@ -22,6 +22,7 @@ from typing import IO, Iterable, Optional, Union
 import numpy as np
 
 from geon.op_graph import collectives as coll
+from geon.op_graph import domains
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
@@ -40,7 +41,6 @@ from geon.transformers import fusion, numerics
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.fusion import find_groups
-from geon.transformers.memory import plan_memory, unshared_plan, verify_plan
 
 NUMPY_CODE = OpTable("NUMPY_CODE", "fn(op, out, args) -> [source lines]")
 #: Decorator: ``@numpy_code(Cls, ...)`` registers ``fn(op, out, args) -> [lines]``.
@@ -480,11 +480,12 @@ class NumPyComputation(Computation):
                 if self._into.get(m) in seen:
                     del self._into[m]
         if "memory" in t.disabled or check:  # checked: each input kept to be shown
-            plan = unshared_plan(order, self.results, groups)
+            plan = memory.unshared_plan(order, self.results, groups)
         else:
-            plan = plan_memory(order, self.results, groups=groups, exclude=self._into)
-        if memory.VERIFY:
-            verify_plan(order, self.results, plan, groups)
+            plan = memory.plan_memory(order, self.results, groups=groups,
+                                      exclude=self._into)
+        if memory.VERIFY:  # every plan is proved before code is made from it
+            memory.verify_plan(order, self.results, plan, groups)
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         self.plan, self.groups, self.order = plan, groups, order
         self._root, self._last_read, self._step = root, {}, {}
@@ -644,6 +645,10 @@ class NumPyComputation(Computation):
             checks.append(f"    if {n}.__class__ is not _ndarray or {n}.dtype is not _dt{i}"
                           f" or {n}.shape != {py_literal(p.axes.shape)}:")
             checks.append(f"        {n} = _feed({i}, {n})")
+            dom = self._domains[i]
+            if dom is not None and p.axes.size:  # one or two reductions (domains.py)
+                cond = domains.fast_condition(n, p.dtype, dom[0], f"_u{i}")
+                checks.append(f"    elif {cond}: _bad_value({i}, {n})")
             if self._copy_feeds:  # the computation assigns to a placeholder
                 checks.append(f"    {n} = {n}.copy()")
             if check and numerics.checked(p):
@@ -972,6 +977,9 @@ class NumPyComputation(Computation):
             ns["_quiet"] = _quiet
         for i, p in enumerate(self.params):
             ns[f"_dt{i}"] = p.dtype
+            if self._domains[i] is not None and p.dtype.kind == "i":
+                ns[f"_u{i}"] = domains.unsigned(p.dtype)
+        ns["_bad_value"] = self._bad_value
         self._ns = ns
         ns.update(self._consts)
         exec(self._code, ns)

@@ -2,6 +2,13 @@
 
 Rules fire only where the replacement has exactly the op's axes (in order) and dtype,
 so broadcasting ops (``x(C) + zeros(C, N)``) are left alone.
+
+The identities keep IEEE results bit for bit, signed zeros, infinities and NaN
+included: ``x + (-0.0)`` and ``x - 0.0`` are ``x``, but ``x + 0.0`` and ``x - (-0.0)``
+are not (``+0.0`` at ``x = -0.0``), and ``x * 0`` is zeros for integers only. Two rules
+change results on purpose, to compute the exact value more closely: ``log(exp(x)) ->
+x`` (no overflow of ``exp``) and ``exp(x) - 1 -> expm1(x)`` (no cancellation near 0;
+``-0.0`` at ``x = -0.0``, where the literal form gives ``+0.0``).
 """
 
 import numpy as np
@@ -41,18 +48,38 @@ def _keep(x, op):
     return x if _same_type(x, op) else None
 
 
-def add_zero(op):  # x + 0 -> x ; 0 + x -> x
+def _is_zero(op, negative, result):
+    """Whether ``op`` is zero everywhere, and for a float or complex ``result`` dtype
+    also of the given sign: under IEEE ``-0.0 + 0.0`` is ``+0.0``, so ``x + 0.0``
+    is not ``x`` at ``x = -0.0`` (``1 / (x + 0.0)`` is ``+inf`` there), while
+    ``x + (-0.0)`` and ``x - 0.0`` are ``x`` for every ``x``, NaN and infinities
+    included. An integer zero operand of a float op converts to ``+0.0``."""
+    if not isinstance(op, og.Constant) or not op.value.size or (
+            op.scalar is None and op.value.size > FOLD_LIMIT):
+        return False
+    v = op.value
+    if not np.all(v == 0):
+        return False
+    if result.kind not in "fc":
+        return True  # integers and bools have one zero
+    if v.dtype.kind == "c":  # both parts' signs count
+        v = np.stack([v.real, v.imag])
+    sign = np.signbit(v) if v.dtype.kind == "f" else np.zeros(v.shape, bool)
+    return bool(np.all(sign)) if negative else not bool(np.any(sign))
+
+
+def add_zero(op):  # x + (-0) -> x ; (-0) + x -> x (any zero for integers)
     a, b = op.args
-    if _is(b, 0):
+    if _is_zero(b, True, op.dtype):
         return _keep(a, op)
-    if _is(a, 0):
+    if _is_zero(a, True, op.dtype):
         return _keep(b, op)
     return None
 
 
-def sub_zero(op):  # x - 0 -> x
+def sub_zero(op):  # x - (+0) -> x (any zero for integers)
     a, b = op.args
-    return _keep(a, op) if _is(b, 0) else None
+    return _keep(a, op) if _is_zero(b, False, op.dtype) else None
 
 
 def mul_one_zero(op):  # x * 1 -> x ; x * 0 -> 0 for integer or bool x only
