@@ -429,6 +429,29 @@ def test_stale_view_read_after_assignment_is_copied():
     np.testing.assert_array_equal(got, np.arange(12.0).reshape(3, 4).T * 11)
 
 
+@pytest.mark.parametrize("make", ["numpy", "numpy-code", "gpu-emulator"])
+def test_a_requested_view_taken_before_an_assignment_has_the_old_values(make):
+    """The caller reads results after the whole computation: a result that is a view of
+    a variable the computation assigns, taken before the assignment, is copied before
+    it (as the reference gives it); the variable itself is its value after."""
+    if make == "gpu-emulator":
+        from cuda_emulator import EmulatorRuntime
+        from geon.transformers.gpu import GPUTransformer
+        t = GPUTransformer(runtime=EmulatorRuntime())
+    else:
+        t = be.NumPyTransformer(compiled="auto" if make == "numpy" else False)
+    w = be.np.variable(np.arange(24.0).reshape(6, 4), name="w")
+    x = be.np.placeholder((6, 4))
+    outs = [w[1:], w[::-1], w.T, w, be.SetItem(w, w + x)]
+    got = t.computation(outs, x)(np.ones((6, 4)))
+    old = np.arange(24.0).reshape(6, 4)
+    for g, want in zip(got, [old[1:], old[::-1], old.T, old + 1]):
+        np.testing.assert_array_equal(g, want)
+    for g, want in zip(got, be.evaluate(outs, {x: np.ones((6, 4))})):
+        if want is not None:
+            np.testing.assert_array_equal(g, want)
+
+
 def test_arrays_take_the_axes_of_a_same_shaped_operand():
     x = be.placeholder([A, B], dtype=np.float64)
     arr = np.arange(12.0).reshape(3, 4)

@@ -65,6 +65,31 @@ def stale_view_reads(order):
     return found
 
 
+def stale_view_results(order, results):
+    """The ``results`` that are views of storage an assignment among ``order``
+    overwrites, taken before it (not depending on it): the caller reads a result after
+    the whole computation, so it would see the new values where the graph means the
+    old ones. Such a result must be a copy made before the assignment. (Storage itself
+    requested as a result is its value after the computation, as the reference
+    evaluator gives it.)"""
+    views = [r for r in results if isinstance(r, VIEW_CLASSES)]
+    assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
+    if not views or not assigns:
+        return []
+    root = alias_roots(order)
+    position = {op: i for i, op in enumerate(order)}
+    found = []
+    for asg in assigns:
+        after = None
+        for r in views:
+            if root.get(r) is asg.args[0] and r not in found:
+                if after is None:
+                    after = _after(order, position, asg)
+                if r not in after:
+                    found.append(r)
+    return found
+
+
 #: The tag of an assignment that belongs to the ops reading after it (the step counter
 #: of a random op): a computation runs it with them, as meant, so none names it.
 PART_OF_READER = "part_of_reader"
