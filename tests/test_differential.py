@@ -1051,11 +1051,13 @@ def draw_graph(seed):
     inputs = [(R, C)] + [pick([(R, C), (C, R), (R, K), (K, C), (R,), (C,), (R + 1, C),
                                (2 * R, C)]) for _ in range(int(rng.integers(0, 3)))]
     shapes, bounds, steps = list(inputs), [1.0] * len(inputs), []
+    is_input0 = [True] + [False] * (len(inputs) - 1)  # input 0 itself (no real view)
 
     def add(step, shape, bound):
         steps.append(step)
         shapes.append(shape)
         bounds.append(bound)
+        is_input0.append(step[0] == "view" and step[1] == "same" and is_input0[step[2][0]])
         return len(shapes) - 1
 
     def operand():  # the most recent values most often
@@ -1139,8 +1141,15 @@ def draw_graph(seed):
     results = sorted({n - 1} | {int(k) for k in rng.integers(
         len(inputs), n, size=int(rng.integers(0, 3)))})
     # With an update of the variable (input 0), a requested view of it, taken before
-    # the update, has the old values, as in NumPy (the alias pass copies it first).
+    # the update, has the old values, as in NumPy (the alias pass copies it first);
+    # the variable itself requested is its value after the update: not requested here
+    # (the state is compared instead).
     variable = bool(rng.integers(3) == 0)
+    if variable:
+        results = [k for k in results if not is_input0[k]] or [
+            add(("unary", "neg", (n - 1,), ("same",), None), shapes[n - 1],
+                bounds[n - 1])]
+        n = len(shapes)
     if variable:  # an update of input 0: from a product of its shape, or another value
         step = None
         if rng.integers(2):
