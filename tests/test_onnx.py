@@ -522,12 +522,16 @@ def test_external_data_only_from_the_models_folder(tmp_path):
         gx.import_model(_external_model(folder, "w.bin").read_bytes())
 
 
-def test_cast_keeps_the_sign_of_zero():
-    """Cast converts by adding -0.0 (an identity for every float, -0.0 included); an
-    integer zero becomes +0.0."""
+def test_cast_keeps_the_sign_of_zero_and_integers_exact():
+    """Cast converts a float by adding -0.0 (an identity for every float, -0.0
+    included; an integer zero becomes +0.0), an integer by adding an integer 0."""
     from onnx import TensorProto, helper
+    big = np.array([2**62 + 1, 2**53 + 1, -(2**40) - 3], np.int64)
     cases = [(TensorProto.FLOAT, TensorProto.DOUBLE, np.array([-0.0, 0.0, -2.5], np.float32)),
-             (TensorProto.INT32, TensorProto.FLOAT, np.array([0, -1, 2], np.int32))]
+             (TensorProto.INT32, TensorProto.FLOAT, np.array([0, -1, 2], np.int32)),
+             # integers convert as integers: exact above 2**53, wrapping as NumPy does
+             (TensorProto.INT64, TensorProto.UINT64, big),
+             (TensorProto.INT64, TensorProto.INT32, big)]
     for src, to, x in cases:
         node = helper.make_node("Cast", ["x"], ["y"], to=to)
         g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", src, [3])],

@@ -369,6 +369,15 @@ def test_a_deep_flattened_axis_chain_is_a_serialization_error():
         be.serialize(be.placeholder([a]))
 
 
+def test_a_flattened_axis_of_many_shallow_parts_round_trips():
+    """The depth bound counts nesting, not parts: 40 parts, each two deep, is fine."""
+    parts = [FlattenedAxis([FlattenedAxis([be.Axis(2, f"P{i}a"), be.Axis(3, f"P{i}b")]),
+                            be.Axis(1, f"P{i}c")]) for i in range(40)]
+    x = be.placeholder([FlattenedAxis(parts)], name="wide")
+    loaded = be.deserialize(be.serialize(x * 2.0))
+    assert loaded.axes[0].length == 6 ** 40
+
+
 def test_a_flattened_axis_of_too_many_shared_parts_is_refused():
     doc = json.loads(be.serialize(be.placeholder([be.Axis(2, "A")], name="x")))
     doc["axes"]["B"] = {"length": 2}

@@ -275,16 +275,22 @@ def _flat_shape(a):
     """``(depth, plain axes)`` of flattened axis ``a``: how deep its parts nest and how
     many plain axes it stands for (each use of a shared part counted), found without
     recursion and stopping early past the bounds."""
-    memo, stack = {}, [a]
+    too_deep = (MAX_DEPTH + 1, MAX_FLAT_AXES + 1)
+    memo = {}
+    stack = [(a, 1, False)]  # (axis, its depth below a, its parts done)
     while stack:
-        f = stack[-1]
-        todo = [p for p in f.axes if isinstance(p, FlattenedAxis) and id(p) not in memo]
-        if todo and len(stack) <= MAX_DEPTH + 1:
-            stack.extend(todo)
+        f, depth, parts_done = stack.pop()
+        if id(f) in memo:
             continue
-        stack.pop()
-        parts = [memo.get(id(p), (MAX_DEPTH + 1, MAX_FLAT_AXES + 1))
-                 if isinstance(p, FlattenedAxis) else (0, 1) for p in f.axes]
+        if not parts_done:
+            if depth > MAX_DEPTH:  # a is too deep whatever lies below: stop here
+                memo[id(f)] = too_deep
+                continue
+            stack.append((f, depth, True))
+            stack.extend((p, depth + 1, False) for p in f.axes
+                         if isinstance(p, FlattenedAxis) and id(p) not in memo)
+            continue
+        parts = [memo[id(p)] if isinstance(p, FlattenedAxis) else (0, 1) for p in f.axes]
         memo[id(f)] = (1 + max((d for d, _ in parts), default=0),
                        min(MAX_FLAT_AXES + 1, sum(n for _, n in parts)))
     return memo[id(a)]

@@ -95,7 +95,9 @@ def cast(op, dtype):
         return r if r.dtype.kind == "f" else og.Add(r, 0, dtype=np.dtype(np.float32))
     if op.dtype == dtype:
         return op
-    return og.Add(op, -0.0, dtype=dtype)  # (x + -0.0 is x, -0.0 included; x + 0 is not)
+    # x + -0.0 is x for every float, -0.0 included (x + 0 is not); an integer adds an
+    # integer 0, so that it is converted as an integer (not through float64)
+    return og.Add(op, -0.0 if op.dtype.kind == "f" else 0, dtype=dtype)
 
 
 def _same(ctx, op, i=0):
