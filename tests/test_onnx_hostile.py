@@ -458,9 +458,7 @@ def test_computed_labels_are_checked_when_the_model_runs(op):
 
 
 def test_graph_input_labels_declare_their_value_domain():
-    """Where geon core has placeholder value domains, a computation built by hand from
-    ``g.outputs`` checks the labels too."""
-    pytest.importorskip("geon.op_graph.domains")
+    """A computation built by hand from ``g.outputs`` checks the labels too."""
     g = gx.import_model(_loss_model("NegativeLogLikelihoodLoss", ignore_index=-1))
     comp = be.make_transformer("numpy").computation(g.outputs[0], *g.inputs)
     assert np.isfinite(comp(X, np.array([0, -1, 2, 1], np.int64)))
@@ -469,7 +467,7 @@ def test_graph_input_labels_declare_their_value_domain():
 
 
 def test_label_check_is_one_function():
-    """The check that geon core's placeholder value domains can take over."""
+    """The one check of loss labels at import and in OnnxGraph.computation."""
     from geon.frontends.onnx.importer import check_labels
     check_labels(np.array([0, 2, -100]), 3, -100, "x")
     check_labels(np.array([0, 2], np.uint8), 3, -1, "x")

@@ -41,16 +41,21 @@ def _after(order, position, asg):
     return after
 
 
-def stale_view_reads(order):
-    """``[(op, i)]``: arg ``i`` of ``op`` is a view of storage that an assignment
-    overwrites before ``op`` runs (``op`` depends on the assignment), though the view was
-    taken before it. Such a read must go through a copy made before the assignment."""
+def stale_view_reads(order, results=()):
+    """``([(op, i)], [result])``: arg ``i`` of ``op`` is a view of storage that an
+    assignment overwrites before ``op`` runs (``op`` depends on the assignment), though
+    the view was taken before it; and the ``results`` that are such views taken before
+    an assignment (the caller reads a result after the whole computation). Each such
+    read must go through a copy made before the assignment. (Storage itself requested
+    as a result is its value after the computation, as the reference evaluator gives
+    it.)"""
     assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
     if not assigns:
-        return []
+        return [], []
     root = alias_roots(order)
     position = {op: i for i, op in enumerate(order)}
-    found = []
+    views = [r for r in results if isinstance(r, VIEW_CLASSES)]
+    reads, stale = [], []
     for asg in assigns:
         target = asg.args[0]
         after = _after(order, position, asg)
@@ -61,33 +66,10 @@ def stale_view_reads(order):
                 continue
             for i, a in enumerate(op.args):
                 if a is not target and a not in after and root.get(a) is target:
-                    found.append((op, i))
-    return found
-
-
-def stale_view_results(order, results):
-    """The ``results`` that are views of storage an assignment among ``order``
-    overwrites, taken before it (not depending on it): the caller reads a result after
-    the whole computation, so it would see the new values where the graph means the
-    old ones. Such a result must be a copy made before the assignment. (Storage itself
-    requested as a result is its value after the computation, as the reference
-    evaluator gives it.)"""
-    views = [r for r in results if isinstance(r, VIEW_CLASSES)]
-    assigns = [op for op in order if isinstance(op, ASSIGN_CLASSES)]
-    if not views or not assigns:
-        return []
-    root = alias_roots(order)
-    position = {op: i for i, op in enumerate(order)}
-    found = []
-    for asg in assigns:
-        after = None
-        for r in views:
-            if root.get(r) is asg.args[0] and r not in found:
-                if after is None:
-                    after = _after(order, position, asg)
-                if r not in after:
-                    found.append(r)
-    return found
+                    reads.append((op, i))
+        stale += [r for r in views if root.get(r) is target and r not in after
+                  and r not in stale]
+    return reads, stale
 
 
 #: The tag of an assignment that belongs to the ops reading after it (the step counter

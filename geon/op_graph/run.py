@@ -32,7 +32,8 @@ Never reused: void ops (a ``SetItem`` runs on every call); values whose dependen
 (args or other_deps) include an assignment, since computing them runs the assignment
 again; placeholders, variables and constants themselves (they cost no primitive).
 Not seen by the runner: writes into its storage behind its back (``np.copyto`` into
-``runner.transformer.state_view()`` arrays); call :meth:`Runner.invalidate` after them.
+``runner.transformer.state_view()`` arrays, which the GPU transformer's are not: they
+are read-only there); call :meth:`Runner.invalidate` after them.
 
 What the runner keeps alive: nothing of the user's graph. It refers to the ops it
 computed or reused weakly; when one of them is garbage, the computation compiled for it

@@ -530,7 +530,9 @@ class Transformer:
         return self._writes.get(v, 0)
 
     def state_view(self) -> Mapping[og.Variable, np.ndarray]:
-        """``{variable: array}``: the live storage of the variables (not a copy)."""
+        """``{variable: array}``: the live storage of the variables (not a copy). The
+        GPU transformer's variables live on the device: its arrays are read-only host
+        copies, synchronized when read; write with :meth:`write_values` there."""
         return self.state
 
     def write_values(self, values: Mapping[og.Variable, Any]) -> None:

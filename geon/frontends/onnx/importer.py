@@ -44,9 +44,10 @@ def check_labels(labels: Any, classes: int, ignore_index: Optional[int], what: s
     ``ignore_index`` is skipped whatever its value, as ONNX specifies. It runs at import
     for labels known then (``error=InvalidOnnxModel``), and when the function of
     :meth:`OnnxGraph.computation` is called for labels fed or computed at run time
-    (:class:`~geon.errors.IndexOutOfRangeError`). The integer value domain of geon's
-    placeholders, when geon core has one, is the place to move the run-time half: the
-    domain is ``0 .. classes - 1`` plus ``ignore_index``."""
+    (:class:`~geon.errors.IndexOutOfRangeError`, naming the loss node). A graph input's
+    labels also get that domain as their placeholder's value domain
+    (:func:`geon.set_domain`), so that a computation built from ``g.outputs`` by hand
+    checks them too (its error names the placeholder)."""
     a = np.asarray(labels)
     if a.dtype.kind not in "iu":
         a = a.astype(np.int64)
@@ -450,11 +451,10 @@ class Context:
         op = v.tensor()
         self.state.label_checks.append(LabelCheck(op, int(classes), ignore_index,
                                                   self.where))
-        # Where geon core gives placeholders a value domain, a graph input's labels
-        # declare theirs too, so that a computation built from ``g.outputs`` by hand
-        # checks them as well (the first loss to read them declares it).
-        if isinstance(op, og.Placeholder) and getattr(op, "domain", None) is None and \
-                hasattr(op, "set_domain"):
+        # A graph input's labels declare their value domain too, so that a computation
+        # built from ``g.outputs`` by hand checks them as well (the first loss to read
+        # them declares it; OnnxGraph.computation checks them first, naming the node).
+        if isinstance(op, og.Placeholder) and op.domain is None:
             op.set_domain(int(classes), allow=() if ignore_index is None else
                           (int(ignore_index),))
 

@@ -10,7 +10,7 @@ is such a view is replaced by such a copy too.
 
 from geon.op_graph import primitives as pr
 from geon.op_graph.nodes import rewriting
-from geon.op_graph.ordering import stale_view_reads, stale_view_results
+from geon.op_graph.ordering import stale_view_reads
 from geon.transformers.passes import Pass
 
 
@@ -21,16 +21,16 @@ class CopyStaleViews(Pass):
 
     def run(self, graph, transformer):
         copies = {}
-        for op, i in stale_view_reads(graph.ops()):
-            view = op.args[i]
+
+        def copy_of(view):
             if view not in copies:
                 with rewriting(view):  # made where the view was: before the assignment
                     copies[view] = pr.Copy(view)
-            op.replace_arg(view, copies[view])
-        for view in stale_view_results(graph.ops(), graph.results):
-            if view not in copies:
-                with rewriting(view):
-                    copies[view] = pr.Copy(view)
-            graph.results = [copies[view] if r is view else r for r in graph.results]
+            return copies[view]
+        reads, results = stale_view_reads(graph.ops(), graph.results)
+        for op, view in [(op, op.args[i]) for op, i in reads]:  # (before any replacing)
+            op.replace_arg(view, copy_of(view))
+        if results:
+            graph.results = [copy_of(r) if r in results else r for r in graph.results]
         if copies:
             graph.invalidate()
