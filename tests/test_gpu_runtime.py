@@ -5,12 +5,15 @@ The stand-ins model what the real libraries document: launches and cuBLAS calls 
 on a stream while it captures are recorded into the graph instead of running; a graph
 launch runs what was recorded; cuBLAS reads column-major matrices. They check how
 geon drives these libraries, not the libraries themselves (tests/test_gpu.py runs the
-same paths on a GPU).
+same paths on a GPU). Enqueued work runs at once here and events are done when
+recorded, so the tests of asynchronous copies check the order of geon's calls (a
+staging buffer refilled only after a wait on the fence of its last copy), not timing.
 """
 
 import ctypes
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -239,6 +242,12 @@ def _stand_in_cublas(dev):
 
     def create(handle):
         _out(handle, 77)
+        state["handles"] = state.get("handles", 0) + 1
+        return 0
+
+    def destroy(handle):
+        assert handle == 77
+        state["handles"] -= 1
         return 0
 
     def set_stream(handle, stream):
@@ -275,6 +284,7 @@ def _stand_in_cublas(dev):
             return 0
         return call
     lib.cublasCreate_v2, lib.cublasSetStream_v2 = create, set_stream
+    lib.cublasDestroy_v2 = destroy
     lib.cublasSetMathMode, lib.cublasSetWorkspace_v2 = set_math_mode, set_workspace
     lib.cublasSgemm_v2, lib.cublasDgemm_v2 = gemm(np.float32), gemm(np.float64)
     return lib, state
@@ -463,13 +473,52 @@ def test_without_cublas_auto_uses_the_generated_gemm(monkeypatch):
 @needs_cxx
 def test_a_failing_cublas_warns_once_and_auto_uses_the_generated_gemm(monkeypatch):
     dev = _stand_in_pycuda(monkeypatch)
-    lib, _ = _stand_in_cublas(dev)
+    lib, state = _stand_in_cublas(dev)
     lib.cublasSetMathMode = lambda handle, mode: 13  # CUBLAS_STATUS_EXECUTION_FAILED
     monkeypatch.setattr(runtime, "_cublas_library", lambda: lib)
     with pytest.warns(RuntimeWarning, match=r"cuBLAS does not work here \(cuBLAS: "
                                             r"cublasSetMathMode failed \(status 13\)\)"):
         t = GPUTransformer()
     assert t._blas is None
+    assert state["handles"] == 0  # the handle made before the failure was destroyed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the runtime remembers: no second warning
+        assert GPUTransformer()._blas is None
+
+
+@needs_cxx
+def test_calls_of_transformers_on_one_device_take_turns(monkeypatch):
+    """They share the runtime's stream, which a graph capture must have to itself."""
+    _stand_in_pycuda(monkeypatch)
+    a, b = GPUTransformer(), GPUTransformer()
+    assert a._lock is b._lock is a.runtime.lock
+
+
+@needs_cxx
+def test_an_error_during_a_capture_ends_it_and_keeps_the_launch_list(monkeypatch):
+    """A launch that fails while captured ends the capture (and frees what it made);
+    the computation warns and launches one by one."""
+    dev = _stand_in_pycuda(monkeypatch)
+    lib = _stand_in_driver(dev)
+    destroyed = []
+    lib.cuGraphDestroy = lambda graph: destroyed.append(graph) or 0
+    monkeypatch.setattr(runtime, "_driver_library", lambda: lib)
+    t = GPUTransformer()
+    train, _ = _model(t)
+    cpu = be.NumPyTransformer()
+    train_cpu, _ = _model(cpu)
+    train(X_TRAIN), train_cpu(X_TRAIN)
+    run = t.computations[0]._run_kernels.run
+
+    def failing_in_capture():
+        if dev.capturing is not None:
+            raise RuntimeError("cuLaunchKernel failed: an illegal instruction (stand-in)")
+        run()
+    t.computations[0]._run_kernels.run = failing_in_capture
+    with pytest.warns(RuntimeWarning, match="capturing a CUDA graph failed .*illegal"):
+        got = train(X_TRAIN)[0]
+    np.testing.assert_allclose(got, train_cpu(X_TRAIN)[0], rtol=1e-5, atol=1e-6)
+    assert dev.capturing is None and len(destroyed) == 1
 
 
 @needs_cxx

@@ -366,4 +366,4 @@ def test_the_cost_benchmark_runs():
     rows = verify.main(["--repeats", "1", "--chain", "40", "--batch", "8"])
     assert [r[0] for r in rows] == ["40-op chain", "MLP training step, batch 8"]
     assert all(float(r[3].split()[0]) > 0 for r in rows)
-    assert memory.VERIFY and memory.verify_plan.__name__ == "verify_plan"
+    assert memory.VERIFY  # the benchmark leaves verification as it found it (on)

@@ -197,8 +197,10 @@ def _external_bytes(t, folder, nbytes, what):
     if offset < 0 or length != nbytes:
         raise InvalidOnnxModel(f"{what}: external data declares {length} bytes at offset "
                                f"{offset}; the tensor needs {nbytes}")
-    # Opened without blocking (a FIFO) and without following a link put in place since
-    # the path was resolved; what was opened is then checked to be a regular file.
+    # Opened without blocking (a FIFO), and without following a link put as the file
+    # itself since the path was resolved (a folder on the way swapped for a link in that
+    # moment is not caught: whoever can do that can also change the model's files);
+    # what was opened is then checked to be a regular file.
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | \
         getattr(os, "O_BINARY", 0)
     try:

@@ -19,6 +19,8 @@ at other positions; :func:`_hazards` finds such groups and they are split before
 memory is planned again.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from geon.errors import GeonError, LoweringError
@@ -651,6 +653,20 @@ def _emit_transpose(prog, ctx, op):
     return True
 
 
+class GemmCall(NamedTuple):
+    """A ``Gemm`` kernel as a BLAS call ``C = A @ B`` (``Kernel.library``): the sizes
+    (``A`` is ``M x K``, ``B`` is ``K x N``), each matrix's element strides, the dtype,
+    and which kernel arguments are ``C``, ``A`` and ``B``."""
+    M: int
+    N: int
+    K: int
+    a_strides: tuple
+    b_strides: tuple
+    c_strides: tuple
+    dtype: np.dtype
+    args: tuple
+
+
 def _emit_gemm(prog, ctx, op):
     a, b = op.args
     la, lb, lc = ctx.layout(a), ctx.layout(b), ctx.layout(op)
@@ -675,11 +691,9 @@ def _emit_gemm(prog, ctx, op):
     b_fast_n = abs(sbn) <= abs(sbk) if K > 1 else True
     k = kernels.gemm_kernel(params, pa, pb, c, M, N, K, la.strides, lb.strides, op.dtype,
                             vec(la, a_fast_k), vec(lb, b_fast_n), True, [op])
-    # What a BLAS needs to replace the kernel (the runtime's gemm option): the sizes,
-    # the operands' strides, which arguments are C, A and B, and C's strides.
-    where = [int(p[1:]) for p in (c, pa, pb)]
-    k.library = ("gemm", M, N, K, tuple(la.strides), tuple(lb.strides), op.dtype, where,
-                 tuple(lc.strides))
+    # What a BLAS needs to replace the kernel (the runtime's gemm option)
+    k.library = GemmCall(M, N, K, tuple(la.strides), tuple(lb.strides), tuple(lc.strides),
+                         np.dtype(op.dtype), tuple(int(p[1:]) for p in (c, pa, pb)))
     _add(prog, k)
 
 

@@ -35,6 +35,7 @@ import glob
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 
@@ -116,13 +117,15 @@ COPY_CHUNK_BYTES = 2 << 20
 #: Threads that copy (made at the first large copy).
 COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
 _copy_pool = None
+_copy_pool_lock = threading.Lock()
 
 
 def _copy_threads():
     global _copy_pool
-    if _copy_pool is None:
-        _copy_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=COPY_THREADS, thread_name_prefix="geon-copy")
+    with _copy_pool_lock:
+        if _copy_pool is None:
+            _copy_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=COPY_THREADS, thread_name_prefix="geon-copy")
     return _copy_pool
 
 
@@ -179,6 +182,9 @@ class PyCUDARuntime:
         self.key = f"{self.device.name()} ({self.device.pci_bus_id()}, {self.arch})"
         self.name = self.device.name()
         self.stream = drv.Stream()
+        #: Calls of every transformer of this device take turns (they share the
+        #: stream, which a graph capture must have to itself).
+        self.lock = threading.RLock()
         self._functions = {}
         self._modules = []
         self._blas = None
@@ -290,7 +296,7 @@ class PyCUDARuntime:
         for k, grid, block, ptrs in launches:
             lib = getattr(k, "library", None)
             if lib is not None and blas is not None and blas.accepts(lib):
-                ic, ia, ib = lib[7]
+                ic, ia, ib = lib.args
                 calls.append(blas.gemm_call(lib, ptrs[ic], ptrs[ia], ptrs[ib]))
                 continue
             f = self._functions[k.name]
@@ -335,9 +341,9 @@ class PyCUDARuntime:
                 self._blas = CuBlas(self)
             except ImportError as e:  # no cuBLAS library here
                 logger.debug("gpu: %s", e)
-                self._blas = e
+                self._blas = e.with_traceback(None)
             except Exception as e:  # found but not working with this context
-                self._blas = e
+                self._blas = e.with_traceback(None)  # (frees what the frames held)
                 if choice == "auto":
                     warnings.warn(f"geon gpu: cuBLAS does not work here ({e}); using the "
                                   f"generated GEMM", RuntimeWarning, stacklevel=3)
@@ -398,9 +404,12 @@ class _GraphCalls:
         graph = ctypes.c_void_p()
         try:
             run()
-        finally:  # the capture ends whatever happened in it
-            rc = self.end(stream, ctypes.byref(graph))
-        self.check(rc, "cuStreamEndCapture")
+        except BaseException:  # the capture ends, and what it made goes
+            self.end(stream, ctypes.byref(graph))
+            if graph.value:
+                self.destroy(graph.value)
+            raise
+        self.check(self.end(stream, ctypes.byref(graph)), "cuStreamEndCapture")
         try:
             exe = ctypes.c_void_p()
             self.check(self.instantiate(ctypes.byref(exe), graph.value, 0),
@@ -493,6 +502,15 @@ class CuBlas:
         self._check(fn("cublasCreate_v2", ctypes.POINTER(vp))(ctypes.byref(handle)),
                     "cublasCreate")
         self.handle = handle.value
+        destroy = fn("cublasDestroy_v2", vp)
+        try:
+            self._set_up(fn, runtime)
+        except BaseException:
+            destroy(self.handle)
+            raise
+
+    def _set_up(self, fn, runtime):
+        vp, ci = ctypes.c_void_p, ctypes.c_int
         self._check(fn("cublasSetStream_v2", vp, vp)(self.handle, runtime.stream_handle),
                     "cublasSetStream")
         self._check(fn("cublasSetMathMode", vp, ci)(self.handle, CUBLAS_DEFAULT_MATH),
@@ -518,7 +536,8 @@ class CuBlas:
         bufs = [runtime.alloc(x.nbytes) for x in (a, b)] + [runtime.alloc(32)]
         runtime.htod(int(bufs[0]), a)
         runtime.htod(int(bufs[1]), b)
-        lib = ("gemm", 2, 4, 3, (3, 1), (4, 1), np.dtype(np.float32), (0, 1, 2), (4, 1))
+        from geon.transformers.gpu.codegen import GemmCall
+        lib = GemmCall(2, 4, 3, (3, 1), (4, 1), (4, 1), np.dtype(np.float32), (0, 1, 2))
         self.gemm_call(lib, int(bufs[2]), int(bufs[0]), int(bufs[1]))()
         runtime.finish()
         c = np.empty((2, 4), np.float32)
@@ -527,22 +546,21 @@ class CuBlas:
             raise GeonError("cuBLAS gave a wrong product")
 
     def accepts(self, lib):
-        """Whether cuBLAS can compute this product in place of the generated GEMM."""
-        _, M, N, K, sa, sb, dtype, _, sc = lib
-        out = blas_operand(M, N, sc)  # C is written as is: no transpose
-        return (np.dtype(dtype) in self._gemm and K > 0
-                and blas_operand(M, K, sa) is not None
-                and blas_operand(K, N, sb) is not None
+        """Whether cuBLAS can compute this product (a ``GemmCall``) in place of the
+        generated GEMM."""
+        out = blas_operand(lib.M, lib.N, lib.c_strides)  # C is written as is
+        return (lib.dtype in self._gemm and lib.K > 0
+                and blas_operand(lib.M, lib.K, lib.a_strides) is not None
+                and blas_operand(lib.K, lib.N, lib.b_strides) is not None
                 and out is not None and out[0] == CUBLAS_OP_N)
 
     def gemm_call(self, lib, c, a, b):
         """A function enqueueing C = A @ B (``c``, ``a``, ``b`` are device addresses):
         in column-major terms C^T = B^T A^T."""
-        _, M, N, K, sa, sb, dtype, _, sc = lib
-        dtype = np.dtype(dtype)
-        op_a, lda = blas_operand(M, K, sa)
-        op_b, ldb = blas_operand(K, N, sb)
-        _, ldc = blas_operand(M, N, sc)
+        M, N, K, dtype = lib.M, lib.N, lib.K, lib.dtype
+        op_a, lda = blas_operand(M, K, lib.a_strides)
+        op_b, ldb = blas_operand(K, N, lib.b_strides)
+        _, ldc = blas_operand(M, N, lib.c_strides)
         scalars = self._scalars[dtype]
         alpha = scalars.ctypes.data
         args = (self.handle, op_b, op_a, N, M, K, alpha, b, ldb, a, lda,

@@ -268,7 +268,7 @@ class _Launches:
         if self.graphs and self.calls == 2:  # (the first call loaded what it needed)
             try:
                 self.graph = self.runtime.graph(self.run)
-            except GeonError as e:
+            except Exception as e:  # (pycuda's errors too; a real error recurs below)
                 warnings.warn(f"geon gpu: capturing a CUDA graph failed ({e}); the "
                               f"computation launches its kernels one by one",
                               RuntimeWarning, stacklevel=4)
@@ -434,6 +434,8 @@ class GPUTransformer(CudaCodegenTransformer):
         self.cuda_graphs = bool(cuda_graphs)
         self._blas = runtime.blas_for(gemm)
         super().__init__(**kwargs)
+        # calls take turns with those of every transformer on the device (one stream)
+        self._lock = getattr(runtime, "lock", self._lock)
         self.state = DeviceState(runtime)
 
     def _repr_details(self):
