@@ -116,39 +116,12 @@ class GPUComputation(CudaComputation):
         return run
 
     @staticmethod
-    def _fetcher(spec, bufs, rt):
-        if spec.void:
-            return lambda: None
-        if spec.array is not None:
-            arr = spec.array
-            return arr.copy
-        from geon.transformers.gpu.codegen import host_view
-        from geon.transformers.gpu.layout import Layout
-        dtype, shape = spec.dtype, spec.shape
-        item = dtype.itemsize
-        lay = Layout(None, spec.offset, shape, spec.strides)
-        base = int(bufs[spec.buffer])
-        if lay.contiguous or lay.size <= 1:
-            address = base + spec.offset * item
-
-            def fetch():
-                out = np.empty(shape, dtype)
-                rt.dtoh(out, address)
-                return out
-            return fetch
-        lo, hi = lay.span()
-        rel = Layout(None, spec.offset - lo, shape, spec.strides)
-
-        def fetch_strided():
-            flat = np.empty(hi - lo + 1, dtype)
-            rt.dtoh(flat, base + lo * item)
-            return host_view(flat, rel)
-        return fetch_strided
-
-    def _pinned_fetcher(self, spec, bufs, rt):
-        """``(enqueue, value)`` for result ``spec``: ``enqueue()`` enqueues its copy into a
-        pinned buffer (``None`` where nothing is copied), ``value()`` gives the result
-        once the stream has finished."""
+    def _result_copier(spec, bufs, host, copy, take):
+        """``(fetch, value)`` for result ``spec``: ``fetch()`` copies it from the device
+        (``copy(array, address)``) into a host array made once by ``host(shape,
+        dtype)`` (``fetch`` is ``None`` where nothing is copied: a constant, a void
+        op); ``value()`` then gives the result, a new array (``take(array)`` of a
+        dense one; a strided one is read from the span of elements it covers)."""
         if spec.void:
             return None, lambda: None
         if spec.array is not None:
@@ -160,14 +133,32 @@ class GPUComputation(CudaComputation):
         lay = Layout(None, spec.offset, shape, spec.strides)
         base = int(bufs[spec.buffer])
         if lay.contiguous or lay.size <= 1:
-            pinned = rt.pinned(shape, dtype)
+            dense = host(shape, dtype)
             address = base + spec.offset * item
-            return (lambda: rt.download(pinned, address)), (lambda: rt.take(pinned))
+            return (lambda: copy(dense, address)), (lambda: take(dense))
         lo, hi = lay.span()
-        flat = rt.pinned((hi - lo + 1,), dtype)
+        flat = host((hi - lo + 1,), dtype)
         rel = Layout(None, spec.offset - lo, shape, spec.strides)
         address = base + lo * item
-        return (lambda: rt.download(flat, address)), (lambda: host_view(flat, rel))
+        return (lambda: copy(flat, address)), (lambda: host_view(flat, rel))
+
+    @classmethod
+    def _fetcher(cls, spec, bufs, rt):
+        """A function copying result ``spec`` from the device now (synchronously)."""
+        fetch, value = cls._result_copier(spec, bufs, np.empty, rt.dtoh, np.array)
+        if fetch is None:
+            return value
+
+        def fetch_now():
+            fetch()
+            return value()
+        return fetch_now
+
+    def _pinned_fetcher(self, spec, bufs, rt):
+        """``(enqueue, value)`` for result ``spec``: ``enqueue()`` enqueues its copy into a
+        pinned buffer (``None`` where nothing is copied), ``value()`` gives the result
+        once the stream has finished."""
+        return self._result_copier(spec, bufs, rt.pinned, rt.download, rt.take)
 
     def _fast_entry(self):
         t = self.transformer
