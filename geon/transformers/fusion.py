@@ -167,19 +167,22 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
     return groups
 
 
+def reads_elsewhere(member, arg):
+    """Whether group ``member`` reads ``arg`` at other positions than the block it
+    writes: through a view, as a matrix product's operand, or with another shape (a
+    row reduction's input)."""
+    # (an assignment, a GPU group's last member, writes its target's shape)
+    lengths = (member.args[0] if isinstance(member, pr.Assign) else member).axes.lengths
+    return (isinstance(member, pr.Gemm) or isinstance(arg, pr.ViewOp)
+            or arg.axes.lengths != lengths)
+
+
 def view_reads(group, root):
-    """Roots the group's members read at other positions than the block being written:
-    through a view, as a matrix product's operands, or with another shape (a row
-    reduction's input). The memory plan keeps them intact until the group's end."""
-    out = set()
-    for op in group.members:
-        gemm = isinstance(op, pr.Gemm)
-        # (an assignment, a GPU group's last member, writes its target's shape)
-        lengths = (op.args[0] if isinstance(op, pr.Assign) else op).axes.lengths
-        for a in op.args:
-            if gemm or isinstance(a, pr.ViewOp) or a.axes.lengths != lengths:
-                out.add(root.get(a, a))
-    return out
+    """Roots the group's members read at other positions than the block being written
+    (:func:`reads_elsewhere`). The memory plan keeps them intact until the group's
+    end."""
+    return {root.get(a, a) for op in group.members for a in op.args
+            if reads_elsewhere(op, a)}
 
 
 def threads_for(group):

@@ -20,6 +20,7 @@ import bisect
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.transformers.fusion import reads_elsewhere, view_reads
 
 #: Verify every plan the NumPy and GPU transformers make (:func:`verify_plan`, linear
 #: in the schedule: a few percent of the transformation time). Switch it off only to
@@ -200,7 +201,6 @@ def _lifetimes(order, results, groups, exclude):
     a group member -> the group's last step), ``keep`` (values not planned) and
     ``viewed`` (step -> the roots read there at positions other than those written:
     no value may be written over them at that step)."""
-    from geon.transformers.fusion import view_reads
     lives = _Lives()
     lives.root = root = value_roots(order)
     lives.reads = reads = _reads(order, root)
@@ -518,13 +518,11 @@ class _GroupReads:
         self.first, self.last = pos[group.members[0]], pos[group.members[-1]]
         self.spread, self.direct = {}, set()
         for m in group.members:
-            gemm = isinstance(m, pr.Gemm)
-            lengths = (m.args[0] if isinstance(m, pr.Assign) else m).axes.lengths
             for a in m.args:
                 r = root.get(a, a)
                 if r not in slot:
                     continue
-                if a is r and not gemm and a.axes.lengths == lengths:
+                if a is r and not reads_elsewhere(m, a):
                     self.direct.add(r)
                 elif r not in self.spread:
                     self.spread[r] = (m, pos[m])
