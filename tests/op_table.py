@@ -491,6 +491,28 @@ case("dot_outer_vv", "dot", [I(C), I(N)], be.dot, "CN", lambda a, b: np.outer(a,
 case("dot_outer_mv", "dot", [I(C, H), I(N)], be.dot, "CHN",
      lambda a, b: a[:, :, None] * b[None, None, :])
 case("dot_scalar_vector", "dot", [I(), I(C)], be.dot, "C", lambda a, b: a * b)
+# batched: the batch axes are kept (one product per index), the other shared ones summed
+case("dot_batched", "dot", [I(N, C, H), I(N, H, W)],
+     lambda a, b: be.dot(a, b, batch_axes=N), "NCW",
+     lambda a, b: np.einsum("nch,nhw->ncw", a, b))
+case("dot_batched_transposed", "dot", [I(C, N, H), I(W, H, N)],
+     lambda a, b: be.dot(a, b, batch_axes=[N]), "CNW",
+     lambda a, b: np.einsum("cnh,whn->cnw", a, b))
+case("dot_batched_two_batch_axes", "dot", [I(T, N, C, H), I(N, T, H, W)],
+     lambda a, b: be.dot(a, b, batch_axes=(N, T)), "TNCW",
+     lambda a, b: np.einsum("tnch,nthw->tncw", a, b))
+case("dot_batched_two_summed", "dot", [I(N, C, H, W), I(W, H, N, T)],
+     lambda a, b: be.dot(a, b, reduction_axes=(H, W)), "NCT",
+     lambda a, b: np.einsum("nchw,whnt->nct", a, b))
+case("dot_batched_matrix_vector", "dot", [I(N, C, H), I(H, N)],
+     lambda a, b: be.dot(a, b, batch_axes=N), "NC",
+     lambda a, b: np.einsum("nch,hn->nc", a, b))
+case("dot_batched_vector_matrix", "dot", [I(H, N), I(N, H, W)],
+     lambda a, b: be.dot(a, b, batch_axes=N), "NW",
+     lambda a, b: np.einsum("hn,nhw->nw", a, b))
+case("dot_batched_outer", "dot", [I(N, C), I(W, N)],
+     lambda a, b: be.dot(a, b, batch_axes=N), "NCW",
+     lambda a, b: np.einsum("nc,wn->ncw", a, b))
 
 # --- softmax and cross-entropy ---------------------------------------------------------
 case("softmax(C,N)", "softmax", [I(C, N)], be.softmax, "CN", softmax0)

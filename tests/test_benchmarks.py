@@ -191,3 +191,17 @@ def test_gpu_benchmark_chains_agree_in_torch_and_numpy(name):
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     got = bgpu._torch_chain(torch.from_numpy(x), chain).numpy()
     np.testing.assert_allclose(got, chain_eager(x, chain), rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_benchmark_computes_the_products_and_the_layer():
+    """benchmarks/matmul.py: the broadcast-and-sum form it times as "before" computes the
+    same product, and the attention layer imported from ONNX matches the NumPy one."""
+    pytest.importorskip("onnx")
+    from benchmarks import matmul
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((3, 5, 2))
+    f = matmul._before((2, 3, 4, 5), (3, 5, 2))
+    np.testing.assert_allclose(f(A.astype(np.float32), B.astype(np.float32)), A @ B,
+                               rtol=1e-5, atol=1e-5)
+    rows = matmul.layer(1, batch=2, seq=8, hidden=16, heads=2)   # asserts the values
+    assert [r[0] for r in rows][:2] == ["geon", "numpy"]

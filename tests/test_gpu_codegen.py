@@ -36,6 +36,9 @@ TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6),
 LOOSE = {"gemm_big_f32": dict(rtol=1e-4, atol=1e-4), "gemm_even": dict(rtol=1e-4, atol=1e-4),
          "gemm_large_tiles": dict(rtol=1e-4, atol=1e-4),
          "gemm_large_even": dict(rtol=1e-4, atol=1e-4),
+         "gemm_batched_f32": dict(rtol=1e-4, atol=1e-3),
+         "gemm_batched_even": dict(rtol=1e-4, atol=1e-4),
+         "gemm_batched_large_tiles": dict(rtol=1e-4, atol=1e-3),
          "split_f32": dict(rtol=1e-4, atol=1e-4), "multi_output": dict(rtol=1e-5, atol=1e-4),
          # a normalization's gradient is a difference of O(1) sums that nearly cancel
          # (it is orthogonal to the constants): float32 rounding of O(1) terms, absolute
@@ -97,6 +100,30 @@ def _extra_graphs():
     out["gemm_large_even"] = ([be.dot(a, b), be.dot(at, b)], [a, b, at],
                               [rng.standard_normal(s).astype(np.float32)
                                for s in ((256, 32), (32, 128), (32, 256))], LARGE_TILES)
+
+    # batched products: partial tiles, a transposed operand, a broadcast (stride-0)
+    # batch, batch dimensions that do not merge into one stride, and the derivatives
+    def batched(dtype):
+        q = be.np.placeholder((3, 2, 70, 36), dtype=dtype)
+        k = be.np.placeholder((3, 2, 36, 66), dtype=dtype)
+        kt = be.np.placeholder((2, 66, 36), dtype=dtype)
+        w = be.np.placeholder((70, 36), dtype=dtype)
+        x = be.np.placeholder((3, 1, 70, 36), dtype=dtype)
+        s = be.np.tanh(q @ k) + w @ k + x @ k + q @ be.np.swapaxes(kt, -1, -2)
+        cost = be.np.sum(s * s)
+        xs = [q, k, kt, w, x]
+        vals = [rng.standard_normal(be.np.shape(p)).astype(dtype) for p in xs]
+        return [s] + be.deriv(cost, xs), xs, vals
+    out["gemm_batched_f32"] = batched(np.float32)
+    out["gemm_batched_f64"] = batched(np.float64)
+
+    def batched_even():  # whole tiles and float4 loads and stores, batch by batch
+        a = be.np.placeholder((4, 64, 32))
+        b = be.np.placeholder((4, 32, 128))
+        return [a @ b], [a, b], [rng.standard_normal(s).astype(np.float32)
+                                 for s in ((4, 64, 32), (4, 32, 128))]
+    out["gemm_batched_even"] = batched_even()
+    out["gemm_batched_large_tiles"] = batched(np.float32) + (LARGE_TILES,)
 
     # reductions long enough to be split in two passes, along and across memory
     L1, R1 = be.Axis(40000, "L1"), be.Axis(3, "R1")
@@ -429,6 +456,18 @@ def test_nvcc_compiles_every_kernel(nvcc_job):
 
 def _gpu(**kw):
     return GPUTransformer(runtime=EmulatorRuntime(seed=11), **kw)
+
+
+@needs_cxx
+def test_a_batch_longer_than_the_grid_is_looped_over_by_each_block(monkeypatch):
+    monkeypatch.setattr(K, "GEMM_BATCH_BLOCKS", 4)
+    a, b = be.np.placeholder((10, 5, 3), np.float64), be.np.placeholder((10, 3, 7), np.float64)
+    f = _gpu().computation(a @ b, a, b)
+    (k,) = [k for k in f.program.launches if k.kind == "gemm"]
+    assert k.grid[2] == 4 and "bz < 10LL; bz += 4LL" in k.source
+    rng = np.random.default_rng(5)
+    va, vb = rng.standard_normal((10, 5, 3)), rng.standard_normal((10, 3, 7))
+    np.testing.assert_allclose(f(va, vb), va @ vb, rtol=1e-13, atol=1e-13)
 
 
 def test_elementwise_chain_is_one_kernel_with_values_in_registers():

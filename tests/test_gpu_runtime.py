@@ -160,12 +160,15 @@ def _stand_in_pycuda(monkeypatch):
 
         def prepared_async_call(self, grid, block, stream, *args):
             assert self.format is not None and len(args) == len(self.format)
-            assert len(grid) == 2 and len(block) == 3
+            # geon passes a grid's z dimension only where it uses it
+            assert len(grid) == 2 or len(grid) == 3 and grid[2] > 1, grid
+            assert len(block) == 3
             arr = (ctypes.c_void_p * max(1, len(args)))(*args)
+            gz = grid[2] if len(grid) == 3 else 1
 
             def launch():
                 rc = emulator._get_scheduler().geon_emu_launch(
-                    self.address, len(args), arr, grid[0], grid[1], 1, *block, 1)
+                    self.address, len(args), arr, grid[0], grid[1], gz, *block, 1)
                 assert rc == 0, self.name
             calls.append("launch call")  # a Python-level launch, captured or not
             dev.enqueue(stream.handle, launch, "launch")
@@ -263,30 +266,54 @@ def _stand_in_cublas(dev):
         state["workspace"] = (address, size)
         return 0
 
-    def gemm(dtype):
+    def product(dtype, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+        """C = alpha op(A) op(B) + beta C, column-major, on host memory."""
         item = np.dtype(dtype).itemsize
 
+        def matrix(address, rows, cols, ld):  # column-major, ld between columns
+            raw = (ctypes.c_char * (item * (ld * (cols - 1) + rows))).from_address(address)
+            flat = np.frombuffer(raw, dtype=dtype)
+            return np.lib.stride_tricks.as_strided(flat, (rows, cols), (item, ld * item))
+
+        a = matrix(A, *((m, k) if ta == 0 else (k, m)), lda)
+        b = matrix(B, *((k, n) if tb == 0 else (n, k)), ldb)
+        a, b = (a if ta == 0 else a.T), (b if tb == 0 else b.T)
+        al = np.frombuffer((ctypes.c_char * item).from_address(alpha), dtype)[0]
+        be_ = np.frombuffer((ctypes.c_char * item).from_address(beta), dtype)[0]
+        c = matrix(C, m, n, ldc)
+        c[...] = al * (a.astype(np.float64) @ b) + (be_ * c if be_ else 0)
+
+    def gemm(dtype):
         def call(handle, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
-            def matrix(address, rows, cols, ld):  # column-major, ld between columns
-                raw = (ctypes.c_char * (item * (ld * (cols - 1) + rows))).from_address(address)
-                flat = np.frombuffer(raw, dtype=dtype)
-                return np.lib.stride_tricks.as_strided(flat, (rows, cols), (item, ld * item))
+            def work():
+                product(dtype, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
+            dev.enqueue(state["stream"], work, ("gemm", ta, tb, m, n, k, lda, ldb, ldc))
+            return 0
+        return call
+
+    def gemm_strided_batched(dtype):
+        # matrix i of each operand starts stride * i elements after its first (a stride
+        # of 0 reads one matrix for every product)
+        item = np.dtype(dtype).itemsize
+
+        def call(handle, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
+                 count):
+            assert min(sa, sb) >= 0 and sc >= m * n and count > 0
 
             def work():
-                a = matrix(A, *((m, k) if ta == 0 else (k, m)), lda)
-                b = matrix(B, *((k, n) if tb == 0 else (n, k)), ldb)
-                a, b = (a if ta == 0 else a.T), (b if tb == 0 else b.T)
-                al = np.frombuffer((ctypes.c_char * item).from_address(alpha), dtype)[0]
-                be_ = np.frombuffer((ctypes.c_char * item).from_address(beta), dtype)[0]
-                c = matrix(C, m, n, ldc)
-                c[...] = al * (a.astype(np.float64) @ b) + (be_ * c if be_ else 0)
-            dev.enqueue(state["stream"], work, ("gemm", ta, tb, m, n, k, lda, ldb, ldc))
+                for i in range(count):
+                    product(dtype, ta, tb, m, n, k, alpha, A + i * sa * item, lda,
+                            B + i * sb * item, ldb, beta, C + i * sc * item, ldc)
+            dev.enqueue(state["stream"], work, ("gemm_strided_batched", ta, tb, m, n, k,
+                                                lda, sa, ldb, sb, ldc, sc, count))
             return 0
         return call
     lib.cublasCreate_v2, lib.cublasSetStream_v2 = create, set_stream
     lib.cublasDestroy_v2 = destroy
     lib.cublasSetMathMode, lib.cublasSetWorkspace_v2 = set_math_mode, set_workspace
     lib.cublasSgemm_v2, lib.cublasDgemm_v2 = gemm(np.float32), gemm(np.float64)
+    lib.cublasSgemmStridedBatched = gemm_strided_batched(np.float32)
+    lib.cublasDgemmStridedBatched = gemm_strided_batched(np.float64)
     return lib, state
 
 
@@ -458,6 +485,46 @@ def test_products_cublas_cannot_take_use_the_generated_gemm(monkeypatch):
     va, vb = np.arange(15, dtype=np.int32).reshape(5, 3), np.arange(12, dtype=np.int32).reshape(3, 4)
     np.testing.assert_array_equal(f(va, vb), va @ vb)
     assert len([c for c in dev.calls if isinstance(c, tuple)]) == 1  # the self-test only
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_products_are_one_strided_batched_cublas_call(monkeypatch, dtype):
+    dev = _stand_in_pycuda(monkeypatch)
+    lib, _ = _stand_in_cublas(dev)
+    monkeypatch.setattr(runtime, "_cublas_library", lambda: lib)
+    t = GPUTransformer()
+    q = be.np.placeholder((3, 2, 5, 4), dtype=dtype)
+    k = be.np.placeholder((3, 2, 4, 6), dtype=dtype)
+    kt = be.np.placeholder((3, 2, 6, 4), dtype=dtype)
+    w = be.np.placeholder((5, 4), dtype=dtype)
+    x = be.np.placeholder((2, 1, 5, 4), dtype=dtype)
+    kb = be.np.placeholder((7, 4, 6), dtype=dtype)
+    results = [q @ k,                               # attention-like: one stride each
+               q @ be.np.swapaxes(kt, -1, -2),      # B read through its transpose
+               w @ k,                               # A broadcast: stride 0
+               x @ kb]                              # batch dimensions that do not merge
+    f = t.computation(results, q, k, kt, w, x, kb)
+    rng = np.random.default_rng(4)
+    vals = [rng.standard_normal(be.np.shape(p)).astype(dtype) for p in (q, k, kt, w, x, kb)]
+    vq, vk, vkt, vw, vx, vkb = (v.astype(np.float64) for v in vals)
+    want = [vq @ vk, vq @ np.swapaxes(vkt, -1, -2), vw @ vk, vx @ vkb]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12)
+    for _ in range(2):  # launched, then captured and replayed
+        for got, expect in zip(f(*vals), want):
+            np.testing.assert_allclose(got, expect, **tol)
+    calls = [c for c in dev.calls if isinstance(c, tuple) and c[0] == "gemm_strided_batched"]
+    N_, T_ = runtime.CUBLAS_OP_N, runtime.CUBLAS_OP_T
+    # column-major C^T = B^T A^T per product: (name, op(B), op(A), N, M, K, ldb, stride
+    # of B, lda, stride of A, ldc, stride of C, count)
+    assert sorted(calls) == sorted([
+        ("gemm_strided_batched", N_, N_, 6, 5, 4, 6, 24, 4, 20, 6, 30, 6),
+        ("gemm_strided_batched", T_, N_, 6, 5, 4, 4, 24, 4, 20, 6, 30, 6),
+        ("gemm_strided_batched", N_, N_, 6, 5, 4, 6, 24, 4, 0, 6, 30, 6)])
+    # the product whose batch cannot be one stride per operand ran the generated GEMM
+    (gen,) = [k for k in f.program.launches if k.kind == "gemm" and k.library.batch
+              and len(k.library.batch) == 2]
+    assert gen.grid[2] == 14 and not t._blas.accepts(gen.library)
 
 
 @needs_cxx

@@ -233,9 +233,10 @@ def _sce(op, d):
     x, t = op.args
     return d * (og.Sigmoid(x) - t), -d * x
 @R(og.Dot)
-def _dot(op, d):
+def _dot(op, d):  # batched products too: the batch axes stay batch axes
     a, b = op.args
-    return og.Dot(d, b), og.Dot(a, d)
+    s = op.batch_axes
+    return og.Dot(d, b, batch_axes=s), og.Dot(a, d, batch_axes=s)
 @R(og.Sum)
 def _sum(op, d): return (d,)  # _fit broadcasts it back over the reduced axes
 @R(og.Prod)
@@ -277,10 +278,12 @@ def _prefix_sum(op, d):  # the running sum from the other end: flipped, summed, 
     return (pr.SliceView(pr.PrefixSum(pr.SliceView(d, flip, d.axes)), flip, op.axes),)
 # Semi-primitives: rules read operands by position, so lowered graphs stay differentiable.
 @R(pr.Gemm)
-def _gemm(op, d):
+def _gemm(op, d):  # da = d @ b^T, db = a^T @ d, batch by batch
     a, b = op.args
-    return (pr.Reshape(pr.Gemm(d, pr.Dimshuffle(b, (1, 0))), a.axes),
-            pr.Reshape(pr.Gemm(pr.Dimshuffle(a, (1, 0)), d), b.axes))
+    n = len(op.axes)
+    swap = tuple(range(n - 2)) + (n - 1, n - 2)
+    return (pr.Reshape(pr.Gemm(d, pr.Dimshuffle(b, swap)), a.axes),
+            pr.Reshape(pr.Gemm(pr.Dimshuffle(a, swap), d), b.axes))
 @R(pr.ReduceSum)
 def _rsum(op, d): return (_expand_back(op, d),)
 @R(pr.ReduceProd)

@@ -249,7 +249,9 @@ def _sce(op, ts):  # d/dx = sigmoid(x) - t ; d/dt = -x
 @F(og.Dot)
 def _dot(op, ts):
     a, b = op.args
-    return _terms((ts[0], lambda t: og.Dot(t, b)), (ts[1], lambda t: og.Dot(a, t)))
+    s = op.batch_axes
+    return _terms((ts[0], lambda t: og.Dot(t, b, batch_axes=s)),
+                  (ts[1], lambda t: og.Dot(a, t, batch_axes=s)))
 @F(og.Sum)
 def _sum(op, ts): return og.Sum(ts[0], reduction_axes=op.reduction_axes)
 @F(og.Prod)
@@ -295,12 +297,27 @@ def _cumsum(op, ts): return nn.CumSum(ts[0], op.axis, op.reverse, op.exclusive)
 @F(pr.Gemm)
 def _gemm(op, ts):  # d(a @ b) = da @ b + a @ db, as a dot over a fresh shared axis
     a, b = op.args
-    k = Axis(a.axes[1].length)
+    if op.batch_rank == 0:
+        k = Axis(a.axes[1].length)
 
-    def as_a(x): return og.CastAxes(x, Axes(a.axes[0], k) + direction_axes(x, a))
-    def as_b(x): return og.CastAxes(x, Axes(k, b.axes[1]) + direction_axes(x, b))
-    return _terms((ts[0], lambda t: og.Dot(as_a(t), as_b(b))),
-                  (ts[1], lambda t: og.Dot(as_a(a), as_b(t))))
+        def as_a(x): return og.CastAxes(x, Axes(a.axes[0], k) + direction_axes(x, a))
+        def as_b(x): return og.CastAxes(x, Axes(k, b.axes[1]) + direction_axes(x, b))
+        return _terms((ts[0], lambda t: og.Dot(as_a(t), as_b(b))),
+                      (ts[1], lambda t: og.Dot(as_a(a), as_b(t))))
+    # batched: fresh batch, row, inner and column axes (the operands' batch axes may
+    # be named differently), a dot keeping the batch axes, then the result's names
+    *batch, m, k, n = (Axis(x) for x in a.axes.lengths + b.axes.lengths[-1:])
+    batch = Axes(batch)
+
+    def left(x): return og.CastAxes(x, batch + Axes(m, k) + direction_axes(x, a))
+    def right(x): return og.CastAxes(x, batch + Axes(k, n) + direction_axes(x, b))
+
+    def named(y):
+        extra = y.axes - (batch + Axes(m, n))
+        return og.CastAxes(og.AxesWithOrder(y, batch + Axes(m, n) + extra),
+                           op.axes + extra)
+    return _terms((ts[0], lambda t: named(og.Dot(left(t), right(b), batch_axes=batch))),
+                  (ts[1], lambda t: named(og.Dot(left(a), right(t), batch_axes=batch))))
 
 
 def _prim_reduced(op):

@@ -23,8 +23,7 @@ only.
 Differences from NumPy: comparisons give 1.0 / 0.0 in the operands' float type (float32
 for integer operands), as everywhere in geon; ``==`` and ``!=`` between ops are
 identity (use :func:`equal`); placeholders, variables and filled constants default to
-float32; batched ``matmul`` (more than two dimensions) is a broadcast multiply and a
-sum.
+float32.
 """
 
 import inspect
@@ -541,7 +540,9 @@ def dot(a: ArrayLike, b: ArrayLike) -> og.TensorOp:
 def matmul(a: ArrayLike, b: ArrayLike) -> og.TensorOp:
     """NumPy's ``matmul`` (``a @ b``): matrix products over the last two dimensions,
     broadcasting the others; a 1-D operand is a row (``a``) or column (``b``) vector
-    whose unit dimension is removed from the result."""
+    whose unit dimension is removed from the result. With leading dimensions (or a
+    sample axis both operands have) it is one batched product (see
+    :func:`geon.dot`'s ``batch_axes``), never a broadcast product and a sum."""
     if isinstance(a, og.Op) and family(a) == AXES or isinstance(b, og.Op) and \
             family(b) == AXES:
         ops = [x for x in (a, b) if isinstance(x, og.Op)]
@@ -550,24 +551,63 @@ def matmul(a: ArrayLike, b: ArrayLike) -> og.TensorOp:
     pa, pb = positional_shape(a), positional_shape(b)
     if not pa or not pb:
         raise ArgumentError("matmul: Input operand does not have enough dimensions")
-    if len(pa) <= 2 and len(pb) <= 2:
-        if pa[-1] != pb[0 if len(pb) == 1 else -2]:
-            raise AxisMismatchError(
-                f"matmul: Input operand 1 has a mismatch in its core dimension 0, with "
-                f"gufunc signature (n?,k),(k,m?)->(n?,m?) (size {pb[0 if len(pb) == 1 else -2]} "
-                f"is different from {pa[-1]}): {a.name} {pa} @ {b.name} {pb}")
+    kb = pb[0 if len(pb) == 1 else -2]
+    if pa[-1] != kb:
+        raise AxisMismatchError(
+            f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc "
+            f"signature (n?,k),(k,m?)->(n?,m?) (size {kb} is different from {pa[-1]}): "
+            f"{a.name} {pa} @ {b.name} {pb}")
+    shared = {x.name for x in split_axes(a)[0]} & {x.name for x in split_axes(b)[0]}
+    if len(pa) <= 2 and len(pb) <= 2 and not shared:
         return dot(a, b)
-    a2 = a if len(pa) >= 2 else expand_dims(a, 0)
-    b2 = b if len(pb) >= 2 else expand_dims(b, -1)
-    if positional_shape(a2)[-1] != positional_shape(b2)[-2]:
-        raise AxisMismatchError(f"matmul: core dimensions of {a.name} {pa} and {b.name} "
-                                f"{pb} do not match")
-    r = sum(multiply(expand_dims(a2, -1), expand_dims(b2, -3)), axis=-2)
-    if len(pa) == 1:
-        r = squeeze(r, -2)
-    if len(pb) == 1:
-        r = squeeze(r, -1)
-    return r
+    return _batched_matmul(a, b, pa, pb)
+
+
+def _batched_matmul(a, b, pa, pb):
+    """``a @ b`` with leading (batch) dimensions: one :class:`~og.Dot` that keeps the
+    batch dimensions both operands have as batch axes (lowered to one batched GEMM, no
+    product temporary). A batch dimension only ``a`` has stays a free axis of ``a``
+    (folded into the product's rows where the layout allows); one only ``b`` has is
+    broadcast into ``a`` first (a stride-0 view), so that the result comes out in
+    NumPy's order; unit dimensions that broadcast are dropped. Named (sample,
+    recurrent) axes of either operand are kept, as an elementwise op keeps them."""
+    ba, bb = pa[:-2], pb[:-2]
+    try:
+        batch = np.broadcast_shapes(ba, bb)
+    except ValueError:
+        raise AxisMismatchError(f"matmul: the batch dimensions of {a.name} {pa} and "
+                                f"{b.name} {pb} do not broadcast") from None
+    nb, has_m, has_n = len(batch), len(pa) >= 2, len(pb) >= 2
+    r = nb + has_m + has_n
+    out_batch = [PositionalAxis(batch[i], f"-{r - i}") for i in range(nb)]
+    k = temp_axis(pa[-1])
+    m = [PositionalAxis(pa[-2], f"-{1 + has_n}")] if has_m else []
+    n = [PositionalAxis(pb[-1], "-1")] if has_n else []
+
+    def renamed(x, lead, core):
+        """``x`` with its ``lead`` batch dimensions named as the result's (unit ones
+        that broadcast dropped) and its last dimensions named ``core``."""
+        _, pos = split_axes(x)
+        off = nb - lead
+        drop = {p.name for j, p in enumerate(pos[:lead])
+                if p.length == 1 and batch[off + j] != 1}
+        if drop:
+            x = pr.Reshape(x, Axes(c for c in x.axes if c.name not in drop))
+        names = iter([out_batch[off + j] for j, p in enumerate(pos[:lead])
+                      if p.name not in drop] + core)
+        return cast_through_reorder(x, [next(names) if isinstance(c, PositionalAxis)
+                                        else c for c in x.axes])
+
+    a2 = renamed(a, len(ba), m + [k])
+    b2 = renamed(b, len(bb), [k] + n)
+    # a takes what only b has (batch dimensions, named axes), in the result's order
+    special = _named_union([a2, b2], "matmul")
+    want = Axes(special + out_batch + m + [k])
+    full = Axes(c for c in want if c in a2.axes or c in b2.axes)
+    if not full.same_set(a2.axes):
+        a2 = og.Broadcast(a2, full)
+    shared = (a2.axes & b2.axes) - Axes(k)
+    return _front(og.Dot(a2, b2, batch_axes=shared))
 
 
 # --- shapes ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import inspect
 from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError, FeedError,
                          GeonError, InvalidValueError, TruthValueError)
 from geon.op_graph.axes import (NO_AXES, Axes, AxesLike, Axis, FlattenedAxis, as_axes,
-                                check_lengths)
+                                check_lengths, note_users)
 from geon.op_graph import nodes
 from geon.op_graph.nodes import Node, OrderedSet, user_location
 
@@ -210,6 +210,31 @@ class Op(Node):
             f"(be.maximum(y, 0), y * (y > 0)); test whether a variable holds an op with "
             f"`x is not None`")
 
+    def _no_numbers(self, what):
+        # A symbolic value: no number exists until a computation runs.
+        return TypeError(
+            f"{what} cannot take {type(self).__name__} {self.name}{self._where()}: an op "
+            f"is a symbolic value in a graph, with no numbers until a computation runs. "
+            f"Get its value with be.evaluate(op) (NumPy reference evaluation; placeholders "
+            f"fed as a dict: be.evaluate(op, {{x: array}})) or with a transformer's "
+            f"computation: be.make_transformer('numpy').computation(op, x)(array)")
+
+    def __array__(self, dtype=None, copy=None):
+        # Without this NumPy would make a 0-d object array holding the op (np.asarray(op))
+        raise self._no_numbers("np.asarray(op) / np.array(op)")
+
+    def __float__(self):
+        raise self._no_numbers("float(op)")
+
+    def __int__(self):
+        raise self._no_numbers("int(op)")
+
+    def __complex__(self):
+        raise self._no_numbers("complex(op)")
+
+    def __index__(self):
+        raise self._no_numbers("an index or size (operator.index(op))")
+
     def attr_values(self) -> dict[str, Any]:
         """``{name: value}`` of the op's static parameters (see ``attrs``)."""
         return {n: getattr(self, n) for n in self.attrs}
@@ -237,6 +262,7 @@ class TensorOp(Op):
                  dtype: "DTypeLike" = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.axes = as_axes(axes) if axes is not None else self._infer_axes()
+        note_users(self.axes, self)  # the axes' lengths stay fixed while this op lives
         self.dtype = np.dtype(dtype) if dtype is not None else self._infer_dtype()
         weak = [a for a in self.args if getattr(a, "weak", False)]
         if weak:
@@ -468,7 +494,7 @@ _REDUCE_HINTS = {
 _DOT_HINT = ("it sums over the axes its operands share and keeps the others (a's, "
              "then b's); rename an axis with be.cast_axes to keep it out of the sum, "
              "reorder the result with be.axes_with_order")
-_DOT_HINTS = dict.fromkeys(("axes", "axis", "reduction_axes", "out_axes"), _DOT_HINT)
+_DOT_HINTS = dict.fromkeys(("axes", "axis", "out_axes"), _DOT_HINT)
 
 
 def _arrays_as_constants(args, what):
@@ -1029,30 +1055,69 @@ def safelog(x: TensorLike, limit: float = -50.0) -> TensorOp:
 # --- dot -------------------------------------------------------------------------------
 
 class Dot(ComputationOp):
-    """Sum of products over the axes ``a`` and ``b`` share; the result has ``a``'s other
-    axes followed by ``b``'s other axes."""
+    """Sum of products over the axes ``a`` and ``b`` share, except ``batch_axes``.
 
-    def __init__(self, a, b, **kwargs):
+    The result has ``a``'s axes that are not summed over (its batch axes among them,
+    in ``a``'s order) followed by ``b``'s axes that ``a`` lacks. Each batch axis must be
+    an axis of both operands: the product is then taken separately for each index along
+    it (a batched matrix product), where without ``batch_axes`` the shared axis would be
+    summed over."""
+
+    attrs = ("batch_axes", "dtype")
+
+    def __init__(self, a, b, batch_axes=NO_AXES, **kwargs):
         hook = FAMILY_HOOKS.get("dot")
         if hook is not None:  # operands of other op families are refused
             hook(a, b)
+        self.batch_axes = as_axes(batch_axes)
         super().__init__(a, b, **kwargs)
 
     def _infer_axes(self):
         a, b = self.args
         check_lengths([(a.name, a.axes), (b.name, b.axes)], f"Dot {self.name}", self._where())
         shared = a.axes & b.axes
-        return (a.axes - shared) + (b.axes - shared)
+        missing = self.batch_axes - shared
+        if len(missing):
+            raise _mismatch(self, f"batch_axes ({_fmt(missing)}) must be axes of both "
+                                  f"operands", [a, b])
+        check_lengths([("batch_axes", self.batch_axes), (a.name, a.axes)],
+                      f"Dot {self.name}", self._where())
+        # the batch axes in a's order: how they appear in the result
+        self.batch_axes = a.axes & self.batch_axes
+        return (a.axes - (shared - self.batch_axes)) + (b.axes - shared)
 
     @property
     def reduction_axes(self):
-        return self.args[0].axes & self.args[1].axes
+        """The axes summed over: those the operands share, less the batch axes."""
+        return (self.args[0].axes & self.args[1].axes) - self.batch_axes
+
+
+_DOT_SPLIT_HINT = "give batch_axes= (the shared axes to keep) or reduction_axes= (the " \
+                  "shared axes to sum over), not both"
 
 
 @keywords(_DOT_HINTS)
-def dot(a: TensorLike, b: TensorLike, **kwargs: Any) -> TensorOp:
-    """Contract ``a`` and ``b`` over their shared axes (see ``Dot``)."""
-    return Dot(a, b, **kwargs)
+def dot(a: TensorLike, b: TensorLike, batch_axes: Optional[AxesLike] = None,
+        reduction_axes: Optional[AxesLike] = None, **kwargs: Any) -> TensorOp:
+    """Contract ``a`` and ``b`` over their shared axes (see ``Dot``).
+
+    ``batch_axes=`` names shared axes to keep instead: the result has one product per
+    index along them (a batched matrix product, ``np.matmul``'s leading dimensions).
+    ``reduction_axes=`` says the same from the other side: the shared axes to sum over,
+    every other shared axis being kept as a batch axis."""
+    if reduction_axes is not None:
+        if batch_axes is not None:
+            raise ArgumentError(f"be.dot: {_DOT_SPLIT_HINT}")
+        a, b = as_op(a), as_op(b)
+        red = as_axes(reduction_axes)
+        shared = a.axes & b.axes
+        if len(red - shared):
+            raise AxisMismatchError(
+                f"Dot: reduction_axes ({_fmt(red - shared)}) must be axes of both "
+                f"operands; operands: {a.name} ({_fmt(a.axes)}); {b.name} "
+                f"({_fmt(b.axes)}) (built at {nodes.user_location()})")
+        batch_axes = shared - red
+    return Dot(a, b, batch_axes=NO_AXES if batch_axes is None else batch_axes, **kwargs)
 
 
 # --- reductions ------------------------------------------------------------------------

@@ -9,7 +9,8 @@ storage                   :class:`Placeholder`, :class:`Variable`, :class:`Const
                           (a constant may be one number filling its shape)
 elementwise               any :class:`ElementWise` op whose args all have the op's axes
                           in the op's order (so position and name agree)
-:class:`Gemm`             2-D matrix product ``a @ b``
+:class:`Gemm`             matrix product ``a @ b``: 2-D, or batched (equal leading
+                          batch dimensions; a broadcast batch is a stride-0 view)
 ``Reduce*``               sum / prod / max / min / argmax / argmin over one axis of a
                           tensor of at most 2 dimensions
 :class:`Dimshuffle`       transpose view
@@ -43,16 +44,27 @@ import numpy as np
 
 
 class Gemm(ComputationOp):
-    """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N); the result has axes (M, N)."""
+    """``a @ b``, row-major: ``a`` (M, K) @ ``b`` (K, N) -> (M, N), or batched,
+    ``a`` (B..., M, K) @ ``b`` (B..., K, N) -> (B..., M, N), one product per batch
+    index (what ``np.matmul`` computes). Both operands have the same batch lengths: a
+    batch that one operand shares with all (broadcast) is an :class:`Expand` view of
+    stride 0, which no backend copies. The result's batch axes are ``a``'s."""
 
     arity = 2
 
+    @property
+    def batch_rank(self) -> int:
+        """The number of leading batch dimensions (0: a plain 2-D product)."""
+        return len(self.axes) - 2
+
     def _infer_axes(self):
         a, b = self.args
-        if len(a.axes) != 2 or len(b.axes) != 2 or a.axes[1].length != b.axes[0].length:
-            raise AxisMismatchError(f"Gemm {self.name}: needs (M, K) @ (K, N), got "
-                                    f"({_fmt(a.axes)}) @ ({_fmt(b.axes)})")
-        return Axes(a.axes[0], b.axes[1])
+        la, lb = a.axes.lengths, b.axes.lengths
+        if len(la) < 2 or len(la) != len(lb) or la[-1] != lb[-2] or la[:-2] != lb[:-2]:
+            raise AxisMismatchError(f"Gemm {self.name}: needs (B..., M, K) @ (B..., K, N) "
+                                    f"with equal batch lengths, got ({_fmt(a.axes)}) @ "
+                                    f"({_fmt(b.axes)})")
+        return Axes(tuple(a.axes)[:-1] + (b.axes[-1],))
 
 
 class ReducePrim(ComputationOp):

@@ -90,7 +90,8 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
     With ``gemm_head(gemm, run)``, a matrix product run right before a group, of its
     shape and read only by its members (directly), becomes the group's first member
     where ``gemm_head`` agrees: it is then computed a block of rows at a time (rows of
-    its first operand, all of its second) into scratch, and never gets a full buffer.
+    its first operand, all of its second) into scratch, and never gets a full buffer. A
+    batched product never heads a group (its first dimension is its batch).
 
     With ``reductions``, reductions of the second dimension of a 2-d member run right
     after a group (or after a single fusable op) join it as its last members: each block
@@ -147,7 +148,7 @@ def find_groups(order, results, emits, fusable=None, max_members=None, gemm_head
         before = {b: a for a, b in zip(emitted, emitted[1:])}
         for run in runs:
             g = before.get(run[0])
-            if isinstance(g, pr.Gemm) and g not in keep \
+            if isinstance(g, pr.Gemm) and not g.batch_rank and g not in keep \
                     and g.axes.lengths == run[0].axes.lengths \
                     and readers.get(g) and all(r in run for r in readers[g]) \
                     and gemm_head(g, run):

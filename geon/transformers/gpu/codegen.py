@@ -656,7 +656,9 @@ def _emit_transpose(prog, ctx, op):
 class GemmCall(NamedTuple):
     """A ``Gemm`` kernel as a BLAS call ``C = A @ B`` (``Kernel.library``): the sizes
     (``A`` is ``M x K``, ``B`` is ``K x N``), each matrix's element strides, the dtype,
-    and which kernel arguments are ``C``, ``A`` and ``B``."""
+    and which kernel arguments are ``C``, ``A`` and ``B``. A batched product has
+    ``batch``: ``[(count, stride of A, of B, of C)]`` in elements after merging the
+    batch dimensions that step evenly (a BLAS's strided-batched call takes one)."""
     M: int
     N: int
     K: int
@@ -665,35 +667,56 @@ class GemmCall(NamedTuple):
     c_strides: tuple
     dtype: np.dtype
     args: tuple
+    batch: tuple = ()
+
+
+def merged_batch(shape, *strides):
+    """``[(length, stride, stride, ...)]`` of batch dimensions ``shape`` with one stride
+    per operand: unit dimensions dropped, and adjacent ones merged where every operand
+    steps through them evenly (one index then serves all operands)."""
+    out = []
+    for k, n in enumerate(shape):
+        if n == 1:
+            continue
+        st = [s[k] for s in strides]
+        if out and all(prev == s * n for prev, s in zip(out[-1][1:], st)):
+            out[-1] = (out[-1][0] * n,) + tuple(st)
+        else:
+            out.append((n,) + tuple(st))
+    return tuple(out)
 
 
 def _emit_gemm(prog, ctx, op):
     a, b = op.args
     la, lb, lc = ctx.layout(a), ctx.layout(b), ctx.layout(op)
-    M, K = la.shape
-    N = lb.shape[1]
-    if M == 0 or N == 0:
+    M, K = la.shape[-2:]
+    N = lb.shape[-1]
+    nb = len(lc.shape) - 2
+    batch = merged_batch(lc.shape[:nb], la.strides[:nb], lb.strides[:nb], lc.strides[:nb])
+    if M == 0 or N == 0 or any(d[0] == 0 for d in batch):
         return
     params = kernels.Params()
     c = ctx.pointer(params, lc, written=True)
     pa = ctx.pointer(params, la)
     pb = ctx.pointer(params, lb)
+    sa, sb = la.strides[-2:], lb.strides[-2:]
 
-    def vec(lay, fast_second):
-        s0, s1 = lay.strides
-        if lay.offset % 4:
+    def vec(lay, strides, fast_second, which):
+        s0, s1 = strides
+        if lay.offset % 4 or any(d[which] % 4 for d in batch):
             return False
         return (s1 == 1 and s0 % 4 == 0) if fast_second else (s0 == 1 and s1 % 4 == 0)
 
-    sam, sak = la.strides
-    sbk, sbn = lb.strides
+    sam, sak = sa
+    sbk, sbn = sb
     a_fast_k = abs(sak) <= abs(sam) if M > 1 else True
     b_fast_n = abs(sbn) <= abs(sbk) if K > 1 else True
-    k = kernels.gemm_kernel(params, pa, pb, c, M, N, K, la.strides, lb.strides, op.dtype,
-                            vec(la, a_fast_k), vec(lb, b_fast_n), True, [op])
+    k = kernels.gemm_kernel(params, pa, pb, c, M, N, K, sa, sb, op.dtype,
+                            vec(la, sa, a_fast_k, 1), vec(lb, sb, b_fast_n, 2),
+                            not any(d[3] % 4 for d in batch), [op], batch=batch)
     # What a BLAS needs to replace the kernel (the runtime's gemm option)
-    k.library = GemmCall(M, N, K, tuple(la.strides), tuple(lb.strides), tuple(lc.strides),
-                         np.dtype(op.dtype), tuple(int(p[1:]) for p in (c, pa, pb)))
+    k.library = GemmCall(M, N, K, tuple(sa), tuple(sb), tuple(lc.strides[-2:]),
+                         np.dtype(op.dtype), tuple(int(p[1:]) for p in (c, pa, pb)), batch)
     _add(prog, k)
 
 

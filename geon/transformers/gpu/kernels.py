@@ -535,22 +535,53 @@ GEMM_LARGE = (128, 128, 8, 8, 8)
 GEMM_SMALL = (64, 64, 8, 4, 4)
 
 
-def gemm_config(M, N, K, dt):
-    if np.dtype(dt) == np.float32 and -(-M // 128) * -(-N // 128) >= 132:
+#: At most this many blocks along the grid's z dimension, which runs over the batch of a
+#: batched product (a longer batch is looped over by each block).
+GEMM_BATCH_BLOCKS = 65535
+
+
+def gemm_config(M, N, K, dt, batch=1):
+    if np.dtype(dt) == np.float32 and -(-M // 128) * -(-N // 128) * batch >= 132:
         return GEMM_LARGE
     return GEMM_SMALL
 
 
-def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, cfg=None):
+def batch_offsets(batch, index="bz"):
+    """C expressions of the element offsets of A, B and C for the batch index ``index``
+    (row-major over ``batch``: ``[(length, stride of A, of B, of C)]``)."""
+    terms = ([], [], [])
+    inner = 1
+    for pos in range(len(batch) - 1, -1, -1):
+        n, *strides = batch[pos]
+        q = index if inner == 1 else f"({index} / {inner}LL)"
+        if pos > 0:
+            q = f"({q} % {n}LL)"
+        for t, st in zip(terms, strides):
+            if st:
+                t.append(q if st == 1 else f"{q} * {st}LL")
+        inner *= n
+    return tuple(" + ".join(reversed(t)) or "0" for t in terms)
+
+
+def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, cfg=None,
+                batch=()):
     """``C (M, N) = A (M, K) @ B (K, N)``: ``a``, ``b``, ``c`` are pointer names, ``sa`` =
     (row stride, column stride) of A and ``sb`` of B, in elements; C is row-major.
     ``vec_*``: float4 accesses are allowed (contiguous direction, 16-byte alignment and
     whole tiles were checked by the caller). Tiles of A and B go through shared memory,
     double buffered: the next tile's global loads are issued before the current tile is
-    used."""
+    used.
+
+    ``batch``: ``[(length, stride of A, of B, of C)]`` (elements; a stride of 0 is a
+    broadcast) for a batched product, one product per batch index: the grid's z
+    dimension runs over the batch (each block loops where the batch has more than
+    :data:`GEMM_BATCH_BLOCKS` indices)."""
     dt = np.dtype(dt)
     T = ctype(dt)
-    BM, BN, BK, TM, TN = cfg or gemm_config(M, N, K, dt)
+    count = 1
+    for n, *_ in batch:
+        count *= n
+    BM, BN, BK, TM, TN = cfg or gemm_config(M, N, K, dt, count)
     threads = 256
     GM, GN = TM // 4, TN // 4          # groups of 4 rows / columns per thread
     even_m, even_n, even_k = M % BM == 0, N % BN == 0, K % BK == 0
@@ -569,6 +600,11 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
     L = []
     L.append(f"    __shared__ __align__(16) {T} As[2][{BK}][{BM + 4}];")
     L.append(f"    __shared__ __align__(16) {T} Bs[2][{BK}][{BN + 4}];")
+    head = len(L)
+    if batch:  # this batch index's matrices, through pointers of the same names
+        oa, ob, oc = batch_offsets(batch)
+        outer = (a, b, c)
+        a, b, c = "ga", "gb", "gc"
     L.append("    const int tid = threadIdx.x;")
     L.append(f"    const int tx = tid % {BN // TN}, ty = tid / {BN // TN};")
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
@@ -726,9 +762,21 @@ def gemm_kernel(params, a, b, c, M, N, K, sa, sb, dt, vec_a, vec_b, vec_c, ops, 
                 L.append("      }")
             L.append("    }")
     grid = (tiles_m, tiles_n) if swap else (tiles_n, tiles_m)
-    return Kernel("gemm", params, L, threads, grid, (threads,), ops,
-                  note=f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, "
-                       f"{TM} x {TN} per thread")
+    note = f"Gemm ({M} x {K}) @ ({K} x {N}), tiles {BM} x {BN} x {BK}, {TM} x {TN} per thread"
+    if batch:
+        gz = min(count, GEMM_BATCH_BLOCKS)
+        # Every thread of a block runs the same batch indices: the tile loop's
+        # __syncthreads() stay uniform, and its last one ends all reads of shared
+        # memory before the next index stores its first tiles.
+        L[head:] = ([f"    for (long long bz = blockIdx.z; bz < {count}LL; bz += {gz}LL) {{",
+                     f"    const {T}* ga = {outer[0]} + {oa};",
+                     f"    const {T}* gb = {outer[1]} + {ob};",
+                     f"    {T}* gc = {outer[2]} + {oc};"]
+                    + ["    " + ln if ln.startswith("    ") else ln for ln in L[head:]]
+                    + ["    }"])
+        grid = grid + (gz,)
+        note = f"{count} x " + note
+    return Kernel("gemm", params, L, threads, grid, (threads,), ops, note=note)
 
 
 def _tile_store(which, tile, buf, r, c):

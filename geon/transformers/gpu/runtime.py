@@ -50,8 +50,8 @@ _runtimes = {}
 
 #: Why the GPU transformer cannot be made without pycuda, and what to do.
 PYCUDA_MISSING = (
-    "pycuda is not installed (pip install -e '.[gpu]' in a checkout, or "
-    "pip install 'geon-graph[gpu]'); building pycuda needs the CUDA toolkit: its headers "
+    "pycuda is not installed (pip install -e '.[gpu]' in a checkout of geon, or "
+    "pip install pycuda); building pycuda needs the CUDA toolkit: its headers "
     "(cuda.h) and nvcc, found through CUDA_ROOT (e.g. export CUDA_ROOT=/usr/local/cuda) "
     "or nvcc on PATH; see doc/gpu.rst")
 
@@ -300,7 +300,9 @@ class PyCUDARuntime:
                 calls.append(blas.gemm_call(lib, ptrs[ic], ptrs[ia], ptrs[ib]))
                 continue
             f = self._functions[k.name]
-            calls.append((f.prepared_async_call, (grid[0], grid[1]), block, tuple(ptrs)))
+            # (a grid's z dimension only where used: a batched product's)
+            calls.append((f.prepared_async_call, tuple(grid[:3 if grid[2] > 1 else 2]),
+                          block, tuple(ptrs)))
         stream = self.stream
 
         def run():
@@ -521,6 +523,15 @@ class CuBlas:
         sig = (vp, ci, ci, ci, ci, ci, vp, vp, ci, vp, ci, vp, vp, ci)
         self._gemm = {np.dtype(np.float32): fn("cublasSgemm_v2", *sig),
                       np.dtype(np.float64): fn("cublasDgemm_v2", *sig)}
+        # batched products: one stride between the matrices of each operand (0: the
+        # same matrix for every product)
+        ll = ctypes.c_longlong
+        sig = (vp, ci, ci, ci, ci, ci, vp, vp, ci, ll, vp, ci, ll, vp, vp, ci, ll, ci)
+        try:
+            self._batched = {np.dtype(np.float32): fn("cublasSgemmStridedBatched", *sig),
+                             np.dtype(np.float64): fn("cublasDgemmStridedBatched", *sig)}
+        except AttributeError:  # a cuBLAS without them: the generated GEMM runs those
+            self._batched = {}
         # alpha = 1 and beta = 0, read from host memory (the default pointer mode)
         self._scalars = {dt: np.array([1, 0], dt) for dt in self._gemm}
         self._check_product(runtime)
@@ -549,26 +560,43 @@ class CuBlas:
         """Whether cuBLAS can compute this product (a ``GemmCall``) in place of the
         generated GEMM."""
         out = blas_operand(lib.M, lib.N, lib.c_strides)  # C is written as is
+        batch = getattr(lib, "batch", ())
         return (lib.dtype in self._gemm and lib.K > 0
                 and blas_operand(lib.M, lib.K, lib.a_strides) is not None
                 and blas_operand(lib.K, lib.N, lib.b_strides) is not None
-                and out is not None and out[0] == CUBLAS_OP_N)
+                and out is not None and out[0] == CUBLAS_OP_N
+                # a batch: one stride per operand (the batch dimensions merged into
+                # one), none negative, and products that do not write over each other
+                and (not batch or lib.dtype in self._batched and len(batch) == 1
+                     and min(batch[0][1:]) >= 0 and batch[0][3] >= lib.M * lib.N))
 
     def gemm_call(self, lib, c, a, b):
         """A function enqueueing C = A @ B (``c``, ``a``, ``b`` are device addresses):
-        in column-major terms C^T = B^T A^T."""
+        in column-major terms C^T = B^T A^T; a batched product is one strided-batched
+        call."""
         M, N, K, dtype = lib.M, lib.N, lib.K, lib.dtype
         op_a, lda = blas_operand(M, K, lib.a_strides)
         op_b, ldb = blas_operand(K, N, lib.b_strides)
         _, ldc = blas_operand(M, N, lib.c_strides)
         scalars = self._scalars[dtype]
         alpha = scalars.ctypes.data
-        args = (self.handle, op_b, op_a, N, M, K, alpha, b, ldb, a, lda,
-                alpha + dtype.itemsize, c, ldc)
-        gemm, check = self._gemm[dtype], self._check
+        beta = alpha + dtype.itemsize
+        batch = getattr(lib, "batch", ())
+        letter = "S" if dtype.itemsize == 4 else "D"
+        if batch:
+            (count, sa, sb, sc), = batch
+            args = (self.handle, op_b, op_a, N, M, K, alpha, b, ldb, sb, a, lda, sa,
+                    beta, c, ldc, sc, count)
+            gemm = self._batched[dtype]
+            what = f"{letter}gemmStridedBatched of {count} x {M}x{K} @ {K}x{N}"
+        else:
+            args = (self.handle, op_b, op_a, N, M, K, alpha, b, ldb, a, lda, beta, c, ldc)
+            gemm = self._gemm[dtype]
+            what = f"{letter}gemm of {M}x{K} @ {K}x{N}"
+        check = self._check
 
         def call():
             rc = gemm(*args)
             if rc:
-                check(rc, f"{'S' if dtype.itemsize == 4 else 'D'}gemm of {M}x{K} @ {K}x{N}")
+                check(rc, what)
         return call

@@ -236,7 +236,7 @@ def _accumulation(g, names):
     if not blas.available() or len(g.members) != 3:
         return None
     gemm, scale, last = g.members
-    if not isinstance(gemm, pr.Gemm) or gemm.dtype not in _BLAS_DTYPES \
+    if not isinstance(gemm, pr.Gemm) or gemm.batch_rank or gemm.dtype not in _BLAS_DTYPES \
             or not isinstance(scale, og.Multiply) \
             or not isinstance(last, (og.Add, og.Subtract)) \
             or any(m.dtype != gemm.dtype for m in g.members) \
@@ -777,7 +777,7 @@ class NumPyComputation(Computation):
         if not isinstance(m0, og.Add) or m0 not in g.internal \
                 or m0.dtype not in _BLAS_DTYPES:
             return None
-        gemms = [a for a in m0.args if isinstance(a, pr.Gemm)]
+        gemms = [a for a in m0.args if isinstance(a, pr.Gemm) and not a.batch_rank]
         if len(gemms) != 1:
             return None
         gemm = gemms[0]

@@ -80,6 +80,8 @@ class LayoutPass(RewritePass):
         return _ordered(new, op.axes)
 
     def dot(self, op):  # dot(w, x) : (Y, N) -> reorder(dot(x, w) : (N, Y))
+        if len(op.batch_axes):  # a batched product keeps its layout (a's, then b's)
+            return None
         a, b = (_strip(x) for x in op.args)
         want = self.preferred(op.axes)
         shared = a.axes & b.axes

@@ -1,7 +1,8 @@
 """Lowering of Axes ops to the semi-primitive base set (:mod:`geon.op_graph.primitives`).
 
 After this pass every op reads its operands by position: elementwise args have the op's
-axes in the op's order, ``dot`` is a 2-D ``Gemm`` between reshapes, reductions reduce
+axes in the op's order, ``dot`` is a ``Gemm`` (2-D, or batched over the axes a batched
+dot keeps) between views and reshapes, reductions reduce
 one dimension of a tensor of at most two, and renaming / reordering / broadcasting /
 slicing are explicit views. Named axes are not consulted after this pass.
 """
@@ -66,16 +67,61 @@ def lower_elementwise(op):  # f(a, b) -> f(view(a), view(b)) with equal layouts
                     dtype=op.dtype)
 
 
-def lower_dot(op):  # dot(a, b) -> reshape(gemm(a as (M, K), b as (K, N)))
+def as_batched(x, batch, rows, cols, unit):
+    """``x`` as a (batch..., rows, cols) view for a batched :class:`~pr.Gemm`: ``rows``
+    and ``cols`` are Axes groups of ``x``, each made one axis (a reshape where a group
+    has several axes). Batch axes that ``x`` lacks (stride-0 broadcasts) and empty
+    groups (unit axes) are added last, by one broadcast view, so that no reshape reads
+    through a broadcast (which would need a copy)."""
+    present = Axes(a for a in batch if a in x.axes)
+    x = view_as(x, present + rows + cols)
+    groups = [_group(g, unit + s) for g, s in ((rows, "_r"), (cols, "_c"))]
+    merged = present + Axes(g for g, axes in zip(groups, (rows, cols)) if len(axes))
+    if x.axes != merged:
+        x = pr.Reshape(x, merged)
+    full = batch + Axes(groups)
+    if x.axes != full:
+        x = pr.Expand(x, full, [merged.index(a) if a in merged else None for a in full])
+    return x
+
+
+def _product_layout(op):
+    """``(batch, rows, cols)``, groups of ``op``'s result axes: the batched product
+    computes (batch..., rows, cols) with ``rows`` from ``a`` alone and ``cols`` from
+    ``b`` alone. Preferably the result's own order (no transposed result): its longest
+    tail of a-only axes then b-only axes is (rows, cols), the rest the batch, where
+    ``b`` is broadcast over a-only axes before the last batch axis. Where that leaves no
+    rows, the batch is the batch axes alone and the result a transposed view."""
     a, b = op.args
-    shared = a.axes & b.axes
-    if not len(shared):  # an outer product is a broadcast multiply
+    out = op.axes
+    a_only, b_only = a.axes - b.axes, b.axes - a.axes
+    i = len(out)
+    while i and out[i - 1] in b_only:
+        i -= 1
+    j = i
+    while j and out[j - 1] in a_only:
+        j -= 1
+    if j == i and len(a_only):  # (batch..., 1, K) products: one matrix-vector each
+        return op.batch_axes, out & a_only, out & b_only
+    return Axes(tuple(out)[:j]), Axes(tuple(out)[j:i]), Axes(tuple(out)[i:])
+
+
+def lower_dot(op):  # dot(a, b) -> reshape(gemm(a as (B.., M, K), b as (B.., K, N)))
+    a, b = op.args
+    red = op.reduction_axes
+    if not len(red):  # an outer product (batched or not) is a broadcast multiply
         return og.Multiply(a, b, dtype=op.dtype)
-    m = a.axes - shared
-    n = b.axes - shared
-    g = pr.Gemm(as_matrix(a, m, shared, "_dot_m"), as_matrix(b, shared, n, "_dot_n"),
+    batch, m, n = _product_layout(op)
+    if not len(batch):
+        g = pr.Gemm(as_matrix(a, m, red, "_dot_m"), as_matrix(b, red, n, "_dot_n"),
+                    dtype=op.dtype)
+        return g if g.axes == op.axes else pr.Reshape(g, op.axes)
+    g = pr.Gemm(as_batched(a, batch, m, red, "_dot_m"), as_batched(b, batch, red, n, "_dot_n"),
                 dtype=op.dtype)
-    return g if g.axes == op.axes else pr.Reshape(g, op.axes)
+    full = batch + m + n
+    if g.axes != full:
+        g = pr.Reshape(g, full)
+    return g if full == op.axes else pr.Dimshuffle(g, [full.index(x) for x in op.axes])
 
 
 def lower_reduction(op):  # reduce(x, axes) -> reshape(reduce1(x as (kept, reduced)))
