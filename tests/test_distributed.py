@@ -364,7 +364,7 @@ def test_examples_train_data_parallel_under_mpirun(tmp_path):
     assert ckpt.exists() and ckpt.with_suffix(".json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "d.npz"]  # no strays
     out = _example("geon.examples.digits_cnn", "--data-parallel", "--epochs", "1",
-                   "--quiet", "--channels", "4", mpi_ranks=2)
+                   "--quiet", "--channels", "4", "--no-save", mpi_ranks=2, cwd=tmp_path)
     lines = [ln for ln in out.splitlines() if ln.startswith("test accuracy")]
     assert len(lines) == 1 and "2 ranks, global batch 64" in lines[0], out
 

@@ -73,11 +73,13 @@ def test_train_reaches_accuracy_and_resume_restores(tmp_path):
 
 
 def test_resume_continues_the_same_run(tmp_path):
-    # 2 epochs, save, resume for 2 more == 4 epochs in one go, bit for bit: the
-    # checkpoint holds every weight and the step count, which fixes the minibatch order;
-    # the hyperparameters (here a non-default learning rate) come from the stored run.
+    # 2 epochs, save, resume up to epoch 4 (--epochs is the run's total, as Keras's
+    # epochs) == 4 epochs in one go, bit for bit: the checkpoint holds every weight and
+    # the step count, which fixes the minibatch order; the hyperparameters (here a
+    # non-default learning rate) come from the stored run.
     run(tmp_path, "--epochs", 2, "--lr", 0.1, name="split.npz")
-    resumed = run(tmp_path, "--epochs", 2, "--resume", name="split.npz")
+    resumed = run(tmp_path, "--epochs", 4, "--resume", name="split.npz")
+    assert resumed["epochs_run"] == 2
     straight = run(tmp_path, "--epochs", 4, "--lr", 0.1, name="straight.npz")
     a, b = weights(tmp_path / "split.npz"), weights(tmp_path / "straight.npz")
     assert int(a["sgd/step"]) == int(b["sgd/step"]) == 4 * 44
@@ -185,3 +187,106 @@ def test_command_line(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "error: checkpoint nope.npz does not exist" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+# --- every example: one command line -------------------------------------------------------
+
+EXAMPLES = ["digits", "digits_cnn", "digits_rnn"]
+#: The options every example takes (each adds its hyperparameters).
+COMMON = {"--epochs", "--batch-size", "--lr", "--seed", "--checkpoint", "--resume",
+          "--no-save", "--plot", "--quiet", "--transformer", "--data-parallel", "--help"}
+
+
+def options(module_name):
+    """``{option: help text}`` of an example's ``--help``."""
+    import contextlib
+    import importlib
+    module = importlib.import_module(f"geon.examples.{module_name}")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0
+    text = out.getvalue()
+    body = text[text.index("options:"):]
+    found = {}
+    for m in re.finditer(r"^  (-h, )?(--[\w-]+)[^\n]*?(?:  +|\n +)(.*?)(?=^  -|\Z)", body,
+                         re.M | re.S):
+        found[m[2]] = " ".join(m[3].split())
+    return text, found
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_has_the_same_options_with_descriptions_and_defaults(name):
+    text, found = options(name)
+    assert text.startswith(f"usage: python -m geon.examples.{name} ")
+    assert COMMON <= set(found), COMMON - set(found)
+    for option, help_text in found.items():
+        if option in ("--help", "--resume", "--data-parallel", "--no-save"):
+            continue
+        assert "default" in help_text, (option, help_text)
+    assert "the run's total number of epochs, as Keras's epochs" in found["--epochs"]
+    assert f"(default {name}-ckpt.npz in the current folder)" in found["--checkpoint"]
+    assert "as a PNG; needs matplotlib" in found["--plot"]
+
+
+def test_examples_count_epochs_in_total_and_say_epoch_for_one(tmp_path, capsys):
+    from geon.examples import digits_cnn
+    ckpt = str(tmp_path / "cnn.npz")
+    base = ["--quiet", "--channels", "2", "--checkpoint", ckpt]
+    one = digits_cnn.main(base + ["--epochs", "1"])
+    assert "after 1 epoch;" in capsys.readouterr().out
+    assert one["epochs"] == one["epochs_run"] == 1
+    assert json.loads((tmp_path / "cnn.json").read_text()) == {
+        "batch_size": 32, "lr": 0.005, "channels": 2, "seed": 0, "epochs": 1}
+    two = digits_cnn.main(base + ["--epochs", "2", "--resume"])   # up to epoch 2 in all
+    assert "after 2 epochs;" in capsys.readouterr().out
+    assert two["epochs"] == 2 and two["epochs_run"] == 1
+    straight = digits_cnn.main(["--quiet", "--channels", "2", "--epochs", "2",
+                                "--checkpoint", str(tmp_path / "straight.npz")])
+    a, b = weights(ckpt), weights(tmp_path / "straight.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert two["test_loss"] == straight["test_loss"]
+    # a total already reached trains nothing (Keras's initial_epoch >= epochs)
+    again = digits_cnn.main(base + ["--epochs", "1", "--resume"])
+    assert again["epochs_run"] == 0 and again["epochs"] == 2
+    with pytest.raises(be.CheckpointError, match=r"--channels 4 but the run in .* used 2"):
+        digits_cnn.main(base + ["--channels", "4", "--resume"])
+
+
+def png_header(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_plot_option_writes_the_training_curves_as_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (pip install "
+                                             "matplotlib)")
+    png = tmp_path / "curves.png"
+    r = run(tmp_path, "--epochs", 2, "--no-save", "--plot", png)
+    assert r["plot"] == str(png) and png_header(png) == (840, 340)
+    assert capsys.readouterr().out.rstrip().endswith(f"; curves {png}")
+    assert png.stat().st_size < 100_000
+
+
+def test_plot_option_without_matplotlib_stops_before_training(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        digits.main(["--plot", "x.png"])
+    assert e.value.code == 2
+    assert ("error: --plot needs matplotlib, which is not installed: pip install "
+            "matplotlib") in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+def test_the_hyperparameters_file_has_the_checkpoints_permissions(tmp_path):
+    old = os.umask(0o027)
+    try:
+        run(tmp_path, "--epochs", 0)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"ckpt.npz": 0o640, "ckpt.json": 0o640}

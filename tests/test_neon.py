@@ -538,11 +538,15 @@ def test_progress_uses_tqdm_when_installed(monkeypatch):
 
 # --- examples ----------------------------------------------------------------------------
 
-def test_digits_rnn_reaches_95_percent():
-    # the example as it runs by default (20 epochs, about 98%)
+def test_digits_rnn_reaches_95_percent(tmp_path, monkeypatch):
+    # the example as it runs by default (20 epochs, about 98%), in a folder of its own:
+    # it writes its checkpoint there, as the main example does
     from geon.examples import digits_rnn
+    monkeypatch.chdir(tmp_path)
     r = digits_rnn.main(["--quiet"])
     assert r["test_accuracy"] >= 0.95, r
+    assert r["epochs"] == r["epochs_run"] == 20
+    assert sorted(os.listdir(tmp_path)) == ["digits_rnn-ckpt.json", "digits_rnn-ckpt.npz"]
 
 
 def test_layer_errors_name_the_axes_and_the_line():
@@ -681,10 +685,12 @@ def test_conv_and_pool_gradients(op):
          ((K,), rng.standard_normal(3))])
 
 
-def test_digits_cnn_reaches_98_5_percent():
+def test_digits_cnn_reaches_98_5_percent(tmp_path, monkeypatch):
     from geon.examples import digits_cnn
+    monkeypatch.chdir(tmp_path)
     r = digits_cnn.main(["--quiet"])  # as it runs by default (10 epochs)
     assert r["test_accuracy"] >= 0.985, r
+    assert r["checkpoint"] == str(tmp_path / "digits_cnn-ckpt.npz")
 
 
 def test_dropout_masks_in_training_only_and_reproducibly():

@@ -18,28 +18,33 @@ Run it with::
 
     python -m geon.examples.digits                 # 30 epochs, then save digits-ckpt.npz
     python -m geon.examples.digits --resume        # continue the run saved there
-    python -m geon.examples.digits --epochs 5 --resume   # 5 epochs more
-    python -m geon.examples.digits --epochs 0 --resume   # only evaluate a checkpoint
+    python -m geon.examples.digits --epochs 40 --resume   # continue it up to epoch 40
+    python -m geon.examples.digits --epochs 0 --resume    # only evaluate a checkpoint
+    python -m geon.examples.digits --plot curves.png      # and draw the training curves
 
-Options: ``--epochs N``, ``--batch-size B``, ``--lr RATE``, ``--hidden H``, ``--seed S``
-(weight initialisation and minibatch order), ``--checkpoint PATH`` (default
-``digits-ckpt.npz`` in the current directory), ``--resume``, ``--no-save``, ``--quiet``
-(no progress output), ``--transformer NAME`` and ``--data-parallel``. A progress bar with the current loss,
-the rate and the time left is drawn on stderr when it is a terminal (tqdm's if tqdm is
+Options (``--help`` describes each, with its default): ``--epochs N`` (the run's total
+number of epochs, as Keras's ``epochs``), ``--batch-size B``, ``--lr RATE``,
+``--hidden H``, ``--seed S`` (weight initialisation and minibatch order),
+``--checkpoint PATH`` (default ``digits-ckpt.npz`` in the current directory),
+``--resume``, ``--no-save``, ``--plot FILE`` (the loss and accuracy of each epoch,
+training and test, as a PNG; needs matplotlib), ``--quiet`` (no progress output),
+``--transformer NAME`` and ``--data-parallel``. The other examples (``digits_cnn``,
+``digits_rnn``) take the same options. A progress bar with the current loss, the rate
+and the time left is drawn on stderr when it is a terminal (tqdm's if tqdm is
 installed, e.g. with ``pip install -e ".[examples]"``); otherwise one line per epoch,
-with its rate and the time left, is printed there. The run ends with one line on stdout giving the test
-accuracy, the losses and the elapsed time.
+with its rate and the time left, is printed there. The run ends with one line on
+stdout giving the test accuracy, the losses and the elapsed time.
 
 The checkpoint is written after every epoch and when the run is interrupted (Ctrl-C);
 it holds the weights and the optimizer's step counter. The run's hyperparameters
-(``--batch-size``, ``--lr``, ``--hidden``, ``--seed`` and the number of epochs asked
-for) are written beside it, in ``PATH`` with ``.json`` for ``.npz``. ``--resume`` reads
+(``--batch-size``, ``--lr``, ``--hidden``, ``--seed`` and the total number of epochs)
+are written beside it, in ``PATH`` with ``.json`` for ``.npz``. ``--resume`` reads
 them back (giving one of them with another value is an error) and continues the same
-run: without ``--epochs`` up to the number of epochs asked for, with ``--epochs N``
-for ``N`` epochs more (an epoch interrupted part way counts as one). The minibatch
-order of an epoch depends only on ``--seed`` and the epoch's number, so 10 epochs then
-10 more with ``--resume``, or a run interrupted and resumed, give bit for bit the
-weights of one uninterrupted run.
+run up to its total number of epochs, or up to ``--epochs N`` (as Keras's
+``fit(initial_epoch=..., epochs=N)``; an epoch interrupted part way is finished). The
+minibatch order of an epoch depends only on ``--seed`` and the epoch's number, so 10
+epochs then ``--epochs 20 --resume``, or a run interrupted and resumed, give bit for
+bit the weights of one uninterrupted run of 20.
 
 Data-parallel training on MPI (see doc/distributed.rst)::
 
@@ -56,16 +61,13 @@ With the defaults it reaches about 97-98% test accuracy in a second or two on a
 2-core machine.
 """
 
-import argparse
 import importlib.resources
-import json
-import os
-import sys
-import time
 
 import numpy as np
 
 import geon as be
+from geon.examples import _train
+from geon.examples._train import Hyper
 from geon.frontends import neon as nn
 
 #: The seed of the train/test split; fixed so every run is scored on the same images.
@@ -75,6 +77,15 @@ N_CLASSES = 10
 #: The hyperparameters stored beside the checkpoint, and their defaults.
 HYPERPARAMETERS = {"batch_size": 32, "lr": 0.2, "hidden": 64, "seed": 0}
 DEFAULT_EPOCHS = 30
+#: Their command-line options.
+OPTIONS = {
+    "batch_size": Hyper(32, int, "minibatch size", minimum=1),
+    "lr": Hyper(0.2, float, "SGD learning rate", positive=True),
+    "hidden": Hyper(64, int, "hidden units", minimum=1),
+    "seed": Hyper(0, int, "seed of the initial weights and the minibatch order",
+                  minimum=0),
+}
+assert {k: h.default for k, h in OPTIONS.items()} == HYPERPARAMETERS
 
 
 def load_digits(path=None):
@@ -96,10 +107,7 @@ def split(n, test_fraction=TEST_FRACTION, seed=SPLIT_SEED):
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def hyperparameters_path(checkpoint):
-    """Where the run's hyperparameters are stored: the checkpoint's path with
-    ``.json`` for its extension."""
-    return os.path.splitext(checkpoint)[0] + ".json"
+hyperparameters_path = _train.hyperparameters_path
 
 
 def build_model(hp, n_features, transformer, data_parallel=False):
@@ -117,72 +125,10 @@ def build_model(hp, n_features, transformer, data_parallel=False):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m geon.examples.digits",
-        description="Train a two-layer MLP on 8x8 handwritten digits with geon.")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"epochs to train (default {DEFAULT_EPOCHS}; with --resume: "
-                        "continue to the number the run asked for)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"minibatch size (default {HYPERPARAMETERS['batch_size']})")
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"SGD learning rate (default {HYPERPARAMETERS['lr']})")
-    p.add_argument("--hidden", type=int, default=None,
-                   help=f"hidden units (default {HYPERPARAMETERS['hidden']})")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of the initial weights and minibatch order (default 0)")
-    p.add_argument("--checkpoint", default="digits-ckpt.npz", metavar="PATH",
-                   help="checkpoint file (default digits-ckpt.npz)")
-    p.add_argument("--resume", action="store_true",
-                   help="restore the checkpoint and continue its run")
-    p.add_argument("--no-save", action="store_true", help="do not write the checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--transformer", default="numpy",
-                   help="transformer to run on (default numpy; e.g. gpu)")
-    p.add_argument("--data-parallel", action="store_true",
-                   help="train on every rank of an MPI job (mpirun -n N python -m "
-                        "geon.examples.digits --data-parallel): --batch-size is per rank, "
-                        "so a step trains on N x batch-size images; rank 0 prints and "
-                        "writes the checkpoint; without mpirun, one rank")
-    args = p.parse_args(argv)
-    if args.epochs is not None and args.epochs < 0:
-        p.error("--epochs must be >= 0")
-    if args.batch_size is not None and args.batch_size < 1:
-        p.error("--batch-size must be >= 1")
-    if args.seed is not None and args.seed < 0:
-        p.error("--seed must be >= 0")
-    if args.hidden is not None and args.hidden < 1:
-        p.error("--hidden must be >= 1")
-    if args.lr is not None and not args.lr > 0:
-        p.error("--lr must be > 0")
-    return args
-
-
-def _hyperparameters(args):
-    """The run's hyperparameters: the defaults, then (with --resume) the stored ones,
-    then the options given. A given option that contradicts the stored run is an error."""
-    given = {k: getattr(args, k) for k in HYPERPARAMETERS if getattr(args, k) is not None}
-    hp = dict(HYPERPARAMETERS)
-    stored = None
-    if args.resume:
-        path = hyperparameters_path(args.checkpoint)
-        if not os.path.exists(args.checkpoint):
-            raise be.CheckpointError(f"checkpoint {args.checkpoint} does not exist")
-        try:
-            with open(path) as f:
-                stored = json.load(f)
-        except (OSError, ValueError) as e:
-            raise be.CheckpointError(f"cannot read the run's hyperparameters from {path} "
-                                     f"({e}); the checkpoint was not written by this "
-                                     f"example") from None
-        for k, v in given.items():
-            if k in stored and stored[k] != v:
-                raise be.CheckpointError(
-                    f"--{k.replace('_', '-')} {v} but the run in {args.checkpoint} used "
-                    f"{stored[k]} (stored in {path}); leave it out to continue the run")
-        hp.update({k: stored[k] for k in HYPERPARAMETERS if k in stored})
-    hp.update(given)
-    return hp, stored
+    """The command line (see the module's description)."""
+    p = _train.parser("digits", "Train a two-layer MLP on 8x8 handwritten digits with "
+                      "geon.", OPTIONS, DEFAULT_EPOCHS)
+    return _train.parse(p, argv)
 
 
 def main(argv=None):
@@ -192,77 +138,17 @@ def main(argv=None):
     right), ``loss`` (mean training loss over the last epoch; NaN if none ran),
     ``test_loss`` (mean cross-entropy on the held-out images), ``elapsed`` (seconds,
     data loading and compilation included), ``epochs`` (completed in total, resumed
-    ones included), ``epochs_run`` (in this call), ``n_train``, ``n_test``,
-    ``checkpoint`` (absolute path written, or ``None`` with ``--no-save``) and
-    ``hyperparameters``.
+    ones included), ``epochs_run`` (in this call), ``n_train``, ``n_test``, ``ranks``,
+    ``checkpoint`` (absolute path written, or ``None`` with ``--no-save``), ``plot``,
+    ``hyperparameters`` and ``history``.
     """
     args = parse_args(argv)
-    start = time.perf_counter()
-    hp, stored = _hyperparameters(args)
-    x_all, y_all = load_digits()
-    train_idx, test_idx = split(len(x_all))
-    x_train, y_train = x_all[train_idx], y_all[train_idx]
-    x_test, y_test = x_all[test_idx], y_all[test_idx]
-    model = build_model(hp, x_all.shape[1], args.transformer, args.data_parallel)
-    ranks, chief = model.ranks, model.rank == 0   # 1 and True unless data-parallel
-    if hp["batch_size"] * ranks > len(x_train):
-        over = f" over {ranks} ranks" if ranks > 1 else ""
-        raise SystemExit(f"--batch-size must be at most {len(x_train) // ranks} (the "
-                         f"training set{over})")
-
-    if args.resume:
-        model.restore(args.checkpoint)  # raises geon.CheckpointError if mismatched
-    data = nn.ArrayIterator(x_train, y_train, hp["batch_size"], seed=hp["seed"])
-    if ranks > 1:                       # this rank's block of every global batch
-        data = data.shard(model.rank, ranks)
-    spe = data.steps_per_epoch          # the remainder is left out, a new one each epoch
-    first = model.step // spe           # epochs completed (0 unless resumed)
-    if args.epochs is not None:
-        epochs = args.epochs
-    elif stored is not None:
-        epochs = max(0, int(stored.get("epochs", 0)) - first)
-    else:
-        epochs = DEFAULT_EPOCHS
-    hp["epochs"] = first + epochs       # where this run ends
-    callbacks = []
-    if not args.no_save:
-        if chief:
-            nn.callbacks.write_json(hyperparameters_path(args.checkpoint), hp)
-        callbacks.append(nn.ModelCheckpoint(args.checkpoint))
-    history = model.fit(data, epochs=epochs, validation_data=(x_test, y_test),
-                        callbacks=callbacks, verbose=not args.quiet)
-
-    result = model.evaluate(x_test, y_test)
-    accuracy = result["accuracy"]
-    if not args.no_save:
-        model.save(args.checkpoint)
-    loss = history[-1]["loss"] if history else float("nan")
-    elapsed = time.perf_counter() - start
-    done = model.step // spe
-    right = int(round(accuracy * len(x_test)))
-    if chief:
-        print(f"test accuracy {accuracy:.4f} ({right}/{len(x_test)}) after {done} epochs; "
-              f"loss {loss:.4f}, test loss {result['loss']:.4f}; {elapsed:.2f}s"
-              + ("" if args.no_save else f"; checkpoint {args.checkpoint}")
-              + (f"; {ranks} ranks, global batch {ranks * hp['batch_size']}"
-                 if ranks > 1 else ""), flush=True)
-    return {"test_accuracy": accuracy, "loss": loss, "test_loss": result["loss"],
-            "elapsed": elapsed, "epochs": done, "epochs_run": len(history),
-            "n_train": len(x_train), "n_test": len(x_test), "ranks": ranks,
-            "checkpoint": None if args.no_save else os.path.abspath(args.checkpoint),
-            "hyperparameters": hp}
+    return _train.run(args, lambda hp, a: build_model(hp, 64, a.transformer,
+                                                      a.data_parallel), (64,))
 
 
 def _cli():
-    try:
-        main()
-    except (be.CheckpointError, be.UnknownTransformerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        print("\ninterrupted (the checkpoint, unless --no-save, holds the run so far: "
-              "continue it with --resume)", file=sys.stderr)
-        raise SystemExit(130) from None
+    _train.cli(main)
 
 
 if __name__ == "__main__":

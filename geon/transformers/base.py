@@ -298,6 +298,39 @@ def _checking_args(comp, entry):
     return checked
 
 
+class _StateKeyError(GeonError, KeyError):
+    """A Variable with no storage in the transformer (a ``KeyError``, as a dict's)."""
+
+    __str__ = Exception.__str__  # the message, not KeyError's repr of it
+
+
+class _VariableState(weakref.WeakKeyDictionary):
+    """``Transformer.state``: ``{Variable: array}``, held weakly. Indexing it with a
+    name, another op, or a Variable that has no storage yet says what to do."""
+
+    def __getitem__(self, v):
+        try:
+            return super().__getitem__(v)
+        except (KeyError, TypeError):
+            pass
+        if isinstance(v, str):
+            named = [k for k in list(self.keys()) if k.name == v]
+            raise ArgumentError(
+                f"state[{v!r}]: the state is keyed by Variable objects, not by names; "
+                f"write state[w] for the Variable w" + (
+                    f" (here: {named[0]!r})" if len(named) == 1 else "")
+                + "; by name: {v.name: v for v in transformer.variables()}[name]")
+        if not isinstance(v, og.Variable):
+            raise ArgumentError(f"state[{v!r}]: the state is keyed by Variables, not by "
+                                f"{type(v).__name__} values")
+        raise _StateKeyError(
+            f"state[{v!r}]: Variable {v.name!r} has no storage in this transformer yet: "
+            f"storage is made for the Variables of its computations when they are "
+            f"allocated; build a computation that uses {v.name!r} "
+            f"(transformer.computation(...)), then call transformer.initialize() (or the "
+            f"computation) before reading its state")
+
+
 class Transformer:
     """Base class of transformers.
 
@@ -349,7 +382,7 @@ class Transformer:
         self.computations: list[Computation] = []
         # Held weakly: state of a Variable nothing else refers to any more (no
         # computation, no user code) is freed with it.
-        self.state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.state: weakref.WeakKeyDictionary = _VariableState()
         self._initialized: weakref.WeakSet = weakref.WeakSet()
         self._inits_done: weakref.WeakSet = weakref.WeakSet()
         # Variable -> writes by procedures

@@ -95,19 +95,32 @@ def write(path, arrays):
                 f"cannot save checkpoint {path}: variables {other!r} and {name!r} differ "
                 f"only in how UTF-16 surrogates are paired, which a checkpoint's manifest "
                 f"cannot tell apart; rename one of them")
+    try:
+        write_atomically(path, lambda f: _write_archive(f, arrays))
+    except OSError as e:
+        raise CheckpointError(f"cannot save checkpoint {path}: {e}") from e
+
+
+def write_atomically(path, write):
+    """Make the file ``path`` by ``write(f)`` (``f``: a binary file) as checkpoints are
+    made: into a temporary file beside it, created with the process's umask like any
+    new file, flushed and fsynced, then renamed over ``path`` (and the folder synced),
+    so a reader sees the old file or the whole new one, never a part. Temporary files
+    a killed writer left in the folder are removed first; an ``OSError`` propagates
+    and leaves ``path`` as it was."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
     remove_stale_temps(folder)
     tmp = None
     try:
         fd, tmp = _create_temp(folder)
         with os.fdopen(fd, "wb") as f:
-            _write_archive(f, arrays)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
         _sync_folder(folder)
-    except OSError as e:
-        raise CheckpointError(f"cannot save checkpoint {path}: {e}") from e
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):

@@ -41,6 +41,13 @@ class ArrayIterator:
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.rank, self.ranks = int(rank), int(ranks)
 
+    def __repr__(self) -> str:
+        targets = "no targets" if self.y is None else f"targets {self.y.shape[1:]}"
+        shard = f", rank={self.rank}, ranks={self.ranks}" if self.ranks > 1 else ""
+        return (f"ArrayIterator({len(self.x)} samples of {self.x.shape[1:]}, {targets}, "
+                f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}"
+                f"{shard})")
+
     def shard(self, rank: int, ranks: int) -> "ArrayIterator":
         """This iterator for rank ``rank`` of ``ranks`` (the same arrays, order and
         local ``batch_size``): see the class's description."""

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from geon.frontends.neon._api import Configurable
 from geon.op_graph import random as rnd
 
 
@@ -50,7 +51,7 @@ def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
     return fan_in, shape[0]
 
 
-class Initializer:
+class Initializer(Configurable):
     """Base class: subclasses implement ``sample``."""
 
     def __init__(self, seed: int = 0) -> None:

@@ -16,6 +16,7 @@ The axes: the *batch* axes (``Axis(..., batch=True)``) and the *recurrent* axis
 (the *sample* axes, the features) are what a layer's weights act on.
 """
 
+import contextvars
 import itertools
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -24,6 +25,7 @@ import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError, AxisMismatchError
+from geon.frontends.neon._api import Configurable, describe, is_int, public_name
 from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform, KaimingNormal
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
@@ -37,6 +39,12 @@ Init = Callable[[tuple[int, ...], np.dtype, str], Any]
 AxisOrLength = Union[Axis, int]
 
 _counters: dict[str, Iterator[int]] = {}
+
+#: While :func:`trace_calls` records: the list of ``(layer, output op, container)``
+#: of the layer calls made, each appended when the call returns (``container``: the
+#: call made other layer calls).
+_trace: contextvars.ContextVar[Optional[list[list[Any]]]] = \
+    contextvars.ContextVar("geon_neon_trace", default=None)
 
 
 def _auto_name(kind: str) -> str:
@@ -73,11 +81,12 @@ def _features(x: og.TensorOp, what: str) -> Axes:
     return feats
 
 
-class Layer:
+class Layer(Configurable):
     """Base class of layers: a name, Variables made once, and ``__call__``.
 
     Subclasses implement ``forward(x, training)``; they create Variables with
-    :meth:`variable`, which returns the existing one on later calls.
+    :meth:`variable`, which returns the existing one on later calls. A layer's
+    ``repr`` shows the arguments it was made with and its current name.
     """
 
     def __init__(self, name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
@@ -89,7 +98,20 @@ class Layer:
     def __call__(self, x: og.TensorOp, training: bool = False) -> og.TensorOp:
         """The layer's output op for the input op ``x``; ``training`` selects the
         training behaviour of layers that have one (BatchNorm, Dropout)."""
-        return self.forward(x, training)
+        if not isinstance(x, og.TensorOp):
+            hint = (" (to run a model on arrays, use nn.Model(...).predict)"
+                    if isinstance(x, (np.ndarray, list, tuple, np.generic, float, int))
+                    else "")
+            raise ArgumentError(f"{public_name(type(self))} {self.name}: called on "
+                                f"{describe(x)}; a layer is called on an op, such as "
+                                f"be.placeholder(axes){hint} (at {user_location()})")
+        trace = _trace.get()
+        if trace is None:
+            return self.forward(x, training)
+        start = len(trace)
+        out = self.forward(x, training)
+        trace.append([self, out, len(trace) > start])
+        return out
 
     def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         raise NotImplementedError
@@ -128,6 +150,31 @@ class Layer:
     def _rename(self, prefix: str) -> None:
         self.name = f"{prefix}/{self.name}"
 
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}("
+                + ", ".join(self._repr_arguments(skip=("name",)) + [f"name={self.name!r}"])
+                + ")")
+
+
+def trace_calls() -> "contextvars.Token[Optional[list[list[Any]]]]":
+    """Start recording layer calls (see :data:`_trace`); returns the token that
+    :func:`end_trace` takes."""
+    return _trace.set([])
+
+
+def end_trace(token: "contextvars.Token[Optional[list[list[Any]]]]") -> list[list[Any]]:
+    """Stop recording; the ``[layer, output, container]`` of each call recorded."""
+    calls = _trace.get() or []
+    _trace.reset(token)
+    return calls
+
+
+def _check_nout(nout: Any, what: str) -> None:
+    if isinstance(nout, be.Axis) or (is_int(nout) and nout > 0):
+        return
+    raise ArgumentError(f"{what}: nout must be an Axis or a length (an integer > 0), not "
+                        f"{describe(nout)} (at {user_location()})")
+
 
 def _out_axis(n: AxisOrLength, layer: Layer) -> Axis:
     if isinstance(n, be.Axis):
@@ -148,6 +195,7 @@ class Affine(Layer):
                  bias: bool = True, name: Optional[str] = None,
                  dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
+        _check_nout(nout, "nn.Affine")
         self.nout, self.activation = nout, _activation(activation)
         self.weight_init = weight_init or GlorotUniform()
         self.bias_init = bias_init or Constant(0.0)
@@ -199,6 +247,10 @@ class Embedding(Layer):
     def __init__(self, vocab_size: int, nout: AxisOrLength, init: Optional[Init] = None,
                  name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
+        if not (is_int(vocab_size) and vocab_size > 0):
+            raise ArgumentError(f"nn.Embedding: vocab_size must be an integer > 0, not "
+                                f"{describe(vocab_size)} (at {user_location()})")
+        _check_nout(nout, "nn.Embedding")
         self.vocab = be.Axis(int(vocab_size), name=f"{self.name}_vocab")
         self.nout, self.init = nout, init
         self.out_axis: Optional[Axis] = None
@@ -286,6 +338,7 @@ class _RecurrentBase(Layer):
                  return_sequence: bool = True, name: Optional[str] = None,
                  dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
+        _check_nout(nout, public_name(type(self)))
         self.nout = nout
         self.activation = _required(activation, type(self).__name__)
         self.init = init or GlorotUniform()
@@ -400,7 +453,18 @@ class Sequential(Layer):
     def __init__(self, layers: Iterable[Layer], name: Optional[str] = None) -> None:
         super().__init__()
         self.name = name or ""
+        if isinstance(layers, Layer) or not isinstance(layers, Iterable):
+            raise ArgumentError(f"nn.Sequential: layers must be a list of layers, not "
+                                f"{describe(layers)}: nn.Sequential([nn.Affine(64), ...])"
+                                f" (at {user_location()})")
         self.layers = list(layers)
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, Layer):
+                made = (f"; make one: {layer.__name__}(...)"
+                        if isinstance(layer, type) and issubclass(layer, Layer) else "")
+                raise ArgumentError(f"nn.Sequential: layers[{i}] is {describe(layer)}, "
+                                    f"not a layer (an nn.Layer){made} (at "
+                                    f"{user_location()})")
         if self.name:
             for layer in self.layers:
                 layer._rename(self.name)
@@ -422,6 +486,12 @@ class Sequential(Layer):
 
     def pop_updates(self) -> list[og.Op]:
         return [u for layer in self.layers for u in layer.pop_updates()]
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n  {line}" for layer in self.layers
+                        for line in (repr(layer) + ",").splitlines())
+        name = f", name={self.name!r}" if self.name else ""
+        return f"Sequential([{inner}\n]{name})" if self.layers else f"Sequential([]{name})"
 
 
 def _spatial_out(layer: Layer, spatial: Axes) -> Axes:
@@ -460,6 +530,7 @@ class Conv(Layer):
                  bias: bool = True, name: Optional[str] = None,
                  dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
+        _check_nout(nout, "nn.Conv")
         self.nout, self.kernel = nout, kernel
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.activation = _activation(activation)

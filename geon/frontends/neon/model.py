@@ -5,22 +5,27 @@ import os
 import signal
 import threading
 import time
-from typing import IO, Any, Iterable, Optional, Sequence, Union
+from typing import IO, Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
 import geon as be
-from geon.errors import ArgumentError
-from geon.frontends.neon.callbacks import Callback
+from geon.errors import ArgumentError, FeedError
+from geon.frontends.neon._api import (check_count, checked, describe, fmt, is_int,
+                                      public_name)
+from geon.frontends.neon.callbacks import Callback, History
 from geon.frontends.neon.data import ArrayIterator
-from geon.frontends.neon.layers import Layer
-from geon.frontends.neon.optimizers import SGD, Optimizer
-from geon.frontends.neon.progress import clock, make_progress
+from geon.frontends.neon.layers import Layer, Sequential, end_trace, trace_calls
+from geon.frontends.neon.optimizers import SGD, Adam, AdamW, Optimizer, RMSProp
+from geon.frontends.neon.progress import Progress, clock, make_progress
 from geon.op_graph import op_graph as og
 from geon.op_graph.domains import DomainError
 from geon.op_graph.axes import Axis
 from geon.op_graph.nodes import user_location
 from geon.transformers.base import Computation, Transformer
+
+#: The optimizers ``Model(optimizer=...)`` takes by name, with their defaults.
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSProp}
 
 
 class Model:
@@ -34,7 +39,9 @@ class Model:
         loss: ``"cross_entropy"`` (the output has one sample axis, the classes; the
             targets are integer labels; the output is read as logits, and ``accuracy``
             is reported) or ``"mse"`` (the targets have the output's shape).
-        optimizer: default ``SGD(0.01)``.
+        optimizer: an :class:`~geon.frontends.neon.Optimizer`, or the name of one with
+            its defaults (``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"``); default
+            ``SGD(0.01)``.
         batch_size: of the training computation built now (:meth:`fit` builds another
             for another batch size); inference runs in batches of
             ``eval_batch_size`` (default: ``batch_size``), the last one padded.
@@ -62,25 +69,39 @@ class Model:
     statistics, and a Dropout layer draws the same masks on every rank.
     """
 
+    @checked("nn.Model")
     def __init__(self, net: Layer, input_axes: Union[Axis, Iterable[Axis]],
-                 loss: str = "cross_entropy", optimizer: Optional[Optimizer] = None,
+                 loss: str = "cross_entropy", optimizer: Union[Optimizer, str, None] = None,
                  batch_size: int = 32, eval_batch_size: Optional[int] = None,
                  transformer: Union[str, Transformer] = "numpy",
                  dtype: og.DTypeLike = np.float32, data_parallel: bool = False) -> None:
+        if not isinstance(net, Layer):
+            hint = (": put the layers in nn.Sequential([...])"
+                    if isinstance(net, (list, tuple)) else
+                    f"; make one: {public_name(net)}(...)"
+                    if isinstance(net, type) and issubclass(net, Layer) else "")
+            raise ArgumentError(f"nn.Model: net must be a layer, such as "
+                                f"nn.Sequential([...]), not {describe(net)}{hint} (at "
+                                f"{user_location()})")
         if loss not in ("cross_entropy", "mse"):
-            raise ArgumentError(f"Model: loss must be 'cross_entropy' or 'mse', not {loss!r} "
-                                f"(at {user_location()})")
+            raise ArgumentError(f"nn.Model: loss must be 'cross_entropy' or 'mse', not "
+                                f"{describe(loss)} (at {user_location()})")
         self.net, self.loss_kind = net, loss
-        self.input_axes = tuple(be.Axes(*input_axes) if not isinstance(input_axes, be.Axis)
-                                else be.Axes(input_axes))
-        self.optimizer = optimizer or SGD(0.01)
+        self.input_axes = _input_axes(input_axes)
+        self.optimizer = _optimizer(optimizer)
         self.dtype = dtype
+        if not isinstance(transformer, str) and not hasattr(transformer, "computation"):
+            raise ArgumentError(f"nn.Model: transformer must be a transformer's name (such "
+                                f"as 'numpy' or 'gpu') or a Transformer, not "
+                                f"{describe(transformer)} (at {user_location()})")
         self.transformer: Transformer = (
             be.make_transformer(transformer) if isinstance(transformer, str) else transformer)
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.batch_size = check_count("nn.Model", "batch_size", batch_size)
+        self.eval_batch_size = (self.batch_size if eval_batch_size is None else
+                                check_count("nn.Model", "eval_batch_size", eval_batch_size))
         self.stop_training = False
         self._train: dict[int, Computation] = {}
+        self._updates_built: set[og.Op] = set()   # the training computations' updates
         self._predict: dict[int, Computation] = {}
         self._eval: dict[int, Computation] = {}
         self.data_parallel, self._synced = bool(data_parallel), False
@@ -96,9 +117,11 @@ class Model:
     # -- graphs ------------------------------------------------------------------------
     def _inputs(self, batch_size, tag):
         # One name, one axis in a graph (serialization relies on it): N for the
-        # training batch (N<size> for another size), E for the inference batch.
-        name = ("N" if batch_size == self.batch_size else f"N{batch_size}") \
-            if tag == "train" else "E"
+        # training batch, E for the inference batch (N<size>, E<size> for other sizes).
+        if tag == "train":
+            name = "N" if batch_size == self.batch_size else f"N{batch_size}"
+        else:
+            name = "E" if batch_size == self.eval_batch_size else f"E{batch_size}"
         N = be.Axis(batch_size, name=name, batch=True)
         x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name=f"x_{tag}")
         return N, x
@@ -108,8 +131,11 @@ class Model:
             self._class_axis = self._classes(out)
             return be.placeholder(N, dtype=np.int64, name=f"labels_{tag}",
                                   domain=self._class_axis.length)
-        return be.placeholder(be.Axes(N, *out.axes.sample_axes(), *out.axes.recurrent_axes()),
-                              dtype=out.dtype, name=f"targets_{tag}")
+        target = be.placeholder(be.Axes(N, *out.axes.sample_axes(),
+                                        *out.axes.recurrent_axes()),
+                                dtype=out.dtype, name=f"targets_{tag}")
+        self._target_axes = target.axes[1:]
+        return target
 
     def _check_labels(self, y, what):
         """A :class:`DomainError` naming the first label of ``y`` (the whole data set,
@@ -171,6 +197,8 @@ class Model:
             else:
                 opt_updates = self.optimizer.updates(loss, params)
             updates = layer_updates + opt_updates
+            _unchain(updates, self._updates_built)
+            self._updates_built.update(updates)
             self._train[batch_size] = self.transformer.computation(
                 [loss, count] + updates, x, target)
         return self._train[batch_size]
@@ -197,8 +225,8 @@ class Model:
         return updates, loss, count, [_replace_assignment(u, v)
                                       for u, v in zip(layer_updates, values)]
 
-    def _predict_computation(self):
-        b = self.eval_batch_size
+    def _predict_computation(self, b=None):
+        b = self.eval_batch_size if b is None else b
         if b not in self._predict:
             _, x = self._inputs(b, "predict")
             out = self.net(x, training=False)
@@ -207,8 +235,8 @@ class Model:
             self._predict[b] = self.transformer.computation(out, x)
         return self._predict[b]
 
-    def _eval_computation(self):
-        b = self.eval_batch_size
+    def _eval_computation(self, b=None):
+        b = self.eval_batch_size if b is None else b
         if b not in self._eval:
             N, x = self._inputs(b, "eval")
             out = self.net(x, training=False)
@@ -271,10 +299,9 @@ class Model:
             self.transformer.restore(path)
 
     # -- running -----------------------------------------------------------------------
-    def _batches(self, x, y=None):
-        """Fixed-size batches of ``x`` (and ``y``) in order, the last padded with
+    def _batches(self, x, b, y=None):
+        """Batches of ``b`` samples of ``x`` (and ``y``) in order, the last padded with
         copies of the first sample; yields ``(xb, yb, n_real)``."""
-        b = self.eval_batch_size
         for i in range(0, len(x), b):
             xb = x[i:i + b]
             yb = None if y is None else y[i:i + b]
@@ -285,22 +312,116 @@ class Model:
                     yb = np.concatenate([yb, np.repeat(y[:1], b - n, axis=0)])
             yield xb, yb, n
 
-    def predict(self, x: Any) -> np.ndarray:
-        """The network's output for ``x`` (shape ``(n, *input lengths)``), as an array
-        with the batch first. Assigns no Variable."""
-        x = np.asarray(x, dtype=self.dtype)
-        comp = self._predict_computation()
-        outs = []
-        for xb, _, n in self._batches(x):
-            outs.append(comp(xb)[:n])
-        return np.concatenate(outs)
+    def _sample_text(self):
+        """``(64,) (the lengths of F:64)``: the shape of one sample, for messages."""
+        lengths = tuple(a.length for a in self.input_axes)
+        return f"{lengths} (the lengths of {', '.join(map(repr, self.input_axes))})"
 
-    def evaluate(self, x: Any, y: Any) -> dict[str, float]:
+    def _as_inputs(self, x, what, single_ok=False):
+        """``(array of samples, whether x was one sample)``: ``x`` checked against the
+        input axes, with a :class:`FeedError` that says what shape was expected."""
+        if isinstance(x, ArrayIterator):
+            raise ArgumentError(f"Model.{what}: takes arrays, not an ArrayIterator; give "
+                                f"its arrays, x.x and x.y (at {user_location()})")
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise FeedError(f"Model.{what}: x is not an array of numbers ({e}) (at "
+                            f"{user_location()})") from None
+        lengths = tuple(a.length for a in self.input_axes)
+        if arr.dtype.kind not in "biuf":
+            raise FeedError(f"Model.{what}: x holds {arr.dtype} values; the model takes "
+                            f"numbers ({np.dtype(self.dtype).name}) (at {user_location()})")
+        if arr.ndim == len(lengths) + 1 and arr.shape[1:] == lengths:
+            if not len(arr):
+                raise FeedError(f"Model.{what}: x holds no samples (shape {arr.shape}) "
+                                f"(at {user_location()})")
+            return arr, False
+        if single_ok and arr.shape == lengths:
+            return arr[None], True
+        one = f", or {lengths} for one sample" if single_ok else ""
+        raise FeedError(f"Model.{what}: x has shape {arr.shape}; the model takes arrays "
+                        f"of shape (n, {', '.join(map(str, lengths))}{',' * (len(lengths) == 0)}"
+                        f"): n samples of shape {self._sample_text()}{one} (at "
+                        f"{user_location()})")
+
+    def _as_targets(self, y, n, what):
+        """``y`` checked against ``n`` samples and the loss: integer class labels of
+        shape ``(n,)`` for the cross-entropy (floats with integer values are taken as
+        such), else the output's shape after the sample axis."""
+        if y is None:
+            raise ArgumentError(f"Model.{what}: no targets y: give {what}(x, y) (at "
+                                f"{user_location()})")
+        try:
+            y = np.asarray(y)
+        except (TypeError, ValueError) as e:
+            raise FeedError(f"Model.{what}: y is not an array of numbers ({e}) (at "
+                            f"{user_location()})") from None
+        if y.ndim == 0 or len(y) != n:
+            raise FeedError(f"Model.{what}: {n} samples in x but "
+                            f"{'a scalar' if y.ndim == 0 else len(y)} targets in y (at "
+                            f"{user_location()})")
+        if self.loss_kind == "cross_entropy":
+            classes = self._class_axis.length
+            if y.shape != (n,):
+                onehot = ("; for one-hot rows, give y.argmax(axis=1)"
+                          if y.shape == (n, classes) else "")
+                raise FeedError(f"Model.{what}: y has shape {y.shape}; the cross-entropy "
+                                f"loss takes integer class labels 0..{classes - 1} of shape "
+                                f"({n},){onehot} (at {user_location()})")
+            if y.dtype.kind == "f" and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+                y = y.astype(np.int64)   # labels read from a float table
+            if y.dtype.kind not in "iu":
+                raise FeedError(f"Model.{what}: y holds {y.dtype} values; the cross-entropy "
+                                f"loss takes integer class labels 0..{classes - 1} (at "
+                                f"{user_location()})")
+            return y
+        want = (n,) + tuple(a.length for a in self._target_axes)
+        if y.shape != want:
+            raise FeedError(f"Model.{what}: y has shape {y.shape}; the mse loss takes "
+                            f"targets of the output's shape, {want} (the lengths of "
+                            f"{', '.join(map(repr, self._target_axes))} after the "
+                            f"samples) (at {user_location()})")
+        return y
+
+    def _batch_size(self, batch_size, what, default):
+        return default if batch_size is None else check_count(f"Model.{what}",
+                                                              "batch_size", batch_size)
+
+    @checked("Model.predict")
+    def predict(self, x: Any, batch_size: Optional[int] = None,
+                verbose: Union[bool, int, str] = False) -> np.ndarray:
+        """The network's output for ``x``, with the batch first. Assigns no Variable.
+
+        ``x`` has shape ``(n, *lengths of input_axes)`` for any ``n``, or the input
+        axes' lengths for one sample (the result has then no batch dimension, as a
+        PyTorch module's for an unbatched input). It runs in batches of
+        ``batch_size`` (default ``eval_batch_size``; one computation is built per
+        size), the last one padded, the padding's outputs dropped. ``verbose`` is
+        accepted as in Keras; ``predict`` prints nothing."""
+        x, single = self._as_inputs(x, "predict", single_ok=True)
+        x = x.astype(self.dtype, copy=False)
+        b = self._batch_size(batch_size, "predict", self.eval_batch_size)
+        comp = self._predict_computation(b)
+        outs = []
+        for xb, _, n in self._batches(x, b):
+            outs.append(comp(xb)[:n])
+        out = np.concatenate(outs)
+        return out[0] if single else out
+
+    @checked("Model.evaluate")
+    def evaluate(self, x: Any, y: Any, batch_size: Optional[int] = None,
+                 verbose: Union[bool, int, str] = False) -> dict[str, float]:
         """``{"loss": mean loss, "accuracy": fraction right}`` (accuracy with the
-        cross-entropy loss only) on ``x``, ``y``. Assigns no Variable. Data-parallel:
-        each rank evaluates its contiguous part of ``x`` and the sums are added over
-        the ranks (every rank gets the result)."""
-        x, y = np.asarray(x, dtype=self.dtype), np.asarray(y)
+        cross-entropy loss only) on ``x``, ``y`` (as Keras's ``evaluate(...,
+        return_dict=True)``). Assigns no Variable. Runs in batches of ``batch_size``
+        (default ``eval_batch_size``), the last one padded. ``verbose`` prints the
+        result on one line. Data-parallel: each rank evaluates its contiguous part of
+        ``x`` and the sums are added over the ranks (every rank gets the result)."""
+        x, _ = self._as_inputs(x, "evaluate")
+        x = x.astype(self.dtype, copy=False)
+        y = self._as_targets(y, len(x), "evaluate")
+        b = self._batch_size(batch_size, "evaluate", self.eval_batch_size)
         self._check_labels(y, "evaluate")
         n_all = len(x)
         if self.data_parallel:
@@ -308,10 +429,10 @@ class Model:
                 self.sync()
             lo, hi = (n_all * k // self.ranks for k in (self.rank, self.rank + 1))
             x, y = x[lo:hi], y[lo:hi]
-        comp = self._eval_computation()
+        comp = self._eval_computation(b)
         total, right = 0.0, 0.0
         if len(x):
-            for xb, yb, n in self._batches(x, y):
+            for xb, yb, n in self._batches(x, b, y):
                 res = comp(xb, yb)
                 total += float(np.sum(res[0][:n]))
                 if len(res) > 1:
@@ -323,20 +444,41 @@ class Model:
         logs = {"loss": total / n_all}
         if self.loss_kind == "cross_entropy":
             logs["accuracy"] = right / n_all
+        if _verbosity(verbose, "evaluate") and self.rank == 0:
+            print(f"evaluate on {n_all} sample{'s' * (n_all != 1)}: "
+                  + ", ".join(f"{k} {v:.4f}" for k, v in logs.items()), flush=True)
         return logs
 
-    def fit(self, data: Union[ArrayIterator, tuple[Any, Any]], epochs: int = 1,
-            batch_size: Optional[int] = None, validation_data: Optional[tuple[Any, Any]] = None,
-            callbacks: Sequence[Callback] = (), verbose: bool = True, seed: int = 0,
-            stream: Optional[IO[str]] = None) -> list[dict[str, Any]]:
-        """Train for ``epochs`` epochs and return the list of each epoch's logs.
+    @checked("Model.fit")
+    def fit(self, x: Any = None, y: Any = None, *, epochs: int = 1,
+            batch_size: Optional[int] = None, verbose: Union[bool, int, str] = True,
+            callbacks: Sequence[Callback] = (), validation_split: float = 0.0,
+            validation_data: Optional[tuple[Any, Any]] = None,
+            shuffle: Optional[bool] = None, initial_epoch: Optional[int] = None,
+            seed: int = 0, stream: Optional[IO[str]] = None) -> History:
+        """Train, as Keras's ``fit``, and return the :class:`History` of the epochs run.
 
-        ``data`` is an :class:`ArrayIterator` or a pair ``(x, y)`` (then shuffled with
-        ``seed``, in batches of ``batch_size``, default the model's). Training resumes
-        where the step counter stands: with ``s`` updates made and ``k`` per epoch, it
-        runs from update ``s`` to the end of epoch ``s // k + epochs`` (an epoch
-        interrupted part way counts as the first), in the order an uninterrupted run
-        would have used. ``validation_data`` ``(x, y)`` is evaluated after each epoch.
+        The data: arrays ``fit(x, y)`` (``x`` of shape ``(n, *input lengths)``), the
+        pair ``fit((x, y))``, or an :class:`ArrayIterator`. Arrays are shuffled
+        (unless ``shuffle=False``) by an order that depends only on ``seed`` and the
+        epoch's number, in batches of ``batch_size`` (default the model's); an epoch
+        has ``n // batch_size`` full batches (the remainder, a different one each
+        epoch, is left out). ``validation_split`` holds out that fraction of the
+        arrays (the last samples, before shuffling), evaluated after each epoch as
+        ``validation_data`` ``(x_val, y_val)`` is (give one of them).
+
+        Epochs: training continues from the model's update counter (a restored
+        checkpoint's included). With ``s`` updates made and ``k`` per epoch, the model
+        stands in epoch ``s // k`` (counted from 0); ``fit`` runs ``epochs`` epochs
+        from there, or, with ``initial_epoch`` (which must be that epoch: Keras's
+        resume idiom ``fit(..., initial_epoch=5, epochs=10)``), up to the end of
+        epoch ``epochs`` in total. An epoch interrupted part way is finished in the
+        order an uninterrupted run would have used, so a resumed run gives bitwise the
+        weights of one that never stopped.
+
+        ``verbose``: ``True``/``1``/``"auto"`` draws a progress bar on a terminal
+        (one line per epoch elsewhere), ``2`` one line per epoch, ``False``/``0``
+        nothing; progress goes to ``stream`` (default stderr).
 
         Data-parallel (``Model(..., data_parallel=True)``): every rank calls ``fit``
         with the same data; each reads its block of every global batch of
@@ -348,9 +490,32 @@ class Model:
         callbacks' ``on_interrupt`` (:class:`ModelCheckpoint` saves) and raises
         ``KeyboardInterrupt``.
         """
-        if not isinstance(data, ArrayIterator):
-            x, y = data
-            data = ArrayIterator(x, y, batch_size or self.batch_size, seed=seed)
+        epochs = check_count("Model.fit", "epochs", epochs, minimum=0)
+        if initial_epoch is not None:
+            initial_epoch = check_count("Model.fit", "initial_epoch", initial_epoch, 0)
+        level = _verbosity(verbose, "fit")
+        callbacks = _callbacks(callbacks)
+        if not is_int(seed):
+            raise ArgumentError(f"Model.fit: seed must be an integer, not {describe(seed)} "
+                                f"(at {user_location()})")
+        if not (isinstance(validation_split, (float, int, np.floating))
+                and 0 <= validation_split < 1):
+            raise ArgumentError(f"Model.fit: validation_split must be a fraction in [0, 1), "
+                                f"not {describe(validation_split)} (at {user_location()})")
+        if validation_split and validation_data is not None:
+            raise ArgumentError(f"Model.fit: give validation_data or validation_split, not "
+                                f"both (at {user_location()})")
+        data = self._training_data(x, y, batch_size, shuffle, seed, validation_split)
+        if isinstance(data, tuple):
+            data, validation_data = data
+        if validation_data is not None:
+            if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
+                raise ArgumentError(f"Model.fit: validation_data must be a pair (x_val, "
+                                    f"y_val), not {describe(validation_data)} (at "
+                                    f"{user_location()})")
+            vx, _ = self._as_inputs(validation_data[0], "fit (validation_data)")
+            validation_data = (vx, self._as_targets(validation_data[1], len(vx),
+                                                    "fit (validation_data)"))
         self._check_labels(data.y, "fit")
         if self.data_parallel:
             if data.ranks == 1 and self.ranks > 1:
@@ -358,18 +523,33 @@ class Model:
             if not self._synced:
                 self.sync()
         comp = self.train_computation(data.batch_size)
-        progress = make_progress(stream, enabled=verbose and self.rank == 0)
+        chief = self.rank == 0
+        if level == 2:   # one line per epoch, on a terminal too
+            progress: Any = Progress(stream, enabled=chief)
+            progress.tty = False
+        else:
+            progress = make_progress(stream, enabled=bool(level) and chief)
         spe = data.steps_per_epoch
         step = self.step
         first = step // spe
-        history, logs = [], {}
+        if initial_epoch is not None and initial_epoch != first:
+            raise ArgumentError(
+                f"Model.fit: initial_epoch={initial_epoch} but the model stands in epoch "
+                f"{first} ({step} update{'s' * (step != 1)} made, {spe} per epoch): fit "
+                f"continues from the model's update counter; restore the checkpoint saved "
+                f"after epoch {initial_epoch} first, or leave initial_epoch out (at "
+                f"{user_location()})")
+        last = first + epochs if initial_epoch is None else max(epochs, first)
+        history = History()
+        callbacks = [history] + callbacks
+        logs: dict[str, Any] = {}
         self.stop_training = False
         interrupted: list[int] = []  # the signal numbers caught
         restore_handler = self._catch_sigint(interrupted)
         try:
             for cb in callbacks:
                 cb.on_train_begin(self)
-            for epoch in range(first, first + epochs):
+            for epoch in range(first, last):
                 start_time, total, right, seen = time.perf_counter(), 0.0, 0.0, 0
                 for xb, yb in data.epoch(epoch, step - epoch * spe):
                     loss, count = comp(xb.astype(self.dtype, copy=False), yb)[:2]
@@ -379,7 +559,7 @@ class Model:
                     seen += 1
                     rate = seen / (time.perf_counter() - start_time)
                     logs = {"loss": float(loss), "step": step, "rate": rate}
-                    progress.update(f"epoch {epoch + 1}/{first + epochs}", step - epoch * spe,
+                    progress.update(f"epoch {epoch + 1}/{last}", step - epoch * spe,
                                     spe, f"loss {float(loss):.4f}", rate=rate)
                     for cb in callbacks:
                         cb.on_step_end(self, step, logs)
@@ -393,11 +573,10 @@ class Model:
                 if validation_data is not None:
                     val = self.evaluate(*validation_data)
                     logs.update({f"val_{k}": v for k, v in val.items()})
-                history.append(logs)
-                left = first + epochs - epoch - 1   # epochs still to run
+                left = last - epoch - 1   # epochs still to run
                 eta = f", ETA {clock(left * spe / logs['rate'])}" \
                     if left and logs["rate"] else ""
-                progress.done(f"epoch {epoch + 1}/{first + epochs}: " + ", ".join(
+                progress.done(f"epoch {epoch + 1}/{last}: " + ", ".join(
                     f"{k} {v:.1f} steps/s" if k == "rate" else f"{k} {v:.4f}"
                     for k, v in logs.items() if k not in ("epoch", "step")) + eta)
                 for cb in callbacks:
@@ -414,6 +593,118 @@ class Model:
             cb.on_train_end(self)
         return history
 
+    def _training_data(self, x, y, batch_size, shuffle, seed, validation_split):
+        """The :class:`ArrayIterator` that ``fit``'s data arguments give, or
+        ``(iterator, validation data)`` with a ``validation_split``."""
+        if x is None:
+            raise ArgumentError(f"Model.fit: no training data: give fit(x, y, ...) (or the "
+                                f"pair fit((x, y), ...), or an ArrayIterator) (at "
+                                f"{user_location()})")
+        if isinstance(x, ArrayIterator):
+            for name, value, its in (("y", y, None), ("batch_size", batch_size, x.batch_size),
+                                     ("shuffle", shuffle, x.shuffle)):
+                if value is not None and value != its:
+                    raise ArgumentError(
+                        f"Model.fit: {name}={value!r} with an ArrayIterator, which has its "
+                        f"own ({name}={its!r}); give arrays fit(x, y, {name}=...) or make "
+                        f"the iterator with it (at {user_location()})")
+            if validation_split:
+                raise ArgumentError(f"Model.fit: validation_split needs arrays "
+                                    f"fit(x, y, ...), not an ArrayIterator; give "
+                                    f"validation_data=(x_val, y_val) (at {user_location()})")
+            self._as_inputs(x.x, "fit")
+            return x
+        if y is None:
+            if isinstance(x, (tuple, list)) and len(x) == 2:
+                x, y = x                     # fit((x, y), ...)
+            else:
+                raise ArgumentError(f"Model.fit: no targets: give fit(x, y, ...) or the "
+                                    f"pair fit((x, y), ...) (at {user_location()})")
+        elif is_int(y):
+            raise ArgumentError(f"Model.fit: y is {describe(y)}; the targets are an array "
+                                f"(for the number of epochs, write epochs={y}) (at "
+                                f"{user_location()})")
+        x, _ = self._as_inputs(x, "fit")
+        y = self._as_targets(y, len(x), "fit")
+        b = self._batch_size(batch_size, "fit", self.batch_size)
+        val = None
+        if validation_split:
+            split_at = int(len(x) * (1 - validation_split))
+            if not 0 < split_at < len(x):
+                raise ArgumentError(f"Model.fit: validation_split={validation_split} of "
+                                    f"{len(x)} samples leaves "
+                                    f"{'no' if split_at == len(x) else 'every'} sample for "
+                                    f"validation (at {user_location()})")
+            x, y, val = x[:split_at], y[:split_at], (x[split_at:], y[split_at:])
+        if b > len(x):
+            raise ArgumentError(f"Model.fit: batch_size={b} is more than the {len(x)} "
+                                f"training samples (at {user_location()})")
+        data = ArrayIterator(x, y, b, shuffle=True if shuffle is None else bool(shuffle),
+                             seed=seed)
+        return data if val is None else (data, val)
+
+    # -- description ---------------------------------------------------------------------
+    def __repr__(self) -> str:
+        net = "".join(f"\n  {line}" for line in f"net={self.net!r},".splitlines())
+        dp = ", data_parallel=True" if self.data_parallel else ""
+        eval_b = (f", eval_batch_size={self.eval_batch_size}"
+                  if self.eval_batch_size != self.batch_size else "")
+        return (f"Model({net}\n  input_axes={fmt(self.input_axes)}, loss={self.loss_kind!r}, "
+                f"optimizer={self.optimizer!r},\n  batch_size={self.batch_size}{eval_b}, "
+                f"transformer={self.transformer!r}{dp})")
+
+    @checked("Model.summary")
+    def summary(self, print_fn: Optional[Callable[[str], Any]] = None) -> None:
+        """Print the table of the network's layers, as Keras's ``summary``: each
+        layer's name and type, its output axes (the batch axis first, by name; the
+        others as ``name:length``) and its number of parameters, then the totals:
+        every Variable of the network, the trainable ones, the others (BatchNorm's
+        running averages) and the optimizer's state. ``print_fn`` (default
+        ``print``) gets the whole table as one string."""
+        (print_fn or print)(self._summary_text())
+
+    def _summary_text(self) -> str:
+        N = be.Axis(self.batch_size, name="N", batch=True)
+        x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name="x")
+        token = trace_calls()
+        try:
+            self.net(x, training=False)   # inference: assigns nothing
+        finally:
+            calls = end_trace(token)
+        rows = [("x (input)", _axes_text(x), "0")]
+        shown: set[int] = set()
+        for layer, out, container in calls:
+            own = list(layer._vars.values())
+            if id(layer) in shown or ((container or isinstance(layer, Sequential))
+                                      and not own):
+                continue  # a layer called twice shows once; containers show their layers
+            shown.add(id(layer))
+            rows.append((f"{layer.name} ({type(layer).__name__})", _axes_text(out),
+                         f"{sum(v.axes.size for v in own):,}"))
+        net_vars = list(dict.fromkeys(self.net.variables))
+        trainable = [v for v in net_vars if v.trainable]
+        others = [v for v in net_vars if not v.trainable]
+        head = ("Layer (type)", "Output axes", "Param #")
+        w0 = max(len(r[0]) for r in rows + [head]) + 2
+        w1 = max(len(r[1]) for r in rows + [head]) + 2
+        w2 = max(len(r[2]) for r in rows + [head])
+        width = 1 + w0 + w1 + w2 + 1
+
+        def line(a, b, c):
+            return f" {a:<{w0}}{b:<{w1}}{c:>{w2}}".rstrip()
+        name = self.net.name or type(self.net).__name__.lower()
+        out = [f'Model: "{name}"', "_" * width, line(*head), "=" * width]
+        out += [line(*r) for r in rows]
+        out += ["=" * width]
+        for label, vs in (("Total params", net_vars), ("Trainable params", trainable),
+                          ("Non-trainable params", others),
+                          ("Optimizer params", self.optimizer.variables)):
+            count = sum(v.axes.size for v in vs)
+            size = sum(v.axes.size * np.dtype(v.dtype).itemsize for v in vs)
+            out.append(f"{label}: {count:,} ({_bytes(size)})")
+        out.append("_" * width)
+        return "\n".join(out)
+
     @staticmethod
     def _catch_sigint(flag):
         """Turn SIGINT into a flag checked between updates (so an update is never cut
@@ -425,6 +716,18 @@ class Model:
         return lambda: signal.signal(signal.SIGINT, previous)
 
 
+def _unchain(updates, earlier):
+    """Free the assignments ``updates`` of one training computation from the ordering
+    after ``earlier`` ones (another batch size's computation, built before them on the
+    same Variables): a SetItem built after another on the same Variable runs after it,
+    which would make the new computation run the old one's updates too. Every other
+    read of the Variables goes through ``be.value_of``, which takes no such order."""
+    for u in updates:
+        for old in [d for d in u.other_deps if d in earlier]:
+            u.other_deps.discard(old)
+            old._dep_users.discard(u)
+
+
 def _replace_assignment(old, value):
     """``SetItem(old's tensor, value)`` in place of the SetItem ``old`` (which is then
     never run): the new one is not ordered after ``old`` (as a SetItem built after
@@ -433,3 +736,89 @@ def _replace_assignment(old, value):
     new.other_deps.discard(old)
     old._dep_users.discard(new)
     return new
+
+
+def _axes_text(op: og.TensorOp) -> str:
+    """``(N, hidden_out:64)``: the batch axes first, by name (their length is the
+    batch's), then the other axes as ``name:length``."""
+    batch = op.axes.batch_axes()
+    rest = [a for a in op.axes if a not in batch]
+    return "(" + ", ".join([a.name for a in batch] + [repr(a) for a in rest]) + ")"
+
+
+def _bytes(n: int) -> str:
+    """``18.79 KB``: a size in bytes, as Keras prints them (1 KB = 1024 B)."""
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KB", "MB"):
+        if size < 1024:
+            return f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} GB"
+
+
+def _input_axes(value: Any) -> tuple[Axis, ...]:
+    """``input_axes`` as a tuple of Axis, or an :class:`ArgumentError` that shows how
+    to write them."""
+    if isinstance(value, Axis):
+        return (value,)
+    try:
+        items = list(value)
+    except TypeError:
+        items = None
+    if items is not None and all(isinstance(a, Axis) for a in items):
+        return tuple(be.Axes(*items))
+    example = "[be.Axis(64, name='F')]"
+    if items and all(is_int(n) for n in items):   # a Keras input_shape
+        example = "[" + ", ".join(f"be.Axis({n}, name='{'FGHIJ'[i % 5]}')"
+                                  for i, n in enumerate(items)) + "]"
+    raise ArgumentError(f"nn.Model: input_axes must be the Axis objects of one sample, "
+                        f"such as {example} (the batch axis is added), not "
+                        f"{describe(value)} (at {user_location()})")
+
+
+def _optimizer(value: Any) -> Optimizer:
+    """``Model``'s optimizer argument as an :class:`Optimizer` (a name gives that one
+    with its defaults)."""
+    if value is None:
+        return SGD(0.01)
+    if isinstance(value, Optimizer):
+        return value
+    if isinstance(value, str) and value.lower() in OPTIMIZERS:
+        return OPTIMIZERS[value.lower()]()
+    made = (f"; make one: {public_name(value)}(...)"
+            if isinstance(value, type) and issubclass(value, Optimizer) else "")
+    raise ArgumentError(f"nn.Model: optimizer must be an optimizer (such as nn.SGD(0.1)) "
+                        f"or one's name ({', '.join(map(repr, OPTIMIZERS))}), not "
+                        f"{describe(value)}{made} (at {user_location()})")
+
+
+def _verbosity(value: Any, what: str) -> int:
+    """Keras's ``verbose``: 0 (or False) silent, 1 (True, ``"auto"``) a progress bar, 2
+    one line per epoch."""
+    if value == "auto":
+        return 1
+    if isinstance(value, (bool, np.bool_)) or (is_int(value) and value in (0, 1, 2)):
+        return int(value)
+    raise ArgumentError(f"Model.{what}: verbose must be True, False, 0, 1, 2 or 'auto', not "
+                        f"{describe(value)} (at {user_location()})")
+
+
+def _callbacks(value: Any) -> list[Callback]:
+    """``fit``'s callbacks as a list, each checked to be a :class:`Callback`."""
+    if isinstance(value, Callback):
+        raise ArgumentError(f"Model.fit: callbacks must be a list of callbacks, not one "
+                            f"callback: callbacks=[{value!r}] (at {user_location()})")
+    try:
+        items = list(value or ())
+    except TypeError:
+        raise ArgumentError(f"Model.fit: callbacks must be a list of callbacks, not "
+                            f"{describe(value)} (at {user_location()})") from None
+    for i, cb in enumerate(items):
+        if not isinstance(cb, Callback):
+            made = (f"; make one: {public_name(cb)}(...)"
+                    if isinstance(cb, type) and issubclass(cb, Callback) else "")
+            raise ArgumentError(f"Model.fit: callbacks[{i}] is {describe(cb)}, not a "
+                                f"callback (an nn.Callback){made} (at {user_location()})")
+    return items

@@ -21,6 +21,7 @@ import numpy as np
 
 import geon as be
 from geon.errors import ArgumentError
+from geon.frontends.neon._api import Configurable
 from geon.op_graph import op_graph as og
 
 #: A learning rate: a number, or ``lr(t)`` giving the rate op of update ``t`` (a
@@ -28,7 +29,7 @@ from geon.op_graph import op_graph as og
 LearningRate = Union[float, Callable[[og.TensorOp], og.TensorOp]]
 
 
-class Schedule:
+class Schedule(Configurable):
     """A learning-rate schedule: ``schedule(t)`` gives the rate op of step ``t`` (an
     op, ``t = 1`` for the first update)."""
 
@@ -64,7 +65,7 @@ class PiecewiseConstant(Schedule):
         return lr
 
 
-class Optimizer:
+class Optimizer(Configurable):
     """Base class: subclasses implement ``direction(w, g, lr, t)`` returning the new
     value of ``w`` (an op) and the state updates (a list of SetItems)."""
 

@@ -230,13 +230,12 @@ def main(argv=None):
 
 
 def _write(path, text):
-    import os
-    import tempfile
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` as checkpoints are written
+    (:mod:`geon.transformers.checkpoint`): a temporary file beside it, created with the
+    process's umask like any new file (``tempfile.mkstemp`` made it 0600), flushed and
+    fsynced, then renamed over ``path``."""
+    from geon.transformers import checkpoint
+    checkpoint.write_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 if __name__ == "__main__":
