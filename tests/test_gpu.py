@@ -178,8 +178,8 @@ def test_without_pycuda_the_error_says_what_to_install(monkeypatch):
     with pytest.raises(GPUUnavailableError) as e:
         be.make_transformer("gpu")
     msg = str(e.value)
-    assert "pycuda is not installed (pip install -e '.[gpu]' in a checkout, or " \
-           "pip install 'geon-graph[gpu]'); building pycuda needs the CUDA toolkit" in msg
+    assert "pycuda is not installed (pip install -e '.[gpu]' in a checkout of geon, or " \
+           "pip install pycuda); building pycuda needs the CUDA toolkit" in msg
     assert "CUDA_ROOT" in msg and "nvcc on PATH" in msg
     assert "available transformers: " in msg and "numpy" in msg.split("available")[-1]
     assert isinstance(e.value, be.UnknownTransformerError)

@@ -18,7 +18,7 @@ try:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 except ImportError:
-    pytest.skip("the ONNX frontend tests need the onnx package (pip install 'geon-graph[onnx]')",
+    pytest.skip("the ONNX frontend tests need the onnx package (pip install onnx)",
                 allow_module_level=True)
 
 import geon.frontends.onnx as gx  # noqa: E402

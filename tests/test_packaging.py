@@ -96,10 +96,13 @@ def test_the_wheel_is_geon_graph_and_imports_as_geon(wheel):
     requires = meta.get_all("Requires-Dist")
     assert requires[0] == "numpy>=1.24"
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"test", "gpu", "mpi", "docs", "onnx", "torch", "examples"} <= extras
+    assert {"test", "gpu", "mpi", "docs", "onnx", "torch", "examples", "plot"} <= extras
     # The test extra is pytest and hypothesis only: Sphinx comes with [docs].
     test_extra = sorted(r.split(";")[0] for r in requires if 'extra == "test"' in r)
     assert test_extra == ["hypothesis>=6", "pytest>=7"]
+    # Plots of training curves need matplotlib, which only the plot extra brings.
+    assert [r.split(";")[0] for r in requires if 'extra == "plot"' in r] == ["matplotlib"]
+    assert not any(r.startswith("matplotlib") and "extra ==" not in r for r in requires)
     with zipfile.ZipFile(wheel) as z:
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry_points = z.read(ep).decode()
@@ -113,13 +116,37 @@ def _toml(path):
     return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
+def _setup_py_calls():
+    """The arguments (as source text) of each call in setup.py, and nothing else there
+    but imports, the docstring and those calls."""
+    import ast
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    calls = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            assert node.module == "setuptools" and [a.name for a in node.names] == ["setup"]
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            call = node.value
+            assert isinstance(call.func, ast.Name) and call.func.id == "setup"
+            calls.append([ast.unparse(a) for a in [*call.args, *call.keywords]])
+        else:
+            raise AssertionError(f"setup.py holds more than a shim: "
+                                 f"{ast.unparse(node)[:200]}")
+    return calls
+
+
 def test_one_version_source():
     project = _toml(ROOT / "pyproject.toml")
     assert project["project"]["name"] == DIST
     assert "version" not in project["project"]
     assert project["project"]["dynamic"] == ["version"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "geon.__version__"}
-    assert not (ROOT / "setup.py").exists() and not (ROOT / "setup.cfg").exists()
+    assert not (ROOT / "setup.cfg").exists()
+    # setup.py is a shim (the design card's layout; some tools look for it): it calls
+    # setup() with no arguments, so that the metadata has pyproject.toml as its one source.
+    assert _setup_py_calls() == [[]], "setup.py must call setup() once, with no arguments"
+    shim = (ROOT / "setup.py").read_text(encoding="utf-8")
+    assert geon.__version__ not in shim and DIST not in shim
     # The changelog has an entry for the current version.
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert re.search(rf"^## \[?{re.escape(geon.__version__)}\]?", changelog, re.M)
@@ -178,3 +205,54 @@ def test_plugin_installs_into_a_fresh_venv_pulling_in_nothing_else(wheel, tmp_pa
     readme = (PLUGIN / "README.md").read_text(encoding="utf-8")
     assert "python -c \"import geon as be; print(be.make_transformer('geon-axpy'))\"\n# " \
         + run.stdout in readme
+
+
+# What the docs say about the package index, and the release path CI checks. geon-graph
+# is not on the index yet (DEVELOPERS.md, "Releasing"): a user's first command must not
+# be a `pip install geon-graph` that finds nothing. When a release is uploaded, the
+# README's Install section and this test change together.
+_INDEX_CLAIM = re.compile(r"pip install\s+['\"]?geon-graph\b|geon-graph\[|published as|"
+                          r"\bis published\b|from the package index")
+
+
+def _user_facing_texts():
+    yield ROOT / "README.md"  # (DEVELOPERS.md says what to change after a release)
+    yield from sorted((ROOT / "doc").glob("*.rst"))
+    yield from sorted((ROOT / "geon").rglob("*.py"))  # error messages and docstrings
+    yield PLUGIN / "README.md"
+    yield PLUGIN / "pyproject.toml"
+
+
+def test_no_text_claims_geon_graph_is_on_the_package_index():
+    claims = []
+    for path in _user_facing_texts():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _INDEX_CLAIM.search(line):
+                claims.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not claims, "geon-graph is not on the package index yet:\n" + "\n".join(claims)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    install = readme[readme.index("## Install"):]
+    assert "is not on the package index yet" in install.split("\n\n")[1]
+    assert "pip install -e ." in install and "python -m build" in install
+    # The wheel the README names is the one `python -m build` makes of this version.
+    shown = re.findall(r"geon_graph-([^-\s\"]+)-py3-none-any\.whl", readme)
+    assert shown and set(shown) == {geon.__version__}
+
+
+def test_the_release_path_is_documented_and_ci_runs_all_of_it_but_the_upload():
+    dev = (ROOT / "DEVELOPERS.md").read_text(encoding="utf-8")
+    start = dev.index("\n## Releasing\n")
+    section = dev[start:dev.index("\n## ", start + 1)]
+    for command in ("python -m build", "twine check --strict dist/*", "twine upload dist/*"):
+        assert command in section, command
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    release = ci[ci.index("# The release path"):]
+    for step in ("python -m build", "twine check --strict", "python -m venv",
+                 "geon_graph-*.whl", "-m geon.examples.digits"):
+        assert step in release, step
+    assert "twine upload" not in ci  # CI never publishes
+    # The main job runs from a folder of its own, not from the checkout.
+    assert re.search(r'cd "\$release/run"\n(.*\n)*?.*-m geon\.examples\.digits', release)
+    # The test extra is installed as the README says, and matplotlib (the plot extra) too.
+    assert 'pip install -e ".[test]" && python -m pytest -q' in ci
+    assert re.search(r"^pip install .*\bmatplotlib\b", ci, re.M)

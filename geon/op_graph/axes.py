@@ -6,14 +6,45 @@ ordered, immutable collection of axes without duplicates. Its order is the row-m
 layout of the tensor it describes.
 """
 
+import gc
 import itertools
 import math
+import weakref
 from typing import Any, Iterable, Optional, Union
 
 from geon.errors import ArgumentError, AxisMismatchError
+# Imported for its check that `import geon` found this package (and not, say, an empty
+# folder named geon beside the user's script): a clear ImportError instead of a missing
+# API. The standard axes (geon.frontends.base.axis) come through here.
+from geon.op_graph import nodes as _nodes  # noqa: F401
 
 _anonymous = itertools.count()
 _length_epoch = 0
+
+
+class _Users:
+    """Weak references to the ops whose axes hold an axis (see :func:`note_users`).
+    Dead references are dropped when the list has doubled since the last sweep, so
+    noting a user costs O(1) amortized and the list stays within twice the live ops."""
+
+    __slots__ = ("refs", "sweep_at")
+
+    def __init__(self):
+        self.refs = []
+        self.sweep_at = 64
+
+    def sweep(self):
+        refs = self.refs
+        refs[:] = [r for r in refs if r() is not None]
+        self.sweep_at = max(64, 2 * len(refs))
+
+    def live(self):
+        """One op still alive, or ``None``."""
+        for r in self.refs:
+            op = r()
+            if op is not None:
+                return op
+        return None
 
 
 class Axis:
@@ -21,13 +52,16 @@ class Axis:
 
     Args:
         length: number of entries along the axis; may be set later (``ax.C.length = 64``)
-            but must be known before a computation that uses it is built.
+            but must be known before a computation that uses it is built. Once an op
+            that uses the axis is built, its length is fixed (changing it would change
+            that op's axes): setting another one raises :class:`AxisMismatchError`;
+            make a new axis instead (``be.Axis(32, name="C")``).
         name: the axis' identity. Defaults to a fresh unique name.
         batch: the axis indexes independent samples (reductions keep it by default).
         recurrent: the axis indexes time steps of a recurrence (kept by reductions too).
     """
 
-    __slots__ = ("name", "_length", "batch", "recurrent")
+    __slots__ = ("name", "_length", "batch", "recurrent", "_users")
 
     def __init__(self, length: Optional[int] = None, name: Optional[str] = None,
                  batch: bool = False, recurrent: bool = False) -> None:
@@ -37,6 +71,7 @@ class Axis:
             raise ArgumentError(f"an axis name must be a non-empty string, not {name!r}")
         self.name = name
         self._length = None
+        self._users: Optional[_Users] = None
         if length is not None:
             self._set_length(length)  # a new axis changes no cached lengths
         self.batch = bool(batch)
@@ -49,7 +84,19 @@ class Axis:
 
     @length.setter
     def length(self, value):
+        old = self._length
         self._set_length(value)
+        if self._length != old and old is not None and self._users is not None:
+            # A length set once is part of the ops built since: they keep it. (An unset
+            # length may be given later: those ops could not be computed before.)
+            user = self._users.live()
+            if user is not None:
+                user = None  # (not a reference that keeps it alive)
+                gc.collect()  # ops kept only by reference cycles are not users
+                user = self._users.live()
+            if user is not None:
+                new, self._length = self._length, old
+                raise AxisMismatchError(_fixed_length_message(self, new, user))
         global _length_epoch
         _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
@@ -258,6 +305,38 @@ class Axes:
 
 def _fmt(axes):
     return ", ".join(repr(a) for a in axes)
+
+
+def note_users(axes: Axes, op: Any) -> None:
+    """Record that ``op`` (alive) uses each axis of ``axes`` (and the parts of flattened
+    ones), so that the lengths of those axes stay fixed while it lives. Tensor ops call
+    this when they are built."""
+    ref = weakref.ref(op)
+    level: tuple[Axis, ...] = axes._axes
+    while level:  # (this runs for every op built: kept lean)
+        parts: tuple[Axis, ...] = ()
+        for a in level:
+            users = a._users
+            if users is None:
+                users = a._users = _Users()
+            refs = users.refs
+            refs.append(ref)
+            if len(refs) >= users.sweep_at:
+                users.sweep()
+            if isinstance(a, FlattenedAxis):
+                parts += a.axes._axes  # the parts, at any depth: one level per pass
+        level = parts
+
+
+def _fixed_length_message(axis, new, user):
+    flags = "".join(f", {f}=True" for f in ("batch", "recurrent") if getattr(axis, f))
+    length = "" if new is None else f"{new}, "
+    return (f"axis {axis.name}: cannot change its length from {axis.length} to {new}: "
+            f"ops built with it use length {axis.length}, such as {user!r}, and "
+            f"would change with it. The length of an axis is fixed once an op uses it. "
+            f"For another length, make a new axis, e.g. "
+            f"be.Axis({length}name={axis.name!r}{flags}), and build the ops again with "
+            f"it (or set the length before building any op)")
 
 
 def check_lengths(groups, what, where=""):

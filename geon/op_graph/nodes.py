@@ -14,7 +14,37 @@ from threading import get_ident
 import geon
 from geon.errors import ArgumentError
 
-_GEON_DIR = os.path.dirname(os.path.abspath(geon.__file__)) + os.sep
+
+def _package_dir():
+    """geon's package folder, after checking that ``import geon`` found it.
+
+    A folder named ``geon`` beside the user's script (or in the working directory, or
+    earlier on ``sys.path``) can shadow the installed package: without an
+    ``__init__.py`` Python imports it as an empty namespace package (an editable install
+    still serves geon's submodules), with one as another package. Either way the API is
+    missing; say so here instead of failing obscurely later.
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = getattr(geon, "__file__", None)
+    if found is not None:
+        def real(path):
+            return os.path.normcase(os.path.realpath(path))
+        if real(os.path.dirname(found)) == real(here):
+            return os.path.dirname(os.path.abspath(found)) + os.sep
+        what = f"another package, {found}"
+    else:
+        where = list(getattr(geon, "__path__", None) or []) or ["an unknown place"]
+        what = (f"the folder {', '.join(map(str, where))}, which has no __init__.py: "
+                f"Python imported it as an empty namespace package")
+    raise ImportError(
+        f"`import geon` found {what}, not the geon package (installed at {here}), so "
+        f"geon's API (geon.placeholder, ...) is missing. A folder named geon beside the "
+        f"script you run, in the working directory or earlier on sys.path (a clone of "
+        f"geon's repository named geon, for instance) hides the installed package: run "
+        f"from another directory, or rename or move that folder.", name="geon")
+
+
+_GEON_DIR = _package_dir()
 _USER_DIRS = tuple(os.path.join(_GEON_DIR, d) + os.sep for d in ("examples",))
 
 # Per-class counters for default names. They hold integers only, never ops.

@@ -1,4 +1,4 @@
-"""Import ONNX models as geon graphs (the optional extra ``geon-graph[onnx]``).
+"""Import ONNX models as geon graphs (needs ``onnx``: the optional extra ``[onnx]``).
 
 ::
 

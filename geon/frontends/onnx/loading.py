@@ -40,8 +40,8 @@ def onnx_module():
     try:
         import onnx
     except ImportError:  # pragma: no cover - depends on the environment
-        raise GeonError("the ONNX frontend needs the onnx package: "
-                        "pip install 'geon-graph[onnx]'") from None
+        raise GeonError("the ONNX frontend needs the onnx package: pip install onnx "
+                        "(or, in a checkout of geon, pip install -e '.[onnx]')") from None
     return onnx
 
 

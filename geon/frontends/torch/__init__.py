@@ -11,7 +11,8 @@ try:
     import torch  # noqa: F401 - only to fail early with an install hint
 except ImportError as e:  # pragma: no cover - exercised where torch is absent
     raise TorchMissingError("geon.frontends.torch needs PyTorch, which is not installed: "
-                            "pip install torch==2.13.0 (or pip install 'geon-graph[torch]')") from e
+                            "pip install torch==2.13.0 (or, in a checkout of geon, "
+                            "pip install -e '.[torch]')") from e
 
 from geon.frontends.torch.export import TORCH_OPS, TorchComputation, to_torch  # noqa: E402
 
