@@ -416,9 +416,19 @@ def test_optimizer_by_name_is_that_optimizer_with_its_defaults(digits):
     assert_same_weights(a, b)
 
 
-def test_transformer_state_by_name_or_before_allocation_says_what_to_do():
+def _gpu_emulated():
+    from cuda_emulator import EmulatorRuntime, find_compiler
+    if find_compiler() is None:
+        pytest.skip("no C++ compiler for the GPU emulator")
+    from geon.transformers.gpu import GPUTransformer
+    return GPUTransformer(runtime=EmulatorRuntime())
+
+
+@pytest.mark.parametrize("make", [lambda: be.make_transformer("numpy"), _gpu_emulated],
+                         ids=["numpy", "gpu-emulator"])
+def test_transformer_state_by_name_or_before_allocation_says_what_to_do(make):
     w = be.Variable(be.Axes(be.Axis(3, name="A")), initial_value=1.0, name="w")
-    t = be.make_transformer("numpy")
+    t = make()
     with pytest.raises(KeyError) as e:       # a KeyError still, as a dict's
         t.state[w]
     assert isinstance(e.value, be.GeonError)

@@ -313,22 +313,29 @@ class _VariableState(weakref.WeakKeyDictionary):
             return super().__getitem__(v)
         except (KeyError, TypeError):
             pass
-        if isinstance(v, str):
-            named = [k for k in list(self.keys()) if k.name == v]
-            raise ArgumentError(
-                f"state[{v!r}]: the state is keyed by Variable objects, not by names; "
-                f"write state[w] for the Variable w" + (
-                    f" (here: {named[0]!r})" if len(named) == 1 else "")
-                + "; by name: {v.name: v for v in transformer.variables()}[name]")
-        if not isinstance(v, og.Variable):
-            raise ArgumentError(f"state[{v!r}]: the state is keyed by Variables, not by "
-                                f"{type(v).__name__} values")
-        raise _StateKeyError(
-            f"state[{v!r}]: Variable {v.name!r} has no storage in this transformer yet: "
-            f"storage is made for the Variables of its computations when they are "
-            f"allocated; build a computation that uses {v.name!r} "
-            f"(transformer.computation(...)), then call transformer.initialize() (or the "
-            f"computation) before reading its state")
+        missing_state(self, v)
+
+
+def missing_state(state, v):
+    """Raise the error of ``state[v]`` (a transformer's state mapping) for a key it
+    lacks: a name, another op, or a Variable that has no storage yet, saying what to
+    do."""
+    if isinstance(v, str):
+        named = [k for k in list(state.keys()) if k.name == v]
+        raise ArgumentError(
+            f"state[{v!r}]: the state is keyed by Variable objects, not by names; "
+            f"write state[w] for the Variable w" + (
+                f" (here: {named[0]!r})" if len(named) == 1 else "")
+            + "; by name: {v.name: v for v in transformer.variables()}[name]")
+    if not isinstance(v, og.Variable):
+        raise ArgumentError(f"state[{v!r}]: the state is keyed by Variables, not by "
+                            f"{type(v).__name__} values")
+    raise _StateKeyError(
+        f"state[{v!r}]: Variable {v.name!r} has no storage in this transformer yet: "
+        f"storage is made for the Variables of its computations when they are "
+        f"allocated; build a computation that uses {v.name!r} "
+        f"(transformer.computation(...)), then call transformer.initialize() (or the "
+        f"computation) before reading its state")
 
 
 class Transformer:

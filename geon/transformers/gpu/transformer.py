@@ -16,7 +16,8 @@ from geon.errors import ArgumentError, GeonError, UnknownTransformerError
 from geon.op_graph import op_graph as og
 from geon.op_graph.user_ops import USER_OPS
 from geon.op_graph.np_ops import Select
-from geon.transformers.base import STANDARD_BASE_SET, Computation, Transformer
+from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
+                                    missing_state)
 from geon.transformers.gpu.codegen import generate
 
 
@@ -290,7 +291,10 @@ class DeviceState(MutableMapping):
         self._device_dirty = set()  # written by a computation: pull before reading
 
     def __getitem__(self, v):
-        host = self._host[v]
+        try:
+            host = self._host[v]
+        except (KeyError, TypeError):  # a name, or a Variable without storage yet
+            missing_state(self, v)
         if v in self._device_dirty:
             self.runtime.dtoh(host, int(self._device[v]))
             self._device_dirty.discard(v)
