@@ -1,12 +1,21 @@
-"""Run every ``.. code-block:: python`` sample of the user guide in doc/.
+"""Run the user guide's samples (doc/*.rst) and check what they print.
 
-The samples of one page run in order in one shared namespace, in a temporary working
-directory. They are compiled with the page's path and line numbers, so a failure points
-at the line of the .rst file. Sphinx is not needed (a small line parser extracts the
-blocks); if it is installed, one more test builds the guide with warnings as errors.
+A page's samples are its ``>>>`` examples (reST doctest blocks: the call, then what it
+prints or returns, or for an error ``Traceback (most recent call last):``, ``...`` and
+the exception's last line) and its ``.. code-block:: python`` programs. They run in page
+order in one shared namespace, in a temporary working directory; code blocks are
+compiled with the page's path and line numbers, and a doctest failure names the page's
+line, so a failure points at the line of the .rst file. Sphinx is not needed (a small
+line parser extracts the blocks); if it is installed, more tests build the guide with
+warnings as errors.
+
+Numbers in printed output may differ in their last shown digit from one machine to
+another (float32 sums in another order): they match within a small tolerance; all other
+text matches exactly (whitespace normalized, ``...`` standing for any text).
 """
 
 import ast
+import doctest
 import importlib
 import importlib.util
 import re
@@ -41,27 +50,23 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.forward", "FORWARD"),
               ("geon.frontends.onnx.ops", "OPS"),
               ("geon.frontends.torch.export", "TORCH_OPS")]
+#: doctest's options for every page: ``...`` matches any text, and runs of whitespace
+#: (a long line wrapped in the page) match any whitespace.
+DOCTEST_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+_NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
-def code_blocks(path):
-    """``[(first_line, source)]`` for each ``code-block:: python`` of ``path``.
-
-    ``first_line`` is the 1-based line of the block's first code line; ``source`` is
-    dedented. Any other code directive must name a language in :data:`SHOWN`.
-    """
+def _code_directives(path):
+    """``[(lang, kind, first, end, source)]`` for every code directive of ``path``:
+    ``first`` is the 1-based line of the body's first line, ``end`` the 1-based line
+    after the body, ``source`` the dedented body."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    blocks, i = [], 0
+    found, i = [], 0
     while i < len(lines):
         m = _DIRECTIVE.match(lines[i])
         i += 1
         if not m:
             continue
-        kind, lang = m["kind"], m["lang"]
-        if lang != "python":
-            assert lang in SHOWN, (f"{path.name}:{i}: code sample in language {lang!r}; use "
-                                   f"'python' (run) or one of {sorted(SHOWN)} (shown only)")
-            continue
-        assert kind == "code-block", f"{path.name}:{i}: use '.. code-block:: python'"
         indent = len(m["indent"])
         # Options (":caption: ...") come first, then a blank line, then the body.
         while i < len(lines) and lines[i].strip().startswith(":"):
@@ -77,8 +82,70 @@ def code_blocks(path):
                 body.append(text)
             i += 1
         assert first is not None, f"{path.name}:{i}: empty code block"
-        blocks.append((first, textwrap.dedent("\n".join(body)).rstrip() + "\n"))
+        found.append((m["lang"], m["kind"], first, i + 1,
+                      textwrap.dedent("\n".join(body)).rstrip() + "\n"))
+    return found
+
+
+def code_blocks(path):
+    """``[(first_line, source)]`` for each ``code-block:: python`` of ``path``.
+
+    ``first_line`` is the 1-based line of the block's first code line; ``source`` is
+    dedented. Any other code directive must name a language in :data:`SHOWN`.
+    """
+    blocks = []
+    for lang, kind, first, _, source in _code_directives(path):
+        if lang != "python":
+            assert lang in SHOWN, (f"{path.name}:{first}: code sample in language {lang!r}; "
+                                   f"use 'python' (run) or one of {sorted(SHOWN)} (shown "
+                                   f"only)")
+            continue
+        assert kind == "code-block", f"{path.name}:{first}: use '.. code-block:: python'"
+        blocks.append((first, source))
     return blocks
+
+
+def doctest_blocks(path):
+    """``[[doctest.Example]]``: the ``>>>`` examples of ``path`` outside code
+    directives, one list per doctest block (consecutive examples). An example's
+    ``lineno`` is its 0-based line in the page."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for _, _, first, end, _ in _code_directives(path):
+        lines[first - 1:end - 1] = [""] * (end - first)  # a shown session is not run
+    examples = doctest.DocTestParser().get_examples("\n".join(lines) + "\n", str(path))
+    groups = []
+    for ex in examples:
+        prev = groups[-1][-1] if groups else None
+        if prev and ex.lineno == prev.lineno + prev.source.count("\n") + \
+                prev.want.count("\n"):
+            groups[-1].append(ex)
+        else:
+            groups.append([ex])
+    return groups
+
+
+def page_steps(path):
+    """The page's code blocks and doctest blocks in page order: ``[(line, "code",
+    source) or (line, "doctest", [examples])]`` (1-based lines)."""
+    steps = [(line, "code", source) for line, source in code_blocks(path)]
+    steps += [(g[0].lineno + 1, "doctest", g) for g in doctest_blocks(path)]
+    return sorted(steps, key=lambda s: s[0])
+
+
+class TolerantChecker(doctest.OutputChecker):
+    """doctest's checker, then the same comparison with each decimal number of the
+    expected output standing for any number within 2e-3 (relative) or 2e-4 of it."""
+
+    def check_output(self, want, got, optionflags):
+        if super().check_output(want, got, optionflags):
+            return True
+        wants, gots = _NUMBER.findall(want), _NUMBER.findall(got)
+        if len(wants) != len(gots) or not wants:
+            return False
+        close = all(abs(float(w) - float(g)) <= max(2e-4, 2e-3 * abs(float(w)))
+                    for w, g in zip(wants, gots))
+        return close and super().check_output(_NUMBER.sub("0.0", want),
+                                              _NUMBER.sub("0.0", got), optionflags)
 
 
 @pytest.fixture
@@ -109,18 +176,28 @@ def isolated_globals():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_samples_run(page, tmp_path, monkeypatch, isolated_globals):
+    """The page's samples run in order, and each ``>>>`` example prints what the page
+    shows."""
     for m in _REQUIRES.finditer(page.read_text(encoding="utf-8")):
         for mod in m["mods"].replace(",", " ").split():
             pytest.importorskip(mod, reason=f"the samples of {page.name} need {mod}")
-    blocks = code_blocks(page)
     monkeypatch.chdir(tmp_path)  # save / restore samples write files
     namespace = {"__name__": f"geon_doc_{page.stem}"}
+    runner = doctest.DocTestRunner(checker=TolerantChecker(), optionflags=DOCTEST_FLAGS)
     with warnings.catch_warnings():
         # A sample that overflows or divides by zero is a wrong sample.
         warnings.simplefilter("error", RuntimeWarning)
-        for first, source in blocks:
-            code = compile("\n" * (first - 1) + source, str(page), "exec")
-            exec(code, namespace)
+        for line, kind, item in page_steps(page):
+            if kind == "code":
+                exec(compile("\n" * (line - 1) + item, str(page), "exec"), namespace)
+                continue
+            test = doctest.DocTest(item, namespace, f"{page.name}:{line}", str(page), 0,
+                                   None)
+            test.globs = namespace  # DocTest copies the namespace: share it instead
+            out = []
+            failed = runner.failures
+            runner.run(test, out=out.append, clear_globs=False)
+            assert runner.failures == failed, "".join(out)
 
 
 def test_error_samples_fail_when_no_error_is_raised():
@@ -137,11 +214,50 @@ def test_error_samples_fail_when_no_error_is_raised():
 
 
 def test_parser_finds_samples():
-    """Every chapter has samples, and the parser sees them all."""
+    """Every chapter has samples, and the parser sees them all: each ``code-block::
+    python`` and each ``>>>`` line outside code directives."""
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
         n = len(re.findall(r"^\s*\.\. code-block:: python\s*$", text, re.M))
-        assert len(code_blocks(page)) == n > 0, page.name
+        lines = text.splitlines()
+        for _, _, first, end, _ in _code_directives(page):
+            lines[first - 1:end - 1] = [""] * (end - first)
+        prompts = sum(1 for t in lines if t.lstrip().startswith(">>>"))
+        examples = [ex for g in doctest_blocks(page) for ex in g]
+        assert len(code_blocks(page)) == n, page.name
+        assert len(examples) == prompts, page.name
+        assert n + prompts > 0, f"{page.name} has no samples"
+
+
+def test_doctest_blocks_stand_apart():
+    """A ``>>>`` block follows a blank line (else reST runs it into the paragraph above
+    and does not show it as code)."""
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for group in doctest_blocks(page):
+            assert group[0].lineno > 0 and not lines[group[0].lineno - 1].strip(), \
+                f"{page.name}:{group[0].lineno + 1}: put a blank line before '>>>'"
+
+
+def test_models_page_shows_the_keras_style_calls():
+    """doc/models.rst shows, with their output, the calls Keras users look for, each
+    after the code blocks that set up what it uses."""
+    steps = page_steps(DOC / "models.rst")
+    kinds = [k for _, k, _ in steps]
+    assert kinds.count("doctest") >= 4 and kinds[0] == "code"
+    shown = " ".join(ex.source for _, k, g in steps if k == "doctest" for ex in g)
+    for call in ("model.summary()", "history", "model.predict(", "model.fit("):
+        assert call in shown, call
+
+
+def test_the_training_curves_figure_is_a_small_png():
+    figure = DOC / "_figures" / "digits_curves.png"
+    page = (DOC / "models.rst").read_text(encoding="utf-8")
+    data = figure.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert len(data) < 100_000
+    assert f"_figures/{figure.name}" in page
+    assert f"--plot doc/_figures/{figure.name}" in page  # the page says how it was made
 
 
 def test_toctree_lists_every_page():
