@@ -49,7 +49,7 @@ def test_every_op_table_case(case, dtype):
     arrays = case.arrays(dtype)
     xs = [be.placeholder(i.axes, dtype=i.dtype(dtype)) for i in case.inputs]
     op = case.make(xs, dtype)
-    module = to_torch(op, *xs)  # before the computation, which rewrites the graph
+    module = to_torch(op, *xs, output_order="graph")  # before the computation, which rewrites the graph
     want = be.NumPyTransformer().computation(op, *xs)(*arrays)
     _assert_same(module(*[torch.from_numpy(a) for a in arrays]), want)
 
@@ -63,7 +63,7 @@ def test_autograd_equals_deriv(case):
     f = case.make(xs, np.float64)
     L, R, r = _loss(f)
     wrt = [k for k, a in enumerate(arrays) if a.dtype.kind == "f"]
-    module = to_torch(f, *xs)
+    module = to_torch(f, *xs, output_order="graph")
     ts = [torch.tensor(a, requires_grad=(k in wrt)) for k, a in enumerate(arrays)]
     loss = (module(*ts) * torch.from_numpy(r)).sum()
     # a piecewise constant result (a comparison, tensor_size) has no autograd graph
@@ -84,7 +84,7 @@ def test_derivative_graphs_export(case):
     xs = [be.placeholder(i.axes, dtype=i.dtype(np.float64)) for i in case.inputs]
     L, R, r = _loss(case.make(xs, np.float64))
     grads = [be.deriv(L, x) for x, a in zip(xs, arrays) if a.dtype.kind == "f"]
-    module = to_torch(grads, *xs, R)
+    module = to_torch(grads, *xs, R, output_order="graph")
     got = module(*[torch.from_numpy(a) for a in arrays + [r]])
     want = be.NumPyTransformer().computation(grads, *xs, R)(*arrays, r)
     for g, w in zip(got, want):
@@ -100,7 +100,7 @@ def test_second_derivative_of_max_pooling_exports():
     h = be.deriv(L2, R)
     a = case.arrays(np.float64)[0]
     assert "MaxPoolGather" in be.graph_after(h, "verify")
-    got = to_torch(h, x, R, R2)(*[torch.from_numpy(v) for v in (a, r, r2)])
+    got = to_torch(h, x, R, R2, output_order="graph")(*[torch.from_numpy(v) for v in (a, r, r2)])
     _assert_same(got, be.NumPyTransformer().computation(h, x, R, R2)(a, r, r2))
 
 
@@ -112,7 +112,7 @@ def test_max_pooling_gradients_go_to_the_first_maximum_as_in_geon():
     L, R, r = _loss(f)
     want = be.NumPyTransformer().computation(be.deriv(L, x), x, R)(a, r)
     t = torch.tensor(a, requires_grad=True)
-    (to_torch(f, x)(t) * torch.from_numpy(r)).sum().backward()
+    (to_torch(f, x, output_order="graph")(t) * torch.from_numpy(r)).sum().backward()
     np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-12)
     # ties: the first maximum of each window wins (an even split would reach 2 and 5)
     assert want[0, 2] == want[0, 5] == 0.0 and np.all(want[0, [0, 1, 4]] != 0.0)
@@ -126,7 +126,7 @@ def test_digits_graphs_export_and_match():
     t = be.NumPyTransformer()
     comps = [t.computation(r, *p) for r, p in graphs]
     t.initialize()
-    modules = [to_torch(r, *p, transformer=t) for r, p in graphs]
+    modules = [to_torch(r, *p, transformer=t, output_order="graph") for r, p in graphs]
     rng = np.random.default_rng(0)
     feeds = {"x_eval": rng.uniform(0, 1, (12, 64)).astype(np.float32),
              "labels_eval": rng.integers(0, 10, 12), "x_train": rng.uniform(0, 1, (8, 64))
@@ -157,7 +157,10 @@ def test_model_trained_by_geon_has_the_same_accuracy_in_pytorch():
 
     evaluate = model._eval_computation()      # (per-image loss, per-image correctness)
     module = to_torch(evaluate.requested, *evaluate.params, transformer=model.transformer)
-    assert len(module.state_dict()) == 4      # the two layers' weights and biases
+    # the two layers' weights and biases, registered from the input to the output
+    assert len(module.state_dict()) == 4
+    assert [v.name for v in module.geon_variables.values()] == \
+        [v.name for v in model.net.variables]
     with torch.no_grad():
         t_loss, t_correct = module(torch.from_numpy(x_test), torch.from_numpy(y_test))
     assert np.mean(t_correct.numpy()) == result["accuracy"]
@@ -206,7 +209,8 @@ def test_integer_placeholder_rejects_floats():
     with pytest.raises(FeedError, match="placeholder labels has dtype int64"):
         module(torch.zeros(4))
     out = module(torch.tensor([0, 4, 2, 2]))
-    np.testing.assert_array_equal(out.numpy(), np.eye(5, dtype=np.float32)[:, [0, 4, 2, 2]])
+    # batch first, as torch.nn.functional.one_hot lays it out
+    np.testing.assert_array_equal(out.numpy(), np.eye(5, dtype=np.float32)[[0, 4, 2, 2]])
 
 
 def test_negative_step_slices_and_their_adjoint():
@@ -452,3 +456,84 @@ def test_importing_geon_does_not_need_torch_and_the_exporter_says_how_to_get_it(
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("True ") and "pip install torch==2.13.0" in run.stdout
+
+
+# --- layout, registration order, repr ----------------------------------------------------
+
+def _two_layers():
+    """A two-layer network on (N, F) inputs whose output layer is built first."""
+    C, H = be.Axis(2, "C"), be.Axis(5, "H")
+    W2 = be.Variable((C, H), initial_value=0.25, name="out.W")
+    b2 = be.Variable(C, initial_value=0.5, name="out.b")
+    x = be.placeholder((N, F), name="x")
+    W1 = be.Variable((H, F), initial_value=lambda s: np.linspace(-1, 1, 15).reshape(s),
+                     name="hidden.W")
+    b1 = be.Variable(H, initial_value=0.1, name="hidden.b")
+    h = be.tanh(be.dot(W1, x) + b1)           # (H, N)
+    return x, be.dot(W2 * 2.0, h) + b2, h      # (C, N)
+
+
+def test_outputs_are_batch_first_by_default_and_in_any_order_asked():
+    x, y, h = _two_layers()
+    assert [a.name for a in y.axes] == ["C", "N"]
+    X = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    want_y, want_h = be.NumPyTransformer().computation([y, h], x)(X)
+    module = to_torch(y, x)
+    assert module.output_axes == [be.Axes([N, y.axes[0]])]
+    _assert_same(module(torch.from_numpy(X)), want_y.T)   # (N, C), as PyTorch lays out
+    _assert_same(to_torch(y, x, output_order="graph")(X), want_y)
+    _assert_same(to_torch(y, x, output_order=y.axes)(X), want_y)
+    both = to_torch([y, h], x, output_order=[None, (N, h.axes[0])])(X)
+    _assert_same(both[0], want_y)
+    _assert_same(both[1], want_h.T)
+    for a, b in zip(to_torch([y, h], x)(X), (want_y.T, want_h.T)):
+        _assert_same(a, b)
+
+
+def test_inputs_keep_the_placeholders_layout():
+    """An input whose batch axis is not first is still fed in its placeholder's order."""
+    x = be.placeholder((F, N), name="x_fn")
+    w = be.Variable(F, initial_value=[1.0, 2.0, 3.0], name="w")
+    module = to_torch(be.sum(x * w, out_axes=N), x)
+    X = np.arange(12, dtype=np.float32).reshape(3, 4)
+    _assert_same(module(X), X.T @ np.array([1.0, 2.0, 3.0], np.float32))
+    with pytest.raises(FeedError, match=r"placeholder x_fn expects axes \(F:3, N:4\)"):
+        module(X.T)
+
+
+def test_bad_output_orders_are_errors_naming_the_result():
+    x, y, h = _two_layers()
+    with pytest.raises(ArgumentError, match=r"output_order \(N:4, F:3\) is not a "
+                                            r"reordering of result .*\(C:2, N:4\).*built at"):
+        to_torch(y, x, output_order=(N, F))
+    with pytest.raises(ArgumentError, match="'nchw' is not an order; use 'batch_first'"):
+        to_torch(y, x, output_order="nchw")
+    with pytest.raises(ArgumentError, match="output_order has 1 entries for 2 results"):
+        to_torch([y, h], x, output_order=["graph"])
+    with pytest.raises(ArgumentError, match=r"output_order\[1\] must be .* got 3"):
+        to_torch([y, h], x, output_order=["graph", 3])
+
+
+def test_parameters_are_registered_from_the_inputs_to_the_outputs():
+    x, y, _ = _two_layers()
+    module = to_torch(y, x)
+    assert [n for n, _ in module.named_parameters()] == \
+        ["hidden_W", "hidden_b", "out_W", "out_b"]
+    assert list(module.state_dict()) == ["hidden_W", "hidden_b", "out_W", "out_b"]
+
+
+def test_repr_lists_inputs_outputs_and_state():
+    x, y, _ = _two_layers()
+    step = be.Variable((), dtype=np.int64, initial_value=0, name="step")
+    module = to_torch([y, be.SetItem(step, step + 1)], x)
+    assert repr(module).splitlines() == [
+        "TorchComputation(",
+        "  input x: (N:4, F:3) float32",
+        "  output: (N:4, C:2) float32",
+        "  output: None",
+        "  parameter hidden_W: (H:5, F:3) float32",
+        "  parameter hidden_b: (H:5) float32",
+        "  parameter out_W: (C:2, H:5) float32",
+        "  parameter out_b: (C:2) float32",
+        "  buffer step: scalar int64",
+        ")"]

@@ -10,13 +10,20 @@ order the NumPy transformer runs them (:func:`~geon.op_graph.ordering.schedule`)
 returning a tensor (a tuple for a multi-output op). Its keys, with the storage ops, are
 the exporter's base set: the pipeline's ``verify`` pass rejects any other op at export,
 naming it and where it was built. Adding a primitive is one entry.
+
+The module speaks the user's layout: each input is laid out as its placeholder's axes;
+each output in the order ``to_torch(..., output_order=)`` chooses (batch axes first by
+default, as PyTorch lays out batches), made in the copied graph with ``axes_with_order``
+before lowering, so the reordering is one more op the pipeline can fuse or fold.
+Parameters are registered in the order data from the inputs reaches them
+(:func:`data_order`), and the module's repr lists inputs, outputs and state.
 """
 
 import keyword
 import math
 import re
 import warnings
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -30,6 +37,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import random as rnd
 from geon.op_graph import schemas as sc
+from geon.op_graph.axes import Axes, AxesLike, as_axes
 from geon.op_graph.nodes import no_gc
 from geon.op_graph.np_ops import Select
 from geon.op_graph.ordering import schedule
@@ -386,6 +394,77 @@ def _storage_view(op):
     return isinstance(op, og.AssignableTensorOp)
 
 
+def data_order(variables, order):
+    """``variables`` in the order data from the placeholders reaches them: a layer's
+    weights before the next layer's, whatever order the schedule loads them in.
+
+    ``order`` is a topological order of the graph. An op's distance is the longest path
+    from a placeholder to it along ``args``; an op no placeholder reaches (a view or a
+    product of Variables alone) takes the least distance of its consumers. A Variable
+    ranks by the least distance of its consumers, then by where it is first read, then
+    by name; one nothing reads comes last."""
+    consumers: dict[og.Op, list[og.Op]] = {}
+    for op in order:
+        for a in op.args:
+            consumers.setdefault(a, []).append(op)
+    dist: dict[og.Op, Optional[int]] = {}
+    for op in order:
+        reached = [dist[a] for a in op.args if dist.get(a) is not None]
+        dist[op] = 0 if isinstance(op, og.Placeholder) else \
+            1 + max(reached) if reached else None
+    inf = float("inf")
+    rank: dict[og.Op, float] = {}
+    for op in reversed(order):
+        d = dist[op]
+        rank[op] = d if d is not None else min(
+            (rank[c] for c in consumers.get(op, ())), default=inf)
+    position = {op: i for i, op in enumerate(order)}
+
+    def key(v):
+        readers = consumers.get(v, ())
+        return (min((rank[c] for c in readers), default=inf),
+                min((position[c] for c in readers), default=len(order)), v.name)
+    return sorted(variables, key=key)
+
+
+def _output_axes(result, order, what):
+    """The axes ``result`` is returned in under ``order``: ``"batch_first"`` (its batch
+    axes first, the others after, each group in the graph's order), ``"graph"`` or
+    ``None`` (the graph's order), or the axes themselves (a reordering of the
+    result's)."""
+    axes = result.axes
+    if order is None or order == "graph":
+        return axes
+    if order == "batch_first":
+        return Axes(list(axes.batch_axes()) + [a for a in axes if not a.batch])
+    if isinstance(order, str):
+        raise ArgumentError(f"to_torch: {what} {order!r} is not an order; use "
+                            f"'batch_first', 'graph' or the result's axes in order")
+    try:
+        wanted = as_axes(order)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError(f"to_torch: {what} must be 'batch_first', 'graph', None or "
+                            f"axes; got {order!r}") from e
+    if not wanted.same_set(axes) or len(wanted) != len(axes):
+        raise ArgumentError(f"to_torch: {what} ({og._fmt(wanted)}) is not a reordering "
+                            f"of result {result.name}'s axes ({og._fmt(axes)})"
+                            + result._where())
+    return wanted
+
+
+def _per_result(output_order, requested, single):
+    """One order per requested result, from ``output_order`` as :func:`to_torch`
+    takes it."""
+    if single or output_order is None or isinstance(output_order, str):
+        return [output_order] * len(requested)
+    orders = list(output_order)
+    if len(orders) != len(requested):
+        raise ArgumentError(f"to_torch: output_order has {len(orders)} entries for "
+                            f"{len(requested)} results; give one per result (None, "
+                            f"'batch_first', 'graph' or axes), or one string for all")
+    return orders
+
+
 # How forward() gets a value (the other steps apply a TORCH_OPS rule).
 _FEED, _STATE, _CONST = "feed", "state", "const"
 
@@ -393,21 +472,27 @@ _FEED, _STATE, _CONST = "feed", "state", "const"
 class TorchComputation(nn.Module):
     """A geon computation as an ``nn.Module`` (made by :func:`to_torch`).
 
-    ``forward(*tensors)`` takes one value per placeholder, in order, and returns what
-    the geon computation returns: one tensor for a single result, else a tuple (``None``
-    for a void result such as ``SetItem``). ``geon_variables`` maps each parameter or
-    buffer name to the geon Variable it holds.
+    ``forward(*tensors)`` takes one value per placeholder, in order, each laid out as
+    the placeholder's axes, and returns what the geon computation returns: one tensor
+    for a single result, else a tuple (``None`` for a void result such as ``SetItem``),
+    each laid out as ``output_axes`` says. ``geon_variables`` maps each parameter or
+    buffer name to the geon Variable it holds, in registration order (:func:`data_order`).
     """
 
     def __init__(self, comp: Computation, values: Mapping[og.Variable, Any]) -> None:
         super().__init__()
         self.single = comp.single
         self.placeholders = list(comp.params)
+        #: The axes of each result in the order ``forward`` returns them (``None`` for a
+        #: void result).
+        self.output_axes = [r.axes if isinstance(r, og.TensorOp) else None
+                            for r in comp.results]
         self.geon_variables = {}
         self._geon_steps: list[tuple[Any, ...]] = []  # (op, dtype, how, ref)
         taken = set(dir(self))
         owner: dict[str, og.Variable] = {}
-        for v in comp.variables:
+        order = schedule(comp.graph.roots)
+        for v in data_order(comp.variables, order):
             attr = _attribute_name(v.name, taken)
             if attr in owner:
                 other = owner[attr]
@@ -424,7 +509,6 @@ class TorchComputation(nn.Module):
             self.geon_variables[attr] = v
         var_attr = {v: a for a, v in self.geon_variables.items()}
         feed_pos = {p: i for i, p in enumerate(self.placeholders)}
-        order = schedule(comp.graph.roots)
         position: dict[og.Op, int] = {}
         n_const = 0
         for op in order:
@@ -457,6 +541,21 @@ class TorchComputation(nn.Module):
                              if isinstance(op, pr.Assign)
                              and isinstance(op.args[0], og.Placeholder)}
         self._geon_feed_dtypes = [torch_dtype(p.dtype) for p in self.placeholders]
+
+    def extra_repr(self) -> str:
+        """One line per input, output, parameter and buffer, with axes and dtype."""
+        def described(axes, dtype):
+            return (f"({og._fmt(axes)})" if len(axes) else "scalar") + \
+                f" {np.dtype(dtype).name}"
+        lines = [f"input {p.name}: {described(p.axes, p.dtype)}" for p in self.placeholders]
+        for k, axes in zip(self._geon_results, self.output_axes):
+            lines.append("output: None" if k is None else
+                         f"output: {described(axes, self._geon_steps[k][0].dtype)}")
+        params = dict(self.named_parameters())
+        for attr, v in self.geon_variables.items():
+            kind = "parameter" if attr in params else "buffer"
+            lines.append(f"{kind} {attr}: {described(v.axes, v.dtype)}")
+        return "\n".join(lines)
 
     def _device(self):
         for t in self.parameters():
@@ -523,11 +622,23 @@ def _initial_values(comp, transformer):
     return values
 
 
-def to_torch(results: Union[og.Op, list[og.Op], tuple[og.Op, ...]], *placeholders: og.Placeholder,
-             transformer: Optional[Transformer] = None) -> TorchComputation:
+OutputOrder = Union[str, None, AxesLike]
+
+
+def to_torch(results: Union[og.Op, list[og.Op], tuple[og.Op, ...]],
+             *placeholders: og.Placeholder, transformer: Optional[Transformer] = None,
+             output_order: Union[OutputOrder, Sequence[OutputOrder]] = "batch_first",
+             ) -> TorchComputation:
     """An ``nn.Module`` computing ``results`` (an op, or a list or tuple of ops) from
     ``placeholders`` with PyTorch ops, as ``transformer.computation(results,
     *placeholders)`` would.
+
+    Each input is laid out as its placeholder's axes. Each output is laid out as
+    ``output_order`` says: ``"batch_first"`` (the default: the result's batch axes
+    first, as PyTorch lays out batches, then its other axes in the graph's order),
+    ``"graph"`` (the graph's order, as geon's own computations return it), or the
+    result's axes in the order wanted; with several results, one string for all or a
+    list with one entry per result. ``module.output_axes`` says what was chosen.
 
     The graph is copied and lowered by geon's pass pipeline to semi-primitive ops, each
     run by its :data:`TORCH_OPS` rule; an op without one raises a
@@ -546,8 +657,15 @@ def to_torch(results: Union[og.Op, list[og.Op], tuple[og.Op, ...]], *placeholder
     autograd results, never the parameters themselves. See doc/torch_export.rst.
     """
     requested, single = og.as_op_list(results, "to_torch: results")
+    orders = _per_result(output_order, requested, single)
     mapping = clone_graph(requested)
     copies = [mapping[og.snap(r)] for r in requested]
+    for i, (r, order) in enumerate(zip(requested, orders)):
+        if isinstance(r, og.TensorOp):
+            what = "output_order" if single else f"output_order[{i}]"
+            axes = _output_axes(r, order, what)
+            if tuple(axes) != tuple(copies[i].axes):
+                copies[i] = og.axes_with_order(copies[i], axes)
     with no_gc():
         comp = Computation(_TorchLowering(), copies[0] if single else copies, placeholders)
     return TorchComputation(comp, _initial_values(comp, transformer))
