@@ -29,7 +29,8 @@ NAMESPACES = [("geon", "geon"), ("geon.np", "geon.op_graph.np_ops"),
               ("geon.frontends.neon", "geon.frontends.neon"),
               ("geon.frontends.netgraph", "geon.frontends.netgraph"),
               ("geon.frontends.onnx", "geon.frontends.onnx"),
-              ("geon.frontends.torch", "geon.frontends.torch"),
+              ("geon.transformers.torch", "geon.transformers.torch"),
+              ("geon.frontends.torch", "geon.frontends.torch"),  # its former place
               ("geon.distributed", "geon.distributed")]
 IDS = [n for n, _ in NAMESPACES]
 
@@ -39,8 +40,8 @@ GEON_NOT_EXPORTED = {"np", "simple", "sum", "max", "min"}
 
 
 def _module(path):
-    if path == "geon.frontends.torch":
-        pytest.importorskip("torch", reason="geon.frontends.torch needs PyTorch")
+    if path in ("geon.transformers.torch", "geon.frontends.torch"):
+        pytest.importorskip("torch", reason=f"{path} needs PyTorch")
     if path == "geon.distributed":
         pytest.importorskip("mpi4py", reason="geon.distributed needs mpi4py")
     return importlib.import_module(path)
@@ -95,7 +96,7 @@ TYPED = [("geon", None), ("geon.op_graph.np_ops", None),
          ("geon.op_graph.simple_axes", None), ("geon.frontends.neon", None),
          ("geon.frontends.onnx", None),  # imports onnx only when a model is loaded
          ("geon.frontends.netgraph", None),  # imports torch only in to_pytorch_model
-         ("geon.frontends.torch", "torch"), ("geon.distributed", "mpi4py")]
+         ("geon.transformers.torch", "torch"), ("geon.distributed", "mpi4py")]
 
 
 def _typed_objects(path, needs):

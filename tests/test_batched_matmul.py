@@ -390,7 +390,7 @@ def test_onnx_linear_layer_on_a_sequence_is_one_gemm():
 
 def test_torch_export_runs_the_batched_product_with_torch_matmul():
     torch = pytest.importorskip("torch")
-    from geon.frontends.torch import to_torch
+    from geon.transformers.torch import to_torch
     a = be.np.placeholder((2, 1, 3, 4), dtype=np.float64)
     b = be.np.placeholder((5, 4, 6), dtype=np.float64)
     y = be.np.tanh(a @ b)

@@ -49,7 +49,7 @@ REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.op_graph.autodiff", "ADJOINTS"),
               ("geon.op_graph.forward", "FORWARD"),
               ("geon.frontends.onnx.ops", "OPS"),
-              ("geon.frontends.torch.export", "TORCH_OPS")]
+              ("geon.transformers.torch.export", "TORCH_OPS")]
 #: doctest's options for every page: ``...`` matches any text, and runs of whitespace
 #: (a long line wrapped in the page) match any whitespace.
 DOCTEST_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -284,7 +284,7 @@ API_PAGES = [("geon", "geon", ("sum", "max", "min")),
              ("neon", "geon.frontends.neon", ()),
              ("netgraph", "geon.frontends.netgraph", ()),
              ("onnx", "geon.frontends.onnx", ()),
-             ("torch", "geon.frontends.torch", ()),
+             ("torch", "geon.transformers.torch", ()),
              ("passes", "geon.transformers.passes", ())]
 _API_ENTRY = re.compile(r"^\.\.\s+(?:auto(?:function|class|exception|data)|"
                         r"py:(?:data|exception|function|class))::\s+(?P<name>\w+)\s*$", re.M)
@@ -300,8 +300,8 @@ def namespace(path):
 
 def public_names(path, extra):
     """The names the reference must document for ``path``: ``__all__`` and ``extra``."""
-    if path == "geon.frontends.torch":
-        pytest.importorskip("torch", reason="geon.frontends.torch needs PyTorch")
+    if path == "geon.transformers.torch":
+        pytest.importorskip("torch", reason="geon.transformers.torch needs PyTorch")
     return set(namespace(path).__all__) | set(extra)
 
 

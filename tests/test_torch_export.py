@@ -1,4 +1,4 @@
-"""geon.frontends.torch.to_torch: every op-table case, gradients through torch autograd,
+"""geon.transformers.torch.to_torch: every op-table case, gradients through torch autograd,
 the digits graphs and a model trained by geon, feeds, unsupported ops, names."""
 
 import os
@@ -15,7 +15,7 @@ import geon as be  # noqa: E402
 from geon.errors import ArgumentError, FeedError, LoweringError  # noqa: E402
 from geon.examples import digits  # noqa: E402
 from geon.frontends import neon as nn  # noqa: E402
-from geon.frontends.torch import to_torch  # noqa: E402
+from geon.transformers.torch import to_torch  # noqa: E402
 from example_graphs import digits_graphs  # noqa: E402
 from op_table import CASES, GRAD_CASES  # noqa: E402
 
@@ -246,7 +246,7 @@ def test_indices_are_checked_as_geon_checks_them():
 def test_every_primitive_of_the_numpy_transformer_has_a_rule():
     """The exporter's base set holds the NumPy transformer's (user ops aside: each needs
     its own PyTorch rule), so whatever geon runs, the exporter runs."""
-    from geon.frontends.torch.export import _TorchLowering
+    from geon.transformers.torch.export import _TorchLowering
     from geon.op_graph.user_ops import UserOp
     ours = _TorchLowering().base_set
     missing = sorted(c.__name__ for c in be.NumPyTransformer.base_set - {UserOp}
@@ -279,7 +279,7 @@ def test_collectives_of_a_single_process_are_the_value_itself():
 _DISTRIBUTED = """
 import sys, numpy as np, torch, torch.distributed as dist
 import geon as be
-from geon.frontends.torch import to_torch
+from geon.transformers.torch import to_torch
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
 F = be.Axis(3, "F")
@@ -449,7 +449,7 @@ def test_importing_geon_does_not_need_torch_and_the_exporter_says_how_to_get_it(
     code = ("import sys; sys.modules['torch'] = None\n"
             "import geon\n"
             "try:\n"
-            "    import geon.frontends.torch\n"
+            "    import geon.transformers.torch\n"
             "except geon.errors.TorchMissingError as e:\n"
             "    print(isinstance(e, ImportError), e)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -537,3 +537,13 @@ def test_repr_lists_inputs_outputs_and_state():
         "  parameter out_b: (C:2) float32",
         "  buffer step: scalar int64",
         ")"]
+
+
+def test_the_former_import_path_gives_the_same_objects():
+    """The export is a backend (geon.transformers.torch); geon.frontends.torch, where it
+    used to live, re-exports the same objects so old imports keep working."""
+    import geon.frontends.torch as former
+    import geon.transformers.torch as current
+    assert former.__all__ == current.__all__
+    for name in current.__all__:
+        assert getattr(former, name) is getattr(current, name)

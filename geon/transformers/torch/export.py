@@ -1,4 +1,4 @@
-"""The exporter behind :func:`geon.frontends.torch.to_torch`.
+"""The exporter behind :func:`geon.transformers.torch.to_torch`.
 
 A copy of the graph (:func:`~geon.op_graph.params.clone_graph`) goes through geon's own
 pass pipeline (:meth:`~geon.transformers.base.Transformer.passes`: simplify, lower,
@@ -16,7 +16,7 @@ each output in the order ``to_torch(..., output_order=)`` chooses (batch axes fi
 default, as PyTorch lays out batches), made in the copied graph with ``axes_with_order``
 before lowering, so the reordering is one more op the pipeline can fuse or fold.
 Parameters are registered in the order data from the inputs reaches them
-(:func:`data_order`), and the module's repr lists inputs, outputs and state.
+(``data_order``), and the module's repr lists inputs, outputs and state.
 """
 
 import keyword
@@ -476,7 +476,7 @@ class TorchComputation(nn.Module):
     the placeholder's axes, and returns what the geon computation returns: one tensor
     for a single result, else a tuple (``None`` for a void result such as ``SetItem``),
     each laid out as ``output_axes`` says. ``geon_variables`` maps each parameter or
-    buffer name to the geon Variable it holds, in registration order (:func:`data_order`).
+    buffer name to the geon Variable it holds, in registration order (``data_order``).
     """
 
     def __init__(self, comp: Computation, values: Mapping[og.Variable, Any]) -> None:
