@@ -42,4 +42,11 @@ exclude_patterns = ["_build"]
 highlight_language = "python"
 pygments_style = "sphinx"
 html_theme = "alabaster"
-html_static_path = []
+# A page wide enough for the samples' lines beside a sidebar that shows full module
+# names (geon.transformers.passes), and still narrower than a 1,200 px window; below
+# page_width, alabaster moves the sidebar under the page.
+html_theme_options = {"page_width": "1160px", "sidebar_width": "270px"}
+# _static/geon.css: code blocks wrap instead of scrolling sideways; long names in the
+# sidebar wrap (tests/test_docs.py checks both are wired here).
+html_static_path = ["_static"]
+html_css_files = ["geon.css"]

@@ -134,13 +134,41 @@ def _kib(n):
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} B"
 
 
+#: Estimated width of a character of the figures' sans-serif text, in ems (generous:
+#: the average of a proportional font is nearer 0.55); used to lay out the legend.
+CHAR_EM = 0.62
+
+
+def text_width(text, size):
+    """Estimated width in pixels of ``text`` at font size ``size``."""
+    return len(text) * size * CHAR_EM
+
+
+def _nice_step(top, ticks=5):
+    """The smallest round tick step (1, 2 or 5 times a power of ten) that covers
+    ``top`` in at most ``ticks`` steps."""
+    step = 1
+    while step * ticks < top:
+        for m in (2, 2.5, 2):  # 1, 2, 5, 10, 20, 50, 100 ...
+            step = int(step * m)
+            if step * ticks >= top:
+                break
+    return step
+
+
 def memory_svg(live, arena_total, unshared_total, title):
     """A step plot of ``live`` over the schedule, with the arena total and the
-    unshared total as reference lines, as SVG text."""
-    w, h, left, right, top, bottom = 640, 270, 70, 20, 40, 40
-    pw, ph = w - left - right, h - top - bottom
+    unshared total as dashed reference lines, as SVG text. The lines are named in a
+    legend below the plot, so that no label lies on a line."""
+    w, left, right, top = 640, 70, 20, 40
+    ph, pw = 190, 640 - 70 - 20
+    size = 11
     n = max(len(live), 1)
-    top_value = max([unshared_total, arena_total, 1] + live)
+    peak = max(live, default=0)
+    highest = max([unshared_total, arena_total, 1] + list(live))
+    unit = 1024 if highest >= 4 * 1024 else 1
+    step = _nice_step(highest * 1.05 / unit) * unit   # headroom above the highest line
+    top_value = step * -(-highest * 1.05 // step)
 
     def x(i):
         return left + pw * i / n
@@ -148,35 +176,57 @@ def memory_svg(live, arena_total, unshared_total, title):
     def y(v):
         return top + ph * (1 - v / top_value)
 
+    # The legend: one entry per line (a sample of the line, then its label), laid out
+    # in rows below the axis title, a row wrapping when the next entry would not fit.
+    entries = [("#222", None, f"bytes live in arenas (peak {_kib(peak)})"),
+               ("#48c", "5,4", f"arenas allocated: {_kib(arena_total)}"),
+               ("#c44", "5,4", f"one buffer per value: {_kib(unshared_total)}")]
+    swatch, gap, spacing, row_h = 24, 6, 28, 18
+    rows, cx = [[]], left
+    for entry in entries:
+        width = swatch + gap + text_width(entry[2], size)
+        if rows[-1] and cx + width > w - right:
+            rows.append([])
+            cx = left
+        rows[-1].append((cx, entry))
+        cx += width + spacing
+    legend_top = top + ph + 54
+    h = int(legend_top + row_h * len(rows) + 4)
+
     pts = []
     for i, v in enumerate(live):
         pts += [f"{x(i):.1f},{y(v):.1f}", f"{x(i + 1):.1f},{y(v):.1f}"]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-           f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
+           f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="{size}">',
            f"<title>{title}</title>",
            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" '
            f'stroke="#999"/>',
            f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13">{title}</text>']
-    for k in range(5):
-        v = top_value * k / 4
+    v = 0
+    while v <= top_value:
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
                    f'{_kib(int(v))}</text>')
+        v += step
     for k in range(6):
         i = round(n * k / 5)
         out.append(f'<text x="{x(i):.1f}" y="{top + ph + 16}" text-anchor="middle">'
                    f'{i}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{h - 6}" text-anchor="middle">'
+    out.append(f'<text x="{left + pw / 2}" y="{top + ph + 32}" text-anchor="middle">'
                f'schedule position (step of the generated code)</text>')
-    for value, colour, label in ((unshared_total, "#c44", "one buffer per value"),
-                                 (arena_total, "#48c", "arenas allocated")):
+    for colour, dash, _ in entries[1:]:
+        value = arena_total if colour == "#48c" else unshared_total
         out.append(f'<line x1="{left}" y1="{y(value):.1f}" x2="{left + pw}" '
-                   f'y2="{y(value):.1f}" stroke="{colour}" stroke-dasharray="5,4"/>')
-        out.append(f'<text x="{left + pw - 4}" y="{y(value) + 13:.1f}" text-anchor="end" '
-                   f'fill="{colour}">{label}: {_kib(value)}</text>')
+                   f'y2="{y(value):.1f}" stroke="{colour}" stroke-dasharray="{dash}"/>')
     out.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" '
                f'points="{" ".join(pts)}"/>')
-    out.append(f'<text x="{left + 6}" y="{top + 14}">bytes live in arenas (peak '
-               f'{_kib(max(live, default=0))})</text>')
+    for r, row in enumerate(rows):
+        ly = legend_top + r * row_h
+        for cx, (colour, dash, label) in row:
+            style = f' stroke-dasharray="{dash}"' if dash else ' stroke-width="1.5"'
+            out.append(f'<line x1="{cx:.1f}" y1="{ly - 4:.1f}" x2="{cx + swatch:.1f}" '
+                       f'y2="{ly - 4:.1f}" stroke="{colour}"{style}/>')
+            out.append(f'<text x="{cx + swatch + gap:.1f}" y="{ly:.1f}" '
+                       f'fill="{colour}">{label}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
