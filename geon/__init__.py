@@ -22,11 +22,14 @@ from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
     absolute, add, argmax, argmin, axes_with_order, broadcast, cast_axes, constant, cos,
-    divide, dot, equal, exp, flatten, greater, greater_equal, less, less_equal, log, max,
-    maximum, mean, min, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
+    divide, dot, equal, exp, flatten, greater, greater_equal, less, less_equal, log,
+    maximum, mean, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
     prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
-    stop_gradient, subtract, sum, tanh, tensor_size, unflatten, variance, split,
+    stop_gradient, subtract, tanh, tensor_size, unflatten, variance, split,
     max_argmax, MultiOutput, Output, value_of)
+# be.sum, be.max and be.min are left out of __all__ (below): ``x as x`` makes them
+# explicit re-exports all the same, which type checkers need to see them.
+from geon.op_graph.op_graph import max as max, min as min, sum as sum  # noqa: E402
 from geon.op_graph.autodiff import deriv, gradients  # noqa: E402
 from geon.op_graph.forward import hvp, jvp  # noqa: E402
 from geon.op_graph.jacobian import jacobian, jacobian_axes  # noqa: E402

@@ -16,7 +16,8 @@ a step makes one MPI call per bucket rather than one per Variable.
 import os
 import sys
 import traceback
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
+from types import TracebackType
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
@@ -35,8 +36,10 @@ except ImportError as _e:  # also a missing libmpi under an installed mpi4py
 import geon as be
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axis
-from geon.op_graph.collectives import (AllReduce, BroadcastFrom, FlatConcat, collectives,
-                                       flat_split, set_collectives)
+# (collectives: also reached as geon.distributed.collectives, by the model frontend)
+from geon.op_graph.collectives import (AllReduce, BroadcastFrom, FlatConcat,
+                                       collectives as collectives, flat_split,
+                                       set_collectives)
 from geon.transformers.base import Transformer
 
 __all__ = ["BUCKET_BYTES", "MPICollectives", "World", "average_gradients", "data_parallel",
@@ -81,10 +84,15 @@ class MPICollectives:
         self.comm.Barrier()
 
 
-def _abort_on_error(comm):
+#: What ``sys.excepthook`` is called with.
+_ExceptHook = Callable[[type[BaseException], BaseException, Optional[TracebackType]], Any]
+
+
+def _abort_on_error(comm: Any) -> _ExceptHook:
     """An excepthook: print the failing rank's traceback, then end every rank (MPI_Abort)
     instead of leaving the others waiting in a collective forever."""
-    def hook(kind, value, tb):
+    def hook(kind: type[BaseException], value: BaseException,
+             tb: Optional[TracebackType]) -> None:
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"geon.distributed: rank {comm.Get_rank()} of "
                          f"{comm.Get_size()} failed; aborting every rank.\n{text}")
@@ -115,16 +123,18 @@ def world() -> World:
     return World(c.rank, c.size, getattr(c, "comm", None))
 
 
-def _bucketed(tensors, collective, bucket_bytes):
+def _bucketed(tensors: list[og.TensorOp], collective: Callable[[og.TensorOp], og.TensorOp],
+              bucket_bytes: int) -> list[og.TensorOp]:
     """``[collective(t) for t in tensors]`` with one collective per bucket: tensors of
     one dtype are flattened and concatenated up to ``bucket_bytes``, the collective
     runs once on the bucket, and each result is a slice of it back in its own axes."""
-    out = [None] * len(tensors)
-    by_dtype = {}
+    out: list[Optional[og.TensorOp]] = [None] * len(tensors)
+    by_dtype: dict[np.dtype[Any], list[int]] = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(np.dtype(t.dtype), []).append(i)
     for dtype, idx in by_dtype.items():
-        buckets, size = [[]], 0
+        buckets: list[list[int]] = [[]]
+        size = 0
         for i in idx:
             n = tensors[i].axes.size * dtype.itemsize
             if buckets[-1] and size + n > bucket_bytes:
@@ -135,14 +145,17 @@ def _bucketed(tensors, collective, bucket_bytes):
         for bucket in buckets:
             for i, r in zip(bucket, _one_bucket([tensors[i] for i in bucket], collective)):
                 out[i] = r
-    return out
+    return cast(list[og.TensorOp], out)  # (every entry is set by now)
 
 
-def _one_bucket(tensors, collective):
+def _one_bucket(tensors: list[og.TensorOp], collective: Callable[[og.TensorOp], og.TensorOp]
+                ) -> list[og.TensorOp]:
     if len(tensors) == 1:
         return [collective(tensors[0])]
     total = Axis(sum(t.axes.size for t in tensors), "_bucket")
-    return flat_split(collective(FlatConcat(*tensors, axis=total)), tensors)
+    parts: list[og.TensorOp] = flat_split(collective(FlatConcat(*tensors, axis=total)),
+                                          tensors)
+    return parts
 
 
 def average_gradients(grads: Iterable[og.TensorOp],
@@ -170,7 +183,7 @@ def data_parallel(cost: og.TensorOp, variables: Optional[Iterable[og.Variable]] 
             raise DistributedError("data_parallel: give learning_rate (plain SGD) or an "
                                    "update(variable, gradient) function")
 
-        def update(w, g):
+        def update(w: og.Variable, g: og.TensorOp) -> og.Op:
             return be.SetItem(w, w - learning_rate * g)
     grads = average_gradients(be.deriv(cost, variables), bucket_bytes)
     ops: list[og.Op] = []
@@ -226,7 +239,7 @@ def sharded_batches(arrays: Iterable[Any], local_batch: int, epoch: int = 0, see
         yield tuple(a[rows] for a in arrays)
 
 
-def save(transformer: Transformer, path: Union[str, os.PathLike]) -> None:
+def save(transformer: Transformer, path: Union[str, os.PathLike[str]]) -> None:
     """Write the checkpoint from rank 0 (atomically, by ``transformer.save``); every
     rank returns once the file is there. Every rank must call it."""
     if world().rank == 0:
@@ -234,7 +247,7 @@ def save(transformer: Transformer, path: Union[str, os.PathLike]) -> None:
     collectives().barrier()
 
 
-def restore(transformer: Transformer, path: Union[str, os.PathLike]) -> None:
+def restore(transformer: Transformer, path: Union[str, os.PathLike[str]]) -> None:
     """Restore the checkpoint on every rank (after any :func:`save` in progress ends).
     A checkpoint holds the Variables only, never the number of ranks: one written by
     2 ranks restores on 1 or 3. A missing file or mismatched variables raise

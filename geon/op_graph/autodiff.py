@@ -7,7 +7,7 @@ A returned delta may have axes the arg lacks (summed away) or lack axes the arg 
 """
 
 import math
-from typing import Optional, Sequence, Union, overload
+from typing import Optional, Union, overload
 
 from geon.errors import ArgumentError, AxisMismatchError, GeonError
 from geon.op_graph import nn_ops as nn
@@ -126,15 +126,22 @@ def _accumulate(adj, op, deltas, needs):
         adj[arg] = da if prev is None else prev + da
 
 
+#: What :func:`deriv` takes for several variables: a list or a tuple of ops. (Lists
+#: are invariant, so the usual kinds of list are named: ``list[Variable]``, from
+#: ``TensorOp.variables()``, is no ``list[TensorOp]``.)
+SeveralOps = Union[list[og.TensorOp], list[og.Variable], list[og.Placeholder],
+                   tuple[og.TensorOp, ...]]
+
+
 @overload
 def deriv(c: og.TensorOp, w: og.TensorOp,
           error: Optional[og.TensorLike] = None) -> og.TensorOp: ...
 @overload
-def deriv(c: og.TensorOp, w: Sequence[og.TensorOp],
+def deriv(c: og.TensorOp, w: SeveralOps,
           error: Optional[og.TensorLike] = None) -> list[og.TensorOp]: ...
 
 
-def deriv(c: og.TensorOp, w: Union[og.TensorOp, Sequence[og.TensorOp]],
+def deriv(c: og.TensorOp, w: Union[og.TensorOp, SeveralOps],
           error: Optional[og.TensorLike] = None) -> Union[og.TensorOp, list[og.TensorOp]]:
     """The derivative of ``c`` with respect to ``w``, an op with ``w``'s axes.
 

@@ -10,7 +10,7 @@ import gc
 import itertools
 import math
 import weakref
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union, overload
 
 from geon.errors import ArgumentError, AxisMismatchError
 # Imported for its check that `import geon` found this package (and not, say, an empty
@@ -29,16 +29,16 @@ class _Users:
 
     __slots__ = ("refs", "sweep_at")
 
-    def __init__(self):
-        self.refs = []
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[Any]] = []
         self.sweep_at = 64
 
-    def sweep(self):
+    def sweep(self) -> None:
         refs = self.refs
         refs[:] = [r for r in refs if r() is not None]
         self.sweep_at = max(64, 2 * len(refs))
 
-    def live(self):
+    def live(self) -> Any:
         """One op still alive, or ``None``."""
         for r in self.refs:
             op = r()
@@ -70,7 +70,7 @@ class Axis:
         if not isinstance(name, str) or not name:
             raise ArgumentError(f"an axis name must be a non-empty string, not {name!r}")
         self.name = name
-        self._length = None
+        self._length: Optional[int] = None
         self._users: Optional[_Users] = None
         if length is not None:
             self._set_length(length)  # a new axis changes no cached lengths
@@ -83,7 +83,7 @@ class Axis:
         return self._length
 
     @length.setter
-    def length(self, value):
+    def length(self, value: Optional[int]) -> None:
         old = self._length
         self._set_length(value)
         if self._length != old and old is not None and self._users is not None:
@@ -100,7 +100,7 @@ class Axis:
         global _length_epoch
         _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
-    def _set_length(self, value):
+    def _set_length(self, value: Optional[int]) -> None:
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ArgumentError(f"axis {self.name}: length must be an integer >= 0, "
@@ -108,13 +108,13 @@ class Axis:
             value = int(value)
         self._length = value
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Axis) and other.name == self.name
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.name)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         length = self.length  # a property: FlattenedAxis computes it from its parts
         return f"{self.name}:{length if length is not None else '?'}"
 
@@ -143,7 +143,7 @@ class FlattenedAxis(Axis):
         return None if None in lengths else math.prod(lengths)  # type: ignore[arg-type]
 
     @length.setter
-    def length(self, value):
+    def length(self, value: Optional[int]) -> None:
         if value is not None:
             raise ArgumentError(f"the length of flattened axis {self.name} follows its parts")
 
@@ -161,6 +161,11 @@ class Axes:
     _axes: tuple[Axis, ...]
     _names: tuple[str, ...]
     _lengths: Optional[tuple[int, tuple[Optional[int], ...], Optional[int]]]
+
+    @overload
+    def __init__(self, axes: Iterable[Axis], /) -> None: ...
+    @overload
+    def __init__(self, *axes: Axis) -> None: ...
 
     def __init__(self, *axes: Any) -> None:
         if len(axes) == 1 and not isinstance(axes[0], Axis):
@@ -183,22 +188,29 @@ class Axes:
         self._names = names
 
     # -- sequence behaviour -------------------------------------------------------------
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Axis]:
         return iter(self._axes)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._axes)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: slice) -> "Axes": ...
+    # An Axis; Any for now: op_graph.split still does arithmetic on its length (None
+    # when unset) unchecked.
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Any:
         if isinstance(i, slice):
             return Axes(self._axes[i])
         return self._axes[i]
 
-    def __contains__(self, axis):
+    def __contains__(self, axis: Union[Axis, str]) -> bool:
         name = axis if isinstance(axis, str) else axis.name
         return name in self._names
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         """Same axes (names and lengths) in the same order."""
         if other is self:
             return True
@@ -206,10 +218,10 @@ class Axes:
             return NotImplemented
         return self._names == other._names and self.lengths == other.lengths
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._names)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Axes({_fmt(self._axes)})"
 
     # -- facts ---------------------------------------------------------------------------
@@ -226,10 +238,11 @@ class Axes:
             return cached[1]
         return self._cache_lengths()[1]
 
-    def _cache_lengths(self):
+    def _cache_lengths(self) -> tuple[int, tuple[Optional[int], ...], Optional[int]]:
         """``(epoch, lengths, size)``, recomputed once per change of any axis length."""
         lengths = tuple(a.length for a in self._axes)
-        size = math.prod(lengths) if None not in lengths else None
+        size = (math.prod(lengths)  # type: ignore[arg-type]  # no None in lengths
+                if None not in lengths else None)
         cached = self._lengths = (_length_epoch, lengths, size)
         return cached
 
@@ -287,23 +300,23 @@ class Axes:
         return set(self._names) == set(Axes(other)._names)
 
     # -- algebra ------------------------------------------------------------------------
-    def __add__(self, other):
+    def __add__(self, other: "AxesLike") -> "Axes":
         return Axes(self._axes + Axes(other)._axes)
 
-    def __sub__(self, other):
+    def __sub__(self, other: "AxesLike") -> "Axes":
         other = Axes(other)
         return Axes(a for a in self._axes if a.name not in other._names)
 
-    def __or__(self, other):
+    def __or__(self, other: "AxesLike") -> "Axes":
         other = Axes(other)
         return Axes(self._axes + tuple(a for a in other._axes if a.name not in self._names))
 
-    def __and__(self, other):
+    def __and__(self, other: "AxesLike") -> "Axes":
         other = Axes(other)
         return Axes(a for a in self._axes if a.name in other._names)
 
 
-def _fmt(axes):
+def _fmt(axes: Iterable[Axis]) -> str:
     return ", ".join(repr(a) for a in axes)
 
 
@@ -328,7 +341,7 @@ def note_users(axes: Axes, op: Any) -> None:
         level = parts
 
 
-def _fixed_length_message(axis, new, user):
+def _fixed_length_message(axis: Axis, new: Optional[int], user: Any) -> str:
     flags = "".join(f", {f}=True" for f in ("batch", "recurrent") if getattr(axis, f))
     length = "" if new is None else f"{new}, "
     return (f"axis {axis.name}: cannot change its length from {axis.length} to {new}: "
@@ -339,13 +352,14 @@ def _fixed_length_message(axis, new, user):
             f"it (or set the length before building any op)")
 
 
-def check_lengths(groups, what, where=""):
+def check_lengths(groups: Sequence[tuple[str, Axes]], what: str,
+                  where: str = "") -> None:
     """Raise :class:`AxisMismatchError` if one axis name has two lengths across ``groups``.
 
     ``groups`` is a sequence of ``(label, Axes)``; ``what`` names the op being built and
     ``where`` is the user's source location.
     """
-    seen = {}
+    seen: dict[str, Axis] = {}
     for _, axes in groups:
         for a in axes:
             old = seen.get(a.name)

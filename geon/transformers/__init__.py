@@ -1,7 +1,7 @@
 """Transformers turn op graphs into callable computations."""
 
-from geon.transformers.base import (Computation, Transformer, available_transformers,
-                                    make_transformer, register_transformer)
+from geon.registry import available_transformers, make_transformer, register_transformer
+from geon.transformers.base import Computation, Transformer
 from geon.transformers.numpy import NumPyTransformer
 
 try:  # registers "gpu"; pycuda is imported only when a GPU transformer is made

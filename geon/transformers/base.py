@@ -16,7 +16,9 @@ import types
 import warnings
 import weakref
 import os
-from typing import IO, Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import (IO, TYPE_CHECKING, Any, Callable, Generic, Iterable, Literal,
+                    Mapping, MutableMapping, NoReturn, Optional, Sequence, TypeVar, Union,
+                    overload)
 
 import numpy as np
 
@@ -32,9 +34,14 @@ from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_p
                                     pulled_in)
 from geon.op_graph import primitives as pr
 from geon.op_graph import schemas as sc
-from geon.registry import (ENTRY_POINT_GROUP, _REGISTRY, _entry_points,  # noqa: F401
-                           available_transformers, make_transformer, register_transformer,
-                           transformer_factory)
+# Re-exported (``x as x``: explicitly, for type checkers) for the backends and plugins
+# that import them from here.
+from geon.registry import (ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # noqa: F401
+                           _REGISTRY as _REGISTRY, _entry_points as _entry_points,
+                           available_transformers as available_transformers,
+                           make_transformer as make_transformer,
+                           register_transformer as register_transformer,
+                           transformer_factory as transformer_factory)
 from geon.transformers import checkpoint
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
@@ -44,7 +51,23 @@ from geon.transformers.passes.lower import LowerAxesPass
 from geon.transformers.passes.simplify import SimplifyPass
 from geon.transformers.passes.verify import VerifyBaseSet
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 logger = get_logger(__name__)
+
+#: The value of a computed op, as a computation returns it: a NumPy array.
+Array = np.ndarray[Any, np.dtype[Any]]
+#: What a computation's call returns: an array, ``None`` (a void op), or a tuple of them.
+#: (Any where not given: ``Computation`` is ``Computation[Any]``; a default needs
+#: typing_extensions before Python 3.13, so type checkers alone see it.)
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as _TypeVar
+    _R = _TypeVar("_R", covariant=True, default=Any)
+else:
+    _R = TypeVar("_R", covariant=True)
+#: ``np.copyto``'s casting rules.
+_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
 
 #: The semi-primitive ops every built-in transformer implements.
 STANDARD_BASE_SET = frozenset({
@@ -61,17 +84,18 @@ STANDARD_BASE_SET = frozenset({
 }) | CONV_PRIMITIVES
 
 
-def _grouped(placeholders, needed_by):
+def _grouped(placeholders: Iterable[og.Op], needed_by: Mapping[og.Op, tuple[og.Op, og.Op]]
+             ) -> Iterable[tuple[tuple[og.Op, og.Op], list[og.Op]]]:
     """``{(assignment, reader): [placeholder, ...]}`` for the ``placeholders`` that
     ``needed_by`` attributes to a pulled-in assignment."""
-    groups = {}
+    groups: dict[tuple[og.Op, og.Op], list[og.Op]] = {}
     for p in placeholders:
         if p in needed_by:
             groups.setdefault(needed_by[p], []).append(p)
     return groups.items()
 
 
-def _log_computation(comp, seconds):
+def _log_computation(comp: "Computation[Any]", seconds: float) -> None:
     """Log (INFO) the computation a transformer just built: what it computes, its size
     before and after the passes and where the time went."""
     graph = comp.graph
@@ -85,12 +109,12 @@ def _log_computation(comp, seconds):
                 seconds - passes)
 
 
-def _value_type(op):
+def _value_type(op: og.TensorOp) -> str:
     """``(C:64, N:128) float32``: an op's axes and dtype, as op reprs show them."""
     return f"({', '.join(repr(a) for a in op.axes)}) {op.dtype}"
 
 
-def _short_list(items, most=6):
+def _short_list(items: Iterable[str], most: int = 6) -> str:
     """``items`` joined by commas, the ones after the first ``most`` counted."""
     items = list(items)
     if len(items) > most:
@@ -98,7 +122,7 @@ def _short_list(items, most=6):
     return ", ".join(items)
 
 
-def _lengths_set(order):
+def _lengths_set(order: Iterable[og.Op]) -> None:
     """Raise, naming the op, if an op of ``order`` has an axis without a length."""
     for op in order:
         if isinstance(op, og.TensorOp) and not op.axes.lengths_known:
@@ -109,23 +133,28 @@ def _lengths_set(order):
                 f"(e.g. ax.{unset[0]}.length = 10) before building a computation")
 
 
-class Computation:
+class Computation(Generic[_R]):
     """A callable that computes some ops from placeholder values.
 
     Call it with one array per parameter placeholder, in order. It returns a NumPy
     array for a single requested op, or a tuple (one entry per requested op, ``None``
     for void ops such as ``SetItem``) for a list or tuple.
+
+    For type checkers, ``Computation[R]`` is a computation whose call returns ``R``
+    (see :meth:`Transformer.computation`).
     """
 
     #: The generated code (set by the backend).
     _source: str
+    requested: list[og.Op]
+    single: bool
 
-    def __init__(self, transformer: "Transformer", results: Any,
-                 params: Sequence[og.TensorOp]) -> None:
+    def __init__(self, transformer: "Transformer", results: Union[og.Op, Iterable[og.Op]],
+                 params: Sequence[og.Placeholder]) -> None:
         self.transformer = transformer
         self.requested, self.single = og.as_op_list(results, "computation results")
         self.params = list(params)
-        seen = set()
+        seen: set[og.Placeholder] = set()
         for p in self.params:
             if not isinstance(p, og.Placeholder):
                 raise ArgumentError(f"computation parameter {getattr(p, 'name', p)!r} is "
@@ -141,7 +170,8 @@ class Computation:
         #: ``[(assignment, reader)]``: assignments this computation runs though they
         #: were not requested, each with the op that is ordered after it (see
         #: ``pulled_in``); a :class:`GeonWarning` names them.
-        self.pulled_in = pulled_in(self.graph.initial_order, self.graph.results)
+        self.pulled_in: list[tuple[og.Op, og.Op]] = pulled_in(self.graph.initial_order,
+                                                              self.graph.results)
         needed_by = assignment_inputs(self.graph.results, self.pulled_in)
         # Value domains (declared, and those one_hot / gather indices imply) are read off
         # the graph as built, before lowering turns those ops into comparisons and takes.
@@ -152,11 +182,11 @@ class Computation:
                                for p, d in zip(self.params, self._domains)]
         transformer._run_passes(self.graph)
         # What initialize() needs of the user's graph; the rest of it may be freed.
-        self.initializers = list(dict.fromkeys(
+        self.initializers: list[og.Op] = list(dict.fromkeys(
             i for op in self.graph.initial_order for i in op._initializers))
         del self.graph.initial, self.graph.initial_order
-        self.results = list(self.graph.results)
-        self.ops = self.graph.ops()
+        self.results: list[og.Op] = list(self.graph.results)
+        self.ops: list[og.Op] = self.graph.ops()
         needed = [op for op in self.ops if isinstance(op, og.Placeholder)]
         missing = [p for p in needed if p not in self.params]
         if missing:
@@ -171,14 +201,14 @@ class Computation:
                           .lstrip("; "), GeonWarning, stacklevel=user_stacklevel())
         self.variables = [op for op in self.ops if isinstance(op, og.Variable)]
         self._shapes = [(p, p.axes.shape, p.dtype) for p in self.params]
-        self._last = None
+        self._last: Optional[Sequence[Optional[Array]]] = None
 
     @property
     def source(self) -> str:
         """The code the backend generated for this computation, as text."""
         return self._source
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         # <NumPyComputation of NumPyTransformer 'numpy': (x: (C:64, N:128) float32)
         #  -> (Tanh_3: (C:64, N:128) float32, SetItem_1), 12 primitives>
         t = getattr(self, "transformer", None)
@@ -194,17 +224,17 @@ class Computation:
         return (f"<{type(self).__name__} of {type(t).__name__} {getattr(t, 'name', None)!r}: "
                 f"({params}) -> ({results}){count}>")
 
-    def _check_feed(self, i, v):
+    def _check_feed(self, i: int, v: Any) -> Array:
         """Placeholder ``i``'s value ``v`` as an array of its shape and dtype, or a
         :class:`FeedError` naming the placeholder; a value outside the placeholder's
         domain is a :class:`~geon.op_graph.domains.DomainError`."""
-        a = self._shapes[i][0].as_feed(v)
+        a: Array = self._shapes[i][0].as_feed(v)
         check = self._domain_checks[i]
         if check is not None:
             check(a)
         return a
 
-    def _bad_value(self, i, a):
+    def _bad_value(self, i: int, a: Array) -> None:
         """Raise the :class:`~geon.op_graph.domains.DomainError` of feed ``a`` of
         parameter ``i`` (called where a quick test of it failed; returns if every
         value is in the domain after all, e.g. an allowed ignore_index)."""
@@ -215,14 +245,20 @@ class Computation:
     # first call that is the method below, which allocates and initializes; after it,
     # the backend's fast entry (for the NumPy transformer, the generated ``run``), so a
     # steady call runs no Python frame but the entry's own.
-    __call__ = property(operator.attrgetter("_entry"),
-                        doc="Call the computation with one value per parameter, by "
-                            "position; returns the result (a tuple for several).")
+    if TYPE_CHECKING:
+        def __call__(self, *feeds: "npt.ArrayLike") -> _R:
+            """Call the computation with one value per parameter, by position;
+            returns the result (a tuple for several)."""
+            ...
+    else:
+        __call__ = property(operator.attrgetter("_entry"),
+                            doc="Call the computation with one value per parameter, by "
+                                "position; returns the result (a tuple for several).")
     #: Whether the backend's fast entry checks the number of values and rejects
     #: keywords itself (with :meth:`_check_args`); if not, it is wrapped in a check.
     _entry_checks_args = False
 
-    def _check_args(self, args, kwargs):
+    def _check_args(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise the :class:`FeedError` of a call with keywords or a wrong number of
         values (nothing if the call is well formed)."""
         if kwargs:
@@ -234,7 +270,7 @@ class Computation:
                             + ", ".join(p.name for p in self.params)
                             + f"), got {len(args)}")
 
-    def _entry(self, *args, **kwargs):
+    def _entry(self, *args: Any, **kwargs: Any) -> _R:
         # The first call (and the first after the transformer changed) allocates and
         # initializes, then installs the backend's fast entry point.
         self._check_args(args, kwargs)
@@ -244,10 +280,11 @@ class Computation:
             fast = self._fast_entry()
             if not self._entry_checks_args:
                 fast = _checking_args(self, fast)
-            self._entry = fast
+            # (an attribute of the instance from now on, found by ``__call__``)
+            self._entry = fast  # type: ignore[method-assign]
         return self._entry(*args)
 
-    def _fast_entry(self):
+    def _fast_entry(self) -> Callable[..., Any]:
         """A function taking the feeds and returning what the call returns. Backends
         may return generated code; this generic one checks and converts each feed.
         Every entry runs under the transformer's ``_lock``: the computations of a
@@ -255,25 +292,25 @@ class Computation:
         take turns."""
         lock = self.transformer._lock
 
-        def entry(*args):
+        def entry(*args: Any) -> Any:
             with lock:
                 values = self._run([self._check_feed(i, v) for i, v in enumerate(args)])
                 self._last = values
             return values[0] if self.single else tuple(values)
         return entry
 
-    def _allocate(self):
+    def _allocate(self) -> None:
         """Allocate this computation's buffers (each backend defines it)."""
         raise NotImplementedError(f"{type(self).__name__} does not allocate buffers")
 
-    def _reset_entry(self):
+    def _reset_entry(self) -> None:
         self.__dict__.pop("_entry", None)
 
-    def _last_values(self):
+    def _last_values(self) -> Optional[Sequence[Optional[Array]]]:
         """The values of the last call, one per result (``None`` before any call)."""
         return self._last
 
-    def value(self, op: og.Op) -> Any:
+    def value(self, op: og.Op) -> Optional[Array]:
         """The value ``op`` had in the last call; ``op`` must be one of the requested
         ops (or forward to one)."""
         s = og.require_valid(op)
@@ -283,15 +320,15 @@ class Computation:
         raise ArgumentError(f"{op.name} is not a result of this computation (or it has not "
                             f"been called yet)")
 
-    def _run(self, feeds):
+    def _run(self, feeds: list[Array]) -> Sequence[Optional[Array]]:
         raise NotImplementedError
 
 
-def _checking_args(comp, entry):
+def _checking_args(comp: Computation[Any], entry: Callable[..., Any]) -> Callable[..., Any]:
     """``entry`` behind the check of :meth:`Computation._check_args`."""
     n = len(comp._shapes)
 
-    def checked(*args, **kwargs):
+    def checked(*args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != n:
             comp._check_args(args, kwargs)
         return entry(*args)
@@ -304,11 +341,11 @@ class _StateKeyError(GeonError, KeyError):
     __str__ = Exception.__str__  # the message, not KeyError's repr of it
 
 
-class _VariableState(weakref.WeakKeyDictionary):
+class _VariableState(weakref.WeakKeyDictionary[og.Variable, Array]):
     """``Transformer.state``: ``{Variable: array}``, held weakly. Indexing it with a
     name, another op, or a Variable that has no storage yet says what to do."""
 
-    def __getitem__(self, v):
+    def __getitem__(self, v: og.Variable) -> Array:
         try:
             return super().__getitem__(v)
         except (KeyError, TypeError):
@@ -316,7 +353,7 @@ class _VariableState(weakref.WeakKeyDictionary):
         missing_state(self, v)
 
 
-def missing_state(state, v):
+def missing_state(state: Mapping[Any, Any], v: object) -> NoReturn:
     """Raise the error of ``state[v]`` (a transformer's state mapping) for a key it
     lacks: a name, another op, or a Variable that has no storage yet, saying what to
     do."""
@@ -357,10 +394,11 @@ class Transformer:
 
     name: Optional[str] = None
     base_set = STANDARD_BASE_SET
-    computation_class = Computation
-    backend_steps = ()  # names of optional backend steps that ``disable`` accepts
-    sample_axis = None
-    frontend_ops: dict[type, Any] = {}
+    computation_class: type[Computation[Any]] = Computation
+    # names of optional backend steps that ``disable`` accepts
+    backend_steps: tuple[str, ...] = ()
+    sample_axis: Optional[str] = None
+    frontend_ops: dict[str, Callable[..., Any]] = {}
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None,
@@ -386,18 +424,19 @@ class Transformer:
         if unknown:
             raise ArgumentError(f"dump_after: unknown pass name(s) {sorted(unknown)}; "
                                 f"passes are {[p.name for p in self.passes()]}")
-        self.computations: list[Computation] = []
+        self.computations: list[Computation[Any]] = []
         # Held weakly: state of a Variable nothing else refers to any more (no
         # computation, no user code) is freed with it.
-        self.state: weakref.WeakKeyDictionary = _VariableState()
-        self._initialized: weakref.WeakSet = weakref.WeakSet()
-        self._inits_done: weakref.WeakSet = weakref.WeakSet()
+        self.state: MutableMapping[og.Variable, Array] = _VariableState()
+        self._initialized: weakref.WeakSet[og.Variable] = weakref.WeakSet()
+        self._inits_done: weakref.WeakSet[og.Op] = weakref.WeakSet()
         # Variable -> writes by procedures
-        self._writes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._writes: weakref.WeakKeyDictionary[og.Variable, int] = \
+            weakref.WeakKeyDictionary()
         self._allocated = False
         self._initialized_all = False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         # <NumPyTransformer 'numpy': 2 computations, 3 variables, allocated>
         comps = getattr(self, "computations", [])
         details = [f"{len(comps)} computation{'' if len(comps) == 1 else 's'}"]
@@ -407,7 +446,7 @@ class Transformer:
         details += self._repr_details()
         return f"<{type(self).__name__} {self.name!r}: {', '.join(details)}>"
 
-    def _repr_details(self):
+    def _repr_details(self) -> list[str]:
         """More ``repr`` details (strings) of a transformer; subclasses may extend."""
         details = []
         if getattr(self, "_allocated", False):
@@ -437,14 +476,14 @@ class Transformer:
           needs the final graph, so it runs after every rewriting pass;
         - ``verify`` must come last.
         """
-        layout = [LayoutPass(self.sample_axis)] if self.sample_axis else []
+        layout: list[Pass] = [LayoutPass(self.sample_axis)] if self.sample_axis else []
         return [SimplifyPass()] + layout + [LowerAxesPass(), SimplifyPass(name="fold"),
                 CommonSubexpressionElimination(), DeadCodeElimination(), CopyStaleViews(),
                 VerifyBaseSet()]
 
     _required = {"lower", "alias", "verify"}
 
-    def _run_passes(self, graph, stop_after=None):
+    def _run_passes(self, graph: Graph, stop_after: Optional[str] = None) -> None:
         """Run the pipeline over ``graph`` (up to and including the pass named
         ``stop_after``, if given)."""
         try:
@@ -452,7 +491,8 @@ class Transformer:
         except LoweringError as e:
             raise _name_owners(e, graph, self) from None
 
-    def transform(self, results: Any, stop_after: Optional[str] = None) -> list[og.Op]:
+    def transform(self, results: Union[og.Op, Iterable[og.Op]],
+                  stop_after: Optional[str] = None) -> list[og.Op]:
         """Run the pipeline over the graph of ``results`` (ops; they are rewritten in
         place, so pass a copy, see ``clone_graph``), up
         to and including the pass named ``stop_after`` (default: all of them). Returns
@@ -465,10 +505,12 @@ class Transformer:
             self._run_passes(graph, stop_after)
         return list(graph.results)
 
-    def _run_pipeline(self, graph, stop_after=None):
+    def _run_pipeline(self, graph: Graph, stop_after: Optional[str] = None) -> None:
         # Seconds per pass are kept on the graph (``pass_seconds``) for the log.
-        graph.pass_seconds = timings = {}
-        graph.ops_before = len(graph.ops())
+        timings: dict[str, float] = {}
+        # (attributes of this pass run, kept on the graph for the log)
+        graph.pass_seconds = timings  # type: ignore[attr-defined]
+        graph.ops_before = len(graph.ops())  # type: ignore[attr-defined]
         debug = logger.isEnabledFor(logging.DEBUG)
         for p in self.passes():
             if p.name not in self.disabled or p.name in self._required:
@@ -485,9 +527,30 @@ class Transformer:
                 return
 
     # --- computations --------------------------------------------------------------
-    def computation(self, results: Any, *params: og.TensorOp) -> Computation:
+    @overload
+    def computation(self, results: og.TensorOp,
+                    *params: og.Placeholder) -> Computation[Array]: ...
+    @overload
+    def computation(self, results: og.VoidOp,
+                    *params: og.Placeholder) -> Computation[None]: ...
+    @overload
+    def computation(self, results: og.Op,
+                    *params: og.Placeholder) -> Computation[Optional[Array]]: ...
+    @overload
+    def computation(self, results: Iterable[og.TensorOp],
+                    *params: og.Placeholder) -> Computation[tuple[Array, ...]]: ...
+    @overload
+    def computation(self, results: Iterable[og.Op], *params: og.Placeholder
+                    ) -> Computation[tuple[Optional[Array], ...]]: ...
+
+    def computation(self, results: Union[og.Op, Iterable[og.Op]],
+                    *params: og.Placeholder) -> Computation[Any]:
         """Build a :class:`Computation` computing ``results`` (an op, a list or a tuple)
-        from the placeholders ``params`` (its call arguments, in order)."""
+        from the placeholders ``params`` (its call arguments, in order).
+
+        Its call returns an array for one op (``None`` for a void op such as a
+        ``SetItem``) and a tuple for a list or tuple of ops (``None`` for each void
+        op); the overloads say so to type checkers."""
         start = time.perf_counter()
         with self._lock, no_gc():
             comp = self.computation_class(self, results, params)
@@ -511,7 +574,7 @@ class Transformer:
                 seen.setdefault(v, None)
         return list(seen)
 
-    def _allocate_variables(self, variables):
+    def _allocate_variables(self, variables: Iterable[og.Variable]) -> None:
         for v in variables:
             if v not in self.state:
                 self.state[v] = np.zeros(v.axes.shape, v.dtype)
@@ -531,7 +594,7 @@ class Transformer:
         with self._lock:
             self._initialize(force)
 
-    def _initialize(self, force):
+    def _initialize(self, force: bool) -> None:
         if not self._allocated:
             self.allocate()
         todo = [v for v in self.variables() if force or v not in self._initialized]
@@ -545,7 +608,8 @@ class Transformer:
         self._inits_done.update(inits)
         if inits:
             from geon.op_graph.reference import evaluate
-            values = dict(self.state)
+            # {op: value}: the Variables' arrays, and the ops evaluate computes
+            values: dict[Any, Any] = dict(self.state)
             evaluate(inits, state=values)
             for v, a in values.items():
                 if v in self.state:  # in place: generated code holds these arrays
@@ -555,12 +619,13 @@ class Transformer:
                     self._wrote(og.snap(op.args[0]))
         self._initialized_all = True
 
-    def _store(self, v, value, casting="same_kind"):
+    def _store(self, v: og.Variable, value: "npt.ArrayLike",
+               casting: _Casting = "same_kind") -> None:
         """Write ``value`` into Variable ``v``'s storage, in place (generated code holds
         the arrays)."""
         np.copyto(self.state[v], value, casting=casting)
 
-    def _wrote(self, v):
+    def _wrote(self, v: og.Variable) -> None:
         self._writes[v] = self._writes.get(v, 0) + 1
 
     def write_count(self, v: og.Variable) -> int:
@@ -591,9 +656,9 @@ class Transformer:
                 self._initialized.add(v)
                 self._wrote(v)
 
-    def _persistent(self):
+    def _persistent(self) -> dict[str, og.Variable]:
         vs = [v for v in self.variables() if v.persistent]
-        names = {}
+        names: dict[str, og.Variable] = {}
         for v in vs:
             if v.name in names:
                 raise CheckpointError(f"two persistent variables are named {v.name!r} "
@@ -602,12 +667,12 @@ class Transformer:
             names[v.name] = v
         return names
 
-    def _ready(self):
+    def _ready(self) -> None:
         """Allocate and initialize what the next call needs (what its first call does)."""
         if not self._initialized_all:
             self.initialize()
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
+    def save(self, path: Union[str, os.PathLike[str]]) -> None:
         """Write all persistent variables to the checkpoint file ``path``.
 
         Variables not initialized yet are initialized first, so a checkpoint always
@@ -622,7 +687,7 @@ class Transformer:
             self._ready()
             checkpoint.write(path, [(n, self.state[v]) for n, v in names.items()])
 
-    def restore(self, path: Union[str, os.PathLike]) -> None:
+    def restore(self, path: Union[str, os.PathLike[str]]) -> None:
         """Load persistent variables saved by :meth:`save`.
 
         The file's names, shapes and dtypes are checked against the variables, and all
@@ -640,7 +705,7 @@ class Transformer:
             if not self._allocated:
                 self.allocate()
 
-            def commit():
+            def commit() -> None:
                 for n, v in names.items():
                     self._store(v, loaded[n])
                     self._initialized.add(v)
@@ -707,7 +772,8 @@ def transformer_ops(name: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(**dict(ops))
 
 
-def _name_owners(error, graph, transformer):
+def _name_owners(error: LoweringError, graph: Graph, transformer: Transformer
+                 ) -> LoweringError:
     """``error`` (from a pipeline) with the transformers that do have the op it names."""
     base = tuple(transformer.base_set)
     for op in graph.ops():

@@ -42,8 +42,9 @@ class ModelCheckpoint(Callback):
     """``model.save(path)`` every ``every_n_steps`` updates (if given), at the end of
     every epoch (``every_epoch``) and when ``fit`` is interrupted (``on_interrupt``)."""
 
-    def __init__(self, path: Union[str, os.PathLike], every_n_steps: Optional[int] = None,
-                 every_epoch: bool = True, on_interrupt: bool = True) -> None:
+    def __init__(self, path: Union[str, os.PathLike[str]],
+                 every_n_steps: Optional[int] = None, every_epoch: bool = True,
+                 on_interrupt: bool = True) -> None:
         self.path, self.every_n_steps = path, every_n_steps
         self.every_epoch, self.interrupt = every_epoch, on_interrupt
 
@@ -155,7 +156,7 @@ class History(Callback):
                  for k, vs in rows]
         return f"History({span}:\n" + "\n".join(lines) + ")"
 
-    def plot(self, path: Union[str, os.PathLike, None] = None,
+    def plot(self, path: Union[str, os.PathLike[str], None] = None,
              title: Optional[str] = None) -> Any:
         """The training curves (loss and accuracy, training and validation, per
         epoch) as a ``matplotlib.figure.Figure``, written to ``path`` if given (PNG for
@@ -170,7 +171,7 @@ class MetricsLog(Callback):
     atomically, with the permissions of any new file; in a data-parallel job by rank 0
     only, the logs being the same on every rank). :meth:`plot` draws the curves."""
 
-    def __init__(self, path: Union[str, os.PathLike, None] = None) -> None:
+    def __init__(self, path: Union[str, os.PathLike[str], None] = None) -> None:
         self.path = path
         self.history: list[dict[str, Any]] = []
 
@@ -179,14 +180,14 @@ class MetricsLog(Callback):
         if self.path is not None and getattr(model, "rank", 0) == 0:
             write_json(self.path, self.history)
 
-    def plot(self, path: Union[str, os.PathLike, None] = None,
+    def plot(self, path: Union[str, os.PathLike[str], None] = None,
              title: Optional[str] = None) -> Any:
         """As :meth:`History.plot`, for the epochs logged so far."""
         from geon.frontends.neon.plot import plot_logs
         return plot_logs(self.history, path, title, what="MetricsLog.plot")
 
 
-def write_json(path: Union[str, os.PathLike], value: Any) -> None:
+def write_json(path: Union[str, os.PathLike[str]], value: Any) -> None:
     """Write ``value`` as JSON to ``path`` as checkpoints are written
     (:mod:`geon.transformers.checkpoint`): a temporary file beside it, created with
     the process's umask like any new file, flushed and fsynced, then renamed over

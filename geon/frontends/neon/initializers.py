@@ -27,15 +27,18 @@ class _Stream:
         self.seed, self.stream, self.step = int(seed), zlib.crc32(name.encode()), 1
 
     def _draw(self, distribution: str, shape: tuple[int, ...]) -> np.ndarray:
-        values = rnd.draw(distribution, shape, np.float64, self.seed, self.stream, self.step)
+        values: np.ndarray = rnd.draw(distribution, shape, np.float64, self.seed,
+                                      self.stream, self.step)
         self.step += 1
         return values
 
     def uniform(self, low: float, high: float, shape: tuple[int, ...]) -> np.ndarray:
-        return low + (high - low) * self._draw("uniform", shape)
+        values: np.ndarray = low + (high - low) * self._draw("uniform", shape)
+        return values
 
     def normal(self, loc: float, scale: float, shape: tuple[int, ...]) -> np.ndarray:
-        return loc + scale * self._draw("normal", shape)
+        values: np.ndarray = loc + scale * self._draw("normal", shape)
+        return values
 
 
 def _rng(seed: int, name: str) -> _Stream:

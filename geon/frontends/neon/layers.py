@@ -57,7 +57,8 @@ def _activation(fn: ActivationLike) -> Optional[Callable[[og.TensorOp], og.Tenso
     if fn is None or callable(fn):
         return fn
     try:
-        return getattr(be, fn)
+        f: Callable[[og.TensorOp], og.TensorOp] = getattr(be, fn)
+        return f
     except AttributeError:
         raise ArgumentError(f"unknown activation {fn!r}: give a callable or the name of a "
                             f"geon function such as 'relu' or 'tanh' (at {user_location()})"
@@ -235,7 +236,8 @@ class Flatten(Layer):
         groups = list(lead) + [feats] + list(rest)
         flat = be.flatten(ordered, groups)
         out = be.Axis(feats.size, name=f"{self.name}_out")
-        return be.cast_axes(flat, be.Axes(*lead, out, *rest))
+        y: og.TensorOp = be.cast_axes(flat, be.Axes(*lead, out, *rest))
+        return y
 
 
 class Embedding(Layer):
@@ -277,8 +279,9 @@ class LayerNorm(Layer):
         centered = x - mu
         var = be.mean(be.square(centered), reduction_axes=feats)
         y = centered / be.sqrt(var + self.eps)
-        return (y * self.variable("g", tuple(feats), Constant(1.0))
-                + self.variable("b", tuple(feats), Constant(0.0)))
+        out: og.TensorOp = (y * self.variable("g", tuple(feats), Constant(1.0))
+                            + self.variable("b", tuple(feats), Constant(0.0)))
+        return out
 
 
 class BatchNorm(Layer):
@@ -320,7 +323,8 @@ class BatchNorm(Layer):
                 be.SetItem(self._vars["var"], (1 - m) * var + m * v * (n / max(n - 1, 1)))]
         else:
             centered, v = x - mean, var
-        return centered / be.sqrt(v + self.eps) * g + b
+        out: og.TensorOp = centered / be.sqrt(v + self.eps) * g + b
+        return out
 
 
 class _RecurrentBase(Layer):
@@ -364,8 +368,9 @@ class _RecurrentBase(Layer):
         return rec[0], W, U
 
     def _as_prev(self, h: og.TensorOp) -> og.TensorOp:
-        return be.cast_axes(h, be.Axes(*[self.rec_axis if a == self.out_axis else a
-                                         for a in h.axes]))
+        prev: og.TensorOp = be.cast_axes(h, be.Axes(*[self.rec_axis if a == self.out_axis
+                                                      else a for a in h.axes]))
+        return prev
 
     def _gate(self, y: og.TensorOp, k: int) -> og.TensorOp:
         return be.slice_along_axis(y, self.gate_axis, k) if self.gates > 1 else y

@@ -5,7 +5,8 @@ import os
 import signal
 import threading
 import time
-from typing import IO, Any, Callable, Iterable, Optional, Sequence, Union
+from typing import (IO, Any, Callable, Container, Iterable, Iterator, Optional, Sequence,
+                    Union, cast, overload)
 
 import numpy as np
 
@@ -25,7 +26,12 @@ from geon.op_graph.nodes import user_location
 from geon.transformers.base import Computation, Transformer
 
 #: The optimizers ``Model(optimizer=...)`` takes by name, with their defaults.
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSProp}
+OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW,
+                                          "rmsprop": RMSProp}
+
+#: A computation of ``(loss, correct count, ...)`` (then ``None`` for each assignment):
+#: the training and evaluation ones.
+_Steps = Computation[tuple[Any, ...]]
 
 
 class Model:
@@ -100,10 +106,10 @@ class Model:
         self.eval_batch_size = (self.batch_size if eval_batch_size is None else
                                 check_count("nn.Model", "eval_batch_size", eval_batch_size))
         self.stop_training = False
-        self._train: dict[int, Computation] = {}
+        self._train: dict[int, _Steps] = {}
         self._updates_built: set[og.Op] = set()   # the training computations' updates
-        self._predict: dict[int, Computation] = {}
-        self._eval: dict[int, Computation] = {}
+        self._predict: dict[int, Computation[np.ndarray]] = {}
+        self._eval: dict[int, _Steps] = {}
         self.data_parallel, self._synced = bool(data_parallel), False
         if self.data_parallel:
             import geon.distributed as gd  # raises MPIUnavailableError without mpi4py
@@ -115,7 +121,7 @@ class Model:
         self._step = self.transformer.computation(be.value_of(self.optimizer.step))
 
     # -- graphs ------------------------------------------------------------------------
-    def _inputs(self, batch_size, tag):
+    def _inputs(self, batch_size: int, tag: str) -> tuple[Axis, og.Placeholder]:
         # One name, one axis in a graph (serialization relies on it): N for the
         # training batch, E for the inference batch (N<size>, E<size> for other sizes).
         if tag == "train":
@@ -126,18 +132,19 @@ class Model:
         x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name=f"x_{tag}")
         return N, x
 
-    def _target(self, N, out, tag):
+    def _target(self, N: Axis, out: og.TensorOp, tag: str) -> og.Placeholder:
         if self.loss_kind == "cross_entropy":  # class labels: 0 <= y < classes
             self._class_axis = self._classes(out)
-            return be.placeholder(N, dtype=np.int64, name=f"labels_{tag}",
-                                  domain=self._class_axis.length)
-        target = be.placeholder(be.Axes(N, *out.axes.sample_axes(),
-                                        *out.axes.recurrent_axes()),
-                                dtype=out.dtype, name=f"targets_{tag}")
+            labels: og.Placeholder = be.placeholder(
+                N, dtype=np.int64, name=f"labels_{tag}", domain=self._class_axis.length)
+            return labels
+        target: og.Placeholder = be.placeholder(
+            be.Axes(N, *out.axes.sample_axes(), *out.axes.recurrent_axes()),
+            dtype=out.dtype, name=f"targets_{tag}")
         self._target_axes = target.axes[1:]
         return target
 
-    def _check_labels(self, y, what):
+    def _check_labels(self, y: Optional[np.ndarray], what: str) -> None:
         """A :class:`DomainError` naming the first label of ``y`` (the whole data set,
         before it is cut into batches) that is not a class of the output: an
         out-of-range label would one-hot to zeros and train with a loss of 0."""
@@ -160,15 +167,17 @@ class Model:
                 + f" (at {user_location()})", value=y.reshape(-1)[k].item(),
                 position=tuple(int(p) for p in pos))
 
-    def _classes(self, out):
+    def _classes(self, out: og.TensorOp) -> Axis:
         classes = out.axes.sample_axes()
         if len(classes) != 1:
             raise ArgumentError(f"Model: the cross-entropy loss needs an output with one "
                                 f"sample axis (the classes), not {out.axes!r} (at "
                                 f"{user_location()})")
-        return classes[0]
+        axis: Axis = classes[0]
+        return axis
 
-    def _per_sample(self, out, target, N):
+    def _per_sample(self, out: og.TensorOp, target: og.TensorOp, N: Axis
+                    ) -> tuple[og.TensorOp, Optional[og.TensorOp]]:
         """(per-sample loss over N, per-sample correctness or None)."""
         if self.loss_kind == "cross_entropy":
             Y = self._classes(out)
@@ -179,7 +188,7 @@ class Model:
         err = be.square(out - target)
         return be.sum(err, out_axes=be.Axes(N)), None
 
-    def train_computation(self, batch_size: int) -> Computation:
+    def train_computation(self, batch_size: int) -> Computation[tuple[Any, ...]]:
         """The training computation for ``batch_size`` (built once per size):
         ``(x, targets) -> (loss, correct count or NaN, *updates)``."""
         if batch_size not in self._train:
@@ -203,7 +212,10 @@ class Model:
                 [loss, count] + updates, x, target)
         return self._train[batch_size]
 
-    def _data_parallel_updates(self, loss, count, layer_updates, params):
+    def _data_parallel_updates(self, loss: og.TensorOp, count: og.TensorOp,
+                               layer_updates: list[og.Op], params: list[og.Variable]
+                               ) -> tuple[list[og.Op], og.TensorOp, og.TensorOp,
+                                          list[og.Op]]:
         """``(optimizer updates, loss, count, layer updates)`` of a data-parallel step:
         the gradients, the loss, the correct count and the values the layers assign
         (BatchNorm's running averages) averaged over the ranks, all in the gradients'
@@ -212,11 +224,11 @@ class Model:
         if count.dtype != loss.dtype:  # in the loss's bucket (float64: exact counts)
             count = count * be.constant(1.0, dtype=loss.dtype)
         extra = [loss, count] + values
-        averaged = []
+        averaged: list[og.TensorOp] = []
 
-        def average(grads):
+        def average(grads: Iterable[og.TensorOp]) -> list[og.TensorOp]:
             grads = list(grads)
-            out = self._gd.average_gradients(grads + extra)
+            out: list[og.TensorOp] = self._gd.average_gradients(grads + extra)
             averaged.extend(out[len(grads):])
             return out[:len(grads)]
 
@@ -225,7 +237,7 @@ class Model:
         return updates, loss, count, [_replace_assignment(u, v)
                                       for u, v in zip(layer_updates, values)]
 
-    def _predict_computation(self, b=None):
+    def _predict_computation(self, b: Optional[int] = None) -> Computation[np.ndarray]:
         b = self.eval_batch_size if b is None else b
         if b not in self._predict:
             _, x = self._inputs(b, "predict")
@@ -235,7 +247,7 @@ class Model:
             self._predict[b] = self.transformer.computation(out, x)
         return self._predict[b]
 
-    def _eval_computation(self, b=None):
+    def _eval_computation(self, b: Optional[int] = None) -> _Steps:
         b = self.eval_batch_size if b is None else b
         if b not in self._eval:
             N, x = self._inputs(b, "eval")
@@ -279,7 +291,7 @@ class Model:
         self.transformer.initialize()
         return {v.name: self.transformer.state[v].copy() for v in self.variables}
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
+    def save(self, path: Union[str, os.PathLike[str]]) -> None:
         """Write every Variable (weights and optimizer state) to the checkpoint ``path``.
         Data-parallel: rank 0 writes it; every rank must call it, and returns once the
         file is written."""
@@ -288,7 +300,7 @@ class Model:
         else:
             self.transformer.save(path)
 
-    def restore(self, path: Union[str, os.PathLike]) -> None:
+    def restore(self, path: Union[str, os.PathLike[str]]) -> None:
         """Read a checkpoint written by :meth:`save` of the same model (on every rank,
         when data-parallel: it holds no number of ranks, so a run of 2 ranks resumes on
         1 or 3)."""
@@ -299,7 +311,15 @@ class Model:
             self.transformer.restore(path)
 
     # -- running -----------------------------------------------------------------------
-    def _batches(self, x, b, y=None):
+    @overload
+    def _batches(self, x: np.ndarray, b: int,
+                 y: None = None) -> Iterator[tuple[np.ndarray, None, int]]: ...
+    @overload
+    def _batches(self, x: np.ndarray, b: int,
+                 y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, int]]: ...
+
+    def _batches(self, x: np.ndarray, b: int, y: Optional[np.ndarray] = None
+                 ) -> Iterator[tuple[np.ndarray, Optional[np.ndarray], int]]:
         """Batches of ``b`` samples of ``x`` (and ``y``) in order, the last padded with
         copies of the first sample; yields ``(xb, yb, n_real)``."""
         for i in range(0, len(x), b):
@@ -312,12 +332,13 @@ class Model:
                     yb = np.concatenate([yb, np.repeat(y[:1], b - n, axis=0)])
             yield xb, yb, n
 
-    def _sample_text(self):
+    def _sample_text(self) -> str:
         """``(64,) (the lengths of F:64)``: the shape of one sample, for messages."""
         lengths = tuple(a.length for a in self.input_axes)
         return f"{lengths} (the lengths of {', '.join(map(repr, self.input_axes))})"
 
-    def _as_inputs(self, x, what, single_ok=False):
+    def _as_inputs(self, x: Any, what: str, single_ok: bool = False
+                   ) -> tuple[np.ndarray, bool]:
         """``(array of samples, whether x was one sample)``: ``x`` checked against the
         input axes, with a :class:`FeedError` that says what shape was expected."""
         if isinstance(x, ArrayIterator):
@@ -345,7 +366,7 @@ class Model:
                         f"): n samples of shape {self._sample_text()}{one} (at "
                         f"{user_location()})")
 
-    def _as_targets(self, y, n, what):
+    def _as_targets(self, y: object, n: int, what: str) -> np.ndarray:
         """``y`` checked against ``n`` samples and the loss: integer class labels of
         shape ``(n,)`` for the cross-entropy (floats with integer values are taken as
         such), else the output's shape after the sample axis."""
@@ -362,7 +383,7 @@ class Model:
                             f"{'a scalar' if y.ndim == 0 else len(y)} targets in y (at "
                             f"{user_location()})")
         if self.loss_kind == "cross_entropy":
-            classes = self._class_axis.length
+            classes = cast(int, self._class_axis.length)  # (set: the output's axis)
             if y.shape != (n,):
                 onehot = ("; for one-hot rows, give y.argmax(axis=1)"
                           if y.shape == (n, classes) else "")
@@ -384,7 +405,7 @@ class Model:
                             f"samples) (at {user_location()})")
         return y
 
-    def _batch_size(self, batch_size, what, default):
+    def _batch_size(self, batch_size: Optional[int], what: str, default: int) -> int:
         return default if batch_size is None else check_count(f"Model.{what}",
                                                               "batch_size", batch_size)
 
@@ -552,7 +573,10 @@ class Model:
             for epoch in range(first, last):
                 start_time, total, right, seen = time.perf_counter(), 0.0, 0.0, 0
                 for xb, yb in data.epoch(epoch, step - epoch * spe):
-                    loss, count = comp(xb.astype(self.dtype, copy=False), yb)[:2]
+                    # (yb is None for an ArrayIterator without targets: the call's
+                    # FeedError says what is missing)
+                    loss, count = comp(xb.astype(self.dtype, copy=False),
+                                       yb)[:2]  # type: ignore[arg-type]
                     step += 1
                     total += float(loss)
                     right += float(count)
@@ -593,7 +617,10 @@ class Model:
             cb.on_train_end(self)
         return history
 
-    def _training_data(self, x, y, batch_size, shuffle, seed, validation_split):
+    def _training_data(self, x: Any, y: Any, batch_size: Optional[int],
+                       shuffle: Optional[bool], seed: int, validation_split: float
+                       ) -> Union[ArrayIterator,
+                                  tuple[ArrayIterator, tuple[np.ndarray, np.ndarray]]]:
         """The :class:`ArrayIterator` that ``fit``'s data arguments give, or
         ``(iterator, validation data)`` with a ``validation_split``."""
         if x is None:
@@ -690,7 +717,7 @@ class Model:
         w2 = max(len(r[2]) for r in rows + [head])
         width = 1 + w0 + w1 + w2 + 1
 
-        def line(a, b, c):
+        def line(a: str, b: str, c: str) -> str:
             return f" {a:<{w0}}{b:<{w1}}{c:>{w2}}".rstrip()
         name = self.net.name or type(self.net).__name__.lower()
         out = [f'Model: "{name}"', "_" * width, line(*head), "=" * width]
@@ -706,7 +733,7 @@ class Model:
         return "\n".join(out)
 
     @staticmethod
-    def _catch_sigint(flag):
+    def _catch_sigint(flag: list[int]) -> Callable[[], Any]:
         """Turn SIGINT into a flag checked between updates (so an update is never cut
         in half); returns the function that puts the previous handler back."""
         if threading.current_thread() is not threading.main_thread():
@@ -716,7 +743,7 @@ class Model:
         return lambda: signal.signal(signal.SIGINT, previous)
 
 
-def _unchain(updates, earlier):
+def _unchain(updates: Iterable[og.Op], earlier: Container[og.Op]) -> None:
     """Free the assignments ``updates`` of one training computation from the ordering
     after ``earlier`` ones (another batch size's computation, built before them on the
     same Variables): a SetItem built after another on the same Variable runs after it,
@@ -728,7 +755,7 @@ def _unchain(updates, earlier):
             old._dep_users.discard(u)
 
 
-def _replace_assignment(old, value):
+def _replace_assignment(old: og.Op, value: og.TensorOp) -> og.Op:
     """``SetItem(old's tensor, value)`` in place of the SetItem ``old`` (which is then
     never run): the new one is not ordered after ``old`` (as a SetItem built after
     another on the same tensor would be, which would make the computation run both)."""

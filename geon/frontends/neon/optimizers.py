@@ -44,7 +44,8 @@ class ExponentialDecay(Schedule):
         self.lr, self.rate, self.decay_steps = lr, rate, decay_steps
 
     def __call__(self, t: og.TensorOp) -> og.TensorOp:
-        return self.lr * be.power(self.rate, (t - 1) / self.decay_steps)
+        lr: og.TensorOp = self.lr * be.power(self.rate, (t - 1) / self.decay_steps)
+        return lr
 
 
 class PiecewiseConstant(Schedule):
@@ -59,7 +60,7 @@ class PiecewiseConstant(Schedule):
         self.boundaries, self.values = list(boundaries), list(values)
 
     def __call__(self, t: og.TensorOp) -> og.TensorOp:
-        lr = t * 0 + self.values[0]          # in t's dtype (float64), not float32
+        lr: og.TensorOp = t * 0 + self.values[0]   # in t's dtype (float64), not float32
         for bound, prev, value in zip(self.boundaries, self.values, self.values[1:]):
             lr = lr + (t > bound) * (value - prev)
         return lr

@@ -27,7 +27,8 @@ def require_matplotlib(what: str) -> Any:
     return Figure
 
 
-def plot_logs(logs: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike, None] = None,
+def plot_logs(logs: Sequence[Mapping[str, Any]],
+              path: Union[str, os.PathLike[str], None] = None,
               title: Optional[str] = None, what: str = "plot") -> Any:
     """Draw the training curves of ``logs`` (one dict per epoch, as :meth:`Model.fit`
     makes them): one panel for the loss and one for the accuracy (where logged), each
