@@ -1,8 +1,9 @@
 """Structural rules of the code base (see doc/architecture.rst).
 
-- The op graph (``geon/op_graph/``) never imports the backends (``geon.transformers``):
-  every import statement of every module, at any depth (inside functions too), is
-  checked on the source's syntax tree.
+- The op graph (``geon/op_graph/``) never imports the backends (``geon.transformers``),
+  and the library never imports its examples (``geon.examples``, which use the
+  library, not the reverse): every import statement of every module, at any depth
+  (inside functions too), is checked on the source's syntax tree.
 - The installed package holds no test-only code: a wheel built from the source tree
   contains only ``geon`` and its metadata, and none of the test suite's modules (the
   CUDA emulator among them).
@@ -65,6 +66,19 @@ def test_op_graph_imports_no_backend():
                 for line, name in imported_modules(m.read_text(encoding="utf-8"), package)
                 if _forbidden(name)]
     assert not bad, "geon/op_graph must not import geon.transformers:\n" + "\n".join(bad)
+
+
+def test_the_library_imports_no_example():
+    bad = []
+    for m in sorted((ROOT / "geon").rglob("*.py")):
+        rel = m.relative_to(ROOT)
+        if rel.parts[1] == "examples":
+            continue
+        package = ".".join(rel.parts[:-1])
+        bad += [f"{rel}:{line}: imports {name}"
+                for line, name in imported_modules(m.read_text(encoding="utf-8"), package)
+                if name == "geon.examples" or name.startswith("geon.examples.")]
+    assert not bad, "the library must not import geon.examples:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("source, caught", [

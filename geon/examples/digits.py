@@ -2,9 +2,10 @@
 test accuracy.
 
 This is geon's end-to-end example. It loads the 1,797 8x8 images of handwritten
-digits shipped in ``geon/examples/data/digits.npz`` (UCI "Optical Recognition of
-Handwritten Digits", CC BY 4.0; see ``data/README.txt``), holds out 20% of them for
-testing (a fixed split, the same whatever ``--seed`` is), and trains
+digits shipped with the model frontend (``geon/frontends/neon/datasets/digits.npz``: UCI
+"Optical Recognition of Handwritten Digits", CC BY 4.0, see the README.txt there),
+holds out 20% of them for testing (a fixed split, the same whatever ``--seed`` is),
+and trains
 
     pixels (F=64) --tanh(W x + b)--> hidden (H=64) --softmax(W x + b)--> classes (10)
 
@@ -61,18 +62,16 @@ With the defaults it reaches about 97-98% test accuracy in a second or two on a
 2-core machine.
 """
 
-import importlib.resources
-
-import numpy as np
-
 import geon as be
 from geon.examples import _train
 from geon.examples._train import Hyper
 from geon.frontends import neon as nn
+# The data set and its fixed train/test split live in the model frontend's data module
+# (the library); the example keeps the names it always had.
+from geon.frontends.neon.data import SPLIT_SEED, TEST_FRACTION  # noqa: F401
+from geon.frontends.neon.data import digits_arrays as load_digits  # noqa: F401
+from geon.frontends.neon.data import digits_split as split  # noqa: F401
 
-#: The seed of the train/test split; fixed so every run is scored on the same images.
-SPLIT_SEED = 20240601
-TEST_FRACTION = 0.2
 N_CLASSES = 10
 #: The hyperparameters stored beside the checkpoint, and their defaults.
 HYPERPARAMETERS = {"batch_size": 32, "lr": 0.2, "hidden": 64, "seed": 0}
@@ -86,25 +85,6 @@ OPTIONS = {
                   minimum=0),
 }
 assert {k: h.default for k, h in OPTIONS.items()} == HYPERPARAMETERS
-
-
-def load_digits(path=None):
-    """``(images, labels)``: float32 pixels scaled to [0, 1], shape (n, 64), and int64
-    labels 0..9, shape (n,), from ``path`` (default: the shipped ``data/digits.npz``)."""
-    if path is None:
-        path = importlib.resources.files("geon.examples") / "data" / "digits.npz"
-    with path.open("rb") if hasattr(path, "open") else open(path, "rb") as f:
-        with np.load(f, allow_pickle=False) as data:
-            images, labels = data["images"], data["labels"]
-    x = images.reshape(len(images), -1).astype(np.float32) / np.float32(16.0)
-    return x, labels.astype(np.int64)
-
-
-def split(n, test_fraction=TEST_FRACTION, seed=SPLIT_SEED):
-    """Index arrays ``(train, test)``: a fixed random ``test_fraction`` held out."""
-    perm = np.random.default_rng(seed).permutation(n)
-    n_test = int(round(n * test_fraction))
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
 hyperparameters_path = _train.hyperparameters_path

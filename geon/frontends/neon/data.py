@@ -1,6 +1,8 @@
 """Data for training: minibatches of NumPy arrays, and the bundled digits set."""
 
-from typing import Any, Iterator, Optional
+import importlib.resources
+import os
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
@@ -84,11 +86,42 @@ class ArrayIterator:
             yield self.x[idx], None if self.y is None else self.y[idx]
 
 
+#: The seed of the digits' train/test split; fixed so every run is scored on the same
+#: images.
+SPLIT_SEED = 20240601
+#: The digits' held-out fraction.
+TEST_FRACTION = 0.2
+
+
+def digits_arrays(path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, labels)`` of the bundled 8x8 digits (the UCI "Optical Recognition of
+    Handwritten Digits" set, ``datasets/digits.npz`` beside this module, see its
+    README.txt), or of the ``.npz`` file at ``path`` with the same two arrays: float32
+    pixels scaled to [0, 1], shape ``(n, 64)``, and int64 labels 0..9, shape ``(n,)``.
+    Loaded without pickle."""
+    source: Any = path if path is not None else \
+        importlib.resources.files("geon.frontends.neon") / "datasets" / "digits.npz"
+    with source.open("rb") if hasattr(source, "open") else open(source, "rb") as f:
+        with np.load(f, allow_pickle=False) as data:
+            images, labels = data["images"], data["labels"]
+    x = images.reshape(len(images), -1).astype(np.float32) / np.float32(16.0)
+    return x, labels.astype(np.int64)
+
+
+def digits_split(n: int, test_fraction: float = TEST_FRACTION,
+                 seed: int = SPLIT_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Index arrays ``(train, test)`` into ``n`` samples: a fixed random
+    ``test_fraction`` held out."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(n * test_fraction))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
 def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The bundled 8x8 digits: ``(x_train, y_train, x_test, y_test)``, pixels float32
     in [0, 1] with shape ``(n, 64)``, labels int64; the held-out 20% is the fixed split
-    of ``geon.examples.digits.split``."""
-    from geon.examples.digits import load_digits as load, split
-    x, y = load()
-    train, test = split(len(x))
+    of :func:`digits_split`."""
+    x, y = digits_arrays()
+    train, test = digits_split(len(x))
     return x[train], y[train], x[test], y[test]
