@@ -352,7 +352,7 @@ class _ImportState:
         self.label_checks: list[LabelCheck] = []
 
 
-def _import_node(node, values, opsets, state):
+def _import_node(node, values, opsets, state, depth=0):
     domain = node.domain if node.domain != "ai.onnx" else ""
     version = opsets.get(domain)
     label = f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node"
@@ -360,7 +360,15 @@ def _import_node(node, values, opsets, state):
     if version is None:
         raise UnsupportedOnnxOp(f"{where}: the model imports no version of domain "
                                 f"{domain!r}")
-    build = find_builder(domain, node.op_type, version, where)
+    try:
+        build = find_builder(domain, node.op_type, version, where)
+    except UnsupportedOnnxOp:
+        body = _function_body(node, domain, version, values) if depth < _MAX_EXPANSION \
+            else None
+        if body is None:
+            raise
+        _import_function(node, body, values, opsets, state, depth, where)
+        return
     args = [values[name] if name else None for name in node.input]
     ctx = Context(node, args, version, where, state)
     try:
@@ -390,6 +398,112 @@ def _import_node(node, values, opsets, state):
                                            for a in args):
             state.folded_bytes += v.array.nbytes
         values[name] = v
+
+
+# --- operators ONNX defines as functions ------------------------------------------------------
+
+#: How deep function bodies are expanded inside function bodies.
+_MAX_EXPANSION = 4
+
+
+def _function_body(node, domain, version, values):
+    """The ``FunctionProto`` by which the ONNX schema of ``node``'s operator defines it at
+    opset ``version`` (the latest function version not after it), or ``None``. An
+    operator without a builder in ``OPS`` but with such a definition (``Attention``,
+    ``RotaryEmbedding``, ``SwiGLU``, the windows ...) is imported as its body's nodes."""
+    onnx = onnx_module()
+    if not isinstance(node.op_type, str) or not isinstance(domain, str):
+        return None   # (protobuf hands invalid UTF-8 over as bytes: no such schema)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, version, domain)
+    except (onnx.defs.SchemaError, TypeError, ValueError):
+        return None
+    plain = [v for v in schema.function_opset_versions if v <= version]
+    contextual = [v for v in schema.context_dependent_function_opset_versions
+                  if v <= version]
+    if not plain and not contextual:
+        return None
+    full = onnx.NodeProto()
+    full.CopyFrom(node)
+    given = {a.name for a in node.attribute}
+    for name, a in schema.attributes.items():  # the defaults the body may refer to
+        if name not in given and a.default_value.name:
+            full.attribute.append(a.default_value)
+    try:
+        if plain and (not contextual or max(plain) >= max(contextual)):
+            data = schema.get_function_with_opset_version(max(plain))
+        else:
+            types = []
+            for name in node.input:
+                t = onnx.TypeProto()
+                if name:
+                    v = values[name]
+                    t = onnx.helper.make_tensor_type_proto(
+                        onnx.helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+                types.append(t.SerializeToString())
+            data = schema.get_context_dependent_function_with_opset_version(
+                max(contextual), full.SerializeToString(), types)
+    except Exception:  # noqa: BLE001 - onnx refuses this node's types: no expansion
+        return None
+    fn = onnx.FunctionProto()
+    fn.ParseFromString(data)
+    return fn if fn.node else None
+
+
+def _import_function(node, fn, values, opsets, state, depth, where):
+    """Import ``node`` as the nodes of its operator's function ``fn``: the formal inputs
+    and outputs are the node's own, the values inside get names of their own, and
+    attribute references take the node's attributes (or the schema's defaults)."""
+    onnx = onnx_module()
+    prefix = f"{node.name or node.op_type}#{node.op_type}/{len(values)}/"
+    rename = {f: a for f, a in zip(fn.input, node.input)}
+    rename.update({f: "" for f in list(fn.input)[len(node.input):]})  # absent inputs
+    rename.update({f: a for f, a in zip(fn.output, node.output) if a})
+    attrs = {a.name: a for a in node.attribute}
+    defaults = {a.name: a for a in fn.attribute_proto}
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)  # (it has one)
+    for name, a in schema.attributes.items():
+        if a.default_value.name:
+            defaults.setdefault(name, a.default_value)
+    inner_opsets = dict(opsets)
+    for o in fn.opset_import:
+        inner_opsets[o.domain if o.domain != "ai.onnx" else ""] = int(o.version)
+    for n in fn.node:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        m.name = f"{node.name or node.op_type}/{n.name or n.op_type}"
+        m.input[:] = [rename.get(x, prefix + x) if x else "" for x in n.input]
+        m.output[:] = [rename.get(x, prefix + x) if x else "" for x in n.output]
+        del m.attribute[:]
+        for a in n.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                raise UnsupportedOnnxOp(f"{where}: its ONNX function has subgraphs "
+                                        f"({n.op_type}), which are not supported")
+            if not a.ref_attr_name:
+                m.attribute.append(a)
+                continue
+            src = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+            if src is not None:
+                b = onnx.AttributeProto()
+                b.CopyFrom(src)
+                b.name = a.name
+                m.attribute.append(b)
+        for x in m.input:
+            if x and x not in values:
+                raise InvalidOnnxModel(f"{where}: its ONNX function uses {x!r} before "
+                                       f"making it")
+        for x in m.output:
+            if x.startswith(prefix) and x in values:
+                raise InvalidOnnxModel(f"{where}: the model already has a value named "
+                                       f"{x!r}, a name its ONNX function's expansion uses")
+        try:
+            _import_node(m, values, inner_opsets, state, depth + 1)
+        except (UnsupportedOnnxOp, InvalidOnnxModel) as e:
+            err = type(e)(f"{where}, computed as its ONNX function: {e}")
+            if hasattr(e, "value_name"):
+                err.value_name = e.value_name
+            raise err from None
 
 
 # Ops never evaluated at import (their value is not a function of their inputs).

@@ -1308,18 +1308,6 @@ def _avg_pool(ctx):
     return [_same(ctx, sums / gnp.constant(counts))]
 
 
-@onnx_op("Mod", 10)
-def _mod(ctx):
-    fmod = ctx.attr("fmod", 0)
-    if not ctx.all_known():  # geon has no remainder op; shape arithmetic only
-        raise ctx.unsupported("Mod of values computed at run time")
-    a, b = ctx.const(0), ctx.const(1)
-    ctx.bound(np.broadcast_shapes(a.shape, b.shape), a.dtype, known=True)
-    if b.dtype.kind in "iu" and np.any(b == 0):
-        raise ctx.unsupported("Mod by zero")
-    return [ctx.known(np.fmod(a, b) if fmod else np.mod(a, b))]
-
-
 @onnx_op("RMSNormalization", 23)
 def _rms_norm(ctx):
     x = _float(ctx)
@@ -1420,4 +1408,11 @@ def _trilu(ctx):
     diag = gnp.subtract(gnp.constant(np.arange(cols, dtype=np.int64).reshape(1, cols)),
                         gnp.constant(np.arange(rows, dtype=np.int64).reshape(rows, 1)))
     keep = gnp.greater_equal(diag, k) if ctx.attr("upper", 1) else gnp.less_equal(diag, k)
-    return [ctx.out(gnp.where(keep, ctx.tensor(0), 0), ctx.dtype(0))]
+    # A zero of the input's type: a Python 0 beside int64 values would take them through
+    # float64 (rounding those past 2**53).
+    zero = np.zeros((), carrier(ctx.dtype(0)))[()]
+    return [ctx.out(gnp.where(keep, ctx.tensor(0), zero), ctx.dtype(0))]
+
+
+# The rest of the table: activations, rounding, scatters and gathers, normalizations ...
+from geon.frontends.onnx import extra_ops  # noqa: E402,F401  (registers its builders)
