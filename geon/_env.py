@@ -5,8 +5,9 @@ use (``GEON_NUM_THREADS=abc``) must not make the import fail. Each reader here r
 the default for such a value and warns once, naming the variable, the value and the
 default it used.
 
-Read at import: ``GEON_NUM_THREADS`` (``geon.transformers.fusion.MAX_THREADS``) and
-``GEON_BLAS_ACCUMULATE`` (``geon.transformers.numpy.blas.ENABLED``).
+Read at import: ``GEON_NUM_THREADS``, ``OMP_NUM_THREADS`` and ``GEON_ADAPT_THREADS``
+(the thread policy, ``geon.transformers.threads``) and ``GEON_BLAS_ACCUMULATE``
+(``geon.transformers.numpy.blas.ENABLED``).
 """
 
 import os

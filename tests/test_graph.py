@@ -550,6 +550,22 @@ def test_integer_literals_stay_exact():
         np.testing.assert_array_equal(got[2], [0, 0, 0])
 
 
+def test_a_python_number_in_a_where_branch_takes_the_other_branchs_dtype():
+    """where(x > 3, x, 0) with an int64 x is int64 throughout: the 0 is not a float64
+    that sends every value through float64 (which rounds integers above 2**53)."""
+    x = be.placeholder([A], dtype=np.int64)
+    big = np.array([2**53 + 1, 2**60 + 3, 7], np.int64)
+    cases = [(be.np.where(x > 3, x, 0), np.where(big > 3, big, 0)),
+             (be.np.where(x < 3, 0, x), np.where(big < 3, 0, big)),
+             (be.np.where(x > 3, x, 2.5), np.where(big > 3, big, 2.5))]  # NumPy: float64
+    for op, want in cases:
+        assert op.dtype == want.dtype
+        for got in (be.NumPyTransformer().computation(op, x)(big),
+                    be.evaluate(op, feeds={x: big})):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+
+
 def test_length_check_after_an_unset_length():
     from geon.op_graph.axes import check_lengths
     Q = be.Axis(None, "Qu")

@@ -265,6 +265,11 @@ class Select(og.ElementWise):
     def _infer_dtype(self):
         return og.result_dtype(self.args[1:])
 
+    def _promoted_args(self):
+        # A Python number in a branch takes the other branch's dtype (where(c, x, 0)
+        # with an int64 x stays exact); the condition's dtype plays no part.
+        return self.args[1:]
+
     def compute_dtype(self) -> None:
         """``None``: no arithmetic; the branches are taken as they are (converting the
         condition could turn a tiny nonzero into zero)."""

@@ -273,10 +273,13 @@ class TensorOp(Op):
         (NumPy's promotion), so ``x_int64 + 16777217`` stays exact. A constant another
         op already uses keeps its dtype; this op gets its own copy (a shared one, the
         shared constant of its dtype: :func:`weak_number`)."""
-        target = result_dtype(self.args)
+        promoted = self._promoted_args()
+        target = result_dtype(promoted)
         if target.kind not in "iufc":
             return
         for a in weak:
+            if not any(a is p for p in promoted):
+                continue
             if a.dtype == target:
                 continue
             if a._shared or any(u is not self for u in a.users):
@@ -287,6 +290,11 @@ class TensorOp(Op):
                 new.users.add(self)
             else:
                 a._adopt(target)
+
+    def _promoted_args(self):
+        """The args whose dtypes make this op's dtype (all of them; ``where`` leaves out
+        its condition): Python-number constants among them adopt it."""
+        return self.args
 
     def _repr_type(self):
         axes, dtype = getattr(self, "axes", None), getattr(self, "dtype", None)

@@ -14,13 +14,12 @@ a group reads through a view (:func:`view_reads`) alive until the group ends, an
 no member write over it in place (see ``plan_memory(groups=...)``).
 """
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from geon._env import env_int
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.transformers import threads
 
 #: Groups work on blocks of about this many elements.
 BLOCK_ELEMENTS = 131072
@@ -35,13 +34,12 @@ GEMM_HEADS = True
 GEMM_BLOCK_ROWS = 256
 #: Groups at least this big are split over threads.
 PARALLEL_ELEMENTS = 1 << 20
-#: At most this many threads per group: the environment variable ``GEON_NUM_THREADS``
-#: if set (``1``: no threads, e.g. one MPI rank per core; ``0``: the default), else the
-#: CPUs this process may use. Read when geon is imported; a value that is not an
-#: integer >= 0 warns and gives the default (see geon/_env.py).
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-    else (os.cpu_count() or 1)
-MAX_THREADS = env_int("GEON_NUM_THREADS", _CPUS, minimum=0) or _CPUS
+#: At most this many threads per group: the thread policy's budget
+#: (:func:`geon.transformers.threads.budget`: ``GEON_NUM_THREADS`` if set, ``1`` for no
+#: threads, e.g. one MPI rank per core; else ``OMP_NUM_THREADS``; else the CPUs this
+#: process may use). Read when geon is imported. A call uses fewer while other
+#: processes keep cores busy (:func:`~geon.transformers.threads.active`).
+MAX_THREADS = threads.POLICY.budget
 
 
 class Group:
@@ -220,7 +218,7 @@ def run_blocks(fn, rows, block, scratch_sets):
     thread that starts late) does fewer blocks instead of holding up the group. Every
     block runs exactly once. Returns when all workers are done, even if one raised (its
     exception is then raised here), so no worker writes a buffer after the return."""
-    parts = len(scratch_sets)
+    parts = min(len(scratch_sets), threads.active())
     if parts == 1:
         fn(0, rows, *scratch_sets[0])
         return

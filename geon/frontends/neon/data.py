@@ -121,7 +121,7 @@ def digits_split(n: int, test_fraction: float = TEST_FRACTION,
 def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The bundled 8x8 digits: ``(x_train, y_train, x_test, y_test)``, pixels float32
     in [0, 1] with shape ``(n, 64)``, labels int64; the held-out 20% is the fixed split
-    of :func:`digits_split`."""
+    of ``digits_split``."""
     x, y = digits_arrays()
     train, test = digits_split(len(x))
     return x[train], y[train], x[test], y[test]

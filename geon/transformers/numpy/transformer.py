@@ -16,6 +16,7 @@ only the first line may read the args; later lines read and write ``out`` alone.
 
 import functools
 import linecache
+import re
 import weakref
 from typing import IO, Iterable, Optional, Union
 
@@ -38,6 +39,7 @@ from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment, identifier, py_literal
 from geon.transformers import fusion, numerics
+from geon.transformers import threads as thread_policy
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.fusion import find_groups
@@ -45,6 +47,9 @@ from geon.transformers.fusion import find_groups
 NUMPY_CODE = OpTable("NUMPY_CODE", "fn(op, out, args) -> [source lines]")
 #: Decorator: ``@numpy_code(Cls, ...)`` registers ``fn(op, out, args) -> [lines]``.
 numpy_code = NUMPY_CODE.register
+#: Generated lines that run work on several threads (the BLAS's or geon's): a call of
+#: a computation with one first asks the thread policy how many to use (threads.py).
+_PARALLEL = re.compile(r"\b(?:np\.matmul|_run_blocks|_gemm_\w+|_conv_\w+)\(")
 #: Names every generated module can use besides ``np`` (and each user op's NumPy
 #: function, see :func:`_user_op`).
 NUMPY_GLOBALS = {}
@@ -690,6 +695,8 @@ class NumPyComputation(Computation):
         # The debug mode raises NumericsError where NumPy would warn of NaN and Inf.
         src.append("    _acquire()")
         src.append("    try:")
+        if any(_PARALLEL.search(ln) for ln in body):  # the thread policy (threads.py)
+            src.append("        _threads()")
         if check:
             src.append("        with _quiet():")
             src.extend("        " + ln for ln in body)
@@ -964,6 +971,7 @@ class NumPyComputation(Computation):
                       .view(dtype).reshape(shape) for k, (shape, dtype) in enumerate(temps)]
                      for j in range(threads)]
         ns["_run_blocks"] = fusion.run_blocks
+        ns["_threads"] = thread_policy.refresh
         ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
         lock = self.transformer._lock
