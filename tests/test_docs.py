@@ -254,7 +254,7 @@ def test_error_samples_fail_when_no_error_is_raised():
 #: Pages whose samples still check with ``assert`` (or raise ``AssertionError``) instead
 #: of showing what the user sees: being converted to ``>>>`` examples. Remove a page
 #: once it passes :func:`test_samples_show_outputs_instead_of_asserting`.
-ASSERTS_PENDING = {"onnx.rst"}
+ASSERTS_PENDING: set[str] = set()
 #: A code block may assert when it shows a test that a reader would write: its
 #: ``:caption:`` names a test file (``tests/test_softplus.py``).
 _TEST_FILE_CAPTION = re.compile(r"(^|/)test_\w*\.py$")

@@ -1,4 +1,5 @@
-"""The ONNX operators beyond the core table (geon/frontends/onnx/extra_ops.py): every node
+"""The ONNX operators beyond the required core (``conformance.EXPORTED`` and ``ADDED``,
+built in geon/frontends/onnx/builders/): every node
 test case onnx ships for them against the committed table; each op against ONNX's
 reference evaluator or NumPy on values that reach its edge cases (signed zeros, halves,
 NaN and infinities, 64-bit integers past float64's precision, repeated and negative
