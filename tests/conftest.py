@@ -28,3 +28,14 @@ def verify_memory_plans():
     memory.VERIFY = True
     yield
     memory.VERIFY = True
+
+
+@pytest.fixture(autouse=True)
+def steady_thread_policy(monkeypatch):
+    """The thread policy (geon/transformers/threads.py) answers its budget throughout a
+    test and measures no load: on a loaded machine it would give one thread, and tests
+    of work split over threads would silently test one. tests/test_threads.py tests
+    the measurement on policies of its own."""
+    from geon.transformers import threads
+    monkeypatch.setattr(threads.POLICY, "threads", threads.POLICY.budget)
+    monkeypatch.setattr(threads.POLICY, "_next", float("inf"))

@@ -8,7 +8,7 @@ import pytest
 
 import geon as be
 from geon.op_graph import op_graph as og
-from geon.transformers import fusion
+from geon.transformers import fusion, threads
 from op_table import CASES
 
 from test_ops import TOL
@@ -20,12 +20,14 @@ def numpy_code(monkeypatch):
     monkeypatch.setenv("GEON_COMPILED", "0")
 
 
+
 @pytest.fixture
 def fuse_everything(monkeypatch):
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 1)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 3)     # several blocks per group
     monkeypatch.setattr(fusion, "PARALLEL_ELEMENTS", 1)  # and split over threads
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -177,6 +179,7 @@ def test_run_blocks_hands_out_blocks_dynamically(monkeypatch):
     # (with fixed halves it would wait, with the stalled worker owning half).
     import threading
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
     rows, block = 50, 3
     blocks = -(-rows // block)
     rest_done = threading.Event()
@@ -207,6 +210,7 @@ def test_run_blocks_raises_a_workers_error_after_all_stopped(monkeypatch):
     # a block any more (none writes a buffer after run_blocks returned).
     import time
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
     ran = []
 
     def fn(lo, hi, s):

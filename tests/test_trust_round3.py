@@ -331,9 +331,10 @@ def test_bad_environment_values_warn_and_use_the_default():
 
 
 def test_import_survives_bad_geon_variables():
-    code = ("import geon; from geon.transformers import fusion; "
+    code = ("import os, geon; from geon.transformers import fusion, threads; "
             "from geon.transformers.numpy import blas; "
-            "print(fusion.MAX_THREADS == fusion._CPUS, blas.ENABLED)")
+            "print(fusion.MAX_THREADS == threads.budget(dict(os.environ, "
+            "GEON_NUM_THREADS='')), blas.ENABLED)")
     env = dict(os.environ, GEON_NUM_THREADS="abc", GEON_BLAS_ACCUMULATE="maybe",
                PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
