@@ -23,6 +23,7 @@ import pytest
 import geon as be
 from geon.op_graph import primitives as pr
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
+from geon.transformers.gpu import gemm as G
 from geon.transformers.gpu import kernels as K
 from geon.transformers.gpu.codegen import module_source
 from cuda_emulator import EmulatorRuntime, find_compiler
@@ -61,7 +62,7 @@ def _case_graph(case, dtype, grad):
     return results, xs, case.arrays(dtype)
 
 
-LARGE_TILES = "large GEMM tiles"  # a graph's 4th entry: generate with K.GEMM_LARGE
+LARGE_TILES = "large GEMM tiles"  # a graph's 4th entry: generate with G.GEMM_LARGE
 
 
 def _extra_graphs():
@@ -349,7 +350,7 @@ def build_all(make_transformer):
         results, xs, arrays, *options = make()
         with pytest.MonkeyPatch.context() as mp:
             if LARGE_TILES in options:
-                mp.setattr(K, "gemm_config", lambda *a: K.GEMM_LARGE)
+                mp.setattr(G, "gemm_config", lambda *a: G.GEMM_LARGE)
             gpu = make_transformer().computation(results, *xs)
         cpu = be.NumPyTransformer().computation(results, *xs)
         out[name] = (gpu, cpu, arrays)
@@ -460,7 +461,7 @@ def _gpu(**kw):
 
 @needs_cxx
 def test_a_batch_longer_than_the_grid_is_looped_over_by_each_block(monkeypatch):
-    monkeypatch.setattr(K, "GEMM_BATCH_BLOCKS", 4)
+    monkeypatch.setattr(G, "GEMM_BATCH_BLOCKS", 4)
     a, b = be.np.placeholder((10, 5, 3), np.float64), be.np.placeholder((10, 3, 7), np.float64)
     f = _gpu().computation(a @ b, a, b)
     (k,) = [k for k in f.program.launches if k.kind == "gemm"]
@@ -835,7 +836,7 @@ def check_digits(make_gpu, tmp_path, monkeypatch, epochs, accuracy):
 
 def test_gemm_grid_swaps_axes_for_very_tall_products():
     params = K.Params()
-    k = K.gemm_kernel(params, "pa", "pb", "pc", 128 * 70000, 8, 16, (16, 1), (8, 1),
+    k = G.gemm_kernel(params, "pa", "pb", "pc", 128 * 70000, 8, 16, (16, 1), (8, 1),
                       np.float32, False, False, True, [])
     assert k.grid == (70000, 1, 1) and "blockIdx.x * 128, n0" in k.source
 
@@ -864,21 +865,35 @@ def test_updates_fuse_with_their_assignment():
 
 
 def test_every_standard_primitive_has_gpu_code():
-    """A primitive added to the standard base set needs a GPU rule too (an elementwise
-    one: an entry in geon.transformers.gpu.cuda.CUDA_CODE)."""
-    from geon.op_graph import conv as cv
+    """A primitive added to the standard base set needs GPU rules too: an entry in
+    geon.transformers.gpu.kernels.CUDA_KERNELS (what it launches alone) and, if it is
+    elementwise, one in geon.transformers.gpu.cuda.CUDA_CODE (its C expression).
+    Storage, views and outputs launch nothing."""
     from geon.op_graph import op_graph as og
-    from geon.op_graph.random import Random
     from geon.transformers.base import STANDARD_BASE_SET
-    from geon.transformers.gpu.cuda import CUDA_CODE
-    handled = (og.AssignableTensorOp, pr.ViewOp, pr.Copy, pr.Assign, pr.ReducePrim,
-               pr.ReduceMaxArgMax, og.Output, pr.Gemm, pr.Unslice, pr.Take, pr.PutAdd,
-               pr.PrefixSum, pr.SortPrim, cv.ConvPrim, cv.PoolPrim, Random)
+    from geon.transformers.gpu import CUDA_CODE, CUDA_KERNELS
+
+    def has(table, cls):
+        return any(k in table for k in cls.__mro__)
+
+    launch_nothing = (og.AssignableTensorOp, pr.ViewOp, og.Output)
     missing = [c.__name__ for c in STANDARD_BASE_SET
-               if not issubclass(c, handled)
-               and not (issubclass(c, og.ElementWise)
-                        and any(k in CUDA_CODE for k in c.__mro__))]
+               if not issubclass(c, launch_nothing)
+               and not (has(CUDA_KERNELS, c)
+                        and (not issubclass(c, og.ElementWise) or has(CUDA_CODE, c)))]
     assert not missing, missing
+
+
+def test_an_op_without_gpu_code_is_a_lowering_error():
+    """An op no CUDA_KERNELS entry covers fails by name when its kernels are made."""
+    from geon.errors import LoweringError
+    from geon.transformers.gpu.kernels import emit
+
+    class Unknown:
+        name, file_info = "mystery_op", "here.py:1"
+
+    with pytest.raises(LoweringError, match="cannot run mystery_op"):
+        emit(None, Unknown())
 
 
 @needs_cxx

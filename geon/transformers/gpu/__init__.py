@@ -8,6 +8,7 @@ raises :class:`GPUUnavailableError` saying what is missing.
 
 from geon.transformers.base import register_transformer
 from geon.transformers.gpu.cuda import CUDA_CODE, cuda_code
+from geon.transformers.gpu.kernels import CUDA_KERNELS, cuda_kernels
 from geon.transformers.gpu.transformer import (CudaCodegenTransformer, CudaComputation,
                                                DeviceState, GPUComputation, GPUTransformer,
                                                GPUUnavailableError)
@@ -22,6 +23,6 @@ def gpu_status(device=0):
 
 register_transformer("gpu", GPUTransformer)
 
-__all__ = ["CUDA_CODE", "cuda_code", "CudaCodegenTransformer", "CudaComputation",
-           "DeviceState", "GPUComputation", "GPUTransformer", "GPUUnavailableError",
-           "gpu_status"]
+__all__ = ["CUDA_CODE", "CUDA_KERNELS", "cuda_code", "cuda_kernels", "CudaCodegenTransformer",
+           "CudaComputation", "DeviceState", "GPUComputation", "GPUTransformer",
+           "GPUUnavailableError", "gpu_status"]

@@ -2,7 +2,9 @@
 
 :func:`generate` schedules the lowered graph, finds the GPU's fused groups, plans
 device memory with the CPU's liveness planner (:func:`geon.transformers.memory.plan_memory`,
-each plan proved by ``verify_plan``), and emits one kernel per group or op.
+each plan proved by ``verify_plan``), and emits the kernels of each fused group (here)
+and of each other op (its entry in :data:`~geon.transformers.gpu.kernels.CUDA_KERNELS`,
+registered by the module of its family).
 The result is a :class:`Program`: the kernels (CUDA C), the buffers (arenas, feeds,
 results, constants, variables, scratch) and the launches in order, each argument a
 buffer and a byte offset. A runtime (PyCUDA, or the CPU emulator) only allocates,
@@ -19,24 +21,25 @@ at other positions; :func:`_hazards` finds such groups and they are split before
 memory is planned again.
 """
 
-from typing import NamedTuple
-
 import numpy as np
 
-from geon.errors import GeonError, LoweringError
-from geon.op_graph import conv as cv
+from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.random import Random
-from geon.op_graph.conv import CONV_PRIMITIVES
 from geon.op_graph.ordering import schedule
-from geon.op_graph.user_ops import UserOp
 from geon.transformers import memory
 from geon.transformers.codegen_text import check_lines, comment
-from geon.transformers.gpu import conv as gpu_conv
-from geon.transformers.gpu import random as gpu_random
-from geon.transformers.gpu import cuda, kernels
-from geon.transformers.gpu.layout import Layout, layouts, scalar_constant
+from geon.transformers.gpu import cuda
+# The module of each family of ops registers what its ops launch (CUDA_KERNELS).
+from geon.transformers.gpu import conv as _conv  # noqa: F401
+from geon.transformers.gpu import gemm as _gemm  # noqa: F401
+from geon.transformers.gpu import primitives as _primitives  # noqa: F401
+from geon.transformers.gpu import random as _random  # noqa: F401
+from geon.transformers.gpu.elementwise import element_count, elementwise_kernel, fusable
+from geon.transformers.gpu.kernels import Context, describe, emit
+from geon.transformers.gpu.layout import (identity_source, layouts, permutation_source,
+                                          scalar_constant)
+from geon.transformers.gpu.reduce import emit_reduce
 
 
 class GPUGroup:
@@ -53,44 +56,8 @@ class GPUGroup:
         return f"<GPUGroup of {len(self.members)} ops, {len(self.internal)} internal>"
 
 
-def fusable(op):
-    """Ops a fused elementwise kernel can compute (per element, same shape)."""
-    if isinstance(op, (pr.Copy, pr.Assign)):
-        return True
-    return isinstance(op, og.ElementWise)
-
-
 def _lengths(op):
     return (op.args[0] if isinstance(op, pr.Assign) else op).axes.lengths
-
-
-def identity_source(a, lay):
-    """The op whose elements ``a`` is, in the same row-major order (``a`` itself, or
-    the root of a view of ``a`` that only renames or reshapes), else ``a``."""
-    if not isinstance(a, pr.ViewOp):
-        return a
-    la = lay[a]
-    if la.offset == 0 and la.contiguous and la.size == la.root.axes.size:
-        return la.root
-    return a
-
-
-def permutation_source(a, lay):
-    """The op whose elements ``a`` is, each exactly once in some order (a transpose or
-    reshape of it), else ``a``."""
-    if not isinstance(a, pr.ViewOp):
-        return a
-    la = lay[a]
-    r = la.root
-    if la.offset != 0 or la.size != r.axes.size:
-        return a
-    dims = sorted(((n, st) for n, st in zip(la.shape, la.strides) if n != 1),
-                  key=lambda d: -abs(d[1]))
-    if any(st <= 0 for _, st in dims):
-        return a
-    if Layout(r, 0, [n for n, _ in dims], [st for _, st in dims]).contiguous:
-        return r
-    return a
 
 
 def _uses(order, lay):
@@ -247,48 +214,6 @@ def _split(groups, group, at, results, order, lay):
         second = second[:-1]
     groups[idx:idx + 1] = [GPUGroup(run, _internal(run, uses, keep, lay))
                            for run in (first, second) if len(run) > 1]
-
-
-class Context:
-    """What kernel builders need: layouts, roots, buffers and the code of each op."""
-
-    def __init__(self, lay, buffer_of):
-        self.lay = lay
-        self._buffer_of = buffer_of
-
-    def layout(self, op):
-        return self.lay[op]
-
-    def source(self, op):
-        """See :func:`identity_source`."""
-        return identity_source(op, self.lay)
-
-    def root(self, op):
-        return self.lay[op].root
-
-    def buffer(self, root):
-        return self._buffer_of(root)
-
-    def pointer(self, params, lay, written=False):
-        dt = lay.root.dtype
-        return params.pointer(self.buffer(lay.root), lay.offset * dt.itemsize,
-                              cuda.ctype(dt), written)
-
-    def rule(self, op):
-        r = cuda.cuda_rule(op)
-        if r is not None:
-            return r
-        raise LoweringError(f"the gpu transformer has no CUDA code for {op.name} "
-                            f"({type(op).__name__}, built at {op.file_info})")
-
-    def deps_of(self, members):
-        out = []
-        for m in members:
-            if isinstance(m, UserOp):
-                src = cuda.user_op_code(type(m))[1]
-                if src not in out:
-                    out.append(src)
-        return out
 
 
 class ResultSpec:
@@ -458,7 +383,7 @@ def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
         memory.verify_plan(order, results, plan, groups)
     prog.plan, prog.groups = plan, groups
     prog.arenas = list(plan.sizes)
-    ctx = Context(lay, buffer_of)
+    ctx = Context(prog, lay, buffer_of)
     first = {g.members[0]: g for g in groups}
     in_group = {m for g in groups for m in g.members}
     for op in order:
@@ -468,11 +393,9 @@ def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
             if op.args[0] not in prog.assigned:
                 prog.assigned.append(op.args[0])
         if op in first:
-            _emit_group(prog, ctx, first[op])
-        elif op in in_group:
-            continue
-        else:
-            _emit_single(prog, ctx, op)
+            _emit_group(ctx, first[op])
+        elif op not in in_group:
+            emit(ctx, op)
     for r in results:
         prog.results.append(_result_spec(r, lay, buffer_of))
     if check_numerics:
@@ -541,275 +464,14 @@ def _check_unit(first, last, members, internal, lay, buffer_of, numerics):
     return CheckUnit(first, last, members, inputs, outputs)
 
 
-def _add(prog, kernel):
-    prog.kernels.setdefault(kernel.name, kernel)
-    prog.launches.append(kernel)
-
-
-def _emit_group(prog, ctx, g):
+def _emit_group(ctx, g):
+    """The kernel of a fused group: elementwise, or a reduction computing its input from
+    the other members."""
     last = g.members[-1]
     if isinstance(last, pr.ReducePrim):
-        _emit_reduce(prog, ctx, last, g.members[:-1], g.internal)
-    else:
-        if _size(g.members[0]):
-            _add(prog, kernels.elementwise_kernel(ctx, g.members, g.internal))
-
-
-def _size(op):
-    return (op.args[0] if isinstance(op, pr.Assign) else op).axes.size
-
-
-def _emit_single(prog, ctx, op):
-    if isinstance(op, pr.Copy) and _emit_transpose(prog, ctx, op):
-        return
-    if fusable(op):
-        if _size(op):
-            _add(prog, kernels.elementwise_kernel(ctx, [op], set()))
-    elif isinstance(op, (pr.ReducePrim, pr.ReduceMaxArgMax)):
-        _emit_reduce(prog, ctx, op, [], set())
-    elif isinstance(op, pr.Gemm):
-        _emit_gemm(prog, ctx, op)
-    elif isinstance(op, tuple(CONV_PRIMITIVES)):
-        if op.axes.size:
-            params = kernels.Params()
-            out = ctx.pointer(params, ctx.layout(op), written=True)
-            args = [(ctx.pointer(params, ctx.layout(a)), ctx.layout(a)) for a in op.args]
-            build = gpu_conv.conv_kernel if isinstance(op, cv.ConvPrim) else \
-                gpu_conv.pool_kernel
-            _add(prog, build(params, op, out, args))
-    elif isinstance(op, Random):
-        if op.axes.size:
-            params = kernels.Params()
-            out = ctx.pointer(params, ctx.layout(op), written=True)
-            step = ctx.pointer(params, ctx.layout(op.args[0]))
-            _add(prog, gpu_random.random_kernel(params, op, out, step, [op]))
-    elif isinstance(op, pr.Unslice):
-        if op.axes.size:
-            params = kernels.Params()
-            out = ctx.pointer(params, ctx.layout(op), written=True)
-            src_lay = ctx.layout(op.args[0])
-            src = ctx.pointer(params, src_lay)
-            _add(prog, kernels.unslice_kernel(params, op, out, src, src_lay, [op]))
-    elif isinstance(op, (pr.Take, pr.PutAdd)):
-        _emit_indexed(prog, ctx, op)
-    elif isinstance(op, pr.PrefixSum):
-        if op.axes.size:
-            params = kernels.Params()
-            out = ctx.pointer(params, ctx.layout(op), written=True)
-            src_lay = ctx.layout(op.args[0])
-            _add(prog, kernels.prefix_sum_kernel(params, op, out, ctx.pointer(params, src_lay),
-                                                 src_lay, [op]))
-    elif isinstance(op, pr.SortPrim):
-        if op.args[0].axes.size:
-            params = kernels.Params()
-            outs = [ctx.lay.get(o) for o in op.outputs]
-            values, indices = (None if lay is None else ctx.pointer(params, lay, written=True)
-                               for lay in outs)
-            src_lay = ctx.layout(op.args[0])
-            _add(prog, kernels.sort_kernel(params, op, values, indices,
-                                           ctx.pointer(params, src_lay), src_lay, [op]))
-    else:
-        raise LoweringError(f"the gpu transformer cannot run {op.name} "
-                            f"({type(op).__name__}, built at {op.file_info})")
-
-
-def _emit_indexed(prog, ctx, op):
-    """Take (a gather) or PutAdd (zeros, then atomic adds at the indices)."""
-    if not op.axes.size:
-        return
-    lay = ctx.layout(op)
-    if isinstance(op, pr.Take) and not op.args[0].axes.lengths[1]:
-        raise LoweringError(f"{op.name} (built at {op.file_info}) takes entries from an "
-                            f"empty axis")
-    if isinstance(op, pr.PutAdd):
-        params = kernels.Params()
-        _add(prog, kernels.zero_kernel(params, op, ctx.pointer(params, lay, written=True),
-                                       [op]))
-        if not op.args[0].axes.size:
-            return
-    params = kernels.Params()
-    out = ctx.pointer(params, lay, written=True)
-    src_lay, idx_lay = ctx.layout(op.args[0]), ctx.layout(op.args[1])
-    src, idx = ctx.pointer(params, src_lay), ctx.pointer(params, idx_lay)
-    make = kernels.take_kernel if isinstance(op, pr.Take) else kernels.put_add_kernel
-    _add(prog, make(params, op, out, src, src_lay, idx, idx_lay, [op]))
-
-
-def _emit_transpose(prog, ctx, op):
-    """A copy of a (2-D, after merging dimensions) transpose: the tiled kernel."""
-    src_lay = ctx.layout(op.args[0])
-    if scalar_constant(src_lay.root):
-        return False
-    dims = src_lay.dims()
-    if len(dims) != 2 or abs(dims[1][1]) <= abs(dims[0][1]) or abs(dims[0][1]) != 1:
-        return False
-    # dims are in result order: result element (a, b) of the row-major (A, B) result
-    # is source element a * sa + b * sb, a along the source's contiguous direction
-    (A, sa), (B, sb) = dims
-    params = kernels.Params()
-    out = ctx.pointer(params, ctx.layout(op), written=True)
-    src = ctx.pointer(params, src_lay)
-    _add(prog, kernels.transpose_kernel(params, op, out, src, A, B, sa, sb, [op]))
-    return True
-
-
-class GemmCall(NamedTuple):
-    """A ``Gemm`` kernel as a BLAS call ``C = A @ B`` (``Kernel.library``): the sizes
-    (``A`` is ``M x K``, ``B`` is ``K x N``), each matrix's element strides, the dtype,
-    and which kernel arguments are ``C``, ``A`` and ``B``. A batched product has
-    ``batch``: ``[(count, stride of A, of B, of C)]`` in elements after merging the
-    batch dimensions that step evenly (a BLAS's strided-batched call takes one)."""
-    M: int
-    N: int
-    K: int
-    a_strides: tuple
-    b_strides: tuple
-    c_strides: tuple
-    dtype: np.dtype
-    args: tuple
-    batch: tuple = ()
-
-
-def merged_batch(shape, *strides):
-    """``[(length, stride, stride, ...)]`` of batch dimensions ``shape`` with one stride
-    per operand: unit dimensions dropped, and adjacent ones merged where every operand
-    steps through them evenly (one index then serves all operands)."""
-    out = []
-    for k, n in enumerate(shape):
-        if n == 1:
-            continue
-        st = [s[k] for s in strides]
-        if out and all(prev == s * n for prev, s in zip(out[-1][1:], st)):
-            out[-1] = (out[-1][0] * n,) + tuple(st)
-        else:
-            out.append((n,) + tuple(st))
-    return tuple(out)
-
-
-def _emit_gemm(prog, ctx, op):
-    a, b = op.args
-    la, lb, lc = ctx.layout(a), ctx.layout(b), ctx.layout(op)
-    M, K = la.shape[-2:]
-    N = lb.shape[-1]
-    nb = len(lc.shape) - 2
-    batch = merged_batch(lc.shape[:nb], la.strides[:nb], lb.strides[:nb], lc.strides[:nb])
-    if M == 0 or N == 0 or any(d[0] == 0 for d in batch):
-        return
-    params = kernels.Params()
-    c = ctx.pointer(params, lc, written=True)
-    pa = ctx.pointer(params, la)
-    pb = ctx.pointer(params, lb)
-    sa, sb = la.strides[-2:], lb.strides[-2:]
-
-    def vec(lay, strides, fast_second, which):
-        s0, s1 = strides
-        if lay.offset % 4 or any(d[which] % 4 for d in batch):
-            return False
-        return (s1 == 1 and s0 % 4 == 0) if fast_second else (s0 == 1 and s1 % 4 == 0)
-
-    sam, sak = sa
-    sbk, sbn = sb
-    a_fast_k = abs(sak) <= abs(sam) if M > 1 else True
-    b_fast_n = abs(sbn) <= abs(sbk) if K > 1 else True
-    k = kernels.gemm_kernel(params, pa, pb, c, M, N, K, sa, sb, op.dtype,
-                            vec(la, sa, a_fast_k, 1), vec(lb, sb, b_fast_n, 2),
-                            not any(d[3] % 4 for d in batch), [op], batch=batch)
-    # What a BLAS needs to replace the kernel (the runtime's gemm option)
-    k.library = GemmCall(M, N, K, tuple(sa), tuple(sb), tuple(lc.strides[-2:]),
-                         np.dtype(op.dtype), tuple(int(p[1:]) for p in (c, pa, pb)), batch)
-    _add(prog, k)
-
-
-def _emit_reduce(prog, ctx, op, prologue, internal):
-    """A reduction, computing its input from the fused ``prologue`` members if any.
-    ``ReduceMaxArgMax`` is an argmax that also writes the maxima (to its outputs that
-    the graph uses)."""
-    x = op.args[0]
-    lx = ctx.layout(x)
-    shape = lx.shape
-    both = isinstance(op, pr.ReduceMaxArgMax)
-    cls, dt = (pr.ReduceArgMax if both else type(op)), x.dtype
-    if both:
-        values_lay, index_lay = (ctx.lay.get(o) for o in op.outputs)
-    else:
-        values_lay, index_lay = None, ctx.layout(op)
-    if len(shape) == 1:
-        R, L = 1, shape[0]
-    elif op.axis == 1:
-        R, L = shape
-    else:
-        L, R = shape
-    if R == 0:
-        return
-    params = kernels.Params()
-    ops = list(prologue) + [op]
-    deps = ctx.deps_of(prologue)
-    if len(shape) == 1:
-        sr, sk = 0, lx.strides[0]
-    elif op.axis == 1:
-        sr, sk = lx.strides
-    else:
-        sk, sr = lx.strides
-    lanes_on_k = R == 1 or abs(sk) <= abs(sr)
-    if prologue:
-        # x is a member, or a view of one that holds each of its elements once: element
-        # (r, k) is the member's element p, computed on the fly.
-        f = kernels.Fused(ctx, prologue, internal, params)
-        f.plan_loads()
-        lays = [ctx.layout(a) for m in prologue for a in m.args]
-        src = prologue.index(permutation_source(x, ctx.lay))
-
-        def value(r, k, lines):
-            terms = [t if st == 1 else f"{t} * {st}" for t, st in ((r, sr), (k, sk)) if st]
-            lines.append(f"const long long p = {' + '.join(terms) or '0'};")
-            lines.extend(f.load_lines("p", lambda j: f"const {f.load_list[j][2]} x{j}"))
-            lines.extend(f.compute_lines("p", lambda j: f"x{j}"))
-            return f"v{src}", k
-    else:
-        src = ctx.pointer(params, lx)
-        lays = [lx]
-
-        def value(r, k, lines):
-            idx = " + ".join(f"{t} * {st}" if st != 1 else t
-                             for t, st in ((r, sr), (k, sk)) if st != 0) or "0"
-            return f"{src}[{idx}]", k
-
-    extent = max([max(abs(v) for v in lay.span()) for lay in lays if lay.span()] + [0])
-    spec = kernels.ReduceSpec(cls, dt, R, L, lanes_on_k)
-    TX, TY, P, chunk = kernels.reduce_config(spec)
-    def outputs(params):
-        """Pointers of the result and, for ReduceMaxArgMax, of the maxima."""
-        out = ctx.pointer(params, index_lay, written=True) if index_lay else None
-        vals = ctx.pointer(params, values_lay, written=True) if values_lay else None
-        return out, vals
-
-    if P == 1:
-        out, vals = outputs(params)
-        _add(prog, kernels.reduce_kernel(spec, params, value, out, ops=ops, deps=deps,
-                                         extent=extent, out_value=vals))
-        return
-    # Two passes: partial results per part of each row, then a reduction of those.
-    sv = ("scratch", len(prog.scratch))
-    prog.scratch.append(R * P * dt.itemsize)
-    out = params.pointer(sv, 0, cuda.ctype(dt), written=True)
-    out_i = None
-    if spec.arg:
-        si = ("scratch", len(prog.scratch))
-        prog.scratch.append(R * P * 8)
-        out_i = params.pointer(si, 0, "long long", written=True)
-    _add(prog, kernels.reduce_kernel(spec, params, value, out, out_i, ops=ops,
-                                     deps=deps, part=(P, chunk), extent=extent))
-    params2 = kernels.Params()
-    pv = params2.pointer(sv, 0, cuda.ctype(dt))
-    pi = params2.pointer(si, 0, "long long") if spec.arg else None
-    final, vals = outputs(params2)
-
-    def partial(r, k, lines):
-        return f"{pv}[{r} * {P} + {k}]", (f"{pi}[{r} * {P} + {k}]" if spec.arg else k)
-
-    spec2 = kernels.ReduceSpec(cls, dt, R, P, True)
-    _add(prog, kernels.reduce_kernel(spec2, params2, partial, final, ops=[op],
-                                     out_value=vals))
+        emit_reduce(ctx, last, g.members[:-1], g.internal)
+    elif element_count(g.members[0]):
+        ctx.add(elementwise_kernel(ctx, g.members, g.internal))
 
 
 def _result_spec(r, lay, buffer_of):
@@ -862,7 +524,7 @@ def _source(comp, prog):
         lines.append(f"//  {n}: {k.name}<<<{k.grid}, {k.block}>>>({args})")
         lines.append(f"//      {comment(k.note)}")
         for op in k.ops:
-            lines.append(f"//      {kernels.describe(op)}")
+            lines.append(f"//      {describe(op)}")
         for u in prog.checks:
             if u.last == n:
                 lines.append("//      check_numerics: then checked: " + comment(", ".join(

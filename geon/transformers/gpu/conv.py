@@ -8,7 +8,8 @@ views need no copy. Shapes, strides, padding and dilation are constants of the s
 
 from geon.op_graph import conv as cv
 from geon.transformers.gpu.cuda import ctype, literal
-from geon.transformers.gpu.kernels import EW_THREADS, Kernel, _grid_1d, _itype, describe
+from geon.transformers.gpu.kernels import (EW_THREADS, Kernel, Params, _grid_1d, _itype,
+                                           cuda_kernels, describe)
 
 
 def _at(ptr, lay, idx):
@@ -206,3 +207,19 @@ def pool_kernel(params, op, out, args):
         body.close(n)
         body.add(f"{out}[i] = acc;")
     return _kernel(op, params, body.lines, type(op).__name__)
+
+
+def _emit(build):
+    """The :data:`~geon.transformers.gpu.kernels.CUDA_KERNELS` entry of a direct
+    kernel ``build(params, op, out, [(pointer, layout) per arg])``."""
+    def emit(ctx, op):
+        if op.axes.size:
+            params = Params()
+            out = ctx.pointer(params, ctx.layout(op), written=True)
+            args = [(ctx.pointer(params, ctx.layout(a)), ctx.layout(a)) for a in op.args]
+            ctx.add(build(params, op, out, args))
+    return emit
+
+
+cuda_kernels(cv.ConvPrim)(_emit(conv_kernel))
+cuda_kernels(cv.PoolPrim)(_emit(pool_kernel))

@@ -256,15 +256,6 @@ def _user_op(op, args, t):
     return f"{user_op_code(type(op))[0]}({', '.join(args)})"
 
 
-def cuda_rule(op):
-    """The expression function for ``op``'s class (or its nearest base), or ``None``."""
-    for cls in type(op).__mro__:
-        f = CUDA_CODE.get(cls)
-        if f is not None:
-            return f
-    return None
-
-
 def compute_dtype(op):
     """The type an elementwise op computes in (:meth:`ElementWise.compute_dtype
     <geon.op_graph.op_graph.ElementWise.compute_dtype>`, the rule of every backend); a

@@ -9,6 +9,7 @@ placeholder, variable or constant) or a producer, whose buffer is row-major.
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.tables import OpTable
 
 
 def row_major(shape):
@@ -124,36 +125,58 @@ def reshape_layout(lay, shape):
     return Layout(lay.root, lay.offset, shape, strides)
 
 
+#: ``{view class: fn(op, lay) -> Layout}``: the layout of a view ``op`` of a value laid
+#: out as ``lay``.
+VIEW_LAYOUTS = OpTable("VIEW_LAYOUTS", "fn(view op, layout of its arg) -> Layout")
+#: Decorator: ``@view_layout_rule(Cls, ...)`` registers ``fn(op, lay) -> Layout``.
+view_layout_rule = VIEW_LAYOUTS.register
+
+
+@view_layout_rule(pr.Dimshuffle)
+def _dimshuffle(op, lay):
+    return Layout(lay.root, lay.offset, [lay.shape[p] for p in op.perm],
+                  [lay.strides[p] for p in op.perm])
+
+
+@view_layout_rule(pr.Expand)
+def _expand(op, lay):
+    shape = op.axes.shape
+    return Layout(lay.root, lay.offset, shape,
+                  [0 if m is None else lay.strides[m] for m in op.dim_map])
+
+
+@view_layout_rule(pr.SliceView)
+def _slice_view(op, lay):
+    offset, shape, strides = lay.offset, [], []
+    for k, n, s in zip(op.key, lay.shape, lay.strides):
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            shape.append(len(range(start, stop, step)))
+            strides.append(s * step)
+            if shape[-1]:
+                offset += start * s
+        else:
+            k = int(k)
+            offset += (k + n if k < 0 else k) * s
+    return Layout(lay.root, offset, shape, strides)
+
+
+@view_layout_rule(pr.Reshape)
+def _reshape(op, lay):
+    new = reshape_layout(lay, op.axes.shape)
+    if new is None:
+        raise GeonError(f"internal: the gpu transformer cannot view {op.args[0].name} "
+                        f"{lay} as shape {op.axes.shape} without a copy (built at "
+                        f"{op.file_info})")
+    return new
+
+
 def view_layout(op, lay):
     """The layout of the view ``op`` of a value laid out as ``lay``."""
-    if isinstance(op, pr.Dimshuffle):
-        return Layout(lay.root, lay.offset, [lay.shape[p] for p in op.perm],
-                      [lay.strides[p] for p in op.perm])
-    if isinstance(op, pr.Expand):
-        shape = op.axes.shape
-        return Layout(lay.root, lay.offset, shape,
-                      [0 if m is None else lay.strides[m] for m in op.dim_map])
-    if isinstance(op, pr.SliceView):
-        offset, shape, strides = lay.offset, [], []
-        for k, n, s in zip(op.key, lay.shape, lay.strides):
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                shape.append(len(range(start, stop, step)))
-                strides.append(s * step)
-                if shape[-1]:
-                    offset += start * s
-            else:
-                k = int(k)
-                offset += (k + n if k < 0 else k) * s
-        return Layout(lay.root, offset, shape, strides)
-    if isinstance(op, pr.Reshape):
-        new = reshape_layout(lay, op.axes.shape)
-        if new is None:
-            raise GeonError(f"internal: the gpu transformer cannot view {op.args[0].name} "
-                            f"{lay} as shape {op.axes.shape} without a copy (built at "
-                            f"{op.file_info})")
-        return new
-    raise GeonError(f"internal: no layout rule for view {type(op).__name__}")
+    rule = VIEW_LAYOUTS.find(op)
+    if rule is None:
+        raise GeonError(f"internal: no layout rule for view {type(op).__name__}")
+    return rule(op, lay)
 
 
 def layouts(order):
@@ -188,3 +211,32 @@ def offset_expr(dims, index="i", itype="long long"):
             terms.append(q if s == 1 else f"{q} * {s}")
         inner *= n
     return " + ".join(reversed(terms)) or "0"
+
+
+def identity_source(a, lay):
+    """The op whose elements ``a`` is, in the same row-major order (``a`` itself, or
+    the root of a view of ``a`` that only renames or reshapes), else ``a``."""
+    if not isinstance(a, pr.ViewOp):
+        return a
+    la = lay[a]
+    if la.offset == 0 and la.contiguous and la.size == la.root.axes.size:
+        return la.root
+    return a
+
+
+def permutation_source(a, lay):
+    """The op whose elements ``a`` is, each exactly once in some order (a transpose or
+    reshape of it), else ``a``."""
+    if not isinstance(a, pr.ViewOp):
+        return a
+    la = lay[a]
+    r = la.root
+    if la.offset != 0 or la.size != r.axes.size:
+        return a
+    dims = sorted(((n, st) for n, st in zip(la.shape, la.strides) if n != 1),
+                  key=lambda d: -abs(d[1]))
+    if any(st <= 0 for _, st in dims):
+        return a
+    if Layout(r, 0, [n for n, _ in dims], [st for _, st in dims]).contiguous:
+        return r
+    return a

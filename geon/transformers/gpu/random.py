@@ -69,3 +69,11 @@ def random_kernel(params, op, out, step, ops):
                           ops, deps=(PHILOX_SOURCE, portable_math.CUDA_SOURCE),
                           note=f"Random {op.distribution} {op.axes.shape}")
 
+
+@kernels.cuda_kernels(rnd.Random)
+def _emit_random(ctx, op):
+    if op.axes.size:
+        params = kernels.Params()
+        out = ctx.pointer(params, ctx.layout(op), written=True)
+        step = ctx.pointer(params, ctx.layout(op.args[0]))
+        ctx.add(random_kernel(params, op, out, step, [op]))

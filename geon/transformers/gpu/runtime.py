@@ -547,7 +547,7 @@ class CuBlas:
         bufs = [runtime.alloc(x.nbytes) for x in (a, b)] + [runtime.alloc(32)]
         runtime.htod(int(bufs[0]), a)
         runtime.htod(int(bufs[1]), b)
-        from geon.transformers.gpu.codegen import GemmCall
+        from geon.transformers.gpu.gemm import GemmCall
         lib = GemmCall(2, 4, 3, (3, 1), (4, 1), (4, 1), np.dtype(np.float32), (0, 1, 2))
         self.gemm_call(lib, int(bufs[2]), int(bufs[0]), int(bufs[1]))()
         runtime.finish()
