@@ -91,7 +91,7 @@ def test_the_wheel_is_geon_graph_and_imports_as_geon(wheel):
     assert meta["Name"] == DIST
     assert meta["Version"] == geon.__version__           # one version source
     assert wheel.name == f"geon_graph-{geon.__version__}-py3-none-any.whl"
-    assert "geon/__init__.py" in names and "geon/examples/data/digits.npz" in names
+    assert "geon/__init__.py" in names and "geon/frontends/neon/datasets/digits.npz" in names
     assert "geon/py.typed" in names                     # PEP 561: the type hints ship
     requires = meta.get_all("Requires-Dist")
     assert requires[0] == "numpy>=1.24"

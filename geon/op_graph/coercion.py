@@ -40,11 +40,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from geon.errors import AxisMismatchError
+from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import AxesLike, Axes, Axis, as_axes
+from geon.op_graph.tables import NP_UFUNCS
 
 NUMPY, SIMPLE, AXES, SCALAR, SAMPLE, INTERNAL = (
     "numpy", "simple", "axes", "scalar", "sample", "internal")
@@ -354,8 +355,16 @@ def dot_hook(a, b):
                                           "be.np.dot, be.np.matmul or @", hint=mixed)
 
 
+def numpy_constant(value, dtype=None, name=None):
+    """A NumPy-family constant holding ``value`` (an array-like; its dtype unless
+    ``dtype`` is given): ``geon.np.constant``."""
+    arr = np.asarray(value, dtype=dtype)
+    if arr.dtype.kind not in "biuf":
+        raise ArgumentError(f"constant: cannot hold {arr.dtype} values")
+    return og.Constant(arr, axes=canonical_axes(arr.shape), dtype=arr.dtype, name=name)
+
+
 def _install():
-    from geon.op_graph.reference import NP_UFUNCS
     NUMPY_DTYPE_RULES.update(NP_UFUNCS)
     og.FAMILY_HOOKS["elementwise"] = elementwise_hook
     og.FAMILY_HOOKS["dot"] = dot_hook

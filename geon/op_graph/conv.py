@@ -27,246 +27,28 @@ Padding is given per side as ``((lo, hi), ...)``; an output length is
 """
 
 import math
-import numbers
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from geon.errors import AxisMismatchError
-from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, AxesLike, Axis, FlattenedAxis, as_axes
+from geon.op_graph.derivatives import terms
+from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 from geon.op_graph.op_graph import ComputationOp, _fmt
 
-# --- arithmetic -----------------------------------------------------------------------------
+from geon.op_graph.conv_math import (user_error, out_length, _ints, normalize_padding,
+                                     _check_windows, tap_slices, pool_counts, _pad,
+                                     _taps, reference_conv, reference_conv_grad_data,
+                                     reference_conv_grad_filter, _lowest, _first_max,
+                                     reference_max_pool, reference_max_pool_grad,
+                                     reference_max_pool_gather, _to)  # noqa: F401
+from geon.op_graph.conv_prims import (  # noqa: F401
+    CONV_PRIMITIVES, _FOLD, Conv, ConvGradData, ConvGradFilter, ConvPrim, MaxPool, MaxPoolGather,
+    MaxPoolGrad, PoolPrim, _check_real_tap, _conv_term, _merged, _pool_term)
 
-
-def user_error(message, cls=AxisMismatchError):
-    """``cls(message)`` ending with the user's source line (for errors raised before an
-    op exists to carry it)."""
-    return cls(f"{message} (at {nodes.DebugInfo().file_info})")
-
-
-def out_length(length, kernel, stride, dilation, lo, hi):
-    """The number of windows of a convolution or pooling along one axis."""
-    return (length + lo + hi - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def _ints(value, n, what, minimum) -> tuple[int, ...]:
-    """``value`` (an int or a sequence of ``n`` ints) as a tuple of ``n`` ints."""
-    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool):
-        value = (int(value),) * n
-    value = tuple(value)
-    if len(value) != n or any(isinstance(v, bool) or not isinstance(
-            v, (numbers.Integral, np.integer)) or v < minimum for v in value):
-        raise user_error(f"{what} must be an integer >= {minimum} or {n} of them, not "
-                         f"{value!r}", ValueError)
-    return tuple(int(v) for v in value)
-
-
-def normalize_padding(padding, lengths, kernel, strides, dilation, what="padding"):
-    """``padding`` as ``((lo, hi), ...)``, one pair per spatial axis.
-
-    ``padding`` is an int (every side), one int per axis (both sides), one ``(lo, hi)``
-    pair per axis, ``"valid"`` (none) or ``"same"`` (``ceil(L / stride)`` outputs, the
-    odd element of padding on the high side).
-    """
-    n = len(lengths)
-    if isinstance(padding, str):
-        if padding == "valid":
-            return ((0, 0),) * n
-        if padding != "same":
-            raise user_error(f"{what} must be 'same', 'valid', an int or a tuple, not "
-                             f"{padding!r}", ValueError)
-        pads = []
-        for L, k, s, d in zip(lengths, kernel, strides, dilation):
-            total = max((-(-L // s) - 1) * s + d * (k - 1) + 1 - L, 0)
-            pads.append((total // 2, total - total // 2))
-        return tuple(pads)
-    if isinstance(padding, (numbers.Integral, np.integer)) and not isinstance(padding, bool):
-        padding = (padding,) * n
-    padding = tuple(padding)
-    if len(padding) != n:
-        raise user_error(f"{what} {padding!r} must have one entry per spatial axis ({n})",
-                         ValueError)
-    pads = []
-    for p in padding:
-        pair = tuple(p) if isinstance(p, (tuple, list)) else (p, p)
-        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(
-                v, (numbers.Integral, np.integer)) or v < 0 for v in pair):
-            raise user_error(f"{what} {padding!r}: each entry is an int >= 0 or a pair "
-                             f"(lo, hi) of them", ValueError)
-        pads.append((int(pair[0]), int(pair[1])))
-    return tuple(pads)
-
-
-def _check_windows(op, lengths, kernel, strides, dilation, pads, out, labels=None):
-    """Every spatial length gives at least one window, and ``out`` has that many.
-    ``labels`` name the spatial axes in errors (default: their positions)."""
-    for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, kernel, strides, dilation, pads)):
-        n = out_length(L, k, s, d, lo, hi)
-        label = labels[i] if labels else f"spatial dimension {i} of length {L}"
-        if n < 1:
-            raise og._mismatch(op, f"{label} (padding {lo}+{hi}) is shorter than the "
-                                   f"dilated kernel ({d} * ({k} - 1) + 1)", op.args)
-        if out is not None and out[i] != n:
-            raise og._mismatch(op, f"{label}: kernel {k}, stride {s}, dilation {d}, "
-                                   f"padding ({lo}, {hi}) give {n} outputs, not {out[i]}",
-                               op.args)
-
-
-def tap_slices(tap, out, strides, dilation):
-    """The slices of a padded input that kernel offset ``tap`` reads for ``out`` windows."""
-    return tuple(slice(t * d, t * d + (p - 1) * s + 1, s)
-                 for t, p, s, d in zip(tap, out, strides, dilation))
-
-
-def pool_counts(lengths, kernel, strides, pads):
-    """The number of input (not padding) elements in each pooling window, ``(*P)``."""
-    counts = None
-    for L, k, s, (lo, hi) in zip(lengths, kernel, strides, pads):
-        n = out_length(L, k, s, 1, lo, hi)
-        start = np.arange(n) * s - lo
-        c = np.minimum(start + k, L) - np.maximum(start, 0)
-        counts = c if counts is None else np.multiply.outer(counts, c)
-    return counts
-
-
-# --- semi-primitives ------------------------------------------------------------------------
-
-
-class ConvPrim(ComputationOp):
-    """Base of the three convolution primitives. ``axes`` is the result's (given, as the
-    arithmetic cannot always recover a length); ``pads`` is ``((lo, hi), ...)``."""
-
-    attrs = ("axes", "strides", "pads", "dilation", "groups")
-    arity = 2
-
-    def __init__(self, a, b, *, axes, strides, pads, dilation, groups, **kwargs):
-        self.strides, self.dilation = tuple(strides), tuple(dilation)
-        self.pads, self.groups = tuple(tuple(p) for p in pads), int(groups)
-        super().__init__(a, b, axes=axes, **kwargs)
-        self._check(*self._roles())
-
-    def _roles(self):
-        """``(image, filter, result)`` axes: (B, C, *S), (K, C/groups, *R), (B, K, *P)."""
-        raise NotImplementedError
-
-    def _check(self, x, w, y):
-        n = len(self.strides)
-        ok = (len(x) == len(y) == n + 2 and len(w) == n + 2 and len(self.pads) == n
-              and len(self.dilation) == n and self.groups >= 1
-              and x[0].length == y[0].length and w[0].length == y[1].length
-              and w[1].length * self.groups == x[1].length
-              and w[0].length % self.groups == 0)
-        if not ok:
-            raise AxisMismatchError(
-                f"{type(self).__name__} {self.name}: needs image (B, C, *S), filter "
-                f"(K, C/{self.groups}, *R) and result (B, K, *P) with {n} spatial "
-                f"dimensions; got ({_fmt(x)}), ({_fmt(w)}), ({_fmt(y)}){self._where()}")
-        _check_windows(self, x.lengths[2:], w.lengths[2:], self.strides, self.dilation,
-                       self.pads, y.lengths[2:])
-
-
-class Conv(ConvPrim):
-    """``Conv(x, w)``: x (B, C, *S) correlated with w (K, C/groups, *R): (B, K, *P)."""
-
-    def _roles(self):
-        return self.args[0].axes, self.args[1].axes, self.axes
-
-
-class ConvGradData(ConvPrim):
-    """``ConvGradData(dy, w)``: the transpose of :class:`Conv` in its image, (B, C, *S)
-    from dy (B, K, *P) and w (K, C/groups, *R) (a transposed convolution)."""
-
-    def _roles(self):
-        return self.axes, self.args[1].axes, self.args[0].axes
-
-
-class ConvGradFilter(ConvPrim):
-    """``ConvGradFilter(x, dy)``: the transpose of :class:`Conv` in its filter,
-    (K, C/groups, *R) from x (B, C, *S) and dy (B, K, *P)."""
-
-    def _roles(self):
-        return self.args[0].axes, self.axes, self.args[1].axes
-
-
-class PoolPrim(ComputationOp):
-    """Base of the max-pooling primitives over the trailing ``len(kernel)`` dimensions;
-    leading dimensions are independent."""
-
-    attrs = ("axes", "kernel", "strides", "pads", "dilation")
-
-    def __init__(self, *args, axes, kernel, strides, pads, dilation, **kwargs):
-        self.kernel, self.strides = tuple(kernel), tuple(strides)
-        self.pads, self.dilation = tuple(tuple(p) for p in pads), tuple(dilation)
-        super().__init__(*args, axes=axes, **kwargs)
-        x = self.args[0].axes
-        y = self._pooled()
-        n = len(self.kernel)
-        lead = len(x) - n
-        same = self._same_as_x()
-        if lead < 0 or len(y) != len(x) or x.lengths[:lead] != y.lengths[:lead] or \
-                same.lengths != x.lengths or not (len(self.strides) == len(self.pads)
-                                                  == len(self.dilation) == n):
-            raise AxisMismatchError(f"{type(self).__name__} {self.name}: ({_fmt(x)}) "
-                                    f"pooled over its last {n} dimensions cannot give "
-                                    f"({_fmt(y)}){self._where()}")
-        _check_windows(self, x.lengths[lead:], self.kernel, self.strides, self.dilation,
-                       self.pads, y.lengths[lead:])
-        _check_real_tap(self, x.lengths[lead:])
-
-    def _pooled(self):
-        """The axes of the pooled (window) side."""
-        return self.axes
-
-    def _same_as_x(self):
-        """The axes that must have x's shape."""
-        return self.args[-1].axes
-
-    def _infer_dtype(self):
-        return self.args[-1].dtype
-
-
-def _check_real_tap(op, lengths):
-    """Every window reads at least one input element (not only padding)."""
-    for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, op.kernel, op.strides,
-                                                   op.dilation, op.pads)):
-        n = out_length(L, k, s, d, lo, hi)
-        taps = np.arange(n)[:, None] * s - lo + np.arange(k)[None, :] * d
-        if not np.all(np.any((taps >= 0) & (taps < L), axis=1)):
-            raise AxisMismatchError(f"{type(op).__name__} {op.name}: padding ({lo}, {hi}) "
-                                    f"of spatial dimension {i} leaves a window with no "
-                                    f"input element{op._where()}")
-
-
-class MaxPool(PoolPrim):
-    """``MaxPool(x)``: the maximum of each window; x (..., *S) -> (..., *P)."""
-
-    arity = 1
-
-
-class MaxPoolGrad(PoolPrim):
-    """``MaxPoolGrad(x, dy)``: dy (..., *P) added at the position of the first maximum
-    of x in each window; the result has x's shape."""
-
-    def _pooled(self):
-        return self.args[1].axes
-
-    def _same_as_x(self):
-        return self.axes
-
-
-class MaxPoolGather(PoolPrim):
-    """``MaxPoolGather(x, v)``: v (x's shape) read at the position of the first
-    maximum of x in each window: (..., *P)."""
-
-    arity = 2
-
-
-CONV_PRIMITIVES = frozenset({Conv, ConvGradData, ConvGradFilter, MaxPool, MaxPoolGrad,
-                             MaxPoolGather})
 
 # --- the Axes ops ---------------------------------------------------------------------------
 
@@ -786,349 +568,95 @@ class _PoolSides:
         return Axes((axes[0], Axis(1, name)) + tuple(axes)[1:])
 
 
-# --- derivatives -------------------------------------------------------------------------------
-# Tangents may carry trailing direction axes (be.jacobian pushes many directions at once).
-# A primitive folds them into a dimension that its operand shares with its result and no
-# group splits badly (the batch, or a channel: (G, n, D) flattened keeps groups whole),
-# and unfolds them from the result.
+# --- derivatives and reference values of the Axes ops ---------------------------------
 
-#: (primitive, operand) -> (operand dimension, result dimension) that directions join.
-_FOLD = {(Conv, 0): (0, 0), (Conv, 1): (0, 1), (ConvGradData, 0): (0, 0),
-         (ConvGradData, 1): (1, 1), (ConvGradFilter, 0): (1, 1), (ConvGradFilter, 1): (1, 0)}
+def _rebuild(op, *args):
+    return type(op)(*args, **op.attr_values())
 
 
-def _merged(axes, dim, dirs):
-    return Axes(tuple(axes)[:dim] + (FlattenedAxis(Axes((axes[dim],) + tuple(dirs))),)
-                + tuple(axes)[dim + 1:])
+@adjoint_rule(Convolution)
+def _convolution(op, d):
+    x, w = op.args
+    sides = _Sides(op)
+    if isinstance(op, ConvolutionTranspose):  # op = data(x, w)
+        return sides.conv(d, w), sides.filter_grad(d, x)
+    return sides.data(d, w), sides.filter_grad(x, d)
+
+@forward_rule(Convolution)
+def _convolution_fwd(op, ts):  # bilinear; the image's direction axes are batch axes
+    w = op.args[1]
+    return terms((ts[0], lambda t: _rebuild(op, t, w)),
+                 (ts[1], lambda t: _filter_tangent(op, t)))
+
+def _filter_tangent(op, t):
+    x, w = op.args
+    if t.axes.names == w.axes.names:
+        return _rebuild(op, x, t)
+    s = _Sides(op)  # directions: through the primitive on canonical views
+    dirs = Axes(tuple(t.axes)[len(w.axes):])
+    tc = _view(t, s.filter + dirs)
+    if isinstance(op, ConvolutionTranspose):
+        prim = ConvGradData(canonical(x, s.batch, s.result), _view(w, s.filter),
+                            axes=s.image_c, **s.params)
+    else:
+        prim = Conv(canonical(x, s.batch, s.image), _view(w, s.filter),
+                    axes=s.result_c, **s.params)
+    return uncanonical(_conv_term(prim, 1, tc), s.batch)
+
+@adjoint_rule(Pooling)
+def _pooling(op, d):
+    s = _PoolSides(op)
+    x = op.args[0]
+    if op.kind == "avg":
+        return (uncanonical(s.avg_grad(s.result(d)), s.batch),)
+    g = MaxPoolGrad(s.image(x), s.result(d), axes=s.image_c, **s.params)
+    return (uncanonical(g, s.batch),)
+
+@forward_rule(Pooling)
+def _pooling_fwd(op, ts):
+    if op.kind == "avg":  # linear; tangent direction axes are batch axes
+        return _rebuild(op, ts[0])
+    s = _PoolSides(op)
+    t = ts[0]
+    dirs = Axes(tuple(t.axes)[len(op.args[0].axes):])
+    g = _pool_term(MaxPoolGather, s.image(op.args[0]),
+                   canonical(t, s.batch, s.spatial + dirs), s.result_c, s.params)
+    return uncanonical(g, s.batch)
 
 
-def _conv_term(op, i, t):
-    """The tangent of the convolution primitive ``op`` for tangent ``t`` of operand ``i``
-    (the other operand fixed), with ``t``'s direction axes trailing in the result."""
-    arg = op.args[i]
-    params = dict(strides=op.strides, pads=op.pads, dilation=op.dilation, groups=op.groups)
-    dirs = Axes(tuple(t.axes)[len(arg.axes):])
-    if not len(dirs):
-        args = [t if j == i else a for j, a in enumerate(op.args)]
-        return type(op)(*args, axes=op.axes, **params)
-    a, o = _FOLD[type(op), i]
-    n, k = len(arg.axes), len(dirs)
-    moved = pr.Dimshuffle(t, list(range(a + 1)) + list(range(n, n + k))
-                          + list(range(a + 1, n)))
-    args = [pr.Reshape(moved, _merged(arg.axes, a, dirs)) if j == i else b
-            for j, b in enumerate(op.args)]
-    y = type(op)(*args, axes=_merged(op.axes, o, dirs), **params)
-    m = len(op.axes)
-    y = pr.Reshape(y, Axes(tuple(op.axes)[:o + 1] + tuple(dirs) + tuple(op.axes)[o + 1:]))
-    return pr.Dimshuffle(y, list(range(o + 1)) + list(range(o + 1 + k, m + k))
-                         + list(range(o + 1, o + 1 + k)))
+@evaluator(Convolution)
+def _convolution_value(op, x, w):
+    s = _Sides(op)
+    xa, wa = op.args
+    transpose = isinstance(op, ConvolutionTranspose)
+    arg_side, side = (s.result, s.image) if transpose else (s.image, s.result)
+    xc = np.reshape(_to(x, xa.axes, s.batch + arg_side), (-1,) + arg_side.lengths)
+    fn = reference_conv_grad_data if transpose else reference_conv
+    y = fn(xc, _to(w, wa.axes, s.filter), side.lengths[1:], op.strides, op.pads,
+           op.dilation, op.groups)
+    y = y.reshape(s.batch.lengths + side.lengths)
+    return _to(y, s.batch + side, op.axes).astype(op.dtype)
 
-
-def _pool_term(cls, x, t, axes, params):
-    """``cls(x, t)`` (a max-pooling primitive linear in ``t``) for a tangent ``t`` with
-    trailing direction axes: they become leading dimensions, x is broadcast over them."""
-    dirs = Axes(tuple(t.axes)[len(x.axes):])
-    if not len(dirs):
-        return cls(x, t, axes=axes, **params)
-    n, k = len(x.axes), len(dirs)
-    t = pr.Dimshuffle(t, list(range(n, n + k)) + list(range(n)))
-    xb = pr.Expand(x, dirs + x.axes, [None] * k + list(range(n)))
-    y = cls(xb, t, axes=dirs + Axes(axes), **params)
-    m = len(axes)
-    return pr.Dimshuffle(y, list(range(k, k + m)) + list(range(k)))
-
-
-def _register_rules():
-    from geon.op_graph.autodiff import adjoint_rule
-    from geon.op_graph.forward import _terms, forward_rule
-
-    def rebuild(op, *args):
-        return type(op)(*args, **op.attr_values())
-
-    # Primitives: <Conv(x, w), d> = <x, ConvGradData(d, w)> = <w, ConvGradFilter(x, d)>.
-    def params(op):
-        return dict(strides=op.strides, pads=op.pads, dilation=op.dilation, groups=op.groups)
-
-    @adjoint_rule(Conv)
-    def _conv(op, d):
-        x, w = op.args
-        return (ConvGradData(d, w, axes=x.axes, **params(op)),
-                ConvGradFilter(x, d, axes=w.axes, **params(op)))
-
-    @adjoint_rule(ConvGradData)
-    def _conv_data(op, e):
-        dy, w = op.args
-        return (Conv(e, w, axes=dy.axes, **params(op)),
-                ConvGradFilter(e, dy, axes=w.axes, **params(op)))
-
-    @adjoint_rule(ConvGradFilter)
-    def _conv_filter(op, f):
-        x, dy = op.args
-        return (ConvGradData(dy, f, axes=x.axes, **params(op)),
-                Conv(x, f, axes=dy.axes, **params(op)))
-
-    @forward_rule(Conv, ConvGradData, ConvGradFilter)
-    def _conv_fwd(op, ts):  # bilinear: d f(a, b) = f(da, b) + f(a, db)
-        return _terms((ts[0], lambda t: _conv_term(op, 0, t)),
-                      (ts[1], lambda t: _conv_term(op, 1, t)))
-
-    def pool_params(op):
-        return dict(kernel=op.kernel, strides=op.strides, pads=op.pads, dilation=op.dilation)
-
-    @adjoint_rule(MaxPool)
-    def _maxpool(op, d):
-        x = op.args[0]
-        return (MaxPoolGrad(x, d, axes=x.axes, **pool_params(op)),)
-
-    @adjoint_rule(MaxPoolGrad)
-    def _maxpool_grad(op, e):  # piecewise constant in x, linear in dy
-        x, dy = op.args
-        return None, MaxPoolGather(x, e, axes=dy.axes, **pool_params(op))
-
-    @adjoint_rule(MaxPoolGather)
-    def _maxpool_gather(op, d):
-        x, v = op.args
-        return None, MaxPoolGrad(x, d, axes=v.axes, **pool_params(op))
-
-    @forward_rule(MaxPool)
-    def _maxpool_fwd(op, ts):
-        return _pool_term(MaxPoolGather, op.args[0], ts[0], op.axes, pool_params(op))
-
-    @forward_rule(MaxPoolGrad, MaxPoolGather)
-    def _maxpool_linear_fwd(op, ts):
-        if ts[1] is None:
-            return None
-        return _pool_term(type(op), op.args[0], ts[1], op.axes, pool_params(op))
-
-    # Axes ops: their adjoints are the primitives on canonical views.
-    @adjoint_rule(Convolution)
-    def _convolution(op, d):
-        x, w = op.args
-        sides = _Sides(op)
-        if isinstance(op, ConvolutionTranspose):  # op = data(x, w)
-            return sides.conv(d, w), sides.filter_grad(d, x)
-        return sides.data(d, w), sides.filter_grad(x, d)
-
-    @forward_rule(Convolution)
-    def _convolution_fwd(op, ts):  # bilinear; the image's direction axes are batch axes
-        w = op.args[1]
-        return _terms((ts[0], lambda t: rebuild(op, t, w)),
-                      (ts[1], lambda t: _filter_tangent(op, t)))
-
-    def _filter_tangent(op, t):
-        x, w = op.args
-        if t.axes.names == w.axes.names:
-            return rebuild(op, x, t)
-        s = _Sides(op)  # directions: through the primitive on canonical views
-        dirs = Axes(tuple(t.axes)[len(w.axes):])
-        tc = _view(t, s.filter + dirs)
-        if isinstance(op, ConvolutionTranspose):
-            prim = ConvGradData(canonical(x, s.batch, s.result), _view(w, s.filter),
-                                axes=s.image_c, **s.params)
+@evaluator(Pooling)
+def _pooling_value(op, x):
+    s = _PoolSides(op)
+    xc = np.reshape(_to(x, op.args[0].axes, s.batch + s.spatial),
+                    (-1,) + s.spatial.lengths)
+    P = op.out_spatial.lengths
+    if op.kind == "max":
+        y = reference_max_pool(xc, op.kernel, P, op.strides, op.pads, op.dilation)
+    else:
+        ones = np.ones((1, 1) + tuple(op.kernel))
+        y = reference_conv(xc[:, None], ones, P, op.strides, op.pads, op.dilation,
+                           1)[:, 0]
+        if op.count_include_pad:
+            y = y / math.prod(op.kernel)
         else:
-            prim = Conv(canonical(x, s.batch, s.image), _view(w, s.filter),
-                        axes=s.result_c, **s.params)
-        return uncanonical(_conv_term(prim, 1, tc), s.batch)
-
-    @adjoint_rule(Pooling)
-    def _pooling(op, d):
-        s = _PoolSides(op)
-        x = op.args[0]
-        if op.kind == "avg":
-            return (uncanonical(s.avg_grad(s.result(d)), s.batch),)
-        g = MaxPoolGrad(s.image(x), s.result(d), axes=s.image_c, **s.params)
-        return (uncanonical(g, s.batch),)
-
-    @forward_rule(Pooling)
-    def _pooling_fwd(op, ts):
-        if op.kind == "avg":  # linear; tangent direction axes are batch axes
-            return rebuild(op, ts[0])
-        s = _PoolSides(op)
-        t = ts[0]
-        dirs = Axes(tuple(t.axes)[len(op.args[0].axes):])
-        g = _pool_term(MaxPoolGather, s.image(op.args[0]),
-                       canonical(t, s.batch, s.spatial + dirs), s.result_c, s.params)
-        return uncanonical(g, s.batch)
+            y = y / pool_counts(s.spatial.lengths, op.kernel, op.strides, op.pads)
+    y = y.reshape(s.batch.lengths + P)
+    return _to(y, s.batch + op.out_spatial, op.axes).astype(op.dtype)
 
 
-_register_rules()
-
-
-# --- the reference semantics (direct loops over kernel offsets, canonical layouts) ------------
-
-def _pad(x, pads, value=0):
-    lead = x.ndim - len(pads)
-    return np.pad(x, [(0, 0)] * lead + [tuple(p) for p in pads], constant_values=value)
-
-
-def _taps(kernel):
-    return list(np.ndindex(*kernel))
-
-
-def reference_conv(x, w, P, strides, pads, dilation, groups):
-    """:class:`Conv` on arrays x (B, C, *S), w (K, C/groups, *R): (B, K, *P)."""
-    B = x.shape[0]
-    K, Cg = w.shape[:2]
-    G = groups
-    xp = _pad(x, pads).reshape((B, G, Cg) + tuple(np.add(x.shape[2:], np.sum(pads, 1))))
-    wg = w.reshape((G, K // G, Cg) + w.shape[2:])
-    out = np.zeros((B, G, K // G) + tuple(P), np.result_type(x, w))
-    for tap in _taps(w.shape[2:]):
-        part = xp[(Ellipsis,) + tap_slices(tap, P, strides, dilation)]
-        out += np.einsum("bgc...,gkc->bgk...", part, wg[(Ellipsis,) + tap])
-    return out.reshape((B, K) + tuple(P))
-
-
-def reference_conv_grad_data(dy, w, S, strides, pads, dilation, groups):
-    """:class:`ConvGradData` on arrays dy (B, K, *P), w (K, C/groups, *R): (B, C, *S)."""
-    B, K = dy.shape[:2]
-    Cg = w.shape[1]
-    G = groups
-    P = dy.shape[2:]
-    padded = tuple(n + lo + hi for n, (lo, hi) in zip(S, pads))
-    xp = np.zeros((B, G, Cg) + padded, np.result_type(dy, w))
-    dyg = dy.reshape((B, G, K // G) + P)
-    wg = w.reshape((G, K // G, Cg) + w.shape[2:])
-    for tap in _taps(w.shape[2:]):
-        xp[(Ellipsis,) + tap_slices(tap, P, strides, dilation)] += np.einsum(
-            "bgk...,gkc->bgc...", dyg, wg[(Ellipsis,) + tap])
-    crop = tuple(slice(lo, lo + n) for n, (lo, _) in zip(S, pads))
-    return xp[(Ellipsis,) + crop].reshape((B, G * Cg) + tuple(S))
-
-
-def reference_conv_grad_filter(x, dy, R, strides, pads, dilation, groups):
-    """:class:`ConvGradFilter` on arrays x (B, C, *S), dy (B, K, *P): (K, C/groups, *R)."""
-    B, C = x.shape[:2]
-    K = dy.shape[1]
-    G = groups
-    P = dy.shape[2:]
-    xp = _pad(x, pads)
-    xp = xp.reshape((B, G, C // G) + xp.shape[2:])
-    dyg = dy.reshape((B, G, K // G) + P)
-    out = np.zeros((G, K // G, C // G) + tuple(R), np.result_type(x, dy))
-    for tap in _taps(R):
-        part = xp[(Ellipsis,) + tap_slices(tap, P, strides, dilation)]
-        out[(Ellipsis,) + tap] = np.einsum("bgcp,bgkp->gkc", part.reshape(B, G, C // G, -1),
-                                           dyg.reshape(B, G, K // G, -1))
-    return out.reshape((K, C // G) + tuple(R))
-
-
-def _lowest(dtype):
-    dtype = np.dtype(dtype)
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
-
-
-def _first_max(x, kernel, P, strides, pads, dilation):
-    """The index (in kernel order) of the first maximum of each window, (..., *P)."""
-    xp = _pad(x, pads, _lowest(x.dtype))
-    stack = np.stack([xp[(Ellipsis,) + tap_slices(t, P, strides, dilation)]
-                      for t in _taps(kernel)])
-    return np.argmax(stack, axis=0)
-
-
-def reference_max_pool(x, kernel, P, strides, pads, dilation):
-    """:class:`MaxPool` on an array (..., *S): (..., *P)."""
-    xp = _pad(x, pads, _lowest(x.dtype))
-    return np.max(np.stack([xp[(Ellipsis,) + tap_slices(t, P, strides, dilation)]
-                            for t in _taps(kernel)]), axis=0)
-
-
-def reference_max_pool_grad(x, dy, kernel, strides, pads, dilation):
-    """:class:`MaxPoolGrad`: dy (..., *P) added at each window's first maximum of x."""
-    P = dy.shape[x.ndim - len(kernel):]
-    idx = _first_max(x, kernel, P, strides, pads, dilation)
-    xp = np.zeros(_pad(x, pads).shape, dy.dtype)
-    for i, t in enumerate(_taps(kernel)):
-        xp[(Ellipsis,) + tap_slices(t, P, strides, dilation)] += np.where(idx == i, dy, 0)
-    crop = tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape[x.ndim - len(kernel):], pads))
-    return xp[(Ellipsis,) + crop]
-
-
-def reference_max_pool_gather(x, v, kernel, P, strides, pads, dilation):
-    """:class:`MaxPoolGather`: v (x's shape) at each window's first maximum of x."""
-    idx = _first_max(x, kernel, P, strides, pads, dilation)
-    vp = _pad(v, pads)
-    stack = np.stack([vp[(Ellipsis,) + tap_slices(t, P, strides, dilation)]
-                      for t in _taps(kernel)])
-    return np.take_along_axis(stack, idx[None], axis=0)[0]
-
-
-def _to(value, axes, order):
-    """``value`` laid out by ``axes`` transposed to the names of ``order``."""
-    names = axes.names
-    return np.transpose(value, [names.index(a.name) for a in order])
-
-
-def _register_evaluators():
-    from geon.op_graph.reference import evaluator
-
-    @evaluator(Conv)
-    def _conv(op, x, w):
-        return reference_conv(x, w, op.axes.lengths[2:], op.strides, op.pads, op.dilation,
-                              op.groups).astype(op.dtype)
-
-    @evaluator(ConvGradData)
-    def _conv_data(op, dy, w):
-        return reference_conv_grad_data(dy, w, op.axes.lengths[2:], op.strides, op.pads,
-                                        op.dilation, op.groups).astype(op.dtype)
-
-    @evaluator(ConvGradFilter)
-    def _conv_filter(op, x, dy):
-        return reference_conv_grad_filter(x, dy, op.axes.lengths[2:], op.strides, op.pads,
-                                          op.dilation, op.groups).astype(op.dtype)
-
-    def pool_args(op):
-        return dict(strides=op.strides, pads=op.pads, dilation=op.dilation)
-
-    @evaluator(MaxPool)
-    def _max_pool(op, x):
-        n = len(op.kernel)
-        return reference_max_pool(x, op.kernel, op.axes.lengths[-n:], **pool_args(op))
-
-    @evaluator(MaxPoolGrad)
-    def _max_pool_grad(op, x, dy):
-        return reference_max_pool_grad(x, dy, op.kernel, **pool_args(op)).astype(op.dtype)
-
-    @evaluator(MaxPoolGather)
-    def _max_pool_gather(op, x, v):
-        n = len(op.kernel)
-        return reference_max_pool_gather(x, v, op.kernel, op.axes.lengths[-n:],
-                                         **pool_args(op)).astype(op.dtype)
-
-    @evaluator(Convolution)
-    def _convolution(op, x, w):
-        s = _Sides(op)
-        xa, wa = op.args
-        transpose = isinstance(op, ConvolutionTranspose)
-        arg_side, side = (s.result, s.image) if transpose else (s.image, s.result)
-        xc = np.reshape(_to(x, xa.axes, s.batch + arg_side), (-1,) + arg_side.lengths)
-        fn = reference_conv_grad_data if transpose else reference_conv
-        y = fn(xc, _to(w, wa.axes, s.filter), side.lengths[1:], op.strides, op.pads,
-               op.dilation, op.groups)
-        y = y.reshape(s.batch.lengths + side.lengths)
-        return _to(y, s.batch + side, op.axes).astype(op.dtype)
-
-    @evaluator(Pooling)
-    def _pooling(op, x):
-        s = _PoolSides(op)
-        xc = np.reshape(_to(x, op.args[0].axes, s.batch + s.spatial),
-                        (-1,) + s.spatial.lengths)
-        P = op.out_spatial.lengths
-        if op.kind == "max":
-            y = reference_max_pool(xc, op.kernel, P, op.strides, op.pads, op.dilation)
-        else:
-            ones = np.ones((1, 1) + tuple(op.kernel))
-            y = reference_conv(xc[:, None], ones, P, op.strides, op.pads, op.dilation,
-                               1)[:, 0]
-            if op.count_include_pad:
-                y = y / math.prod(op.kernel)
-            else:
-                y = y / pool_counts(s.spatial.lengths, op.kernel, op.strides, op.pads)
-        y = y.reshape(s.batch.lengths + P)
-        return _to(y, s.batch + op.out_spatial, op.axes).astype(op.dtype)
-
-
-_register_evaluators()
 
 
 # --- lowering (used by geon.transformers.passes.lower) -----------------------------------------

@@ -23,11 +23,16 @@ outside the domain and its position, the domain, and why the placeholder has it.
 """
 
 import weakref
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
 from geon.errors import ArgumentError, FeedError, IndexOutOfRangeError
+from geon.op_graph import nn_ops
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.op_graph.domain_values import (Domain, DomainLike, as_domain,  # noqa: F401
+                                         check_dtype)
 
 __all__ = ["Domain", "DomainError", "as_domain", "set_domain", "param_domains"]
 
@@ -44,108 +49,6 @@ class DomainError(FeedError, IndexOutOfRangeError):
         self.placeholder, self.value, self.position = placeholder, value, position
 
 
-class Domain(tuple):
-    """The integers ``start <= v < stop``, and the values ``allow`` besides.
-
-    ``Domain(3)`` is ``[0, 3)``; ``Domain(-3, 3)`` is ``[-3, 3)`` (the arguments of
-    ``range``); ``Domain(10, allow=(-100,))`` also accepts -100 (an ``ignore_index``).
-    It is the tuple ``(start, stop, allow)``, the form a serialized graph stores;
-    ``allow`` is kept sorted, without the values the range already holds."""
-
-    def __new__(cls, start: int, stop: Optional[int] = None,
-                allow: Iterable[int] = ()) -> "Domain":
-        if stop is None:
-            start, stop = 0, start
-        for what, v in (("start", start), ("stop", stop)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ArgumentError(f"domain: {what} must be an integer, not "
-                                    f"{type(v).__name__} {v!r}")
-        start, stop = int(start), int(stop)
-        if stop < start:
-            raise ArgumentError(f"domain: [{start}, {stop}) is empty (stop < start)")
-        extra = set()
-        for v in allow:
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ArgumentError(f"domain: allowed value {v!r} is not an integer")
-            if not start <= int(v) < stop:
-                extra.add(int(v))
-        return super().__new__(cls, (start, stop, tuple(sorted(extra))))
-
-    def __getnewargs__(self):
-        return tuple(self)
-
-    @property
-    def start(self) -> int:
-        """The smallest value of the range."""
-        return self[0]
-
-    @property
-    def stop(self) -> int:
-        """One past the largest value of the range."""
-        return self[1]
-
-    @property
-    def allow(self) -> tuple:
-        """The values allowed besides the range, sorted."""
-        return self[2]
-
-    def __repr__(self) -> str:
-        return f"Domain({self.start}, {self.stop}" + (
-            f", allow={self.allow})" if self.allow else ")")
-
-    def __str__(self) -> str:
-        text = f"[{self.start}, {self.stop})"
-        return text + "".join(f" or {v}" for v in self.allow)
-
-    def holds(self, v: int) -> bool:
-        """Whether integer ``v`` is in the domain."""
-        return self.start <= v < self.stop or v in self.allow
-
-    def narrowed(self, other: "Domain") -> "Domain":
-        """The values both domains hold, except that ``self``'s allowed extras stay
-        allowed (they were given on purpose, e.g. an ignore_index the loss masks)."""
-        start, stop = max(self.start, other.start), min(self.stop, other.stop)
-        stop = max(start, stop)
-        extra = set(self.allow) | {v for v in other.allow if self.holds(v)}
-        return Domain(start, stop, extra)
-
-
-DomainLike = Union[int, range, tuple, Domain]
-
-
-def as_domain(value: Optional[DomainLike], where: str = "domain") -> Optional[Domain]:
-    """``value`` as a :class:`Domain`: ``None``; an int ``n`` (``[0, n)``); a
-    ``range`` with step 1; a ``Domain``; or a tuple ``(start, stop)`` or
-    ``(start, stop, allow)`` (the form serialized graphs store)."""
-    if value is None:
-        return None
-    if isinstance(value, Domain):
-        return Domain(value.start, value.stop, value.allow)
-    if isinstance(value, range):
-        if value.step != 1:
-            raise ArgumentError(f"{where}: a range domain needs step 1, not {value!r}")
-        return Domain(value.start, value.stop)
-    if isinstance(value, tuple) and len(value) in (2, 3):
-        allow = value[2] if len(value) == 3 else ()
-        if not isinstance(allow, (tuple, list)):
-            raise ArgumentError(f"{where}: the allowed values must be a tuple, not "
-                                f"{allow!r}")
-        return Domain(value[0], value[1], allow)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return Domain(int(value))
-    raise ArgumentError(f"{where}: expected an int n ([0, n)), a range, a "
-                        f"(start, stop[, allow]) tuple or a Domain, not "
-                        f"{type(value).__name__} {value!r}")
-
-
-def check_dtype(dtype: np.dtype, name: str, where: str) -> None:
-    """A :class:`~geon.errors.ArgumentError` unless placeholder ``name`` of ``dtype``
-    can have a domain (an integer dtype)."""
-    if np.dtype(dtype).kind not in "iu":
-        raise ArgumentError(f"placeholder {name}: a domain needs an integer dtype, not "
-                            f"{np.dtype(dtype)} ({where})")
-
-
 def set_domain(placeholder: Any, stop: Optional[int], *, start: int = 0,
                allow: Iterable[int] = ()) -> Any:
     """Declare the values integer ``placeholder`` may be fed: ``start <= v < stop``
@@ -155,16 +58,10 @@ def set_domain(placeholder: Any, stop: Optional[int], *, start: int = 0,
 
     ``set_domain(labels, n_classes, allow=(ignore_index,))`` is how a loss with an
     ``ignore_index`` declares its labels."""
-    from geon.op_graph import op_graph as og
     if not isinstance(placeholder, og.Placeholder):
         raise ArgumentError(f"set_domain: {getattr(placeholder, 'name', placeholder)!r} "
                             f"is not a placeholder ({type(placeholder).__name__})")
-    if stop is None:
-        placeholder.domain = None
-        return placeholder
-    check_dtype(placeholder.dtype, placeholder.name, f"built at {placeholder.file_info}")
-    placeholder.domain = Domain(start, stop, allow)
-    return placeholder
+    return placeholder.set_domain(stop, start=start, allow=allow)
 
 
 # --- inference -----------------------------------------------------------------------
@@ -172,8 +69,6 @@ def set_domain(placeholder: Any, stop: Optional[int], *, start: int = 0,
 def _value_source(op):
     """The placeholder whose every value ``op`` holds unchanged (through axis casts,
     reorders, broadcasts, flattening and integer dtype conversions), or ``None``."""
-    from geon.op_graph import op_graph as og
-    from geon.op_graph import primitives as pr
     same = (og.AxesWithOrder, og.CastAxes, og.Flatten, og.Unflatten, og.Broadcast,
             og.StopGradient, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.Copy)
     seen = 0
@@ -200,7 +95,6 @@ def _value_source(op):
 
 
 def _is_int_zero(op):
-    from geon.op_graph import op_graph as og
     return isinstance(op, og.Constant) and op.value.size == 1 and op.value.dtype.kind \
         in "iub" and not op.value.reshape(-1)[0]
 
@@ -208,9 +102,6 @@ def _is_int_zero(op):
 def _constraints(ops):
     """``[(op, placeholder, Domain, noun, reason)]``: what the index-reading ops among ``ops``
     ask of the placeholders they read (see the module docstring)."""
-    from geon.op_graph import nn_ops
-    from geon.op_graph import op_graph as og
-    from geon.op_graph import primitives as pr
     found = []
     readers = (og.OneHot, nn_ops.Gather, pr.Take)
     for op in ops:
@@ -255,7 +146,6 @@ def param_domains(params: list, ops: Iterable) -> list:
     computation's graph as built) ask of it, why, and what its values are (``"label"``,
     ``"index"`` or ``"value"``). An empty result (no value fits) is an
     :class:`~geon.errors.ArgumentError` now, naming both."""
-    from geon.op_graph import op_graph as og
     ops = list(ops)
     out = []
     wanted = set(params)

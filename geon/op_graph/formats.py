@@ -48,6 +48,8 @@ import numpy as np
 
 from geon.errors import ArgumentError
 from geon.op_graph import op_graph as og
+from geon.op_graph.coercion import numpy_constant
+from geon.op_graph.user_ops import define_op
 
 
 class _Float:
@@ -186,7 +188,6 @@ def _straight_through(op, delta):
 
 
 def _define():
-    from geon.op_graph.user_ops import define_op
     return define_op(
         "RoundToFormat", _numpy, axes=lambda x, **params: x.axes,
         reverse=_straight_through, params=("fmt", "saturate", "round_mode"), arity=1,
@@ -209,8 +210,7 @@ def round_to_format(x: og.TensorOp, fmt: str, saturate: bool = True,
     straight-through estimator (the gradient passes unchanged)."""
     check_format(fmt, round_mode)
     if not isinstance(x, og.Op):
-        from geon.op_graph.np_ops import constant
-        x = constant(x)
+        x = numpy_constant(x)
     wide = result_dtype(x.dtype, fmt)
     if wide != x.dtype:  # integers rounded to a float format: in float32 first
         x = og.Add(x, 0, dtype=wide)

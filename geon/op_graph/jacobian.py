@@ -18,13 +18,14 @@ from typing import Optional, Sequence, Union, overload
 import numpy as np
 
 from geon.errors import ArgumentError
-from geon.op_graph import op_graph as og
+from geon.op_graph.core import Constant, TensorOp, as_op, snap
+from geon.op_graph.core_ops import AxesWithOrder, CastAxes
+from geon.op_graph.autodiff import deriv
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.forward import LinearizationPoint, _float_dtype, propagate
-from geon.op_graph.op_graph import as_op, snap
 
 
-def jacobian_axes(y: og.TensorOp, x: og.TensorOp) -> Axes:
+def jacobian_axes(y: TensorOp, x: TensorOp) -> Axes:
     """The axes given to x's side of ``jacobian(y, x)``.
 
     Naming rule: an axis of ``x`` whose name is not among ``y``'s axes keeps its name;
@@ -49,7 +50,7 @@ def jacobian_axes(y: og.TensorOp, x: og.TensorOp) -> Axes:
 def _identity(axes, directions, dtype):
     n = axes.size if len(axes) else 1
     eye = np.eye(n, dtype=dtype).reshape(axes.shape + directions.shape)
-    return og.Constant(eye, axes=axes + directions, dtype=dtype)
+    return Constant(eye, axes=axes + directions, dtype=dtype)
 
 
 def _fresh(axes):
@@ -65,14 +66,14 @@ def choose_mode(y, x):
 
 
 @overload
-def jacobian(y: og.TensorOp, x: og.TensorOp, mode: Optional[str] = None) -> og.TensorOp: ...
+def jacobian(y: TensorOp, x: TensorOp, mode: Optional[str] = None) -> TensorOp: ...
 @overload
-def jacobian(y: og.TensorOp, x: Sequence[og.TensorOp],
-             mode: Optional[str] = None) -> list[og.TensorOp]: ...
+def jacobian(y: TensorOp, x: Sequence[TensorOp],
+             mode: Optional[str] = None) -> list[TensorOp]: ...
 
 
-def jacobian(y: og.TensorOp, x: Union[og.TensorOp, Sequence[og.TensorOp]],
-             mode: Optional[str] = None) -> Union[og.TensorOp, list[og.TensorOp]]:
+def jacobian(y: TensorOp, x: Union[TensorOp, Sequence[TensorOp]],
+             mode: Optional[str] = None) -> Union[TensorOp, list[TensorOp]]:
     """The Jacobian ``d y / d x`` as an op with y's axes followed by x's axes.
 
     Entry ``[i, j]`` (``i`` indexing y's axes, ``j`` x's) is ``d y[i] / d x[j]``. The
@@ -100,14 +101,13 @@ def jacobian(y: og.TensorOp, x: Union[og.TensorOp, Sequence[og.TensorOp]],
         dirs = _fresh(x.axes)
         found = propagate([y], {x: _identity(x.axes, dirs, dtype)}, dirs).get(y)
         if found is None:
-            return og.Constant(0.0, axes=out_axes, dtype=dtype)
-        return og.CastAxes(found, out_axes)          # (y, dirs) -> (y, x')
-    from geon.op_graph.autodiff import deriv
+            return Constant(0.0, axes=out_axes, dtype=dtype)
+        return CastAxes(found, out_axes)          # (y, dirs) -> (y, x')
     u = LinearizationPoint(0.0, axes=y.axes, dtype=dtype)
     g = snap(deriv(y, x, error=u))                   # J^T u, axes of x
     dirs = _fresh(y.axes)
     found = propagate([g], {u: _identity(y.axes, dirs, dtype)}, dirs).get(g)
     if found is None:
-        return og.Constant(0.0, axes=out_axes, dtype=dtype)
-    jt = og.AxesWithOrder(found, dirs + x.axes)    # (x, dirs) -> (dirs, x)
-    return og.CastAxes(jt, out_axes)               # (dirs, x) -> (y, x')
+        return Constant(0.0, axes=out_axes, dtype=dtype)
+    jt = AxesWithOrder(found, dirs + x.axes)    # (x, dirs) -> (dirs, x)
+    return CastAxes(jt, out_axes)               # (dirs, x) -> (y, x')

@@ -5,7 +5,7 @@ Most are composites of the core ops: activations, ``where`` / ``clip``,
 ordinary ops, so derivatives, lowering and both backends need nothing new. The
 semi-primitives they use where no composite is accurate or fast enough are
 :class:`~geon.op_graph.op_graph.Erf`, :class:`~geon.op_graph.op_graph.Expm1`,
-:class:`~geon.op_graph.op_graph.Softplus` and :class:`~geon.op_graph.np_ops.Select`
+:class:`~geon.op_graph.op_graph.Softplus` and :class:`Select`
 (elementwise), and, from :mod:`geon.op_graph.primitives`, ``Take`` / ``PutAdd``
 (``gather`` and its adjoint), ``PrefixSum`` (``cumsum``) and ``SortPrim`` (``sort``,
 ``argsort``, ``topk``). The ops here with several results or a data-dependent access
@@ -26,7 +26,11 @@ import numpy as np
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph import special
 from geon.op_graph.axes import AxesLike, Axes, Axis, FlattenedAxis, as_axes
+from geon.op_graph.derivatives import direction_axes
+from geon.op_graph.special import align, op_site
+from geon.op_graph.tables import ELEMENTWISE_FUNCS, adjoint_rule, evaluator, forward_rule
 from geon.op_graph.nodes import DebugInfo
 from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 
@@ -49,11 +53,51 @@ SELU_SCALE = 1.0507009873554804934193349852946
 
 # --- selection -------------------------------------------------------------------------
 
+class Select(og.ElementWise):
+    """``where(c, a, b)``: ``a`` where ``c`` is nonzero, else ``b``, elementwise.
+
+    A semi-primitive (it has an evaluator, NumPy code, reverse and forward rules, and is
+    in the NumPy transformer's base set): composing it from arithmetic would turn an
+    infinite or NaN value in the branch not taken into NaN.
+    """
+
+    arity = 3
+
+    def _infer_dtype(self):
+        return og.result_dtype(self.args[1:])
+
+    def _promoted_args(self):
+        # A Python number in a branch takes the other branch's dtype (where(c, x, 0)
+        # with an int64 x stays exact); the condition's dtype plays no part.
+        return self.args[1:]
+
+    def compute_dtype(self) -> None:
+        """``None``: no arithmetic; the branches are taken as they are (converting the
+        condition could turn a tiny nonzero into zero)."""
+        return None
+
+
+ELEMENTWISE_FUNCS[Select] = np.where
+
+
+@adjoint_rule(Select)
+def _select_adjoint(op, delta):  # d where(c, a, b) = where(c, da, 0) + where(c, 0, db)
+    c = op.args[0]
+    return None, Select(c, delta, 0.0), Select(c, 0.0, delta)
+
+
+@forward_rule(Select)
+def _select_tangent(op, tangents):
+    _, ta, tb = tangents
+    if ta is None and tb is None:
+        return None
+    return Select(op.args[0], 0.0 if ta is None else ta, 0.0 if tb is None else tb)
+
+
 def where(condition: og.TensorLike, x: og.TensorLike, y: og.TensorLike) -> og.TensorOp:
     """``x`` where ``condition`` is nonzero, else ``y`` (operands matched by axis name,
     as in every elementwise op). Derivatives flow to the branch taken only, so an
     infinite or NaN value in the other branch does no harm."""
-    from geon.op_graph.np_ops import Select
     return Select(condition, x, y)
 
 
@@ -573,3 +617,82 @@ def along_axis_index(x, idx, axis):
     if len(others):
         index = index + og.Constant(offsets, axes=others, dtype=np.int64)
     return flat, index
+
+
+# --- derivatives and reference values ----------------------------------------------------
+
+@adjoint_rule(Gather)
+def _gather_adjoint(op, d): return ScatterAdd(d, op.args[1], op.axis), None
+@forward_rule(Gather)
+def _gather_tangent(op, ts): return Gather(ts[0], op.args[1], op.axis)
+@evaluator(Gather)
+def _gather_value(op, x, idx):
+    idx = special.checked_indices(idx, op.axis.length, op_site(op))
+    return np.take(x, idx, axis=op.args[0].axes.index(op.axis))
+
+
+@adjoint_rule(ScatterAdd)
+def _scatter_add_adjoint(op, d): return Gather(d, op.args[1], op.axis), None
+@forward_rule(ScatterAdd)
+def _scatter_add_tangent(op, ts): return ScatterAdd(ts[0], op.args[1], op.axis)
+@evaluator(ScatterAdd)
+def _scatter_add_value(op, d, idx):
+    dop, iop = op.args
+    p = op.axes.index(op.axis)
+    outer, inner = Axes(op.axes[:p]), Axes(op.axes[p + 1:])
+    d3 = align(d, dop.axes, outer + iop.axes + inner).reshape(
+        (outer.size, iop.axes.size, inner.size))
+    out = np.zeros((outer.size, op.axis.length, inner.size), op.dtype)
+    idx = special.checked_indices(np.reshape(idx, -1), op.axis.length, op_site(op))
+    np.add.at(out, (slice(None), idx), d3)
+    return out.reshape(op.axes.shape)
+
+
+@adjoint_rule(CumSum)
+def _cumsum_adjoint(op, d): return (CumSum(d, op.axis, not op.reverse, op.exclusive),)
+@forward_rule(CumSum)
+def _cumsum_tangent(op, ts): return CumSum(ts[0], op.axis, op.reverse, op.exclusive)
+@evaluator(CumSum)
+def _cumsum_value(op, x):
+    p = op.args[0].axes.index(op.axis)
+    if op.reverse:
+        x = np.flip(x, p)
+    c = np.cumsum(x, axis=p, dtype=op.dtype)
+    if op.exclusive:
+        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=p)),
+                            np.take(c, range(c.shape[p] - 1), axis=p)], axis=p)
+    return np.flip(c, p) if op.reverse else c
+
+
+def sorted_axis(op):
+    """The axis a Sort, TopK or SortPrim sorts along."""
+    return op.axis if not isinstance(op, pr.SortPrim) else op.args[0].axes[1]
+
+
+# One rule for every sort (the primitive one too): the values' delta goes back to the
+# positions they came from, and their tangent is read from there.
+@adjoint_rule(Sort, TopK, pr.SortPrim)
+def _sort_adjoint(op, d):
+    if d[0] is None:
+        return (None,)
+    flat, index = along_axis_index(op.args[0], op.outputs[1], sorted_axis(op))
+    return (og.Unflatten(ScatterAdd(d[0], index, flat.axes[0])),)
+
+
+@forward_rule(Sort, TopK, pr.SortPrim)
+def _sort_tangent(op, ts):
+    t, x = ts[0], op.args[0]
+    flat, index = along_axis_index(x, op.outputs[1], sorted_axis(op))
+    tf = og.Flatten(t, Axes((flat.axes[0],) + tuple(direction_axes(t, x))))
+    return (Gather(tf, index, flat.axes[0]), None)
+
+
+@evaluator(Sort)
+def _sort_value(op, x):
+    return special.sort_along(x, op.args[0].axes.index(op.axis), op.descending)
+
+
+@evaluator(TopK)
+def _topk_value(op, x):
+    p = op.args[0].axes.index(op.axis)
+    return tuple(np.take(v, range(op.k), axis=p) for v in special.sort_along(x, p, True))

@@ -11,7 +11,6 @@ import sys
 import weakref
 from threading import get_ident
 
-import geon
 from geon.errors import ArgumentError
 
 
@@ -25,6 +24,8 @@ def _package_dir():
     missing; say so here instead of failing obscurely later.
     """
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the top package is imported (or being imported) before any of its submodules
+    geon = sys.modules[__name__.partition(".")[0]]
     found = getattr(geon, "__file__", None)
     if found is not None:
         def real(path):

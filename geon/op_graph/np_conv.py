@@ -188,17 +188,3 @@ def avg_pool(x: og.TensorOp, kernel: Union[int, Sequence[int]],
     ``count_include_pad`` divides by the kernel size, otherwise by the number of input
     elements in each window."""
     return _pool("avg", x, kernel, stride, padding, 1, count_include_pad)
-
-
-def global_avg_pool(x: og.TensorOp, keepdims: bool = False) -> og.TensorOp:
-    """The mean over the spatial dimensions of ``x`` ``(N, C, *spatial)``: (N, C), or
-    (N, C, 1, ...) with ``keepdims``."""
-    from geon.op_graph import np_ops
-    x = _tensor(x, "global_avg_pool")
-    n = len(split_axes(x)[1])
-    first = 1 + _lead(x)
-    if n <= first:
-        raise user_error(f"global_avg_pool: {x.name} {positional_shape(x)} has no "
-                         f"spatial dimensions")
-    return np_ops.mean(x, axis=tuple(range(first, n)), keepdims=keepdims)
-

@@ -35,14 +35,21 @@ differentiable after lowering; backends only use the shapes.
 
 import operator
 
-from geon.errors import ArgumentError, AxisMismatchError
-from geon.op_graph.axes import Axes, as_axes
-from geon.op_graph import op_graph as og
-from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
-                                    _fmt)
 import numpy as np
 
+from geon.errors import ArgumentError, AxisMismatchError
+from geon.op_graph import op_graph as og
+from geon.op_graph import special
+from geon.op_graph.axes import Axes, Axis, as_axes
+from geon.op_graph.derivatives import (direction_axes, same_adjoint, same_tangent, terms,
+                                       zero_adjoint, zero_tangent)
+from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
+                                    _fmt)
+from geon.op_graph.reductions import others_product, tied_mean
+from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
+
+@og.primitive
 class Gemm(ComputationOp):
     """``a @ b``, row-major: ``a`` (M, K) @ ``b`` (K, N) -> (M, N), or batched,
     ``a`` (B..., M, K) @ ``b`` (B..., K, N) -> (B..., M, N), one product per batch
@@ -87,12 +94,17 @@ class ReducePrim(ComputationOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class ReduceSum(ReducePrim): """Sum over one position."""
+@og.primitive
 class ReduceProd(ReducePrim): """Product over one position."""
+@og.primitive
 class ReduceMax(ReducePrim): """Maximum over one position."""
+@og.primitive
 class ReduceMin(ReducePrim): """Minimum over one position."""
 
 
+@og.primitive
 class ReduceArgMax(ReducePrim):
     """Index of the maximum over one position (int64)."""
 
@@ -100,6 +112,7 @@ class ReduceArgMax(ReducePrim):
         return np.dtype(np.int64)
 
 
+@og.primitive
 class ReduceArgMin(ReduceArgMax):
     """Index of the minimum over one position (int64)."""
 
@@ -111,6 +124,7 @@ class ViewOp(TensorOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class Dimshuffle(ViewOp):
     """Transpose view: result dimension ``i`` is the arg's dimension ``perm[i]``."""
 
@@ -128,6 +142,7 @@ class Dimshuffle(ViewOp):
         return Axes(x.axes[p] for p in self.perm)
 
 
+@og.primitive
 class Reshape(ViewOp):
     """The arg's elements in row-major order, described by ``axes`` (same size)."""
 
@@ -141,6 +156,7 @@ class Reshape(ViewOp):
                                     f"({_fmt(self.axes)}) {self.axes.size}")
 
 
+@og.primitive
 class Expand(ViewOp):
     """Broadcast view. ``dim_map[i]`` is the arg dimension that result dimension ``i``
     reads, or ``None`` for a new (stride 0) dimension; arg dimensions keep their order."""
@@ -159,6 +175,7 @@ class Expand(ViewOp):
                                     f"({_fmt(x.axes)}) to ({_fmt(self.axes)})")
 
 
+@og.primitive
 class SliceView(ViewOp):
     """Basic slicing: ``key`` holds one ``slice`` or ``int`` per arg dimension."""
 
@@ -170,6 +187,7 @@ class SliceView(ViewOp):
         _check_key(self, self.key, self.args[0].axes, self.axes)
 
 
+@og.primitive
 class Unslice(ComputationOp):
     """Zeros with ``axes``, except that ``arg`` is written at ``key`` (the adjoint of
     slicing; ``key`` holds one ``slice`` or ``int`` per result dimension)."""
@@ -185,6 +203,7 @@ class Unslice(ComputationOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class Copy(ComputationOp):
     """A contiguous copy of the arg."""
 
@@ -198,6 +217,7 @@ class Copy(ComputationOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class Assign(VoidOp):
     """Write ``value`` (same shape, position by position) into the storage ``tensor``."""
 
@@ -236,6 +256,7 @@ VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)
 REDUCE_PRIMS = (ReduceSum, ReduceProd, ReduceMax, ReduceMin, ReduceArgMax, ReduceArgMin)
 
 
+@og.primitive
 class ReduceMaxArgMax(og.MultiOutput):
     """The maximum over one position ``axis`` of a tensor of at most 2 dimensions and its
     index there, as two outputs (value, int64 index)."""
@@ -263,6 +284,7 @@ def _check_index_arg(op, idx):
                                 f"tensor, not {idx.dtype} ({_fmt(idx.axes)})")
 
 
+@og.primitive
 class Take(ComputationOp):
     """``x[:, idx]``: ``x`` has at least 2 dimensions (O, N, ...), ``idx`` is a 1-D
     integer tensor (M,) of positions along dimension 1 (negative ones count from the
@@ -282,6 +304,7 @@ class Take(ComputationOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class PutAdd(ComputationOp):
     """Zeros with ``axes`` (O, N, ...), then ``d[:, j]`` added at ``[:, idx[j]]`` for
     every ``j`` (repeated indices accumulate): the adjoint of :class:`Take`. ``d`` is
@@ -306,6 +329,7 @@ class PutAdd(ComputationOp):
 
 # --- scans and sorts along dimension 1 -------------------------------------------------
 
+@og.primitive
 class PrefixSum(ComputationOp):
     """Inclusive running sums along dimension 1 of ``x`` (O, N, ...): ``cumsum``'s
     semi-primitive (no composite of the others is linear in N)."""
@@ -322,6 +346,7 @@ class PrefixSum(ComputationOp):
         return self.args[0].dtype
 
 
+@og.primitive
 class SortPrim(og.MultiOutput):
     """A stable ascending sort along dimension 1 of ``x`` (O, N, ...): the sorted values
     and the int64 positions they came from (equal values keep their order)."""
@@ -333,3 +358,249 @@ class SortPrim(og.MultiOutput):
         if len(x.axes) < 2:
             raise AxisMismatchError(f"SortPrim: needs (O, N, ...), got ({_fmt(x.axes)})")
         return [(x.axes, x.dtype), (x.axes, np.dtype(np.int64))]
+
+
+# --- derivatives and reference values ----------------------------------------------------
+# Rules read operands by position, so that lowered graphs stay differentiable. Forward
+# rules keep direction axes trailing: keys and dimension maps extend by whole trailing
+# dimensions. The rules of the core's Slice and Split sit here too: their adjoint is an
+# Unslice.
+
+def expand_back(op, v):
+    """``v`` (axes of the ReducePrim or ReduceMaxArgMax ``op``) broadcast back to the
+    input's shape."""
+    x = op.args[0]
+    dim_map, k = [], 0
+    for i in range(len(x.axes)):
+        if i == op.axis:
+            dim_map.append(None)
+        else:
+            dim_map.append(k)
+            k += 1
+    return Expand(v, x.axes, dim_map)
+
+
+def reduced_axes(op):
+    """The axes the one-position reduction ``op`` removes."""
+    return Axes(op.args[0].axes[op.axis])
+
+
+def prod_of_others(op):
+    """:func:`~geon.op_graph.autodiff.others_product` for the ReduceProd ``op``."""
+    return others_product(op.args[0], lambda v: ReduceSum(v, op.axis),
+                          lambda v: ReduceProd(v, op.axis), lambda v: expand_back(op, v))
+
+
+def _transpose_last(n):
+    return tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+@adjoint_rule(Gemm)
+def _gemm_adjoint(op, d):  # da = d @ b^T, db = a^T @ d, batch by batch
+    a, b = op.args
+    swap = _transpose_last(len(op.axes))
+    return (Reshape(Gemm(d, Dimshuffle(b, swap)), a.axes),
+            Reshape(Gemm(Dimshuffle(a, swap), d), b.axes))
+
+
+@forward_rule(Gemm)
+def _gemm_tangent(op, ts):  # d(a @ b) = da @ b + a @ db, as a dot over fresh axes
+    a, b = op.args
+    if op.batch_rank == 0:
+        k = Axis(a.axes[1].length)
+
+        def as_a(x): return og.CastAxes(x, Axes(a.axes[0], k) + direction_axes(x, a))
+        def as_b(x): return og.CastAxes(x, Axes(k, b.axes[1]) + direction_axes(x, b))
+        return terms((ts[0], lambda t: og.Dot(as_a(t), as_b(b))),
+                     (ts[1], lambda t: og.Dot(as_a(a), as_b(t))))
+    # batched: fresh batch, row, inner and column axes (the operands' batch axes may
+    # be named differently), a dot keeping the batch axes, then the result's names
+    *batch, m, k, n = (Axis(x) for x in a.axes.lengths + b.axes.lengths[-1:])
+    batch = Axes(batch)
+
+    def left(x): return og.CastAxes(x, batch + Axes(m, k) + direction_axes(x, a))
+    def right(x): return og.CastAxes(x, batch + Axes(k, n) + direction_axes(x, b))
+
+    def named(y):
+        extra = y.axes - (batch + Axes(m, n))
+        return og.CastAxes(og.AxesWithOrder(y, batch + Axes(m, n) + extra),
+                           op.axes + extra)
+    return terms((ts[0], lambda t: named(og.Dot(left(t), right(b), batch_axes=batch))),
+                 (ts[1], lambda t: named(og.Dot(left(a), right(t), batch_axes=batch))))
+
+
+@evaluator(Gemm)
+def _gemm_value(op, a, b):
+    return np.matmul(a, b).astype(op.dtype)
+
+
+@adjoint_rule(ReduceSum)
+def _rsum_adjoint(op, d): return (expand_back(op, d),)
+@forward_rule(ReduceSum)
+def _rsum_tangent(op, ts): return og.Sum(ts[0], reduction_axes=reduced_axes(op))
+@adjoint_rule(ReduceProd)
+def _rprod_adjoint(op, d): return (expand_back(op, d) * prod_of_others(op),)
+@forward_rule(ReduceProd)
+def _rprod_tangent(op, ts):
+    return og.Sum(prod_of_others(op) * ts[0], reduction_axes=reduced_axes(op))
+@adjoint_rule(ReduceMax, ReduceMin)
+def _rmax_adjoint(op, d):  # tied extremes share the derivative
+    hit = og.Equal(op.args[0], expand_back(op, op))
+    return (expand_back(op, d / ReduceSum(hit, op.axis)) * hit,)
+@forward_rule(ReduceMax, ReduceMin)
+def _rmax_tangent(op, ts):
+    hit = og.Equal(op.args[0], expand_back(op, op))
+    return tied_mean(hit, ts[0], reduced_axes(op))
+adjoint_rule(ReduceArgMax)(zero_adjoint)
+forward_rule(ReduceArgMax)(zero_tangent)
+
+_REDUCERS = {ReduceSum: np.sum, ReduceProd: np.prod, ReduceMax: np.max, ReduceMin: np.min,
+             ReduceArgMax: np.argmax, ReduceArgMin: np.argmin}
+
+
+@evaluator(ReducePrim)
+def _reduce_value(op, x):
+    return np.asarray(_REDUCERS[type(op)](x, axis=op.axis)).astype(op.dtype)
+
+
+@adjoint_rule(ReduceMaxArgMax)
+def _reduce_max_argmax_adjoint(op, d):
+    if d[0] is None:
+        return (None,)
+    hit = og.Equal(op.args[0], expand_back(op, op.outputs[0]))
+    return (expand_back(op, d[0] / ReduceSum(hit, op.axis)) * hit,)
+
+
+@forward_rule(ReduceMaxArgMax)
+def _reduce_max_argmax_tangent(op, ts):
+    hit = og.Equal(op.args[0], expand_back(op, op.outputs[0]))
+    return (tied_mean(hit, ts[0], reduced_axes(op)), None)
+
+
+@evaluator(ReduceMaxArgMax)
+def _reduce_max_argmax_value(op, x):
+    return np.max(x, axis=op.axis), np.argmax(x, axis=op.axis).astype(np.int64)
+
+
+@adjoint_rule(Dimshuffle)
+def _dimshuffle_adjoint(op, d):
+    inverse = [0] * len(op.perm)
+    for i, p in enumerate(op.perm):
+        inverse[p] = i
+    return (Dimshuffle(d, inverse),)
+forward_rule(Dimshuffle)(same_tangent)  # Dimshuffle keeps the names
+@evaluator(Dimshuffle)
+def _dimshuffle_value(op, x): return np.transpose(x, op.perm)
+
+
+@adjoint_rule(Reshape)
+def _reshape_adjoint(op, d): return (Reshape(d, op.args[0].axes),)
+@forward_rule(Reshape)
+def _reshape_tangent(op, ts):
+    t = ts[0]
+    return Reshape(t, op.axes + direction_axes(t, op.args[0]))
+@evaluator(Reshape)
+def _reshape_value(op, x): return np.reshape(x, op.axes.shape)
+
+
+@adjoint_rule(Expand)
+def _expand_adjoint(op, d):
+    new = Axes(a for a, m in zip(op.axes, op.dim_map) if m is None)
+    return (og.Sum(d, reduction_axes=new) if len(new) else d,)
+@forward_rule(Expand)
+def _expand_tangent(op, ts):
+    t = ts[0]
+    extra = direction_axes(t, op.args[0])
+    n = len(op.args[0].axes)
+    return Expand(t, op.axes + extra, op.dim_map + tuple(range(n, n + len(extra))))
+@evaluator(Expand)
+def _expand_value(op, x):
+    shape = [1 if m is None else x.shape[m] for m in op.dim_map]
+    return np.broadcast_to(np.reshape(x, shape), op.axes.shape)
+
+
+@adjoint_rule(SliceView)
+def _sliceview_adjoint(op, d): return (Unslice(d, op.args[0].axes, op.key),)
+@forward_rule(SliceView)
+def _sliceview_tangent(op, ts):
+    t = ts[0]
+    extra = direction_axes(t, op.args[0])
+    return SliceView(t, op.key + (slice(None),) * len(extra), op.axes + extra)
+@evaluator(SliceView)
+def _sliceview_value(op, x): return x[op.key]
+
+
+@adjoint_rule(Unslice)
+def _unslice_adjoint(op, d): return (SliceView(d, op.key, op.args[0].axes),)
+@forward_rule(Unslice)
+def _unslice_tangent(op, ts):
+    t = ts[0]
+    extra = direction_axes(t, op.args[0])
+    return Unslice(t, op.axes + extra, op.key + (slice(None),) * len(extra))
+@evaluator(Unslice)
+def _unslice_value(op, x):
+    out = np.zeros(op.axes.shape, op.dtype)
+    out[op.key] = x
+    return out
+
+
+adjoint_rule(Copy)(same_adjoint)
+forward_rule(Copy)(same_tangent)
+@evaluator(Copy)
+def _copy_value(op, x): return np.array(x)
+
+
+@adjoint_rule(Take)
+def _take_adjoint(op, d): return PutAdd(d, op.args[1], op.args[0].axes), None
+@forward_rule(Take)
+def _take_tangent(op, ts): return Take(ts[0], op.args[1])  # direction axes trail
+@evaluator(Take)
+def _take_value(op, x, idx): return special.take(x, idx, special.op_site(op))
+
+
+@adjoint_rule(PutAdd)
+def _put_add_adjoint(op, d): return Take(d, op.args[1]), None
+@forward_rule(PutAdd)
+def _put_add_tangent(op, ts):
+    t = ts[0]
+    return PutAdd(t, op.args[1], op.axes + direction_axes(t, op.args[0]))
+@evaluator(PutAdd)
+def _put_add_value(op, d, idx):
+    return special.put_add(d, idx, np.empty(op.axes.shape, op.dtype), special.op_site(op))
+
+
+@adjoint_rule(PrefixSum)
+def _prefix_sum_adjoint(op, d):  # the running sum from the other end: flip, sum, flip
+    flip = (slice(None), slice(None, None, -1)) + (slice(None),) * (len(op.axes) - 2)
+    return (SliceView(PrefixSum(SliceView(d, flip, d.axes)), flip, op.axes),)
+@forward_rule(PrefixSum)
+def _prefix_sum_tangent(op, ts): return PrefixSum(ts[0])
+@evaluator(PrefixSum)
+def _prefix_sum_value(op, x): return np.cumsum(x, axis=1, dtype=op.dtype)
+
+
+# SortPrim's derivatives are those of nn_ops.Sort (registered there); its value:
+@evaluator(SortPrim)
+def _sort_prim_value(op, x): return special.sort_along(x, 1, False)
+
+
+@adjoint_rule(og.Slice)
+def _slice_adjoint(op, d):
+    x = op.args[0]
+    key = [slice(None)] * len(x.axes)
+    key[op.axis_pos] = op.key
+    return (Unslice(d, x.axes, key),)
+
+
+@adjoint_rule(og.Split)
+def _split_adjoint(op, d):  # d: one delta per output (None where none flows)
+    x = op.args[0]
+    total = None
+    for k, dk in zip(op.keys, d):
+        if dk is None:
+            continue
+        key = [slice(None)] * len(x.axes)
+        key[op.axis_pos] = k
+        part = Unslice(dk, x.axes, key)
+        total = part if total is None else total + part
+    return (total,)

@@ -28,7 +28,8 @@ from typing import Any, Sequence, Union
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
-from geon.op_graph.params import graph_ops, show_axes, show_value, signature_defaults, value_key
+from geon.op_graph.params import (clone_graph, graph_ops, show_axes, show_value,
+                                  signature_defaults, value_key)
 from geon.registry import make_transformer
 
 
@@ -159,7 +160,6 @@ def graph_after(ops: Union[og.Op, Sequence[og.Op]], pass_name: str,
     transformer from :func:`geon.make_transformer`); its disabled passes are skipped as
     in a real computation.
     """
-    from geon.op_graph.params import clone_graph
     if transformer is None:
         transformer = make_transformer("numpy")
     results, _ = og.as_op_list(ops, "graph_after: ops")

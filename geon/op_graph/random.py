@@ -39,7 +39,9 @@ from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import portable_math
 from geon.op_graph.axes import AxesLike, as_axes
+from geon.op_graph.derivatives import zero_adjoint, zero_tangent
 from geon.op_graph.ordering import PART_OF_READER
+from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
@@ -114,6 +116,7 @@ DISTRIBUTIONS = ("uniform", "normal")
 _streams = itertools.count(1)
 
 
+@og.primitive
 class Random(og.TensorOp):
     """The random primitive: ``distribution`` numbers (uniform in ``[0, 1)`` or standard
     normal) with ``axes`` and a float ``dtype``, drawn from the Philox stream
@@ -216,22 +219,11 @@ def dropout(x: og.TensorOp, rate: float, seed: int = 0, stream: Optional[int] = 
     return x * (keep * (1.0 / (1.0 - rate)))
 
 
-def _register():
-    from geon.op_graph.autodiff import adjoint_rule
-    from geon.op_graph.forward import forward_rule
-    from geon.op_graph.reference import evaluator
-
-    @adjoint_rule(Random)
-    def _random_adjoint(op, delta):  # the values are constants
-        return (None,)
-
-    @forward_rule(Random)
-    def _random_forward(op, tangents):
-        return None
-
-    @evaluator(Random)
-    def _random_value(op, step):
-        return draw(op.distribution, op.axes.shape, op.dtype, op.seed, op.stream, step)
+# The values are constants: no derivative flows through them.
+adjoint_rule(Random)(zero_adjoint)
+forward_rule(Random)(zero_tangent)
 
 
-_register()
+@evaluator(Random)
+def _random_value(op, step):
+    return draw(op.distribution, op.axes.shape, op.dtype, op.seed, op.stream, step)

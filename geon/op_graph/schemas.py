@@ -17,9 +17,12 @@ import numpy as np
 
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import AxesLike, as_axes
+from geon.op_graph.derivatives import terms
+from geon.op_graph.special import sigmoid_ce
+from geon.op_graph.tables import ELEMENTWISE_FUNCS, adjoint_rule, forward_rule
 from geon.op_graph.op_graph import (BinaryElementWise, Constant, Divide, Exp, Log, Maximum,
-                                    Sigmoid, Subtract, Sum, as_op, keywords, max, safelog,
-                                    stop_gradient, sum)
+                                    Sigmoid, SigmoidSchema, Subtract, Sum, as_op, keywords,
+                                    max, safelog, stop_gradient, sum)
 
 _AXES_HINT = {k: "use normalization_axes= (the axes to normalize over)"
               for k in ("axes", "axis", "reduction_axes")}
@@ -47,20 +50,6 @@ class SoftmaxSchema:
                 and isinstance(e, Exp) and e.args[0] is self.shifted
                 and isinstance(self.shifted, Subtract) and self.shifted.args[0] is self.x
                 and Z.reduction_axes.same_set(self.normalization_axes))
-
-
-class SigmoidSchema:
-    """``sigmoid(x)``: remembers the logits ``x``."""
-
-    kind = "sigmoid"
-    attrs = ("x",)
-
-    def __init__(self, x):
-        self.x = x
-
-    def matches(self, y):
-        """Whether ``y`` is ``sigmoid(x)``."""
-        return isinstance(y, Sigmoid) and y.args[0] is self.x
 
 
 #: The schema classes a document may name, by ``kind``.
@@ -112,9 +101,25 @@ def cross_entropy_multi(y: og.TensorOp, t: og.TensorLike, usebits: bool = False,
     return r * float(1 / np.log(2)) if usebits else r
 
 
+@og.primitive
 class SigmoidCrossEntropy(BinaryElementWise):
     """Elementwise ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))`` from logits
     ``x``, computed as ``softplus(x) - x t``; its derivative is ``sigmoid(x) - t``."""
+
+
+ELEMENTWISE_FUNCS[SigmoidCrossEntropy] = sigmoid_ce
+
+
+@adjoint_rule(SigmoidCrossEntropy)
+def _sce_adjoint(op, d):  # d/dx = sigmoid(x) - t ; d/dt = -x
+    x, t = op.args
+    return d * (Sigmoid(x) - t), -d * x
+
+
+@forward_rule(SigmoidCrossEntropy)
+def _sce_tangent(op, ts):
+    x, target = op.args
+    return terms((ts[0], lambda t: t * (Sigmoid(x) - target)), (ts[1], lambda t: -(t * x)))
 
 
 @keywords(_OUT_HINT)

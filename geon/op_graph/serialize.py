@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import math
+import sys
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -325,6 +326,11 @@ def _written_attrs(cls):  # all but a tensor op's axes and dtype (its outputs gi
     return [n for n in cls.attrs if not (tensor and n in ("axes", "dtype"))]
 
 
+def _version():
+    """geon's version (the top package, imported before any of its submodules)."""
+    return sys.modules[__name__.partition(".")[0]].__version__
+
+
 def serialize(ops: Union[og.Op, Sequence[og.Op]],
               values: Optional[Mapping[og.Variable, Any]] = None,
               indent: Optional[int] = None, debug_info: bool = True,
@@ -348,7 +354,6 @@ def serialize(ops: Union[og.Op, Sequence[og.Op]],
     Raises :class:`SerializationError` for two op classes with one name, a parameter or
     dtype that cannot be written, a tag that is not a string, or two axes with one name.
     """
-    import geon
     results, single = og.as_op_list(ops, "serialize: ops")
     results = [og.require_valid(r) for r in results]
     values = dict(values or {})
@@ -363,7 +368,7 @@ def serialize(ops: Union[og.Op, Sequence[og.Op]],
     ids.update((op, ids[og.snap(op.args[0])]) for op in order if isinstance(op, og.Output))
     enc, classes = _Encoder(ids), op_classes()
     records = [_record(op, ids[op], enc, classes, values, debug_info) for op in written]
-    doc = {"format": FORMAT, "version": VERSION, "producer": f"geon {geon.__version__}",
+    doc = {"format": FORMAT, "version": VERSION, "producer": f"geon {_version()}",
            "single": single, "axes": enc.table, "ops": records,
            "results": [[ids[r], _out_index(r) if isinstance(r, og.TensorOp) else None]
                        for r in results]}

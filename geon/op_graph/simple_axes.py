@@ -27,7 +27,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph.axes import AxesLike, Axes, Axis
 from geon.op_graph.coercion import (AXES, SAMPLE, ToPositional, canonical_axes, describe,
                                     family, positional_shape, split_axes, with_axes)
-from geon.op_graph.np_ops import _shape, constant, variable
+from geon.op_graph.np_base import _shape, constant, variable
 
 __all__ = ["constant", "feature_shape", "from_axes", "placeholder", "recurrent_axis",
            "sample_axes", "sample_axis", "sample_mean", "sample_sum", "variable",

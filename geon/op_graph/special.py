@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from geon.errors import IndexOutOfRangeError
+
 #: Below this |x| the series is used, above it the continued fraction.
 _ERF_SWITCH = 2.5
 _TERMS = 60
@@ -49,7 +51,6 @@ def checked_indices(idx, n, what):
     """``idx`` (integers) as int64 in ``[0, n)``: negative indices count from the end, as
     in NumPy; anything else out of range raises
     :class:`~geon.errors.IndexOutOfRangeError` naming ``what``."""
-    from geon.errors import IndexOutOfRangeError
     idx = np.asarray(idx)
     if idx.dtype.kind not in "iu":
         raise IndexOutOfRangeError(f"{what}: indices must be integers, not {idx.dtype}")
@@ -96,3 +97,38 @@ def sort_rows(x, values=None, indices=None):
         np.copyto(indices, idx)
     if values is not None:
         np.copyto(values, np.take_along_axis(x, idx, axis=1))
+
+
+def sort_along(x, p, descending):
+    """``(values, int64 positions)``: ``x`` sorted stably along dimension ``p``."""
+    idx = np.argsort(-x if descending else x, axis=p, kind="stable")
+    return np.take_along_axis(x, idx, axis=p), idx.astype(np.int64)
+
+
+def align(value, axes, to_axes):
+    """``value`` (laid out by ``axes``) transposed and expanded to broadcast against
+    ``to_axes`` (which must contain every axis of ``axes``)."""
+    value = np.asarray(value)
+    names = axes.names
+    present = [n for n in to_axes.names if n in names]
+    if present != list(names):
+        value = np.transpose(value, [names.index(n) for n in present])
+    shape = [a.length if a.name in names else 1 for a in to_axes]
+    return value.reshape(shape)
+
+
+def op_site(op):
+    """The op an index error names: the user's op and where it was built."""
+    return f"{op.derived_from or type(op).__name__ + ' ' + op.name} ({op.file_info})"
+
+
+def sigmoid_ce(x, t):
+    """``softplus(x) - x t`` elementwise, as ``log1p(exp(-|x|)) + |x| w`` with ``w = 1 - t``
+    where ``x > 0`` and ``t`` elsewhere; the product is 0 where ``w`` is, so an infinite
+    logit with the matching target gives 0, not ``inf - inf``."""
+    x, t = np.asarray(x), np.asarray(t)
+    ax = np.abs(x)
+    w = np.where(x > 0, 1 - t, t)
+    part = np.zeros(np.broadcast_shapes(ax.shape, w.shape), np.result_type(ax, w))
+    np.multiply(ax, w, out=part, where=w != 0)
+    return np.log1p(np.exp(-ax)) + part

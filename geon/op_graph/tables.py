@@ -2,6 +2,12 @@
 
 Each concern keeps its rules in an :class:`OpTable`; adding an op is one entry per
 table, and a rule registered for a base class serves its subclasses.
+
+The op graph's own tables are defined here, empty, and this module imports nothing of
+geon: each op module registers its rules into them where it defines its classes, so a
+rule exists as soon as its op does, whatever was imported first. The engines that read
+the tables (:mod:`~geon.op_graph.autodiff`, :mod:`~geon.op_graph.forward`,
+:mod:`~geon.op_graph.reference`) import no op module.
 """
 
 
@@ -33,3 +39,52 @@ class OpTable(dict):
 
     def __repr__(self):
         return f"<OpTable {self.name}: {len(self)} rules>"
+
+
+#: Reverse derivatives, read by :func:`geon.op_graph.autodiff.deriv`.
+ADJOINTS = OpTable("ADJOINTS", "fn(op, delta) -> one delta per arg")
+#: Decorator: ``@adjoint_rule(Cls, ...)`` registers ``fn(op, delta) -> deltas``.
+adjoint_rule = ADJOINTS.register
+
+#: Forward derivatives (tangents), read by :func:`geon.op_graph.forward.jvp`.
+FORWARD = OpTable("FORWARD", "fn(op, tangents of the args) -> tangent")
+#: Decorator: ``@forward_rule(Cls, ...)`` registers ``fn(op, tangents) -> tangent``.
+forward_rule = FORWARD.register
+
+#: Reference values, read by :func:`geon.op_graph.reference.evaluate`.
+EVALUATORS = OpTable("EVALUATORS", "fn(op, *arg_values) -> array")
+#: Decorator: ``@evaluator(Cls, ...)`` registers ``fn(op, *arg_values) -> array``.
+evaluator = EVALUATORS.register
+
+#: The NumPy function of an elementwise op of its (aligned) args alone, keyed by the
+#: exact class (the reference's evaluator of ``ElementWise`` and constant folding
+#: read it).
+ELEMENTWISE_FUNCS = OpTable("ELEMENTWISE_FUNCS", "fn(*arrays) -> array")
+
+#: The NumPy ufunc of each elementwise op that is one (the NumPy transformer emits a
+#: call of it; dtype rules of the NumPy family use it too).
+NP_UFUNCS = OpTable("NP_UFUNCS", "a numpy.ufunc")
+
+
+def primitive(cls: type) -> type:
+    """Class decorator: declare the op class ``cls`` a semi-primitive of the standard
+    base set, an op every built-in backend runs as it is. The declaration is the
+    class's own: a subclass is not a primitive unless it says so too (a user op derived
+    from ``Add`` is not ``Add``)."""
+    cls.primitive_class = cls  # type: ignore[attr-defined]
+    return cls
+
+
+def declared_primitives(root: type) -> list:
+    """Every subclass of ``root`` (``Op``) declared with :func:`primitive`, found by
+    walking the subclasses (each once, without recursion): the standard base set."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if cls.__dict__.get("primitive_class") is cls:
+            found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return found

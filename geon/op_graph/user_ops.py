@@ -29,6 +29,9 @@ import numpy as np
 from geon.errors import ArgumentError, GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import as_axes
+from geon.op_graph.forward import forward_from_reverse
+from geon.op_graph.special import align
+from geon.op_graph.tables import ADJOINTS, EVALUATORS, FORWARD
 
 #: registry key -> user op class (backends find the classes' implementations here)
 USER_OPS: dict[str, type] = {}
@@ -194,8 +197,6 @@ def define_op(name: str, numpy: Callable[..., Any], *,
 
 
 def _register_evaluation(cls, elementwise):
-    from geon.op_graph.reference import EVALUATORS, align
-
     def evaluate(op, *vals):
         if elementwise:
             vals = [np.broadcast_to(align(v, a.axes, op.axes), op.axes.shape)
@@ -214,9 +215,6 @@ def _register_evaluation(cls, elementwise):
 
 
 def _register_derivatives(cls, reverse, forward):
-    from geon.op_graph.autodiff import ADJOINTS
-    from geon.op_graph.forward import FORWARD, forward_from_reverse
-
     if reverse is not None:
         ADJOINTS[cls] = reverse
     if forward is not None:

@@ -27,13 +27,12 @@ from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, Feed
                          GeonError, GeonWarning, LoweringError)
 from geon.op_graph import domains
 from geon.op_graph import op_graph as og
-from geon.op_graph.conv import CONV_PRIMITIVES
-from geon.op_graph.random import Random
+# The op modules that declare the standard primitives (STANDARD_BASE_SET below).
+from geon.op_graph import conv as _conv, primitives as _pr  # noqa: F401
+from geon.op_graph import random as _rnd, schemas as _sc  # noqa: F401
 from geon.op_graph.nodes import no_gc, user_stacklevel
 from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
                                     pulled_in)
-from geon.op_graph import primitives as pr
-from geon.op_graph import schemas as sc
 # Re-exported (``x as x``: explicitly, for type checkers) for the backends and plugins
 # that import them from here.
 from geon.registry import (ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # noqa: F401
@@ -69,19 +68,10 @@ else:
 #: ``np.copyto``'s casting rules.
 _Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
 
-#: The semi-primitive ops every built-in transformer implements.
-STANDARD_BASE_SET = frozenset({
-    og.Placeholder, og.Variable, og.Constant,
-    og.Add, og.Subtract, og.Multiply, og.Divide, og.Power, og.Maximum, og.Minimum,
-    og.Equal, og.NotEqual, og.Less, og.LessEqual, og.Greater, og.GreaterEqual,
-    og.Negative, og.Absolute, og.Sign, og.Square, og.Sqrt, og.Reciprocal, og.Exp, og.Log,
-    og.Sin, og.Cos, og.Tanh, og.Sigmoid, sc.SigmoidCrossEntropy, og.Erf, og.Expm1,
-    og.Softplus,
-    pr.Gemm, pr.ReduceSum, pr.ReduceProd, pr.ReduceMax, pr.ReduceMin, pr.ReduceArgMax,
-    pr.ReduceArgMin, pr.Dimshuffle, pr.Reshape, pr.Expand, pr.SliceView, pr.Unslice,
-    pr.Copy, pr.Assign, pr.ReduceMaxArgMax, og.Output, pr.Take, pr.PutAdd,
-    pr.PrefixSum, pr.SortPrim, Random,
-}) | CONV_PRIMITIVES
+#: The semi-primitive ops every built-in transformer implements: the classes the op
+#: modules declare with ``@primitive`` (``geon.op_graph.tables``), each where it is
+#: defined (the modules imported above hold all of them).
+STANDARD_BASE_SET = frozenset(og.declared_primitives(og.Op))
 
 
 def _grouped(placeholders: Iterable[og.Op], needed_by: Mapping[og.Op, tuple[og.Op, og.Op]]
