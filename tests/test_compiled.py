@@ -13,8 +13,10 @@ import pytest
 
 import geon as be
 from geon.errors import GeonWarning
-from geon.transformers import fusion
+from geon.transformers import fusion, threads
 from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import c_codegen
+from geon.transformers.numpy import toolchain as ctoolchain
 from op_table import CASES
 from test_compiled_fallback import large_and_small
 
@@ -29,7 +31,7 @@ pytestmark = needs_cc
 def cache(tmp_path, monkeypatch):
     """A fresh kernel cache, and no library loaded earlier in this process."""
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
     monkeypatch.setattr(ck, "_auto_off", set())
     return tmp_path / "kernels"
 
@@ -119,8 +121,9 @@ def test_groups_read_broadcast_biases_transposes_and_strided_feeds(cache):
 @pytest.mark.parametrize("strided", [False, True])
 def test_large_groups_run_in_blocks_on_threads(strided, cache, monkeypatch):
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
-    monkeypatch.setattr(ck, "PARALLEL_ELEMENTS", 4096)
-    monkeypatch.setattr(ck, "BLOCK_ELEMENTS", 1000)   # ragged: the last block is short
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
+    monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 4096)
+    monkeypatch.setattr(c_codegen, "BLOCK_ELEMENTS", 1000)   # ragged: the last block is short
     calls, real = [], fusion.run_blocks
 
     def spy(fn, units, block, sets):
@@ -147,7 +150,7 @@ def test_large_groups_run_in_blocks_on_threads(strided, cache, monkeypatch):
     assert calls == [(90, 14, 2)] if strided else [(6300, 1000, 2)], calls
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # without threads, one call over the whole range
-    monkeypatch.setattr(ck, "PARALLEL_ELEMENTS", 1 << 20)
+    monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 1 << 20)
     calls.clear()
     (c, got), _ = compiled_and_numpy(build, *feeds)
     assert calls == [] and "_run_blocks" not in c.source.split("# compiled:")[1]
@@ -194,8 +197,9 @@ def _tiled_build(dtype, n):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_large_groups_with_several_slow_members_run_in_tiles(dtype, cache, monkeypatch):
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
     # ragged: the last chunk is not whole, nor is the last tile of a chunk
-    n = ck.TILED_MIN_ELEMENTS + ck.CHUNK_ELEMENTS + ck.TILE_ELEMENTS * 3 + 77
+    n = c_codegen.TILED_MIN_ELEMENTS + c_codegen.CHUNK_ELEMENTS + c_codegen.TILE_ELEMENTS * 3 + 77
     rng = np.random.default_rng(4)
     xs, ys = (rng.standard_normal(n).astype(dtype) for _ in range(2))
     build = _tiled_build(dtype, n)
@@ -222,7 +226,7 @@ def test_large_groups_with_several_slow_members_run_in_tiles(dtype, cache, monke
     np.testing.assert_allclose(got[0], d, **tol)
     np.testing.assert_allclose(got[1], b, **tol)
     # the same values as one loop over the elements (the code before tiles)
-    monkeypatch.setattr(ck, "TILED_MIN_ELEMENTS", 2 * n)
+    monkeypatch.setattr(c_codegen, "TILED_MIN_ELEMENTS", 2 * n)
     outs, params = build()
     one = be.NumPyTransformer(compiled=True).computation(outs, *params)
     assert "loops over tiles" not in one._kernels.source
@@ -265,11 +269,11 @@ def test_long_rows_read_through_each_kind_of_stride(dtype, budget, cache, monkey
     With 48 bytes for the copies of three strided inputs, chunks are the shortest, 16
     elements (shorter than a tile: no tiles)."""
     if budget:
-        monkeypatch.setattr(ck, "ROW_BUFFER_BYTES", budget)
-    chunk = 16 if budget else ck.ROW_CHUNK_ELEMENTS
+        monkeypatch.setattr(c_codegen, "ROW_BUFFER_BYTES", budget)
+    chunk = 16 if budget else c_codegen.ROW_CHUNK_ELEMENTS
     N, H = be.Axis(27, "N"), be.Axis(2500, "H")
-    assert H.length % ck.ROW_CHUNK_ELEMENTS and H.length > 2 * ck.ROW_CHUNK_ELEMENTS
-    assert N.length * H.length >= ck.TILED_MIN_ELEMENTS
+    assert H.length % c_codegen.ROW_CHUNK_ELEMENTS and H.length > 2 * c_codegen.ROW_CHUNK_ELEMENTS
+    assert N.length * H.length >= c_codegen.TILED_MIN_ELEMENTS
     rng = np.random.default_rng(11)
     xv, bv, cv = (rng.standard_normal(s).astype(dtype) for s in ((27, 2500), 2500, 27))
     tv = rng.standard_normal((2500, 27)).astype(dtype)
@@ -314,6 +318,7 @@ def test_groups_end_with_sums_of_their_rows(rows, length, kept, cache, monkeypat
     blocks of rows on two threads."""
     from geon.op_graph import primitives as pr
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads.POLICY, "threads", 2)
     N, H = be.Axis(rows, "N"), be.Axis(length, "H")
     rng = np.random.default_rng(rows)
     dv = rng.standard_normal((rows, length)).astype(np.float32)
@@ -334,7 +339,7 @@ def test_groups_end_with_sums_of_their_rows(rows, length, kept, cache, monkeypat
     (g,) = c.groups
     assert isinstance(g.members[-1], pr.ReduceSum) and kernel_calls(c) == 1, c.source
     assert "sum(s) of their rows" in c.source
-    assert ("_run_blocks(" in c.source) == (rows * length >= ck.PARALLEL_ELEMENTS)
+    assert ("_run_blocks(" in c.source) == (rows * length >= c_codegen.PARALLEL_ELEMENTS)
     masked = dv.astype(np.float64) * (hv > 0)
     exact = masked.sum(axis=1)
     # one rounding of the exact sum (double accumulation: the 1 in row 0 is kept)
@@ -348,7 +353,7 @@ def test_groups_end_with_sums_of_their_rows(rows, length, kept, cache, monkeypat
 
 
 def test_segments_are_bounded_and_slots_reused():
-    A = be.Axis(ck.TILED_MIN_ELEMENTS, "A")
+    A = be.Axis(c_codegen.TILED_MIN_ELEMENTS, "A")
     x = be.placeholder([A], dtype=np.float32)
     members, y = [], x
     for i in range(40):                           # 40 slow members, 40 cheap ones
@@ -356,25 +361,25 @@ def test_segments_are_bounded_and_slots_reused():
         members.append(y)
         y = y * 1.5
         members.append(y)
-    segments, slots, decls, tile = ck._segments(members, {}, ck.TILED_MIN_ELEMENTS)
-    assert 1 < len(segments) <= ck.MAX_SEGMENTS
+    segments, slots, decls, tile = c_codegen._segments(members, {}, c_codegen.TILED_MIN_ELEMENTS)
+    assert 1 < len(segments) <= c_codegen.MAX_SEGMENTS
     assert [m for seg in segments for _, m in seg] == members
     # a chain: two arrays in turn (one read in a segment, the other written)
     assert len(decls) == 2 and set(decls.values()) == {"float"}
-    assert tile == ck.TILE_ELEMENTS
+    assert tile == c_codegen.TILE_ELEMENTS
     # under the size threshold, and without slow members: one loop
-    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS - 1)[3] == 0
-    assert ck._segments(members[1::2], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
+    assert c_codegen._segments(members, {}, c_codegen.TILED_MIN_ELEMENTS - 1)[3] == 0
+    assert c_codegen._segments(members[1::2], {}, c_codegen.TILED_MIN_ELEMENTS)[3] == 0
     # one slow member, first or last: nothing to overlap, one loop
-    assert ck._segments(members[:2], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
-    assert ck._segments(members[1:3], {}, ck.TILED_MIN_ELEMENTS)[3] == 0
-    assert ck._segments(members[:3], {}, ck.TILED_MIN_ELEMENTS)[3] > 0
+    assert c_codegen._segments(members[:2], {}, c_codegen.TILED_MIN_ELEMENTS)[3] == 0
+    assert c_codegen._segments(members[1:3], {}, c_codegen.TILED_MIN_ELEMENTS)[3] == 0
+    assert c_codegen._segments(members[:3], {}, c_codegen.TILED_MIN_ELEMENTS)[3] > 0
     # loops over rows shorter than a tile: one loop
-    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS, row=100)[3] == 0
-    assert ck._segments(members, {}, ck.TILED_MIN_ELEMENTS, row=300)[3] > 0
+    assert c_codegen._segments(members, {}, c_codegen.TILED_MIN_ELEMENTS, row=100)[3] == 0
+    assert c_codegen._segments(members, {}, c_codegen.TILED_MIN_ELEMENTS, row=300)[3] > 0
     # an output computed early keeps an array to the last segment, which stores it
-    segments, slots, decls, tile = ck._segments(members, {members[0]: 1},
-                                                ck.TILED_MIN_ELEMENTS)
+    segments, slots, decls, tile = c_codegen._segments(members, {members[0]: 1},
+                                                c_codegen.TILED_MIN_ELEMENTS)
     assert members[0] in slots and len(decls) == 3
 
 
@@ -509,8 +514,8 @@ def test_the_cache_is_written_by_rename_and_reused(cache, monkeypatch):
         assert src != dst and src.startswith(".tmp-") and os.sep not in src + dst
         assert dir_fds["src_dir_fd"] == dir_fds["dst_dir_fd"]
     # a new process (no library loaded) reuses the file and never runs the compiler
-    monkeypatch.setattr(ck, "_libs", {})
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: pytest.fail("compiled again"))
+    monkeypatch.setattr(ctoolchain, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: pytest.fail("compiled again"))
     _run_chain()
 
 
@@ -527,29 +532,29 @@ def test_a_corrupted_cache_file_is_rebuilt(cache, monkeypatch):
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF
     replace_file(so, bytes(data))
-    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
     runs = []
-    real = ck._run_cc
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: runs.append(1) or real(*a))
+    real = ctoolchain._run_cc
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: runs.append(1) or real(*a))
     _run_chain()
     assert runs == [1]
-    assert ck._digest(str(so)) == (so.with_suffix(".sha256")).read_text().strip()
+    assert ctoolchain._digest(str(so)) == (so.with_suffix(".sha256")).read_text().strip()
     # a truncated library is rejected as well
     replace_file(so, so.read_bytes()[:100])
-    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
     _run_chain()
     assert runs == [1, 1]
 
 
 def test_the_probe_of_the_compiler_is_kept_in_the_cache(cache, monkeypatch):
-    monkeypatch.setattr(ck, "_toolchains", {})
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})
     runs = []
-    real = ck._run_cc
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: runs.append(a[1]) or real(*a))
+    real = ctoolchain._run_cc
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: runs.append(a[1]) or real(*a))
     first = ck.toolchain()
     assert runs  # probed: at least one build
     (record,) = cache.glob("toolchain-*.json")
-    monkeypatch.setattr(ck, "_toolchains", {})  # a new process, as far as probing goes
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})  # a new process, as far as probing goes
     del runs[:]
     again = ck.toolchain()
     assert runs == [] and again.flags == first.flags
@@ -558,7 +563,7 @@ def test_the_probe_of_the_compiler_is_kept_in_the_cache(cache, monkeypatch):
     for bad in ('{"extra": ["-fplugin=x.so"], "simd_math": false}', "not json",
                 '{"extra": [], "simd_math": true}'):
         record.write_text(bad)
-        monkeypatch.setattr(ck, "_toolchains", {})
+        monkeypatch.setattr(ctoolchain, "_toolchains", {})
         tc = ck.toolchain()
         assert runs and "-fplugin=x.so" not in tc.flags and tc.flags == first.flags
         del runs[:]
@@ -566,8 +571,8 @@ def test_the_probe_of_the_compiler_is_kept_in_the_cache(cache, monkeypatch):
 
 # --- fallback --------------------------------------------------------------------------
 def test_a_failed_compilation_falls_back(cache, monkeypatch):
-    monkeypatch.setattr(ck, "_warned", set())
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    monkeypatch.setattr(ctoolchain, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: (False, "error: simulated"))
     with pytest.warns(GeonWarning, match="simulated"):
         comp = _run_chain()
     assert kernel_calls(comp) == 0
@@ -606,7 +611,7 @@ def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
 
 def test_auto_with_a_cache_it_cannot_use_runs_the_numpy_code_silently(cache, tmp_path,
                                                                       monkeypatch):
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")
     monkeypatch.setenv("GEON_CACHE_DIR", str(not_a_folder))
@@ -620,18 +625,18 @@ def test_auto_with_a_cache_it_cannot_use_runs_the_numpy_code_silently(cache, tmp
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="no POSIX owners and modes here")
 def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "_libs", {})
-    monkeypatch.setattr(ck, "_toolchains", {})  # probed here, its record kept here
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})  # probed here, its record kept here
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path / "mine"))
     _run_chain()
     kernels = tmp_path / "mine" / "kernels"
     assert kernels.stat().st_mode & 0o777 == 0o700  # made readable by its owner only
     (so,) = kernels.glob("*.so")
     kernels.chmod(0o777)
-    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
     loads = []
-    monkeypatch.setattr(ck, "_load_cached", lambda *args: loads.append(args))
+    monkeypatch.setattr(ctoolchain, "_load_cached", lambda *args: loads.append(args))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = large_and_small(be.NumPyTransformer(compiled="auto"))
@@ -642,7 +647,7 @@ def test_libraries_are_never_loaded_from_a_folder_others_may_write(tmp_path, mon
     # nor is the compiler's probe read from or kept there
     (record,) = kernels.glob("toolchain-*.json")
     record.write_text("not json")
-    monkeypatch.setattr(ck, "_toolchains", {})
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})
     assert ck.toolchain().record is None and record.read_text() == "not json"
 
 
@@ -670,11 +675,11 @@ def test_auto_leaves_a_group_it_cannot_compile_below_the_numpy_threshold(cache,
 
 
 def test_a_compiler_that_fails_is_probed_again_in_the_next_process(cache, monkeypatch):
-    monkeypatch.setattr(ck, "_toolchains", {})
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     tc = ck.toolchain()
     assert tc.record and os.path.exists(tc.record)
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: (False, "error: simulated"))
     with pytest.warns(GeonWarning, match="simulated"):
         _run_chain()
     assert not os.path.exists(tc.record)
@@ -682,11 +687,11 @@ def test_a_compiler_that_fails_is_probed_again_in_the_next_process(cache, monkey
 
 def test_a_full_disk_gives_the_numpy_code(cache, monkeypatch):
     ck.toolchain()
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_warned", set())
 
     def full(*args):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(ck, "_compile", full)
+    monkeypatch.setattr(ctoolchain, "_compile", full)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = large_and_small(be.NumPyTransformer(compiled="auto"))
@@ -697,8 +702,8 @@ def test_a_full_disk_gives_the_numpy_code(cache, monkeypatch):
 
 def test_auto_warns_when_a_compilation_fails(cache, monkeypatch):
     ck.toolchain()  # probed with the real compiler: only the kernels' build fails
-    monkeypatch.setattr(ck, "_warned", set())
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: (False, "error: simulated"))
+    monkeypatch.setattr(ctoolchain, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: (False, "error: simulated"))
     with pytest.warns(GeonWarning, match="simulated"):
         comp = large_and_small(be.NumPyTransformer(compiled="auto"))
     assert kernel_calls(comp) == 0

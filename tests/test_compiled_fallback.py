@@ -10,6 +10,7 @@ import pytest
 import geon as be
 from geon.errors import GeonWarning
 from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import toolchain as ctoolchain
 from geon.transformers.numpy import transformer as nt
 
 
@@ -17,8 +18,8 @@ from geon.transformers.numpy import transformer as nt
 def fresh(tmp_path, monkeypatch):
     """A fresh kernel cache; no warning given, library loaded or failure remembered."""
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(ck, "_libs", {})
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     monkeypatch.setattr(ck, "_auto_off", set())
     return tmp_path / "kernels"
 

@@ -4,6 +4,7 @@ folder between the check and the load; it rebuilds a cached library that lacks a
 kernel; it refuses compiler flags that change floating-point results; and its maximum
 and minimum give NumPy's bits for signed zeros and NaN."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,8 +16,11 @@ import pytest
 
 import geon as be
 from geon.errors import GeonWarning
-from geon.transformers import fusion
+from geon.transformers import fusion, threads
 from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import c_codegen
+from geon.transformers.numpy import toolchain as ctoolchain
+from geon.transformers.numpy import kernel_cache
 
 pytestmark = [
     pytest.mark.skipif(not ck.available(),
@@ -30,9 +34,9 @@ def cache(tmp_path, monkeypatch):
     """A fresh kernel cache in ``tmp_path``, a folder the test may write to (as another
     user could write to a shared folder); no library loaded, nothing warned."""
     monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(ck, "_libs", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
     monkeypatch.setattr(ck, "_auto_off", set())
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     return tmp_path / "kernels"
 
 
@@ -93,8 +97,8 @@ def test_a_folder_swapped_in_after_the_check_is_never_loaded_from(cache, tmp_pat
     (so,) = cache.glob("*.so")
     marker = tmp_path / "marker"
     evil = attacker_library(tmp_path, marker)
-    digest = ck.hashlib.sha256(evil).hexdigest()
-    real, swapped = ck._load_cached, []
+    digest = hashlib.sha256(evil).hexdigest()
+    real, swapped = ctoolchain._load_cached, []
 
     def swap_then_load(*args, **kwargs):
         # the folder's owner and mode are checked; now the swap, then the load
@@ -103,8 +107,8 @@ def test_a_folder_swapped_in_after_the_check_is_never_loaded_from(cache, tmp_pat
                                        (digest + "\n").encode()}))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ck, "_load_cached", swap_then_load)
-    monkeypatch.setattr(ck, "_libs", {})   # a new process, as far as loading goes
+    monkeypatch.setattr(ctoolchain, "_load_cached", swap_then_load)
+    monkeypatch.setattr(ctoolchain, "_libs", {})   # a new process, as far as loading goes
     comp = run_chain()   # the values are the real kernel's
     assert swapped and kernel_calls(comp) == 1
     assert not marker.exists(), "the library of the folder swapped in was loaded"
@@ -113,14 +117,14 @@ def test_a_folder_swapped_in_after_the_check_is_never_loaded_from(cache, tmp_pat
 def test_a_folder_swapped_in_before_the_build_gets_nothing_written(cache, tmp_path,
                                                                     monkeypatch):
     ck.toolchain()   # probed before: the swap happens between the check and the build
-    real, swapped = ck._run_cc, []
+    real, swapped = ctoolchain._run_cc, []
 
     def swap_then_compile(*args):
         if not swapped:
             swapped.append(swap_in(cache, {"planted.txt": b"theirs"}))
         return real(*args)
 
-    monkeypatch.setattr(ck, "_run_cc", swap_then_compile)
+    monkeypatch.setattr(ctoolchain, "_run_cc", swap_then_compile)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = run_chain(scale=6.0)
@@ -145,14 +149,14 @@ def test_without_proc_fd_every_folder_above_the_cache_must_be_safe(tmp_path,
                                                                     monkeypatch):
     # where a descriptor has no path, the compiler and the loader go by the path: only
     # a path that no other user can change is used
-    monkeypatch.setattr(ck, "_PROC_FD", str(tmp_path / "no-such-folder"))
+    monkeypatch.setattr(kernel_cache, "_PROC_FD", str(tmp_path / "no-such-folder"))
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)       # others may rename what is in it
     monkeypatch.setenv("GEON_CACHE_DIR", str(shared / "geon"))
     for mode, compiled in ((0o777, False), (0o1777, True), (0o755, True)):
-        monkeypatch.setattr(ck, "_libs", {})
-        monkeypatch.setattr(ck, "_warned", set())
+        monkeypatch.setattr(ctoolchain, "_libs", {})
+        monkeypatch.setattr(ctoolchain, "_warned", set())
         shared.chmod(mode)    # 0o1777: sticky, as /tmp: others cannot rename ours
         if compiled:
             with warnings.catch_warnings():
@@ -175,17 +179,17 @@ def test_a_cached_library_without_the_kernel_function_is_rebuilt(cache, tmp_path
     tmp = so.with_suffix(".tmp")
     tmp.write_bytes(empty)
     os.replace(tmp, so)
-    so.with_suffix(".sha256").write_text(ck.hashlib.sha256(empty).hexdigest() + "\n")
-    monkeypatch.setattr(ck, "_libs", {})
-    runs, real = [], ck._run_cc
-    monkeypatch.setattr(ck, "_run_cc", lambda *a: runs.append(1) or real(*a))
+    so.with_suffix(".sha256").write_text(hashlib.sha256(empty).hexdigest() + "\n")
+    monkeypatch.setattr(ctoolchain, "_libs", {})
+    runs, real = [], ctoolchain._run_cc
+    monkeypatch.setattr(ctoolchain, "_run_cc", lambda *a: runs.append(1) or real(*a))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comp = run_chain(scale=7.0)
     assert kernel_calls(comp) == 1 and runs == [1]
     assert so.read_bytes() != empty
-    assert ck._digest(str(so)) == so.with_suffix(".sha256").read_text().strip()
-    monkeypatch.setattr(ck, "_libs", {})   # the rebuilt library is used from then on
+    assert ctoolchain._digest(str(so)) == so.with_suffix(".sha256").read_text().strip()
+    monkeypatch.setattr(ctoolchain, "_libs", {})   # the rebuilt library is used from then on
     run_chain(scale=7.0)
     assert runs == [1]
 
@@ -196,6 +200,7 @@ import json, os, sys, warnings
 import numpy as np
 import geon as be
 from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import toolchain as ctoolchain
 
 def subnormals_kept():
     x = np.array([5e-324, 2.2250738585072014e-308])
@@ -221,7 +226,7 @@ out = {}
 for name, cc, refuse in [("dropped", sys.argv[1] + " -ffast-math -Ofast", True),
                          ("probed", sys.argv[1] + " -ffast-math", False)]:
     if not refuse:   # as if geon did not know these flags: its probe must see them
-        ck.REFUSED_FLAGS, ck.REFUSED_PREFIXES = (), ()
+        ctoolchain.REFUSED_FLAGS, ctoolchain.REFUSED_PREFIXES = (), ()
     os.environ["CC"] = cc
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -261,9 +266,9 @@ def test_flags_that_change_floating_point_results_are_refused(tmp_path):
                                   "-freciprocal-math"])
 def test_the_probe_finds_flags_that_break_ieee_semantics(flag, cache, monkeypatch):
     # what geon would do with a flag it does not know (none of these link crtfastmath)
-    monkeypatch.setattr(ck, "REFUSED_FLAGS", ())
+    monkeypatch.setattr(ctoolchain, "REFUSED_FLAGS", ())
     monkeypatch.setenv("CC", " ".join(ck.toolchain().command + flag.split()))
-    monkeypatch.setattr(ck, "_toolchains", {})
+    monkeypatch.setattr(ctoolchain, "_toolchains", {})
     with pytest.warns(GeonWarning, match=r"breaks IEEE floating point \("):
         comp = run_chain()
     assert kernel_calls(comp) == 0
@@ -271,12 +276,12 @@ def test_the_probe_finds_flags_that_break_ieee_semantics(flag, cache, monkeypatc
 
 
 def test_the_refused_flags_are_named_in_the_warning(monkeypatch):
-    monkeypatch.setattr(ck, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     cc = ck.toolchain().command[0]
     monkeypatch.setenv("CC", f"{cc} -O2 -ffp-contract=fast -freciprocal-math -g")
     with pytest.warns(GeonWarning, match="leaves out -ffp-contract=fast "
                                          "-freciprocal-math when"):
-        command = ck._compiler_command()
+        command = ctoolchain._compiler_command()
     assert command == [cc, "-O2", "-g"]
 
 
@@ -296,7 +301,7 @@ def _special(dtype):
 PATHS = {  # name -> (shape, reads b through a transpose, with slow members, threads)
     "one loop": ((64 * 41 + 13,), False, False, False),     # vectors and their tail
     "short rows": ((64, 3), True, False, False),            # rows of 3: tails only
-    "tiles": ((ck.TILED_MIN_ELEMENTS + 64 * 5 + 13,), False, True, False),
+    "tiles": ((c_codegen.TILED_MIN_ELEMENTS + 64 * 5 + 13,), False, True, False),
     "threads": ((64 * 101 + 13,), False, False, True),
     "threads, rows": ((64 * 11, 13), True, True, True),
 }
@@ -305,11 +310,12 @@ PATHS = {  # name -> (shape, reads b through a transpose, with slow members, thr
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_maximum_and_minimum_give_numpys_bits(dtype, path, cache, monkeypatch):
-    shape, transposed, slow, threads = PATHS[path]
-    if threads:
+    shape, transposed, slow, threaded = PATHS[path]
+    if threaded:
         monkeypatch.setattr(fusion, "MAX_THREADS", 2)
-        monkeypatch.setattr(ck, "PARALLEL_ELEMENTS", 4096)
-        monkeypatch.setattr(ck, "BLOCK_ELEMENTS", 1000)   # ragged blocks
+        monkeypatch.setattr(threads.POLICY, "threads", 2)
+        monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 4096)
+        monkeypatch.setattr(c_codegen, "BLOCK_ELEMENTS", 1000)   # ragged blocks
     a0, b0 = _special(dtype)
     n = int(np.prod(shape))
     a, b = np.resize(a0, n).reshape(shape), np.resize(b0, n).reshape(shape)
@@ -328,8 +334,8 @@ def test_maximum_and_minimum_give_numpys_bits(dtype, path, cache, monkeypatch):
     comp = be.NumPyTransformer(compiled=True).computation(outs, x, t)
     source = comp._kernels.source or ""
     assert kernel_calls(comp) == 1 and "np.maximum" not in comp.source, comp.source
-    assert ("loops over tiles of" in source) == (slow and n >= ck.TILED_MIN_ELEMENTS)
-    assert ("_run_blocks" in comp.source) == threads
+    assert ("loops over tiles of" in source) == (slow and n >= c_codegen.TILED_MIN_ELEMENTS)
+    assert ("_run_blocks" in comp.source) == threaded
     got = [np.asarray(g) for g in comp(*feeds)]
     want = [np.maximum(a, b) * 2, np.minimum(a, b) * 2, np.maximum(b, a) * 2,
             np.minimum(b, a) * 2]

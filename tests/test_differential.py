@@ -41,6 +41,8 @@ from hypothesis import strategies as st
 import geon as be
 from geon.transformers import fusion, memory
 from geon.transformers.numpy import compiled as compiled_kernels
+from geon.transformers.numpy import c_codegen
+from geon.transformers.numpy import toolchain as ctoolchain
 
 # Random graphs read variables after assignments they do not request, on purpose: the
 # computations then run those assignments (and say so with a GeonWarning).
@@ -854,7 +856,7 @@ def test_default_mode_matches_reference(recipe):
     with mock.patch.object(compiled_kernels, "AUTO_MIN_ELEMENTS", 4), \
             mock.patch.object(fusion, "MIN_ELEMENTS", 16), \
             mock.patch.object(compiled_kernels, "UNAVAILABLE", frozenset()), \
-            mock.patch.object(compiled_kernels, "_warned", set()), \
+            mock.patch.object(ctoolchain, "_warned", set()), \
             warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*running the NumPy code instead")
         check_recipe(recipe, compiled="auto")
@@ -961,10 +963,10 @@ GPU_EVERY = 16
 LOW_THRESHOLDS = [(fusion, "MIN_ELEMENTS", 48), (fusion, "BLOCK_ELEMENTS", 24),
                   (fusion, "PARALLEL_ELEMENTS", 96), (fusion, "GEMM_BLOCK_ROWS", 2),
                   (compiled_kernels, "AUTO_MIN_ELEMENTS", 20),
-                  (compiled_kernels, "PARALLEL_ELEMENTS", 96),
-                  (compiled_kernels, "BLOCK_ELEMENTS", 32),
-                  (compiled_kernels, "TILED_MIN_ELEMENTS", 64),
-                  (compiled_kernels, "CHUNK_ELEMENTS", 16)]
+                  (c_codegen, "PARALLEL_ELEMENTS", 96),
+                  (c_codegen, "BLOCK_ELEMENTS", 32),
+                  (c_codegen, "TILED_MIN_ELEMENTS", 64),
+                  (c_codegen, "CHUNK_ELEMENTS", 16)]
 DIMS = (1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 20)
 MAX_ELEMENTS = 400
 BOUND = 200.0  # a value whose magnitude may pass this goes through tanh before use
@@ -1278,7 +1280,7 @@ def low_thresholds(monkeypatch):
         monkeypatch.setattr(module, name, value)
     monkeypatch.setattr(fusion, "MAX_THREADS", max(2, fusion.MAX_THREADS))
     monkeypatch.setattr(compiled_kernels, "UNAVAILABLE", frozenset())
-    monkeypatch.setattr(compiled_kernels, "_warned", set())
+    monkeypatch.setattr(ctoolchain, "_warned", set())
     monkeypatch.setattr(memory, "VERIFY", True)
 
 

@@ -21,6 +21,7 @@ from geon.op_graph import primitives as pr
 from geon.transformers import fusion, memory
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer
 from geon.transformers.numpy import compiled as compiled_kernels
+from geon.transformers.numpy import c_codegen
 from cuda_emulator import EmulatorRuntime, find_compiler
 
 needs_cc = pytest.mark.skipif(not compiled_kernels.available(),
@@ -40,8 +41,8 @@ def small_groups(monkeypatch):
     monkeypatch.setattr(fusion, "PARALLEL_ELEMENTS", 1)   # on threads
     monkeypatch.setattr(fusion, "MAX_THREADS", 2)
     monkeypatch.setattr(compiled_kernels, "AUTO_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(compiled_kernels, "PARALLEL_ELEMENTS", 1)
-    monkeypatch.setattr(compiled_kernels, "BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 1)
+    monkeypatch.setattr(c_codegen, "BLOCK_ELEMENTS", 8)
 
 
 def _root(op):

@@ -436,8 +436,8 @@ def test_concurrent_calls_give_correct_results():
 
 
 def test_a_longer_row_of_ones_is_made_when_the_limit_is_raised(monkeypatch):
-    from geon.transformers.numpy import transformer as nt
-    monkeypatch.setattr(nt, "ONES_LENGTH", 8192)
+    from geon.transformers.numpy import primitives
+    monkeypatch.setattr(primitives, "ONES_LENGTH", 8192)
     M, N = be.Axis(3, "OnesM"), be.Axis(6000, "OnesN")
     x = be.placeholder([M, N], dtype=np.float64)
     f = be.NumPyTransformer().computation(be.sum(x, reduction_axes=N), x)

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from geon.op_graph import conv as cv
-from geon.transformers.numpy.transformer import NUMPY_GLOBALS, numpy_code
+from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
 def _into(out, shape):

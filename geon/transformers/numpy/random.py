@@ -5,7 +5,7 @@ import numpy as np
 
 from geon.op_graph import random as rnd
 from geon.transformers.codegen_text import py_literal
-from geon.transformers.numpy.transformer import NUMPY_GLOBALS, numpy_code
+from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
 def random_into(out, distribution, seed, stream, step):

@@ -1,0 +1,453 @@
+"""C code generation of the compiled path: one C function per compiled group
+(:class:`Kernels`), a loop over the group's elements (or rows) computing every member
+with the rules of :mod:`.c_rules`, cut into segments over tiles where the group has
+several slow members (:func:`_segments`). See :mod:`geon.transformers.numpy.compiled`
+for which groups are compiled and how."""
+
+import ctypes
+
+import numpy as np
+
+from geon.op_graph import op_graph as og
+from geon.op_graph import primitives as pr
+from geon.transformers import fusion
+from geon.transformers.codegen_text import identifier
+from geon.transformers.numpy import toolchain
+from geon.transformers.numpy.c_rules import (_CTYPE, C_RULES, _c_comment, _literal,
+                                             row_sum, simd_declarations, slow, supported)
+from geon.transformers.numpy.kernel_cache import CompileError
+
+#: Groups with at least this many elements run in blocks on several threads.
+PARALLEL_ELEMENTS = 1 << 20
+#: Elements per block handed to a thread (rows of strided groups: this many elements'
+#: worth, at least one row).
+BLOCK_ELEMENTS = 1 << 18
+#: At most this many ops per C function: the compiler's time grows faster than the
+#: function's length (a 5,000-op loop took 36 s, 1,000 ops 2.8 s).
+MAX_MEMBERS = 250
+#: Elements per step of a function's outer loop (a step's tiles stay in cache).
+CHUNK_ELEMENTS = 1 << 14
+#: Elements of a row taken at a time in a group with strided reads. An input read
+#: through strides whose last one is not the element size is first copied into a
+#: contiguous array of this many elements (filled with one value where that stride is
+#: 0, as for a broadcast bias), so the loops over the row read every input as
+#: contiguous memory; element by element, a load through a stride the compiler does not
+#: know took as long as the rest of the loop (a bias add and ReLU over 512 x 1,024
+#: floats right after their GEMM: 369 us read through the stride, 198 us from a filled
+#: row, on one Cascade Lake core).
+ROW_CHUNK_ELEMENTS = 1024
+#: At most this many bytes of those contiguous arrays per function (they are on the C
+#: stack, of a thread too): a group with many strided inputs takes shorter chunks.
+ROW_BUFFER_BYTES = 1 << 16
+
+#: Elements per tile of a group run in segments, at most; fewer where the arrays that
+#: carry values between segments would pass :data:`TILE_BYTES` (per thread, in L1).
+TILE_ELEMENTS = 256
+TILE_BYTES = 1 << 15
+#: Groups of fewer elements run as one loop: each segment's loop adds tens of
+#: milliseconds of compile time, repaid only on large tensors.
+TILED_MIN_ELEMENTS = 1 << 16
+#: At most this many segments per group (slow members beyond share segments).
+MAX_SEGMENTS = 16
+
+
+_HEADER = """\
+/* geon: fused elementwise groups of one computation (generated) */
+#include <math.h>
+#include <stdint.h>
+#define GEON_DATA(o) (*(char **)((char *)(o) + {data}))
+#define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
+/* NumPy's maximum / minimum, bit for bit: a NaN operand wins (a's where both are: b's
+   through the comparison, a's through the second select), and of equal operands
+   (-0.0 and +0.0) the second, as NumPy gives np.maximum(-0.0, 0.0) = 0.0 and
+   np.maximum(0.0, -0.0) = -0.0. Two selects, which GCC vectorizes (maxps / minps). */
+#define GEON_MINMAX(name, t, cmp) static inline t name(t a, t b) \\
+    {{ const t m = a cmp b ? a : b; return a != a ? a : m; }}
+GEON_MINMAX(geon_max_f, float, >)
+GEON_MINMAX(geon_min_f, float, <)
+GEON_MINMAX(geon_max_d, double, >)
+GEON_MINMAX(geon_min_d, double, <)
+"""
+
+
+def _segments(members, outputs, n, row=None):
+    """How a group's loop is cut: ``(segments, slots, decls, tile)``.
+
+    One loop that computes every member of an element before the next element makes each
+    element one long chain of dependent instructions (a call into the vector maths
+    library, a division, a square root: tens of cycles each), and the CPU cannot look
+    far enough ahead to start the next elements meanwhile. So a group with more than one
+    slow member (:func:`.c_rules.slow`) is cut after each: the elements are taken a tile at a
+    time, and each segment is a loop over the tile whose iterations are independent. A
+    value read in a later segment goes through an array of one tile (a *slot*, reused
+    once the value is dead); so does each of ``outputs`` (members with a buffer)
+    computed before the last segment, which stores them all after its loads, since an
+    output may be written over an input's buffer. On the benchmarks' 20-op chain (two
+    tanh, two exp, a log, a division, a square root) this took about three quarters of
+    the time.
+
+    Groups of fewer than :data:`TILED_MIN_ELEMENTS` elements, or with fewer than two
+    slow members, are one loop, and so is a group whose loops run over rows of ``row``
+    elements (strided reads) shorter than a tile. A group is cut into at most :data:`MAX_SEGMENTS`
+    loops: with more slow members (not counting a last member, after which there is
+    nothing to cut), it is cut after every second (third, ...) one, which bounds the
+    compile time.
+
+    ``segments``: lists of (index, member); ``slots``: member -> the name of its array;
+    ``decls``: array name -> C type; ``tile``: elements per tile (0: one segment, no
+    tiles)."""
+    everything = [list(enumerate(members))]
+    slow_ = [q for q, m in enumerate(members) if slow(m)]
+    if n < TILED_MIN_ELEMENTS or len(slow_) < 2:
+        return everything, {}, {}, 0
+    slow_ = [q for q in slow_ if q < len(members) - 1]   # no cut after the last member
+    every = -(-len(slow_) // (MAX_SEGMENTS - 1))
+    cuts = set(slow_[every - 1::every])
+    segments = [[]]
+    seg_of = {}
+    for q, m in enumerate(members):
+        segments[-1].append((q, m))
+        seg_of[m] = len(segments) - 1
+        if q in cuts:
+            segments.append([])
+    last = {m: len(segments) - 1 for m in outputs}   # member -> its last segment:
+    for m in members:                                  # outputs are stored in the last
+        for a in m.args:
+            if a in seg_of:
+                last[a] = max(last.get(a, 0), seg_of[m])
+    slots, decls, sizes, free, live = {}, {}, {}, {}, []
+    for s, seg in enumerate(segments):
+        for item in [x for x in live if x[0] < s]:   # dead before this segment
+            live.remove(item)
+            free.setdefault(decls[item[1]], []).append(item[1])
+        for _, m in seg:
+            if last.get(m, -1) > s:
+                t = _CTYPE[m.dtype]
+                name = free[t].pop() if free.get(t) else f"tile{len(decls)}"
+                decls[name], sizes[name] = t, m.dtype.itemsize
+                slots[m] = name
+                live.append((last[m], name))
+    per_element = sum(sizes.values())
+    tile = TILE_ELEMENTS
+    while tile > 16 and tile * per_element > TILE_BYTES:
+        tile //= 2
+    if row is not None and row < tile:
+        return everything, {}, {}, 0
+    return segments, slots, decls, tile
+
+
+
+class Kernels:
+    """The compiled groups of one computation being generated: collects a C function per
+    group (:meth:`group_code`), then builds them into one library (:meth:`build`)."""
+
+    def __init__(self):
+        self.functions = []   # C source of each function
+        self.names = []       # the Python name each is called by
+        self.groups = 0
+        self.source = None    # the C file, once built
+
+    def compilable(self, g, scalars):
+        """Whether every member of ``g`` compiles and every input is a buffer, view or
+        constant of the group's shape, or a scalar constant."""
+        lengths = g.members[0].axes.lengths
+        members = set(g.members)
+        for m in g.members:
+            if not (supported(m) or row_sum(m)):
+                return False
+            for a in m.args:
+                if a in members or a in scalars:
+                    continue
+                if a.axes.lengths != lengths:
+                    return False
+        return True
+
+    def group_code(self, g, names, scalars, consts, dynamic, buffer, taken):
+        """Python lines running group ``g`` as one C call (see the module docstring).
+
+        ``names``: op -> name of its array (filled here for members with a buffer);
+        ``scalars``: scalar constant -> name; ``consts``: name -> value; ``dynamic``:
+        the ops whose arrays change between calls; ``buffer(op, lines)``: the name of a
+        member's buffer, adding any line that makes it to ``lines``."""
+        lines = []
+        for m in g.members:
+            if m not in g.internal:
+                names[m] = buffer(m, lines)
+        k = self.groups
+        self.groups += 1
+        group = _GroupFunction(g, names, scalars, consts, lines)
+        cname = f"geon_group{k}"
+        pyname = identifier(f"kernel{k}", taken)
+        self.functions.append("\n".join(group.c_source(cname)))
+        self.names.append((pyname, cname, len(group.params)))
+        return lines + group.python_call(cname, pyname)
+
+    def build(self):
+        """``{python name: ctypes function}`` of the collected groups; raises
+        :class:`CompileError`."""
+        if not self.functions:
+            return {}
+        offsets = toolchain.ndarray_offsets()
+        if offsets is None:
+            raise CompileError("this NumPy's ndarray layout was not recognised",
+                               key="layout")
+        tc = toolchain.toolchain()
+        source = (_HEADER.format(data=offsets[0], strides=offsets[1])
+                  + (simd_declarations() if tc.simd_math else "") + "\n"
+                  + "\n\n".join(self.functions) + "\n")
+        self.source = source
+        lib = toolchain.build(source, [cname for _, cname, _ in self.names])
+        out = {}
+        for pyname, cname, nargs in self.names:
+            f = getattr(lib, cname)
+            f.argtypes = [ctypes.py_object] * nargs + [ctypes.c_int64] * 2
+            f.restype = None
+            out[pyname] = f
+        return out
+
+
+class _GroupFunction:
+    """The C function of one compiled group, and the Python lines calling it: what it
+    reads and writes (its parameters), how its loops run (over elements or rows, in
+    tiles or not), and the text of each part."""
+
+    def __init__(self, g, names, scalars, consts, lines):
+        self.g, self.members = g, g.members
+        self.shape = shape = self.members[0].axes.shape
+        self.n = int(np.prod(shape))
+        self._parameters(names, scalars, lines)
+        # row sums (the group finder puts them last): one accumulator each per row,
+        # stored once the row is done
+        self.sums = {m: k for k, m in enumerate(x for x in self.members if row_sum(x))}
+        self.stored = {m: p for m, p in self.outputs.items() if m not in self.sums}
+        # loops over rows, then over a row's elements
+        self.by_rows = by_rows = bool(self.strided or self.sums)
+        self.rank = rank = len(shape)
+        rows = int(np.prod(shape[:-1])) if rank > 1 else 1
+        self.inner = shape[-1] if by_rows else self.n
+        self.rows = rows if by_rows else 1
+        self._loads(scalars, consts)
+        # strided groups: a row's piece, its contiguous copies within ROW_BUFFER_BYTES
+        copied = sum(self.param_dtype[p].itemsize for p in self.strided)
+        self.chunk = min(self.inner, ROW_CHUNK_ELEMENTS,
+                         max(16, ROW_BUFFER_BYTES // max(1, copied)))
+        if self.sums:   # one loop: the sums add up the values of the last one
+            self.segments, self.slots, self.decls, self.tile = \
+                [list(enumerate(self.members))], {}, {}, 0
+        else:
+            self.segments, self.slots, self.decls, self.tile = _segments(
+                self.members, self.outputs, self.n,
+                self.chunk if self.strided else None)
+
+    def _parameters(self, names, scalars, lines):
+        """The arrays passed: inputs (contiguous or strided) then outputs."""
+        g, members = self.g, self.members
+        params, number = [], {}   # array name -> parameter number
+
+        def param(name):
+            if name not in number:
+                number[name] = len(params)
+                params.append(name)
+            return number[name]
+
+        inputs, strided, param_dtype = {}, set(), {}
+        for m in members:
+            for a in m.args:
+                if a in inputs or a in g.internal or a in members or a in scalars:
+                    continue
+                inputs[a] = param(names[a])
+                param_dtype[inputs[a]] = a.dtype
+                if isinstance(a, (pr.ViewOp, og.Constant)):
+                    strided.add(inputs[a])
+                elif isinstance(a, og.Placeholder):
+                    x = names[a]  # a feed may be any ndarray of the right shape
+                    lines.append(f"    if not {x}.flags.c_contiguous: "
+                                 f"{x} = _np_contiguous({x})")
+        outputs = {m: param(names[m]) for m in members if m not in g.internal}
+        # an output never goes through strides: buffers, fresh arrays and variables are
+        # contiguous (an input read through a view is never an output's buffer)
+        strided -= set(outputs.values())
+        self.params, self.inputs, self.outputs = params, inputs, outputs
+        self.strided, self.param_dtype = strided, param_dtype
+
+    def _loads(self, scalars, consts):
+        """The line loading each input's element (by parameter), and the C value of
+        each input and scalar constant."""
+        self.loads, self.value = loads, value = {}, {}
+        for a, p in self.inputs.items():
+            t = _CTYPE[a.dtype]
+            v = f"x{p}"
+            if p in self.strided:   # q<p>: the current chunk of its row, contiguous
+                loads[p] = f"const {t} {v} = q{p}[j - c0];"
+            elif self.by_rows:
+                loads[p] = f"const {t} {v} = (({t} *)b{p})[r * {self.inner} + j];"
+            else:
+                loads[p] = f"const {t} {v} = (({t} *)b{p})[i];"
+            value[a] = (v, a.dtype)
+        for m in self.members:
+            for a in m.args:
+                if a in scalars and a not in value:
+                    value[a] = (_literal(consts[scalars[a]], a.dtype), a.dtype)
+
+    def _member_line(self, m, q, values, slots, here, used):
+        """The line computing member ``m`` (number ``q``) from ``values``."""
+        if m in self.sums:
+            return f"acc{self.sums[m]} += (double){values[m.args[0]][0]};" \
+                   f"  /* {_c_comment(m)} */"
+        ct = m.compute_dtype()
+        t = _CTYPE[ct] if ct is not None else _CTYPE[m.dtype]
+        args = []
+        for a in m.args:
+            v, dt = values[a]
+            if a in self.inputs:
+                used.add(self.inputs[a])
+            elif a in slots and a not in here:
+                v = f"{slots[a]}[u]"   # computed in an earlier segment
+            args.append(v if (ct is None or dt == ct) else f"(({_CTYPE[ct]}){v})")
+        expr = C_RULES.find(m)(m, t, args)
+        mt = _CTYPE[m.dtype]
+        values[m] = (f"v{q}", m.dtype)
+        return f"const {mt} v{q} = ({mt}){expr};  /* {_c_comment(m)} */"
+
+    def loop_bodies(self, segments, slots):
+        """Per segment, (the lines of its loop body, whether they read or write the
+        arrays by element index)."""
+        bodies, indexed, values = [], [], dict(self.value)
+        for seg in segments:
+            used, body, here = set(), [], {m for _, m in seg}
+            for q, m in seg:
+                body.append(self._member_line(m, q, values, slots, here, used))
+                if m in slots and m not in self.sums:
+                    body.append(f"{slots[m]}[u] = v{q};")
+            bodies.append([self.loads[p] for p in sorted(used)] + body)
+            indexed.append(bool(used))
+        # Every store comes last, after every load of the element: an output may be
+        # written over an input's buffer.
+        here = {m for _, m in segments[-1]}
+        idx = f"r * {self.inner} + j" if self.by_rows else "i"
+        for m, p in self.stored.items():
+            v = values[m][0] if m in here else f"{slots[m]}[u]"
+            bodies[-1].append(f"(({_CTYPE[m.dtype]} *)b{p})[{idx}] = {v};")
+        indexed[-1] = indexed[-1] or bool(self.outputs)
+        return list(zip(bodies, indexed))
+
+    def c_source(self, cname):
+        """The lines of the C function ``cname``."""
+        members, segments, tile = self.members, self.segments, self.tile
+        src = [f"/* {len(members)} ops, shape {self.shape}"
+               + (f", {len(segments)} loops over tiles of {tile}" if tile else "") + " */",
+               f"void {cname}({''.join(f'void *a{p}, ' for p in range(len(self.params)))}"
+               f"int64_t lo, int64_t hi) {{"]
+        for p in range(len(self.params)):
+            src.append(f"    char *const b{p} = GEON_DATA(a{p});")
+        for p in sorted(self.strided):
+            src.append(f"    const int64_t *const st{p} = GEON_STRIDES(a{p});")
+            for d in range(self.rank):
+                src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
+            src.append(f"    {_CTYPE[self.param_dtype[p]]} g{p}[{self.chunk}] "
+                       "__attribute__((aligned(64)));")
+        # elements lo..hi (rows lo..hi with strided reads): the caller splits the range
+        if not self.by_rows:
+            src += [f"    for (int64_t c = lo; c < hi; c += {CHUNK_ELEMENTS}) {{",
+                    f"        const int64_t e = c + {CHUNK_ELEMENTS} < hi ? "
+                    f"c + {CHUNK_ELEMENTS} : hi;"]
+            first = "c"
+        else:
+            src += self._row_head()
+            first = "c0"
+        if tile:   # whole tiles: one loop per segment, values between them in arrays
+            src += self._tiles(first)
+            first = "t"   # the rest: one loop, as below
+        src += self._fused_loop(first)
+        if self.by_rows:
+            src.append("      }")   # the row's chunks
+        for m, k in self.sums.items():
+            src.append(f"        (({_CTYPE[m.dtype]} *)b{self.outputs[m]})[r] = "
+                       f"({_CTYPE[m.dtype]})acc{k};")
+        src += ["    }", "}"]
+        return src
+
+    def _row_head(self):
+        """The start of the loop over rows: each strided input's offset in the row, and
+        the row a chunk at a time, each strided input's chunk as contiguous memory."""
+        strided, shape, rank, inner, chunk = (self.strided, self.shape, self.rank,
+                                              self.inner, self.chunk)
+        src = ["    for (int64_t r = lo; r < hi; r++) {"]
+        for p in sorted(strided):
+            src.append(f"        int64_t o{p} = 0;")
+        for k in self.sums.values():
+            src.append(f"        double acc{k} = 0;")
+        if rank > 1 and strided:
+            src.append("        int64_t q = r, d;")
+            for dim in range(rank - 2, -1, -1):
+                src.append(f"        d = q % {shape[dim]}; q /= {shape[dim]};")
+                for p in sorted(strided):
+                    src.append(f"        o{p} += d * s{p}_{dim};")
+        src += [f"      for (int64_t c0 = 0; c0 < {inner}; c0 += {chunk}) {{",
+                f"        const int64_t e = c0 + {chunk} < {inner} ? "
+                f"c0 + {chunk} : {inner};"]
+        for p in sorted(strided):
+            t, size, s_ = _CTYPE[self.param_dtype[p]], self.param_dtype[p].itemsize, \
+                f"s{p}_{rank - 1}"
+            src += [f"        const {t} *q{p} = g{p};",
+                    f"        if ({s_} == {size}) {{",
+                    f"            q{p} = (const {t} *)(b{p} + o{p}) + c0;",
+                    f"        }} else if ({s_} == 0) {{",
+                    f"            const {t} w = *(const {t} *)(b{p} + o{p});",
+                    f"            for (int64_t j = 0; j < e - c0; j++) g{p}[j] = w;",
+                    "        } else {",
+                    "            for (int64_t j = c0; j < e; j++)",
+                    f"                g{p}[j - c0] = "
+                    f"*(const {t} *)(b{p} + o{p} + j * {s_});",
+                    "        }"]
+        return src
+
+    def _tiles(self, first):
+        """The loops over whole tiles from ``first``: one per segment."""
+        tile, ix = self.tile, "j" if self.by_rows else "i"
+        src = [f"        {t} {name}[{tile}] __attribute__((aligned(64)));"
+               for name, t in self.decls.items()]
+        src += [f"        int64_t t = {first};",
+                f"        for (; t + {tile} <= e; t += {tile}) {{"]
+        for body, indexed in self.loop_bodies(self.segments, self.slots):
+            src += ["            #pragma omp simd",
+                    f"            for (int64_t u = 0; u < {tile}; u++) {{"]
+            if indexed:   # it reads an input or writes an output
+                src.append(f"                const int64_t {ix} = t + u;")
+            src += ["                " + ln for ln in body] + ["            }"]
+        src.append("        }")
+        return src
+
+    def _fused_loop(self, first):
+        """One loop over the elements from ``first``, every member in registers."""
+        ix = "j" if self.by_rows else "i"
+        fused = self.loop_bodies([list(enumerate(self.members))], {})[0][0]
+        accs = ",".join(f"acc{k}" for k in self.sums.values())
+        src = ["        #pragma omp simd" + (f" reduction(+:{accs})" if self.sums else ""),
+               f"        for (int64_t {ix} = {first}; {ix} < e; {ix}++) {{"]
+        return src + ["            " + ln for ln in fused] + ["        }"]
+
+    def python_call(self, cname, pyname):
+        """The Python lines calling the function: a comment, then one call, or calls
+        by blocks on geon's threads for a large group."""
+        members, sums, n, tile = self.members, self.sums, self.n, self.tile
+        lines = [f"    # compiled: {len(members) - len(sums)} elementwise ops "
+                 + (f"and {len(sums)} sum(s) of their rows " if sums else "")
+                 + f"({len(self.g.internal)} without a full buffer) in "
+                 + (f"{len(self.segments)} C loops over tiles of {tile} of the {n} "
+                    f"elements " if tile else f"one C loop over {n} elements ")
+                 + f"({cname}{', strided reads' if self.strided else ''})"]
+        units = self.rows if self.by_rows else n   # the function's range
+        threads = fusion.MAX_THREADS if n >= PARALLEL_ELEMENTS else 1
+        args = "".join(f"{a}, " for a in self.params)
+        if threads > 1:
+            block = max(1, BLOCK_ELEMENTS // (self.inner if self.by_rows else 1))
+            lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}({args}_lo, _hi), "
+                         f"{units}, {block}, ((),) * {threads})")
+        else:
+            lines.append(f"    {pyname}({args}0, {units})")
+        return lines
+
+
+#: Names the generated Python of compiled groups uses.
+PY_GLOBALS = {"_np_contiguous": np.ascontiguousarray}
