@@ -13,12 +13,15 @@ library, geon's included; ``0``: each library's default), interleaved repeats gi
 medians (minimums) of one forward in geon, PyTorch eager and ONNX Runtime; the import
 and first call against ONNX Runtime's session creation and first run; and, with
 ``--train``, one fine-tuning step (the mean square of the first output, backward, SGD
-on every float weight) against PyTorch's.
+on every float weight) against PyTorch's; with ``--memory``, the peak memory of
+importing the model and running one forward, geon against ONNX Runtime, each in a
+fresh process.
 
 Needs torch==2.13.0, torchvision==0.28.0, transformers and onnxruntime (benchmark-only
 dependencies, never geon's)::
 
-    python -m benchmarks.models [--threads 1 0] [--repeats 11] [--train] [--only resnet18]
+    python -m benchmarks.models [--threads 1 0] [--repeats 11] [--train] [--memory]
+                                [--only resnet18 ...]
 """
 
 import argparse
@@ -156,7 +159,7 @@ def _stats(fns, repeats):
     return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
 
 
-def run_model(name, threads, repeats, train):
+def run_model(name, threads, repeats, train, memory=False):
     """The measurements of one model in this process, as a dict."""
     import onnxruntime as ort
     import torch
@@ -197,7 +200,59 @@ def run_model(name, threads, repeats, train):
                             "ort": lambda: sess.run(None, ort_feeds)}, repeats)}
     if train:
         r["train"] = _train_step(be, g, feeds, module, inputs, repeats)
+    if memory:
+        r["memory"] = {lib: _peak_memory(lib, data, feeds, threads) for lib in ("geon", "ort")}
     return r
+
+
+#: Run in a fresh process: load the libraries, then import the model and run one
+#: forward; print how much the process's peak resident memory grew meanwhile (bytes).
+_MEMORY_PROBE = """
+import sys
+import numpy as np
+
+
+def hwm():  # the process's peak resident memory so far (bytes), from /proc
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f
+                    if line.startswith("VmHWM:"))
+
+
+lib, path = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+with np.load(path + ".npz") as z:
+    feeds = [z[k] for k in sorted(z.files, key=lambda k: int(k[4:]))]
+if lib == "geon":
+    import geon as be
+    from geon.frontends.onnx import import_model
+else:
+    import onnxruntime as ort
+before = hwm()
+if lib == "geon":
+    g = import_model(data)
+    be.NumPyTransformer().computation(g.outputs[0], *g.inputs)(*feeds)
+else:
+    s = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    s.run(None, {i.name: f for i, f in zip(s.get_inputs(), feeds)})
+after = hwm()
+print(after - before)
+"""
+
+
+def _peak_memory(lib, data, feeds, threads):
+    """How much a fresh process's peak resident memory grows while ``lib`` ("geon" or
+    "ort") imports the model and runs one forward (bytes; Linux's VmHWM, read after the
+    library and the model file are loaded, so only the import's and the forward's own
+    share is counted; ru_maxrss would carry this process's peak over into the child)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        np.savez(path + ".npz", **{f"feed{i}": a for i, a in enumerate(feeds)})
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, lib, path],
+                             capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
 
 
 def _train_step(be, g, feeds, module, inputs, repeats):
@@ -229,13 +284,13 @@ def _train_step(be, g, feeds, module, inputs, repeats):
     return {"first_losses": first, **stats}
 
 
-def worker(threads, repeats, train, only):
+def worker(threads, repeats, train, only, memory=False):
     if threads:
         import torch
         torch.set_num_threads(threads)
     for name in only or MODELS:
         try:
-            r = run_model(name, threads, repeats, train)
+            r = run_model(name, threads, repeats, train, memory)
         except Exception as e:  # a model that does not export or import: say why
             r = {"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(json.dumps(r), flush=True)
@@ -266,6 +321,16 @@ def report(threads, results):
     if ratios:
         print(f"\nMedian over the zoo: geon / PyTorch {statistics.median(a for a, _ in ratios):.2f}, "
               f"geon / ORT {statistics.median(b for _, b in ratios):.2f}")
+    measured = [r for r in results if "memory" in r]
+    if measured:
+        print(f"\n### Peak memory of import + one forward, {label}: MB over the loaded "
+              f"library\n")
+        print("| model | geon | ONNX Runtime | geon / ORT |")
+        print("|---|---|---|---|")
+        for r in measured:
+            g, o = r["memory"]["geon"], r["memory"]["ort"]
+            print(f"| {r['model']} | {g / 1e6:.1f} | {o / 1e6:.1f} | "
+                  f"{g / o if o else float('nan'):.2f} |")
     trained = [r for r in results if "train" in r]
     if trained:
         print(f"\n### Fine-tuning step, {label}: median (minimum) ms\n")
@@ -285,10 +350,13 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--train", action="store_true", help="also time a fine-tuning step")
     p.add_argument("--only", nargs="+", choices=MODELS, help="these models only")
+    p.add_argument("--memory", action="store_true",
+                   help="also the peak memory of importing and running one forward, "
+                        "geon against ONNX Runtime (each in a fresh process)")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        worker(args.worker, args.repeats, args.train, args.only)
+        worker(args.worker, args.repeats, args.train, args.only, args.memory)
         return
     for threads in args.threads:
         env = dict(os.environ)
@@ -297,6 +365,7 @@ def main(argv=None):
                 env[var] = str(threads)
         cmd = [sys.executable, "-m", "benchmarks.models", "--worker", str(threads),
                "--repeats", str(args.repeats)] + (["--train"] if args.train else []) \
+            + (["--memory"] if args.memory else []) \
             + (["--only", *args.only] if args.only else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         results = [json.loads(line) for line in out.stdout.splitlines()
