@@ -22,10 +22,10 @@ from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
     absolute, add, argmax, argmin, axes_with_order, broadcast, cast_axes, constant, cos,
-    divide, dot, equal, exp, flatten, greater, greater_equal, less, less_equal, log,
-    maximum, mean, minimum, multiply, negative, not_equal, one_hot, placeholder, power,
-    prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis, snap, sqrt, square,
-    stop_gradient, subtract, tanh, tensor_size, unflatten, variance, split,
+    divide, dot, equal, erf, exp, expm1, flatten, greater, greater_equal, less,
+    less_equal, log, maximum, mean, minimum, multiply, negative, not_equal, one_hot,
+    placeholder, power, prod, reciprocal, safelog, sigmoid, sign, sin, slice_along_axis,
+    snap, softplus, sqrt, square, stop_gradient, subtract, tanh, tensor_size, unflatten, variance, split,
     max_argmax, MultiOutput, Output, value_of)
 # be.sum, be.max and be.min are left out of __all__ (below): ``x as x`` makes them
 # explicit re-exports all the same, which type checkers need to see them.
@@ -37,8 +37,8 @@ from geon.op_graph.user_ops import define_op, elementwise_op  # noqa: E402
 from geon.op_graph.schemas import (cross_entropy_binary, cross_entropy_multi,  # noqa: E402
                                    softmax)
 from geon.op_graph.nn_ops import (  # noqa: E402
-    argsort, clip, concat, cumsum, elu, erf, expm1, gather, gelu, hard_sigmoid, leaky_relu,
-    log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, softplus, sort,
+    argsort, clip, concat, cumsum, elu, gather, gelu, hard_sigmoid, leaky_relu,
+    log_softmax, logsumexp, pad, relu, scatter_add, select, selu, silu, sort,
     sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.domains import Domain, DomainError, set_domain  # noqa: E402
 from geon.op_graph.reference import evaluate  # noqa: E402

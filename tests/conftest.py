@@ -31,6 +31,16 @@ def verify_memory_plans():
 
 
 @pytest.fixture(autouse=True)
+def declared_primitives_restored():
+    """A primitive a test declares (a new op's class with ``@primitive``) joins the
+    standard base set only for that test."""
+    from geon.op_graph import tables
+    saved = list(tables._PRIMITIVES)
+    yield
+    tables._PRIMITIVES[:] = saved
+
+
+@pytest.fixture(autouse=True)
 def steady_thread_policy(monkeypatch):
     """The thread policy (geon/transformers/threads.py) answers its budget throughout a
     test and measures no load: on a loaded machine it would give one thread, and tests

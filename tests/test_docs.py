@@ -51,6 +51,8 @@ SHOWN = {"text", "console", "toml", "ini", "none"}
 REGISTRIES = [("geon.registry", "_REGISTRY"),
               ("geon.transformers.numpy.transformer", "NUMPY_CODE"),
               ("geon.transformers.gpu.cuda", "CUDA_CODE"),
+              ("geon.transformers.numpy.c_rules", "C_RULES"),
+              ("geon.transformers.c_expressions", "C_EXPRESSIONS"),
               ("geon.op_graph.reference", "EVALUATORS"),
               ("geon.op_graph.reference", "ELEMENTWISE_FUNCS"),
               ("geon.op_graph.autodiff", "ADJOINTS"),

@@ -867,10 +867,12 @@ def test_updates_fuse_with_their_assignment():
 def test_every_standard_primitive_has_gpu_code():
     """A primitive added to the standard base set needs GPU rules too: an entry in
     geon.transformers.gpu.kernels.CUDA_KERNELS (what it launches alone) and, if it is
-    elementwise, one in geon.transformers.gpu.cuda.CUDA_CODE (its C expression).
+    elementwise, one in geon.transformers.gpu.cuda.CUDA_CODE or the C expressions it
+    shares with the CPU (geon.transformers.c_expressions.C_EXPRESSIONS).
     Storage, views and outputs launch nothing."""
     from geon.op_graph import op_graph as og
     from geon.transformers.base import STANDARD_BASE_SET
+    from geon.transformers.c_expressions import C_EXPRESSIONS
     from geon.transformers.gpu import CUDA_CODE, CUDA_KERNELS
 
     def has(table, cls):
@@ -880,7 +882,8 @@ def test_every_standard_primitive_has_gpu_code():
     missing = [c.__name__ for c in STANDARD_BASE_SET
                if not issubclass(c, launch_nothing)
                and not (has(CUDA_KERNELS, c)
-                        and (not issubclass(c, og.ElementWise) or has(CUDA_CODE, c)))]
+                        and (not issubclass(c, og.ElementWise) or has(CUDA_CODE, c)
+                             or has(C_EXPRESSIONS, c)))]
     assert not missing, missing
 
 

@@ -31,6 +31,16 @@ from geon.op_graph.domain_values import Domain, as_domain, check_dtype
 from geon.op_graph.keywords import _accepted, _unknown_keywords, keywords
 from geon.op_graph.nodes import Node, OrderedSet, user_location
 from geon.op_graph.tables import primitive
+
+#: The names ``og`` (:mod:`geon.op_graph.op_graph`) re-exports, helpers among them.
+__all__ = [
+    "_arrays_as_constants", "as_op", "as_op_list", "AssignableTensorOp",
+    "ComputationOp", "Constant", "constant", "DEFAULT_DTYPE", "DTypeLike",
+    "_family_hook", "FAMILY_HOOKS", "_fmt", "Invalid", "_Invalid", "_mismatch", "Op",
+    "Placeholder", "placeholder", "require_valid", "result_dtype", "SetItem", "_short",
+    "snap", "TensorLike", "TensorOp", "toposort", "Variable", "VoidOp",
+    "_weak_constant", "weak_number", "_WEAK_NUMBERS",
+]
 DEFAULT_DTYPE = np.dtype(np.float32)
 
 #: Hooks of the other op families (NumPy, Simple Axes), keyed by name and installed by

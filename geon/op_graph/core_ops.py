@@ -19,6 +19,14 @@ from geon.op_graph.keywords import keywords
 from geon.op_graph.special import align
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
+#: The names :mod:`geon.op_graph.op_graph` re-exports (``og.X``), private helpers that
+#: other modules use as ``og._x`` among them.
+__all__ = [
+    "axes_with_order", "AxesWithOrder", "Broadcast", "broadcast", "cast_axes",
+    "CastAxes", "MultiOutput", "Output", "Reduction", "reduction_split",
+    "stop_gradient", "StopGradient", "Sum",
+]
+
 
 # --- reductions ------------------------------------------------------------------------
 

@@ -19,6 +19,20 @@ from geon.op_graph.special import align
 from geon.op_graph.tables import (ELEMENTWISE_FUNCS, NP_UFUNCS, adjoint_rule, evaluator,
                                   forward_rule)
 
+#: The names :mod:`geon.op_graph.op_graph` re-exports (``og.X``), private helpers that
+#: other modules use as ``og._x`` among them.
+__all__ = [
+    "Absolute", "absolute", "Add", "add", "BinaryElementWise", "Comparison", "Cos",
+    "cos", "Divide", "divide", "ElementWise", "_ELEMENTWISE_HINTS", "Equal", "equal",
+    "Erf", "erf", "Exp", "exp", "Expm1", "expm1", "Greater", "greater",
+    "greater_equal", "GreaterEqual", "Less", "less", "less_equal", "LessEqual", "Log",
+    "log", "Maximum", "maximum", "Minimum", "minimum", "Multiply", "multiply",
+    "Negative", "negative", "not_equal", "NotEqual", "Power", "power", "Reciprocal",
+    "reciprocal", "safelog", "Sigmoid", "sigmoid", "SigmoidSchema", "Sign", "sign",
+    "Sin", "sin", "Softplus", "softplus", "Sqrt", "sqrt", "Square", "square",
+    "Subtract", "subtract", "Tanh", "tanh", "UnaryElementWise",
+]
+
 
 class ElementWise(ComputationOp):
     """Elementwise ops. Args are matched by axis name: the result has the first arg's

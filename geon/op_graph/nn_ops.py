@@ -36,15 +36,11 @@ from geon.op_graph.op_graph import _fmt, _mismatch, as_op
 
 __all__ = [
     "CumSum", "Gather", "ScatterAdd", "Sort", "TopK", "along_axis_index", "argsort",
-    "clip", "concat", "cumsum", "elu", "erf", "expm1", "gather", "gelu", "hard_sigmoid",
+    "clip", "concat", "cumsum", "elu", "gather", "gelu", "hard_sigmoid",
     "leaky_relu", "log_softmax", "logsumexp", "pad", "pad_axis", "relu", "scatter_add",
-    "select", "selu", "silu", "softplus", "sort", "sort_with_indices", "stack", "tile",
+    "select", "selu", "silu", "sort", "sort_with_indices", "stack", "tile",
     "topk", "where",
 ]
-
-erf = og.erf
-expm1 = og.expm1
-softplus = og.softplus
 
 #: The constants of SELU (Klambauer et al., 2017), as PyTorch uses them.
 SELU_ALPHA = 1.6732632423543772848170429916717

@@ -23,59 +23,27 @@ from geon.op_graph.tables import declared_primitives, primitive  # noqa: F401
 from geon.op_graph.keywords import (  # noqa: F401
     keywords, OP_KEYWORDS, _accepted, _DOT_HINT, _DOT_HINTS, _REDUCE_HINTS,
     _unknown_keywords)
-from geon.op_graph.core import (  # noqa: F401
-    as_op, as_op_list, AssignableTensorOp, ComputationOp, constant, Constant,
-    DEFAULT_DTYPE, DTypeLike, FAMILY_HOOKS, Invalid, Op, placeholder, Placeholder,
-    require_valid, result_dtype, SetItem, snap, TensorLike, TensorOp, toposort,
-    Variable, VoidOp, weak_number, _arrays_as_constants, _family_hook, _fmt, _Invalid,
-    _mismatch, _short, _weak_constant, _WEAK_NUMBERS)
-from geon.op_graph.core_ops import (  # noqa: F401
-    axes_with_order, AxesWithOrder, Broadcast, broadcast, cast_axes, CastAxes,
-    MultiOutput, Output, Reduction, reduction_split, stop_gradient, StopGradient, Sum)
-from geon.op_graph.elementwise import (  # noqa: F401
-    Absolute, absolute, add, Add, BinaryElementWise, Comparison, cos, Cos, Divide,
-    divide, ElementWise, equal, Equal, Erf, erf, Exp, exp, expm1, Expm1, Greater,
-    greater, greater_equal, GreaterEqual, less, Less, less_equal, LessEqual, Log, log,
-    maximum, Maximum, minimum, Minimum, multiply, Multiply, negative, Negative,
-    not_equal, NotEqual, Power, power, reciprocal, Reciprocal, safelog, Sigmoid,
-    sigmoid, SigmoidSchema, Sign, sign, sin, Sin, Softplus, softplus, sqrt, Sqrt,
-    Square, square, subtract, Subtract, tanh, Tanh, UnaryElementWise,
-    _ELEMENTWISE_HINTS)
-from geon.op_graph.reductions import (  # noqa: F401
-    argmax, ArgMax, ArgMin, argmin, Dot, dot, max, Max, max_argmax, MaxArgMax, mean,
-    min, Min, prod, Prod, sum, tensor_size, TensorSize, variance, _DOT_SPLIT_HINT)
-from geon.op_graph.shaping import (  # noqa: F401
-    Flatten, flatten, one_hot, OneHot, Slice, slice_along_axis, split, Split, Unflatten,
-    unflatten, value_of)
+from geon.op_graph import core, core_ops, elementwise, reductions, shaping
+from geon.op_graph.core import *  # noqa: F401,F403
+from geon.op_graph.core_ops import *  # noqa: F401,F403
+from geon.op_graph.elementwise import *  # noqa: F401,F403
+from geon.op_graph.reductions import *  # noqa: F401,F403
+from geon.op_graph.shaping import *  # noqa: F401,F403
 
 #: Every name above, for type checkers (a name a module imports is its own export only
-#: when listed here): ``og.TensorOp`` is the class :mod:`~geon.op_graph.core` defines.
-#: The private helpers are listed too; other modules use them as ``og._fmt`` and so on.
+#: when listed here): the modules' own ``__all__`` lists (``og.TensorOp`` is the class
+#: :mod:`~geon.op_graph.core` defines), and the names imported one by one. The private
+#: helpers are listed too; other modules use them as ``og._fmt`` and so on.
 __all__ = [
-    "Absolute", "absolute", "Add", "add", "ArgMax", "argmax", "ArgMin", "argmin",
-    "ArgumentError", "as_axes", "as_op", "as_op_list", "AssignableTensorOp", "Axes",
-    "axes_with_order", "AxesLike", "AxesWithOrder", "Axis", "AxisIndexError",
-    "AxisMismatchError", "BinaryElementWise", "Broadcast", "broadcast", "cast_axes",
-    "CastAxes", "check_lengths", "Comparison", "ComputationOp", "Constant", "constant",
-    "Cos", "cos", "declared_primitives", "DEFAULT_DTYPE", "Divide", "divide", "Dot",
-    "dot", "DTypeLike", "ElementWise", "Equal", "equal", "Erf", "erf", "Exp", "exp",
-    "Expm1", "expm1", "FAMILY_HOOKS", "FeedError", "Flatten", "flatten",
-    "FlattenedAxis", "GeonError", "Greater", "greater", "greater_equal", "GreaterEqual",
-    "Invalid", "InvalidValueError", "keywords", "Less", "less", "less_equal",
-    "LessEqual", "Log", "log", "Max", "max", "max_argmax", "MaxArgMax", "Maximum",
-    "maximum", "mean", "Min", "min", "Minimum", "minimum", "MultiOutput", "Multiply",
-    "multiply", "Negative", "negative", "NO_AXES", "Node", "nodes", "not_equal",
-    "note_users", "NotEqual", "one_hot", "OneHot", "Op", "OP_KEYWORDS", "OrderedSet",
-    "Output", "Placeholder", "placeholder", "Power", "power", "primitive", "Prod",
-    "prod", "Reciprocal", "reciprocal", "Reduction", "reduction_split", "require_valid",
-    "result_dtype", "safelog", "SetItem", "Sigmoid", "sigmoid", "SigmoidSchema", "Sign",
-    "sign", "Sin", "sin", "Slice", "slice_along_axis", "snap", "Softplus", "softplus",
-    "Split", "split", "Sqrt", "sqrt", "Square", "square", "stop_gradient",
-    "StopGradient", "Subtract", "subtract", "Sum", "sum", "Tanh", "tanh", "tensor_size",
-    "TensorLike", "TensorOp", "TensorSize", "toposort", "TruthValueError",
-    "UnaryElementWise", "Unflatten", "unflatten", "user_location", "value_of",
-    "Variable", "variance", "VoidOp", "weak_number", "_accepted",
-    "_arrays_as_constants", "_DOT_HINT", "_DOT_HINTS", "_DOT_SPLIT_HINT",
-    "_ELEMENTWISE_HINTS", "_family_hook", "_fmt", "_Invalid", "_mismatch",
-    "_REDUCE_HINTS", "_short", "_unknown_keywords", "_weak_constant", "_WEAK_NUMBERS",
+    "_accepted", "ArgumentError", "as_axes", "Axes", "AxesLike", "Axis",
+    "AxisIndexError", "AxisMismatchError", "check_lengths", "declared_primitives",
+    "_DOT_HINT", "_DOT_HINTS", "FeedError", "FlattenedAxis", "GeonError",
+    "InvalidValueError", "keywords", "NO_AXES", "Node", "nodes", "note_users",
+    "OP_KEYWORDS", "OrderedSet", "primitive", "_REDUCE_HINTS", "TruthValueError",
+    "_unknown_keywords", "user_location",
 ]
+__all__ += core.__all__
+__all__ += core_ops.__all__
+__all__ += elementwise.__all__
+__all__ += reductions.__all__
+__all__ += shaping.__all__

@@ -20,6 +20,14 @@ from geon.op_graph.elementwise import Divide, Equal
 from geon.op_graph.keywords import _DOT_HINTS, _REDUCE_HINTS, keywords
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
+#: The names :mod:`geon.op_graph.op_graph` re-exports (``og.X``), private helpers that
+#: other modules use as ``og._x`` among them.
+__all__ = [
+    "ArgMax", "argmax", "ArgMin", "argmin", "Dot", "dot", "_DOT_SPLIT_HINT", "Max",
+    "max", "max_argmax", "MaxArgMax", "mean", "Min", "min", "Prod", "prod", "sum",
+    "tensor_size", "TensorSize", "variance",
+]
+
 
 class Dot(ComputationOp):
     """Sum of products over the axes ``a`` and ``b`` share, except ``batch_axes``.

@@ -22,6 +22,13 @@ from geon.op_graph.derivatives import direction_axes, zero_adjoint, zero_tangent
 from geon.op_graph.keywords import keywords
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
+#: The names :mod:`geon.op_graph.op_graph` re-exports (``og.X``), private helpers that
+#: other modules use as ``og._x`` among them.
+__all__ = [
+    "Flatten", "flatten", "one_hot", "OneHot", "Slice", "slice_along_axis", "Split",
+    "split", "Unflatten", "unflatten", "value_of",
+]
+
 
 class Flatten(TensorOp):
     """``x`` with consecutive axes merged into :class:`FlattenedAxis` es."""

@@ -66,25 +66,28 @@ ELEMENTWISE_FUNCS = OpTable("ELEMENTWISE_FUNCS", "fn(*arrays) -> array")
 NP_UFUNCS = OpTable("NP_UFUNCS", "a numpy.ufunc")
 
 
+#: The classes declared with :func:`primitive`, in the order of their declaration.
+_PRIMITIVES: list = []
+
+
 def primitive(cls: type) -> type:
     """Class decorator: declare the op class ``cls`` a semi-primitive of the standard
     base set, an op every built-in backend runs as it is. The declaration is the
     class's own: a subclass is not a primitive unless it says so too (a user op derived
-    from ``Add`` is not ``Add``)."""
+    from ``Add`` is not ``Add``). A class declared after the transformers were imported
+    joins their base sets too: they read :func:`declared_primitives` when asked."""
     cls.primitive_class = cls  # type: ignore[attr-defined]
+    _PRIMITIVES.append(cls)
     return cls
 
 
-def declared_primitives(root: type) -> list:
-    """Every subclass of ``root`` (``Op``) declared with :func:`primitive`, found by
-    walking the subclasses (each once, without recursion): the standard base set."""
-    found, stack, seen = [], [root], set()
-    while stack:
-        cls = stack.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        if cls.__dict__.get("primitive_class") is cls:
-            found.append(cls)
-        stack.extend(cls.__subclasses__())
-    return found
+def declared_primitives(root: type = object) -> list:
+    """The classes declared with :func:`primitive` that derive from ``root``, in the
+    order of their declaration: the standard base set."""
+    return [c for c in _PRIMITIVES if issubclass(c, root)]
+
+
+def primitives_version() -> tuple:
+    """A token that changes whenever a class is declared with :func:`primitive` (a base
+    set computed from the declarations is up to date while it does not change)."""
+    return len(_PRIMITIVES), _PRIMITIVES[-1] if _PRIMITIVES else None

@@ -8,6 +8,7 @@ procedures ``allocate``, ``initialize``, ``save`` and ``restore``. The registry 
 transformers is :mod:`geon.registry` (its names are re-exported here).
 """
 
+import collections.abc
 import logging
 import operator
 import threading
@@ -27,9 +28,6 @@ from geon.errors import (ArgumentError, AxisMismatchError, CheckpointError, Feed
                          GeonError, GeonWarning, LoweringError)
 from geon.op_graph import domains
 from geon.op_graph import op_graph as og
-# The op modules that declare the standard primitives (STANDARD_BASE_SET below).
-from geon.op_graph import conv as _conv, primitives as _pr  # noqa: F401
-from geon.op_graph import random as _rnd, schemas as _sc  # noqa: F401
 from geon.op_graph.nodes import no_gc, user_stacklevel
 from geon.op_graph.ordering import (ASSIGN_CLASSES, assignment_inputs, explain_pulled_in,
                                     pulled_in)
@@ -42,6 +40,8 @@ from geon.registry import (ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # noqa: F401
                            register_transformer as register_transformer,
                            transformer_factory as transformer_factory)
 from geon.transformers import checkpoint
+from geon.transformers.base_sets import (STANDARD_BASE_SET as STANDARD_BASE_SET,  # noqa: F401
+                                         BaseSet)
 from geon.transformers.passes import DeadCodeElimination, Graph, Pass
 from geon.transformers.passes.alias import CopyStaleViews
 from geon.transformers.passes.cse import CommonSubexpressionElimination
@@ -67,12 +67,6 @@ else:
     _R = TypeVar("_R", covariant=True)
 #: ``np.copyto``'s casting rules.
 _Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
-
-#: The semi-primitive ops every built-in transformer implements: the classes the op
-#: modules declare with ``@primitive`` (``geon.op_graph.tables``), each where it is
-#: defined (the modules imported above hold all of them).
-STANDARD_BASE_SET = frozenset(og.declared_primitives(og.Op))
-
 
 def _grouped(placeholders: Iterable[og.Op], needed_by: Mapping[og.Op, tuple[og.Op, og.Op]]
              ) -> Iterable[tuple[tuple[og.Op, og.Op], list[og.Op]]]:
@@ -383,7 +377,7 @@ class Transformer:
     """
 
     name: Optional[str] = None
-    base_set = STANDARD_BASE_SET
+    base_set: Any = BaseSet()
     computation_class: type[Computation[Any]] = Computation
     # names of optional backend steps that ``disable`` accepts
     backend_steps: tuple[str, ...] = ()
@@ -750,7 +744,7 @@ def transformers_with(op_class: type) -> list[str]:
         except Exception:  # a broken plugin must not hide the answer for the others
             continue
         base = getattr(factory, "base_set", None)
-        if isinstance(base, (set, frozenset)) and issubclass(op_class, tuple(base)):
+        if isinstance(base, collections.abc.Set) and issubclass(op_class, tuple(base)):
             found.append(name)
     return found
 

@@ -3,8 +3,11 @@
 :data:`CUDA_CODE` maps an elementwise op class to ``fn(op, args, ctype) -> expression``:
 ``args`` are C expressions already converted to the op's *compute type* (see
 :func:`compute_dtype`) and ``ctype`` is that type's C name. The expression's value is
-converted to the op's dtype by the caller. Adding an elementwise op to the GPU
-transformer is one entry here (user ops made by :func:`geon.define_op` with ``cuda=``
+converted to the op's dtype by the caller. Plain arithmetic and single calls of the
+maths library are written once for this table and the compiled CPU path, in
+:data:`~geon.transformers.c_expressions.C_EXPRESSIONS`, which :func:`cuda_rule` reads
+for the ops without an entry here. Adding an elementwise op to the GPU transformer is
+one entry in one of the two (user ops made by :func:`geon.define_op` with ``cuda=``
 share one entry, which reads the class's ``cuda_source``, see :func:`user_op_code`).
 """
 
@@ -20,6 +23,7 @@ from geon.op_graph import schemas as sc
 from geon.op_graph.np_ops import Select
 from geon.op_graph.tables import OpTable
 from geon.op_graph.user_ops import UserOp
+from geon.transformers.c_expressions import C_EXPRESSIONS
 
 #: NumPy dtype -> C type of the generated code.
 C_TYPES = {
@@ -142,28 +146,16 @@ CUDA_CODE = OpTable("CUDA_CODE", "fn(op, args, ctype) -> C expression")
 cuda_code = CUDA_CODE.register
 
 
-def _binary(symbol):
-    return lambda op, args, t: f"({args[0]} {symbol} {args[1]})"
-
-
-for _cls, _sym in [(og.Add, "+"), (og.Subtract, "-"), (og.Multiply, "*"),
-                   (og.Divide, "/")]:
-    CUDA_CODE[_cls] = _binary(_sym)
-
-for _cls, _sym in [(og.Equal, "=="), (og.NotEqual, "!="), (og.Less, "<"),
-                   (og.LessEqual, "<="), (og.Greater, ">"), (og.GreaterEqual, ">=")]:
-    # 1 or 0 (converted to the op's float type by the caller)
-    CUDA_CODE[_cls] = _binary(_sym)
-
-
-def _math(name):
-    return lambda op, args, t: f"{fn(name, compute_dtype(op))}({', '.join(args)})"
-
-
-for _cls, _name in [(og.Power, "pow"), (og.Sqrt, "sqrt"), (og.Exp, "exp"), (og.Log, "log"),
-                    (og.Sin, "sin"), (og.Cos, "cos"), (og.Tanh, "tanh"), (og.Erf, "erf"),
-                    (og.Expm1, "expm1")]:
-    CUDA_CODE[_cls] = _math(_name)
+def cuda_rule(op):
+    """``fn(op, args, ctype)`` for the elementwise ``op``: its entry in
+    :data:`CUDA_CODE`, else its shared C expression, else ``None``."""
+    own = CUDA_CODE.find(op)
+    if own is not None:
+        return own
+    shared = C_EXPRESSIONS.find(op)
+    if shared is None:
+        return None
+    return lambda op, args, t: shared(op, t, args)
 
 
 @cuda_code(og.Maximum)
@@ -176,11 +168,6 @@ def _minimum(op, args, t):
     return f"geon_min<{t}>({args[0]}, {args[1]})"
 
 
-@cuda_code(og.Negative)
-def _negative(op, args, t):
-    return f"(-{args[0]})"
-
-
 @cuda_code(og.Absolute)
 def _absolute(op, args, t):
     if compute_dtype(op).kind == "f":
@@ -191,16 +178,6 @@ def _absolute(op, args, t):
 @cuda_code(og.Sign)
 def _sign(op, args, t):
     return f"geon_sign<{t}>({args[0]})"
-
-
-@cuda_code(og.Square)
-def _square(op, args, t):
-    return f"({args[0]} * {args[0]})"
-
-
-@cuda_code(og.Reciprocal)
-def _reciprocal(op, args, t):
-    return f"(({t})1 / {args[0]})"
 
 
 @cuda_code(og.Sigmoid)

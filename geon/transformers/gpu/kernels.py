@@ -195,8 +195,8 @@ class Context:
 
     def rule(self, op):
         """The C expression function of the elementwise ``op`` (from
-        :data:`~geon.transformers.gpu.cuda.CUDA_CODE`)."""
-        r = cuda.CUDA_CODE.find(op)
+        :data:`~geon.transformers.gpu.cuda.CUDA_CODE` or the shared C expressions)."""
+        r = cuda.cuda_rule(op)
         if r is not None:
             return r
         raise LoweringError(f"the gpu transformer has no CUDA code for {op.name} "

@@ -13,7 +13,7 @@ from geon.op_graph import primitives as pr
 from geon.transformers import fusion
 from geon.transformers.codegen_text import identifier
 from geon.transformers.numpy import toolchain
-from geon.transformers.numpy.c_rules import (_CTYPE, C_RULES, _c_comment, _literal,
+from geon.transformers.numpy.c_rules import (_CTYPE, _c_comment, _literal, rule as c_rule_of,
                                              row_sum, simd_declarations, slow, supported)
 from geon.transformers.numpy.kernel_cache import CompileError
 
@@ -304,7 +304,7 @@ class _GroupFunction:
             elif a in slots and a not in here:
                 v = f"{slots[a]}[u]"   # computed in an earlier segment
             args.append(v if (ct is None or dt == ct) else f"(({_CTYPE[ct]}){v})")
-        expr = C_RULES.find(m)(m, t, args)
+        expr = c_rule_of(m)(m, t, args)
         mt = _CTYPE[m.dtype]
         values[m] = (f"v{q}", m.dtype)
         return f"const {mt} v{q} = ({mt}){expr};  /* {_c_comment(m)} */"

@@ -16,6 +16,7 @@ import numpy as np
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.tables import OpTable
+from geon.transformers.c_expressions import C_EXPRESSIONS, math_name  # noqa: F401
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
           np.dtype(np.bool_): "unsigned char",
@@ -26,12 +27,6 @@ _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def math_name(name, t):
-    """The C library's name of maths function ``name`` (its double name) in C type
-    ``t``: ``expf`` for float, ``exp`` for double."""
-    return name + ("f" if t == "float" else "")
-
-
 def sigmoid_limit(dtype):
     """The largest whole number whose exp is finite in ``dtype`` (11 for float16, 88 for
     float32, 709 for float64): the clamp of ``-x`` before ``exp`` in the sigmoid. Up to
@@ -40,22 +35,20 @@ def sigmoid_limit(dtype):
     return float(math.floor(math.log(float(np.finfo(dtype).max))))
 
 
-def call_rule(name):
-    """The C rule calling maths function ``name`` on the args."""
-    return lambda op, t, a: f"{math_name(name, t)}({', '.join(a)})"
-
-
-def infix_rule(sym):
-    """The C rule of a binary operator ``sym`` (``+``, ``<``, ...)."""
-    return lambda op, t, a: f"({a[0]} {sym} {a[1]})"
-
-
 #: ElementWise class -> fn(op, C type of the compute dtype, [arg expressions]) -> C
 #: expression. The args are already converted to the compute dtype (comparisons: their
-#: promoted dtype; ``Select``: as they are).
+#: promoted dtype; ``Select``: as they are). Ops without a rule here use their entry in
+#: :data:`~geon.transformers.c_expressions.C_EXPRESSIONS` (shared with the GPU); see
+#: :func:`rule`.
 C_RULES = OpTable("C_RULES", "fn(op, C type, [C expressions]) -> C expression")
 #: Decorator: ``@c_rule(Cls, ...)`` registers ``fn(op, t, args) -> C expression``.
 c_rule = C_RULES.register
+
+
+def rule(op):
+    """The C rule of ``op``: its own in :data:`C_RULES`, else the shared expression, else
+    ``None``."""
+    return C_RULES.find(op) or C_EXPRESSIONS.find(op)
 
 
 # --- what the rules call --------------------------------------------------------------
@@ -67,8 +60,12 @@ _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 
 
 class _Sample:
-    """What a rule may read of its op when it is written out to see what it calls."""
+    """What a rule may read of its op when it is written out to see what it calls: its
+    dtype, and 1 for any parameter of the op (``op.alpha``)."""
     dtype = np.dtype(np.float64)
+
+    def __getattr__(self, name):
+        return 1
 
 
 def _written(fn):
@@ -86,7 +83,7 @@ def math_used():
     end in ``f``), in the order of the rules: the kernels declare their vector versions
     and the probe of the compiler calls each."""
     names = {}
-    for fn in C_RULES.values():
+    for fn in [*C_EXPRESSIONS.values(), *C_RULES.values()]:
         names.update((n, None) for n in _calls(fn) if n not in INSTRUCTIONS)
     return tuple(names)
 
@@ -97,7 +94,7 @@ _slow = {}   # rule -> whether it is slow
 def slow(op):
     """Whether ``op``'s C code calls the C library's maths or divides (a long chain of
     dependent instructions: see ``c_codegen._segments``)."""
-    fn = C_RULES.find(op)
+    fn = rule(op)
     if fn is None:
         return False
     known = _slow.get(fn)
@@ -109,7 +106,7 @@ def slow(op):
 
 def supported(op):
     """Whether ``op`` (an elementwise op) has a C rule for its dtypes."""
-    if C_RULES.find(op) is None or op.dtype not in _FLOATS:
+    if rule(op) is None or op.dtype not in _FLOATS:
         return False
     if any(a.dtype not in _CTYPE for a in op.args):
         return False

@@ -1,6 +1,6 @@
 """NumPy code for the elementwise ops of :mod:`geon.op_graph.op_graph` (one ufunc call
-each, and the few that take more: sigmoid, erf, softplus), and their C expressions for
-the compiled path (:data:`~geon.transformers.numpy.c_rules.C_RULES`)."""
+each, and the few that take more: sigmoid, erf, softplus), and the C expressions of the compiled
+path (:data:`~geon.transformers.numpy.c_rules.C_RULES`) that the GPU does not share."""
 
 import functools
 
@@ -9,8 +9,8 @@ import numpy as np
 from geon.op_graph import op_graph as og
 from geon.op_graph import special
 from geon.op_graph.reference import NP_UFUNCS
-from geon.transformers.numpy.c_rules import (C_RULES, call_rule, infix_rule, math_name,
-                                             sigmoid_limit)
+from geon.transformers.c_expressions import call_rule, math_name
+from geon.transformers.numpy.c_rules import C_RULES, sigmoid_limit
 from geon.transformers.numpy.code_table import NUMPY_CODE, NUMPY_GLOBALS, _loop, numpy_code
 
 def _ufunc_code(name):
@@ -92,30 +92,17 @@ def _c_softplus(op, t, a):
             f"{math_name('log1p', t)}({math_name('exp', t)}(-{math_name('fabs', t)}({x}))))")
 
 
-# The C path's rules (c_rules.py): ElementWise class -> fn(op, C type, [C args]) -> C
-# expression. The order of the calls below is the order of the maths library's
-# declarations in the generated C (see c_rules.math_used).
+# The C path's own rules (c_rules.py): ElementWise class -> fn(op, C type, [C args]) ->
+# C expression. Plain arithmetic and single maths calls, written the same way for the
+# GPU, are in geon/transformers/c_expressions.py.
 for _cls, _rule in {
-    og.Add: infix_rule("+"), og.Subtract: infix_rule("-"), og.Multiply: infix_rule("*"),
-    og.Divide: infix_rule("/"),
     og.Maximum: lambda op, t, a: f"geon_max_{t[0]}({a[0]}, {a[1]})",
     og.Minimum: lambda op, t, a: f"geon_min_{t[0]}({a[0]}, {a[1]})",
-    og.Equal: infix_rule("=="), og.NotEqual: infix_rule("!="), og.Less: infix_rule("<"),
-    og.LessEqual: infix_rule("<="), og.Greater: infix_rule(">"), og.GreaterEqual: infix_rule(">="),
-    og.Negative: lambda op, t, a: f"(-{a[0]})",
     og.Absolute: call_rule("fabs"),
     # NumPy's sign: 1, -1, 0 (also for -0) and NaN for NaN
     og.Sign: lambda op, t, a: (f"({a[0]} > 0 ? ({t})1 : {a[0]} < 0 ? ({t})-1 : "
                                f"{a[0]} == 0 ? ({t})0 : {a[0]})"),
-    og.Square: lambda op, t, a: f"({a[0]} * {a[0]})",
-    og.Sqrt: call_rule("sqrt"),
-    og.Reciprocal: lambda op, t, a: f"(({t})1 / {a[0]})",
-    og.Exp: call_rule("exp"), og.Log: call_rule("log"), og.Sin: call_rule("sin"),
-    og.Cos: call_rule("cos"), og.Tanh: call_rule("tanh"), og.Expm1: call_rule("expm1"),
-    og.Power: call_rule("pow"),
     og.Sigmoid: _c_sigmoid,
     og.Softplus: _c_softplus,
-    # in double and rounded once, as geon.op_graph.special.erf does for float32
-    og.Erf: lambda op, t, a: f"(({t})erf((double){a[0]}))",
 }.items():
     C_RULES[_cls] = _rule

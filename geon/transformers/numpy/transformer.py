@@ -27,7 +27,7 @@ from geon.op_graph import collectives as coll
 from geon.op_graph import domains
 from geon.op_graph.np_ops import Select
 from geon.op_graph.user_ops import UserOp
-from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
+from geon.transformers.base import (BaseSet, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers import fusion, numerics
@@ -216,8 +216,7 @@ class NumPyTransformer(Transformer):
     #: broadcast_from; see geon.distributed) and every user op: the classes
     #: with a rule in ``NUMPY_CODE`` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
-    base_set = STANDARD_BASE_SET | {Select, UserOp, coll.AllReduce, coll.BroadcastFrom,
-                                      coll.FlatConcat}
+    base_set = BaseSet(Select, UserOp, coll.AllReduce, coll.BroadcastFrom, coll.FlatConcat)
     computation_class = NumPyComputation
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
