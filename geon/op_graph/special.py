@@ -12,7 +12,59 @@ _ERF_SWITCH = 2.5
 _TERMS = 60
 
 
+#: ``erf(x) / x`` as a rational function of ``u = x^2`` on ``|x| <= 4``: the
+#: coefficients of ``P(u)`` and ``Q(u)``, lowest power first (fitted for this module by
+#: least squares on the relative error, weighted iteratively; largest relative error
+#: 9e-12 against the series below). Beyond 4, ``erf(x)`` rounds to +-1 in float32.
+_ERF_P = (1.1283791670867798, 0.2001874346609207, 0.05809287190523902,
+          0.0049545899146123725, 0.0005125052348547768, 2.1731709722596965e-05,
+          7.520045580776816e-07, 3.006454845147184e-09)
+_ERF_Q = (1.0, 0.5107448276574998, 0.1217317467016524, 0.017703168789757487,
+          0.001713060861261714, 0.00011132992115139961, 4.50947065455503e-06,
+          7.329021192647694e-08)
+_ERF_CLAMP = 4.0
+
+
 def erf(x, out=None):
+    """The error function, elementwise: float32 and float16 inputs through a rational
+    function (:func:`erf_rational`, within 1e-11 relative before rounding, so within one
+    unit in the last place and almost always correctly rounded), others to about 1e-15
+    relative in float64 (:func:`erf_series`)."""
+    x = np.asarray(x)
+    if x.dtype.kind == "f" and x.dtype.itemsize <= 4:
+        return erf_rational(x, out)
+    return erf_series(x, out)
+
+
+def _horner(u, coefs):
+    """``sum(c_k u^k)`` by Horner's rule, in place in one new array."""
+    acc = np.multiply(u, coefs[-1])
+    for c in coefs[-2:0:-1]:
+        np.add(acc, c, out=acc)
+        np.multiply(acc, u, out=acc)
+    np.add(acc, coefs[0], out=acc)
+    return acc
+
+
+def erf_rational(x, out=None):
+    """``erf(x)`` of a float32 (or float16) ``x``: ``x P(x^2) / Q(x^2)`` evaluated in
+    float64 with ``x`` clipped to ``[-4, 4]`` (see ``_ERF_P``), then rounded once; NaN
+    stays NaN, +-inf gives +-1. About 35 array operations, against the series's few
+    hundred."""
+    x = np.asarray(x)
+    a = np.clip(x.reshape(-1), -_ERF_CLAMP, _ERF_CLAMP, dtype=np.float64)  # (1-d: no
+    u = a * a                                       # NumPy scalars, which have no out=)
+    p = _horner(u, _ERF_P)
+    np.divide(p, _horner(u, _ERF_Q), out=p)
+    np.multiply(p, a, out=p)
+    p = p.reshape(x.shape)
+    if out is None:
+        return p.astype(x.dtype)
+    np.copyto(out, p, casting="unsafe")
+    return out
+
+
+def erf_series(x, out=None):
     """The error function, elementwise, to about 1e-15 relative in float64.
 
     For ``|x| < 2.5``: ``erf(x) = 2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (2n+1)!!``
