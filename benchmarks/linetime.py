@@ -33,7 +33,9 @@ def instrument(comp):
         if inside and line.startswith(" " * 8) and not line.startswith(" " * 9):
             if stripped.startswith("_r ="):
                 lines.append("        _tick(-1)")
-            elif not stripped.startswith(("_last", "return", "#")):
+            elif not stripped.startswith(("_last", "return", "#", "elif ", "else:",
+                                          "except", "finally:")):
+                # (a clause continuing a statement takes no statement before it)
                 labels.append(re.split(r"\s+# ", stripped)[0])
                 lines.append(f"        _tick({len(labels) - 1})")
         lines.append(line)
