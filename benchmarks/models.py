@@ -2,7 +2,9 @@
 PyTorch eager and ONNX Runtime in the same process.
 
 Models (random weights, no downloads): torchvision resnet18, mobilenet_v2 and
-efficientnet_b0 at 64x64, a small torchvision VisionTransformer, Hugging Face BERT
+efficientnet_b0 at 64x64, a small torchvision VisionTransformer and ViT-B/16 at one
+224x224 image (``vit_b_16``: run only when asked with ``--only``, it takes a
+minute per library and thread setting), Hugging Face BERT
 (eager attention, and the default sdpa attention with an attention mask) and GPT-2
 with 2 layers of hidden size 128, and a 2-layer LSTM. Each is exported with
 ``torch.onnx.export`` (the TorchScript exporter, opset 17) and imported with
@@ -37,6 +39,8 @@ import numpy as np
 
 MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0", "vit_small", "bert_eager",
           "bert_sdpa_mask", "gpt2", "lstm"]
+#: Models run only when ``--only`` names them.
+LARGE = ["vit_b_16"]
 
 
 def _torchvision():
@@ -77,6 +81,10 @@ def build(name):
                                         num_classes=10)
         torch.nn.init.normal_(m.heads.head.weight, std=0.02)  # (zeros in torchvision)
         return m.eval(), (torch.randn(2, 3, 32, 32),), ["x"]
+    if name == "vit_b_16":
+        m = _torchvision().models.vit_b_16(weights=None)
+        torch.nn.init.normal_(m.heads.head.weight, std=0.02)
+        return m.eval(), (torch.randn(1, 3, 224, 224),), ["x"]
     if name.startswith("bert"):
         from transformers import BertConfig, BertModel
         attn = "eager" if name == "bert_eager" else "sdpa"
@@ -102,7 +110,7 @@ def build(name):
     if name == "lstm":
         m = torch.nn.LSTM(32, 64, num_layers=2, batch_first=True).eval()
         return _FirstOutput(m), (torch.randn(4, 16, 32),), ["x"]
-    raise ValueError(f"no model {name!r}; the zoo: {', '.join(MODELS)}")
+    raise ValueError(f"no model {name!r}; the zoo: {', '.join(MODELS + LARGE)}")
 
 
 def _Wrapped(model, positional=("input_ids", "attention_mask"), **kwargs):
@@ -349,7 +357,8 @@ def main(argv=None):
                    help="thread settings, one process each (0: each library's default)")
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--train", action="store_true", help="also time a fine-tuning step")
-    p.add_argument("--only", nargs="+", choices=MODELS, help="these models only")
+    p.add_argument("--only", nargs="+", choices=MODELS + LARGE,
+                   help="these models only")
     p.add_argument("--memory", action="store_true",
                    help="also the peak memory of importing and running one forward, "
                         "geon against ONNX Runtime (each in a fresh process)")
