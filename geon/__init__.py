@@ -42,6 +42,7 @@ from geon.op_graph.nn_ops import (  # noqa: E402
     sort_with_indices, stack, tile, topk, where)
 from geon.op_graph.domains import Domain, DomainError, set_domain  # noqa: E402
 from geon.op_graph.reference import evaluate  # noqa: E402
+from geon.op_graph.control import scan  # noqa: E402
 from geon.op_graph.collectives import allreduce, broadcast_from  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
                                 max_pool)
@@ -89,7 +90,7 @@ __all__ = [
     "max_argmax", "max_pool", "maximum", "mean", "minimum", "multiply", "negative",
     "normal", "not_equal", "one_hot", "pad", "pass_named", "placeholder", "power",
     "prod", "reciprocal", "register_transformer", "relu", "round_to_format", "run", "safelog",
-    "scatter_add", "select", "selu", "serialize", "set_domain", "sigmoid", "sign", "silu",
+    "scan", "scatter_add", "select", "selu", "serialize", "set_domain", "sigmoid", "sign", "silu",
     "sin",
     "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
     "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "tanh",

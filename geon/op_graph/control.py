@@ -1,0 +1,485 @@
+"""Control flow: :func:`scan`, a loop over a named axis as one differentiable op.
+
+``scan(body, init, xs, axis)`` calls the Python function ``body(carry, x_t) ->
+(new_carry, y_t)`` once, on stand-in placeholders, and keeps the ops it built as a
+:class:`ScanBody`: a subgraph over its own stand-ins (the carries, the slices of the
+sequences at one index of ``axis``, and one placeholder per *closure*: each op the body
+reads that does not depend on the stand-ins, such as a weight). The outer graph holds
+one :class:`Scan` op whose args are the initial carries, the sequences and the closed-over
+ops, so it stays a DAG; every engine reaches the body through the op's ``body``.
+
+The op has three groups of outputs: the final carries, the stacked ``y_t`` (the scanned
+axis first) and the stacked carries *entering* each step (the history its reverse
+derivative reads). Its reverse derivative is a reverse scan over the history whose
+body is the body's vector-Jacobian product; its forward derivative is a scan over
+(carry, tangent of carry) whose body is the body's Jacobian-vector product. Both are
+:class:`Scan` ops, so they can be differentiated again.
+"""
+
+from typing import Any, Callable, Union
+
+import numpy as np
+
+from geon.errors import ArgumentError, AxisMismatchError, SerializationError
+from geon.op_graph.autodiff import deriv
+from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.core import (AssignableTensorOp, Constant, Placeholder, VoidOp, _fmt,
+                                as_op, toposort)
+from geon.op_graph.core_ops import AxesWithOrder, MultiOutput, Sum
+from geon.op_graph.derivatives import direction_axes
+from geon.op_graph.forward import propagate
+from geon.op_graph.nodes import user_location
+from geon.op_graph.reference import evaluate
+from geon.op_graph.serialize import CODECS
+from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
+
+__all__ = ["Scan", "ScanBody", "scan"]
+
+
+class ScanBody:
+    """The body of a :class:`Scan`: ``carries_out`` and ``ys_out`` (ops) computed from
+    the stand-in placeholders ``carries_in``, ``xs_in`` (one index of each sequence) and
+    ``closures_in`` (one per closed-over op). It reads nothing else but constants.
+
+    Calling it on arrays (one per input, in that order) evaluates one step with the
+    reference evaluator and returns the list of ``carries_out + ys_out`` values."""
+
+    def __init__(self, carries_in, xs_in, closures_in, carries_out, ys_out):
+        self.carries_in, self.xs_in = tuple(carries_in), tuple(xs_in)
+        self.closures_in = tuple(closures_in)
+        self.carries_out, self.ys_out = tuple(carries_out), tuple(ys_out)
+
+    @property
+    def inputs(self) -> tuple:
+        """The stand-ins, in the order of the op's args."""
+        return self.carries_in + self.xs_in + self.closures_in
+
+    @property
+    def results(self) -> tuple:
+        """The ops of one step: the new carries, then the ``y_t``."""
+        return self.carries_out + self.ys_out
+
+    def __call__(self, *values):
+        return evaluate(list(self.results), feeds=dict(zip(self.inputs, values)))
+
+    def __repr__(self):
+        return (f"<scan body: {len(self.carries_in)} carries, {len(self.xs_in)} "
+                f"sequences, {len(self.closures_in)} closures, {len(self.ys_out)} outputs>")
+
+
+def _no_body_serialization(encoder, body, where):
+    raise SerializationError(f"{where}: a Scan op's body cannot be written: scan bodies "
+                             f"are not serialized yet")
+
+
+CODECS[ScanBody] = ("scan_body", _no_body_serialization, None)
+
+
+class Scan(MultiOutput):
+    """A loop over ``axis``: args are the initial carries, the sequences (each with
+    ``axis``) and the closed-over ops, as ``body`` (a :class:`ScanBody`) lists their
+    stand-ins. Outputs: the final carries, the stacked ``y_t`` (axes ``axis`` then
+    ``y_t``'s) and the stacked carries entering each step (``axis`` then the carry's).
+    ``reverse``: from the last index to the first (outputs still indexed by position).
+    Build it with :func:`scan`."""
+
+    attrs = ("body", "axis", "reverse")
+
+    def __init__(self, *args: Any, body: ScanBody, axis: Axis, reverse: bool = False,
+                 **kwargs: Any) -> None:
+        self.body, self.axis, self.reverse = body, axis, bool(reverse)
+        super().__init__(*args, **kwargs)
+        if len(self.args) != len(body.inputs):
+            raise ArgumentError(f"Scan {self.name}: {len(body.inputs)} args expected "
+                                f"(carries, sequences, closures), got {len(self.args)}")
+        nc, nx = len(body.carries_in), len(body.xs_in)
+        for k, (a, s) in enumerate(zip(self.args, body.inputs)):
+            want = s.axes
+            if nc <= k < nc + nx:
+                if axis.name not in a.axes.names:
+                    raise _arg_error(self, a, f"lacks the scanned axis {axis!r}")
+                want = _without(a.axes, axis)
+            if want != s.axes or a.dtype != s.dtype:
+                raise _arg_error(self, a, f"does not match its stand-in "
+                                          f"({_fmt(s.axes)}) {s.dtype}")
+
+    def _output_types(self):
+        b, A = self.body, Axes(self.axis)
+        return ([(c.axes, c.dtype) for c in b.carries_in]
+                + [(A + y.axes, y.dtype) for y in b.ys_out]
+                + [(A + c.axes, c.dtype) for c in b.carries_in])
+
+    @property
+    def counts(self) -> tuple:
+        """``(carries, sequences, closures, ys)``."""
+        b = self.body
+        return len(b.carries_in), len(b.xs_in), len(b.closures_in), len(b.ys_out)
+
+    @property
+    def final_carries(self) -> tuple:
+        nc = self.counts[0]
+        return self.outputs[:nc]
+
+    @property
+    def ys(self) -> tuple:
+        nc, _, _, ny = self.counts
+        return self.outputs[nc:nc + ny]
+
+    @property
+    def history(self) -> tuple:
+        """The stacked carries entering each step (what the reverse derivative reads)."""
+        nc, _, _, ny = self.counts
+        return self.outputs[nc + ny:]
+
+
+def _arg_error(op, a, what):
+    return AxisMismatchError(f"Scan {op.name}: arg {a.name} ({_fmt(a.axes)}) {a.dtype} "
+                             f"{what} (built at {op.file_info})")
+
+
+def _without(axes, axis):
+    return Axes(*[a for a in axes if a.name != axis.name])
+
+
+# --- building ---------------------------------------------------------------------------
+
+def _as_tuple(v, what):
+    if isinstance(v, (tuple, list)):
+        return tuple(as_op(x) for x in v), False
+    if v is None:
+        raise ArgumentError(f"scan: {what} is None (at {user_location()})")
+    return (as_op(v),), True
+
+
+def _scan_axis(axis, seqs):
+    if isinstance(axis, Axis):
+        return axis
+    for s in seqs:
+        for a in s.axes:
+            if a.name == axis:
+                return a
+    raise ArgumentError(f"scan: no sequence has an axis named {axis!r} (at "
+                        f"{user_location()})")
+
+
+def _check_sequences(seqs, axis):
+    for k, s in enumerate(seqs):
+        found = [a for a in s.axes if a.name == axis.name]
+        if not found or found[0].length != axis.length:
+            raise AxisMismatchError(
+                f"scan: sequence {k} ({type(s).__name__} {s.name}, axes "
+                f"({_fmt(s.axes)}), built at {s.file_info}) does not have the scanned "
+                f"axis {axis.name}:{axis.length} (at {user_location()})")
+
+
+def _fit_carry(k, new, old):
+    """The body's new carry ``k`` laid out as the carry it replaces, or an error."""
+    new = as_op(new)
+    if not new.axes.same_set(old.axes) or any(
+            a.length != old.axes[old.axes.index(a.name)].length for a in new.axes):
+        raise AxisMismatchError(
+            f"scan: the body's carry {k} ({type(new).__name__} {new.name}, built at "
+            f"{new.file_info}) has axes ({_fmt(new.axes)}) but the carry it replaces has "
+            f"({_fmt(old.axes)}); a carry keeps its axes (scan called at "
+            f"{user_location()})")
+    if new.dtype != old.dtype:
+        raise ArgumentError(
+            f"scan: the body's carry {k} ({type(new).__name__} {new.name}, built at "
+            f"{new.file_info}) has dtype {new.dtype} but the carry it replaces has "
+            f"{old.dtype}; a carry keeps its dtype (scan called at {user_location()})")
+    return new if new.axes == old.axes else AxesWithOrder(new, old.axes)
+
+
+def _inner_ops(stand_ins, results):
+    """The ops the body built that ``results`` need and that depend on the stand-ins
+    (found by walking users forward from the stand-ins), in dependency order."""
+    depends, stack = set(stand_ins), list(stand_ins)
+    while stack:
+        for u in list(stack.pop().users):
+            if u not in depends:
+                depends.add(u)
+                stack.append(u)
+    kids = {}
+
+    def children(op):
+        found = kids.get(op)
+        if found is None:
+            found = kids[op] = tuple(a for a in op.args if a in depends)
+        return found
+    roots = [r for r in results if r in depends]
+    return toposort(roots, children=children), depends
+
+
+def _close(stand_ins, results):
+    """Make the body a subgraph over its own stand-ins: each op it reads that does not
+    depend on them (a weight, a placeholder, an op of those) becomes a closure, read
+    through a new placeholder. Returns ``(closures, their placeholders, results, deps)``
+    where ``deps`` are the ops the body ran after (the Scan op runs after them)."""
+    order, depends = _inner_ops(stand_ins, results)
+    closures: dict = {}
+
+    def closed(a):
+        if a in depends or isinstance(a, AssignableTensorOp) and a.is_constant \
+                and not isinstance(a, Placeholder):
+            return a
+        p = closures.get(a)
+        if p is None:
+            p = closures[a] = Placeholder(a.axes, dtype=a.dtype, name=f"closure_{a.name}")
+        return p
+
+    deps = []
+    for op in order:
+        if isinstance(op, VoidOp):
+            raise ArgumentError(f"scan: the body assigns ({type(op).__name__} {op.name}, "
+                                f"built at {op.file_info}); assignments inside a scan "
+                                f"body are not supported")
+        for d in list(op.other_deps):
+            if d not in depends:
+                deps.append(d)
+                op.other_deps.discard(d)
+                d._dep_users.discard(op)
+        for a in dict.fromkeys(op.args):
+            p = closed(a)
+            if p is not a:
+                op.replace_arg(a, p)
+    results = [closed(r) for r in results]
+    return list(closures), [closures[c] for c in closures], results, deps
+
+
+def scan(body: Callable, init: Any, xs: Any, axis: Union[Axis, str],
+         reverse: bool = False) -> tuple:
+    """Loop ``body`` over the named ``axis`` of the sequences ``xs``.
+
+    Args:
+        body: ``body(carry, x_t) -> (new_carry, y_t)``, called once on stand-ins:
+            ``carry`` has the structure of ``init`` (a tensor or a tuple of tensors),
+            ``x_t`` that of ``xs``, each a slice without ``axis``. ``new_carry`` must
+            keep each carry's axes (in any order) and dtype; ``y_t`` is a tensor, a tuple
+            of tensors, or ``None``.
+        init: the initial carry: a tensor or a tuple of tensors.
+        xs: the sequences: a tensor or a tuple of tensors (``()`` for none), each with
+            ``axis``.
+        axis: the scanned axis (an :class:`Axis`, or the name of a sequence's axis).
+        reverse: scan from the last index to the first.
+
+    Returns ``(final_carry, ys)``: the carry after the last step, and each ``y_t``
+    stacked along ``axis`` (first, then ``y_t``'s axes; position ``t`` holds step
+    ``t``'s value also when ``reverse``), with the structures of ``init`` and ``y_t``.
+    Any op the body reads that does not depend on ``carry`` or ``x_t`` is an input of
+    the scan (computed once, outside the loop).
+    """
+    carries, one_carry = _as_tuple(init, "init")
+    seqs, one_x = _as_tuple(xs, "xs") if xs is not None else ((), False)
+    axis = _scan_axis(axis, seqs)
+    _check_sequences(seqs, axis)
+    c_in = [Placeholder(c.axes, dtype=c.dtype, name=f"carry{k}")
+            for k, c in enumerate(carries)]
+    x_in = [Placeholder(_without(s.axes, axis), dtype=s.dtype, name=f"x{k}")
+            for k, s in enumerate(seqs)]
+    out = body(c_in[0] if one_carry else tuple(c_in), x_in[0] if one_x else tuple(x_in))
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ArgumentError(f"scan: the body must return (new_carry, y), got "
+                            f"{type(out).__name__} (scan called at {user_location()})")
+    new, one_new = _as_tuple(out[0], "the body's new carry")
+    if len(new) != len(carries) or one_new != one_carry:
+        raise ArgumentError(f"scan: the body returned {len(new)} carries for "
+                            f"{len(carries)} (the structure of init must be kept; scan "
+                            f"called at {user_location()})")
+    new = [_fit_carry(k, n, c) for k, (n, c) in enumerate(zip(new, c_in))]
+    ys, one_y = ((), False) if out[1] is None else _as_tuple(out[1], "y")
+    for k, y in enumerate(ys):
+        if axis.name in y.axes.names:
+            raise AxisMismatchError(f"scan: the body's output {k} ({_fmt(y.axes)}) has "
+                                    f"the scanned axis {axis!r} (at {user_location()})")
+    closures, k_in, results, deps = _close(c_in + x_in, new + list(ys))
+    b = ScanBody(c_in, x_in, k_in, results[:len(new)], results[len(new):])
+    op = Scan(*carries, *seqs, *closures, body=b, axis=axis, reverse=reverse,
+              follows=deps)
+    final = op.final_carries[0] if one_carry else tuple(op.final_carries)
+    stacked = None if out[1] is None else op.ys[0] if one_y else tuple(op.ys)
+    return final, stacked
+
+
+# --- the reference value -------------------------------------------------------------------
+
+@evaluator(Scan)
+def _scan_value(op, *values):
+    nc, nx, _, ny = op.counts
+    b, T = op.body, op.axis.length
+    carries = [np.asarray(v) for v in values[:nc]]
+    seqs = [np.moveaxis(np.asarray(v), a.axes.index(op.axis.name), 0)
+            for v, a in zip(values[nc:nc + nx], op.args[nc:nc + nx])]
+    closures = list(values[nc + nx:])
+    outs = [np.empty(o.axes.shape, o.dtype) for o in op.outputs[nc:]]
+    ys, hist = outs[:ny], outs[ny:]
+    for t in (range(T - 1, -1, -1) if op.reverse else range(T)):
+        for h, c in zip(hist, carries):
+            h[t] = c
+        step = b(*carries, *[s[t] for s in seqs], *closures)
+        carries = [np.asarray(v) for v in step[:nc]]
+        for y, v in zip(ys, step[nc:]):
+            y[t] = v
+    return carries + outs
+
+
+# --- derivatives ---------------------------------------------------------------------------
+
+def _zeros(axes, dtype):
+    return Constant(0.0, axes=axes, dtype=dtype)
+
+
+def _float(op):
+    return op.dtype.kind in "fc"
+
+
+def _laid_out(t, axes):
+    return t if t.axes == axes else AxesWithOrder(t, axes)
+
+
+def _as_dtype(t, dtype, what):
+    """``t`` in ``dtype``: itself, or times a one of ``dtype`` where that promotes it."""
+    if t.dtype == dtype:
+        return t
+    if np.promote_types(t.dtype, dtype) != dtype:
+        raise ArgumentError(f"scan: {what} is {t.dtype}, wider than {dtype}; mixed "
+                            f"dtypes of this kind are not supported in scan derivatives")
+    return t * Constant(1.0, dtype=dtype)
+
+
+def _common_dtype(ops):
+    ds = [o.dtype for o in ops if o is not None and _float(o)]
+    return np.result_type(*ds) if ds else np.dtype(np.float64)
+
+
+def _vjp_body(b, dt, d_ys, d_hist):
+    """The body of the adjoint scan and which inputs it differentiates: carries
+    (cotangents of the float carries, in ``dt``, then accumulators of the float
+    closures), sequences (the carries entering the step, the sequences' slices, the
+    given cotangents of the ys and of the history), closures (the forward body's)."""
+    cs = [k for k, c in enumerate(b.carries_in) if _float(c)]
+    xs = [k for k, x in enumerate(b.xs_in) if _float(x)]
+    ks = [k for k, x in enumerate(b.closures_in) if _float(x)]
+    lam = [Placeholder(b.carries_in[k].axes, dtype=dt, name="ct_carry") for k in cs]
+    acc = [Placeholder(b.closures_in[k].axes,
+                       dtype=np.promote_types(dt, b.closures_in[k].dtype), name="ct_acc")
+           for k in ks]
+    dy = {j: Placeholder(y.axes, dtype=d.dtype, name="ct_y")
+          for j, (y, d) in enumerate(zip(b.ys_out, d_ys)) if d is not None and _float(y)}
+    dh = {k: Placeholder(b.carries_in[k].axes, dtype=d_hist[k].dtype, name="ct_h")
+          for k in cs if d_hist[k] is not None}
+    pairs = [(b.carries_out[k], ct) for k, ct in zip(cs, lam)]
+    pairs += [(b.ys_out[j], ct) for j, ct in dy.items()]
+    s = None
+    for out, ct in pairs:
+        prod = out * ct
+        term = Sum(prod, reduction_axes=prod.axes)
+        s = term if s is None else s + term
+    wrt = [b.carries_in[k] for k in cs] + [b.xs_in[k] for k in xs] \
+        + [b.closures_in[k] for k in ks]
+    grads = [_zeros(w.axes, dt) for w in wrt] if s is None else deriv(s, wrt)
+    nc, nx = len(cs), len(xs)
+    g_c, g_x, g_k = grads[:nc], grads[nc:nc + nx], grads[nc + nx:]
+    new_lam = [_as_dtype(_laid_out(g + dh[k] if k in dh else g, b.carries_in[k].axes),
+                         dt, f"the adjoint of carry {k}") for k, g in zip(cs, g_c)]
+    new_acc = [_as_dtype(_laid_out(a + g, a.axes), a.dtype, f"the adjoint of closure {k}")
+               for a, g, k in zip(acc, g_k, ks)]
+    body = ScanBody(lam + acc, list(b.carries_in) + list(b.xs_in) + list(dy.values())
+                    + list(dh.values()), b.closures_in, new_lam + new_acc,
+                    [_laid_out(g, b.xs_in[k].axes) for k, g in zip(xs, g_x)])
+    return body, (cs, xs, ks, list(dy), list(dh))
+
+
+@adjoint_rule(Scan)
+def _scan_adjoint(op, deltas):
+    """A reverse scan over the history: each step maps the cotangent of the carry
+    leaving it (and of its ``y_t``) to that of the carry entering it, of ``x_t``, and
+    adds the closures' share to their accumulators."""
+    nc, nx, nk, ny = op.counts
+    deltas = list(deltas) + [None] * (len(op.outputs) - len(deltas))
+    d_final, d_ys, d_hist = deltas[:nc], deltas[nc:nc + ny], deltas[nc + ny:]
+    b = op.body
+    carries, seqs = op.args[:nc], op.args[nc:nc + nx]
+    closures = op.args[nc + nx:]
+    dt = _common_dtype([c for c in carries] + [as_op(d) for d in deltas if d is not None])
+    body, (cs, xs, ks, dys, dhs) = _vjp_body(b, dt, d_ys, d_hist)
+    init = [_zeros(carries[k].axes, dt) if d_final[k] is None else _as_dtype(
+        _laid_out(as_op(d_final[k]), carries[k].axes), dt, "a carry's adjoint")
+        for k in cs]
+    init += [_zeros(a.axes, a.dtype) for a in body.carries_in[len(cs):]]
+    hist = list(op.history)
+    d_seq = [_laid_out(as_op(d_ys[j]), op.ys[j].axes) for j in dys]
+    d_seq += [_laid_out(as_op(d_hist[k]), op.history[k].axes) for k in dhs]
+    adj = Scan(*init, *hist, *seqs, *d_seq, *closures, body=body, axis=op.axis,
+               reverse=not op.reverse)
+    out: list = [None] * len(op.args)
+    for i, k in enumerate(cs):
+        out[k] = adj.outputs[i]
+    for i, k in enumerate(xs):
+        out[nc + k] = adj.ys[i]
+    for i, k in enumerate(ks):
+        out[nc + nx + k] = adj.outputs[len(cs) + i]
+    return out
+
+
+def _jvp_body(b, ts, directions, dt):
+    """The body of the tangent scan: the forward body's inputs and results followed by
+    their tangents (``ts``: the args' tangents, None for none; the carries' tangents
+    in ``dt``)."""
+    has = [t is not None and _float(p) for t, p in zip(ts, b.inputs)]
+    nc, nx = len(b.carries_in), len(b.xs_in)
+    cs = [k for k, c in enumerate(b.carries_in) if _float(c)]
+    xs = [k for k in range(nx) if has[nc + k]]
+    ks = [k for k in range(len(b.closures_in)) if has[nc + nx + k]]
+
+    def tangent_of(p, dtype):
+        return Placeholder(p.axes + directions, dtype=dtype, name=f"t_{p.name}")
+    t_c = [tangent_of(b.carries_in[k], dt) for k in cs]
+    t_x = [tangent_of(b.xs_in[k], ts[nc + k].dtype) for k in xs]
+    t_k = [tangent_of(b.closures_in[k], ts[nc + nx + k].dtype) for k in ks]
+    seeds = dict(zip([b.carries_in[k] for k in cs] + [b.xs_in[k] for k in xs]
+                     + [b.closures_in[k] for k in ks], t_c + t_x + t_k))
+    found = propagate(list(b.results), seeds, directions)
+
+    def tangent(o):
+        t = found.get(o)
+        dt = o.dtype if _float(o) else np.dtype(np.float64)
+        return _zeros(o.axes + directions, dt) if t is None else t
+    ys = [j for j, y in enumerate(b.ys_out) if _float(y)]
+    body = ScanBody(list(b.carries_in) + t_c, list(b.xs_in) + t_x,
+                    list(b.closures_in) + t_k,
+                    list(b.carries_out) + [_as_dtype(tangent(b.carries_out[k]), dt,
+                                                     f"the tangent of carry {k}")
+                                           for k in cs],
+                    list(b.ys_out) + [tangent(b.ys_out[j]) for j in ys])
+    return body, cs, xs, ks, ys
+
+
+@forward_rule(Scan)
+def _scan_tangent(op, ts):
+    """A scan over (carry, tangent of carry) whose body is the body's Jacobian-vector
+    product; tangents may carry direction axes (after each value's own)."""
+    nc, nx, nk, ny = op.counts
+    directions = Axes()
+    for t, a in zip(ts, op.args):
+        if t is not None:
+            directions = direction_axes(t, a)
+            break
+    ts = [None if t is None or not _float(a) else as_op(t) for t, a in zip(ts, op.args)]
+    carries, seqs, closures = op.args[:nc], op.args[nc:nc + nx], op.args[nc + nx:]
+    dt = _common_dtype(list(carries) + ts[:nc])
+    body, cs, xs, ks, ys = _jvp_body(op.body, ts, directions, dt)
+    t_c = [_zeros(carries[k].axes + directions, dt) if ts[k] is None else _as_dtype(
+        _laid_out(ts[k], carries[k].axes + directions), dt, "a carry's tangent")
+        for k in cs]
+    t_x = [_laid_out(as_op(ts[nc + k]), seqs[k].axes + directions) for k in xs]
+    t_k = [_laid_out(as_op(ts[nc + nx + k]), closures[k].axes + directions) for k in ks]
+    s = Scan(*carries, *t_c, *seqs, *t_x, *closures, *t_k, body=body, axis=op.axis,
+             reverse=op.reverse)
+    ncs, nys = nc + len(cs), ny + len(ys)
+    out: list = [None] * len(op.outputs)
+    for i, k in enumerate(cs):
+        out[k] = s.outputs[nc + i]                       # the final carry's tangent
+        out[nc + ny + k] = s.outputs[ncs + nys + nc + i]  # the history's
+    for i, j in enumerate(ys):
+        out[nc + j] = s.outputs[ncs + ny + i]
+    return tuple(out)

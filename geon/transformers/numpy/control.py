@@ -1,0 +1,93 @@
+"""NumPy code for control flow (:mod:`geon.op_graph.control`).
+
+A :class:`~geon.op_graph.control.Scan` runs as a Python loop over its axis in the
+generated module; each step calls the body, compiled once (when the first computation
+holding the op is generated) into a computation of its own from a copy of the body's
+ops, so that every pass (simplification, lowering, CSE, fusion, memory planning) runs
+inside the body too. The generated code finds that computation by a number in
+``_scan_bodies`` (a table of weak references: a body's computation lives as long as
+its op's body).
+"""
+
+import itertools
+import weakref
+
+import numpy as np
+
+from geon.op_graph.control import Scan
+from geon.op_graph.params import clone_graph
+from geon.registry import make_transformer
+from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
+
+
+class _BodyRunner:
+    """A scan body compiled by the NumPy transformer: ``runner(*inputs)`` returns the
+    tuple of the body's results (new arrays the caller owns)."""
+
+    def __init__(self, body, token):
+        self.token = token
+        # The passes rewrite the ops they compile: they get a copy (placeholders, the
+        # stand-ins, are shared).
+        mapping = clone_graph(list(body.results))
+        results = [mapping[r] for r in body.results]
+        self.computation = make_transformer("numpy").computation(results, *body.inputs)
+
+    def __call__(self, *inputs):
+        return self.computation(*inputs)
+
+
+_RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # body -> runner
+_BY_TOKEN: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count()
+NUMPY_GLOBALS["_scan_bodies"] = _BY_TOKEN
+
+
+def _contiguous(a):
+    """``a`` itself where it is C-contiguous, else a C-contiguous copy (0-d stays 0-d,
+    unlike ``np.ascontiguousarray``): the body's computation is fed whole arrays."""
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
+NUMPY_GLOBALS["_contiguous"] = _contiguous
+
+
+def body_runner(body) -> _BodyRunner:
+    """The compiled computation of a scan body (compiled on first request)."""
+    runner = _RUNNERS.get(body)
+    if runner is None:
+        runner = _BodyRunner(body, next(_TOKENS))
+        _RUNNERS[body] = runner
+        _BY_TOKEN[runner.token] = runner
+    return runner
+
+
+@numpy_code(Scan)
+def _scan_numpy(op, out, args):
+    """``out``: the final carries, the stacked ys and the history (None: not read)."""
+    nc, nx, _, ny = op.counts
+    runner = body_runner(op.body)
+    T = op.axis.length
+    final, ys, hist = out[:nc], out[nc:nc + ny], out[nc + ny:]
+    c = [f"_sc_c{k}" for k in range(nc)]
+    lines = [f"_sc_f = _scan_bodies[{runner.token}]  # the body's computation"]
+    lines += [f"{n} = _contiguous({a})" for n, a in zip(c, args[:nc])]
+    xs = []
+    for k, (a, s) in enumerate(zip(args[nc:nc + nx], op.args[nc:nc + nx])):
+        pos = s.axes.index(op.axis.name)
+        x = f"np.moveaxis({a}, {pos}, 0)" if pos else a
+        lines.append(f"_sc_x{k} = _contiguous({x})  # {op.axis.name} first")
+        xs.append(f"_sc_x{k}[_sc_t]")
+    ks = [f"_sc_k{k}" for k in range(len(args) - nc - nx)]
+    lines += [f"{n} = _contiguous({a})" for n, a in zip(ks, args[nc + nx:])]
+    steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
+    lines.append(f"for _sc_t in {steps}:")
+    lines += [f"    {h}[_sc_t] = {n}" for h, n in zip(hist, c) if h is not None]
+    y = [f"_sc_y{j}" for j in range(ny)]
+    targets = ", ".join(c + y) + ("," if nc + ny == 1 else "")
+    lines.append(f"    {targets} = _sc_f({', '.join(c + xs + ks)})")
+    lines += [f"    {o}[_sc_t] = {n}" for o, n in zip(ys, y) if o is not None]
+    if not nc + ny:
+        lines[-1] = f"    _sc_f({', '.join(c + xs + ks)})"
+    lines += [f"np.copyto({o}, {n})" for o, n in zip(final, c) if o is not None]
+    return lines
+
