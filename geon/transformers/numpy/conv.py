@@ -9,6 +9,13 @@ windows tile the input (kernel = stride, no padding or dilation, the common case
 reduces one kernel dim at a time instead, and its derivative is one comparison of x with
 the repeated maxima and one product with the repeated dy, in x's own layout, so no pass
 has a short strided inner loop. No Python loop runs over output positions.
+
+Two kinds of convolution skip im2col. A 1 x 1 convolution (stride 1, no padding, one
+group) is a matrix product per image on its (C, P) view: no copy of x, dy or the
+result (its derivative in the filter puts small images side by side first). A
+convolution with at most :data:`~.conv_kernels.MAX_GROUP_CHANNELS` input channels per
+group (depthwise convolution) runs the direct C kernels of :mod:`.conv_kernels` where a
+C compiler works, and im2col otherwise.
 """
 
 import math
@@ -17,6 +24,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from geon.op_graph import conv as cv
+from geon.transformers.numpy import blas
+from geon.transformers.numpy import conv_kernels as dk
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
@@ -91,29 +100,80 @@ def _from_groups(out, y):
     np.copyto(_into(out, (B, G, K // G, P)), y.reshape(G, K // G, B, P).transpose(2, 0, 1, 3))
 
 
-def conv_forward(x, w, out, strides, pads, dilation, groups):
-    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R)."""
-    K = out.shape[1]
+def _pointwise(R, strides, pads, groups, *arrays):
+    """Whether the convolution is a matrix product per image: a 1 x ... x 1 kernel,
+    stride 1, no padding, one group, and ``arrays`` (operands and result) of one dtype
+    (then y[b] = w (K, C) @ x[b] (C, P))."""
+    return groups == 1 and all(r == 1 for r in R) and all(s == 1 for s in strides) \
+        and not any(lo or hi for lo, hi in pads) \
+        and all(a.dtype == arrays[0].dtype for a in arrays)
+
+
+def _direct(a, b, out, channels, pads, direct):
+    """The direct kernels (:mod:`.conv_kernels`) where they apply to this call (few
+    input ``channels`` per group) and ``direct`` (the computation's compiled mode is not
+    off) allows them, else None."""
+    return dk.kernels() if direct and channels <= dk.MAX_GROUP_CHANNELS and \
+        dk.usable(a, b, out, pads) else None
+
+
+def _flat(a):
+    """(B, C, *S) as (B, C, prod(S)), a view where ``a``'s layout allows."""
+    return a.reshape(a.shape[:2] + (-1,))
+
+
+def _side_by_side(a):
+    """``a`` (B, C, P) as (C, B * P): the images side by side (a view for one image)."""
+    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+
+
+#: The derivative in the filter of a 1 x 1 convolution is one product over the images
+#: side by side where they have fewer positions than this (copying them costs less
+#: than a product per image), else one product per image (no copies).
+MERGED_POSITIONS = 256
+
+
+def conv_forward(x, w, out, strides, pads, dilation, groups, direct=True):
+    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``direct``:
+    whether the direct C kernels may run (False: ``NumPyTransformer(compiled=False)``)."""
+    B, K = out.shape[:2]
+    if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
+        # one product per image on its (C, P) view: no copy of x or of the result
+        np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
+        return
+    fns = _direct(x, w, out, w.shape[1], pads, direct)
+    if fns:
+        dk.forward(fns, x, w, out, strides, pads, dilation, groups)
+        return
     cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups)
     _from_groups(out, _gemm(w.reshape(groups, K // groups, -1), cols))
 
 
-def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
+def conv_grad_data(dy, w, out, strides, pads, dilation, groups, direct=True):
     """``out`` (B, C, *S): the transpose of :func:`conv_forward` in x, applied to dy."""
     B, K = dy.shape[:2]
     P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
     G, Cg = groups, w.shape[1]
     n = len(R)
+    if _pointwise(R, strides, pads, groups, dy, w, out):
+        # dx[b] = w (K, C)^T @ dy[b]: BLAS reads w transposed, no copy
+        np.matmul(w.reshape(K, -1).T, _flat(dy), out=_into(out, (B, Cg, -1)))
+        return
     full = [d * (k - 1) for k, d in zip(R, dilation)]
     if all(s == 1 for s in strides) and all(lo <= f and hi <= f for (lo, hi), f in
                                             zip(pads, full)):
         # stride 1: the correlation of dy with the flipped filter, channels swapped per
-        # group, and the complementary padding (one im2col and one GEMM, no col2im)
+        # group, and the complementary padding (one im2col and one GEMM, no col2im; or
+        # the direct forward kernel)
         wf = w.reshape((G, K // G, Cg) + R).transpose((0, 2, 1) + tuple(range(3, 3 + n)))
         wf = np.ascontiguousarray(wf[(Ellipsis,) + (slice(None, None, -1),) * n])
         conv_forward(dy, wf.reshape((G * Cg, K // G) + R), out, strides,
                      tuple((f - lo, f - hi) for (lo, hi), f in zip(pads, full)), dilation,
-                     groups)
+                     groups, direct)
+        return
+    fns = _direct(dy, w, out, w.shape[1], pads, direct)
+    if fns:  # the direct kernel scatters dy into the image
+        dk.grad_data(fns, dy, w, out, strides, pads, dilation, groups)
         return
     wt = np.ascontiguousarray(w.reshape(G, K // G, -1).transpose(0, 2, 1))
     cols = _gemm(wt, _by_group(dy, G)).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
@@ -128,14 +188,36 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups):
               crop.transpose((2, 0, 1) + tuple(range(3, 3 + len(S)))))
 
 
-def conv_grad_filter(x, dy, out, strides, pads, dilation, groups):
+def conv_grad_filter(x, dy, out, strides, pads, dilation, groups, direct=True):
     """``out`` (K, C/groups, *R): the transpose of :func:`conv_forward` in w."""
     K, Cg = out.shape[:2]
     G = groups
+    if _pointwise(out.shape[2:], strides, pads, groups, x, dy, out):
+        _pointwise_grad_filter(_flat(x), _flat(dy), _into(out, (K, Cg)))
+        return
+    fns = _direct(x, dy, out, out.shape[1], pads, direct)
+    if fns:
+        dk.grad_filter(fns, x, dy, out, strides, pads, dilation, groups)
+        return
     cols = _im2col(x, out.shape[2:], dy.shape[2:], strides, pads, dilation, G)
     # (Cg * R, B * P) @ (B * P, K/G): the long dimension is the contraction
     wt = _gemm(cols, _by_group(dy, G).transpose(0, 2, 1))
     np.copyto(_into(out, (G, K // G, Cg * math.prod(out.shape[2:]))), wt.transpose(0, 2, 1))
+
+
+def _pointwise_grad_filter(x, dy, out):
+    """``out`` (K, C) = sum over b of dy[b] (K, P) @ x[b] (C, P)^T for x (B, C, P) and
+    dy (B, K, P): one product over the images side by side (see
+    :data:`MERGED_POSITIONS`; views for one image), else one per image, each after the
+    first added into ``out`` by the BLAS itself where it can."""
+    B, C, P = x.shape
+    if B == 1 or P < MERGED_POSITIONS:
+        np.matmul(_side_by_side(dy), _side_by_side(x).T, out=out)
+        return
+    np.matmul(dy[0], x[0].T, out=out)
+    for b in range(1, B):
+        if not blas.accumulate(dy[b], x[b].T, out, 1.0):
+            out += dy[b] @ x[b].T
 
 
 def _tap_views(xp, kernel, out, strides, dilation):
@@ -277,8 +359,9 @@ _POOL_FN = {cv.MaxPool: "_max_pool", cv.MaxPoolGrad: "_max_pool_grad",
 @numpy_code(*_CONV_FN)
 def _conv(op, out, args):
     a, b = args
+    # _conv_direct: set by the computation from its compiled mode
     return [f"{_CONV_FN[type(op)]}({a}, {b}, {out}, {op.strides}, {op.pads}, "
-            f"{op.dilation}, {op.groups})"]
+            f"{op.dilation}, {op.groups}, _conv_direct)"]
 
 
 @numpy_code(*_POOL_FN)

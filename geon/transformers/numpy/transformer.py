@@ -131,6 +131,8 @@ class NumPyComputation(Computation):
         ns["_run_blocks"] = fusion.run_blocks
         ns["_threads"] = thread_policy.refresh
         ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
+        # the direct convolution kernels (conv_kernels.py) are C too
+        ns["_conv_direct"] = self.transformer.compiled is not False
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
         lock = self.transformer._lock
         ns["_acquire"], ns["_release"] = lock.acquire, lock.release

@@ -1,0 +1,682 @@
+"""Direct convolution in C for few input channels per group (depthwise convolution).
+
+A depthwise convolution (``groups == C``: one input channel per group, as in MobileNet
+and EfficientNet) is, through im2col, one tiny matrix product per group (a 1 x 9 filter
+times a 9 x P window matrix for a 3 x 3 kernel) after a copy of every window. Here each
+of the three primitives is a C function that walks the images directly, in one of two
+forms, picked per call by the length of an output row (:data:`LANE_ROWS`):
+
+- **rows** (long rows): an input plane is copied into a zero-padded scratch plane, so
+  that every window lies inside it; then each output row is computed V (16) outputs at
+  a time, the sum over the kernel's taps held in vector registers (GCC's and Clang's
+  vector extension) and stored once. The forward sums over its group's input channels
+  per output plane ``(b, k)``; the derivative in the filter, per filter plane ``(k,
+  c)``, keeps V partial sums per tap over the batch and the rows (a short last block
+  overlaps the one before, its repeated products masked to zero) and adds them up at
+  the end. The derivative in the image with a stride scatters each row of dy into the
+  image plane; with stride 1 :mod:`.conv` runs it as a forward with the flipped filter.
+- **lanes** (short rows: 7 x 7, 4 x 4 planes): V channels side by side. Their planes
+  are copied into one tile of the padded image, (*Q, V) with the channel last, and
+  every tap of every window is one vector operation over the V channels; the result is
+  copied back into its planes.
+
+Stride 2 loads take the even elements of two vector loads. Sums are in the data's own
+type (float32 or float64), as the BLAS of the im2col path does; they are not rounded
+like NumPy's (another order), but no ``a * b + c`` is contracted (the toolchain's
+``-ffp-contract=off``). Up to three spatial dimensions (fewer are given leading
+dimensions of one). Planes or blocks of channels are spread over geon's own threads
+(:func:`geon.transformers.fusion.run_blocks`) where a call has enough work
+(:data:`PARALLEL_WORK`); :mod:`ctypes` lets go of the GIL during each call.
+
+The library is built and cached by :func:`geon.transformers.numpy.toolchain.build`
+(the same compiler, flags, IEEE checks and cache trust rules as the fused groups). It
+is not used (:func:`kernels` returns None, and the caller runs its NumPy code, im2col)
+where ``GEON_COMPILED`` is ``0``, where no compiler or cache folder works (silently),
+or where the build fails (after one :class:`~geon.errors.GeonWarning`).
+"""
+
+
+import ctypes
+import os
+
+import numpy as np
+
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled, toolchain
+from geon.transformers.numpy.kernel_cache import CompileError
+
+#: Where the direct kernels are used (:func:`geon.transformers.numpy.conv._direct`):
+#: at most this many input channels per group. Above, a matrix product over
+#: ``C/groups * prod(kernel)`` does more useful work per element read than the direct
+#: loops: with 4 (64 channels, 28 x 28, 3 x 3, batch 2, float32) the forward kernel
+#: took as long as im2col and the derivatives' kernels twice as long; with 2 the
+#: forward took 0.6 of im2col's time and the derivatives 1.1.
+MAX_GROUP_CHANNELS = 2
+#: A call is split over geon's threads from this many multiply-adds.
+PARALLEL_WORK = 1 << 18
+#: Channels side by side in the lanes kernels, and outputs of a row computed at once
+#: by the rows kernels (one vector of float32 with AVX-512): the C source's V, fixed
+#: (its EVENS assume 16).
+LANES = 16
+#: The lanes kernels are used for output rows shorter than this (the rows kernels
+#: compute V outputs of a row at a time; twice as long for the derivative in the image
+#: with a stride, whose rows kernel scatters a row at a time), where one tile of the
+#: padded image for LANES channels takes at most LANE_TILE_BYTES.
+LANE_ROWS = 16
+LANE_TILE_BYTES = 1 << 20
+
+#: V: the lanes of a vector value; EVENS: the indices of the even elements of
+#: xu[0 .. 2V - 2] in lo = xu[0 .. V - 1] followed by hi = xu[V - 1 .. 2V - 2] (V = 16)
+_HEADER = r"""#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define V 16
+#define EVENS 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
+"""
+
+_TEMPLATE = r"""
+static REAL *scratch_SUF(int64_t n) {
+    return malloc((size_t)(n > 0 ? n : 1) * sizeof(REAL));
+}
+
+/* the positions j in [0, n) whose input j * s + off lies in [0, len) */
+static void span_SUF(int64_t off, int64_t s, int64_t len, int64_t n, int64_t *lo,
+                     int64_t *hi) {
+    int64_t a = off < 0 ? (-off + s - 1) / s : 0;
+    int64_t b = off <= len - 1 ? (len - 1 - off) / s + 1 : 0;
+    if (b > n) b = n;
+    *lo = a < b ? a : b;
+    *hi = b;
+}
+
+/* d[j * s + off] += v * y[j] for j in [lo, hi) */
+static void scatter_SUF(REAL *restrict d, const REAL *restrict y, REAL v, int64_t lo,
+                        int64_t hi, int64_t s, int64_t off) {
+    if (s == 1) {
+        for (int64_t j = lo; j < hi; j++) d[j + off] += v * y[j];
+    } else if (s == 2) {
+        for (int64_t j = lo; j < hi; j++) d[2 * j + off] += v * y[j];
+    } else {
+        for (int64_t j = lo; j < hi; j++) d[j * s + off] += v * y[j];
+    }
+}
+
+/* Calls BODY for every pair of an output row (od, oh) and a kernel row (kd, kh) whose
+   input row (id, ih) is inside the image, with orow / irow the offsets of those rows in
+   a plane; then BODY loops over kw with the spans jl[kw], jh[kw] and offsets jo[kw]. */
+#define ROWS(BODY) \
+    for (int64_t od = 0; od < P0; od++) \
+    for (int64_t kd = 0; kd < R0; kd++) { \
+        const int64_t id = od * s0 + kd * d0 - p0; \
+        if (id < 0 || id >= S0) continue; \
+        for (int64_t oh = 0; oh < P1; oh++) \
+        for (int64_t kh = 0; kh < R1; kh++) { \
+            const int64_t ih = oh * s1 + kh * d1 - p1; \
+            if (ih < 0 || ih >= S1) continue; \
+            const int64_t orow = (od * P1 + oh) * P2, irow = (id * S1 + ih) * S2; \
+            const int64_t tap = (kd * R1 + kh) * R2; \
+            BODY \
+        } \
+    }
+
+#define GEOMETRY \
+    const int64_t C = g[1], K = g[2], Cg = g[3], Kg = g[4]; \
+    const int64_t S0 = g[5], S1 = g[6], S2 = g[7], R0 = g[8], R1 = g[9], R2 = g[10]; \
+    const int64_t P0 = g[11], P1 = g[12], P2 = g[13], s0 = g[14], s1 = g[15]; \
+    const int64_t s2 = g[16], d0 = g[17], d1 = g[18], d2 = g[19], p0 = g[20]; \
+    const int64_t p1 = g[21], p2 = g[22]; \
+    const int64_t Sn = S0 * S1 * S2, Rn = R0 * R1 * R2, Pn = P0 * P1 * P2; \
+    const int64_t Q0 = g[23], Q1 = g[24], Q2 = g[25], Qn = Q0 * Q1 * Q2; \
+    int64_t jl[R2], jh[R2], jo[R2], ko[R2]; \
+    for (int64_t kw = 0; kw < R2; kw++) { \
+        jo[kw] = kw * d2 - p2; \
+        ko[kw] = kw * d2; \
+        span_SUF(jo[kw], s2, S2, P2, &jl[kw], &jh[kw]); \
+    } \
+    (void)K; (void)Kg; (void)Rn; (void)Sn; (void)Pn; (void)C; (void)Qn; (void)ko;
+
+/* o[j] = the sum over rows m < n and kernel columns kw of wr[m][kw] * xr[m][j * s +
+   jo[kw]], for j in [0, P2): one output at a time (rows shorter than V) */
+static void short_SUF(REAL *restrict o, const REAL *const *xr, const REAL *const *wr,
+                      int64_t n, int64_t R2, const int64_t *jo, int64_t s, int64_t P2) {
+    for (int64_t j = 0; j < P2; j++) {
+        REAL acc = 0;
+        for (int64_t m = 0; m < n; m++)
+            for (int64_t kw = 0; kw < R2; kw++) acc += wr[m][kw] * xr[m][j * s + jo[kw]];
+        o[j] = acc;
+    }
+}
+
+/* V elements in one value (GCC's and Clang's vector extension): the compiler keeps it
+   in vector registers and loads it with unaligned vector loads */
+typedef REAL vec_SUF __attribute__((vector_size(V * sizeof(REAL))));
+typedef IREAL ivec_SUF __attribute__((vector_size(V * sizeof(REAL))));
+
+/* the V inputs xu[2 * t]: two vector loads (the second from xu + V - 1, so that
+   nothing after xu[2 * V - 2] is read) and one shuffle */
+static inline vec_SUF load2_SUF(const REAL *xu) {
+    vec_SUF lo, hi;
+    memcpy(&lo, xu, sizeof lo);
+    memcpy(&hi, xu + V - 1, sizeof hi);
+#if defined(__clang__) || __GNUC__ >= 12
+    return __builtin_shufflevector(lo, hi, EVENS);
+#else
+    return __builtin_shuffle(lo, hi, (ivec_SUF){EVENS});
+#endif
+}
+
+/* xv = the V inputs xu[t * st] */
+#define LOAD(xv, xu, st) \
+    if (st == 1) { \
+        memcpy(&xv, xu, sizeof xv); \
+    } else if (st == 2) { \
+        xv = load2_SUF(xu); \
+    } else { \
+        for (int t = 0; t < V; t++) xv[t] = (xu)[t * st]; \
+    }
+
+/* the same for the U * V outputs from j0: the sums in U vectors of accumulators
+   (independent chains of additions), stored once; ST is the stride s where it is known
+   when compiling (1, 2), else 0 */
+#define BLOCK(U, ST) \
+static void block##U##_##ST##_SUF(REAL *restrict o, const REAL *const *xr, \
+                                  const REAL *const *wr, int64_t n, int64_t R2, \
+                                  const int64_t *jo, int64_t s, int64_t j0) { \
+    const int64_t st = ST ? ST : s; \
+    vec_SUF acc[U] = {{0}}, xv = {0}; \
+    for (int64_t m = 0; m < n; m++) \
+        for (int64_t kw = 0; kw < R2; kw++) { \
+            const REAL *xp = xr[m] + j0 * st + jo[kw], v = wr[m][kw]; \
+            for (int u = 0; u < U; u++) { \
+                LOAD(xv, xp + u * V * st, st) \
+                acc[u] += v * xv; \
+            } \
+        } \
+    memcpy(o + j0, acc, sizeof acc); \
+}
+BLOCK(1, 0)
+BLOCK(1, 1)
+BLOCK(1, 2)
+BLOCK(4, 0)
+BLOCK(4, 1)
+BLOCK(4, 2)
+#undef BLOCK
+
+/* the same for j in [0, P2), P2 >= V: blocks of 4 V, then of V, the last V
+   overlapping the block before */
+static void row_SUF(REAL *restrict o, const REAL *const *xr, const REAL *const *wr,
+                    int64_t n, int64_t R2, const int64_t *jo, int64_t s, int64_t P2) {
+    void (*one)(REAL *restrict, const REAL *const *, const REAL *const *, int64_t,
+                int64_t, const int64_t *, int64_t, int64_t) =
+        s == 1 ? block1_1_SUF : s == 2 ? block1_2_SUF : block1_0_SUF;
+    void (*four)(REAL *restrict, const REAL *const *, const REAL *const *, int64_t,
+                 int64_t, const int64_t *, int64_t, int64_t) =
+        s == 1 ? block4_1_SUF : s == 2 ? block4_2_SUF : block4_0_SUF;
+    int64_t j0 = 0;
+    for (; j0 + 4 * V <= P2; j0 += 4 * V) four(o, xr, wr, n, R2, jo, s, j0);
+    for (; j0 + V <= P2; j0 += V) one(o, xr, wr, n, R2, jo, s, j0);
+    if (j0 < P2) one(o, xr, wr, n, R2, jo, s, P2 - V);
+}
+
+/* T (Q0, Q1, Q2) = zero, with the plane src (S0, S1, S2) at offset (q0, q1, q2) */
+static void pad_SUF(REAL *restrict T, const REAL *restrict src, const int64_t *Q,
+                    const int64_t *S, const int64_t *q) {
+    memset(T, 0, Q[0] * Q[1] * Q[2] * sizeof(REAL));
+    for (int64_t i0 = 0; i0 < S[0]; i0++)
+        for (int64_t i1 = 0; i1 < S[1]; i1++)
+            memcpy(T + ((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2],
+                   src + (i0 * S[1] + i1) * S[2], S[2] * sizeof(REAL));
+}
+
+/* y (B, K, *P) = x (B, C, *S) correlated with w (K, Cg, *R): output planes [lo, hi).
+   The input planes of a group are copied into zero-padded scratch X (Q, as the lanes
+   tiles), so every window is inside; each output row sums over xr / wr, its input and
+   filter rows, V outputs at a time in registers (row_SUF). */
+int geon_dconv_forward_SUF(const REAL *restrict x, const REAL *restrict w,
+                           REAL *restrict y, const int64_t *g, int64_t lo,
+                           int64_t hi) {
+    GEOMETRY
+    REAL *X = scratch_SUF(Cg * Qn);
+    const REAL **xr = malloc(2 * (Cg * R0 * R1 + 1) * sizeof(REAL *));
+    if (!X || !xr) {
+        free(X);
+        free(xr);
+        return 1;
+    }
+    const REAL **wr = xr + Cg * R0 * R1 + 1;
+    int64_t padded = -1;  /* the (b, group) whose planes X holds */
+    for (int64_t plane = lo; plane < hi; plane++) {
+        const int64_t b = plane / K, k = plane % K, grp = k / Kg;
+        if (padded != b * C + grp * Cg)
+            for (int64_t c = 0; c < Cg; c++)
+                pad_SUF(X + c * Qn, x + (b * C + grp * Cg + c) * Sn, g + 23, g + 5,
+                        g + 20);
+        padded = b * C + grp * Cg;
+        for (int64_t od = 0; od < P0; od++)
+        for (int64_t oh = 0; oh < P1; oh++) {
+            int64_t n = 0;
+            for (int64_t c = 0; c < Cg; c++)
+            for (int64_t kd = 0; kd < R0; kd++)
+            for (int64_t kh = 0; kh < R1; kh++) {
+                xr[n] = X + c * Qn + ((od * s0 + kd * d0) * Q1 + oh * s1 + kh * d1) * Q2;
+                wr[n++] = w + (k * Cg + c) * Rn + (kd * R1 + kh) * R2;
+            }
+            REAL *o = y + plane * Pn + (od * P1 + oh) * P2;
+            if (P2 < V)
+                short_SUF(o, xr, wr, n, R2, ko, s2, P2);
+            else
+                row_SUF(o, xr, wr, n, R2, ko, s2, P2);
+        }
+    }
+    free(X);
+    free(xr);
+    return 0;
+}
+
+/* dx (B, C, *S) = the transpose of the forward in x applied to dy: image planes */
+int geon_dconv_grad_data_SUF(const REAL *restrict dy, const REAL *restrict w,
+                              REAL *restrict dx, const int64_t *g, int64_t lo,
+                              int64_t hi) {
+    GEOMETRY
+    for (int64_t plane = lo; plane < hi; plane++) {
+        const int64_t b = plane / C, ci = plane % C, grp = ci / Cg, c = ci % Cg;
+        REAL *d = dx + plane * Sn;
+        memset(d, 0, Sn * sizeof(REAL));
+        for (int64_t q = 0; q < Kg; q++) {
+            const int64_t k = grp * Kg + q;
+            const REAL *yi = dy + (b * K + k) * Pn;
+            const REAL *wk = w + (k * Cg + c) * Rn;
+            ROWS(for (int64_t kw = 0; kw < R2; kw++)
+                     scatter_SUF(d + irow, yi + orow, wk[tap + kw], jl[kw], jh[kw], s2,
+                                 jo[kw]);)
+        }
+    }
+    return 0;
+}
+
+/* One output row's share of the derivative in the filter: for each kernel row m (the
+   input row xr[m], the taps from tp[m]) and column kw, the sum over j < P2 of y[j] *
+   xr[m][j * s + jo[kw]]: added to a[tap] for rows shorter than V, else to the V
+   partial sums A[tap * V ...], summed in a register over the row's blocks of V
+   outputs (a last V overlaps the block before, its repeated products masked to +0).
+   ST as in BLOCK. */
+#define GRAD_ROW(ST) \
+static void grad_row_##ST##_SUF(REAL *restrict A, REAL *restrict a, \
+                                const REAL *restrict y, const REAL *const *xr, \
+                                const int64_t *tp, int64_t n, int64_t R2, \
+                                const int64_t *jo, int64_t s, int64_t P2) { \
+    const int64_t st = ST ? ST : s; \
+    if (P2 < V) { \
+        for (int64_t m = 0; m < n; m++) \
+            for (int64_t kw = 0; kw < R2; kw++) \
+                for (int64_t j = 0; j < P2; j++) \
+                    a[tp[m] + kw] += y[j] * xr[m][j * st + jo[kw]]; \
+        return; \
+    } \
+    const int64_t full = P2 / V * V, at = P2 - V; \
+    ivec_SUF keep; \
+    for (int t = 0; t < V; t++) keep[t] = at + t >= full ? -1 : 0; \
+    vec_SUF yv, xv = {0}, sum; \
+    for (int64_t m = 0; m < n; m++) \
+        for (int64_t kw = 0; kw < R2; kw++) { \
+            const REAL *xm = xr[m] + jo[kw]; \
+            REAL *Au = A + (tp[m] + kw) * V; \
+            memcpy(&sum, Au, sizeof sum); \
+            for (int64_t j0 = 0; j0 < full; j0 += V) { \
+                memcpy(&yv, y + j0, sizeof yv); \
+                LOAD(xv, xm + j0 * st, st) \
+                sum += yv * xv; \
+            } \
+            if (full < P2) { \
+                memcpy(&yv, y + at, sizeof yv); \
+                LOAD(xv, xm + at * st, st) \
+                sum += (vec_SUF)((ivec_SUF)(yv * xv) & keep); \
+            } \
+            memcpy(Au, &sum, sizeof sum); \
+        } \
+}
+GRAD_ROW(0)
+GRAD_ROW(1)
+GRAD_ROW(2)
+#undef GRAD_ROW
+#undef LOAD
+
+/* dw (K, Cg, *R) = the transpose of the forward in w applied to dy: filter planes
+   (k, c), a row of dy at a time, the input plane copied into zero-padded scratch X
+   (see the forward) */
+int geon_dconv_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
+                               REAL *restrict dw, const int64_t *g, int64_t lo,
+                               int64_t hi) {
+    GEOMETRY
+    const int64_t B = g[0];
+    REAL *A = scratch_SUF(Rn * (V + 1)), *X = scratch_SUF(Qn);
+    const REAL **xr = malloc((R0 * R1 + 1) * (sizeof(REAL *) + sizeof(int64_t)));
+    if (!A || !X || !xr) {
+        free(A);
+        free(X);
+        free(xr);
+        return 1;
+    }
+    REAL *a = A + Rn * V;
+    int64_t *tp = (int64_t *)(xr + R0 * R1 + 1);
+    void (*row)(REAL *restrict, REAL *restrict, const REAL *restrict,
+                const REAL *const *, const int64_t *, int64_t, int64_t, const int64_t *,
+                int64_t, int64_t) =
+        s2 == 1 ? grad_row_1_SUF : s2 == 2 ? grad_row_2_SUF : grad_row_0_SUF;
+    for (int64_t plane = lo; plane < hi; plane++) {
+        const int64_t k = plane / Cg, c = plane % Cg, grp = k / Kg;
+        memset(A, 0, Rn * (V + 1) * sizeof(REAL));
+        for (int64_t b = 0; b < B; b++) {
+            pad_SUF(X, x + (b * C + grp * Cg + c) * Sn, g + 23, g + 5, g + 20);
+            const REAL *yi = dy + (b * K + k) * Pn;
+            for (int64_t od = 0; od < P0; od++)
+            for (int64_t oh = 0; oh < P1; oh++) {
+                int64_t n = 0;
+                for (int64_t kd = 0; kd < R0; kd++)
+                for (int64_t kh = 0; kh < R1; kh++) {
+                    xr[n] = X + ((od * s0 + kd * d0) * Q1 + oh * s1 + kh * d1) * Q2;
+                    tp[n++] = (kd * R1 + kh) * R2;
+                }
+                row(A, a, yi + (od * P1 + oh) * P2, xr, tp, n, R2, ko, s2, P2);
+            }
+        }
+        for (int64_t t = 0; t < Rn; t++) {
+            REAL sum = a[t];
+            for (int l = 0; l < V; l++) sum += A[t * V + l];
+            dw[plane * Rn + t] = sum;
+        }
+    }
+    free(A);
+    free(X);
+    free(xr);
+    return 0;
+}
+
+/* --- lanes: V channels side by side, for small planes ---------------------------
+   A tile holds V planes interleaved, (*Q, V), Q the padded image's extent: the
+   windows read it with no bounds checks, every step one vector of V channels. */
+
+/* T (Q0, Q1, Q2, V) = zero, with plane src[l] (S0, S1, S2) at offset (q0, q1, q2) */
+static void tile_in_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
+                        const int64_t *Q, const int64_t *S, const int64_t *q) {
+    memset(T, 0, Q[0] * Q[1] * Q[2] * V * sizeof(REAL));
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t i0 = 0; i0 < S[0]; i0++)
+            for (int64_t i1 = 0; i1 < S[1]; i1++) {
+                const REAL *s = src[l] + (i0 * S[1] + i1) * S[2];
+                REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V + l;
+                for (int64_t i2 = 0; i2 < S[2]; i2++) t[i2 * V] = s[i2];
+            }
+}
+
+/* plane dst[l] (S0, S1, S2) = T (Q0, Q1, Q2, V) at offset (q0, q1, q2), lane l */
+static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
+                         const int64_t *Q, const int64_t *S, const int64_t *q) {
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t i0 = 0; i0 < S[0]; i0++)
+            for (int64_t i1 = 0; i1 < S[1]; i1++) {
+                REAL *d = dst[l] + (i0 * S[1] + i1) * S[2];
+                const REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V
+                                + l;
+                for (int64_t i2 = 0; i2 < S[2]; i2++) d[i2] = t[i2 * V];
+            }
+}
+
+#define LANES_GEOMETRY \
+    const int64_t B = g[0], C = g[1], K = g[2], Cg = g[3], Kg = g[4]; \
+    const int64_t *S = g + 5, *R = g + 8, *P = g + 11, *st = g + 14, *dl = g + 17; \
+    const int64_t *pd = g + 20, *Q = g + 23; \
+    const int64_t Sn = S[0] * S[1] * S[2], Rn = R[0] * R[1] * R[2]; \
+    const int64_t Pn = P[0] * P[1] * P[2], Qn = Q[0] * Q[1] * Q[2]; \
+    const int64_t zero[3] = {0, 0, 0}, one[3] = {1, 1, Pn}; \
+    (void)B; (void)C; (void)K; (void)Cg; (void)Kg; (void)Sn; (void)one;
+
+/* every output position p (index pi) and kernel offset t, with xo the offset in a
+   tile of the padded image of the input that (p, t) reads */
+#define WINDOWS(BODY_P, BODY_T, END_P) \
+    for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++) \
+    for (int64_t o1 = 0; o1 < P[1]; o1++) \
+    for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) { \
+        BODY_P \
+        for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++) \
+        for (int64_t r1 = 0; r1 < R[1]; r1++) { \
+            const int64_t row = ((o0 * st[0] + r0 * dl[0]) * Q[1] + o1 * st[1] \
+                                 + r1 * dl[1]) * Q[2] + o2 * st[2]; \
+            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) { \
+                const int64_t xo = (row + r2 * dl[2]) * V; \
+                BODY_T \
+            } \
+        } \
+        END_P \
+    }
+
+/* forward: items (b, block of V output channels) */
+int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
+                                 REAL *restrict y, const int64_t *g, int64_t lo,
+                                 int64_t hi) {
+    LANES_GEOMETRY
+    const int64_t blocks = (K + V - 1) / V;
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
+    int err = !X || !Y || !W;
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t b = item / blocks, k0 = item % blocks * V;
+        const int64_t nl = K - k0 < V ? K - k0 : V;
+        const REAL *src[V];
+        REAL *dst[V];
+        for (int64_t c = 0; c < Cg; c++) {
+            memset(W, 0, Rn * V * sizeof(REAL));
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t k = k0 + l;
+                src[l] = x + (b * C + k / Kg * Cg + c) * Sn;
+                for (int64_t t = 0; t < Rn; t++) W[t * V + l] = w[(k * Cg + c) * Rn + t];
+            }
+            tile_in_SUF(X, src, nl, Q, S, pd);
+            WINDOWS(REAL acc[V];
+                    for (int l = 0; l < V; l++) acc[l] = c ? Y[pi * V + l] : 0;,
+                    for (int l = 0; l < V; l++) acc[l] += W[t * V + l] * X[xo + l];,
+                    for (int l = 0; l < V; l++) Y[pi * V + l] = acc[l];)
+        }
+        for (int64_t l = 0; l < nl; l++) dst[l] = y + (b * K + k0 + l) * Pn;
+        tile_out_SUF(dst, Y, nl, one, one, zero);
+    }
+    free(X); free(Y); free(W);
+    return err;
+}
+
+/* derivative in the image: items (b, block of V input channels) */
+int geon_dconv_lanes_grad_data_SUF(const REAL *restrict dy, const REAL *restrict w,
+                                   REAL *restrict dx, const int64_t *g, int64_t lo,
+                                   int64_t hi) {
+    LANES_GEOMETRY
+    const int64_t blocks = (C + V - 1) / V;
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
+    int err = !X || !Y || !W;
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t b = item / blocks, c0 = item % blocks * V;
+        const int64_t nl = C - c0 < V ? C - c0 : V;
+        const REAL *src[V];
+        REAL *dst[V];
+        memset(X, 0, Qn * V * sizeof(REAL));
+        for (int64_t q = 0; q < Kg; q++) {
+            memset(W, 0, Rn * V * sizeof(REAL));
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t ci = c0 + l, k = ci / Cg * Kg + q;
+                src[l] = dy + (b * K + k) * Pn;
+                for (int64_t t = 0; t < Rn; t++)
+                    W[t * V + l] = w[(k * Cg + ci % Cg) * Rn + t];
+            }
+            tile_in_SUF(Y, src, nl, one, one, zero);
+            WINDOWS(const REAL *yv = Y + pi * V;,
+                    for (int l = 0; l < V; l++) X[xo + l] += W[t * V + l] * yv[l];,)
+        }
+        for (int64_t l = 0; l < nl; l++) dst[l] = dx + (b * C + c0 + l) * Sn;
+        tile_out_SUF(dst, X, nl, Q, S, pd);
+    }
+    free(X); free(Y); free(W);
+    return err;
+}
+
+/* derivative in the filter: items (block of V output channels) */
+int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
+                                     REAL *restrict dw, const int64_t *g, int64_t lo,
+                                     int64_t hi) {
+    LANES_GEOMETRY
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *A = scratch_SUF(Rn * V);
+    int err = !X || !Y || !A;
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t k0 = item * V, nl = K - k0 < V ? K - k0 : V;
+        const REAL *src[V];
+        for (int64_t c = 0; c < Cg; c++) {
+            memset(A, 0, Rn * V * sizeof(REAL));
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t l = 0; l < nl; l++)
+                    src[l] = x + (b * C + (k0 + l) / Kg * Cg + c) * Sn;
+                tile_in_SUF(X, src, nl, Q, S, pd);
+                for (int64_t l = 0; l < nl; l++) src[l] = dy + (b * K + k0 + l) * Pn;
+                tile_in_SUF(Y, src, nl, one, one, zero);
+                WINDOWS(const REAL *yv = Y + pi * V;,
+                        for (int l = 0; l < V; l++) A[t * V + l] += yv[l] * X[xo + l];,)
+            }
+            for (int64_t l = 0; l < nl; l++)
+                for (int64_t t = 0; t < Rn; t++)
+                    dw[((k0 + l) * Cg + c) * Rn + t] = A[t * V + l];
+        }
+    }
+    free(X); free(Y); free(A);
+    return err;
+}
+#undef LANES_GEOMETRY
+#undef WINDOWS
+#undef ROWS
+#undef GEOMETRY
+"""
+
+#: dtype -> (C type, an integer type of its size, suffix)
+_TYPES = {np.dtype(np.float32): ("float", "int32_t", "f32"),
+          np.dtype(np.float64): ("double", "int64_t", "f64")}
+_NAMES = ("forward", "grad_data", "grad_filter")
+_KINDS = ("", "lanes_")
+
+
+def source():
+    """The C source of the kernels, for float32 and float64."""
+    parts = [_HEADER]
+    for real, integer, suffix in _TYPES.values():
+        parts.append(_TEMPLATE.replace("IREAL", integer).replace("REAL", real)
+                     .replace("_SUF", "_" + suffix))
+    return "\n".join(parts)
+
+
+def _symbols():
+    return [f"geon_dconv_{k}{n}_{s}" for k in _KINDS for n in _NAMES
+            for _, _, s in _TYPES.values()]
+
+
+_loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or None
+
+
+def kernels():
+    """``{(kind, name, dtype): ctypes function}`` of the direct kernels, or None where
+    the compiled path is off or cannot run here (see the module docstring)."""
+    if compiled.mode() is False:
+        return None
+    where = (os.environ.get("CC", ""), os.environ.get("GEON_CACHE_DIR", ""))
+    if where in _loaded:
+        return _loaded[where]
+    fns = None
+    try:
+        lib = toolchain.build(source(), _symbols())
+    except CompileError as e:
+        if e.key not in compiled.UNAVAILABLE:
+            toolchain.warn_once(("conv kernels", e.key),
+                                f"the direct convolution kernels did not compile "
+                                f"({str(e)[:300]}): geon runs its NumPy code instead")
+    else:
+        fns = {}
+        for kind in _KINDS:
+            for name in _NAMES:
+                for dtype, (_, _, suffix) in _TYPES.items():
+                    f = getattr(lib, f"geon_dconv_{kind}{name}_{suffix}")
+                    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+                    f.restype = ctypes.c_int
+                    fns[kind, name, dtype] = f
+    _loaded[where] = fns
+    return fns
+
+
+def usable(a, b, out, pads=()):
+    """Whether the direct kernels can run on operands ``a``, ``b`` and result ``out`` of
+    a convolution primitive with padding ``pads``: one float dtype, up to 3 spatial
+    dims, no padding before below zero, a contiguous result that overlaps no operand."""
+    return (1 <= out.ndim - 2 <= 3 and a.dtype == b.dtype == out.dtype
+            and all(lo >= 0 for lo, _ in pads)
+            and out.dtype in _TYPES and out.flags.c_contiguous and out.flags.writeable
+            and not np.may_share_memory(out, a) and not np.may_share_memory(out, b))
+
+
+def _geometry(x_shape, w_shape, y_shape, strides, pads, dilation, groups):
+    """The int64 geometry array the kernels read (3 spatial dims, leading ones added):
+    B, C, K, C/groups, K/groups, S, R, P, strides, dilation, padding before, and Q,
+    the extent of the padded image a lanes tile holds."""
+    lead = 3 - len(strides)
+    S = (1,) * lead + tuple(x_shape[2:])
+    R = (1,) * lead + tuple(w_shape[2:])
+    P = (1,) * lead + tuple(y_shape[2:])
+    st = (1,) * lead + tuple(strides)
+    dl = (1,) * lead + tuple(dilation)
+    lo = (0,) * lead + tuple(p for p, _ in pads)
+    Q = tuple(max(n + p, (m - 1) * s + (r - 1) * d + 1)
+              for n, p, m, s, r, d in zip(S, lo, P, st, R, dl))
+    B, C = x_shape[:2]
+    K = y_shape[1]
+    return np.array((B, C, K, C // groups, K // groups) + S + R + P + st + dl + lo + Q,
+                    np.int64)
+
+
+def _run(fns, name, dtype, geo, args, work):
+    """The kernel ``name`` on ``args`` (arrays): the lanes kernel for short output rows
+    (see :data:`LANE_ROWS`), else the rows kernel; over its items (planes or blocks of
+    channels), split over geon's threads when ``work`` (multiply-adds) is large."""
+    B, C, K, Cg = geo[:4]
+    lanes = geo[13] < LANE_ROWS * (2 if name == "grad_data" else 1) and \
+        int(np.prod(geo[23:26])) * LANES * dtype.itemsize <= LANE_TILE_BYTES
+    if lanes:
+        blocks = -(-(C if name == "grad_data" else K) // LANES)
+        items = blocks if name == "grad_filter" else B * blocks
+    else:
+        items = K * Cg if name == "grad_filter" else B * (C if name == "grad_data" else K)
+    fn = fns["lanes_" if lanes else "", name, dtype]
+    ptrs = [a.ctypes.data for a in args] + [geo.ctypes.data]
+    threads = fusion.MAX_THREADS if work >= PARALLEL_WORK else 1
+
+    def call(lo, hi):
+        if fn(*ptrs, lo, hi):
+            raise MemoryError("no memory for the scratch of a convolution kernel")
+    if threads < 2 or items < 2:
+        call(0, items)
+    else:
+        fusion.run_blocks(call, items, max(1, -(-items // (4 * threads))),
+                          [()] * threads)
+
+
+def forward(fns, x, w, out, strides, pads, dilation, groups):
+    """``out`` = x correlated with w (see :func:`geon.transformers.numpy.conv.
+    conv_forward`), by a direct kernel."""
+    x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
+    geo = _geometry(x.shape, w.shape, out.shape, strides, pads, dilation, groups)
+    _run(fns, "forward", out.dtype, geo, (x, w, out), out.size * w[0].size)
+
+
+def grad_data(fns, dy, w, out, strides, pads, dilation, groups):
+    """``out`` (B, C, *S) = the transpose of the forward in x applied to dy."""
+    dy, w = np.ascontiguousarray(dy), np.ascontiguousarray(w)
+    geo = _geometry(out.shape, w.shape, dy.shape, strides, pads, dilation, groups)
+    _run(fns, "grad_data", out.dtype, geo, (dy, w, out), dy.size * w[0].size)
+
+
+def grad_filter(fns, x, dy, out, strides, pads, dilation, groups):
+    """``out`` (K, C/groups, *R) = the transpose of the forward in w applied to dy."""
+    x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
+    geo = _geometry(x.shape, out.shape, dy.shape, strides, pads, dilation, groups)
+    _run(fns, "grad_filter", out.dtype, geo, (x, dy, out), dy.size * out[0].size)

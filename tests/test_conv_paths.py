@@ -1,0 +1,256 @@
+"""The fast paths of the NumPy convolution (geon/transformers/numpy/conv.py): the direct
+C kernels for few channels per group (depthwise and grouped convolution, their rows and
+lanes forms) and the matrix product of 1 x 1 convolutions, forward and both
+derivatives, against the plain-NumPy definitions and PyTorch, with and without a C
+compiler (the NumPy path is then the im2col one)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.errors import GeonWarning
+from geon.op_graph import conv_math as cm
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import conv as nc
+from geon.transformers.numpy import conv_kernels as dk
+from geon.transformers.numpy import toolchain as ctoolchain
+from geon.transformers.numpy.kernel_cache import CompileError
+
+# (batch, C, K, groups, spatial, kernel, strides, pads, dilation)
+CASES = [
+    (1, 6, 6, 6, (9, 10), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),       # depthwise
+    (3, 6, 6, 6, (9, 11), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+    (3, 5, 10, 5, (8, 9), (5, 5), (1, 2), ((2, 2), (2, 1)), (1, 1)),       # multiplier 2
+    (1, 4, 8, 4, (9, 9), (3, 3), (2, 1), ((0, 1), (2, 0)), (2, 2)),        # dilation 2
+    (3, 4, 4, 2, (7, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),        # groups 2
+    (1, 8, 12, 4, (7, 8), (3, 2), (2, 1), ((1, 0), (0, 1)), (1, 2)),       # groups 4
+    (3, 8, 8, 2, (7, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),        # (im2col)
+    (3, 3, 8, 1, (9, 20), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),       # a stem
+    (3, 18, 18, 18, (3, 2), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),     # 2 lane blocks
+    (1, 7, 7, 7, (20,), (5,), (2,), ((2, 2),), (1,)),                      # 1-D
+    (3, 4, 8, 4, (13,), (3,), (1,), ((2, 0),), (2,)),
+    (1, 4, 4, 4, (5, 6, 4), (3, 3, 2), (1, 2, 1), ((1, 1), (1, 0), (0, 1)), (1, 1, 2)),
+    (3, 4, 4, 2, (4, 5, 6), (2, 3, 3), (2, 1, 2), ((0, 1), (1, 1), (1, 1)), (1, 1, 1)),
+    (3, 6, 6, 6, (9, 10), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1)),       # no padding
+    (1, 3, 3, 3, (5, 5), (3, 3), (3, 3), ((1, 0), (1, 0)), (1, 1)),        # inputs unread
+    # long rows: the rows kernels' blocks of 64 and 16 outputs, and an overlapping one
+    (3, 3, 3, 3, (4, 150), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (1, 4, 8, 4, (5, 141), (3, 5), (2, 2), ((1, 1), (2, 2)), (1, 1)),
+    (3, 4, 4, 2, (3, 200), (3, 3), (1, 3), ((1, 1), (1, 1)), (1, 2)),
+    (1, 2, 2, 2, (300,), (7,), (1,), ((3, 3),), (1,)),
+]
+POINTWISE = [(1, 5, 7, (6, 5)), (3, 5, 7, (4, 3)), (3, 6, 4, (17, 16)), (2, 4, 3, (9,)),
+             (3, 4, 5, (2, 3, 2))]
+
+
+@pytest.fixture(params=["compiled-rows", "compiled-lanes", "numpy"])
+def path(request, tmp_path, monkeypatch):
+    """The convolution's code path: the direct kernels (rows or lanes) where a C
+    compiler works, or the NumPy code of a machine without one."""
+    monkeypatch.setattr(dk, "_loaded", {})
+    if request.param == "numpy":
+        monkeypatch.setenv("CC", "geon-no-such-compiler-xyz")
+        monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
+        monkeypatch.setattr(ctoolchain, "_warned", set())
+        assert dk.kernels() is None
+    else:
+        if not ck.available():
+            pytest.skip("no working C compiler")
+        assert dk.kernels() is not None
+        rows = request.param == "compiled-rows"
+        monkeypatch.setattr(dk, "LANE_ROWS", 0 if rows else 1 << 40)
+        monkeypatch.setattr(dk, "LANE_TILE_BYTES", 1 << 40)
+    return request.param
+
+
+def _arrays(B, C, K, groups, S, R, strides, pads, dilation, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    P = tuple(cm.out_length(n, r, s, d, lo, hi)
+              for n, r, s, d, (lo, hi) in zip(S, R, strides, dilation, pads))
+    x = rng.standard_normal((B, C) + S).astype(dtype)
+    w = rng.standard_normal((K, C // groups) + R).astype(dtype)
+    dy = rng.standard_normal((B, K) + P).astype(dtype)
+    return x, w, dy, P
+
+
+def _close(got, want, rtol):
+    scale = np.max(np.abs(want)) or 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+
+
+def _check_primitives(x, w, dy, P, strides, pads, dilation, groups, rtol):
+    """The three primitives of conv.py against the definitions (in float64)."""
+    args = (strides, pads, dilation, groups)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    y = np.full(dy.shape, np.nan, x.dtype)
+    nc.conv_forward(x, w, y, *args)
+    _close(y, cm.reference_conv(x64, w64, P, *args), rtol)
+    dx = np.full(x.shape, np.nan, x.dtype)
+    nc.conv_grad_data(dy, w, dx, *args)
+    _close(dx, cm.reference_conv_grad_data(dy64, w64, x.shape[2:], *args), rtol)
+    dw = np.full(w.shape, np.nan, x.dtype)
+    nc.conv_grad_filter(x, dy, dw, *args)
+    _close(dw, cm.reference_conv_grad_filter(x64, dy64, w.shape[2:], *args), rtol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_grouped_conv_float64(case, path):
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    assert dk.usable(x, w, dy, pads)
+    assert (nc._direct(x, w, dy, C // G, pads, True) is None) == (
+        path == "numpy" or C // G > dk.MAX_GROUP_CHANNELS)
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+
+
+@pytest.mark.parametrize("case", CASES[:8], ids=str)
+def test_grouped_conv_float32(case, path):
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float32, seed=1)
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-5)
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=str)
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_pointwise_conv(case, dtype, rtol, path):
+    B, C, K, S = case
+    n = len(S)
+    x, w, dy, P = _arrays(B, C, K, 1, S, (1,) * n, (1,) * n, ((0, 0),) * n, (1,) * n,
+                          dtype)
+    _check_primitives(x, w, dy, P, (1,) * n, ((0, 0),) * n, (1,) * n, 1, rtol)
+
+
+def test_non_contiguous_operands(path):
+    """Views (a transposed image, a strided filter) are read as they are."""
+    B, C, K, G, S, R, st, pads, dil = CASES[2]
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    xt = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    w2 = np.repeat(w, 2, axis=-1)[..., ::2]
+    _check_primitives(xt, w2, dy, P, st, pads, dil, G, 1e-12)
+    x1, w1, dy1, P1 = _arrays(3, 4, 6, 1, (5, 4), (1, 1), (1, 1), ((0, 0),) * 2, (1, 1),
+                              np.float64)
+    _check_primitives(x1.transpose(0, 1, 3, 2), w1, dy1.transpose(0, 1, 3, 2), P1[::-1],
+                      (1, 1), ((0, 0),) * 2, (1, 1), 1, 1e-12)
+
+
+def test_mixed_dtypes_and_integers_take_the_general_path(path):
+    B, C, K, G, S, R, st, pads, dil = CASES[0]
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    assert not dk.usable(x.astype(np.float32), w, dy)
+    y = np.empty(dy.shape, np.float64)
+    nc.conv_forward(x.astype(np.float32), w, y, st, pads, dil, G)
+    _close(y, cm.reference_conv(x.astype(np.float32).astype(np.float64), w, P, st, pads,
+                                dil, G), 1e-6)
+    xi, wi = (np.round(a * 4).astype(np.int64) for a in (x, w))
+    yi = np.empty(dy.shape, np.int64)
+    nc.conv_forward(xi, wi, yi, st, pads, dil, G)
+    np.testing.assert_array_equal(yi, cm.reference_conv(xi, wi, P, st, pads, dil, G))
+
+
+def _torch_conv(torch, n):
+    F = torch.nn.functional
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[n]
+
+
+@pytest.mark.parametrize("case", CASES + [(3, 5, 7, 1, (6, 5), (1, 1), (1, 1),
+                                           ((0, 0), (0, 0)), (1, 1))], ids=str)
+def test_graph_against_pytorch(case, path):
+    """Through the graph (be.np.conv and deriv): values and both derivatives against
+    PyTorch's, in float64 (symmetric padding: PyTorch's convolution takes one pad a
+    dimension)."""
+    torch = pytest.importorskip("torch", reason="PyTorch (CPU) is the reference")
+    B, C, K, G, S, R, st, pads, dil = case
+    pads = tuple((lo, lo) for lo, _ in pads)
+    x, w, dy, _ = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64, seed=2)
+    xs = be.np.placeholder(x.shape, dtype=np.float64)
+    ws = be.np.placeholder(w.shape, dtype=np.float64)
+    y = be.np.conv(xs, ws, stride=st, padding=pads, dilation=dil, groups=G)
+    loss = be.np.sum(y * be.np.constant(dy))
+    gy, gx, gw = be.NumPyTransformer().computation([y] + be.deriv(loss, [xs, ws]),
+                                                   xs, ws)(x, w)
+    tx, tw = (torch.from_numpy(a).requires_grad_() for a in (x, w))
+    ty = _torch_conv(torch, len(S))(tx, tw, stride=st, padding=tuple(lo for lo, _ in pads),
+                                    dilation=dil, groups=G)
+    ty.backward(torch.from_numpy(dy))
+    _close(gy, ty.detach().numpy(), 1e-12)
+    _close(gx, tx.grad.numpy(), 1e-12)
+    _close(gw, tw.grad.numpy(), 1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[-3]], ids=str)
+def test_kernels_split_over_threads(case, path, monkeypatch):
+    """Every call split into blocks of planes on geon's threads gives the same values."""
+    monkeypatch.setattr(dk, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(fusion, "MAX_THREADS", 3)
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+
+
+def test_compiled_off_runs_numpy_code(monkeypatch):
+    monkeypatch.setenv("GEON_COMPILED", "0")
+    assert dk.kernels() is None
+    B, C, K, G, S, R, st, pads, dil = CASES[1]
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_transformers_compiled_mode_decides_on_the_direct_kernels(compiled,
+                                                                      monkeypatch):
+    """NumPyTransformer(compiled=False) runs no C, the direct kernels included."""
+    if compiled and not ck.available():
+        pytest.skip("no working C compiler")
+    calls = []
+    for name in ("forward", "grad_data", "grad_filter"):
+        real = getattr(dk, name)
+        monkeypatch.setattr(dk, name, lambda *a, _real=real, _n=name: (
+            calls.append(_n), _real(*a))[1])
+    B, C, K, G, S, R, st, pads, dil = CASES[1]
+    x, w, dy, _ = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    xs = be.np.placeholder(x.shape, dtype=np.float64)
+    ws = be.np.placeholder(w.shape, dtype=np.float64)
+    y = be.np.conv(xs, ws, stride=st, padding=pads, dilation=dil, groups=G)
+    loss = be.np.sum(y * be.np.constant(np.ones(y.axes.lengths)))
+    want = be.NumPyTransformer(compiled=not compiled).computation(
+        [y] + be.deriv(loss, [xs, ws]), xs, ws)(x, w)
+    calls.clear()
+    comp = be.NumPyTransformer(compiled=compiled).computation([y] + be.deriv(loss, [xs, ws]),
+                                                              xs, ws)
+    got = comp(x, w)
+    for g, v in zip(got, want):
+        _close(g, v, 1e-12)
+    assert bool(calls) == compiled, calls
+
+
+def test_kernel_source_is_cached_like_the_fused_kernels(tmp_path, monkeypatch):
+    """The library is built through the toolchain's cache (its folder, digests and
+    trust rules): a second process-wide load finds it there."""
+    if not ck.available():
+        pytest.skip("no working C compiler")
+    monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dk, "_loaded", {})
+    monkeypatch.setattr(ctoolchain, "_libs", {})
+    assert dk.kernels() is not None
+    kept = sorted(p.suffix for p in (tmp_path / "kernels").iterdir()
+                  if not p.name.startswith("toolchain-"))
+    assert kept == [".c", ".sha256", ".so"]
+
+
+def test_a_failed_build_warns_once_and_runs_numpy_code(monkeypatch):
+    def failing(source, symbols=()):
+        raise CompileError("cc: internal error", key="compile failed")
+    monkeypatch.setattr(ctoolchain, "build", failing)
+    monkeypatch.setattr(ctoolchain, "_warned", set())
+    monkeypatch.setattr(dk, "_loaded", {})
+    monkeypatch.delenv("GEON_COMPILED", raising=False)
+    B, C, K, G, S, R, st, pads, dil = CASES[0]
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    with pytest.warns(GeonWarning, match="direct convolution kernels"):
+        _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
