@@ -64,6 +64,7 @@ from geon.op_graph import simple_axes as simple  # noqa: E402
 from geon.op_graph.coercion import FamilyError  # noqa: E402
 from geon.transformers.base import (insert_passes, pass_named, transformer_ops,  # noqa: E402
                                     transformers_with)
+from geon.transformers.native import load_backend  # noqa: E402
 
 #: The names ``from geon import *`` binds: every public name except the modules
 #: (``be.np``, ``be.simple``) and the reductions named like Python builtins (``be.sum``,
@@ -86,7 +87,7 @@ __all__ = [
     "flatten", "gather", "gelu", "global_avg_pool", "gradients", "graph_after",
     "graph_dot", "graph_text", "greater", "greater_equal", "hard_sigmoid", "hvp",
     "insert_passes", "jacobian", "jacobian_axes", "jvp", "layer_norm", "leaky_relu",
-    "less", "less_equal", "log", "log_softmax", "logsumexp", "make_transformer",
+    "less", "less_equal", "load_backend", "log", "log_softmax", "logsumexp", "make_transformer",
     "max_argmax", "max_pool", "maximum", "mean", "minimum", "multiply", "negative",
     "normal", "not_equal", "one_hot", "pad", "pass_named", "placeholder", "power",
     "prod", "reciprocal", "register_transformer", "relu", "round_to_format", "run", "safelog",

@@ -472,7 +472,9 @@ API_PAGES = [("geon", "geon", ("sum", "max", "min")),
              ("netgraph", "geon.frontends.netgraph", ()),
              ("onnx", "geon.frontends.onnx", ()),
              ("torch", "geon.transformers.torch", ()),
-             ("passes", "geon.transformers.passes", ())]
+             ("passes", "geon.transformers.passes", ()),
+             ("backends", "geon.transformers.backends", ()),
+             ("native", "geon.transformers.native", ())]
 _API_ENTRY = re.compile(r"^\.\.\s+(?:auto(?:function|class|exception|data)|"
                         r"py:(?:data|exception|function|class))::\s+(?P<name>\w+)\s*$", re.M)
 

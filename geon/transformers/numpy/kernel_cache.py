@@ -167,20 +167,30 @@ def open_folder(d, make=False):
     return folder
 
 
-def _check_path(d, st):
-    """The real path of the folder ``d`` opened with status ``st``, where no other user
-    can change what it names (see :func:`open_folder`)."""
-    real = os.path.realpath(d)
+def changeable_by_others(real):
+    """The first folder above the real path ``real`` that a user other than root and
+    this one may change (owned by another, or writable by group or others without the
+    sticky bit), or None: what a library is loaded from must be no one else's."""
     parts = real.split(os.sep)
     for k in range(1, len(parts)):
         above = os.sep.join(parts[:k]) or os.sep
         s = os.stat(above)
         if s.st_uid not in (0, os.getuid()) or (s.st_mode & 0o022
                                                  and not s.st_mode & stat.S_ISVTX):
-            raise CompileError(f"others may change the folder {above} above the "
-                               f"kernel cache {d}: no library is loaded from it (set "
-                               f"GEON_CACHE_DIR to a folder of your own)",
-                               key="no cache")
+            return above
+    return None
+
+
+def _check_path(d, st):
+    """The real path of the folder ``d`` opened with status ``st``, where no other user
+    can change what it names (see :func:`open_folder`)."""
+    real = os.path.realpath(d)
+    above = changeable_by_others(real)
+    if above is not None:
+        raise CompileError(f"others may change the folder {above} above the "
+                           f"kernel cache {d}: no library is loaded from it (set "
+                           f"GEON_CACHE_DIR to a folder of your own)",
+                           key="no cache")
     s = os.stat(real)
     if (s.st_dev, s.st_ino) != (st.st_dev, st.st_ino):
         raise CompileError(f"the kernel cache {d} was moved while it was checked",

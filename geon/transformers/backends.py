@@ -1,0 +1,182 @@
+"""Backends: a plan document and the placeholders' values in, the results' values out.
+
+A *plan* (:func:`plan`) is a JSON document: geon's graph format holding the graph of a
+computation after the NumPy transformer's passes, that is lowered to the standard base
+set of semi-primitive ops (row-major buffers, positional axes, every derivative and
+rewrite already applied), with its inputs and outputs listed. A backend runs plans:
+it never reimplements geon's passes, and needs code only for the base set (see
+doc/backends.rst).
+
+A *backend* turns a plan into an :class:`Executable` (:meth:`Backend.load`), which
+computes the outputs from the inputs (:meth:`Executable.run`) and keeps the plan's
+Variables as its own state. Backends are registered by name (:func:`register_backend`,
+or the entry-point group ``geon.backends``); ``"numpy"`` is the NumPy transformer
+behind this interface, and :func:`geon.transformers.native.load_backend` loads a
+native one (a shared library implementing ``geon_backend.h``).
+"""
+
+import abc
+import json
+from importlib.metadata import entry_points
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from geon.errors import ArgumentError, FeedError, SerializationError, UnknownTransformerError
+from geon.op_graph import op_graph as og
+from geon.op_graph.serialize import deserialize_graph, serialize
+
+__all__ = ["ENTRY_POINT_GROUP", "PLAN_FORMAT", "PLAN_VERSION", "Backend", "Executable",
+           "NumPyBackend", "available_backends", "backend", "plan", "read_plan",
+           "register_backend"]
+
+#: The plan format's name and version (a document of another version is refused).
+PLAN_FORMAT, PLAN_VERSION = "geon-plan", 1
+#: The entry-point group of installed backends (entries ``name = "module:factory"``).
+ENTRY_POINT_GROUP = "geon.backends"
+
+
+def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -> str:
+    """The plan document of ``transformer.computation(results, *placeholders)`` (by
+    default a new NumPy transformer): its lowered graph, its inputs (the placeholders,
+    in order) and its outputs (shape and dtype of each result)."""
+    if transformer is None:
+        from geon.transformers.numpy.transformer import NumPyTransformer
+        transformer = NumPyTransformer()
+    comp = transformer.computation(results, *placeholders)
+    outs = list(comp.results)
+    graph = json.loads(serialize(outs + list(comp.params)))
+    return json.dumps({
+        "format": PLAN_FORMAT, "version": PLAN_VERSION,
+        "graph": graph,
+        "outputs": [{"shape": list(r.axes.lengths), "dtype": np.dtype(r.dtype).str}
+                    for r in outs],
+        "inputs": [{"shape": list(p.axes.lengths), "dtype": np.dtype(p.dtype).str}
+                   for p in comp.params],
+    }, separators=(",", ":"))
+
+
+def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
+    """``(plan, outputs, inputs)`` of a plan document: the JSON object, and the graph's
+    result ops and placeholders; :class:`~geon.errors.SerializationError` for anything else."""
+    try:
+        doc = json.loads(document)
+    except ValueError as e:
+        raise SerializationError(f"plan: not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        raise SerializationError(f"plan: expected format {PLAN_FORMAT!r}")
+    if doc.get("version") != PLAN_VERSION:
+        raise SerializationError(f"plan: this geon reads version {PLAN_VERSION}, the "
+                                 f"document has version {doc.get('version')!r}")
+    for key in ("graph", "outputs", "inputs"):
+        if key not in doc:
+            raise SerializationError(f"plan: no {key!r}")
+    if not isinstance(doc["outputs"], list) or not isinstance(doc["inputs"], list):
+        raise SerializationError("plan: 'outputs' and 'inputs' must be lists")
+    loaded = deserialize_graph(json.dumps(doc["graph"]))
+    n = len(doc["outputs"])
+    outputs, inputs = loaded.results[:n], loaded.results[n:]
+    if len(inputs) != len(doc["inputs"]) or not all(
+            isinstance(p, og.Placeholder) for p in inputs):
+        raise SerializationError("plan: the graph's results must be the outputs, then "
+                                 "one placeholder per input")
+    return doc, outputs, inputs
+
+
+class Executable(abc.ABC):
+    """A loaded plan: :meth:`Executable.run` computes its outputs;
+    :meth:`Executable.close` frees it."""
+
+    def __init__(self, doc: dict) -> None:
+        self.inputs = [(tuple(i["shape"]), np.dtype(i["dtype"])) for i in doc["inputs"]]
+        self.outputs = [(tuple(o["shape"]), np.dtype(o["dtype"])) for o in doc["outputs"]]
+
+    def check_inputs(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """The inputs as arrays of the plan's shapes and dtypes; :class:`~geon.errors.FeedError`
+        naming the input otherwise."""
+        if len(arrays) != len(self.inputs):
+            raise FeedError(f"the plan takes {len(self.inputs)} inputs, got {len(arrays)}")
+        out = []
+        for k, (a, (shape, dtype)) in enumerate(zip(arrays, self.inputs)):
+            a = np.asarray(a)
+            if a.shape != shape or a.dtype != dtype:
+                raise FeedError(f"input {k} of the plan is {dtype}{list(shape)}, got "
+                                f"{a.dtype}{list(a.shape)}")
+            out.append(a)
+        return out
+
+    @abc.abstractmethod
+    def run(self, *arrays: Any) -> list[np.ndarray]:
+        """The outputs (new arrays) computed from ``arrays``, one per input."""
+
+    def close(self) -> None:
+        """Free what the executable holds (it may not run after)."""
+
+    def __enter__(self) -> "Executable":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Backend(abc.ABC):
+    """Runs plans: :meth:`Backend.load` gives an :class:`Executable` of a plan
+    document."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def load(self, document: str) -> Executable:
+        """The executable of ``document``; :class:`~geon.errors.SerializationError` for a document
+        that is no plan, :class:`~geon.errors.LoweringError` for ops it cannot run."""
+
+
+class _NumPyExecutable(Executable):
+    def __init__(self, document: str) -> None:
+        from geon.transformers.numpy.transformer import NumPyTransformer
+        doc, outputs, inputs = read_plan(document)
+        super().__init__(doc)
+        self._comp = NumPyTransformer().computation(list(outputs), *inputs)
+
+    def run(self, *arrays: Any) -> list[np.ndarray]:
+        values = self._comp(*self.check_inputs(arrays))
+        return [np.array(v) for v in values]
+
+
+class NumPyBackend(Backend):
+    """The NumPy transformer as a backend: a plan's graph is already lowered, so its
+    passes leave it as it is and its code generator runs it."""
+
+    name = "numpy"
+
+    def load(self, document: str) -> Executable:
+        return _NumPyExecutable(document)
+
+
+_BACKENDS: dict[str, Callable[[], Backend]] = {"numpy": NumPyBackend}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``backend(name)`` call ``factory()``."""
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"a backend's name is a non-empty str, not {name!r}")
+    _BACKENDS[name] = factory
+
+
+def available_backends() -> list[str]:
+    """The names of the registered and installed backends."""
+    names = set(_BACKENDS) | {e.name for e in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(names)
+
+
+def backend(name: str) -> Backend:
+    """A new instance of the backend ``name`` (registered, or installed under the
+    entry-point group ``geon.backends``)."""
+    factory: Optional[Callable[[], Backend]] = _BACKENDS.get(name)
+    if factory is None:
+        found = [e for e in entry_points(group=ENTRY_POINT_GROUP) if e.name == name]
+        if not found:
+            raise UnknownTransformerError(f"no backend named {name!r}; available: "
+                                          f"{', '.join(available_backends())}")
+        factory = found[0].load()
+    return factory()

@@ -1,0 +1,199 @@
+"""Native backends: shared libraries implementing ``geon_backend.h``, loaded at run time.
+
+:func:`load_backend` loads a library with :mod:`ctypes` (part of Python: geon needs no
+compiler, and ``pip install -e .`` no build step, to load one), checks it, and returns
+a :class:`~geon.transformers.backends.Backend`. The checks, each a
+:class:`NativeBackendError` naming the library:
+
+- the file and every folder above it are no one else's to change: owned by this user
+  or root, not writable by group or others (a folder may be if it has the sticky bit,
+  as /tmp does), the rule the kernel cache follows;
+- it loads, and it has every function of the ABI (a missing one is named);
+- ``geon_backend_abi_version()`` is this geon's :data:`ABI_VERSION`.
+
+Tensors are passed as DLPack ``DLTensor`` structs describing the NumPy arrays' own
+memory (zero-copy: data pointer, shape and strides in elements); the outputs are
+arrays geon allocates with the plan's shapes and dtypes. :func:`include_dir` is the
+folder holding ``geon_backend.h``.
+"""
+
+import ctypes
+import os
+import stat
+from typing import Any
+
+import numpy as np
+
+from geon.errors import GeonError
+from geon.transformers.backends import Backend, Executable, read_plan
+from geon.transformers.numpy.kernel_cache import changeable_by_others
+
+__all__ = ["ABI_VERSION", "STATUS", "SYMBOLS", "DLTensor", "NativeBackend",
+           "NativeBackendError", "include_dir", "load_backend"]
+
+#: The ABI version this geon speaks (``GEON_BACKEND_ABI_VERSION`` of its header).
+ABI_VERSION = 1
+#: The functions a library must export.
+SYMBOLS = ("geon_backend_abi_version", "geon_backend_create", "geon_backend_run",
+           "geon_backend_destroy")
+#: ``geon_status`` codes and their names.
+STATUS = {0: "GEON_OK", 1: "GEON_ERR_INVALID_PLAN", 2: "GEON_ERR_UNSUPPORTED",
+          3: "GEON_ERR_BAD_TENSOR", 4: "GEON_ERR_OUT_OF_MEMORY", 5: "GEON_ERR_INTERNAL"}
+_ERR_LEN = 4096
+
+
+class NativeBackendError(GeonError, RuntimeError):
+    """A native backend could not be loaded, or returned an error (``status``: its
+    ``geon_status`` code, or None for a library refused before any call)."""
+
+    def __init__(self, message: str, status: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def include_dir() -> str:
+    """The folder of ``geon_backend.h`` (``-I`` it when building a backend)."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    """DLPack's ``DLTensor``, as ``geon_backend.h`` declares it."""
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}   # NumPy kind -> DLPack type code
+_CPU = 1
+
+
+def _describe(a: np.ndarray, keep: list) -> DLTensor:
+    """The DLTensor of array ``a``'s own memory (``keep`` holds what must outlive it)."""
+    if a.dtype.kind not in _CODES or a.dtype.byteorder == ">":
+        raise NativeBackendError(f"native backends take little-endian bool, integer or "
+                                 f"float arrays, not {a.dtype}")
+    if any(s % a.itemsize for s in a.strides):
+        a = np.ascontiguousarray(a)
+    shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+    strides = (ctypes.c_int64 * max(a.ndim, 1))(*(s // a.itemsize for s in a.strides))
+    keep.extend((a, shape, strides))
+    return DLTensor(data=a.ctypes.data, device=_DLDevice(_CPU, 0), ndim=a.ndim,
+                    dtype=_DLDataType(_CODES[a.dtype.kind], a.itemsize * 8, 1),
+                    shape=shape, strides=strides, byte_offset=0)
+
+
+def _check_owner(path: str) -> str:
+    """The real path of the library ``path`` where no other user can change it."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise NativeBackendError(f"no backend library at {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NativeBackendError(f"the backend {path} is not a regular file")
+    if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
+        raise NativeBackendError(f"others may change the backend library {path} (owned by "
+                                 f"uid {st.st_uid}, mode {stat.filemode(st.st_mode)}): "
+                                 f"it is not loaded")
+    above = changeable_by_others(real)
+    if above is not None:
+        raise NativeBackendError(f"others may change the folder {above} above the backend "
+                                 f"library {path}: it is not loaded")
+    return real
+
+
+class NativeBackend(Backend):
+    """A shared library implementing ``geon_backend.h`` (see :func:`load_backend`)."""
+
+    def __init__(self, path: str) -> None:
+        real = _check_owner(path)
+        try:
+            lib = ctypes.CDLL(real, mode=ctypes.RTLD_LOCAL)
+        except OSError as e:
+            raise NativeBackendError(f"the backend {path} does not load: {e}") from None
+        missing = [s for s in SYMBOLS if not hasattr(lib, s)]
+        if missing:
+            raise NativeBackendError(f"the backend {path} lacks {', '.join(missing)} of "
+                                     f"geon_backend.h")
+        lib.geon_backend_abi_version.restype = ctypes.c_uint32
+        version = lib.geon_backend_abi_version()
+        if version != ABI_VERSION:
+            raise NativeBackendError(f"the backend {path} speaks ABI version {version}, "
+                                     f"this geon version {ABI_VERSION}")
+        lib.geon_backend_create.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                            ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.c_char_p, ctypes.c_size_t]
+        lib.geon_backend_create.restype = ctypes.c_int
+        lib.geon_backend_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(DLTensor),
+                                         ctypes.c_int32, ctypes.POINTER(DLTensor),
+                                         ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
+        lib.geon_backend_run.restype = ctypes.c_int
+        lib.geon_backend_destroy.argtypes = [ctypes.c_void_p]
+        lib.geon_backend_destroy.restype = None
+        self.lib, self.path = lib, path
+        self.name = os.path.basename(path)
+
+    def load(self, document: str) -> Executable:
+        return _NativeExecutable(self, document)
+
+
+def _failed(backend: NativeBackend, what: str, status: int, err: Any) -> NativeBackendError:
+    message = err.value.decode("utf-8", "replace") or "(no message)"
+    return NativeBackendError(f"{backend.name}: {what} failed with "
+                              f"{STATUS.get(status, status)}: {message}", status)
+
+
+class _NativeExecutable(Executable):
+    def __init__(self, backend: NativeBackend, document: str) -> None:
+        doc, _, _ = read_plan(document)   # checked here first: a clear error in Python
+        super().__init__(doc)
+        self.backend, self._handle = backend, ctypes.c_void_p()
+        data = document.encode("utf-8")
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        status = backend.lib.geon_backend_create(data, len(data), ctypes.byref(self._handle),
+                                                 err, _ERR_LEN)
+        if status:
+            self._handle = ctypes.c_void_p()
+            raise _failed(backend, "loading the plan", status, err)
+
+    def run(self, *arrays: Any) -> list[np.ndarray]:
+        if not self._handle:
+            raise NativeBackendError(f"{self.backend.name}: the executable was closed")
+        keep: list = []
+        ins = self.check_inputs(arrays)
+        outs = [np.empty(shape, dtype) for shape, dtype in self.outputs]
+        n_in, n_out = len(ins), len(outs)
+        in_t = (DLTensor * max(n_in, 1))(*[_describe(a, keep) for a in ins])
+        out_t = (DLTensor * max(n_out, 1))(*[_describe(a, keep) for a in outs])
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        status = self.backend.lib.geon_backend_run(self._handle, in_t, n_in, out_t, n_out,
+                                                   err, _ERR_LEN)
+        if status:
+            raise _failed(self.backend, "running the plan", status, err)
+        return outs
+
+    def close(self) -> None:
+        if self._handle:
+            self.backend.lib.geon_backend_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone
+            pass
+
+
+def load_backend(path: str) -> NativeBackend:
+    """The native backend in the shared library ``path`` (see the module docstring)."""
+    return NativeBackend(path)
