@@ -43,6 +43,7 @@ from geon.op_graph.nn_ops import (  # noqa: E402
 from geon.op_graph.domains import Domain, DomainError, set_domain  # noqa: E402
 from geon.op_graph.reference import evaluate  # noqa: E402
 from geon.op_graph.control import scan  # noqa: E402
+from geon.op_graph.control_ops import cond, while_loop  # noqa: E402
 from geon.op_graph.collectives import allreduce, broadcast_from  # noqa: E402
 from geon.op_graph.conv import (avg_pool, conv, conv_transpose, global_avg_pool,  # noqa: E402
                                 max_pool)
@@ -80,7 +81,7 @@ __all__ = [
     "SetItem", "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError",
     "Variable", "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
     "available_transformers", "avg_pool", "axes_with_order", "batch_norm", "bernoulli",
-    "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "constant", "conv",
+    "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "cond", "constant", "conv",
     "conv_transpose", "cos", "cross_entropy_binary", "cross_entropy_multi", "cumsum",
     "define_op", "deriv", "deserialize", "deserialize_graph", "divide", "dot",
     "dropout", "elementwise_op", "elu", "equal", "erf", "evaluate", "exp", "expm1",
@@ -96,5 +97,5 @@ __all__ = [
     "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
     "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "tanh",
     "tensor_size", "tile", "topk", "transformer_ops", "transformers_with", "unflatten",
-    "uniform", "value_of", "variance", "where"
+    "uniform", "value_of", "variance", "where", "while_loop"
 ]

@@ -143,11 +143,13 @@ def _without(axes, axis):
 
 # --- building ---------------------------------------------------------------------------
 
-def _as_tuple(v, what):
+def _as_tuple(v, what, fn="scan"):
+    """``(ops, single)``: ``v`` (a tensor or a tuple / list of them) as a tuple of ops,
+    and whether it was one tensor. ``fn`` names the building function in errors."""
     if isinstance(v, (tuple, list)):
         return tuple(as_op(x) for x in v), False
     if v is None:
-        raise ArgumentError(f"scan: {what} is None (at {user_location()})")
+        raise ArgumentError(f"{fn}: {what} is None (at {user_location()})")
     return (as_op(v),), True
 
 
@@ -172,22 +174,30 @@ def _check_sequences(seqs, axis):
                 f"axis {axis.name}:{axis.length} (at {user_location()})")
 
 
-def _fit_carry(k, new, old):
-    """The body's new carry ``k`` laid out as the carry it replaces, or an error."""
+def fit_layout(new, old, what, than, rule, fn="scan"):
+    """``new`` laid out as ``old`` (the same axes in any order, the same dtype), or an
+    error: ``"{fn}: {what} (op, built at ...) has axes (...) but {than} has (...);
+    {rule} ({fn} called at <the user's line>)"`` (dtypes alike; ``{kind}`` in ``rule``
+    is ``axes`` or ``dtype``)."""
     new = as_op(new)
+    ours = f"{what} ({type(new).__name__} {new.name}, built at {new.file_info})"
     if not new.axes.same_set(old.axes) or any(
             a.length != old.axes[old.axes.index(a.name)].length for a in new.axes):
         raise AxisMismatchError(
-            f"scan: the body's carry {k} ({type(new).__name__} {new.name}, built at "
-            f"{new.file_info}) has axes ({_fmt(new.axes)}) but the carry it replaces has "
-            f"({_fmt(old.axes)}); a carry keeps its axes (scan called at "
+            f"{fn}: {ours} has axes ({_fmt(new.axes)}) but {than} has "
+            f"({_fmt(old.axes)}); {rule.format(kind='axes')} ({fn} called at "
             f"{user_location()})")
     if new.dtype != old.dtype:
         raise ArgumentError(
-            f"scan: the body's carry {k} ({type(new).__name__} {new.name}, built at "
-            f"{new.file_info}) has dtype {new.dtype} but the carry it replaces has "
-            f"{old.dtype}; a carry keeps its dtype (scan called at {user_location()})")
+            f"{fn}: {ours} has dtype {new.dtype} but {than} has {old.dtype}; "
+            f"{rule.format(kind='dtype')} ({fn} called at {user_location()})")
     return new if new.axes == old.axes else AxesWithOrder(new, old.axes)
+
+
+def _fit_carry(k, new, old, fn="scan"):
+    """The body's new carry ``k`` laid out as the carry it replaces, or an error."""
+    return fit_layout(new, old, f"the body's carry {k}", "the carry it replaces",
+                      "a carry keeps its {kind}", fn)
 
 
 def _inner_ops(stand_ins, results):
@@ -210,7 +220,7 @@ def _inner_ops(stand_ins, results):
     return toposort(roots, children=children), depends
 
 
-def _close(stand_ins, results):
+def _close(stand_ins, results, fn="scan"):
     """Make the body a subgraph over its own stand-ins: each op it reads that does not
     depend on them (a weight, a placeholder, an op of those) becomes a closure, read
     through a new placeholder. Returns ``(closures, their placeholders, results, deps)``
@@ -230,9 +240,9 @@ def _close(stand_ins, results):
     deps = []
     for op in order:
         if isinstance(op, VoidOp):
-            raise ArgumentError(f"scan: the body assigns ({type(op).__name__} {op.name}, "
-                                f"built at {op.file_info}); assignments inside a scan "
-                                f"body are not supported")
+            raise ArgumentError(f"{fn}: the body assigns ({type(op).__name__} {op.name}, "
+                                f"built at {op.file_info}); assignments inside a "
+                                f"{fn} body are not supported")
         for d in list(op.other_deps):
             if d not in depends:
                 deps.append(d)

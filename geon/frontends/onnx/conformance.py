@@ -70,13 +70,20 @@ ADDED = _added()
 #: Why the cases that do not pass are left, per operator (an operator not named here is
 #: explained by the reason its first such case gives).
 WHY_LEFT = {
-    "Loop": "control flow (subgraphs): not in this importer",
-    "Scan": "control flow (subgraphs): not in this importer",
-    "If": "control flow (subgraphs): not in this importer",
-    "LinearAttention": "its ONNX function runs a Scan (control flow), not in this importer",
-    "AffineGrid": "only the expanded cases fail: their function body branches with an "
-                  "If (control flow); the operator itself is built",
-    "Range": "only the expanded cases fail: their function body is a Loop (control flow)",
+    "Loop": "only the cases carrying sequences or optionals, which geon does not hold; "
+            "tensor loops are imported (builders/control_flow.py)",
+    "Scan": "control flow: see builders/control_flow.py",
+    "If": "only the cases whose branches give sequences or optionals, which geon does "
+          "not hold; tensor branches are imported (builders/control_flow.py)",
+    "LinearAttention": "its ONNX function runs a Scan, and the expansion of a function "
+                       "does not rename the names inside a subgraph yet (the expanded "
+                       "cases, a node per function node, pass)",
+    "AffineGrid": "only the expanded cases fail: their function body computes the grid's "
+                  "shape from the size input at run time, where the importer needs it "
+                  "at import; the operator itself is built",
+    "Range": "only the expanded cases fail: their function body is a Loop with a scan "
+             "output whose length (the trip count) is computed at run time; the "
+             "operator itself is built",
     "HannWindow": "only the expanded cases fail: the window's length is computed from "
                   "the size input at run time there (a shape computed at run time: "
                   "symbolic shapes are another issue's work)",

@@ -371,6 +371,7 @@ def _import_node(node, values, opsets, state, depth=0):
         return
     args = [values[name] if name else None for name in node.input]
     ctx = Context(node, args, version, where, state)
+    ctx.scope, ctx.opsets = values, opsets  # what a subgraph (If, Loop, Scan) may read
     try:
         results = build(ctx)
         if ctx.all_known() and node.op_type not in NO_FOLD:
@@ -506,9 +507,10 @@ def _import_function(node, fn, values, opsets, state, depth, where):
             raise err from None
 
 
-# Ops never evaluated at import (their value is not a function of their inputs).
+# Ops never evaluated at import (their value is not a function of their inputs; a
+# control-flow op's subgraph may read values of the enclosing graph computed at run time).
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-           "Multinomial", "Bernoulli"}
+           "Multinomial", "Bernoulli", "If", "Loop", "Scan"}
 
 
 def _fold(results, state):
@@ -544,6 +546,9 @@ class Context:
         self.attrs = {a.name: a for a in node.attribute}
         self.read = set()
         self.state = state if state is not None else _ImportState()
+        # the values and opsets in scope (set by the importer; read by control flow)
+        self.scope: dict = {}
+        self.opsets: dict = {}
 
     # --- limits ------------------------------------------------------------------------
     def bound(self, shape, dtype, what="its result", known=False):
@@ -641,6 +646,12 @@ class Context:
 
     def unsupported(self, what):
         return UnsupportedOnnxOp(f"{self.where}: {what}")
+
+    def import_graph(self, graph, values):
+        """Import the nodes of ``graph``, a subgraph of this node (``If``, ``Loop``,
+        ``Scan``), into ``values`` ({name: Value}: the scope and the subgraph's inputs)."""
+        for node in node_order(graph, set(values)):
+            _import_node(node, values, self.opsets, self.state)
 
     # --- results ---------------------------------------------------------------------
     def out(self, op, dtype=None):

@@ -26,6 +26,7 @@ import numpy as np
 from geon.op_graph import collectives as coll
 from geon.op_graph import domains
 from geon.op_graph.control import Scan
+from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.op_graph.np_ops import Select
 from geon.op_graph.user_ops import UserOp
 from geon.transformers.base import (BaseSet, Computation, Transformer,
@@ -40,6 +41,7 @@ from geon.transformers.numpy.code_table import (  # noqa: F401
     NUMPY_CODE, NUMPY_GLOBALS, NUMPY_VIEWS, ROW_LENGTHS, ROW_OPERAND, numpy_code)
 from geon.transformers.numpy import collectives as _collectives  # noqa: F401
 from geon.transformers.numpy import control as _control  # noqa: F401
+from geon.transformers.numpy import control_flow as _control_flow  # noqa: F401
 from geon.transformers.numpy import np_ops as _np_ops  # noqa: F401
 from geon.transformers.numpy import schemas as _schemas  # noqa: F401
 from geon.transformers.numpy.op_graph import SIGMOID_UNCLAMPED  # noqa: F401
@@ -217,11 +219,14 @@ class NumPyTransformer(Transformer):
 
     name = "numpy"
     #: The standard base set, ``where`` (np_ops.Select), ``scan`` (control.Scan, a
-    #: loop calling its body's own computation), the collectives (allreduce,
+    #: loop calling its body's own computation), ``cond`` and ``while_loop``
+    #: (control_ops.Cond, WhileLoop: an ``if`` / a ``while`` calling their subgraphs'
+    #: computations), the collectives (allreduce,
     #: broadcast_from; see geon.distributed) and every user op: the classes
     #: with a rule in ``NUMPY_CODE`` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
-    base_set = BaseSet(Select, UserOp, Scan, coll.AllReduce, coll.BroadcastFrom, coll.FlatConcat)
+    base_set = BaseSet(Select, UserOp, Scan, Cond, WhileLoop, coll.AllReduce,
+                       coll.BroadcastFrom, coll.FlatConcat)
     computation_class = NumPyComputation
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).

@@ -17,12 +17,13 @@ module             operators
 ``quantization``   quantizing, dequantizing, integer and quantized-linear ops
 ``spectral``       windows, Fourier transforms, mel weights
 ``bits``           bitwise operators, shifts, bit casts
+``control_flow``   If, Loop, Scan (subgraphs as geon's cond, while_loop and scan)
 =================  ==============================================================
 """
 
-from geon.frontends.onnx.builders import (bits, elementwise, indexing, nn,  # noqa: F401
-                                          quantization, recurrent, reductions, sampling,
-                                          shapes, spectral)
+from geon.frontends.onnx.builders import (bits, control_flow, elementwise,  # noqa: F401
+                                          indexing, nn, quantization, recurrent,
+                                          reductions, sampling, shapes, spectral)
 from geon.frontends.onnx.builders.base import OPS, find_builder, onnx_op
 
 __all__ = ["OPS", "find_builder", "onnx_op"]
