@@ -39,13 +39,18 @@ ENTRY_POINT_GROUP = "geon.backends"
 def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -> str:
     """The plan document of ``transformer.computation(results, *placeholders)`` (by
     default a new NumPy transformer): its lowered graph, its inputs (the placeholders,
-    in order) and its outputs (shape and dtype of each result)."""
+    in order) and its outputs (shape and dtype of each tensor result). Assignments
+    (``SetItem``) among ``results`` are the graph's last results, after the inputs:
+    a backend runs them on every run, updating the Variables it keeps."""
     if transformer is None:
         from geon.transformers.numpy.transformer import NumPyTransformer
         transformer = NumPyTransformer()
     comp = transformer.computation(results, *placeholders)
-    outs = list(comp.results)
-    graph = json.loads(serialize(outs + list(comp.params)))
+    outs = [r for r in comp.results if isinstance(r, og.TensorOp)]
+    # assignments (SetItems lowered to Assign) among the results: written after the
+    # inputs, so that a backend runs them and keeps the Variables they write
+    effects = [r for r in comp.results if not isinstance(r, og.TensorOp)]
+    graph = json.loads(serialize(outs + list(comp.params) + effects))
     return json.dumps({
         "format": PLAN_FORMAT, "version": PLAN_VERSION,
         "graph": graph,
@@ -57,8 +62,9 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -
 
 
 def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
-    """``(plan, outputs, inputs)`` of a plan document: the JSON object, and the graph's
-    result ops and placeholders; :class:`~geon.errors.SerializationError` for anything else."""
+    """``(plan, results, inputs)`` of a plan document: the JSON object, the graph's
+    result ops (the outputs, then the assignments it runs) and its placeholders;
+    :class:`~geon.errors.SerializationError` for anything else."""
     try:
         doc = json.loads(document)
     except ValueError as e:
@@ -74,13 +80,15 @@ def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
     if not isinstance(doc["outputs"], list) or not isinstance(doc["inputs"], list):
         raise SerializationError("plan: 'outputs' and 'inputs' must be lists")
     loaded = deserialize_graph(json.dumps(doc["graph"]))
-    n = len(doc["outputs"])
-    outputs, inputs = loaded.results[:n], loaded.results[n:]
-    if len(inputs) != len(doc["inputs"]) or not all(
-            isinstance(p, og.Placeholder) for p in inputs):
+    n, m = len(doc["outputs"]), len(doc["inputs"])
+    outputs, inputs = loaded.results[:n], loaded.results[n:n + m]
+    effects = loaded.results[n + m:]
+    if len(inputs) != m or not all(isinstance(p, og.Placeholder) for p in inputs) or \
+            not all(isinstance(o, og.TensorOp) for o in outputs) or \
+            any(isinstance(e, og.TensorOp) for e in effects):
         raise SerializationError("plan: the graph's results must be the outputs, then "
-                                 "one placeholder per input")
-    return doc, outputs, inputs
+                                 "one placeholder per input, then the assignments")
+    return doc, outputs + effects, inputs
 
 
 class Executable(abc.ABC):
@@ -140,7 +148,7 @@ class _NumPyExecutable(Executable):
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         values = self._comp(*self.check_inputs(arrays))
-        return [np.array(v) for v in values]
+        return [np.array(v) for v in values[:len(self.outputs)]]
 
 
 class NumPyBackend(Backend):

@@ -1,0 +1,380 @@
+/* kernels.c: the computations of libgeon_native on strided values.
+ *
+ * Elementwise ops work a row (the last dimension) at a time: each operand's row is
+ * loaded into a double buffer whatever its dtype and strides, the op runs on the
+ * buffers, and the result row is stored in the output's dtype. float64 results are
+ * thus computed exactly as NumPy does; float32 results are computed in double and
+ * rounded once (within an ulp of NumPy's float32 arithmetic). Reductions accumulate in
+ * double. Gemm calls BLAS (cblas_?gemm) when the library was built with one, on
+ * operands that have a unit stride in one of their two dimensions (others are packed
+ * first), and a plain C loop otherwise. */
+#include <math.h>
+#include <string.h>
+
+#include "runtime.h"
+
+#ifdef GEON_HAVE_BLAS
+#include <cblas.h>
+#ifdef GEON_BLAS_SCIPY
+/* scipy-openblas prefixes its symbols with scipy_ */
+#define GN_DGEMM scipy_cblas_dgemm
+#define GN_SGEMM scipy_cblas_sgemm
+#else
+#define GN_DGEMM cblas_dgemm
+#define GN_SGEMM cblas_sgemm
+#endif
+#endif
+
+const char *gn_blas_name(void) {
+#ifdef GEON_HAVE_BLAS
+  return "BLAS (cblas_?gemm)";
+#else
+  return "plain C GEMM (built without BLAS)";
+#endif
+}
+
+const int gn_dtype_size[DT_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8};
+const char *const gn_dtype_name[DT_COUNT] = {"bool", "int8", "int16", "int32", "int64",
+                                             "uint8", "uint16", "uint32", "uint64",
+                                             "float32", "float64"};
+
+double gn_load(const char *p, gn_dtype t) {
+  switch (t) {
+    case DT_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
+    case DT_I8: return *(const int8_t *)p;
+    case DT_I16: return *(const int16_t *)p;
+    case DT_I32: return *(const int32_t *)p;
+    case DT_I64: return (double)*(const int64_t *)p;
+    case DT_U8: return *(const uint8_t *)p;
+    case DT_U16: return *(const uint16_t *)p;
+    case DT_U32: return *(const uint32_t *)p;
+    case DT_U64: return (double)*(const uint64_t *)p;
+    case DT_F32: return *(const float *)p;
+    default: return *(const double *)p;
+  }
+}
+
+/* Integers: NaN and out-of-range values become 0 rather than undefined behaviour. */
+#define GN_TO_INT(T, lo, hi) ((v == v && v >= (lo) && v <= (hi)) ? (T)v : (T)0)
+
+void gn_store(char *p, gn_dtype t, double v) {
+  switch (t) {
+    case DT_BOOL: *(uint8_t *)p = v != 0.0; break;
+    case DT_I8: *(int8_t *)p = GN_TO_INT(int8_t, -128.0, 127.0); break;
+    case DT_I16: *(int16_t *)p = GN_TO_INT(int16_t, -32768.0, 32767.0); break;
+    case DT_I32: *(int32_t *)p = GN_TO_INT(int32_t, -2147483648.0, 2147483647.0); break;
+    case DT_I64: *(int64_t *)p = GN_TO_INT(int64_t, -9.2233720368547758e18, 9.2233720368547748e18); break;
+    case DT_U8: *(uint8_t *)p = GN_TO_INT(uint8_t, 0.0, 255.0); break;
+    case DT_U16: *(uint16_t *)p = GN_TO_INT(uint16_t, 0.0, 65535.0); break;
+    case DT_U32: *(uint32_t *)p = GN_TO_INT(uint32_t, 0.0, 4294967295.0); break;
+    case DT_U64: *(uint64_t *)p = GN_TO_INT(uint64_t, 0.0, 1.8446744073709550e19); break;
+    case DT_F32: *(float *)p = (float)v; break;
+    default: *(double *)p = v; break;
+  }
+}
+
+/* v describes a compact row-major buffer at data. */
+void gn_set_compact(gn_value *v, char *data, const void *storage) {
+  int64_t step = 1;
+  for (int d = v->ndim - 1; d >= 0; d--) {
+    v->strides[d] = step;
+    step *= v->shape[d];
+  }
+  v->data = data;
+  v->storage = storage;
+}
+
+/* Strides for `to` (same elements, another shape) that read `from`'s elements in
+ * row-major order without a copy; 0 when no strides can. Dimensions of length 1 are
+ * left out, then the old and new dimensions are matched in groups of equal products:
+ * the old dimensions of a group must be contiguous among themselves. */
+int gn_reshape_strides(const gn_value *from, gn_value *to) {
+  int64_t os[GN_MAX_DIMS], ost[GN_MAX_DIMS];
+  int on = 0;
+  if (from->size == 0) { gn_set_compact(to, from->data, from->storage); return 1; }
+  for (int d = 0; d < from->ndim; d++) {
+    if (from->shape[d] != 1) { os[on] = from->shape[d]; ost[on] = from->strides[d]; on++; }
+  }
+  int i = 0, j = 0; /* old and new dimension */
+  while (j < to->ndim) {
+    if (to->shape[j] == 1) { to->strides[j++] = 0; continue; }
+    int i0 = i, j0 = j;
+    int64_t po = os[i++], pn = to->shape[j++];
+    while (po != pn) {
+      if (po < pn) po *= os[i++]; else {
+        while (j < to->ndim && to->shape[j] == 1) j++;
+        pn *= to->shape[j++];
+      }
+    }
+    for (int k = i0; k < i - 1; k++) {
+      if (ost[k] != ost[k + 1] * os[k + 1]) return 0;
+    }
+    /* the new dimensions of the group step through the last old one's stride */
+    int64_t stride = ost[i - 1];
+    for (int k = j - 1; k >= j0; k--) {
+      if (to->shape[k] == 1) { to->strides[k] = 0; continue; }
+      to->strides[k] = stride;
+      stride *= to->shape[k];
+    }
+  }
+  to->data = from->data;
+  to->storage = from->storage;
+  return 1;
+}
+
+/* Walk the outer dimensions (all but the last) of shape in row-major order:
+ * calls body with the element offsets of each operand for the row's first element. */
+typedef struct {
+  int ndim;
+  const int64_t *shape;
+  int64_t idx[GN_MAX_DIMS];
+} outer_iter;
+
+/* Advance to the next row; 0 when done. offs[k] moves by strides[k][d]. */
+static int next_row(outer_iter *it, int n, int64_t *offs, const int64_t *const *strides) {
+  for (int d = it->ndim - 2; d >= 0; d--) {
+    it->idx[d]++;
+    for (int k = 0; k < n; k++) offs[k] += strides[k][d];
+    if (it->idx[d] < it->shape[d]) return 1;
+    for (int k = 0; k < n; k++) offs[k] -= strides[k][d] * it->shape[d];
+    it->idx[d] = 0;
+  }
+  return 0;
+}
+
+void gn_copy_values(gn_value *dst, const gn_value *src) {
+  if (dst->size == 0) return;
+  static const int64_t zero[GN_MAX_DIMS] = {0};
+  int nd = dst->ndim;
+  int64_t n = nd ? dst->shape[nd - 1] : 1;
+  const int64_t *strides[2] = {dst->strides, src->ndim ? src->strides : zero};
+  int64_t sd = nd ? dst->strides[nd - 1] : 0, ss = nd && src->ndim ? src->strides[nd - 1] : 0;
+  int64_t offs[2] = {0, 0};
+  int zd = gn_dtype_size[dst->dtype], zs = gn_dtype_size[src->dtype];
+  outer_iter it = {nd, dst->shape, {0}};
+  do {
+    char *o = dst->data + offs[0] * zd;
+    const char *s = src->data + offs[1] * zs;
+    if (dst->dtype == src->dtype) {
+      for (int64_t i = 0; i < n; i++) memcpy(o + i * sd * zd, s + i * ss * zs, (size_t)zd);
+    } else {
+      for (int64_t i = 0; i < n; i++) gn_store(o + i * sd * zd, dst->dtype, gn_load(s + i * ss * zs, src->dtype));
+    }
+  } while (nd > 1 && next_row(&it, 2, offs, strides));
+}
+
+#define CHUNK 256
+
+static void load_row(double *buf, const char *p, int64_t stride, gn_dtype t, int64_t n) {
+  int z = gn_dtype_size[t];
+  if (t == DT_F64) {
+    const double *x = (const double *)p;
+    for (int64_t i = 0; i < n; i++) buf[i] = x[i * stride];
+  } else if (t == DT_F32) {
+    const float *x = (const float *)p;
+    for (int64_t i = 0; i < n; i++) buf[i] = x[i * stride];
+  } else {
+    for (int64_t i = 0; i < n; i++) buf[i] = gn_load(p + i * stride * z, t);
+  }
+}
+
+static void store_row(char *p, gn_dtype t, const double *buf, int64_t n) {
+  if (t == DT_F64) memcpy(p, buf, (size_t)n * sizeof(double));
+  else if (t == DT_F32) {
+    float *y = (float *)p;
+    for (int64_t i = 0; i < n; i++) y[i] = (float)buf[i];
+  } else {
+    for (int64_t i = 0; i < n; i++) gn_store(p + i * gn_dtype_size[t], t, buf[i]);
+  }
+}
+
+static double gn_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x == 0 ? 0.0 : x; }
+static double gn_max(double a, double b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+static double gn_min(double a, double b) { return a != a ? a : b != b ? b : a < b ? a : b; }
+static double gn_softplus(double x) {
+  return x != x ? x : (x > 0 ? x : 0.0) + log1p(exp(-fabs(x)));
+}
+
+/* y = op(a, b) on n doubles (b unused by unary ops). */
+static void apply(gn_kind k, const double *a, const double *b, double *y, int64_t n) {
+  int64_t i;
+  switch (k) {
+    case OP_ADD: for (i = 0; i < n; i++) y[i] = a[i] + b[i]; break;
+    case OP_SUB: for (i = 0; i < n; i++) y[i] = a[i] - b[i]; break;
+    case OP_MUL: for (i = 0; i < n; i++) y[i] = a[i] * b[i]; break;
+    case OP_DIV: for (i = 0; i < n; i++) y[i] = a[i] / b[i]; break;
+    case OP_MAX: for (i = 0; i < n; i++) y[i] = gn_max(a[i], b[i]); break;
+    case OP_MIN: for (i = 0; i < n; i++) y[i] = gn_min(a[i], b[i]); break;
+    case OP_POW: for (i = 0; i < n; i++) y[i] = pow(a[i], b[i]); break;
+    case OP_EQ: for (i = 0; i < n; i++) y[i] = a[i] == b[i]; break;
+    case OP_NE: for (i = 0; i < n; i++) y[i] = a[i] != b[i]; break;
+    case OP_LT: for (i = 0; i < n; i++) y[i] = a[i] < b[i]; break;
+    case OP_LE: for (i = 0; i < n; i++) y[i] = a[i] <= b[i]; break;
+    case OP_GT: for (i = 0; i < n; i++) y[i] = a[i] > b[i]; break;
+    case OP_GE: for (i = 0; i < n; i++) y[i] = a[i] >= b[i]; break;
+    case OP_NEG: for (i = 0; i < n; i++) y[i] = -a[i]; break;
+    case OP_ABS: for (i = 0; i < n; i++) y[i] = fabs(a[i]); break;
+    case OP_SIGN: for (i = 0; i < n; i++) y[i] = gn_sign(a[i]); break;
+    case OP_SQUARE: for (i = 0; i < n; i++) y[i] = a[i] * a[i]; break;
+    case OP_SQRT: for (i = 0; i < n; i++) y[i] = sqrt(a[i]); break;
+    case OP_RECIP: for (i = 0; i < n; i++) y[i] = 1.0 / a[i]; break;
+    case OP_EXP: for (i = 0; i < n; i++) y[i] = exp(a[i]); break;
+    case OP_LOG: for (i = 0; i < n; i++) y[i] = log(a[i]); break;
+    case OP_SIN: for (i = 0; i < n; i++) y[i] = sin(a[i]); break;
+    case OP_COS: for (i = 0; i < n; i++) y[i] = cos(a[i]); break;
+    case OP_TANH: for (i = 0; i < n; i++) y[i] = tanh(a[i]); break;
+    case OP_SIGMOID: for (i = 0; i < n; i++) y[i] = 1.0 / (1.0 + exp(-a[i])); break;
+    case OP_ERF: for (i = 0; i < n; i++) y[i] = erf(a[i]); break;
+    case OP_EXPM1: for (i = 0; i < n; i++) y[i] = expm1(a[i]); break;
+    case OP_SOFTPLUS: for (i = 0; i < n; i++) y[i] = gn_softplus(a[i]); break;
+    default: break;
+  }
+}
+
+/* Integer results of + - * and max/min are exact only below 2**53 (computed in double). */
+void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
+  gn_value *y = &op->out[0];
+  if (y->size == 0) return;
+  static const int64_t zero[GN_MAX_DIMS] = {0};
+  int nd = y->ndim, na = b ? 3 : 2;
+  const int64_t *strides[3] = {y->strides, a->ndim ? a->strides : zero,
+                               b && b->ndim ? b->strides : zero};
+  int64_t n = nd ? y->shape[nd - 1] : 1;
+  int64_t sa = nd ? strides[1][nd - 1] : 0, sb = nd ? strides[2][nd - 1] : 0;
+  int64_t offs[3] = {0, 0, 0};
+  double ba[CHUNK], bb[CHUNK], by[CHUNK];
+  int zy = gn_dtype_size[y->dtype], za = gn_dtype_size[a->dtype];
+  int zb = b ? gn_dtype_size[b->dtype] : 0;
+  outer_iter it = {nd, y->shape, {0}};
+  do {
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+      int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+      load_row(ba, a->data + (offs[1] + i0 * sa) * za, sa, a->dtype, m);
+      if (b) load_row(bb, b->data + (offs[2] + i0 * sb) * zb, sb, b->dtype, m);
+      apply(op->kind, ba, bb, by, m);
+      store_row(y->data + (offs[0] + i0) * zy, y->dtype, by, m);
+    }
+  } while (nd > 1 && next_row(&it, na, offs, strides));
+}
+
+/* Reduce dimension op->axis of x (at most 2-D) into op->out (compact). */
+void gn_run_reduce(gn_op *op, const gn_value *x) {
+  int64_t n = x->shape[op->axis], sn = x->strides[op->axis];
+  int other = x->ndim == 2 ? 1 - op->axis : -1;
+  int64_t m = other >= 0 ? x->shape[other] : 1, sm = other >= 0 ? x->strides[other] : 0;
+  int z = gn_dtype_size[x->dtype];
+  gn_kind k = op->kind;
+  for (int64_t j = 0; j < m; j++) {
+    const char *p = x->data + j * sm * z;
+    double acc = k == OP_RPROD ? 1.0 : k == OP_RSUM ? 0.0 : NAN;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double v = gn_load(p + i * sn * z, x->dtype);
+      if (k == OP_RSUM) acc += v;
+      else if (k == OP_RPROD) acc *= v;
+      else if (i == 0) acc = v;
+      else if (acc != acc) break;  /* a NaN wins, at its first position */
+      else if (v != v || ((k == OP_RMAX || k == OP_RARGMAX || k == OP_RMAXARGMAX) ? v > acc : v < acc)) {
+        acc = v;
+        at = i;
+      }
+    }
+    if (k == OP_RARGMAX || k == OP_RARGMIN) {
+      ((int64_t *)op->out[0].data)[j] = at;
+    } else {
+      gn_store(op->out[0].data + j * gn_dtype_size[op->out[0].dtype], op->out[0].dtype, acc);
+      if (k == OP_RMAXARGMAX) ((int64_t *)op->out[1].data)[j] = at;
+    }
+  }
+}
+
+/* --- Gemm ---------------------------------------------------------------------------- */
+
+/* One product y (m, n), compact with row stride n, of a (m, k) and b (k, n) given by
+ * their strides, in the plain C loop (i, p, j order: rows of b stream through). */
+#define PLAIN_GEMM(T)                                                                     \
+  static void plain_gemm_##T(int64_t m, int64_t n, int64_t k, const T *a, int64_t sa0,   \
+                             int64_t sa1, const T *b, int64_t sb0, int64_t sb1, T *y) {  \
+    for (int64_t i = 0; i < m; i++) {                                                    \
+      T *row = y + i * n;                                                                \
+      for (int64_t j = 0; j < n; j++) row[j] = 0;                                        \
+      for (int64_t p = 0; p < k; p++) {                                                  \
+        T s = a[i * sa0 + p * sa1];                                                      \
+        const T *brow = b + p * sb0;                                                     \
+        for (int64_t j = 0; j < n; j++) row[j] += s * brow[j * sb1];                     \
+      }                                                                                  \
+    }                                                                                    \
+  }
+PLAIN_GEMM(float)
+PLAIN_GEMM(double)
+
+#ifdef GEON_HAVE_BLAS
+/* How BLAS reads a (rows, cols) operand with strides (s0, s1): row-major with leading
+ * dimension ld (no transpose), or its transpose; 0 when it must be packed first. */
+static int blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *trans, int64_t *ld) {
+  if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1) && s0 > 0) { *trans = 0; *ld = s0; return 1; }
+  if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1) && s1 > 0) { *trans = 1; *ld = s1; return 1; }
+  if (rows == 1 && cols == 1) { *trans = 0; *ld = 1; return 1; }
+  return 0;
+}
+
+static void pack(char *dst, const char *src, int64_t rows, int64_t cols, int64_t s0, int64_t s1, int z) {
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) memcpy(dst + (i * cols + j) * z, src + (i * s0 + j * s1) * z, (size_t)z);
+}
+#endif
+
+/* op's output (B..., m, n) = a (B..., m, k) @ b (B..., k, n); scratch holds one packed
+ * a and one packed b (allocated at load time). */
+void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch) {
+  gn_value *y = &op->out[0];
+  int nd = y->ndim, nb = nd - 2;
+  int64_t m = y->shape[nd - 2], n = y->shape[nd - 1], k = a->shape[nd - 1];
+  int z = gn_dtype_size[y->dtype];
+  int64_t batches = 1, idx[GN_MAX_DIMS] = {0};
+  for (int d = 0; d < nb; d++) batches *= y->shape[d];
+  if (y->size == 0) return;
+  for (int64_t t = 0; t < batches; t++) {
+    int64_t oa = 0, ob = 0, rest = t;
+    for (int d = nb - 1; d >= 0; d--) {
+      idx[d] = rest % y->shape[d];
+      rest /= y->shape[d];
+      oa += idx[d] * a->strides[d];
+      ob += idx[d] * b->strides[d];
+    }
+    const char *pa = a->data + oa * z, *pb = b->data + ob * z;
+    char *py = y->data + t * m * n * z;
+    int64_t sa0 = a->strides[nd - 2], sa1 = a->strides[nd - 1];
+    int64_t sb0 = b->strides[nd - 2], sb1 = b->strides[nd - 1];
+    if (k == 0) { memset(py, 0, (size_t)(m * n * z)); continue; }
+#ifdef GEON_HAVE_BLAS
+    if (m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
+      int ta, tb;
+      int64_t lda, ldb;
+      if (!blas_layout(m, k, sa0, sa1, &ta, &lda) || lda > INT32_MAX) {
+        pack(scratch, pa, m, k, sa0, sa1, z);
+        pa = scratch; ta = 0; lda = k;
+      }
+      if (!blas_layout(k, n, sb0, sb1, &tb, &ldb) || ldb > INT32_MAX) {
+        char *sb = scratch + m * k * z;
+        pack(sb, pb, k, n, sb0, sb1, z);
+        pb = sb; tb = 0; ldb = n;
+      }
+      enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
+      if (y->dtype == DT_F64)
+        GN_DGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.0, (const double *)pa, (int)lda,
+                 (const double *)pb, (int)ldb, 0.0, (double *)py, (int)n);
+      else
+        GN_SGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.0f, (const float *)pa, (int)lda,
+                 (const float *)pb, (int)ldb, 0.0f, (float *)py, (int)n);
+      continue;
+    }
+#else
+    (void)scratch;
+#endif
+    if (y->dtype == DT_F64)
+      plain_gemm_double(m, n, k, (const double *)pa, sa0, sa1, (const double *)pb, sb0, sb1, (double *)py);
+    else
+      plain_gemm_float(m, n, k, (const float *)pa, sa0, sa1, (const float *)pb, sb0, sb1, (float *)py);
+  }
+}

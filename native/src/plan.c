@@ -1,0 +1,625 @@
+/* plan.c: loading a "geon-plan" document (version 1) into ops (runtime.h).
+ *
+ * Everything is checked before anything runs: the format and version, every key this
+ * runtime reads, each op's type (all unknown ones are listed in one
+ * GEON_ERR_UNSUPPORTED message), every reference (args point to earlier ops, so that
+ * document order is an execution order), every shape (at most GN_MAX_DIMS dimensions,
+ * lengths >= 0, element counts below GN_MAX_ELEMENTS without overflow, buffers below
+ * GN_MAX_BYTES in all) and dtype, and each op's declared result against the one its
+ * args and parameters give. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "runtime.h"
+
+geon_status gn_fail(gn_error *e, geon_status status, const char *fmt, ...) {
+  if (e->status == GEON_OK) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->status = status;
+  }
+  return e->status;
+}
+
+#define INVALID(...) gn_fail(L->e, GEON_ERR_INVALID_PLAN, __VA_ARGS__)
+
+/* --- names ----------------------------------------------------------------------------- */
+
+static const char *const KIND_NAMES[OP_KIND_COUNT] = {
+  "Placeholder", "Variable", "Constant",
+  "Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum", "Power",
+  "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+  "Negative", "Absolute", "Sign", "Square", "Sqrt", "Reciprocal", "Exp", "Log", "Sin", "Cos",
+  "Tanh", "Sigmoid", "Erf", "Expm1", "Softplus",
+  "Reshape", "Dimshuffle", "Expand", "SliceView",
+  "Copy", "Unslice", "Assign", "Gemm",
+  "ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceArgMax", "ReduceArgMin",
+  "ReduceMaxArgMax"};
+
+static int kind_of(const gj_node *n) {
+  for (int k = 0; k < OP_KIND_COUNT; k++)
+    if (gj_is(n, KIND_NAMES[k])) return k;
+  return -1;
+}
+
+/* A graph dtype name ("float32") or a NumPy type string ("<f4"); -1 if unknown. */
+static int dtype_of(const gj_node *n, int numpy_str) {
+  static const char *const STR[DT_COUNT] = {"|b1", "|i1", "<i2", "<i4", "<i8", "|u1",
+                                            "<u2", "<u4", "<u8", "<f4", "<f8"};
+  for (int t = 0; t < DT_COUNT; t++)
+    if (gj_is(n, numpy_str ? STR[t] : gn_dtype_name[t])) return t;
+  return -1;
+}
+
+/* A document string cut short and made printable, for messages. */
+static const char *shown(const gj_node *n, char *buf, size_t len) {
+  size_t o = 0;
+  if (!n || n->type != GJ_STRING) return "(not a string)";
+  for (size_t i = 0; i < n->str_len && o + 4 < len; i++) {
+    unsigned char c = (unsigned char)n->str[i];
+    buf[o++] = (c >= 0x20 && c < 0x7F) ? (char)c : '?';
+  }
+  if (o + 4 >= len) { buf[o++] = '.'; buf[o++] = '.'; buf[o++] = '.'; }
+  buf[o] = '\0';
+  return buf;
+}
+
+/* --- the loader's state ---------------------------------------------------------------- */
+
+typedef struct {
+  const char *name;
+  size_t name_len;
+  const gj_node *def;
+  int64_t length;   /* -1: not yet resolved */
+  int busy;
+} axis_entry;
+
+typedef struct {
+  gj_doc doc;
+  gn_error *e;
+  struct geon_backend *b;
+  axis_entry *axes;
+  int32_t n_axes;
+  int64_t bytes;    /* allocated so far */
+} loader;
+
+static int cmp_axis(const void *x, const void *y) {
+  const axis_entry *a = x, *b = y;
+  size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
+  int c = memcmp(a->name, b->name, n);
+  return c ? c : (a->name_len > b->name_len) - (a->name_len < b->name_len);
+}
+
+static axis_entry *find_axis(loader *L, const gj_node *name) {
+  if (!name || name->type != GJ_STRING) return NULL;
+  axis_entry key = {name->str, name->str_len, NULL, 0, 0};
+  return bsearch(&key, L->axes, (size_t)L->n_axes, sizeof key, cmp_axis);
+}
+
+/* The length of an axis: {"length": n} or {"parts": [names]} (their product). */
+static int64_t axis_length(loader *L, axis_entry *a, int depth) {
+  if (a->length >= 0) return a->length;
+  if (a->busy || depth > 32) { INVALID("flattened axes nest too deep or in a cycle"); return -1; }
+  const gj_node *len = gj_get(&L->doc, a->def, "length"), *parts = gj_get(&L->doc, a->def, "parts");
+  if (len) {
+    if (len->type != GJ_NUMBER || !len->is_int || len->ival < 0 || len->ival > GN_MAX_ELEMENTS) {
+      INVALID("an axis length must be an integer from 0 to 2**40");
+      return -1;
+    }
+    return a->length = len->ival;
+  }
+  if (!parts || parts->type != GJ_ARRAY) { INVALID("an axis needs a length or parts"); return -1; }
+  a->busy = 1;
+  int64_t product = 1;
+  for (const gj_node *p = gj_first(&L->doc, parts); p; p = gj_next(&L->doc, p)) {
+    axis_entry *part = find_axis(L, p);
+    if (!part) { INVALID("a flattened axis has an unknown part"); return -1; }
+    int64_t n = axis_length(L, part, depth + 1);
+    if (n < 0) return -1;
+    if (n && product > GN_MAX_ELEMENTS / n) { INVALID("a flattened axis is longer than 2**40"); return -1; }
+    product *= n;
+  }
+  a->busy = 0;
+  return a->length = product;
+}
+
+static geon_status read_axes(loader *L, const gj_node *table) {
+  if (!table || table->type != GJ_OBJECT) return INVALID("graph.axes must be an object");
+  L->axes = calloc((size_t)table->count + 1, sizeof(axis_entry));
+  if (!L->axes) return gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "out of memory");
+  for (const gj_node *c = gj_first(&L->doc, table); c; c = gj_next(&L->doc, c)) {
+    if (c->type != GJ_OBJECT) return INVALID("graph.axes entries must be objects");
+    axis_entry *a = &L->axes[L->n_axes++];
+    a->name = c->key; a->name_len = c->key_len; a->def = c; a->length = -1;
+  }
+  qsort(L->axes, (size_t)L->n_axes, sizeof(axis_entry), cmp_axis);
+  for (int32_t i = 0; i < L->n_axes; i++)
+    if (axis_length(L, &L->axes[i], 0) < 0) return L->e->status;
+  return GEON_OK;
+}
+
+/* A shape: the element count checked against overflow and GN_MAX_ELEMENTS. */
+static geon_status set_shape(loader *L, gn_value *v, int ndim, const int64_t *shape, const char *where) {
+  if (ndim > GN_MAX_DIMS) return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "%s: more than %d dimensions", where, GN_MAX_DIMS);
+  int64_t size = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) return INVALID("%s: a negative length", where);
+    if (shape[d] && size > GN_MAX_ELEMENTS / shape[d]) return INVALID("%s: more than 2**40 elements", where);
+    size *= shape[d];
+    v->shape[d] = shape[d];
+  }
+  v->ndim = ndim;
+  v->size = size;
+  return GEON_OK;
+}
+
+static char *alloc_bytes(loader *L, int64_t bytes) {
+  if (bytes > GN_MAX_BYTES - L->bytes) {
+    gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "the plan needs more than %lld bytes of buffers",
+            (long long)GN_MAX_BYTES);
+    return NULL;
+  }
+  char *p = calloc(1, (size_t)(bytes ? bytes : 1));
+  if (!p) gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "out of memory (%lld bytes)", (long long)bytes);
+  else L->bytes += bytes;
+  return p;
+}
+
+/* --- values: numbers and arrays -------------------------------------------------------- */
+
+/* A number value: a JSON number or bool, or {"float": "nan" | "inf" | "-inf"}. */
+static int read_number(loader *L, const gj_node *n, double *out) {
+  if (n && n->type == GJ_NUMBER) { *out = n->is_int ? (double)n->ival : n->num; return 1; }
+  if (n && (n->type == GJ_TRUE || n->type == GJ_FALSE)) { *out = n->type == GJ_TRUE; return 1; }
+  const gj_node *f = gj_get(&L->doc, n, "float");
+  if (f && n->count == 1) {
+    if (gj_is(f, "nan")) { *out = NAN; return 1; }
+    if (gj_is(f, "inf")) { *out = HUGE_VAL; return 1; }
+    if (gj_is(f, "-inf")) { *out = -HUGE_VAL; return 1; }
+  }
+  return 0;
+}
+
+static int b64_digit(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+/* Decode base64 text (with padding) of exactly want bytes into out. */
+static int b64_decode(const char *s, size_t len, unsigned char *out, int64_t want) {
+  if (want < 0 || (uint64_t)len != (uint64_t)((want + 2) / 3) * 4) return 0;
+  int64_t o = 0;
+  for (size_t i = 0; i < len; i += 4) {
+    int d[4], pad = 0;
+    for (int j = 0; j < 4; j++) {
+      unsigned char c = (unsigned char)s[i + j];
+      if (c == '=' && i + 4 == len && j >= 2) { d[j] = 0; pad++; continue; }
+      if (pad || (d[j] = b64_digit(c)) < 0) return 0;
+    }
+    uint32_t v = (uint32_t)(d[0] << 18 | d[1] << 12 | d[2] << 6 | d[3]);
+    unsigned char bytes[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+    for (int j = 0; j < 3 - pad; j++) {
+      if (o >= want) return 0;
+      out[o++] = bytes[j];
+    }
+  }
+  return o == want;
+}
+
+/* The value of a Constant or a Variable's initial value into op's storage: a number
+ * (fills the shape: one element, zero strides), or an array of one element (the same)
+ * or of the op's shape; converted to the op's dtype. */
+static geon_status read_fill(loader *L, gn_op *op, const gj_node *n, const char *what) {
+  gn_value *v = &op->out[0];
+  int z = gn_dtype_size[v->dtype];
+  double x;
+  if (read_number(L, n, &x)) {
+    if (!(op->buffer[0] = alloc_bytes(L, z))) return L->e->status;
+    gn_store(op->buffer[0], v->dtype, x);
+    op->filled = 1;
+    return GEON_OK;
+  }
+  const gj_node *arr = gj_get(&L->doc, n, "array");
+  if (!arr || n->count != 1) {
+    if (gj_get(&L->doc, n, "function"))
+      return INVALID("%s was written without its value (an initial value that is a function)", what);
+    return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "%s: a value of a type this runtime does not read", what);
+  }
+  const gj_node *dt = gj_get(&L->doc, arr, "dtype"), *shape = gj_get(&L->doc, arr, "shape"),
+                *data = gj_get(&L->doc, arr, "data");
+  int t = dtype_of(dt, 0);
+  if (!dt || !shape || !data || shape->type != GJ_ARRAY || data->type != GJ_STRING || arr->count != 3)
+    return INVALID("%s: an array needs dtype, shape and data", what);
+  if (t < 0) return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "%s: an array of a dtype this runtime lacks", what);
+  int64_t dims[GN_MAX_DIMS];
+  int nd = 0;
+  for (const gj_node *d = gj_first(&L->doc, shape); d; d = gj_next(&L->doc, d)) {
+    if (nd == GN_MAX_DIMS) return INVALID("%s: an array of too many dimensions", what);
+    if (d->type != GJ_NUMBER || !d->is_int) return INVALID("%s: an array's shape holds integers", what);
+    dims[nd++] = d->ival;
+  }
+  gn_value a = {0};
+  if (set_shape(L, &a, nd, dims, what)) return L->e->status;
+  int full = nd == v->ndim;
+  for (int d = 0; full && d < nd; d++) full = dims[d] == v->shape[d];
+  if (a.size != 1 && !full) return INVALID("%s: an array of another shape than its op's", what);
+  int64_t want = a.size * gn_dtype_size[t];
+  unsigned char *raw = (unsigned char *)alloc_bytes(L, want);
+  if (!raw) return L->e->status;
+  L->bytes -= want; /* (temporary) */
+  if (!b64_decode(data->str, data->str_len, raw, want)) {
+    free(raw);
+    return INVALID("%s: the array's data is not base64 of %lld bytes", what, (long long)want);
+  }
+  int64_t count = a.size == 1 ? 1 : v->size;
+  if (!(op->buffer[0] = alloc_bytes(L, count * z))) { free(raw); return L->e->status; }
+  for (int64_t i = 0; i < count; i++) {
+    const unsigned char *p = raw + i * gn_dtype_size[t];
+    double x2 = t == DT_BOOL ? (*p != 0) : gn_load((const char *)p, (gn_dtype)t);
+    if (t == (int)v->dtype) memcpy(op->buffer[0] + i * z, p, (size_t)z);
+    else gn_store(op->buffer[0] + i * z, v->dtype, x2);
+  }
+  free(raw);
+  op->filled = a.size == 1;
+  return GEON_OK;
+}
+
+/* An attribute {"tuple": [ints, or null where allowed]} of at most GN_MAX_DIMS entries. */
+static int read_ints(loader *L, const gj_node *n, int64_t *out, int *nulls, int *count) {
+  const gj_node *t = gj_get(&L->doc, n, "tuple");
+  *count = 0;
+  if (!t || t->type != GJ_ARRAY || n->count != 1 || t->count > GN_MAX_DIMS) return 0;
+  for (const gj_node *c = gj_first(&L->doc, t); c; c = gj_next(&L->doc, c), (*count)++) {
+    if (c->type == GJ_NULL && nulls) { nulls[*count] = 1; out[*count] = 0; continue; }
+    if (c->type != GJ_NUMBER || !c->is_int) return 0;
+    if (nulls) nulls[*count] = 0;
+    out[*count] = c->ival;
+  }
+  return 1;
+}
+
+/* A slice key: one index or {"slice": [start, stop, step]} per dimension of full,
+ * resolved as Python does; the shape it cuts full to in cut (ncut dims). */
+static geon_status read_key(loader *L, const gj_node *n, gn_op *op, const gn_value *full,
+                            int64_t *cut, int *ncut) {
+  const gj_node *t = gj_get(&L->doc, n, "tuple");
+  if (!t || t->type != GJ_ARRAY || n->count != 1 || t->count != full->ndim)
+    return INVALID("a slice key needs one entry per dimension");
+  int d = 0;
+  *ncut = 0;
+  for (const gj_node *c = gj_first(&L->doc, t); c; c = gj_next(&L->doc, c), d++) {
+    int64_t len = full->shape[d];
+    gn_slice *s = &op->key[d];
+    if (c->type == GJ_NUMBER && c->is_int) {
+      int64_t i = c->ival < 0 ? c->ival + len : c->ival;
+      if (c->ival < -len || i >= len) return INVALID("a slice index is out of range");
+      s->is_index = 1; s->start = i; s->step = 1; s->count = 1;
+      continue;
+    }
+    const gj_node *sl = gj_get(&L->doc, c, "slice");
+    if (!sl || c->count != 1 || sl->type != GJ_ARRAY || sl->count != 3)
+      return INVALID("a slice key entry is an integer or a slice");
+    int64_t part[3];
+    int none[3];
+    int k = 0;
+    for (const gj_node *p = gj_first(&L->doc, sl); p; p = gj_next(&L->doc, p), k++) {
+      none[k] = p->type == GJ_NULL;
+      if (!none[k] && (p->type != GJ_NUMBER || !p->is_int || p->ival < -GN_MAX_ELEMENTS * 4 || p->ival > GN_MAX_ELEMENTS * 4))
+        return INVALID("a slice's parts are integers or null");
+      part[k] = none[k] ? 0 : p->ival;
+    }
+    int64_t step = none[2] ? 1 : part[2];
+    if (step == 0) return INVALID("a slice step of 0");
+    /* Python's slice.indices: clamp start and stop into the dimension */
+    int64_t lo = step > 0 ? 0 : -1, hi = step > 0 ? len : len - 1;
+    int64_t start = none[0] ? (step > 0 ? lo : hi) : part[0] < 0 ? part[0] + len : part[0];
+    int64_t stop = none[1] ? (step > 0 ? hi : lo) : part[1] < 0 ? part[1] + len : part[1];
+    if (!none[0]) start = start < lo ? lo : start > hi ? hi : start;
+    if (!none[1]) stop = stop < lo ? lo : stop > hi ? hi : stop;
+    int64_t count = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
+                             : (start > stop ? (start - stop - step - 1) / -step : 0);
+    s->is_index = 0; s->start = count ? start : 0; s->step = step; s->count = count;
+    cut[(*ncut)++] = count;
+  }
+  return GEON_OK;
+}
+
+/* --- ops ------------------------------------------------------------------------------- */
+
+static int same_shape(const gn_value *a, const gn_value *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++) if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+/* Check op i's parameters and result against its args; allocate its buffers. */
+static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
+  gn_op *op = &L->b->ops[i];
+  gn_value *y = &op->out[0];
+  const gn_value *a = op->n_args > 0 ? &L->b->ops[op->arg_op[0]].out[op->arg_out[0]] : NULL;
+  const gn_value *b2 = op->n_args > 1 ? &L->b->ops[op->arg_op[1]].out[op->arg_out[1]] : NULL;
+  const gj_node *attrs = gj_get(&L->doc, rec, "attrs");
+  const char *name = KIND_NAMES[op->kind];
+  gn_kind k = op->kind;
+  int want_args = k <= OP_CONSTANT ? 0 : (GN_IS_BINARY(k) || k == OP_GEMM || k == OP_ASSIGN) ? 2 : 1;
+  int want_out = k == OP_ASSIGN ? 0 : k == OP_RMAXARGMAX ? 2 : 1;
+  if (op->n_args != want_args || op->n_out != want_out)
+    return INVALID("op %d (%s): %d args and %d outputs, expected %d and %d", i, name,
+                   op->n_args, op->n_out, want_args, want_out);
+  int64_t v[GN_MAX_DIMS], cut[GN_MAX_DIMS];
+  int nulls[GN_MAX_DIMS], n = 0;
+  int ok = 1, own = 1;
+  if (k == OP_VARIABLE || k == OP_CONSTANT) {
+    const gj_node *val = gj_get(&L->doc, attrs, k == OP_VARIABLE ? "initial_value" : "value");
+    if (!val) return INVALID("op %d (%s): no value", i, name);
+    char what[64];
+    snprintf(what, sizeof what, "op %d (%s)", i, name);
+    if (read_fill(L, op, val, what)) return L->e->status;
+    if (k == OP_VARIABLE && op->filled) {  /* state: every element, Assign writes them */
+      int z = gn_dtype_size[y->dtype];
+      char *full = alloc_bytes(L, y->size * z);
+      if (!full) return L->e->status;
+      for (int64_t j = 0; j < y->size; j++) memcpy(full + j * z, op->buffer[0], (size_t)z);
+      free(op->buffer[0]);
+      op->buffer[0] = full;
+      op->filled = 0;
+    }
+    own = 0;
+  } else if (k == OP_PLACEHOLDER) {
+    own = 0;  /* (its input is checked with the inputs) */
+  } else if (GN_IS_BINARY(k) || GN_IS_UNARY(k)) {
+    ok = (a->ndim == 0 || same_shape(a, y)) && (!b2 || b2->ndim == 0 || same_shape(b2, y));
+  } else if (k == OP_GEMM) {
+    int nd = y->ndim;
+    ok = nd >= 2 && a->ndim == nd && b2->ndim == nd && a->shape[nd - 1] == b2->shape[nd - 2] &&
+         y->shape[nd - 2] == a->shape[nd - 2] && y->shape[nd - 1] == b2->shape[nd - 1];
+    for (int d = 0; ok && d < nd - 2; d++) ok = a->shape[d] == y->shape[d] && b2->shape[d] == y->shape[d];
+    if (ok && ((y->dtype != DT_F32 && y->dtype != DT_F64) || a->dtype != y->dtype || b2->dtype != y->dtype))
+      return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (Gemm): only float32 or float64 products of one dtype", i);
+    if (ok) {
+      int64_t need = (a->shape[nd - 2] * a->shape[nd - 1] + b2->shape[nd - 2] * b2->shape[nd - 1]) * gn_dtype_size[y->dtype];
+      if (need > L->b->scratch_bytes) L->b->scratch_bytes = need;
+    }
+  } else if (GN_IS_REDUCE(k)) {
+    const gj_node *ax = gj_get(&L->doc, attrs, "axis");
+    if (!ax || ax->type != GJ_NUMBER || !ax->is_int || a->ndim < 1 || a->ndim > 2 || ax->ival < 0 || ax->ival >= a->ndim)
+      return INVALID("op %d (%s): reduces one position of a tensor of 1 or 2 dimensions", i, name);
+    op->axis = (int)ax->ival;
+    ok = y->ndim == a->ndim - 1 && (a->ndim == 1 || y->shape[0] == a->shape[1 - op->axis]);
+    if (k == OP_RMAXARGMAX) ok = ok && same_shape(&op->out[1], y) && op->out[1].dtype == DT_I64;
+    if ((k == OP_RARGMAX || k == OP_RARGMIN) && y->dtype != DT_I64) ok = 0;
+  } else if (k == OP_RESHAPE) {
+    ok = y->size == a->size && y->dtype == a->dtype;
+  } else if (k == OP_DIMSHUFFLE) {
+    int seen[GN_MAX_DIMS] = {0};
+    if (!read_ints(L, gj_get(&L->doc, attrs, "perm"), v, NULL, &n) || n != a->ndim || n != y->ndim)
+      return INVALID("op %d (Dimshuffle): perm must be a permutation of the arg's dimensions", i);
+    for (int d = 0; d < n; d++) {
+      if (v[d] < 0 || v[d] >= n || seen[v[d]]++) return INVALID("op %d (Dimshuffle): perm is not a permutation", i);
+      op->perm[d] = (int)v[d];
+      ok = ok && y->shape[d] == a->shape[v[d]];
+    }
+    own = 0;
+  } else if (k == OP_EXPAND) {
+    int next = 0;
+    if (!read_ints(L, gj_get(&L->doc, attrs, "dim_map"), v, nulls, &n) || n != y->ndim)
+      return INVALID("op %d (Expand): dim_map needs one entry per result dimension", i);
+    for (int d = 0; d < n; d++) {
+      op->dim_map[d] = nulls[d] ? -1 : (int)v[d];
+      if (!nulls[d] && (v[d] != next++ || y->shape[d] != a->shape[v[d]])) ok = 0;
+    }
+    ok = ok && next == a->ndim;
+    own = 0;
+  } else if (k == OP_SLICEVIEW || k == OP_UNSLICE) {
+    const gn_value *full = k == OP_SLICEVIEW ? a : y, *part = k == OP_SLICEVIEW ? y : a;
+    if (read_key(L, gj_get(&L->doc, attrs, "key"), op, full, cut, &n)) return L->e->status;
+    ok = n == part->ndim;
+    for (int d = 0; ok && d < n; d++) ok = cut[d] == part->shape[d];
+    own = k == OP_UNSLICE;
+  } else if (k == OP_COPY) {
+    ok = same_shape(a, y);
+  } else if (k == OP_ASSIGN) {
+    if (L->b->ops[op->arg_op[0]].kind != OP_VARIABLE)
+      return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (Assign): assigns only to Variables", i);
+    ok = same_shape(a, b2);
+    if (a->size * 8 > L->b->scratch_bytes) L->b->scratch_bytes = a->size * 8;
+    own = 0;
+  }
+  if ((GN_IS_VIEW(k) || k == OP_COPY || k == OP_UNSLICE) && y->dtype != a->dtype) ok = 0;
+  if (!ok) return INVALID("op %d (%s): its result or args do not have the shapes or dtypes it needs", i, name);
+  for (int o = 0; own && o < op->n_out; o++) {
+    /* a Reshape's buffer is used only when its arg is a view no strides can reshape */
+    if (!(op->buffer[o] = alloc_bytes(L, op->out[o].size * gn_dtype_size[op->out[o].dtype]))) return L->e->status;
+  }
+  return GEON_OK;
+}
+
+/* The generic part of op record i: id, type, outputs, args. Unknown types are listed
+ * in unknown (and skipped) so that one message names them all. */
+static geon_status read_record(loader *L, int32_t i, const gj_node *rec, char *unknown, size_t ulen) {
+  gn_op *op = &L->b->ops[i];
+  const gj_node *id = gj_get(&L->doc, rec, "id"), *type = gj_get(&L->doc, rec, "op"),
+                *outs = gj_get(&L->doc, rec, "outputs"), *args = gj_get(&L->doc, rec, "args");
+  if (!rec || rec->type != GJ_OBJECT) return INVALID("op %d is not an object", i);
+  if (!id || id->type != GJ_NUMBER || !id->is_int || id->ival != i) return INVALID("op %d: its id must be %d", i, i);
+  if (!type || type->type != GJ_STRING) return INVALID("op %d: no op type", i);
+  if (!outs || outs->type != GJ_ARRAY || outs->count > 2) return INVALID("op %d: outputs must be a list of at most 2", i);
+  if (!args || args->type != GJ_ARRAY || args->count > 2) return INVALID("op %d: args must be a list (of at most 2 here)", i);
+  int kind = kind_of(type);
+  char buf[48];
+  if (kind < 0) {
+    const char *s = shown(type, buf, sizeof buf);
+    if (!strstr(unknown, s) && strlen(unknown) + strlen(s) + 3 < ulen) {
+      if (*unknown) strcat(unknown, ", ");
+      strcat(unknown, s);
+    }
+    kind = OP_COPY; /* (not run: the plan is refused) */
+  }
+  op->kind = (gn_kind)kind;
+  op->n_out = outs->count;
+  int o = 0;
+  for (const gj_node *out = gj_first(&L->doc, outs); out; out = gj_next(&L->doc, out), o++) {
+    const gj_node *axes = gj_get(&L->doc, out, "axes");
+    int t = dtype_of(gj_get(&L->doc, out, "dtype"), 0);
+    if (!axes || axes->type != GJ_ARRAY) return INVALID("op %d: an output needs axes", i);
+    if (t < 0) {
+      if (gj_get(&L->doc, out, "dtype") && gj_get(&L->doc, out, "dtype")->type == GJ_STRING)
+        return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d: dtype %s is not one this runtime has", i,
+                       shown(gj_get(&L->doc, out, "dtype"), buf, sizeof buf));
+      return INVALID("op %d: an output needs a dtype", i);
+    }
+    if (axes->count > GN_MAX_DIMS) return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d: more than %d dimensions", i, GN_MAX_DIMS);
+    int64_t shape[GN_MAX_DIMS];
+    int d = 0;
+    for (const gj_node *ax = gj_first(&L->doc, axes); ax; ax = gj_next(&L->doc, ax), d++) {
+      axis_entry *e = find_axis(L, ax);
+      if (!e) return INVALID("op %d: an axis that graph.axes does not define", i);
+      shape[d] = e->length;
+    }
+    op->out[o].dtype = (gn_dtype)t;
+    char where[32];
+    snprintf(where, sizeof where, "op %d", i);
+    if (set_shape(L, &op->out[o], d, shape, where)) return L->e->status;
+  }
+  op->n_args = args->count;
+  int k = 0;
+  for (const gj_node *r = gj_first(&L->doc, args); r; r = gj_next(&L->doc, r), k++) {
+    const gj_node *ro = gj_at(&L->doc, r, 0), *ri = gj_at(&L->doc, r, 1);
+    if (r->type != GJ_ARRAY || r->count != 2 || ro->type != GJ_NUMBER || !ro->is_int ||
+        ri->type != GJ_NUMBER || !ri->is_int || ro->ival < 0 || ro->ival >= i || ri->ival < 0 ||
+        ri->ival >= L->b->ops[ro->ival].n_out)
+      return INVALID("op %d: arg %d does not refer to an output of an earlier op", i, k);
+    op->arg_op[k] = (int32_t)ro->ival;
+    op->arg_out[k] = (int32_t)ri->ival;
+  }
+  return GEON_OK;
+}
+
+/* A plan's input or output entry {"shape": [...], "dtype": "<f8"} against value v. */
+static int entry_matches(loader *L, const gj_node *ent, const gn_value *v) {
+  const gj_node *shape = gj_get(&L->doc, ent, "shape");
+  if (!shape || shape->type != GJ_ARRAY || shape->count != v->ndim) return 0;
+  if (dtype_of(gj_get(&L->doc, ent, "dtype"), 1) != (int)v->dtype) return 0;
+  int d = 0;
+  for (const gj_node *c = gj_first(&L->doc, shape); c; c = gj_next(&L->doc, c), d++)
+    if (c->type != GJ_NUMBER || !c->is_int || c->ival != v->shape[d]) return 0;
+  return 1;
+}
+
+/* The results: n_out outputs [op, index], n_in placeholders [op, 0], then assignments
+ * [op, null]. */
+static geon_status read_results(loader *L, const gj_node *results, const gj_node *outs, const gj_node *ins) {
+  struct geon_backend *b = L->b;
+  if (!results || results->type != GJ_ARRAY || results->count < outs->count + ins->count)
+    return INVALID("graph.results must list the outputs, then the inputs");
+  b->n_outputs = outs->count;
+  b->n_inputs = ins->count;
+  b->output_op = calloc((size_t)b->n_outputs + 1, sizeof(int32_t));
+  b->output_out = calloc((size_t)b->n_outputs + 1, sizeof(int32_t));
+  b->input_op = calloc((size_t)b->n_inputs + 1, sizeof(int32_t));
+  if (!b->output_op || !b->output_out || !b->input_op) return gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "out of memory");
+  int32_t k = 0;
+  const gj_node *out_ent = gj_first(&L->doc, outs), *in_ent = gj_first(&L->doc, ins);
+  for (const gj_node *r = gj_first(&L->doc, results); r; r = gj_next(&L->doc, r), k++) {
+    const gj_node *ro = gj_at(&L->doc, r, 0), *ri = gj_at(&L->doc, r, 1);
+    if (r->type != GJ_ARRAY || r->count != 2 || ro->type != GJ_NUMBER || !ro->is_int ||
+        ro->ival < 0 || ro->ival >= b->n_ops)
+      return INVALID("result %d does not refer to an op", k);
+    gn_op *op = &b->ops[ro->ival];
+    if (k >= b->n_outputs + b->n_inputs) {
+      if (ri->type != GJ_NULL || op->kind != OP_ASSIGN) return INVALID("result %d: after the inputs come assignments", k);
+      continue;
+    }
+    if (ri->type != GJ_NUMBER || !ri->is_int || ri->ival < 0 || ri->ival >= op->n_out)
+      return INVALID("result %d does not refer to an output of its op", k);
+    const gn_value *v = &op->out[ri->ival];
+    if (k < b->n_outputs) {
+      if (!entry_matches(L, out_ent, v)) return INVALID("output %d: its shape or dtype is not its op's", k);
+      b->output_op[k] = (int32_t)ro->ival;
+      b->output_out[k] = (int32_t)ri->ival;
+      out_ent = gj_next(&L->doc, out_ent);
+    } else {
+      int32_t j = k - b->n_outputs;
+      if (op->kind != OP_PLACEHOLDER || op->input_index >= 0) return INVALID("input %d is not a placeholder of its own", j);
+      if (!entry_matches(L, in_ent, v)) return INVALID("input %d: its shape or dtype is not its placeholder's", j);
+      op->input_index = j;
+      b->input_op[j] = (int32_t)ro->ival;
+      in_ent = gj_next(&L->doc, in_ent);
+    }
+  }
+  for (int32_t i = 0; i < b->n_ops; i++)
+    if (b->ops[i].kind == OP_PLACEHOLDER && b->ops[i].input_index < 0)
+      return INVALID("op %d: a placeholder that is not an input", i);
+  return GEON_OK;
+}
+
+static geon_status load(loader *L, const gj_node *root) {
+  struct geon_backend *b = L->b;
+  if (!root || root->type != GJ_OBJECT || !gj_is(gj_get(&L->doc, root, "format"), "geon-plan"))
+    return INVALID("not a geon plan (format \"geon-plan\")");
+  const gj_node *ver = gj_get(&L->doc, root, "version");
+  if (!ver || ver->type != GJ_NUMBER || !ver->is_int || ver->ival != 1)
+    return INVALID("this runtime reads plan version 1");
+  const gj_node *graph = gj_get(&L->doc, root, "graph"), *outs = gj_get(&L->doc, root, "outputs"),
+                *ins = gj_get(&L->doc, root, "inputs");
+  if (!graph || graph->type != GJ_OBJECT || !outs || outs->type != GJ_ARRAY || !ins || ins->type != GJ_ARRAY)
+    return INVALID("a plan needs graph, inputs and outputs");
+  const gj_node *gv = gj_get(&L->doc, graph, "version"), *ops = gj_get(&L->doc, graph, "ops");
+  if (!gj_is(gj_get(&L->doc, graph, "format"), "geon-graph") || !gv || !gv->is_int || gv->ival != 2)
+    return INVALID("the plan's graph must be format geon-graph version 2");
+  if (!ops || ops->type != GJ_ARRAY) return INVALID("graph.ops must be a list");
+  if (read_axes(L, gj_get(&L->doc, graph, "axes"))) return L->e->status;
+  b->ops = calloc((size_t)ops->count + 1, sizeof(gn_op));
+  if (!b->ops) return gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "out of memory");
+  b->n_ops = ops->count;
+  char unknown[512] = "";
+  int32_t i = 0;
+  for (const gj_node *rec = gj_first(&L->doc, ops); rec; rec = gj_next(&L->doc, rec), i++) {
+    b->ops[i].input_index = -1;
+    if (read_record(L, i, rec, unknown, sizeof unknown)) return L->e->status;
+  }
+  if (*unknown) return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "unsupported ops: %s", unknown);
+  i = 0;
+  for (const gj_node *rec = gj_first(&L->doc, ops); rec; rec = gj_next(&L->doc, rec), i++)
+    if (check_op(L, i, rec)) return L->e->status;
+  if (read_results(L, gj_get(&L->doc, graph, "results"), outs, ins)) return L->e->status;
+  if (!(b->scratch = alloc_bytes(L, b->scratch_bytes))) return L->e->status;
+  return GEON_OK;
+}
+
+geon_status gn_load_plan(const char *text, size_t len, struct geon_backend *b, gn_error *e) {
+  loader L;
+  memset(&L, 0, sizeof L);
+  L.e = e;
+  L.b = b;
+  char msg[256];
+  int rc = gj_parse(text, len, &L.doc, msg, sizeof msg);
+  if (rc == -2) gn_fail(e, GEON_ERR_OUT_OF_MEMORY, "out of memory reading the plan");
+  else if (rc) gn_fail(e, GEON_ERR_INVALID_PLAN, "%s", msg);
+  else load(&L, L.doc.nodes);
+  gj_free(&L.doc);
+  free(L.axes);
+  return e->status;
+}
+
+void gn_free_plan(struct geon_backend *b) {
+  for (int32_t i = 0; b->ops && i < b->n_ops; i++) {
+    free(b->ops[i].buffer[0]);
+    free(b->ops[i].buffer[1]);
+  }
+  free(b->ops);
+  free(b->input_op);
+  free(b->output_op);
+  free(b->output_out);
+  free(b->scratch);
+}

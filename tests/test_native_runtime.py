@@ -1,0 +1,198 @@
+"""geon's native runtime (native/, libgeon_native) against the "numpy" backend: plans
+of elementwise chains, views, reductions, products and an MLP training step, and
+hostile documents that must give an error code, never a crash (also run against a
+build with -fsanitize=address,undefined when the ASan runtime can be preloaded)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers import backends as bk
+from geon.transformers import native
+from geon.transformers.native.build import build_runtime
+
+CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+MISSING = [t for t, p in (("cmake", shutil.which("cmake")), ("a C compiler", CC)) if not p]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"building the native runtime needs "
+                                                      f"{' and '.join(MISSING)}")
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+@pytest.fixture(scope="session")
+def runtime(tmp_path_factory):
+    return native.load_backend(build_runtime(str(tmp_path_factory.mktemp("rt"))))
+
+
+def _same(doc, feeds, rt, steps=1, dtype=np.float64):
+    ref, got = bk.backend("numpy").load(doc), rt.load(doc)
+    for _ in range(steps):
+        for r, g in zip(ref.run(*feeds), got.run(*feeds)):
+            assert g.shape == r.shape and g.dtype == r.dtype
+            scale = max(1.0, float(np.max(np.abs(r)))) if r.size else 1.0
+            np.testing.assert_allclose(g, r, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_elementwise_chains_views_and_reductions(runtime, dtype):
+    A, B, C = be.Axis(5, "RtA"), be.Axis(6, "RtB"), be.Axis(4, "RtC")
+    x = be.placeholder([A, B], dtype=dtype)
+    v = be.placeholder([B], dtype=dtype)
+    y = be.slice_along_axis(be.slice_along_axis(x, A, slice(1, 4)), B, slice(None, None, 2))
+    z = be.exp(y) * 2.0
+    outs = [be.tanh(x + v) / (1.0 + be.square(v)), be.sum(z, out_axes=[y.axes[1]]),
+            be.max(x, reduction_axes=[A]), be.min(x * v, reduction_axes=[B]),
+            be.sigmoid(x) ** 2.0, be.maximum(x, 0.25) - be.minimum(v, 0.0),
+            be.sqrt(be.absolute(x)) + be.reciprocal(1.5 + be.square(x)), be.log(1.0 + be.exp(v)),
+            be.slice_along_axis(x, A, 2), be.greater(x, v) * x, be.negative(be.prod(
+                be.slice_along_axis(x, B, slice(0, 3)), reduction_axes=[A])),
+            be.argmax(x, reduction_axes=[B])]
+    rng = np.random.default_rng(1)
+    _same(bk.plan(outs, x, v), [rng.normal(size=(5, 6)).astype(dtype),
+                                rng.normal(size=6).astype(dtype)], runtime, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gemm_2d_batched_and_transposed(runtime, dtype):
+    N, K, M, Bt = be.Axis(3, "RtN"), be.Axis(5, "RtK"), be.Axis(4, "RtM"), be.Axis(2, "RtBt")
+    a = be.placeholder([N, K], dtype=dtype)
+    b = be.placeholder([M, K], dtype=dtype)
+    c = be.placeholder([Bt, N, K], dtype=dtype)
+    d = be.placeholder([Bt, K, M], dtype=dtype)
+    outs = [be.dot(a, b), be.dot(b, a), be.dot(c, d), be.dot(c, b)]
+    rng = np.random.default_rng(2)
+    feeds = [rng.normal(size=s).astype(dtype) for s in [(3, 5), (4, 5), (2, 3, 5), (2, 5, 4)]]
+    doc = bk.plan(outs, a, b, c, d)
+    assert "Gemm" in {r["op"] for r in json.loads(doc)["graph"]["ops"]}
+    _same(doc, feeds, runtime, dtype=dtype)
+
+
+def _mlp(dtype, n=8, f=6, h=5, y=4, lr=0.1):
+    N, F, H, Y = (be.Axis(k, f"Rt{s}") for k, s in ((n, "N"), (f, "F"), (h, "H"), (y, "Y")))
+    x = be.placeholder([N, F], dtype=dtype, name="x")
+    t = be.placeholder([N], dtype=np.int64, name="t")
+    rng = np.random.default_rng(0)
+    W1 = be.Variable(axes=[H, F], initial_value=rng.normal(size=(h, f)) * 0.3, dtype=dtype)
+    b1 = be.Variable(axes=[H], initial_value=0.0, dtype=dtype)
+    W2 = be.Variable(axes=[Y, H], initial_value=rng.normal(size=(y, h)) * 0.3, dtype=dtype)
+    b2 = be.Variable(axes=[Y], initial_value=0.0, dtype=dtype)
+    out = be.dot(W2, be.tanh(be.dot(W1, x) + b1)) + b2
+    nll = -be.sum(be.log_softmax(out, Y) * be.one_hot(t, Y), reduction_axes=Y)
+    loss = be.mean(nll, out_axes=())
+    ups = [be.SetItem(w, w - lr * be.deriv(loss, w)) for w in (W1, b1, W2, b2)]
+    return bk.plan([loss, out] + ups, x, t), rng.normal(size=(n, f)).astype(dtype), \
+        rng.integers(0, y, size=n)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_an_mlp_trains_in_place(runtime, dtype):
+    doc, X, T = _mlp(dtype)
+    assert "Assign" in {r["op"] for r in json.loads(doc)["graph"]["ops"]}
+    _same(doc, [X, T], runtime, steps=5, dtype=dtype)
+    ex = runtime.load(doc)
+    losses = [float(ex.run(X, T)[0]) for _ in range(5)]
+    assert losses == sorted(losses, reverse=True)    # the Variables are the instance's
+
+
+# --- hostile plans --------------------------------------------------------------------
+
+def _raw_create(rt, data):
+    """geon_backend_create straight on bytes (the adapter checks documents in Python
+    first): (status, message)."""
+    import ctypes
+    handle, err = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    status = rt.lib.geon_backend_create(data, len(data), ctypes.byref(handle), err, 4096)
+    if handle:
+        rt.lib.geon_backend_destroy(handle)
+    return status, err.value.decode()
+
+
+def hostile_cases():
+    """(name, document bytes, expected status)."""
+    doc, _, _ = _mlp(np.float64)
+    plan = json.loads(doc)
+    ops = plan["graph"]["ops"]
+
+    def edit(fn):
+        p = json.loads(doc)
+        fn(p)
+        return json.dumps(p).encode()
+
+    def set_op(i, **kw):
+        return lambda p: p["graph"]["ops"][i].update(kw)
+    first_gemm = next(i for i, r in enumerate(ops) if r["op"] == "Gemm")
+    cases = [("empty", b"", 1), ("truncated", doc.encode()[: len(doc) // 2], 1),
+             ("not an object", b"[1, 2]", 1), ("trailing comma", b'{"a": 1,}', 1),
+             ("nan", b'{"format": NaN}', 1), ("bad utf8", b'{"format": "\xff"}', 1),
+             ("control char", b'{"format": "a\x01"}', 1),
+             ("deep", b"[" * 100000 + b"]" * 100000, 1),
+             ("deep objects", b'{"a":' * 5000 + b"1" + b"}" * 5000, 1),
+             ("format", edit(lambda p: p.update(format="other")), 1),
+             ("version", edit(lambda p: p.update(version=2)), 1),
+             ("version type", edit(lambda p: p.update(version="1")), 1),
+             ("ops type", edit(lambda p: p["graph"].update(ops={})), 1),
+             ("unknown op", edit(set_op(first_gemm, op="Conv")), 2),
+             ("dangling arg", edit(set_op(first_gemm, args=[[10 ** 6, 0], [0, 0]])), 1),
+             ("forward arg", edit(set_op(first_gemm, args=[[first_gemm, 0], [0, 0]])), 1),
+             ("negative arg", edit(set_op(first_gemm, args=[[-1, 0], [0, 0]])), 1),
+             ("arg index", edit(set_op(first_gemm, args=[[0, 5], [0, 0]])), 1),
+             ("arg type", edit(set_op(first_gemm, args=[["0", 0], [0, 0]])), 1),
+             ("huge shape", edit(lambda p: p["graph"]["axes"].update(
+                 {k: {"length": 2 ** 62} for k in p["graph"]["axes"] if "parts" not in
+                  p["graph"]["axes"][k]})), 1),
+             ("big buffers", edit(lambda p: p["graph"]["axes"].update(
+                 {k: {"length": 2 ** 19} for k in p["graph"]["axes"] if "parts" not in
+                  p["graph"]["axes"][k]})), 1),
+             ("unknown axis", edit(lambda p: p["graph"].update(axes={})), 1),
+             ("unknown dtype", edit(lambda p: ops and p["graph"]["ops"][first_gemm][
+                 "outputs"][0].update(dtype="complex64")), 2),
+             ("wrong dtype type", edit(lambda p: p["graph"]["ops"][first_gemm][
+                 "outputs"][0].update(dtype=7)), 1),
+             ("bad base64", doc.replace('"data":"', '"data":"!!!!').encode(), 1),
+             ("bad results", edit(lambda p: p["graph"].update(results=[[0]])), 1),
+             ("wrong output shape", edit(lambda p: p["outputs"][0].update(shape=[3])), 1),
+             ("ids", edit(set_op(0, id=5)), 1)]
+    return cases
+
+
+@pytest.mark.parametrize("name,data,status", hostile_cases(), ids=[c[0] for c in hostile_cases()])
+def test_hostile_plans_are_refused(runtime, name, data, status):
+    got, message = _raw_create(runtime, data)
+    assert got == status, message
+    assert message
+
+
+def test_unsupported_ops_are_listed_through_the_adapter(runtime):
+    x = be.placeholder([be.Axis(3, "RtS"), be.Axis(4, "RtT")], dtype=np.float64)
+    with pytest.raises(native.NativeBackendError, match="unsupported ops: PrefixSum") as e:
+        runtime.load(bk.plan(be.cumsum(x, axis=x.axes[1]), x))
+    assert e.value.status == 2
+
+
+def test_hostile_plans_under_asan(tmp_path):
+    """The hostile plans against a -fsanitize=address,undefined build, in a subprocess
+    with the ASan runtime preloaded."""
+    gcc = shutil.which("gcc")
+    asan = gcc and subprocess.run([gcc, "-print-file-name=libasan.so"], capture_output=True,
+                                  text=True).stdout.strip()
+    if not asan or not os.path.isabs(asan):
+        pytest.skip("no libasan.so to preload")
+    lib = build_runtime(str(tmp_path / "asan"), sanitize=True)
+    script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+              "import test_native_runtime as t\nfrom geon.transformers import native\n"
+              f"rt = native.load_backend({lib!r})\nbad = 0\n"
+              "for name, data, status in t.hostile_cases():\n"
+              "    got, msg = t._raw_create(rt, data)\n"
+              "    if got != status: print('FAIL', name, got, msg); bad += 1\n"
+              "print('checked', len(t.hostile_cases()))\nsys.exit(1 if bad else 0)\n")
+    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert "checked" in done.stdout
