@@ -33,11 +33,12 @@ def verify_memory_plans():
 @pytest.fixture(autouse=True)
 def declared_primitives_restored():
     """A primitive a test declares (a new op's class with ``@primitive``) joins the
-    standard base set only for that test."""
+    standard base set only for that test (geon's own modules imported meanwhile keep
+    theirs)."""
     from geon.op_graph import tables
     saved = list(tables._PRIMITIVES)
     yield
-    tables._PRIMITIVES[:] = saved
+    tables.restore_primitives(saved)
 
 
 @pytest.fixture(autouse=True)

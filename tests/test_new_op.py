@@ -68,8 +68,8 @@ def ops():
     yield ops
     for table, cls, _ in entries:
         del table[cls]
-    tables._PRIMITIVES[:] = [c for c in tables._PRIMITIVES
-                             if c not in (ops.Softsign, ops.LeCunTanh)]
+    tables.restore_primitives([c for c in tables._PRIMITIVES
+                               if c not in (ops.Softsign, ops.LeCunTanh)])
 
 
 def expected(x, alpha=1.5, beta=0.5):
@@ -91,6 +91,19 @@ def test_the_declared_ops_join_every_base_set(ops):
         assert cls in STANDARD_BASE_SET
         assert cls in be.NumPyTransformer.base_set
         assert cls in CudaCodegenTransformer().base_set
+
+
+def test_base_sets_follow_every_change_of_the_declarations():
+    # declare, read, restore, declare again (one class twice): never a stale set
+    saved = list(tables._PRIMITIVES)
+    A = tables.primitive(type("StaleA", (be.Op,), {}))
+    B = tables.primitive(type("StaleB", (be.Op,), {}))
+    assert {A, B} <= STANDARD_BASE_SET and B in be.NumPyTransformer.base_set
+    tables.restore_primitives(saved)
+    C = tables.primitive(type("StaleC", (be.Op,), {}))
+    tables.primitive(B)
+    assert A not in STANDARD_BASE_SET and {B, C} <= STANDARD_BASE_SET
+    assert A not in be.NumPyTransformer.base_set and C in be.NumPyTransformer.base_set
 
 
 def test_cse_printing_cloning_and_json_follow_the_attrs(ops):

@@ -66,8 +66,10 @@ ELEMENTWISE_FUNCS = OpTable("ELEMENTWISE_FUNCS", "fn(*arrays) -> array")
 NP_UFUNCS = OpTable("NP_UFUNCS", "a numpy.ufunc")
 
 
-#: The classes declared with :func:`primitive`, in the order of their declaration.
+#: The classes declared with :func:`primitive`, in the order of their declaration, and
+#: how many times that list has changed.
 _PRIMITIVES: list = []
+_CHANGES = [0]
 
 
 def primitive(cls: type) -> type:
@@ -78,7 +80,18 @@ def primitive(cls: type) -> type:
     joins their base sets too: they read :func:`declared_primitives` when asked."""
     cls.primitive_class = cls  # type: ignore[attr-defined]
     _PRIMITIVES.append(cls)
+    _CHANGES[0] += 1
     return cls
+
+
+def restore_primitives(saved: list) -> None:
+    """Make the declared primitives ``saved`` (an earlier ``list(_PRIMITIVES)``) again,
+    keeping those declared since by geon's own modules (a module imported meanwhile is
+    not imported twice, so its classes would not be declared again): for tests that
+    declare primitives of their own."""
+    kept = [c for c in _PRIMITIVES if c not in saved and c.__module__.startswith("geon.")]
+    _PRIMITIVES[:] = list(saved) + kept
+    _CHANGES[0] += 1
 
 
 def declared_primitives(root: type = object) -> list:
@@ -87,7 +100,7 @@ def declared_primitives(root: type = object) -> list:
     return [c for c in _PRIMITIVES if issubclass(c, root)]
 
 
-def primitives_version() -> tuple:
-    """A token that changes whenever a class is declared with :func:`primitive` (a base
-    set computed from the declarations is up to date while it does not change)."""
-    return len(_PRIMITIVES), _PRIMITIVES[-1] if _PRIMITIVES else None
+def primitives_version() -> int:
+    """A number that changes whenever the declared primitives do (a base set computed
+    from the declarations is up to date while it does not change)."""
+    return _CHANGES[0]

@@ -22,7 +22,7 @@ class _DeclaredPrimitives(collections.abc.Set):
     declared after this module was imported is in it too. Set operations (``|``,
     ``-``, ...) give a frozenset of the members at that moment."""
 
-    _cache: tuple[tuple[Any, ...], frozenset[type]] = ((), frozenset())
+    _cache: tuple[int, frozenset[type]] = (-1, frozenset())
 
     def _members(self) -> frozenset[type]:
         n = primitives_version()
@@ -62,7 +62,7 @@ class BaseSet:
 
     def __init__(self, *extra: type) -> None:
         self.extra = frozenset(extra)
-        self._cache: tuple[tuple[Any, ...], frozenset[type]] = ((), frozenset())
+        self._cache: tuple[int, frozenset[type]] = (-1, frozenset())
 
     def __get__(self, instance: object, owner: Optional[type] = None) -> frozenset[type]:
         n = primitives_version()

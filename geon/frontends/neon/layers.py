@@ -328,19 +328,25 @@ class BatchNorm(Layer):
 
 
 class _RecurrentBase(Layer):
-    """Shared unrolling over the input's recurrent axis.
+    """Shared time loop over the input's recurrent axis.
 
     ``nout`` is the hidden axis (or its length). The result has the hidden axis, the
     recurrent axis T (every step's state, ``return_sequence=True``, the default) or
     not (the last state only), and the batch axes. The initial state is zero.
+
+    The loop is one :func:`geon.scan` over T whose body is one copy of the cell,
+    whatever the sequence's length; ``unroll=True`` builds one copy of the cell per
+    step instead (the graph grows with the sequence; the values are the same).
     """
 
     gates = 1
+    #: The number of states the cell carries (the output first).
+    states = 1
 
     def __init__(self, nout: AxisOrLength, activation: ActivationLike = "tanh",
                  init: Optional[Init] = None, recurrent_init: Optional[Init] = None,
-                 return_sequence: bool = True, name: Optional[str] = None,
-                 dtype: og.DTypeLike = np.float32) -> None:
+                 return_sequence: bool = True, unroll: bool = False,
+                 name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         _check_nout(nout, public_name(type(self)))
         self.nout = nout
@@ -348,6 +354,7 @@ class _RecurrentBase(Layer):
         self.init = init or GlorotUniform()
         self.recurrent_init = recurrent_init or GlorotUniform()
         self.return_sequence = return_sequence
+        self.unroll = bool(unroll)
         self.out_axis: Optional[Axis] = None
 
     def _setup(self, x: og.TensorOp) -> tuple[Axis, og.TensorOp, og.TensorOp]:
@@ -378,6 +385,27 @@ class _RecurrentBase(Layer):
     def forward(self, x: og.TensorOp, training: bool) -> og.TensorOp:
         T, W, U = self._setup(x)
         wx = self._input_part(be.dot(W, x))
+        if self.unroll:
+            return self._unrolled(T, U, wx)
+        # The state's axes: a step's input part without T (the hidden and batch axes).
+        state_axes = be.Axes(*[a for a in wx[0].axes if a.name != T.name])
+        zero = be.constant(0.0, axes=state_axes, dtype=wx[0].dtype)
+        init = (zero,) * self.states
+
+        def body(state: tuple[og.TensorOp, ...], xt: tuple[og.TensorOp, ...]) -> Any:
+            new = self.cell(list(xt), be.dot(U, self._as_prev(state[0])), state)
+            return new, new[0] if self.return_sequence else None
+        final, ys = be.scan(body, init, tuple(wx), T)
+        if not self.return_sequence:
+            out: og.TensorOp = final[0]
+            return out
+        # ys has T first; the unrolled layer's order is (hidden, T, batch...).
+        order = be.Axes(*list(ys.axes)[1:2], T, *list(ys.axes)[2:])
+        seq: og.TensorOp = be.axes_with_order(ys, order)
+        return seq
+
+    def _unrolled(self, T: Axis, U: og.TensorOp, wx: list[og.TensorOp]) -> og.TensorOp:
+        """One copy of the cell per step (``unroll=True``)."""
         state: Optional[tuple[og.TensorOp, ...]] = None
         outs = []
         steps = T.length
@@ -394,6 +422,9 @@ class _RecurrentBase(Layer):
 
     def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
              state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
+        """One step: the new states (the output first) from the input part of each gate
+        ``xt``, ``U h_{t-1}`` (``uh``) and the previous states (both None at the first
+        step of an unrolled loop, whose states start at zero)."""
         raise NotImplementedError
 
     def _input_part(self, wx: og.TensorOp) -> list[og.TensorOp]:
@@ -404,11 +435,13 @@ class Recurrent(_RecurrentBase):
     """An Elman RNN: ``h_t = activation(W x_t + U h_{t-1} + b)`` (PyTorch's ``nn.RNN``
     with one bias)."""
 
+    def _input_part(self, wx: og.TensorOp) -> list[og.TensorOp]:
+        # the bias is added once, to every step's input part
+        return [wx + self.variable("b", (self.hidden_axis,), Constant(0.0))]
+
     def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
              state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
-        b = self.variable("b", (self.hidden_axis,), Constant(0.0))
-        pre = xt[0] + b if uh is None else xt[0] + uh + b
-        return (self.activation(pre),)
+        return (self.activation(xt[0] if uh is None else xt[0] + uh),)
 
 
 class LSTM(_RecurrentBase):
@@ -419,12 +452,15 @@ class LSTM(_RecurrentBase):
     output; the gates use the sigmoid."""
 
     gates = 4
+    states = 2
+
+    def _input_part(self, wx: og.TensorOp) -> list[og.TensorOp]:
+        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
+        return super()._input_part(wx + b)   # the bias once, for every step
 
     def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
              state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
-        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
-        pre = [xt[k] + self._gate(b, k) if uh is None else
-               xt[k] + self._gate(b, k) + self._gate(uh, k) for k in range(4)]
+        pre = [xt[k] if uh is None else xt[k] + self._gate(uh, k) for k in range(4)]
         i, f, o = be.sigmoid(pre[0]), be.sigmoid(pre[1]), be.sigmoid(pre[3])
         g = self.activation(pre[2])
         c = i * g if state is None else f * state[1] + i * g
@@ -438,15 +474,19 @@ class GRU(_RecurrentBase):
 
     gates = 3
 
+    def _input_part(self, wx: og.TensorOp) -> list[og.TensorOp]:
+        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
+        self.variable("bh", (self.gate_axis, self.hidden_axis), Constant(0.0))
+        return super()._input_part(wx + b)   # the input bias once, for every step
+
     def cell(self, xt: list[og.TensorOp], uh: Optional[og.TensorOp],
              state: Optional[tuple[og.TensorOp, ...]]) -> tuple[og.TensorOp, ...]:
-        b = self.variable("b", (self.gate_axis, self.hidden_axis), Constant(0.0))
         bh = self.variable("bh", (self.gate_axis, self.hidden_axis), Constant(0.0))
-        hpart = [self._gate(bh, k) if uh is None else self._gate(uh, k) + self._gate(bh, k)
-                 for k in range(3)]
-        r = be.sigmoid(xt[0] + self._gate(b, 0) + hpart[0])
-        z = be.sigmoid(xt[1] + self._gate(b, 1) + hpart[1])
-        n = self.activation(xt[2] + self._gate(b, 2) + r * hpart[2])
+        hp = bh if uh is None else uh + bh       # all gates' recurrent parts at once
+        hpart = [self._gate(hp, k) for k in range(3)]
+        r = be.sigmoid(xt[0] + hpart[0])
+        z = be.sigmoid(xt[1] + hpart[1])
+        n = self.activation(xt[2] + r * hpart[2])
         h = (1 - z) * n if state is None else (1 - z) * n + z * state[0]
         return (h,)
 

@@ -359,7 +359,7 @@ class CudaCodegenTransformer(Transformer):
     name = "cuda-codegen"
     computation_class = CudaComputation
     backend_steps = ("memory", "fusion")
-    _required = Transformer._required | {"views"}
+    _required = Transformer._required | {"views", "unroll"}
 
     def __init__(self, *args, check_numerics=False, **kwargs):
         self.check_numerics = bool(check_numerics)
@@ -370,9 +370,12 @@ class CudaCodegenTransformer(Transformer):
         strides: the GPU has no implicit copies) before ``alias``, which needs the
         final graph."""
         from geon.transformers.gpu.passes import ContiguousReshapes
+        from geon.transformers.passes.unroll import UnrollScans
         ps = super().passes()
         at = [p.name for p in ps].index("alias")
-        return ps[:at] + [ContiguousReshapes()] + ps[at:]
+        # no loop primitive here: scans are unrolled first, so that the copies of
+        # their bodies go through every pass
+        return [UnrollScans()] + ps[:at] + [ContiguousReshapes()] + ps[at:]
 
     @property
     def base_set(self):

@@ -34,9 +34,9 @@ class VerifyBaseSet(Pass):
     name = "verify"
 
     def run(self, graph, transformer):
-        in_base = {}
+        in_base, base_set = {}, transformer.base_set   # (a property may compute it)
         for op in graph.ops():
-            why = unlowered(op, transformer.base_set, in_base)
+            why = unlowered(op, base_set, in_base)
             if why is not None:
                 raise LoweringError(
                     f"{transformer.name} transformer cannot run {op.name} "

@@ -15,5 +15,6 @@ except ImportError as e:  # pragma: no cover - exercised where torch is absent
                             "pip install -e '.[torch]')") from e
 
 from geon.transformers.torch.export import TORCH_OPS, TorchComputation, to_torch  # noqa: E402
+from geon.transformers.torch import control as _control  # noqa: E402,F401 (its rules)
 
 __all__ = ["TORCH_OPS", "TorchComputation", "to_torch"]

@@ -1,4 +1,11 @@
-"""Recurrent layers (RNN, GRU, LSTM), unrolled over the static sequence length."""
+"""Recurrent layers (RNN, GRU, LSTM), each direction one :func:`geon.scan` over the
+sequence axis.
+
+The tensors are of the NumPy family: the input ``(seq, batch, 4H)`` has the positional
+axes ``(-3, -2, -1)``, and scanning over its first axis ``-3`` gives the body steps of
+axes ``(-2, -1)``, themselves a NumPy-family ``(batch, 4H)`` tensor; so the body is
+written with ``geon.np`` as a step of the loop would be, and the stacked outputs
+``(seq, batch, H)`` are NumPy-family tensors again."""
 
 import numpy as np
 
@@ -8,7 +15,7 @@ from geon.frontends.onnx.builders.base import _float, _same, onnx_op
 gnp = be.np
 
 
-# --- recurrent layers (unrolled over the static sequence length) ---------------------------
+# --- recurrent layers (one scan per direction) --------------------------------------------
 
 _ACTS = {"Sigmoid": be.sigmoid, "Tanh": gnp.tanh, "Relu": gnp.relu}
 
@@ -42,10 +49,9 @@ def _rnn_common(ctx, gates, defaults):
 
 
 def _rnn_outputs(ctx, per_dir, layout, extra_count):
-    """Y (seq, dirs, batch, hidden) and the last states, from each direction's list of
-    states per step (in time order) and its last extra states."""
-    ys = [gnp.stack(steps, 0) for steps, _ in per_dir]          # (seq, batch, H)
-    y = gnp.stack(ys, 1)                                         # (seq, dirs, batch, H)
+    """Y (seq, dirs, batch, hidden) and the last states, from each direction's stacked
+    states ``(seq, batch, H)`` (in time order) and its last extra states."""
+    y = gnp.stack([ys for ys, _ in per_dir], 1)                  # (seq, dirs, batch, H)
     outs = []
     if layout:
         y = gnp.transpose(y, (2, 0, 1, 3))
@@ -65,6 +71,17 @@ def _initial(ctx, i, d, layout, batch, hidden, dtype):
     return s[:, d] if layout else s[d]
 
 
+def _loop(step, init, xw, reverse):
+    """``(ys, final carries)``: ``step(carries, xw_t) -> new carries`` (the first one
+    the output ``h``) scanned over the first axis of ``xw`` (seq, batch, nH); ``ys`` is
+    every step's ``h`` stacked, in time order."""
+    def body(carries, xt):
+        new = step(carries, xt)
+        return new, new[0]
+    final, ys = be.scan(body, tuple(init), xw, xw.axes[0], reverse=reverse)
+    return ys, final
+
+
 @onnx_op("LSTM", 7)
 def _lstm(ctx):
     hidden, direction, dirs, acts, layout, x, seq, batch = _rnn_common(
@@ -80,15 +97,15 @@ def _lstm(ctx):
         b = ctx.tensor(3)[d] if ctx.has(3) else None
         bias = b[:4 * hidden] + b[4 * hidden:] if b is not None else None
         P = ctx.tensor(7)[d] if ctx.has(7) else None
-        h = _initial(ctx, 5, d, layout, batch, hidden, dtype)
-        c = _initial(ctx, 6, d, layout, batch, hidden, dtype)
-        reverse = direction == "reverse" or d == 1
-        steps = [None] * seq
+        h0 = _initial(ctx, 5, d, layout, batch, hidden, dtype)
+        c0 = _initial(ctx, 6, d, layout, batch, hidden, dtype)
         xw = gnp.matmul(x, Wt)                                 # (seq, batch, 4H)
         if bias is not None:  # once for every step, not once per step
             xw = xw + bias
-        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
-            z = xw[t] + gnp.matmul(h, Rt)
+
+        def step(hc, xt, f_act=f_act, g_act=g_act, h_act=h_act, Rt=Rt, P=P):
+            h, c = hc
+            z = xt + gnp.matmul(h, Rt)
             i_, o_, f_, g_ = (z[:, k * hidden:(k + 1) * hidden] for k in range(4))
             if P is None:
                 # i, o and f are the first 3H columns, all with f_act: one op per step
@@ -101,9 +118,8 @@ def _lstm(ctx):
             c = f_ * c + i_ * g_act(g_)
             if P is not None:
                 o_ = f_act(o_ + P[hidden:2 * hidden] * c)
-            h = o_ * h_act(c)
-            steps[t] = h
-        per_dir.append((steps, (h, c)))
+            return o_ * h_act(c), c
+        per_dir.append(_loop(step, (h0, c0), xw, direction == "reverse" or d == 1))
     return _rnn_outputs(ctx, per_dir, layout, 2)
 
 
@@ -119,30 +135,27 @@ def _gru(ctx):
         f_act, g_act = (_ACTS[a] for a in acts[2 * d:2 * d + 2])
         Wt, Rt = gnp.transpose(W[d]), gnp.transpose(R[d])     # (I, 3H), (H, 3H)
         b = ctx.tensor(3)[d] if ctx.has(3) else None
-        h = _initial(ctx, 5, d, layout, batch, hidden, dtype)
-        reverse = direction == "reverse" or d == 1
-        steps = [None] * seq
+        h0 = _initial(ctx, 5, d, layout, batch, hidden, dtype)
         xw = gnp.matmul(x, Wt)
         if b is not None:
             xw = xw + b[:3 * hidden]
+        Rz, Rr, Rh = (Rt[:, k * hidden:(k + 1) * hidden] for k in range(3))
+        rb = [b[3 * hidden + k * hidden:3 * hidden + (k + 1) * hidden]
+              for k in range(3)] if b is not None else [0.0, 0.0, 0.0]
 
-        def part(v, k):
-            return v[..., k * hidden:(k + 1) * hidden]
+        def step(hs, xt, f_act=f_act, g_act=g_act, Rz=Rz, Rr=Rr, Rh=Rh, rb=rb):
+            h, = hs
 
-        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
-            xt = xw[t]
-            Rz, Rr, Rh = (Rt[:, k * hidden:(k + 1) * hidden] for k in range(3))
-            rb = [b[3 * hidden + k * hidden:3 * hidden + (k + 1) * hidden]
-                  for k in range(3)] if b is not None else [0.0, 0.0, 0.0]
+            def part(v, k):
+                return v[..., k * hidden:(k + 1) * hidden]
             z = f_act(part(xt, 0) + gnp.matmul(h, Rz) + rb[0])
             r = f_act(part(xt, 1) + gnp.matmul(h, Rr) + rb[1])
             if lbr:
                 n = g_act(part(xt, 2) + r * (gnp.matmul(h, Rh) + rb[2]))
             else:
                 n = g_act(part(xt, 2) + gnp.matmul(r * h, Rh) + rb[2])
-            h = (1.0 - z) * n + z * h
-            steps[t] = h
-        per_dir.append((steps, (h,)))
+            return ((1.0 - z) * n + z * h,)
+        per_dir.append(_loop(step, (h0,), xw, direction == "reverse" or d == 1))
     return _rnn_outputs(ctx, per_dir, layout, 1)
 
 
@@ -160,11 +173,9 @@ def _rnn(ctx):
         if ctx.has(3):
             b = ctx.tensor(3)[d]
             xw = xw + (b[:hidden] + b[hidden:])
-        h = _initial(ctx, 5, d, layout, batch, hidden, x.dtype)
-        reverse = direction == "reverse" or d == 1
-        steps = [None] * seq
-        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
-            h = act(xw[t] + gnp.matmul(h, Rt))
-            steps[t] = h
-        per_dir.append((steps, (h,)))
+        h0 = _initial(ctx, 5, d, layout, batch, hidden, x.dtype)
+
+        def step(hs, xt, act=act, Rt=Rt):
+            return (act(xt + gnp.matmul(hs[0], Rt)),)
+        per_dir.append(_loop(step, (h0,), xw, direction == "reverse" or d == 1))
     return _rnn_outputs(ctx, per_dir, layout, 1)
