@@ -101,7 +101,7 @@ def test_grouped_conv_float64(case, path):
     B, C, K, G, S, R, st, pads, dil = case
     x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
     assert dk.usable(x, w, dy, pads)
-    assert (nc._direct(x, w, dy, C // G, pads, True) is None) == (
+    assert (nc._direct(x, w, dy, C // G, R, pads, True) is None) == (
         path == "numpy" or C // G > dk.MAX_GROUP_CHANNELS)
     _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
 
@@ -196,6 +196,15 @@ def test_compiled_off_runs_numpy_code(monkeypatch):
     B, C, K, G, S, R, st, pads, dil = CASES[1]
     x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
     _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+
+
+def test_long_kernels_run_im2col(path):
+    """A kernel longer than MAX_KERNEL_LENGTH (its taps would fill the C stack) runs
+    im2col, with the same values."""
+    n = dk.MAX_KERNEL_LENGTH + 1
+    x, w, dy, P = _arrays(1, 1, 1, 1, (n + 5,), (n,), (1,), ((0, 0),), (1,), np.float64)
+    assert nc._direct(x, w, dy, 1, w.shape[2:], ((0, 0),), True) is None
+    _check_primitives(x, w, dy, P, (1,), ((0, 0),), (1,), 1, 1e-12)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -2,7 +2,8 @@
 
 :data:`C_EXPRESSIONS` maps an elementwise op class to ``fn(op, t, args) -> C
 expression``: ``t`` is the C name of the type the op computes in (``float`` or
-``double``) and ``args`` are the args' C expressions, already in that type. Both
+``double`` on the compiled path; on the GPU also the integer and bool types) and
+``args`` are the args' C expressions, already in that type. Both
 backends look an op up in their own table first (``C_RULES`` of the NumPy transformer's
 compiled path, ``CUDA_CODE`` of the GPU transformer) and then here, so an op whose C is
 plain arithmetic or one call of the C maths library has one entry for both. An op whose

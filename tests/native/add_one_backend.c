@@ -1,10 +1,14 @@
 /* A backend for tests of geon's native adapter (tests/test_backends.py): it runs the
  * one plan "y = x + 1" on float64 tensors of any shape and strides, and checks what an
  * ABI user must check. Built by the tests with -I geon/transformers/native; TEST_ABI
- * overrides the version it reports, TEST_NO_RUN leaves geon_backend_run out. */
+ * overrides the version it reports, TEST_NO_RUN leaves geon_backend_run out, TEST_SLOW
+ * makes each run take a millisecond and count the runs in flight on one instance. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef TEST_SLOW
+#include <time.h>
+#endif
 
 #include "geon_backend.h"
 
@@ -14,7 +18,12 @@
 
 struct geon_backend {
   long runs;
+  int in_flight;
 };
+
+/* The most runs seen in flight at once on one instance (TEST_SLOW builds). */
+static int most_in_flight = 0;
+int test_most_in_flight(void) { return most_in_flight; }
 
 static void message(char *err, size_t err_len, const char *text) {
   if (err_len) {
@@ -65,6 +74,15 @@ geon_status geon_backend_run(geon_backend *b, const DLTensor *in, int32_t n_in,
     message(err, err_len, "expected one float64 input and output of one rank");
     return GEON_ERR_BAD_TENSOR;
   }
+#ifdef TEST_SLOW
+  int now = __atomic_add_fetch(&b->in_flight, 1, __ATOMIC_SEQ_CST);
+  if (now > __atomic_load_n(&most_in_flight, __ATOMIC_SEQ_CST)) {
+    __atomic_store_n(&most_in_flight, now, __ATOMIC_SEQ_CST);
+  }
+  struct timespec ms = {0, 1000000};
+  nanosleep(&ms, NULL);
+  __atomic_sub_fetch(&b->in_flight, 1, __ATOMIC_SEQ_CST);
+#endif
   int64_t n = 1;
   for (int32_t d = 0; d < in[0].ndim; d++) {
     if (in[0].shape[d] != out[0].shape[d]) {

@@ -5,21 +5,26 @@ compiler, and ``pip install -e .`` no build step, to load one), checks it, and r
 a :class:`~geon.transformers.backends.Backend`. The checks, each a
 :class:`NativeBackendError` naming the library:
 
-- the file and every folder above it are no one else's to change: owned by this user
-  or root, not writable by group or others (a folder may be if it has the sticky bit,
-  as /tmp does), the rule the kernel cache follows;
-- it loads, and it has every function of the ABI (a missing one is named);
+- before it is loaded: the file and every folder above it are no one else's to change:
+  owned by this user or root, not writable by group or others (a folder may be if it
+  has the sticky bit, as /tmp does), the rule the kernel cache follows (the libraries
+  it depends on are found by the system's loader, as for any library, and are not
+  checked);
+- then it loads, and it has every function of the ABI (a missing one is named);
 - ``geon_backend_abi_version()`` is this geon's :data:`ABI_VERSION`.
 
 Tensors are passed as DLPack ``DLTensor`` structs describing the NumPy arrays' own
-memory (zero-copy: data pointer, shape and strides in elements); the outputs are
-arrays geon allocates with the plan's shapes and dtypes. :func:`include_dir` is the
+memory (data pointer, shape and strides in elements; copied first only where the data
+is misaligned or a stride is not a whole number of elements); the outputs are arrays
+geon allocates with the plan's shapes and dtypes. One executable runs one call at a
+time: calls from several threads take turns. :func:`include_dir` is the
 folder holding ``geon_backend.h``.
 """
 
 import ctypes
 import os
 import stat
+import threading
 from typing import Any
 
 import numpy as np
@@ -82,8 +87,8 @@ def _describe(a: np.ndarray, keep: list) -> DLTensor:
     if a.dtype.kind not in _CODES or a.dtype.byteorder == ">":
         raise NativeBackendError(f"native backends take little-endian bool, integer or "
                                  f"float arrays, not {a.dtype}")
-    if any(s % a.itemsize for s in a.strides):
-        a = np.ascontiguousarray(a)
+    if not a.flags.aligned or any(s % a.itemsize for s in a.strides):
+        a = np.ascontiguousarray(a)   # (a copy: C reads elements at aligned addresses)
     shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
     strides = (ctypes.c_int64 * max(a.ndim, 1))(*(s // a.itemsize for s in a.strides))
     keep.extend((a, shape, strides))
@@ -154,9 +159,13 @@ def _failed(backend: NativeBackend, what: str, status: int, err: Any) -> NativeB
 
 
 class _NativeExecutable(Executable):
+    # One instance runs one call at a time (geon_backend.h): ``_lock`` is held across
+    # every call into the library on it, and across its destruction (ctypes releases
+    # the GIL during a call, so Python threads could otherwise overlap).
     def __init__(self, backend: NativeBackend, document: str) -> None:
         doc, _, _ = read_plan(document)   # checked here first: a clear error in Python
         super().__init__(doc)
+        self._lock = threading.Lock()
         self.backend, self._handle = backend, ctypes.c_void_p()
         data = document.encode("utf-8")
         err = ctypes.create_string_buffer(_ERR_LEN)
@@ -167,8 +176,6 @@ class _NativeExecutable(Executable):
             raise _failed(backend, "loading the plan", status, err)
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
-        if not self._handle:
-            raise NativeBackendError(f"{self.backend.name}: the executable was closed")
         keep: list = []
         ins = self.check_inputs(arrays)
         outs = [np.empty(shape, dtype) for shape, dtype in self.outputs]
@@ -176,20 +183,25 @@ class _NativeExecutable(Executable):
         in_t = (DLTensor * max(n_in, 1))(*[_describe(a, keep) for a in ins])
         out_t = (DLTensor * max(n_out, 1))(*[_describe(a, keep) for a in outs])
         err = ctypes.create_string_buffer(_ERR_LEN)
-        status = self.backend.lib.geon_backend_run(self._handle, in_t, n_in, out_t, n_out,
-                                                   err, _ERR_LEN)
+        with self._lock:
+            if not self._handle:
+                raise NativeBackendError(f"{self.backend.name}: the executable was closed")
+            status = self.backend.lib.geon_backend_run(self._handle, in_t, n_in, out_t,
+                                                       n_out, err, _ERR_LEN)
         if status:
             raise _failed(self.backend, "running the plan", status, err)
         return outs
 
     def close(self) -> None:
-        if self._handle:
-            self.backend.lib.geon_backend_destroy(self._handle)
-            self._handle = ctypes.c_void_p()
+        with self._lock:
+            if self._handle:
+                self.backend.lib.geon_backend_destroy(self._handle)
+                self._handle = ctypes.c_void_p()
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if getattr(self, "_lock", None) is not None:
+                self.close()
         except Exception:  # at interpreter exit the library may be gone
             pass
 

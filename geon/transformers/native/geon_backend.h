@@ -23,8 +23,13 @@
  * Thread safety:
  *  - geon_backend_abi_version, geon_backend_create and geon_backend_destroy may be
  *    called from any thread at any time (on different instances).
- *  - One instance runs one call at a time: the caller serializes geon_backend_run and
- *    the queries on the same instance. Different instances may run concurrently.
+ *  - One instance runs one call at a time: the caller serializes geon_backend_run on
+ *    the same instance (geon's adapter does). Different instances may run
+ *    concurrently.
+ *
+ * Tensors: an input's strides may be zero (a broadcast) or negative, and inputs may
+ * share memory with each other; outputs share memory with nothing. Data pointers are
+ * aligned to the element size.
  *
  * Errors: every function that can fail returns a geon_status; GEON_OK is 0. A plan the
  * backend cannot run (an op it does not implement, a dtype it lacks) is

@@ -109,11 +109,13 @@ def _pointwise(R, strides, pads, groups, *arrays):
         and all(a.dtype == arrays[0].dtype for a in arrays)
 
 
-def _direct(a, b, out, channels, pads, direct):
+def _direct(a, b, out, channels, kernel, pads, direct):
     """The direct kernels (:mod:`.conv_kernels`) where they apply to this call (few
-    input ``channels`` per group) and ``direct`` (the computation's compiled mode is not
-    off) allows them, else None."""
+    input ``channels`` per group, a ``kernel`` of at most ``MAX_KERNEL_LENGTH`` a
+    dimension) and ``direct`` (the computation's compiled mode is not off) allows them,
+    else None."""
     return dk.kernels() if direct and channels <= dk.MAX_GROUP_CHANNELS and \
+        max(kernel, default=1) <= dk.MAX_KERNEL_LENGTH and \
         dk.usable(a, b, out, pads) else None
 
 
@@ -141,7 +143,7 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, direct=True):
         # one product per image on its (C, P) view: no copy of x or of the result
         np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
         return
-    fns = _direct(x, w, out, w.shape[1], pads, direct)
+    fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, direct)
     if fns:
         dk.forward(fns, x, w, out, strides, pads, dilation, groups)
         return
@@ -171,7 +173,7 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups, direct=True):
                      tuple((f - lo, f - hi) for (lo, hi), f in zip(pads, full)), dilation,
                      groups, direct)
         return
-    fns = _direct(dy, w, out, w.shape[1], pads, direct)
+    fns = _direct(dy, w, out, w.shape[1], w.shape[2:], pads, direct)
     if fns:  # the direct kernel scatters dy into the image
         dk.grad_data(fns, dy, w, out, strides, pads, dilation, groups)
         return
@@ -195,7 +197,7 @@ def conv_grad_filter(x, dy, out, strides, pads, dilation, groups, direct=True):
     if _pointwise(out.shape[2:], strides, pads, groups, x, dy, out):
         _pointwise_grad_filter(_flat(x), _flat(dy), _into(out, (K, Cg)))
         return
-    fns = _direct(x, dy, out, out.shape[1], pads, direct)
+    fns = _direct(x, dy, out, out.shape[1], out.shape[2:], pads, direct)
     if fns:
         dk.grad_filter(fns, x, dy, out, strides, pads, dilation, groups)
         return

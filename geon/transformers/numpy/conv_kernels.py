@@ -52,6 +52,10 @@ from geon.transformers.numpy.kernel_cache import CompileError
 #: took as long as im2col and the derivatives' kernels twice as long; with 2 the
 #: forward took 0.6 of im2col's time and the derivatives 1.1.
 MAX_GROUP_CHANNELS = 2
+#: The longest kernel dimension the direct kernels take: the rows kernels keep four
+#: int64 per tap of the last one on the C stack (32 KB at this length; a worker
+#: thread's stack may be small). Longer kernels run im2col.
+MAX_KERNEL_LENGTH = 1024
 #: A call is split over geon's threads from this many multiply-adds.
 PARALLEL_WORK = 1 << 18
 #: Channels side by side in the lanes kernels, and outputs of a row computed at once
