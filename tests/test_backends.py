@@ -57,7 +57,19 @@ def test_bad_plans_and_feeds_are_clear_errors():
     doc = json.loads(_mlp_plan())
     for bad, match in [("[]", "expected format"), ("{", "not valid JSON"),
                        (json.dumps(dict(doc, version=7)), "reads version 1"),
-                       (json.dumps(dict(doc, inputs=[])), "one placeholder per input")]:
+                       (json.dumps(dict(doc, inputs=[])), "one placeholder per input"),
+                       ("[" * 100000 + "]" * 100000, "nested too deeply"),
+                       (json.dumps(dict(doc, inputs=[7])), r"inputs\[0\]: expected"),
+                       (json.dumps(dict(doc, inputs=[{"shape": [3, 4]}])), "expected"),
+                       (json.dumps(dict(doc, inputs=[{"shape": [3, 4.0], "dtype": "<f8"}])),
+                        "list of lengths"),
+                       (json.dumps(dict(doc, inputs=[{"shape": [3, 4], "dtype": "<f4"}])),
+                        r"inputs\[0\] says '<f4' \[3, 4\], but the graph's x is float64"),
+                       (json.dumps(dict(doc, inputs=[{"shape": [3, 4], "dtype": "nope"}])),
+                        "says 'nope'"),
+                       (json.dumps(dict(doc, outputs=[{"shape": [7, 7], "dtype": "<f8"},
+                                                      doc["outputs"][1]])),
+                        r"outputs\[0\] says '<f8' \[7, 7\]")]:
         with pytest.raises(SerializationError, match=match):
             bk.backend("numpy").load(bad)
     with pytest.raises(be.UnknownTransformerError, match="no backend named 'nope'"):

@@ -29,7 +29,10 @@ number of epochs, as Keras's ``epochs``), ``--batch-size B``, ``--lr RATE``,
 ``--checkpoint PATH`` (default ``digits-ckpt.npz`` in the current directory),
 ``--resume``, ``--no-save``, ``--plot FILE`` (the loss and accuracy of each epoch,
 training and test, as a PNG; needs matplotlib), ``--quiet`` (no progress output),
-``--transformer NAME`` and ``--data-parallel``. The other examples (``digits_cnn``,
+``--transformer NAME``, ``--data-parallel`` and ``--export DIR`` (this example only:
+write the trained model's inference plan, its weights included, and the test set, for
+the C program ``native/examples/digits_predict``, which classifies them with no
+Python: see :func:`export` and doc/backends.rst). The other examples (``digits_cnn``,
 ``digits_rnn``) take the same options. A progress bar with the current loss, the rate
 and the time left is drawn on stderr when it is a terminal (tqdm's if tqdm is
 installed, e.g. with ``pip install -e ".[examples]"``); otherwise one line per epoch,
@@ -61,6 +64,10 @@ From Python, :func:`main` takes the same arguments as a list and returns a dict
 With the defaults it reaches about 97-98% test accuracy in a second or two on a
 2-core machine.
 """
+
+import os
+
+import numpy as np
 
 import geon as be
 from geon.examples import _train
@@ -104,10 +111,49 @@ def build_model(hp, n_features, transformer, data_parallel=False):
                     data_parallel=data_parallel)
 
 
+#: The files :func:`export` writes.
+PLAN_FILE, DATA_FILE = "digits-plan.json", "digits-test.bin"
+
+
+def inference_plan(model, batch_size=None):
+    """The plan document (:func:`geon.transformers.backends.plan`) of the model's
+    inference on a batch of ``batch_size`` images (default the model's
+    ``eval_batch_size``): input float32 ``[B, 64]``, output float32 ``[B, 10]`` (the
+    class scores; the class is their argmax), its Variables holding the model's current
+    weights."""
+    from geon.transformers.backends import plan
+    b = model.eval_batch_size if batch_size is None else int(batch_size)
+    E = be.Axis(b, name="E", batch=True)
+    x = be.placeholder(be.Axes(E, *model.input_axes), dtype=model.dtype, name="x")
+    out = model.net(x, training=False)
+    out = be.axes_with_order(out, be.Axes(E, *(out.axes - E)))
+    return plan(out, x, state=model.transformer)
+
+
+def export(model, folder, x_test, y_test, batch_size=None):
+    """Write the model's :func:`inference_plan` to ``folder/digits-plan.json`` and the
+    test images and labels as a data set file (:mod:`geon.transformers.native.export`)
+    to ``folder/digits-test.bin``; returns the two paths. Run them with::
+
+        digits_predict folder/digits-plan.json folder/digits-test.bin
+    """
+    from geon.transformers.native.export import write_dataset
+    os.makedirs(folder, exist_ok=True)
+    paths = os.path.join(folder, PLAN_FILE), os.path.join(folder, DATA_FILE)
+    with open(paths[0], "w", encoding="utf-8") as f:
+        f.write(inference_plan(model, batch_size))
+    write_dataset(paths[1], np.asarray(x_test).reshape(len(x_test), -1), y_test)
+    return paths
+
+
 def parse_args(argv=None):
     """The command line (see the module's description)."""
     p = _train.parser("digits", "Train a two-layer MLP on 8x8 handwritten digits with "
                       "geon.", OPTIONS, DEFAULT_EPOCHS)
+    p.add_argument("--export", metavar="DIR", default=None,
+                   help=f"after training, write the inference plan with the trained "
+                        f"weights ({PLAN_FILE}) and the test set ({DATA_FILE}) to DIR, "
+                        f"for native/examples/digits_predict (default: no export)")
     return _train.parse(p, argv)
 
 
@@ -120,11 +166,21 @@ def main(argv=None):
     data loading and compilation included), ``epochs`` (completed in total, resumed
     ones included), ``epochs_run`` (in this call), ``n_train``, ``n_test``, ``ranks``,
     ``checkpoint`` (absolute path written, or ``None`` with ``--no-save``), ``plot``,
-    ``hyperparameters`` and ``history``.
+    ``hyperparameters``, ``history`` and ``export`` (the plan and data files written with
+    ``--export``, or ``None``).
     """
     args = parse_args(argv)
-    return _train.run(args, lambda hp, a: build_model(hp, 64, a.transformer,
-                                                      a.data_parallel), (64,))
+    models = []
+
+    def build(hp, a):
+        models.append(build_model(hp, 64, a.transformer, a.data_parallel))
+        return models[-1]
+    result = _train.run(args, build, (64,))
+    result["export"] = None
+    if args.export is not None and models[-1].rank == 0:
+        _, _, x_test, y_test = _train.digits_data((64,))
+        result["export"] = export(models[-1], args.export, x_test, y_test)
+    return result
 
 
 def _cli():

@@ -36,12 +36,19 @@ PLAN_FORMAT, PLAN_VERSION = "geon-plan", 1
 ENTRY_POINT_GROUP = "geon.backends"
 
 
-def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -> str:
+def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
+         state: Any = None) -> str:
     """The plan document of ``transformer.computation(results, *placeholders)`` (by
     default a new NumPy transformer): its lowered graph, its inputs (the placeholders,
     in order) and its outputs (shape and dtype of each tensor result). Assignments
     (``SetItem``) among ``results`` are the graph's last results, after the inputs:
-    a backend runs them on every run, updating the Variables it keeps."""
+    a backend runs them on every run, updating the Variables it keeps.
+
+    The plan's Variables carry their initial values, or with ``state`` the values it
+    holds for them: a transformer (its Variables' current values, e.g. a trained
+    model's: they are initialized first if need be) or a mapping ``{Variable:
+    array}``; a Variable it lacks keeps its initial value."""
+    values = _state_values(state)
     if transformer is None:
         from geon.transformers.numpy.transformer import NumPyTransformer
         transformer = NumPyTransformer()
@@ -50,7 +57,7 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -
     # assignments (SetItems lowered to Assign) among the results: written after the
     # inputs, so that a backend runs them and keeps the Variables they write
     effects = [r for r in comp.results if not isinstance(r, og.TensorOp)]
-    graph = json.loads(serialize(outs + list(comp.params) + effects))
+    graph = json.loads(serialize(outs + list(comp.params) + effects, values=values))
     return json.dumps({
         "format": PLAN_FORMAT, "version": PLAN_VERSION,
         "graph": graph,
@@ -61,6 +68,19 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None) -
     }, separators=(",", ":"))
 
 
+def _state_values(state: Any) -> Optional[dict]:
+    """``plan``'s ``state`` as ``{Variable: array}`` (None for None)."""
+    if state is None:
+        return None
+    if hasattr(state, "state_view") and hasattr(state, "initialize"):
+        state.initialize()
+        return dict(state.state_view())
+    if not hasattr(state, "items"):
+        raise ArgumentError(f"plan: state must be a transformer or a mapping {{Variable: "
+                            f"array}}, not {type(state).__name__}")
+    return {v: np.asarray(a) for v, a in state.items()}
+
+
 def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
     """``(plan, results, inputs)`` of a plan document: the JSON object, the graph's
     result ops (the outputs, then the assignments it runs) and its placeholders;
@@ -69,6 +89,8 @@ def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
         doc = json.loads(document)
     except ValueError as e:
         raise SerializationError(f"plan: not valid JSON: {e}") from None
+    except RecursionError:
+        raise SerializationError("plan: not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise SerializationError(f"plan: expected format {PLAN_FORMAT!r}")
     if doc.get("version") != PLAN_VERSION:
@@ -88,7 +110,29 @@ def read_plan(document: str) -> tuple[dict, list[og.Op], list[og.Placeholder]]:
             any(isinstance(e, og.TensorOp) for e in effects):
         raise SerializationError("plan: the graph's results must be the outputs, then "
                                  "one placeholder per input, then the assignments")
+    for kind, entries, ops in (("outputs", doc["outputs"], outputs),
+                               ("inputs", doc["inputs"], inputs)):
+        for k, (entry, op) in enumerate(zip(entries, ops)):
+            _check_entry(f"plan: {kind}[{k}]", entry, op)
     return doc, outputs + effects, inputs
+
+
+def _check_entry(where: str, entry: Any, op: og.Op) -> None:
+    """``entry`` (``{"shape": [...], "dtype": "<f4"}``) describes ``op``'s value exactly;
+    :class:`~geon.errors.SerializationError` naming ``where`` otherwise (a native
+    backend is handed buffers of the shapes the plan lists)."""
+    if not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}:
+        raise SerializationError(f"{where}: expected {{'shape': [...], 'dtype': ...}}")
+    shape, dtype = entry["shape"], entry["dtype"]
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise SerializationError(f"{where}: the shape is a list of lengths, not {shape!r}")
+    try:
+        same_dtype = isinstance(dtype, str) and np.dtype(dtype) == op.dtype
+    except TypeError:
+        same_dtype = False
+    if tuple(shape) != tuple(op.axes.lengths) or not same_dtype:
+        raise SerializationError(f"{where} says {dtype!r} {shape}, but the graph's "
+                                 f"{op.name} is {op.dtype} {list(op.axes.lengths)}")
 
 
 class Executable(abc.ABC):
