@@ -278,11 +278,12 @@ def test_cond_inside_while_inside_scan():
     np.testing.assert_allclose(run_numpy([g], x, h0, feeds=(X, 0.3))[0], num, rtol=1e-7)
 
 
-def test_subgraphs_are_not_serialized():
+def test_subgraphs_are_serialized():
+    # (tests/test_serialize_control.py tests documents with bodies in depth)
     p, x = _ph([], "p"), _ph([A], "x")
     y = be.cond(p, lambda v: v * 2.0, lambda v: v, x)
-    with pytest.raises(be.SerializationError, match="control-flow bodies"):
-        be.serialize(y)
+    text = be.serialize(y)
+    assert be.serialize(be.deserialize(text)) == text
 
 
 # --- ONNX If, Loop, Scan (geon/frontends/onnx/builders/control_flow.py) -------------------

@@ -474,7 +474,8 @@ API_PAGES = [("geon", "geon", ("sum", "max", "min")),
              ("torch", "geon.transformers.torch", ()),
              ("passes", "geon.transformers.passes", ()),
              ("backends", "geon.transformers.backends", ()),
-             ("native", "geon.transformers.native", ())]
+             ("native", "geon.transformers.native", ()),
+             ("native_export", "geon.transformers.native.export", ())]
 _API_ENTRY = re.compile(r"^\.\.\s+(?:auto(?:function|class|exception|data)|"
                         r"py:(?:data|exception|function|class))::\s+(?P<name>\w+)\s*$", re.M)
 

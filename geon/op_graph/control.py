@@ -30,7 +30,8 @@ from geon.op_graph.derivatives import direction_axes
 from geon.op_graph.forward import propagate
 from geon.op_graph.nodes import user_location
 from geon.op_graph.reference import evaluate
-from geon.op_graph.serialize import CODECS
+from geon.op_graph.serialize import register_codec
+from geon.op_graph.serialize_bodies import BODY_ATTRS, read_body, write_body
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 __all__ = ["Scan", "ScanBody", "scan"]
@@ -67,12 +68,35 @@ class ScanBody:
                 f"sequences, {len(self.closures_in)} closures, {len(self.ys_out)} outputs>")
 
 
-def _no_body_serialization(encoder, body, where):
-    raise SerializationError(f"{where}: a Scan op's body cannot be written: scan bodies "
-                             f"are not serialized yet")
+_COUNTS = ("carries", "sequences", "closures")
 
 
-CODECS[ScanBody] = ("scan_body", _no_body_serialization, None)
+def _write_scan_body(enc, body, where):
+    """``{"carries", "sequences", "closures"}`` (how the stand-ins divide) and the
+    body's nested graph (:func:`~geon.op_graph.serialize_bodies.write_body`)."""
+    counts = (len(body.carries_in), len(body.xs_in), len(body.closures_in))
+    return {**dict(zip(_COUNTS, counts)),
+            **write_body(enc, body.inputs, body.results, where)}
+
+
+def _read_scan_body(dec, data, where):
+    inputs, results, (nc, nx, nk) = read_body(dec, data, where, _COUNTS)
+    if nc + nx + nk != len(inputs):
+        raise SerializationError(f"{where}: {nc} carries, {nx} sequences and {nk} "
+                                 f"closures, but {len(inputs)} stand-ins")
+    if len(results) < nc:
+        raise SerializationError(f"{where}: {len(results)} results, fewer than the "
+                                 f"{nc} carries")
+    for k, (r, c) in enumerate(zip(results, inputs[:nc])):
+        if r.axes.names != c.axes.names or r.axes.lengths != c.axes.lengths \
+                or r.dtype != c.dtype:
+            raise SerializationError(f"{where}: result {k} ({_fmt(r.axes)}) {r.dtype} is "
+                                     f"not laid out as carry {k} ({_fmt(c.axes)}) {c.dtype}")
+    return ScanBody(inputs[:nc], inputs[nc:nc + nx], inputs[nc + nx:], results[:nc],
+                    results[nc:])
+
+
+register_codec(ScanBody, "scan_body", _write_scan_body, _read_scan_body)
 
 
 class Scan(MultiOutput):
@@ -130,6 +154,9 @@ class Scan(MultiOutput):
         """The stacked carries entering each step (what the reverse derivative reads)."""
         nc, _, _, ny = self.counts
         return self.outputs[nc + ny:]
+
+
+BODY_ATTRS[Scan] = ("body",)  # (a body read anywhere else is refused)
 
 
 def _arg_error(op, a, what):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from geon.errors import ArgumentError, AxisMismatchError, SerializationError
+from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph.autodiff import deriv
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.control import (Scan, ScanBody, _as_tuple, _close, _common_dtype,
@@ -34,7 +34,8 @@ from geon.op_graph.forward import propagate
 from geon.op_graph.nn_ops import Select
 from geon.op_graph.nodes import user_location
 from geon.op_graph.reference import evaluate
-from geon.op_graph.serialize import CODECS
+from geon.op_graph.serialize import register_codec
+from geon.op_graph.serialize_bodies import BODY_ATTRS, read_body, write_body
 from geon.op_graph.tables import ADJOINTS, adjoint_rule, evaluator, forward_rule
 
 __all__ = ["Cond", "Subgraph", "WhileLoop", "cond", "while_loop"]
@@ -56,12 +57,14 @@ class Subgraph:
         return f"<subgraph: {len(self.inputs)} inputs, {len(self.results)} results>"
 
 
-def _no_subgraph_serialization(encoder, body, where):
-    raise SerializationError(f"{where}: a Cond or WhileLoop op's subgraph cannot be "
-                             f"written: control-flow bodies are not serialized yet")
+def _read_subgraph(dec, data, where):
+    inputs, results, _ = read_body(dec, data, where)
+    return Subgraph(inputs, results)
 
 
-CODECS[Subgraph] = ("subgraph", _no_subgraph_serialization, None)
+# written as its nested graph (geon.op_graph.serialize_bodies)
+register_codec(Subgraph, "subgraph", lambda enc, g, where: write_body(
+    enc, g.inputs, g.results, where), _read_subgraph)
 
 
 def _cast(t, dtype):
@@ -80,6 +83,25 @@ def _check_inputs(op, args, stand_ins):
             raise AxisMismatchError(
                 f"{type(op).__name__} {op.name}: arg {a.name} ({_fmt(a.axes)}) {a.dtype} "
                 f"does not match its stand-in ({_fmt(s.axes)}) {s.dtype} (built at "
+                f"{op.file_info})")
+
+
+def _check_bodies(op, bodies, want):
+    """Each of ``bodies`` (:class:`Subgraph` objects) has ``op``'s stand-ins and results
+    of the ``(axes, dtype)`` of ``want``: what the builders make, checked again for a
+    loaded op."""
+    for name, b in bodies.items():
+        if len(b.inputs) != len(bodies[next(iter(bodies))].inputs):
+            raise ArgumentError(f"{type(op).__name__} {op.name}: the {name} has "
+                                f"{len(b.inputs)} stand-ins, not as many as the others")
+        got = [(r.axes, r.dtype) for r in b.results]
+        if len(got) != len(want) or any(
+                g[0].names != w[0].names or g[0].lengths != w[0].lengths or g[1] != w[1]
+                for g, w in zip(got, want)):
+            raise AxisMismatchError(
+                f"{type(op).__name__} {op.name}: the {name}'s results are "
+                f"{'; '.join(f'({_fmt(a)}) {d}' for a, d in got)}, not "
+                f"{'; '.join(f'({_fmt(a)}) {d}' for a, d in want)} (built at "
                 f"{op.file_info})")
 
 
@@ -160,6 +182,8 @@ class Cond(MultiOutput):
                                 f"args expected (the predicate, the operands, the "
                                 f"closures), got {len(self.args)}")
         _check_inputs(self, self.args[1:], self.branches[0].inputs)
+        _check_bodies(self, {f"branch {k}": b for k, b in enumerate(self.branches)},
+                      self._output_types())
 
     def _output_types(self):
         return [(r.axes, r.dtype) for r in self.branches[0].results]
@@ -284,6 +308,14 @@ class WhileLoop(MultiOutput):
             raise ArgumentError(f"WhileLoop {self.name}: {len(body.inputs)} args expected "
                                 f"(carries, closures), got {len(self.args)}")
         _check_inputs(self, self.args, body.inputs)
+        if len(body.results) > len(body.inputs):
+            raise ArgumentError(f"WhileLoop {self.name}: {len(body.results)} carries but "
+                                f"{len(body.inputs)} stand-ins")
+        _check_bodies(self, {"body": body}, self._output_types())
+        if len(pred.inputs) != len(body.inputs) or len(pred.results) != 1 or \
+                pred.results[0].axes:
+            raise ArgumentError(f"WhileLoop {self.name}: the predicate takes the body's "
+                                f"stand-ins and computes one scalar")
 
     def _output_types(self):
         return [(c.axes, c.dtype) for c in self.body.inputs[:len(self.body.results)]]
@@ -291,6 +323,10 @@ class WhileLoop(MultiOutput):
     @property
     def n_carries(self) -> int:
         return len(self.body.results)
+
+
+# (a body read anywhere else is refused)
+BODY_ATTRS.update({Cond: ("branches",), WhileLoop: ("pred", "body")})
 
 
 def while_loop(cond_fn: Callable, body_fn: Callable, init: Any,

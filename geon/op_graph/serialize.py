@@ -1,6 +1,9 @@
 """JSON serialization of op graphs: :func:`serialize` writes the ops some results need
-as one document (format ``"geon-graph"``, version 2, described in
-``doc/interchange.rst``); :func:`deserialize` reads it back into fresh ops.
+as one document (format ``"geon-graph"``, described in ``doc/interchange.rst``);
+:func:`deserialize` reads it back into fresh ops. A document holding a control-flow body
+(a scan's, a branch of a cond, ...) is version 3, any other version 2, so that readers of
+version 2 (geon's native runtime) read what they can; this geon reads both. Bodies are
+nested graphs (:mod:`geon.op_graph.serialize_bodies`).
 
 An op's ``"attrs"`` are its class's ``attrs`` (:class:`~geon.op_graph.op_graph.Op`) but
 ``axes`` and ``dtype``, which its ``"outputs"`` give; those the class lists in
@@ -31,13 +34,18 @@ from geon.op_graph.params import (build, copy_debug_info, graph_ops, op_classes,
 from geon.op_graph.schemas import SCHEMAS
 
 FORMAT = "geon-graph"
-#: The version this geon writes and the only one it reads.
-VERSION = 2
+#: The newest version: what this geon writes for a document holding a body (a document
+#: without one is written as version 2, which it is too).
+VERSION = 3
+#: The versions this geon reads (version 2 has no bodies).
+VERSIONS = (2, 3)
 
 #: Parameter values (a tuple in a tuple ...) and flattened axes (of flattened axes ...)
 #: nest at most this deep in a document, so that neither reading nor the ops built
 #: from it recurse without bound; a deeper one is a SerializationError, on writing too.
 MAX_DEPTH = 32
+#: Control-flow bodies nest at most this deep (a body's op holding a body is depth 2).
+MAX_BODY_DEPTH = 16
 #: A flattened axis stands for at most this many plain axes, its parts' parts counted
 #: (with repeats: ``((A*B)*(A*B)*...)`` made of shared parts counts every use).
 MAX_FLAT_AXES = 4096
@@ -215,16 +223,44 @@ CODECS = {
     np.generic: ("array", lambda e, v, w: encode_array(v, w), None),
     og.Op: ("op", lambda e, v, w: e.ref(v, w), lambda d, x, w: d.ref(x, w)),
 }
-_TAGS = {tag: dec for tag, _, dec in CODECS.values() if dec is not None}
-_TAGS["function"] = lambda d, x, w: MissingValue(d.op_name)
+
+
+def register_codec(cls, tag, encode, decode):
+    """Write values of type ``cls`` as ``{tag: encode(encoder, value, where)}`` and read
+    ``{tag: x}`` as ``decode(decoder, x, where)`` (``None``: not read)."""
+    CODECS[cls] = (tag, encode, decode)
+
+
+def _tags():
+    """``{tag: decode}`` of the codecs registered now (modules register theirs when
+    imported, after this one)."""
+    tags = {tag: dec for tag, _, dec in CODECS.values() if dec is not None}
+    tags["function"] = lambda d, x, w: MissingValue(d.op_name)
+    return tags
 
 
 # --- writing ------------------------------------------------------------------------------
 
 class _Encoder:
-    def __init__(self, ids):
-        self.ids, self.table, self._axes = ids, {}, {}  # table: JSON entry, _axes: Axis
-        self.depth = 0  # of the parameter value being written
+    """Writes one graph's records: the document's, or (:meth:`nested`) a body's, whose
+    records refer to its own ops by their ``ids`` and share the document's axes."""
+
+    def __init__(self, ids, values=None, debug_info=True, classes=None, parent=None,
+                 prefix=""):
+        self.ids, self.values, self.debug_info = ids, values or {}, debug_info
+        self.classes = classes if classes is not None else op_classes()
+        self.prefix = prefix    # of the places in messages: the body's place
+        # table: JSON entry, _axes: Axis (by name); one of each per document
+        self.table, self._axes = (parent.table, parent._axes) if parent else ({}, {})
+        self.root = parent.root if parent else self
+        self.body_depth = parent.body_depth + 1 if parent else 0
+        self.depth = parent.depth if parent else 0  # of the parameter value being written
+        self.stand_ins = None   # the stand-ins of the op being written, from its first body
+        self.wrote_body = False  # (of the root) a body was written: version 3
+
+    def nested(self, ids, prefix):
+        """The encoder of a body whose ops have ``ids``."""
+        return _Encoder(ids, self.values, self.debug_info, self.classes, self, prefix)
 
     def axis(self, a, where=""):
         if isinstance(a, FlattenedAxis) and a.name not in self._axes:
@@ -366,9 +402,10 @@ def serialize(ops: Union[og.Op, Sequence[og.Op]],
     written = [op for op in order if not isinstance(op, og.Output)]
     ids = {op: i for i, op in enumerate(written)}
     ids.update((op, ids[og.snap(op.args[0])]) for op in order if isinstance(op, og.Output))
-    enc, classes = _Encoder(ids), op_classes()
-    records = [_record(op, ids[op], enc, classes, values, debug_info) for op in written]
-    doc = {"format": FORMAT, "version": VERSION, "producer": f"geon {_version()}",
+    enc = _Encoder(ids, values, debug_info)
+    records = [_record(op, ids[op], enc) for op in written]
+    doc = {"format": FORMAT, "version": VERSION if enc.wrote_body else 2,
+           "producer": f"geon {_version()}",
            "single": single, "axes": enc.table, "ops": records,
            "results": [[ids[r], _out_index(r) if isinstance(r, og.TensorOp) else None]
                        for r in results]}
@@ -380,11 +417,13 @@ def serialize(ops: Union[og.Op, Sequence[og.Op]],
         raise SerializationError(f"metadata is not JSON-compatible: {e}") from None
 
 
-def _record(op, i, enc, classes, values, debug_info):
-    cls = type(op)
-    where = f"op {op.name} ({cls.__name__})"
+def _record(op, i, enc):
+    """The record of ``op`` (id ``i``) in the graph ``enc`` writes."""
+    cls, values = type(op), enc.values
+    where = f"{enc.prefix}op {op.name} ({cls.__name__})"
     name = type_name(cls)
-    if classes.get(name) is not cls:
+    enc.stand_ins = None
+    if enc.classes.get(name) is not cls:
         raise _fail(where, f"another op class is also named {name!r}; a document could "
                            f"not tell them apart (rename one)")
     rec = {"id": i, "op": name, "name": op.name, "outputs": [
@@ -416,7 +455,7 @@ def _record(op, i, enc, classes, values, debug_info):
     if schema is not None and all(og.snap(r) in enc.ids for r in refs if isinstance(r, og.Op)):
         rec["schema"] = {"kind": schema.kind, **{k: enc.value(r, f"{where}, schema {k}")
                                                  for k, r in zip(schema.attrs, refs)}}
-    if debug_info:
+    if enc.debug_info:
         rec["loc"] = [str(op.filename), int(op.lineno)]
         if op.derived_from is not None:
             rec["derived_from"] = str(op.derived_from)
@@ -457,12 +496,29 @@ class LoadedGraph:
 
 
 class _Decoder:
-    def __init__(self):
-        self.table, self.ops, self.n_out, self.types = {}, [], [], []
-        self.depth = 0          # of the parameter value being read
-        self.flat = {}          # flattened axis name -> (depth, plain axes)
+    """Reads one graph's records: the document's, or (a subclass's, in
+    :mod:`~geon.op_graph.serialize_bodies`) a body's, which refer to the body's own ops
+    and share the document's axes."""
+
+    def __init__(self, version=VERSION, parent=None, prefix=""):
+        self.ops, self.n_out, self.types = [], [], []
+        self.version = parent.version if parent else version
+        self.classes = parent.classes if parent else op_classes()
+        # axis name -> Axis, flattened axis name -> (depth, plain axes): one per document
+        self.table, self.flat = (parent.table, parent.flat) if parent else ({}, {})
+        self.body_depth = parent.body_depth + 1 if parent else 0
+        self.depth = parent.depth if parent else 0  # of the parameter value being read
+        self.prefix = prefix    # of the places in messages: the body's place
         self.limit = 0          # ops before this id may be referred to
         self.op_name = None     # the op being read (for MissingValue)
+        self.stand_ins = None   # the stand-ins of the op being read, from its first body
+        self.reading = None     # (op class, attribute) whose value is being read
+
+    def add(self, op, where):
+        """Append ``op``, just built from record ``len(self.ops)``; returns the op the
+        graph keeps (a body keeps the stand-ins its op's first body made)."""
+        self.ops.append(op)
+        return op
 
     def axis(self, data, where):
         if not isinstance(data, str) or data not in self.table:
@@ -533,7 +589,8 @@ class _Decoder:
             return data
         if isinstance(data, dict) and len(data) == 1:
             (tag, x), = data.items()
-            decode = _TAGS.get(tag)
+            tags = _tags()
+            decode = tags.get(tag)
             if decode is not None:
                 self.depth += 1
                 try:
@@ -544,7 +601,7 @@ class _Decoder:
                 finally:
                     self.depth -= 1
         raise _fail(where, f"expected a parameter value (a JSON scalar or one of "
-                           f"{', '.join(sorted(_TAGS))}), got {_json_type(data)}")
+                           f"{', '.join(sorted(_tags()))}), got {_json_type(data)}")
 
 
 _OP_KEYS = {"id", "op", "name", "outputs", "args", "other_deps", "user_deps",
@@ -568,9 +625,10 @@ def deserialize_graph(text: str) -> "LoadedGraph":
     """Read a document written by :func:`serialize`; returns a ``LoadedGraph``.
 
     ``text`` is a ``str`` (or UTF-8 ``bytes``). Raises :class:`SerializationError`,
-    naming the place, for text that is not JSON, another format or version, an unknown
-    op type, axis or dtype, a dangling reference, an op whose constructor rejects what
-    the document says, or a schema that does not describe its op.
+    naming the place, for text that is not JSON, another format or a version other than
+    2 and 3, a body in a version 2 document or one that reads what a body may not, an
+    unknown op type, axis or dtype, a dangling reference, an op whose constructor
+    rejects what the document says, or a schema that does not describe its op.
     """
     if not isinstance(text, (str, bytes, bytearray)):
         raise TypeError(f"deserialize takes a JSON str, not {type(text).__name__}")
@@ -587,26 +645,17 @@ def deserialize_graph(text: str) -> "LoadedGraph":
     if doc["format"] != FORMAT:
         raise _fail("format", f"expected {FORMAT!r}, got {_json_type(doc['format'])}")
     version = doc["version"]
-    if type(version) is not int or version != VERSION:
-        raise SerializationError(f"version: this geon reads version {VERSION}, the document "
-                                 f"has version {_json_type(version)}")
+    if type(version) is not int or version not in VERSIONS:
+        raise SerializationError(f"version: this geon reads versions "
+                                 f"{' and '.join(map(str, VERSIONS))}, the document has "
+                                 f"version {_json_type(version)}")
     single = _bool(doc.get("single", False), "single")
-    dec, classes = _Decoder(), op_classes()
+    dec = _Decoder(version)
     dec.read_axes(doc["axes"])
-    records = _list(doc["ops"], "ops")
-    for i, rec in enumerate(records):
-        dec.limit = i
-        _read_op(i, rec, dec, classes)
-    # Building a user adopts a weak constant arg's dtype: give back the document's.
-    weak = [(op, t[1]) for op, t in zip(dec.ops, dec.types) if getattr(op, "weak", False)]
-    dec.limit = n = len(records)
-    for i, (rec, op) in enumerate(zip(records, dec.ops)):  # may point forward
-        where = f"ops[{i}] ({rec['op']} {op.name!r})"
-        op.user_deps = OrderedSet(dec.id_list(rec, "user_deps", where, n))
-        op.initializers = dec.id_list(rec, "initializers", where, n)
-        if "schema" in rec:
-            op.schema = _read_schema(rec["schema"], dec, f"{where}.schema", op)
-    restore_weak(weak)
+    try:
+        read_graph(dec, _list(doc["ops"], "ops"))
+    except RecursionError:  # (bounded by MAX_DEPTH and MAX_BODY_DEPTH; a safety net)
+        raise SerializationError("the document nests too deeply") from None
     results = [dec.ref(r, f"results[{j}]", allow_op=True)
                for j, r in enumerate(_list(doc["results"], "results"))]
     if single and len(results) != 1:
@@ -615,23 +664,41 @@ def deserialize_graph(text: str) -> "LoadedGraph":
     return LoadedGraph(results, dec.ops, single, doc.get("metadata"))
 
 
+def read_graph(dec, records):
+    """Build the ops of ``records`` (a list of op records) into ``dec.ops``."""
+    for i, rec in enumerate(records):
+        dec.limit = i
+        _read_op(i, rec, dec)
+    # Building a user adopts a weak constant arg's dtype: give back the document's.
+    weak = [(op, t[1]) for op, t in zip(dec.ops, dec.types) if getattr(op, "weak", False)]
+    dec.limit = n = len(records)
+    for i, (rec, op) in enumerate(zip(records, dec.ops)):  # may point forward
+        where = f"{dec.prefix}ops[{i}] ({rec['op']} {op.name!r})"
+        op.user_deps = OrderedSet(dec.id_list(rec, "user_deps", where, n))
+        op.initializers = dec.id_list(rec, "initializers", where, n)
+        if "schema" in rec:
+            op.schema = _read_schema(rec["schema"], dec, f"{where}.schema", op)
+    restore_weak(weak)
+
+
 def deserialize(text: str) -> Any:
     """The results of a document: an op or a list, as :func:`serialize` was given them
     (see :func:`deserialize_graph`)."""
     return deserialize_graph(text).value
 
 
-def _read_op(i, rec, dec, classes):
-    where = f"ops[{i}]"
+def _read_op(i, rec, dec):
+    where = f"{dec.prefix}ops[{i}]"
     _dict(rec, where, _OP_KEYS, ("id", "op", "name", "outputs", "args"))
     if _int(rec["id"], f"{where}.id") != i:
         raise _fail(f"{where}.id", f"is {rec['id']}; ids number the ops 0, 1, 2, ... in order")
     type_name_ = rec["op"]
-    cls = classes.get(type_name_) if isinstance(type_name_, str) else None
+    cls = dec.classes.get(type_name_) if isinstance(type_name_, str) else None
     if cls is None:
         raise _fail(f"{where}.op", f"unknown op type {_json_type(type_name_)}")
     name = dec.op_name = _str(rec["name"], f"{where}.name")
-    where = f"ops[{i}] ({type_name_} {name!r})"
+    where = f"{dec.prefix}ops[{i}] ({type_name_} {name!r})"
+    dec.stand_ins = None
     if cls is og.Output:
         raise _fail(f"{where}.op", "an Output has no record of its own; refer to it as "
                                    "[its multi-output op, output index]")
@@ -654,8 +721,11 @@ def _read_op(i, rec, dec, classes):
     optional = getattr(cls, "optional_attrs", ())  # None when left out
     data = _dict(rec.get("attrs", {}), f"{where}.attrs", set(names),
                  [n for n in names if n not in optional], "attribute")
-    attrs = {n: dec.value(data[n], f"{where}.attrs.{n}") if n in data else None
-             for n in names}
+    attrs = {}
+    for n in names:
+        dec.reading = (cls, n)  # (a body may be read only as certain attributes)
+        attrs[n] = dec.value(data[n], f"{where}.attrs.{n}") if n in data else None
+    dec.reading = None
     if tensor:
         attrs.update({k: v for k, v in zip(("axes", "dtype"), types[0]) if k in cls.attrs})
     loc = _list(rec.get("loc", ["<unknown>", 0]), f"{where}.loc")
@@ -674,7 +744,7 @@ def _read_op(i, rec, dec, classes):
             f"{show_axes(a)} {d}" for a, d in types) + ", but the args give " + "; ".join(
             f"{show_axes(a)} {d}" for a, d in got))
     copy_debug_info(op, loc[0], _int(loc[1], f"{where}.loc[1]", 0), derived)
-    dec.ops.append(op)
+    dec.add(op, where)
     dec.n_out.append(len(outputs))
     dec.types.append(types[0] if tensor else None)
 
@@ -685,8 +755,13 @@ def _read_schema(data, dec, where, op):
     if cls is None:
         raise _fail(f"{where}.kind", f"unknown schema kind {_json_type(data['kind'])}")
     _dict(data, where, {"kind", *cls.attrs}, cls.attrs)
-    schema = cls(**{k: dec.value(data[k], f"{where}.{k}") for k in cls.attrs})
-    if not isinstance(op, og.TensorOp) or not schema.matches(op):
+    values = {k: dec.value(data[k], f"{where}.{k}") for k in cls.attrs}
+    try:
+        schema = cls(**values)
+        ok = isinstance(op, og.TensorOp) and schema.matches(op)
+    except Exception:  # a value of another kind (a body, a number for axes, ...)
+        ok = False
+    if not ok:
         raise _fail(where, f"the {cls.kind} schema does not describe this op (its "
                            f"references must be the ops that compute it)")
     return schema
