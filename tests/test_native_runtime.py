@@ -136,7 +136,8 @@ def hostile_cases():
              ("version", edit(lambda p: p.update(version=2)), 1),
              ("version type", edit(lambda p: p.update(version="1")), 1),
              ("ops type", edit(lambda p: p["graph"].update(ops={})), 1),
-             ("unknown op", edit(set_op(first_gemm, op="Conv")), 2),
+             ("unknown op", edit(set_op(first_gemm, op="NoSuchOp")), 2),
+             ("known op, wrong args", edit(set_op(first_gemm, op="Conv")), 1),
              ("dangling arg", edit(set_op(first_gemm, args=[[10 ** 6, 0], [0, 0]])), 1),
              ("forward arg", edit(set_op(first_gemm, args=[[first_gemm, 0], [0, 0]])), 1),
              ("negative arg", edit(set_op(first_gemm, args=[[-1, 0], [0, 0]])), 1),
@@ -157,6 +158,110 @@ def hostile_cases():
              ("bad results", edit(lambda p: p["graph"].update(results=[[0]])), 1),
              ("wrong output shape", edit(lambda p: p["outputs"][0].update(shape=[3])), 1),
              ("ids", edit(set_op(0, id=5)), 1)]
+    return cases + new_op_hostile_cases()
+
+
+def kernel_plans():
+    """(document, feeds, whether running it is an error): small plans of the ops along
+    dimension 1, convolution and pooling (for the sanitizer run)."""
+    from geon.op_graph import conv_prims as cp
+    rng = np.random.default_rng(9)
+    B, C, H, W = (be.Axis(n, f"RtK{s}") for n, s in ((2, "B"), (2, "C"), (5, "H"), (4, "W")))
+    K, R, S, P, Q = (be.Axis(n, f"RtK{s}") for n, s in ((3, "K"), (2, "R"), (3, "S"), (3, "P"),
+                                                          (2, "Q")))
+    x = be.placeholder([B, C, H, W], dtype=np.float64)
+    w = be.placeholder([K, C, R, S], dtype=np.float64)
+    dy = be.placeholder([B, K, P, Q], dtype=np.float64)
+    prm = dict(strides=(2, 1), pads=((1, 1), (0, 0)), dilation=(1, 1), groups=1)
+    pool = dict(kernel=(2, 2), strides=(2, 2), pads=((0, 1), (1, 0)), dilation=(1, 1))
+    Pp, Qp = be.Axis(3, "RtKPp"), be.Axis(2, "RtKQp")
+    e = be.placeholder([B, C, Pp, Qp], dtype=np.float64)
+    outs = [cp.Conv(x, w, axes=[B, K, P, Q], **prm), cp.ConvGradData(dy, w, axes=x.axes, **prm),
+            cp.ConvGradFilter(x, dy, axes=w.axes, **prm),
+            cp.MaxPool(x, axes=[B, C, Pp, Qp], **pool), cp.MaxPoolGrad(x, e, axes=x.axes, **pool),
+            cp.MaxPoolGather(x, x * 2.0, axes=[B, C, Pp, Qp], **pool)]
+    feeds = [rng.normal(size=s) for s in [(2, 2, 5, 4), (3, 2, 2, 3), (2, 3, 3, 2), (2, 2, 3, 2)]]
+    plans = [(bk.plan(outs, x, w, dy, e), feeds, False)]
+    V, D, M = be.Axis(6, "RtKV"), be.Axis(3, "RtKD"), be.Axis(4, "RtKM")
+    table = be.placeholder([V, D], dtype=np.float32)
+    ids = be.placeholder([M], dtype=np.int64)
+    rows = be.gather(table, ids, V)
+    gathered = bk.plan([rows, be.deriv(be.sum(rows * rows, out_axes=()), table),
+                        be.cumsum(table, V), be.sort(table, V)], table, ids)
+    tab = rng.normal(size=(6, 3)).astype(np.float32)
+    plans += [(gathered, [tab, np.array([0, 5, -6, 2])], False),
+              (gathered, [tab, np.array([0, 6, 1, 2])], True)]
+    return plans
+
+
+def new_op_hostile_cases():
+    """Hostile edits of the new ops' parameters, shapes and dtypes."""
+    plans = kernel_plans()
+    doc, gdoc = plans[0][0], plans[1][0]
+    cases = []
+
+    def first(d, name):
+        return next(i for i, r in enumerate(json.loads(d)["graph"]["ops"]) if r["op"] == name)
+
+    def edit(d, name, fn):
+        p = json.loads(d)
+        fn(p["graph"]["ops"][first(d, name)])
+        return json.dumps(p).encode()
+
+    def attr(**kw):
+        return lambda r: r["attrs"].update(kw)
+
+    def tup(*v):
+        return {"tuple": list(v)}
+    pair = tup(tup(0, 0), tup(0, 0))
+    ids = json.loads(gdoc)["graph"]["ops"][first(gdoc, "Take")]["args"][1]  # 1-D int64
+    for name in ("Conv", "ConvGradData", "ConvGradFilter"):
+        cases += [(f"{name} stride 0", edit(doc, name, attr(strides=tup(0, 1))), 1),
+                  (f"{name} strides count", edit(doc, name, attr(strides=tup(1))), 1),
+                  (f"{name} strides type", edit(doc, name, attr(strides=[1, 1])), 1),
+                  (f"{name} negative pad", edit(doc, name, attr(pads=tup(tup(-1, 0), tup(0, 0)))), 1),
+                  (f"{name} huge pad", edit(doc, name, attr(pads=tup(tup(2 ** 62, 0), tup(0, 0)))), 1),
+                  (f"{name} pads shape", edit(doc, name, attr(pads=tup(tup(1, 1, 1), tup(0, 0)))), 1),
+                  (f"{name} huge dilation", edit(doc, name, attr(dilation=tup(2 ** 40, 1))), 1),
+                  (f"{name} groups 0", edit(doc, name, attr(groups=0)), 1),
+                  (f"{name} groups 2", edit(doc, name, attr(groups=2)), 1),
+                  (f"{name} groups huge", edit(doc, name, attr(groups=2 ** 62)), 1),
+                  (f"{name} no groups", edit(doc, name, lambda r: r["attrs"].pop("groups")), 1),
+                  (f"{name} wrong window", edit(doc, name, attr(pads=pair)), 1),
+                  (f"{name} int dtype", edit(doc, name, lambda r: r["outputs"][0].update(
+                      dtype="int32")), 2),
+                  (f"{name} swapped args", edit(doc, name, lambda r: r.update(
+                      args=r["args"][::-1])), 1),
+                  (f"{name} one arg", edit(doc, name, lambda r: r.update(args=r["args"][:1])), 1)]
+    for name in ("MaxPool", "MaxPoolGrad", "MaxPoolGather"):
+        cases += [(f"{name} kernel 0", edit(doc, name, attr(kernel=tup(0, 2))), 1),
+                  (f"{name} kernel huge", edit(doc, name, attr(kernel=tup(2 ** 40, 2))), 1),
+                  (f"{name} 3-d kernel", edit(doc, name, attr(kernel=tup(2, 2, 2))), 2),
+                  (f"{name} kernel type", edit(doc, name, attr(kernel=2)), 1),
+                  (f"{name} stride 0", edit(doc, name, attr(strides=tup(2, 0))), 1),
+                  (f"{name} pad-only window", edit(doc, name, attr(
+                      pads=tup(tup(0, 3), tup(1, 0)), kernel=tup(1, 2))), 1),
+                  (f"{name} wrong window", edit(doc, name, attr(pads=pair)), 1),
+                  (f"{name} wrong dtype", edit(doc, name, lambda r: r["outputs"][0].update(
+                      dtype="float32")), 1)]
+    for name in ("Take", "PutAdd"):
+        cases += [(f"{name} float indices", edit(gdoc, name, lambda r: r.update(
+                      args=[r["args"][0], r["args"][0]])), 1),
+                  (f"{name} wrong shape", edit(gdoc, name, lambda r: r["outputs"][0].update(
+                      axes=r["outputs"][0]["axes"][::-1])), 1),
+                  (f"{name} wrong dtype", edit(gdoc, name, lambda r: r["outputs"][0].update(
+                      dtype="float64")), 1),
+                  (f"{name} 1-d operand", edit(gdoc, name, lambda r: r.update(
+                      args=[r["args"][1], r["args"][1]])), 1),
+                  (f"{name} 2-d indices", edit(gdoc, name, lambda r: r.update(
+                      args=[r["args"][0], r["args"][0]])), 1)]
+    cases += [("PrefixSum wrong dtype", edit(gdoc, "PrefixSum", lambda r: r["outputs"][0].update(
+                   dtype="int32")), 1),
+              ("SortPrim positions float", edit(gdoc, "SortPrim", lambda r: r["outputs"][1].update(
+                   dtype="float32")), 1),
+              ("PrefixSum of 1-d", edit(gdoc, "PrefixSum", lambda r: r.update(args=[ids])), 1),
+              ("SortPrim one output", edit(gdoc, "SortPrim", lambda r: r.update(
+                   outputs=r["outputs"][:1])), 1)]
     return cases
 
 
@@ -169,8 +274,8 @@ def test_hostile_plans_are_refused(runtime, name, data, status):
 
 def test_unsupported_ops_are_listed_through_the_adapter(runtime):
     x = be.placeholder([be.Axis(3, "RtS"), be.Axis(4, "RtT")], dtype=np.float64)
-    with pytest.raises(native.NativeBackendError, match="unsupported ops: PrefixSum") as e:
-        runtime.load(bk.plan(be.cumsum(x, axis=x.axes[1]), x))
+    with pytest.raises(native.NativeBackendError, match="unsupported ops: Random") as e:
+        runtime.load(bk.plan(x + be.uniform(x.axes), x))
     assert e.value.status == 2
 
 
@@ -189,6 +294,13 @@ def test_hostile_plans_under_asan(tmp_path):
               "for name, data, status in t.hostile_cases():\n"
               "    got, msg = t._raw_create(rt, data)\n"
               "    if got != status: print('FAIL', name, got, msg); bad += 1\n"
+              "for doc, feeds, error in t.kernel_plans():\n"
+              "    ex = rt.load(doc)\n"
+              "    try:\n"
+              "        ex.run(*feeds)\n"
+              "        if error: print('FAIL: no error'); bad += 1\n"
+              "    except native.NativeBackendError as e:\n"
+              "        if not error: print('FAIL', e); bad += 1\n"
               "print('checked', len(t.hostile_cases()))\nsys.exit(1 if bad else 0)\n")
     env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")

@@ -62,8 +62,9 @@ static const gn_value *arg(geon_backend *b, const gn_op *op, int k) {
   return &b->ops[op->arg_op[k]].out[op->arg_out[k]];
 }
 
-/* Set op's value descriptions and compute it. */
-static void run_op(geon_backend *b, gn_op *op, const DLTensor *inputs) {
+/* Set op's value descriptions and compute it (op i); an error only from data that the
+ * plan could not check at load time (an index out of range). */
+static geon_status run_op(geon_backend *b, int32_t i, gn_op *op, const DLTensor *inputs, gn_error *e) {
   gn_value *y = &op->out[0];
   const gn_value *a = op->n_args ? arg(b, op, 0) : NULL, *a2 = op->n_args > 1 ? arg(b, op, 1) : NULL;
   for (int o = 0; o < op->n_out; o++)
@@ -134,11 +135,18 @@ static void run_op(geon_backend *b, gn_op *op, const DLTensor *inputs) {
       break;
     }
     case OP_GEMM: gn_run_gemm(op, a, a2, b->scratch); break;
+    case OP_TAKE: return gn_run_take(op, a, a2, i, e);
+    case OP_PUTADD: return gn_run_put_add(op, a, a2, b->scratch, i, e);
+    case OP_PREFIXSUM: gn_run_prefix_sum(op, a, b->scratch); break;
+    case OP_SORT: gn_run_sort(op, a, b->scratch); break;
+    case OP_CONV: case OP_CONV_GRAD_DATA: case OP_CONV_GRAD_FILTER: gn_run_conv(op, a, a2, b->scratch); break;
+    case OP_MAXPOOL: case OP_MAXPOOL_GRAD: case OP_MAXPOOL_GATHER: gn_run_pool(op, a, a2, b->scratch); break;
     default:
       if (GN_IS_REDUCE(op->kind)) gn_run_reduce(op, a);
       else gn_run_elementwise(op, a, a2);
       break;
   }
+  return GEON_OK;
 }
 
 geon_status geon_backend_run(geon_backend *b, const DLTensor *inputs, int32_t n_inputs,
@@ -160,7 +168,7 @@ geon_status geon_backend_run(geon_backend *b, const DLTensor *inputs, int32_t n_
       gn_fail(&e, GEON_ERR_BAD_TENSOR, "output %d does not have the plan's dtype and shape", k);
   if (e.status) { report(&e, err, err_len); return e.status; }
   for (int32_t i = 0; i < b->n_ops; i++) {
-    run_op(b, &b->ops[i], inputs);
+    if (run_op(b, i, &b->ops[i], inputs, &e)) { report(&e, err, err_len); return e.status; }
     /* an output is copied as soon as it is computed (a later Assign may change it) */
     for (int32_t k = 0; k < n_outputs; k++) {
       if (b->output_op[k] != i) continue;

@@ -191,6 +191,13 @@ static void store_row(char *p, gn_dtype t, const double *buf, int64_t n) {
 static double gn_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x == 0 ? 0.0 : x; }
 static double gn_max(double a, double b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 static double gn_min(double a, double b) { return a != a ? a : b != b ? b : a < b ? a : b; }
+/* softplus(x) - x t as log1p(exp(-|x|)) + |x| w, w = 1 - t where x > 0 and t elsewhere;
+ * the product is left out where w is 0, so an infinite logit with its matching target
+ * gives 0 rather than inf - inf (geon's sigmoid_ce). */
+static double gn_sigmoid_ce(double x, double t) {
+  double ax = fabs(x), w = x > 0 ? 1.0 - t : t;
+  return log1p(exp(-ax)) + (w != 0.0 ? ax * w : 0.0);
+}
 static double gn_softplus(double x) {
   return x != x ? x : (x > 0 ? x : 0.0) + log1p(exp(-fabs(x)));
 }
@@ -212,6 +219,7 @@ static void apply(gn_kind k, const double *a, const double *b, double *y, int64_
     case OP_LE: for (i = 0; i < n; i++) y[i] = a[i] <= b[i]; break;
     case OP_GT: for (i = 0; i < n; i++) y[i] = a[i] > b[i]; break;
     case OP_GE: for (i = 0; i < n; i++) y[i] = a[i] >= b[i]; break;
+    case OP_SIGMOID_CE: for (i = 0; i < n; i++) y[i] = gn_sigmoid_ce(a[i], b[i]); break;
     case OP_NEG: for (i = 0; i < n; i++) y[i] = -a[i]; break;
     case OP_ABS: for (i = 0; i < n; i++) y[i] = fabs(a[i]); break;
     case OP_SIGN: for (i = 0; i < n; i++) y[i] = gn_sign(a[i]); break;

@@ -35,12 +35,15 @@ static const char *const KIND_NAMES[OP_KIND_COUNT] = {
   "Placeholder", "Variable", "Constant",
   "Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum", "Power",
   "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+  "SigmoidCrossEntropy",
   "Negative", "Absolute", "Sign", "Square", "Sqrt", "Reciprocal", "Exp", "Log", "Sin", "Cos",
   "Tanh", "Sigmoid", "Erf", "Expm1", "Softplus",
   "Reshape", "Dimshuffle", "Expand", "SliceView",
   "Copy", "Unslice", "Assign", "Gemm",
   "ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceArgMax", "ReduceArgMin",
-  "ReduceMaxArgMax"};
+  "ReduceMaxArgMax",
+  "Take", "PutAdd", "PrefixSum", "SortPrim",
+  "Conv", "ConvGradData", "ConvGradFilter", "MaxPool", "MaxPoolGrad", "MaxPoolGather"};
 
 static int kind_of(const gj_node *n) {
   for (int k = 0; k < OP_KIND_COUNT; k++)
@@ -342,6 +345,94 @@ static int same_shape(const gn_value *a, const gn_value *b) {
   return 1;
 }
 
+static int is_integer_dtype(gn_dtype t) { return t >= DT_I8 && t <= DT_U64; }
+
+/* A window parameter {"tuple": [n ints]} in [lo, hi] into out[0..n). */
+static int read_window_ints(loader *L, const gj_node *n, int want, int64_t lo, int64_t hi, int64_t *out) {
+  int64_t v[GN_MAX_DIMS];
+  int count;
+  if (!read_ints(L, n, v, NULL, &count) || count != want) return 0;
+  for (int d = 0; d < count; d++) {
+    if (v[d] < lo || v[d] > hi) return 0;
+    out[d] = v[d];
+  }
+  return 1;
+}
+
+/* The window of a convolution (n_spatial from its operands) or a pooling op (from its
+ * kernel attribute) into op->win, as two spatial dimensions (a 1-D op gets a leading
+ * one of length 1, kernel 1, stride 1, no padding). Kernel lengths and dilations are
+ * at most 2**20, strides and pads at most 2**40, so that no window arithmetic on
+ * lengths below 2**40 overflows. */
+static geon_status read_window(loader *L, const gj_node *attrs, gn_op *op, int n_spatial, int32_t i) {
+  const char *name = KIND_NAMES[op->kind];
+  gn_window *g = &op->win;
+  int64_t kernel[2] = {1, 1}, stride[2], dil[2], lo[2], hi[2], groups = 1;
+  int pool = GN_IS_POOL(op->kind);
+  if (pool) {
+    int64_t v[GN_MAX_DIMS];
+    if (!read_ints(L, gj_get(&L->doc, attrs, "kernel"), v, NULL, &n_spatial))
+      return INVALID("op %d (%s): kernel must be a tuple of integers", i, name);
+    if (n_spatial < 1 || n_spatial > 2)
+      return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (%s): pools over 1 or 2 dimensions only", i, name);
+    if (!read_window_ints(L, gj_get(&L->doc, attrs, "kernel"), n_spatial, 1, 1 << 20, kernel))
+      return INVALID("op %d (%s): kernel lengths must be from 1 to 2**20", i, name);
+  } else if (n_spatial < 1 || n_spatial > 2) {
+    return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (%s): convolves over 1 or 2 spatial dimensions only", i, name);
+  }
+  if (!read_window_ints(L, gj_get(&L->doc, attrs, "strides"), n_spatial, 1, GN_MAX_ELEMENTS, stride))
+    return INVALID("op %d (%s): strides must be %d integers from 1 to 2**40", i, name, n_spatial);
+  if (!read_window_ints(L, gj_get(&L->doc, attrs, "dilation"), n_spatial, 1, 1 << 20, dil))
+    return INVALID("op %d (%s): dilation must be %d integers from 1 to 2**20", i, name, n_spatial);
+  const gj_node *pads = gj_get(&L->doc, attrs, "pads"), *t = gj_get(&L->doc, pads, "tuple");
+  if (!t || t->type != GJ_ARRAY || pads->count != 1 || t->count != n_spatial)
+    return INVALID("op %d (%s): pads must be %d pairs (lo, hi)", i, name, n_spatial);
+  int d = 0;
+  for (const gj_node *c = gj_first(&L->doc, t); c; c = gj_next(&L->doc, c), d++) {
+    int64_t pair[2];
+    if (!read_window_ints(L, c, 2, 0, GN_MAX_ELEMENTS, pair))
+      return INVALID("op %d (%s): pads must be pairs of integers from 0 to 2**40", i, name);
+    lo[d] = pair[0];
+    hi[d] = pair[1];
+  }
+  if (!pool) {
+    const gj_node *gr = gj_get(&L->doc, attrs, "groups");
+    if (!gr || gr->type != GJ_NUMBER || !gr->is_int || gr->ival < 1 || gr->ival > GN_MAX_ELEMENTS)
+      return INVALID("op %d (%s): groups must be an integer from 1 to 2**40", i, name);
+    groups = gr->ival;
+  }
+  g->n_spatial = n_spatial;
+  g->groups = groups;
+  for (int k = 0; k < 2; k++) {  /* plan dimension k - (2 - n_spatial), or the added one */
+    int src = k - (2 - n_spatial);
+    g->kernel[k] = src < 0 ? 1 : kernel[src];
+    g->stride[k] = src < 0 ? 1 : stride[src];
+    g->dilation[k] = src < 0 ? 1 : dil[src];
+    g->pad_lo[k] = src < 0 ? 0 : lo[src];
+    g->pad_hi[k] = src < 0 ? 0 : hi[src];
+  }
+  return GEON_OK;
+}
+
+/* The number of windows along one dimension of length n with kernel length k (or -1
+ * when the dilated kernel is longer than the padded length). */
+static int64_t windows(int64_t n, int64_t k, const gn_window *g, int d) {
+  int64_t span = n + g->pad_lo[d] + g->pad_hi[d] - g->dilation[d] * (k - 1) - 1;
+  return span < 0 ? -1 : span / g->stride[d] + 1;
+}
+
+/* Whether every window of a pooling op reads at least one element that is not padding
+ * (geon refuses a pooling op otherwise). */
+static int every_window_reads_input(int64_t n, int64_t p_count, const gn_window *g, int d) {
+  for (int64_t p = 0; p < p_count; p++) {
+    /* taps r (0 <= r < k) read position start + r * dilation; is one in [0, n)? */
+    int64_t start = p * g->stride[d] - g->pad_lo[d], dl = g->dilation[d];
+    int64_t r = start >= 0 ? 0 : (-start + dl - 1) / dl;
+    if (r >= g->kernel[d] || start + r * dl >= n) return 0;
+  }
+  return 1;
+}
+
 /* Check op i's parameters and result against its args; allocate its buffers. */
 static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
   gn_op *op = &L->b->ops[i];
@@ -351,8 +442,10 @@ static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
   const gj_node *attrs = gj_get(&L->doc, rec, "attrs");
   const char *name = KIND_NAMES[op->kind];
   gn_kind k = op->kind;
-  int want_args = k <= OP_CONSTANT ? 0 : (GN_IS_BINARY(k) || k == OP_GEMM || k == OP_ASSIGN) ? 2 : 1;
-  int want_out = k == OP_ASSIGN ? 0 : k == OP_RMAXARGMAX ? 2 : 1;
+  int want_args = k <= OP_CONSTANT ? 0
+                  : (GN_IS_BINARY(k) || k == OP_GEMM || k == OP_ASSIGN || k == OP_TAKE || k == OP_PUTADD ||
+                     GN_IS_CONV(k) || k == OP_MAXPOOL_GRAD || k == OP_MAXPOOL_GATHER) ? 2 : 1;
+  int want_out = k == OP_ASSIGN ? 0 : (k == OP_RMAXARGMAX || k == OP_SORT) ? 2 : 1;
   if (op->n_args != want_args || op->n_out != want_out)
     return INVALID("op %d (%s): %d args and %d outputs, expected %d and %d", i, name,
                    op->n_args, op->n_out, want_args, want_out);
@@ -434,6 +527,56 @@ static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
     ok = same_shape(a, b2);
     if (a->size * 8 > L->b->scratch_bytes) L->b->scratch_bytes = a->size * 8;
     own = 0;
+  } else if (k == OP_TAKE || k == OP_PUTADD) {
+    /* Take: x (O, N, ...), idx (M) -> (O, M, ...); PutAdd: d (O, M, ...), idx (M) -> (O, N, ...) */
+    const gn_value *full = k == OP_TAKE ? a : y, *part = k == OP_TAKE ? y : a;
+    if (b2->ndim != 1 || !is_integer_dtype(b2->dtype))
+      return INVALID("op %d (%s): its indices must be a 1-D integer tensor", i, name);
+    ok = full->ndim >= 2 && part->ndim == full->ndim && part->shape[0] == full->shape[0] &&
+         part->shape[1] == b2->shape[0] && y->dtype == a->dtype;
+    for (int d = 2; ok && d < full->ndim; d++) ok = part->shape[d] == full->shape[d];
+  } else if (k == OP_PREFIXSUM || k == OP_SORT) {
+    ok = a->ndim >= 2 && same_shape(a, y) && y->dtype == a->dtype;
+    if (k == OP_SORT) ok = ok && same_shape(&op->out[1], y) && op->out[1].dtype == DT_I64;
+  } else if (GN_IS_CONV(k)) {
+    /* roles: image x (B, C, *S), filter w (K, C/groups, *R), result (B, K, *P) */
+    const gn_value *x = k == OP_CONV_GRAD_DATA ? y : a, *w = k == OP_CONV_GRAD_FILTER ? y : b2,
+                   *r = k == OP_CONV ? y : k == OP_CONV_GRAD_DATA ? a : b2;
+    if (x->ndim < 3) return INVALID("op %d (%s): needs an image (B, C, *S) with spatial dimensions", i, name);
+    if (read_window(L, attrs, op, x->ndim - 2, i)) return L->e->status;
+    const gn_window *g = &op->win;
+    ok = w->ndim == x->ndim && r->ndim == x->ndim && x->shape[0] == r->shape[0] &&
+         w->shape[0] == r->shape[1] && x->shape[1] % g->groups == 0 &&
+         x->shape[1] / g->groups == w->shape[1] && w->shape[0] % g->groups == 0;
+    for (int d = 0; ok && d < g->n_spatial; d++) {
+      int e = 2 - g->n_spatial + d, at = x->ndim - g->n_spatial + d;
+      int64_t nw = w->shape[at] > (1 << 20) ? -1 : windows(x->shape[at], w->shape[at], g, e);
+      ok = w->shape[at] >= 1 && nw >= 1 && nw == r->shape[at];
+    }
+    if (ok && ((y->dtype != DT_F32 && y->dtype != DT_F64) || a->dtype != y->dtype || b2->dtype != y->dtype))
+      return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (%s): only float32 or float64 operands of one dtype", i, name);
+  } else if (GN_IS_POOL(k)) {
+    /* x (..., *S); MaxPool -> (..., *P); MaxPoolGrad(x, dy (..., *P)) -> x's shape;
+     * MaxPoolGather(x, v (x's shape)) -> (..., *P) */
+    if (read_window(L, attrs, op, 0, i)) return L->e->status;
+    const gn_window *g = &op->win;
+    const gn_value *pooled = k == OP_MAXPOOL_GRAD ? b2 : y, *same = k == OP_MAXPOOL ? a : k == OP_MAXPOOL_GRAD ? y : b2;
+    const gn_value *last = b2 ? b2 : a;  /* the result has the dtype of the last arg */
+    int lead = a->ndim - g->n_spatial;
+    ok = lead >= 0 && pooled->ndim == a->ndim && same_shape(same, a) && y->dtype == last->dtype;
+    for (int d = 0; ok && d < lead; d++) ok = pooled->shape[d] == a->shape[d];
+    if (ok && y->size * gn_dtype_size[y->dtype] > GN_MAX_BYTES - L->bytes)
+      return gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "the plan needs more than %lld bytes of buffers", (long long)GN_MAX_BYTES);
+    for (int d = 0; ok && d < g->n_spatial; d++) {
+      int e = 2 - g->n_spatial + d, at = lead + d;
+      int64_t nw = windows(a->shape[at], g->kernel[e], g, e);
+      ok = nw >= 1 && nw == pooled->shape[at] &&
+           (pooled->size == 0 || every_window_reads_input(a->shape[at], nw, g, e));
+    }
+  }
+  if (ok && op->n_args) {
+    int64_t need = gn_scratch_need(op, a, b2);
+    if (need > L->b->scratch_bytes) L->b->scratch_bytes = need;
   }
   if ((GN_IS_VIEW(k) || k == OP_COPY || k == OP_UNSLICE) && y->dtype != a->dtype) ok = 0;
   if (!ok) return INVALID("op %d (%s): its result or args do not have the shapes or dtypes it needs", i, name);

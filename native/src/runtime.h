@@ -9,7 +9,8 @@
  * input tensor during a run; a view (Reshape, Dimshuffle, Expand, SliceView) describes
  * its arg's elements with other strides and never copies (a Reshape of a view that
  * no strides can describe copies into its own buffer). Running (backend.c) walks the
- * ops in order, sets each value's description and calls its kernel (kernels.c). */
+ * ops in order, sets each value's description and calls its kernel (kernels.c; the ops
+ * along dimension 1, convolution and pooling in kernels_more.c). */
 #ifndef GN_RUNTIME_H
 #define GN_RUNTIME_H
 
@@ -38,6 +39,7 @@ typedef enum {
   /* elementwise, binary */
   OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN, OP_POW,
   OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE,
+  OP_SIGMOID_CE,                 /* the schema op SigmoidCrossEntropy(x, t) */
   /* elementwise, unary */
   OP_NEG, OP_ABS, OP_SIGN, OP_SQUARE, OP_SQRT, OP_RECIP, OP_EXP, OP_LOG, OP_SIN, OP_COS,
   OP_TANH, OP_SIGMOID, OP_ERF, OP_EXPM1, OP_SOFTPLUS,
@@ -46,13 +48,29 @@ typedef enum {
   /* the rest */
   OP_COPY, OP_UNSLICE, OP_ASSIGN, OP_GEMM,
   OP_RSUM, OP_RPROD, OP_RMAX, OP_RMIN, OP_RARGMAX, OP_RARGMIN, OP_RMAXARGMAX,
+  /* along dimension 1 of (O, N, ...) */
+  OP_TAKE, OP_PUTADD, OP_PREFIXSUM, OP_SORT,
+  /* convolution and max pooling over 1 or 2 trailing spatial dimensions */
+  OP_CONV, OP_CONV_GRAD_DATA, OP_CONV_GRAD_FILTER, OP_MAXPOOL, OP_MAXPOOL_GRAD,
+  OP_MAXPOOL_GATHER,
   OP_KIND_COUNT
 } gn_kind;
 
-#define GN_IS_BINARY(k) ((k) >= OP_ADD && (k) <= OP_GE)
+#define GN_IS_BINARY(k) ((k) >= OP_ADD && (k) <= OP_SIGMOID_CE)
 #define GN_IS_UNARY(k) ((k) >= OP_NEG && (k) <= OP_SOFTPLUS)
 #define GN_IS_VIEW(k) ((k) >= OP_RESHAPE && (k) <= OP_SLICEVIEW)
 #define GN_IS_REDUCE(k) ((k) >= OP_RSUM && (k) <= OP_RMAXARGMAX)
+#define GN_IS_CONV(k) ((k) >= OP_CONV && (k) <= OP_CONV_GRAD_FILTER)
+#define GN_IS_POOL(k) ((k) >= OP_MAXPOOL && (k) <= OP_MAXPOOL_GATHER)
+
+/* The window geometry of a convolution or pooling op, always as two spatial
+ * dimensions (a 1-D op is read as one of height 1): dimension d of the output reads
+ * input position p * stride[d] - pad_lo[d] + r * dilation[d] for kernel offset r. */
+typedef struct {
+  int n_spatial;                  /* as the plan wrote it: 1 or 2 */
+  int64_t kernel[2], stride[2], dilation[2], pad_lo[2], pad_hi[2];
+  int64_t groups;                 /* convolutions */
+} gn_window;
 
 typedef struct {
   gn_dtype dtype;
@@ -84,6 +102,7 @@ typedef struct {
   int dim_map[GN_MAX_DIMS];       /* Expand: arg dimension, or -1 for a new one */
   gn_slice key[GN_MAX_DIMS];      /* SliceView (arg's dims), Unslice (result's dims) */
   int input_index;                /* Placeholder: which input */
+  gn_window win;                  /* Conv*, MaxPool* */
   /* storage: compact row-major, owned (NULL for views, placeholders) */
   char *buffer[2];
   int filled;                     /* Constant: one element filling the shape */
@@ -125,6 +144,16 @@ void gn_copy_values(gn_value *dst, const gn_value *src);
 void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b);
 void gn_run_reduce(gn_op *op, const gn_value *x);
 void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch);
+/* kernels_more.c: ops along dimension 1, convolution and pooling. Those that read
+ * indices from data return GEON_ERR_BAD_TENSOR (message in e) for one out of range. */
+geon_status gn_run_take(gn_op *op, const gn_value *x, const gn_value *idx, int32_t i, gn_error *e);
+geon_status gn_run_put_add(gn_op *op, const gn_value *d, const gn_value *idx, char *scratch,
+                           int32_t i, gn_error *e);
+void gn_run_prefix_sum(gn_op *op, const gn_value *x, char *scratch);
+void gn_run_sort(gn_op *op, const gn_value *x, char *scratch);
+void gn_run_conv(gn_op *op, const gn_value *a, const gn_value *b, char *scratch);
+void gn_run_pool(gn_op *op, const gn_value *a, const gn_value *b, char *scratch);
+int64_t gn_scratch_need(const gn_op *op, const gn_value *a, const gn_value *b);
 const char *gn_blas_name(void);
 
 #endif
