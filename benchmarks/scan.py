@@ -6,15 +6,24 @@
   at 10, 100 and 1,000 steps (the unrolled layer only up to ``--max-unrolled`` steps,
   default 100: its graph grows with the sequence), with the ratio to 10 steps;
 - a training step (forward, backward, plain SGD on the weights) at 100 steps,
-  interleaved medians, scanned / unrolled.
+  interleaved medians, scanned / unrolled;
+- with ``--memory``: the peak memory of a training step of an LSTM-like cell written
+  with ``be.scan`` over 1,000 steps (``--memory-steps``), under the reverse-mode
+  policies ``remat="step"`` and ``remat="checkpoints"``: the peak of the memory
+  ``tracemalloc`` traces (NumPy's arrays included) during the first call, in a fresh
+  process per policy, after the computation was built and the inputs made.
 
-    python -m benchmarks.scan [--quick] [--hidden 256] [--batch 32]
+    python -m benchmarks.scan [--quick] [--hidden 256] [--batch 32] [--memory]
 
 A measurement, not a test: on a shared machine the figures move from run to run.
 """
 
 import argparse
+import json
+import subprocess
+import sys
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -99,6 +108,67 @@ def bench_step(hidden, batch, steps, repeats):
                    ratio(stats["scanned"], stats["unrolled"])]])
 
 
+def remat_graph(steps, hidden, batch, remat, seed=0):
+    """``(results, x, t)``: an LSTM-like cell scanned over ``steps`` steps (float32),
+    the loss of its final hidden state against ``t``, and one SGD update per weight."""
+    T = be.Axis(steps, name="T")
+    F, N = be.Axis(FEATURES, name="F"), be.Axis(batch, name="N")
+    H, G = be.Axis(hidden, name="H"), be.Axis(4 * hidden, name="G")
+    rng = np.random.default_rng(seed)
+    W = be.Variable(axes=[G, F], initial_value=0.1 * rng.standard_normal((4 * hidden,
+                    FEATURES)), name="W")
+    R = be.Variable(axes=[G, H], initial_value=rng.standard_normal((4 * hidden, hidden))
+                    / np.sqrt(hidden), name="R")
+    x = be.placeholder([T, F, N], name="x")
+    t = be.placeholder([H, N], name="t")
+
+    def cell(carry, x_t):
+        h, c = carry
+        z = be.dot(W, x_t) + be.dot(R, h)                    # (G, N)
+        i, f, o, g = (be.slice_along_axis(z, G, slice(k * hidden, (k + 1) * hidden),
+                                          new_axis=H) for k in range(4))
+        c2 = be.sigmoid(f) * c + be.sigmoid(i) * be.tanh(g)
+        return (be.sigmoid(o) * be.tanh(c2), c2), None
+    zeros = be.constant(0.0, axes=[H, N])
+    (hT, _), _ = be.scan(cell, (zeros, zeros), x, T, remat=remat)
+    loss = be.sum(be.square(hT - t), out_axes=()) / batch
+    grads = be.deriv(loss, [W, R])
+    return [loss] + [be.SetItem(v, v - LR * g) for v, g in zip([W, R], grads)], x, t
+
+
+def memory_peak(steps, hidden, batch, remat):
+    """``(peak bytes, loss)``: the peak traced memory of the first training step
+    (:func:`remat_graph`), measured in this process."""
+    results, x, t = remat_graph(steps, hidden, batch, remat)
+    comp = be.NumPyTransformer().computation(results, x, t)
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((steps, FEATURES, batch)).astype(np.float32)
+    Y = 0.1 * rng.standard_normal((hidden, batch)).astype(np.float32)
+    tracemalloc.start()
+    loss = float(comp(X, Y)[0])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, loss
+
+
+def bench_memory(hidden, batch, steps):
+    peaks, losses = {}, {}
+    for remat in ("step", "checkpoints"):
+        code = (f"import json, benchmarks.scan as b; print(json.dumps("
+                f"b.memory_peak({steps}, {hidden}, {batch}, {remat!r})))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout
+        peaks[remat], losses[remat] = json.loads(out.strip().splitlines()[-1])
+    np.testing.assert_allclose(losses["step"], losses["checkpoints"], rtol=1e-5)
+    mib = 2.0 ** 20
+    return table(f"LSTM-like cell (hidden {hidden}, batch {batch}) training step at "
+                 f"{steps} steps: peak traced memory (tracemalloc) of the first call, "
+                 f"fresh process each",
+                 ["step", "checkpoints", "checkpoints / step"],
+                 [[f"{peaks['step'] / mib:.1f} MiB", f"{peaks['checkpoints'] / mib:.1f} MiB",
+                   f"{peaks['checkpoints'] / peaks['step']:.3f}"]])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
@@ -106,12 +176,20 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-unrolled", type=int, default=100,
                     help="the longest unrolled sequence built (default 100)")
+    ap.add_argument("--memory", action="store_true",
+                    help="only the peak memory of remat='step' against 'checkpoints'")
+    ap.add_argument("--memory-steps", type=int, default=1000)
     args = ap.parse_args(argv)
     print(f"Machine: {machine()}")
     print("Command: python -m benchmarks.scan" + (" --quick" if args.quick else "")
           + (f" --hidden {args.hidden}" if args.hidden != 256 else "")
           + (f" --batch {args.batch}" if args.batch != 32 else "")
-          + (f" --max-unrolled {args.max_unrolled}" if args.max_unrolled != 100 else ""))
+          + (f" --max-unrolled {args.max_unrolled}" if args.max_unrolled != 100 else "")
+          + (" --memory" if args.memory else "")
+          + (f" --memory-steps {args.memory_steps}" if args.memory_steps != 1000 else ""))
+    if args.memory:
+        bench_memory(args.hidden, args.batch, args.memory_steps)
+        return
     bench_build(args.hidden, args.batch, (10, 100, 1000), args.max_unrolled,
                 1 if args.quick else 5)
     bench_step(args.hidden, args.batch, 100, 3 if args.quick else 15)

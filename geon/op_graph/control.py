@@ -13,25 +13,31 @@ axis first) and the stacked carries *entering* each step (the history its revers
 derivative reads). Its reverse derivative is a reverse scan over the history whose
 body is the body's vector-Jacobian product; its forward derivative is a scan over
 (carry, tangent of carry) whose body is the body's Jacobian-vector product. Both are
-:class:`Scan` ops, so they can be differentiated again.
+:class:`Scan` ops, so they can be differentiated again. Under ``remat="checkpoints"``
+the reverse derivative reads no history: it stores the carries entering every
+``ceil(sqrt(T))``-th step (a forward scan over segments) and rebuilds each segment's
+history from its checkpoint inside a reverse scan over the segments.
 """
 
+import math
 from typing import Any, Callable, Union
 
 import numpy as np
 
 from geon.errors import ArgumentError, AxisMismatchError, SerializationError
 from geon.op_graph.autodiff import deriv
-from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis
 from geon.op_graph.core import (AssignableTensorOp, Constant, Placeholder, VoidOp, _fmt,
                                 as_op, toposort)
-from geon.op_graph.core_ops import AxesWithOrder, MultiOutput, Sum
+from geon.op_graph.core_ops import AxesWithOrder, MultiOutput, Sum, cast_axes
 from geon.op_graph.derivatives import direction_axes
 from geon.op_graph.forward import propagate
+from geon.op_graph.nn_ops import concat
 from geon.op_graph.nodes import user_location
 from geon.op_graph.reference import evaluate
 from geon.op_graph.serialize import register_codec
 from geon.op_graph.serialize_bodies import BODY_ATTRS, read_body, write_body
+from geon.op_graph.shaping import flatten, slice_along_axis, unflatten
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 __all__ = ["Scan", "ScanBody", "scan"]
@@ -105,13 +111,19 @@ class Scan(MultiOutput):
     stand-ins. Outputs: the final carries, the stacked ``y_t`` (axes ``axis`` then
     ``y_t``'s) and the stacked carries entering each step (``axis`` then the carry's).
     ``reverse``: from the last index to the first (outputs still indexed by position).
-    Build it with :func:`scan`."""
+    ``remat``: how the reverse derivative gets the carries entering each step
+    (:func:`remat_segment`): ``"step"`` reads the history; ``"checkpoints"`` (or
+    ``"checkpoints:N"``) stores only every ``N``-th (default ``ceil(sqrt(T))``) and
+    recomputes each segment's from it. Build it with :func:`scan`."""
 
-    attrs = ("body", "axis", "reverse")
+    attrs = ("body", "axis", "reverse", "remat")
+    optional_attrs = ("remat",)  # (a document without it: "step")
 
     def __init__(self, *args: Any, body: ScanBody, axis: Axis, reverse: bool = False,
-                 **kwargs: Any) -> None:
+                 remat: str = "step", **kwargs: Any) -> None:
         self.body, self.axis, self.reverse = body, axis, bool(reverse)
+        self.remat = "step" if remat is None else remat
+        remat_segment(self.remat, axis.length)  # (checks it)
         super().__init__(*args, **kwargs)
         if len(self.args) != len(body.inputs):
             raise ArgumentError(f"Scan {self.name}: {len(body.inputs)} args expected "
@@ -157,6 +169,23 @@ class Scan(MultiOutput):
 
 
 BODY_ATTRS[Scan] = ("body",)  # (a body read anywhere else is refused)
+
+REMAT_POLICIES = ("step", "checkpoints")
+
+
+def remat_segment(remat, steps):
+    """The segment length of the policy ``remat`` over ``steps`` steps: ``None`` for
+    ``"step"``; ``ceil(sqrt(steps))`` for ``"checkpoints"``; ``N`` for
+    ``"checkpoints:N"`` (``N >= 1``). Anything else is an :class:`ArgumentError`."""
+    if remat == "step":
+        return None
+    if remat == "checkpoints":
+        return math.isqrt(steps - 1) + 1 if steps > 1 else 1  # ceil(sqrt(steps))
+    if isinstance(remat, str) and remat.startswith("checkpoints:") \
+            and remat[12:].isdigit() and int(remat[12:]) >= 1:
+        return int(remat[12:])
+    raise ArgumentError(f"scan: remat={remat!r}: expected one of {REMAT_POLICIES} or "
+                        f"'checkpoints:N' (a segment of N >= 1 steps)")
 
 
 def _arg_error(op, a, what):
@@ -284,7 +313,7 @@ def _close(stand_ins, results, fn="scan"):
 
 
 def scan(body: Callable, init: Any, xs: Any, axis: Union[Axis, str],
-         reverse: bool = False) -> tuple:
+         reverse: bool = False, remat: str = "step") -> tuple:
     """Loop ``body`` over the named ``axis`` of the sequences ``xs``.
 
     Args:
@@ -298,6 +327,12 @@ def scan(body: Callable, init: Any, xs: Any, axis: Union[Axis, str],
             ``axis``.
         axis: the scanned axis (an :class:`Axis`, or the name of a sequence's axis).
         reverse: scan from the last index to the first.
+        remat: what the reverse derivative stores: ``"step"`` (the carry entering
+            every step; each backward step recomputes its step's forward from it) or
+            ``"checkpoints"`` (the carry entering every ``ceil(sqrt(T))``-th step only,
+            ``"checkpoints:N"`` every ``N``-th: each segment's carries are recomputed
+            from its checkpoint before its backward steps run). The values and
+            derivatives are the same.
 
     Returns ``(final_carry, ys)``: the carry after the last step, and each ``y_t``
     stacked along ``axis`` (first, then ``y_t``'s axes; position ``t`` holds step
@@ -331,7 +366,7 @@ def scan(body: Callable, init: Any, xs: Any, axis: Union[Axis, str],
     closures, k_in, results, deps = _close(c_in + x_in, new + list(ys))
     b = ScanBody(c_in, x_in, k_in, results[:len(new)], results[len(new):])
     op = Scan(*carries, *seqs, *closures, body=b, axis=axis, reverse=reverse,
-              follows=deps)
+              remat=remat, follows=deps)
     final = op.final_carries[0] if one_carry else tuple(op.final_carries)
     stacked = None if out[1] is None else op.ys[0] if one_y else tuple(op.ys)
     return final, stacked
@@ -428,9 +463,19 @@ def _vjp_body(b, dt, d_ys, d_hist):
 
 @adjoint_rule(Scan)
 def _scan_adjoint(op, deltas):
+    """The policy ``op.remat``'s reverse derivative (:func:`_step_adjoint`,
+    :func:`_checkpoint_adjoint`)."""
+    seg = remat_segment(op.remat, op.axis.length)
+    if seg is None or op.axis.length // seg == 0:
+        return _step_adjoint(op, deltas)
+    return _checkpoint_adjoint(op, deltas, seg)
+
+
+def _step_adjoint(op, deltas, acc=None):
     """A reverse scan over the history: each step maps the cotangent of the carry
     leaving it (and of its ``y_t``) to that of the carry entering it, of ``x_t``, and
-    adds the closures' share to their accumulators."""
+    adds the closures' share to their accumulators (starting at ``acc``, one per float
+    closure, or zeros)."""
     nc, nx, nk, ny = op.counts
     deltas = list(deltas) + [None] * (len(op.outputs) - len(deltas))
     d_final, d_ys, d_hist = deltas[:nc], deltas[nc:nc + ny], deltas[nc + ny:]
@@ -442,7 +487,9 @@ def _scan_adjoint(op, deltas):
     init = [_zeros(carries[k].axes, dt) if d_final[k] is None else _as_dtype(
         _laid_out(as_op(d_final[k]), carries[k].axes), dt, "a carry's adjoint")
         for k in cs]
-    init += [_zeros(a.axes, a.dtype) for a in body.carries_in[len(cs):]]
+    init += [_zeros(a.axes, a.dtype) if acc is None else _as_dtype(
+        _laid_out(as_op(v), a.axes), a.dtype, "an accumulator")
+        for a, v in zip(body.carries_in[len(cs):], acc or [None] * len(ks))]
     hist = list(op.history)
     d_seq = [_laid_out(as_op(d_ys[j]), op.ys[j].axes) for j in dys]
     d_seq += [_laid_out(as_op(d_hist[k]), op.history[k].axes) for k in dhs]
@@ -455,6 +502,127 @@ def _scan_adjoint(op, deltas):
         out[nc + k] = adj.ys[i]
     for i, k in enumerate(ks):
         out[nc + nx + k] = adj.outputs[len(cs) + i]
+    return out
+
+
+class _Segments:
+    """How a checkpointed scan of ``T`` steps divides: ``K = T // N`` full segments of
+    ``N`` steps (axes ``seg`` of ``K`` and ``inner`` of ``N``), run first, then a tail
+    of ``T % N`` steps (axis ``tail``), run last (positions ``K*N ..`` forward, ``0 ..``
+    in reverse). Splits a per-step sequence into those parts and joins them back."""
+
+    def __init__(self, axis, seg_len, reverse):
+        T, n = axis.length, axis.name
+        K, r = T // seg_len, T % seg_len
+        self.axis, self.r = axis, r
+        self.seg, self.inner = Axis(K, f"{n}_seg{K}"), Axis(seg_len, f"{n}_in{seg_len}")
+        self.full = Axis(K * seg_len, f"{n}_full{K * seg_len}")
+        self.tail = Axis(r, f"{n}_tail{r}") if r else None
+        self.lo = r if reverse else 0            # where the full segments start
+        self.tail_lo = 0 if reverse else K * seg_len
+
+    def segments(self, s):
+        """``s`` (with ``axis``) restricted to the full segments, ``axis`` split into
+        (``seg``, ``inner``) in its place."""
+        full = slice_along_axis(s, self.axis, slice(self.lo, self.lo + self.full.length),
+                                new_axis=self.full)
+        split = FlattenedAxis([self.seg, self.inner])
+        return unflatten(cast_axes(full, [split if a.name == self.full.name else a
+                                          for a in full.axes]))
+
+    def tail_of(self, s):
+        return slice_along_axis(s, self.axis, slice(self.tail_lo, self.tail_lo + self.r),
+                                new_axis=self.tail)
+
+    def join(self, full, tail, axes):
+        """The per-step values ``full`` (``seg``, ``inner``, the rest) and ``tail``
+        (``tail``, the rest; or None) as one tensor laid out as ``axes``."""
+        rest = [a for a in full.axes if a.name not in (self.seg.name, self.inner.name)]
+        flat = flatten(_laid_out(full, Axes(self.seg, self.inner, *rest)),
+                       [Axes(self.seg, self.inner)] + rest)
+        parts = [cast_axes(flat, [self.full] + rest)]
+        if tail is not None:
+            parts.append(_laid_out(tail, Axes(self.tail, *rest)))
+            if self.lo:                              # reverse: the tail comes first
+                parts.reverse()
+            parts = [concat(parts, [p.axes[0] for p in parts], out_axis=self.axis)]
+        else:
+            parts = [cast_axes(parts[0], [self.axis] + rest)]
+        return _laid_out(parts[0], axes)
+
+
+def _segment_scan(op, axis, carries, seqs):
+    """``op``'s loop over ``axis`` (a segment of its steps), from ``carries`` over the
+    sequences ``seqs``, reading ``op``'s closures: a :class:`Scan` stepping by the
+    policy ``"step"``."""
+    nc, nx, _, _ = op.counts
+    return Scan(*carries, *seqs, *op.args[nc + nx:], body=op.body, axis=axis,
+                reverse=op.reverse)
+
+
+def _checkpoint_adjoint(op, deltas, seg_len):
+    """The reverse derivative under ``"checkpoints"``: a forward scan over the full
+    segments (each step an inner scan over one segment) whose history are the
+    checkpoints; the tail's derivative by the policy ``"step"``; then a reverse scan
+    over the segments whose step rebuilds the segment's history from its checkpoint
+    (an inner forward scan) and runs the segment's reverse derivative over it."""
+    nc, nx, nk, ny = op.counts
+    deltas = list(deltas) + [None] * (len(op.outputs) - len(deltas))
+    d_final, d_ys, d_hist = deltas[:nc], deltas[nc:nc + ny], deltas[nc + ny:]
+    carries, seqs = op.args[:nc], op.args[nc:nc + nx]
+    sg = _Segments(op.axis, seg_len, op.reverse)
+    dys = [j for j, d in enumerate(d_ys) if d is not None]
+    dhs = [k for k, d in enumerate(d_hist) if d is not None]
+    per_step = list(seqs) + [_laid_out(as_op(d_ys[j]), op.ys[j].axes) for j in dys] \
+        + [_laid_out(as_op(d_hist[k]), op.history[k].axes) for k in dhs]
+    full = [sg.segments(s) for s in per_step]
+    cs = [k for k, c in enumerate(carries) if _float(c)]
+    xs = [k for k, s in enumerate(seqs) if _float(s)]
+    ks = [k for k, c in enumerate(op.args[nc + nx:]) if _float(c)]
+
+    def advance(c, x_k):
+        return tuple(_segment_scan(op, sg.inner, c, x_k).final_carries), None
+    mid, _ = scan(advance, tuple(carries), tuple(full[:nx]), sg.seg, reverse=op.reverse)
+    checkpoints = mid[0].args[0].history
+
+    def adjoint_of(seg_op, lam, d_seq, acc):
+        """``_step_adjoint`` of a segment's scan: the carry cotangents ``lam`` (of the
+        float carries) leave it, ``d_seq`` (the given ys' then history's) its steps."""
+        d = [None] * len(seg_op.outputs)
+        for i, k in enumerate(cs):
+            d[k] = lam[i]
+        for v, j in zip(d_seq[:len(dys)], dys):
+            d[nc + j] = v
+        for v, k in zip(d_seq[len(dys):], dhs):
+            d[nc + ny + k] = v
+        g = _step_adjoint(seg_op, d, acc)
+        return [g[k] for k in cs], [g[nc + k] for k in xs], [g[nc + nx + k] for k in ks]
+
+    dt = _common_dtype(list(carries) + [as_op(d) for d in deltas if d is not None])
+    lam = [_zeros(carries[k].axes, dt) if d_final[k] is None else _as_dtype(
+        _laid_out(as_op(d_final[k]), carries[k].axes), dt, "a carry's adjoint") for k in cs]
+    acc = [_zeros(op.args[nc + nx + k].axes, np.promote_types(dt, op.args[nc + nx + k].dtype))
+           for k in ks]
+    tail_dx = [None] * len(xs)
+    if sg.tail is not None:
+        tail = [sg.tail_of(s) for s in per_step]
+        lam, tail_dx, acc = adjoint_of(_segment_scan(op, sg.tail, mid, tail[:nx]), lam,
+                                       tail[nx:], acc)
+
+    def back(c, x_k):
+        lam, acc = c[:len(cs)], c[len(cs):]
+        seg_op = _segment_scan(op, sg.inner, x_k[:nc], x_k[nc:nc + nx])
+        new_lam, dx, new_acc = adjoint_of(seg_op, lam, x_k[nc + nx:], acc)
+        return tuple(new_lam) + tuple(new_acc), tuple(dx)
+    res, dxs = scan(back, tuple(lam) + tuple(acc), tuple(checkpoints) + tuple(full),
+                    sg.seg, reverse=not op.reverse)
+    out: list = [None] * len(op.args)
+    for i, k in enumerate(cs):
+        out[k] = res[i]
+    for i, k in enumerate(xs):
+        out[nc + k] = sg.join(dxs[i], tail_dx[i], seqs[k].axes)
+    for i, k in enumerate(ks):
+        out[nc + nx + k] = res[len(cs) + i]
     return out
 
 
@@ -511,7 +679,7 @@ def _scan_tangent(op, ts):
     t_x = [_laid_out(as_op(ts[nc + k]), seqs[k].axes + directions) for k in xs]
     t_k = [_laid_out(as_op(ts[nc + nx + k]), closures[k].axes + directions) for k in ks]
     s = Scan(*carries, *t_c, *seqs, *t_x, *closures, *t_k, body=body, axis=op.axis,
-             reverse=op.reverse)
+             reverse=op.reverse, remat=op.remat)
     ncs, nys = nc + len(cs), ny + len(ys)
     out: list = [None] * len(op.outputs)
     for i, k in enumerate(cs):

@@ -1,0 +1,209 @@
+"""be.scan(..., remat=...): the reverse derivative's policies ("step", "checkpoints",
+"checkpoints:N") give the same values and derivatives (geon/op_graph/control.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.op_graph.control import Scan, remat_segment
+from geon.op_graph.core import toposort
+from geon.transformers.passes.unroll import UnrollScans
+from gradcheck import assert_gradcheck
+
+H, D, H2 = be.Axis(3, "H"), be.Axis(2, "D"), be.Axis(3, "H2")
+
+
+def tanh_rnn(steps, remat, reverse=False):
+    """``(inputs, results, op)``: a tanh RNN's cost and its derivatives."""
+    T = be.Axis(steps, "T")
+    x, h0 = be.placeholder([T, D], dtype=np.float64), be.placeholder([H], dtype=np.float64)
+    w, u = be.placeholder([H2, H], dtype=np.float64), be.placeholder([H, D], dtype=np.float64)
+
+    def cell(h, xt):
+        hn = be.tanh(be.cast_axes(be.dot(w, h), [H]) + be.dot(u, xt))
+        return hn, be.sum(hn * hn, out_axes=())
+    hT, ys = be.scan(cell, h0, x, T, reverse=reverse, remat=remat)
+    cost = be.sum(ys * be.sin(be.constant(np.arange(steps, dtype=np.float64), axes=[T])),
+                  out_axes=()) + be.sum(hT * hT, out_axes=())
+    return [x, h0, w, u], [cost, hT, ys] + be.deriv(cost, [x, h0, w, u]), hT.args[0]
+
+
+def feeds(steps, seed=3):
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((steps, 2)), r.standard_normal(3),
+            0.5 * r.standard_normal((3, 3)), r.standard_normal((3, 2)))
+
+
+def close(a, b, rtol=1e-12):
+    for p, q in zip(a, b):
+        scale = max(np.max(np.abs(p)), 1e-300)
+        assert np.max(np.abs(np.asarray(p) - q)) <= rtol * scale
+
+
+@pytest.mark.parametrize("steps, remat", [(9, "checkpoints"), (10, "checkpoints"),
+                                          (3, "checkpoints"), (1, "checkpoints"),
+                                          (10, "checkpoints:4"), (7, "checkpoints:7"),
+                                          (5, "checkpoints:8")])   # last: T < segment
+@pytest.mark.parametrize("reverse", [False, True])
+def test_policies_agree(steps, remat, reverse):
+    vals = feeds(steps)
+    want = None
+    for policy in ("step", remat):
+        ins, res, op = tanh_rnn(steps, policy, reverse)
+        assert op.remat == policy
+        got = be.NumPyTransformer().computation(res, *ins)(*vals)
+        ref = be.evaluate(res, feeds=dict(zip(ins, vals)))
+        close(got, ref)
+        if want is None:
+            want = got
+        close(want, got)
+
+
+@pytest.mark.parametrize("steps, reverse", [(9, False), (10, True), (6, False)])
+def test_checkpoints_gradcheck(steps, reverse):
+    T = be.Axis(steps, "T")
+
+    def build(x, h0, w, u, b):
+        def cell(h, xt):
+            hn = be.tanh(be.cast_axes(be.dot(w, h), [H]) + be.dot(u, xt) + b)
+            return hn, be.sum(hn * hn, out_axes=())
+        hT, ys = be.scan(cell, h0, x, T, reverse=reverse, remat="checkpoints")
+        return be.sum(ys, out_axes=()) + be.sum(hT, out_axes=())
+    r = np.random.default_rng(steps)
+    assert_gradcheck(build, [([T, D], r.standard_normal((steps, 2))),
+                             ([H], r.standard_normal(3)),
+                             ([H2, H], 0.5 * r.standard_normal((3, 3))),
+                             ([H, D], r.standard_normal((3, 2))),
+                             ([H], r.standard_normal(3))])
+
+
+def test_several_carries_sequences_and_an_integer_carry():
+    T = be.Axis(7, "T")
+
+    def build(remat):
+        x = be.placeholder([T, H], dtype=np.float64)
+        z = be.placeholder([H, T], dtype=np.float64)   # the axis elsewhere
+        c0, m0 = be.placeholder([H], dtype=np.float64), be.placeholder([H], dtype=np.float64)
+        w = be.placeholder([H], dtype=np.float64)
+
+        def body(carry, xt):
+            n, c, m = carry
+            a, b = xt
+            c2 = be.tanh(c * w + a) * b
+            return (n + 1, c2, be.maximum(m, c2) + 0.1 * m), (c2 * m, a + m)
+        (n, cT, mT), (y1, y2) = be.scan(body, (be.constant(0, dtype=np.int64), c0, m0),
+                                        (x, z), T, remat=remat)
+        cost = be.sum(y1, out_axes=()) + be.sum(y2 * y2, out_axes=()) \
+            + be.sum(cT * mT, out_axes=())
+        ins = [x, z, c0, m0, w]
+        return ins, [n, cost] + be.deriv(cost, ins)
+    r = np.random.default_rng(5)
+    vals = (r.standard_normal((7, 3)), r.standard_normal((3, 7)), r.standard_normal(3),
+            r.standard_normal(3) + 2.0, r.standard_normal(3))
+    ins, res = build("step")
+    want = be.NumPyTransformer().computation(res, *ins)(*vals)
+    ins, res = build("checkpoints:3")
+    got = be.NumPyTransformer().computation(res, *ins)(*vals)
+    assert int(got[0]) == 7
+    close(want, got)
+
+
+def test_second_derivative_and_hvp():
+    T = be.Axis(10, "T")
+    out = {}
+    for remat in ("step", "checkpoints"):
+        x = be.placeholder([T], dtype=np.float64)
+        a = be.placeholder([], dtype=np.float64)
+        hT, _ = be.scan(lambda h, xt: (be.tanh(h * a + xt), None),
+                        0.5 * be.constant(1.0, dtype=np.float64), x, T, remat=remat)
+        g = be.deriv(hT, a)
+        gg = be.deriv(g, a)
+        hv = be.hvp(hT, a, 1.0)
+        X = np.random.default_rng(2).standard_normal(10)
+        out[remat] = be.NumPyTransformer().computation([g, gg, hv], x, a)(X, 0.3)
+        gf = be.NumPyTransformer().computation(g, x, a)
+        e = 1e-5
+        np.testing.assert_allclose(out[remat][1], (gf(X, 0.3 + e) - gf(X, 0.3 - e)) / (2 * e),
+                                   rtol=1e-6)
+    close(out["step"], out["checkpoints"])
+
+
+def test_checkpoints_do_not_read_the_history():
+    ins, res, op = tanh_rnn(16, "checkpoints")
+    readers = {o for o in toposort(res) for a in o.args if a in op.history}
+    assert not readers
+    scans = [o for o in toposort(res) if isinstance(o, Scan)]
+    assert any(o.axis.length == 4 and o.axis.name == "T_seg4" for o in scans)
+    ins, res, op = tanh_rnn(16, "step")
+    assert {o for o in toposort(res) for a in o.args if a in op.history}
+
+
+def test_segment_lengths_and_errors():
+    assert [remat_segment("checkpoints", t) for t in (0, 1, 2, 4, 5, 9, 10, 1000)] == \
+        [1, 1, 2, 2, 3, 3, 4, 32]
+    assert remat_segment("step", 10) is None and remat_segment("checkpoints:6", 10) == 6
+    T = be.Axis(4, "T")
+    x = be.placeholder([T, H], dtype=np.float64)
+    for bad in ("all", "checkpoints:0", "checkpoints:x", 3):
+        with pytest.raises(be.ArgumentError, match="remat="):
+            be.scan(lambda h, xt: (h + xt, None), be.placeholder([H], dtype=np.float64),
+                    x, T, remat=bad)
+
+
+def test_serialized_printed_and_kept_apart_by_cse():
+    T = be.Axis(4, "T")
+    x, h0 = be.placeholder([T, H], dtype=np.float64), be.placeholder([H], dtype=np.float64)
+    a, _ = be.scan(lambda h, xt: (h * xt, None), h0, x, T, remat="checkpoints")
+    text = be.serialize(a)
+    back = be.deserialize(text)
+    assert be.serialize(back) == text
+    assert '"remat": "checkpoints"' in text.replace("\n", " ").replace("  ", " ") \
+        or '"remat":"checkpoints"' in text
+    assert "checkpoints" in be.graph_text(a)
+    # a document written before remat existed loads as "step"
+    doc = json.loads(be.serialize(be.scan(lambda h, xt: (h * xt, None), h0, x, T)[0]))
+    for rec in doc["ops"]:
+        if rec.get("type") == "Scan" or rec.get("op") == "Scan":
+            rec["attrs"].pop("remat")
+    old = be.deserialize(json.dumps(doc))
+    assert old.args[0].remat == "step"
+    b, _ = be.scan(lambda h, xt: (h * xt, None), h0, x, T, remat="step")
+    c, _ = be.scan(lambda h, xt: (h * xt, None), h0, x, T, remat="checkpoints")
+    cost = be.sum(b, out_axes=()) + be.sum(c, out_axes=())
+    X, H0 = np.random.default_rng(1).standard_normal((4, 3)), np.ones(3)
+    f = be.NumPyTransformer().computation([cost] + be.deriv(cost, [x]), x, h0)
+    np.testing.assert_allclose(f(X, H0)[1], 2 * be.evaluate(
+        be.deriv(be.sum(b, out_axes=()), x), feeds={x: X, h0: H0}), rtol=1e-12)
+
+
+class _Unrolling(be.NumPyTransformer):
+    """The NumPy transformer with scans unrolled first (as the GPU transformers run)."""
+
+    def passes(self):
+        return [UnrollScans()] + super().passes()
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_checkpoints_run_unrolled(reverse):
+    vals = feeds(5)
+    ins, res, _ = tanh_rnn(5, "checkpoints:2", reverse)
+    want = be.NumPyTransformer().computation(res, *ins)(*vals)
+    ins, res, _ = tanh_rnn(5, "checkpoints:2", reverse)
+    comp = _Unrolling().computation(res, *ins)
+    assert "_scan_bodies" not in comp.source
+    close(want, comp(*vals), rtol=1e-11)
+
+
+def test_benchmark_graph_policies_agree():
+    from benchmarks.scan import remat_graph
+    losses = []
+    for remat in ("step", "checkpoints"):
+        results, x, t = remat_graph(6, 8, 2, remat)
+        comp = be.NumPyTransformer().computation(results, x, t)
+        r = np.random.default_rng(0)
+        X = r.standard_normal((6, 32, 2)).astype(np.float32)
+        Y = r.standard_normal((8, 2)).astype(np.float32)
+        losses.append([float(comp(X, Y)[0]) for _ in range(3)])  # SGD steps
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
