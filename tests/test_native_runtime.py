@@ -191,7 +191,20 @@ def kernel_plans():
     tab = rng.normal(size=(6, 3)).astype(np.float32)
     plans += [(gathered, [tab, np.array([0, 5, -6, 2])], False),
               (gathered, [tab, np.array([0, 6, 1, 2])], True)]
+    plans.append((random_plan(), [np.ones((3, 5))], False))
     return plans
+
+
+def random_plan():
+    """A plan of geon's Random primitive: uniform and normal draws of both float
+    dtypes, odd sizes, the largest seed and stream, used by a dropout mask."""
+    from geon.op_graph import random as rnd
+    A, B, C = be.Axis(3, "RtRA"), be.Axis(5, "RtRB"), be.Axis(7, "RtRC")
+    x = be.placeholder([A, B], dtype=np.float64)
+    outs = [rnd.random([A, B, C], d, 2 ** 64 - 1, 2 ** 32 - 1, t)
+            for d in ("uniform", "normal") for t in (np.float32, np.float64)]
+    return bk.plan(outs + [rnd.random([C], "normal", 5, 9, np.float32),
+                           be.dropout(x, 0.5, seed=1)], x)
 
 
 def new_op_hostile_cases():
@@ -262,6 +275,31 @@ def new_op_hostile_cases():
               ("PrefixSum of 1-d", edit(gdoc, "PrefixSum", lambda r: r.update(args=[ids])), 1),
               ("SortPrim one output", edit(gdoc, "SortPrim", lambda r: r.update(
                    outputs=r["outputs"][:1])), 1)]
+    rdoc = plans[-1][0]
+    counter = json.loads(rdoc)["graph"]["ops"][first(rdoc, "Random")]["args"][0]
+    cases += [(f"Random {what}", edit(rdoc, "Random", fn), status) for what, fn, status in [
+        ("distribution", attr(distribution="poisson"), 1),
+        ("distribution type", attr(distribution=1), 1),
+        ("no distribution", lambda r: r["attrs"].pop("distribution"), 1),
+        ("no seed", lambda r: r["attrs"].pop("seed"), 1),
+        ("negative seed", attr(seed=-1), 1),
+        ("seed 2**64", attr(seed=2 ** 64), 1),
+        ("huge seed", attr(seed=10 ** 40), 1),
+        ("float seed", attr(seed=1.5), 1),
+        ("seed string", attr(seed="1"), 1),
+        ("stream 2**32", attr(stream=2 ** 32), 1),
+        ("negative stream", attr(stream=-1), 1),
+        ("no stream", lambda r: r["attrs"].pop("stream"), 1),
+        ("no attrs", lambda r: r.pop("attrs"), 1),
+        ("attrs list", lambda r: r.update(attrs=[1]), 1),
+        ("int32 result", lambda r: r["outputs"][0].update(dtype="int32"), 1),
+        ("float16 result", lambda r: r["outputs"][0].update(dtype="float16"), 2),
+        ("two outputs", lambda r: r.update(outputs=r["outputs"] * 2), 1),
+        ("no arg", lambda r: r.update(args=[]), 1),
+        ("two args", lambda r: r.update(args=[counter, counter]), 1)]]
+    p = json.loads(rdoc)                              # a float64 step counter
+    p["graph"]["ops"][counter[0]]["outputs"][0]["dtype"] = "float64"
+    cases.append(("Random float counter", json.dumps(p).encode(), 1))
     return cases
 
 
@@ -274,8 +312,10 @@ def test_hostile_plans_are_refused(runtime, name, data, status):
 
 def test_unsupported_ops_are_listed_through_the_adapter(runtime):
     x = be.placeholder([be.Axis(3, "RtS"), be.Axis(4, "RtT")], dtype=np.float64)
-    with pytest.raises(native.NativeBackendError, match="unsupported ops: Random") as e:
-        runtime.load(bk.plan(x + be.uniform(x.axes), x))
+    from geon.op_graph.collectives import AllReduce, BroadcastFrom
+    with pytest.raises(native.NativeBackendError,
+                       match="unsupported ops: AllReduce, BroadcastFrom") as e:
+        runtime.load(bk.plan(AllReduce(x * 2.0) + BroadcastFrom(x), x))
     assert e.value.status == 2
 
 

@@ -141,6 +141,7 @@ static geon_status run_op(geon_backend *b, int32_t i, gn_op *op, const DLTensor 
     case OP_SORT: gn_run_sort(op, a, b->scratch); break;
     case OP_CONV: case OP_CONV_GRAD_DATA: case OP_CONV_GRAD_FILTER: gn_run_conv(op, a, a2, b->scratch); break;
     case OP_MAXPOOL: case OP_MAXPOOL_GRAD: case OP_MAXPOOL_GATHER: gn_run_pool(op, a, a2, b->scratch); break;
+    case OP_RANDOM: gn_run_random(op, a); break;
     default:
       if (GN_IS_REDUCE(op->kind)) gn_run_reduce(op, a);
       else gn_run_elementwise(op, a, a2);

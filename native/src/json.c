@@ -185,6 +185,11 @@ static int read_number(reader *r, gj_node *n) {
     errno = 0;
     long long v = strtoll(buf, NULL, 10);
     if (errno == 0) { n->is_int = 1; n->ival = (int64_t)v; }
+    if (buf[0] != '-') {
+      errno = 0;
+      unsigned long long u = strtoull(buf, NULL, 10);
+      if (errno == 0) { n->is_uint = 1; n->uval = (uint64_t)u; }
+    }
   }
   return 0;
 }

@@ -19,6 +19,8 @@ typedef struct {
   gj_type type;
   int is_int;        /* a number written without fraction or exponent that fits int64 */
   int64_t ival;      /* its value when is_int */
+  int is_uint;       /* such a number without a minus sign that fits uint64 */
+  uint64_t uval;     /* its value when is_uint (2**63 and more: is_uint but not is_int) */
   double num;        /* a number's value */
   const char *str;   /* a string's decoded bytes (NUL-terminated copy), or a key */
   size_t str_len;

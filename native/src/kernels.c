@@ -239,10 +239,66 @@ static void apply(gn_kind k, const double *a, const double *b, double *y, int64_
   }
 }
 
-/* Integer results of + - * and max/min are exact only below 2**53 (computed in double). */
+static int is_int_dtype(gn_dtype t) { return t >= DT_I8 && t <= DT_U64; }
+
+/* An integer element as 64 bits (signed ones sign-extended, unsigned ones as they are). */
+static uint64_t load_bits(const char *p, gn_dtype t) {
+  switch (t) {
+    case DT_I8: return (uint64_t)(int64_t)*(const int8_t *)p;
+    case DT_I16: return (uint64_t)(int64_t)*(const int16_t *)p;
+    case DT_I32: return (uint64_t)(int64_t)*(const int32_t *)p;
+    case DT_U8: return *(const uint8_t *)p;
+    case DT_U16: return *(const uint16_t *)p;
+    case DT_U32: return *(const uint32_t *)p;
+    default: return *(const uint64_t *)p;  /* int64, uint64 */
+  }
+}
+
+/* int64 or uint64 results of + - * max min from integer operands: exact, wrapping
+ * modulo 2**64 as NumPy's do (a step counter near 2**63 steps on exactly). */
+static int int64_kernel(gn_kind k, gn_dtype t) {
+  return (t == DT_I64 || t == DT_U64) &&
+         (k == OP_ADD || k == OP_SUB || k == OP_MUL || k == OP_MAX || k == OP_MIN);
+}
+
+static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
+  gn_value *y = &op->out[0];
+  static const int64_t zero[GN_MAX_DIMS] = {0};
+  int nd = y->ndim, sgn = y->dtype == DT_I64;
+  const int64_t *strides[3] = {y->strides, a->ndim ? a->strides : zero, b->ndim ? b->strides : zero};
+  int64_t n = nd ? y->shape[nd - 1] : 1;
+  int64_t sa = nd ? strides[1][nd - 1] : 0, sb = nd ? strides[2][nd - 1] : 0;
+  int64_t offs[3] = {0, 0, 0};
+  int za = gn_dtype_size[a->dtype], zb = gn_dtype_size[b->dtype];
+  outer_iter it = {nd, y->shape, {0}};
+  do {
+    uint64_t *o = (uint64_t *)(y->data + offs[0] * 8);
+    for (int64_t i = 0; i < n; i++) {
+      uint64_t x = load_bits(a->data + (offs[1] + i * sa) * za, a->dtype);
+      uint64_t z = load_bits(b->data + (offs[2] + i * sb) * zb, b->dtype);
+      int less = sgn ? (int64_t)x < (int64_t)z : x < z;
+      uint64_t r;
+      switch (op->kind) {
+        case OP_ADD: r = x + z; break;
+        case OP_SUB: r = x - z; break;
+        case OP_MUL: r = x * z; break;
+        case OP_MAX: r = less ? z : x; break;
+        default: r = less ? x : z; break;
+      }
+      memcpy(o + i, &r, 8);
+    }
+  } while (nd > 1 && next_row(&it, 3, offs, strides));
+}
+
+/* Integer results of + - * and max/min of int64 or uint64 are exact (run_int64); of
+ * narrower integers, computed in double, exact below 2**53. */
 void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
   gn_value *y = &op->out[0];
   if (y->size == 0) return;
+  if (b && int64_kernel(op->kind, y->dtype) && is_int_dtype(a->dtype) && is_int_dtype(b->dtype)) {
+    run_int64(op, a, b);
+    return;
+  }
   static const int64_t zero[GN_MAX_DIMS] = {0};
   int nd = y->ndim, na = b ? 3 : 2;
   const int64_t *strides[3] = {y->strides, a->ndim ? a->strides : zero,

@@ -43,7 +43,8 @@ static const char *const KIND_NAMES[OP_KIND_COUNT] = {
   "ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceArgMax", "ReduceArgMin",
   "ReduceMaxArgMax",
   "Take", "PutAdd", "PrefixSum", "SortPrim",
-  "Conv", "ConvGradData", "ConvGradFilter", "MaxPool", "MaxPoolGrad", "MaxPoolGather"};
+  "Conv", "ConvGradData", "ConvGradFilter", "MaxPool", "MaxPoolGrad", "MaxPoolGather",
+  "Random"};
 
 static int kind_of(const gj_node *n) {
   for (int k = 0; k < OP_KIND_COUNT; k++)
@@ -228,7 +229,13 @@ static geon_status read_fill(loader *L, gn_op *op, const gj_node *n, const char 
   double x;
   if (read_number(L, n, &x)) {
     if (!(op->buffer[0] = alloc_bytes(L, z))) return L->e->status;
-    gn_store(op->buffer[0], v->dtype, x);
+    if ((v->dtype == DT_I64 && n->is_int) || (v->dtype == DT_U64 && n->is_uint)) {
+      /* exact: 64-bit integers beyond 2**53 (a step counter near 2**63) */
+      int64_t bits = v->dtype == DT_I64 ? n->ival : (int64_t)n->uval;
+      memcpy(op->buffer[0], &bits, 8);
+    } else {
+      gn_store(op->buffer[0], v->dtype, x);
+    }
     op->filled = 1;
     return GEON_OK;
   }
@@ -555,6 +562,24 @@ static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
     }
     if (ok && ((y->dtype != DT_F32 && y->dtype != DT_F64) || a->dtype != y->dtype || b2->dtype != y->dtype))
       return gn_fail(L->e, GEON_ERR_UNSUPPORTED, "op %d (%s): only float32 or float64 operands of one dtype", i, name);
+  } else if (k == OP_RANDOM) {
+    /* Random(counter): an integer scalar step; distribution "uniform" or "normal",
+     * seed in [0, 2**64), stream in [0, 2**32); a float32 or float64 result */
+    const gj_node *dist = gj_get(&L->doc, attrs, "distribution"), *seed = gj_get(&L->doc, attrs, "seed"),
+                  *stream = gj_get(&L->doc, attrs, "stream");
+    if (!attrs || attrs->type != GJ_OBJECT) return INVALID("op %d (Random): no attrs", i);
+    if (gj_is(dist, "uniform")) op->rnd_normal = 0;
+    else if (gj_is(dist, "normal")) op->rnd_normal = 1;
+    else return INVALID("op %d (Random): distribution must be \"uniform\" or \"normal\"", i);
+    if (!seed || seed->type != GJ_NUMBER || !seed->is_uint)
+      return INVALID("op %d (Random): seed must be an integer from 0 to 2**64 - 1", i);
+    if (!stream || stream->type != GJ_NUMBER || !stream->is_uint || stream->uval > 0xFFFFFFFFu)
+      return INVALID("op %d (Random): stream must be an integer from 0 to 2**32 - 1", i);
+    op->rnd_seed = seed->uval;
+    op->rnd_stream = (uint32_t)stream->uval;
+    if (a->ndim != 0 || !is_integer_dtype(a->dtype))
+      return INVALID("op %d (Random): its arg must be the step counter, an integer scalar", i);
+    ok = y->dtype == DT_F32 || y->dtype == DT_F64;
   } else if (GN_IS_POOL(k)) {
     /* x (..., *S); MaxPool -> (..., *P); MaxPoolGrad(x, dy (..., *P)) -> x's shape;
      * MaxPoolGather(x, v (x's shape)) -> (..., *P) */

@@ -10,7 +10,7 @@
  * its arg's elements with other strides and never copies (a Reshape of a view that
  * no strides can describe copies into its own buffer). Running (backend.c) walks the
  * ops in order, sets each value's description and calls its kernel (kernels.c; the ops
- * along dimension 1, convolution and pooling in kernels_more.c). */
+ * along dimension 1, convolution and pooling in kernels_more.c; Random in random.c). */
 #ifndef GN_RUNTIME_H
 #define GN_RUNTIME_H
 
@@ -53,6 +53,8 @@ typedef enum {
   /* convolution and max pooling over 1 or 2 trailing spatial dimensions */
   OP_CONV, OP_CONV_GRAD_DATA, OP_CONV_GRAD_FILTER, OP_MAXPOOL, OP_MAXPOOL_GRAD,
   OP_MAXPOOL_GATHER,
+  /* geon's random numbers (random.c) */
+  OP_RANDOM,
   OP_KIND_COUNT
 } gn_kind;
 
@@ -103,6 +105,9 @@ typedef struct {
   gn_slice key[GN_MAX_DIMS];      /* SliceView (arg's dims), Unslice (result's dims) */
   int input_index;                /* Placeholder: which input */
   gn_window win;                  /* Conv*, MaxPool* */
+  uint64_t rnd_seed;              /* Random: seed, stream id, normal (else uniform) */
+  uint32_t rnd_stream;
+  int rnd_normal;
   /* storage: compact row-major, owned (NULL for views, placeholders) */
   char *buffer[2];
   int filled;                     /* Constant: one element filling the shape */
@@ -155,5 +160,7 @@ void gn_run_conv(gn_op *op, const gn_value *a, const gn_value *b, char *scratch)
 void gn_run_pool(gn_op *op, const gn_value *a, const gn_value *b, char *scratch);
 int64_t gn_scratch_need(const gn_op *op, const gn_value *a, const gn_value *b);
 const char *gn_blas_name(void);
+/* random.c: the Random primitive's draw at the step counter's value (an integer scalar). */
+void gn_run_random(gn_op *op, const gn_value *counter);
 
 #endif
