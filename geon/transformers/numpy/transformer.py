@@ -50,6 +50,17 @@ from geon.transformers.numpy.user_ops import _module_globals
 from geon.transformers.numpy.emitter import ModuleEmitter
 
 
+#: linecache names of generated modules whose computations are gone (see
+#: ``_compile_source``).
+_DEAD_SOURCES: list = []
+
+
+def _forget_dead_sources():
+    """Drop the linecache entries of computations that are gone."""
+    while _DEAD_SOURCES:
+        linecache.cache.pop(_DEAD_SOURCES.pop(), None)
+
+
 class NumPyComputation(Computation):
     """A computation compiled to NumPy calls (see the module docstring)."""
 
@@ -84,9 +95,13 @@ class NumPyComputation(Computation):
         check_lines(src, "Python")
         self._source = "\n".join(src) + "\n"
         fname = f"<geon-numpy-{id(self):x}>"
+        _forget_dead_sources()
         linecache.cache[fname] = (len(self._source), None, self._source.splitlines(True),
                                   fname)  # tracebacks show generated lines
-        weakref.finalize(self, linecache.cache.pop, fname, None)
+        # Not popped from linecache by the finalizer itself: it may run (in a garbage
+        # collection) while linecache.checkcache walks the cache, which then fails on
+        # the missing key. The entry goes at the next compilation instead.
+        weakref.finalize(self, _DEAD_SOURCES.append, fname)
         self._code = compile(self._source, fname, "exec")
 
     def _check_line(self, op, out, args):
