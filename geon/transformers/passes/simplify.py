@@ -162,6 +162,10 @@ def exp_minus_one(op):  # exp(x) - 1 -> expm1(x) ; exp(x) + -1 and -1 + exp(x) t
     return new
 
 
+#: Ops whose value is a rearrangement of their one arg's elements.
+_SAME_NUMBER = tuple(VIEW_CLASSES)
+
+
 def fold_constants(op):  # f(constants) -> constant
     if not op.args:
         return None
@@ -173,8 +177,13 @@ def fold_constants(op):  # f(constants) -> constant
     if any(a.value.size > FOLD_LIMIT for a in op.args) and not all(
             _const_value(a) is not None for a in op.args):
         return None
-    from geon.op_graph.reference import ELEMENTWISE_FUNCS, EVALUATORS
     numbers = [_const_value(a) for a in op.args]
+    if isinstance(op, _SAME_NUMBER) and numbers[0] is not None \
+            and op.dtype == op.args[0].dtype:
+        # a broadcast, reordering or view of one number is that number: no array built
+        return og.Constant(np.asarray(numbers[0], op.dtype)[()], axes=op.axes,
+                           dtype=op.dtype)
+    from geon.op_graph.reference import ELEMENTWISE_FUNCS, EVALUATORS
     ew = ELEMENTWISE_FUNCS.get(type(op))
     if ew is not None and all(v is not None for v in numbers):
         # One number everywhere in, one number out: no full-size arrays.
