@@ -348,3 +348,28 @@ def test_hostile_plans_under_asan(tmp_path):
                           env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "checked" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_inputs_of_any_layout_and_repeated_runs(runtime, dtype):
+    """The adapter passes strided, transposed, read-only and misaligned inputs (its
+    DLTensors are made once per executable); outputs are new arrays at every run."""
+    A, B = be.Axis(4, "RtLa"), be.Axis(6, "RtLb")
+    x = be.placeholder([A, B], dtype=dtype)
+    v = be.placeholder([B], dtype=dtype)
+    outs = [be.exp(x) * v - x / 3.0, be.sum(x * v, reduction_axes=[A]),
+            be.max(x, reduction_axes=[B]), be.absolute(x) + be.maximum(v, 0.0)]
+    doc = bk.plan(outs, x, v)
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(8, 12)).astype(dtype)
+    ro = rng.normal(size=(4, 6)).astype(dtype)
+    ro.flags.writeable = False
+    raw = np.zeros(4 * 6 * np.dtype(dtype).itemsize + 1, np.uint8)
+    mis = raw[1:].view(dtype).reshape(4, 6)
+    mis[...] = rng.normal(size=(4, 6))
+    vs = rng.normal(size=12).astype(dtype)[::2]
+    for xv in (base[::2, ::2], base[:6, :4].T, ro, mis, np.ascontiguousarray(base[:4, :6])):
+        _same(doc, [xv, vs], runtime, steps=2, dtype=dtype)
+    ex = runtime.load(doc)
+    one, two = ex.run(ro, vs), ex.run(ro, vs)
+    assert not any(np.shares_memory(a, b) for a, b in zip(one, two))

@@ -88,16 +88,23 @@ def _read_cpu_ticks(cpus: list[int], path: str = "/proc/stat") -> Optional[int]:
     return busy
 
 
-def _blas_thread_api():
-    """``(get, set)`` for the OpenBLAS that NumPy loaded (found in the process's memory
-    map), or None if none is loaded or it lacks them."""
+def mapped_openblas():
+    """The paths of the OpenBLAS libraries mapped into this process now (from its
+    memory map; empty where there is none)."""
     try:
         with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if ".so" in line
-                            and "openblas" in os.path.basename(line.split()[-1]).lower()})
+            return {line.split()[-1] for line in f if ".so" in line
+                    and "openblas" in os.path.basename(line.split()[-1]).lower()}
     except OSError:
-        return None
-    for path in paths:
+        return set()
+
+
+def _blas_thread_api(paths=None):
+    """``(get, set)`` for the OpenBLAS among ``paths`` (by default every one mapped:
+    NumPy's), or None if none is loaded or it lacks them."""
+    if paths is None:
+        paths = mapped_openblas()
+    for path in sorted(paths):
         try:
             lib = ctypes.CDLL(path)
         except OSError:

@@ -1,6 +1,9 @@
 /* kernels.c: the computations of libgeon_native on strided values.
  *
- * Elementwise ops work a row (the last dimension) at a time: each operand's row is
+ * Elementwise ops work a row (the last dimension, merged with the ones every operand
+ * steps through contiguously) at a time. When the result and its operands are all
+ * float32 or all float64, typed loops run on the elements themselves (run_typed);
+ * otherwise each operand's row is
  * loaded into a double buffer whatever its dtype and strides, the op runs on the
  * buffers, and the result row is stored in the output's dtype. float64 results are
  * thus computed exactly as NumPy does; float32 results are computed in double and
@@ -142,21 +145,42 @@ static int next_row(outer_iter *it, int n, int64_t *offs, const int64_t *const *
   return 0;
 }
 
+static int merge_dims(int nd, int64_t *shape, int n, int64_t (*strides)[GN_MAX_DIMS]);
+
+/* One row of n elements of size z, same dtype: one memcpy where both are contiguous,
+ * else typed element moves. */
+static void copy_row(char *o, int64_t sd, const char *s, int64_t ss, int64_t n, int z) {
+  if (sd == 1 && ss == 1) { memcpy(o, s, (size_t)(n * z)); return; }
+  int64_t i;
+  switch (z) {
+    case 8: for (i = 0; i < n; i++) ((uint64_t *)o)[i * sd] = ((const uint64_t *)s)[i * ss]; break;
+    case 4: for (i = 0; i < n; i++) ((uint32_t *)o)[i * sd] = ((const uint32_t *)s)[i * ss]; break;
+    case 2: for (i = 0; i < n; i++) ((uint16_t *)o)[i * sd] = ((const uint16_t *)s)[i * ss]; break;
+    default: for (i = 0; i < n; i++) o[i * sd] = s[i * ss]; break;
+  }
+}
+
 void gn_copy_values(gn_value *dst, const gn_value *src) {
   if (dst->size == 0) return;
-  static const int64_t zero[GN_MAX_DIMS] = {0};
   int nd = dst->ndim;
-  int64_t n = nd ? dst->shape[nd - 1] : 1;
-  const int64_t *strides[2] = {dst->strides, src->ndim ? src->strides : zero};
-  int64_t sd = nd ? dst->strides[nd - 1] : 0, ss = nd && src->ndim ? src->strides[nd - 1] : 0;
+  int64_t shape[GN_MAX_DIMS], st[2][GN_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    shape[d] = dst->shape[d];
+    st[0][d] = dst->strides[d];
+    st[1][d] = src->ndim ? src->strides[d] : 0;
+  }
+  nd = merge_dims(nd, shape, 2, st);
+  const int64_t *strides[2] = {st[0], st[1]};
+  int64_t n = nd ? shape[nd - 1] : 1;
+  int64_t sd = nd ? st[0][nd - 1] : 0, ss = nd ? st[1][nd - 1] : 0;
   int64_t offs[2] = {0, 0};
   int zd = gn_dtype_size[dst->dtype], zs = gn_dtype_size[src->dtype];
-  outer_iter it = {nd, dst->shape, {0}};
+  outer_iter it = {nd, shape, {0}};
   do {
     char *o = dst->data + offs[0] * zd;
     const char *s = src->data + offs[1] * zs;
     if (dst->dtype == src->dtype) {
-      for (int64_t i = 0; i < n; i++) memcpy(o + i * sd * zd, s + i * ss * zs, (size_t)zd);
+      copy_row(o, sd, s, ss, n, zd);
     } else {
       for (int64_t i = 0; i < n; i++) gn_store(o + i * sd * zd, dst->dtype, gn_load(s + i * ss * zs, src->dtype));
     }
@@ -290,6 +314,121 @@ static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
   } while (nd > 1 && next_row(&it, 3, offs, strides));
 }
 
+/* --- typed elementwise loops ----------------------------------------------------------
+ * When the result and every operand are one float dtype, a row runs straight on the
+ * elements, with no double buffers: + - * / max min, the comparisons, negation,
+ * absolute value, sign, square and reciprocal in the dtype itself (for float32 these
+ * give the bits of the double computation rounded once, as the generic path does:
+ * double has more than twice float's precision), the other functions in double and
+ * rounded once, as the generic path does. Loops are specialized on unit and zero
+ * strides so that the compiler vectorizes them. */
+#define EW(T, E)                                                                           \
+  do {                                                                                     \
+    int64_t i;                                                                             \
+    if (sa == 1 && sb == 1) {                                                              \
+      for (i = 0; i < n; i++) { T x = pa[i], z = pb[i]; (void)z; py[i] = (T)(E); }         \
+    } else if (sa == 1 && sb == 0) {                                                       \
+      T z = pb[0]; (void)z;                                                                \
+      for (i = 0; i < n; i++) { T x = pa[i]; py[i] = (T)(E); }                             \
+    } else if (sa == 0 && sb == 1) {                                                       \
+      T x = pa[0]; (void)x;                                                                \
+      for (i = 0; i < n; i++) { T z = pb[i]; (void)z; py[i] = (T)(E); }                    \
+    } else {                                                                               \
+      for (i = 0; i < n; i++) { T x = pa[i * sa], z = pb[i * sb]; (void)z; py[i] = (T)(E); } \
+    }                                                                                      \
+  } while (0)
+
+#define EW_KERNEL(T, NAME)                                                                 \
+  static void NAME(gn_kind k, const T *pa, int64_t sa, const T *pb, int64_t sb,            \
+                   T *restrict py, int64_t n) {                                            \
+    switch (k) {                                                                           \
+      case OP_ADD: EW(T, x + z); break;                                                    \
+      case OP_SUB: EW(T, x - z); break;                                                    \
+      case OP_MUL: EW(T, x * z); break;                                                    \
+      case OP_DIV: EW(T, x / z); break;                                                    \
+      case OP_MAX: EW(T, x != x ? x : z != z ? z : x > z ? x : z); break;                  \
+      case OP_MIN: EW(T, x != x ? x : z != z ? z : x < z ? x : z); break;                  \
+      case OP_POW: EW(T, pow((double)x, (double)z)); break;                                \
+      case OP_EQ: EW(T, x == z); break;                                                    \
+      case OP_NE: EW(T, x != z); break;                                                    \
+      case OP_LT: EW(T, x < z); break;                                                     \
+      case OP_LE: EW(T, x <= z); break;                                                    \
+      case OP_GT: EW(T, x > z); break;                                                     \
+      case OP_GE: EW(T, x >= z); break;                                                    \
+      case OP_SIGMOID_CE: EW(T, gn_sigmoid_ce((double)x, (double)z)); break;               \
+      case OP_NEG: EW(T, -x); break;                                                       \
+      case OP_ABS: EW(T, fabs((double)x)); break;                                          \
+      case OP_SIGN: EW(T, gn_sign((double)x)); break;                                      \
+      case OP_SQUARE: EW(T, x * x); break;                                                 \
+      case OP_SQRT: EW(T, sqrt((double)x)); break;                                         \
+      case OP_RECIP: EW(T, (T)1 / x); break;                                               \
+      case OP_EXP: EW(T, exp((double)x)); break;                                           \
+      case OP_LOG: EW(T, log((double)x)); break;                                           \
+      case OP_SIN: EW(T, sin((double)x)); break;                                           \
+      case OP_COS: EW(T, cos((double)x)); break;                                           \
+      case OP_TANH: EW(T, tanh((double)x)); break;                                         \
+      case OP_SIGMOID: EW(T, 1.0 / (1.0 + exp(-(double)x))); break;                        \
+      case OP_ERF: EW(T, erf((double)x)); break;                                           \
+      case OP_EXPM1: EW(T, expm1((double)x)); break;                                       \
+      case OP_SOFTPLUS: EW(T, gn_softplus((double)x)); break;                              \
+      default: break;                                                                      \
+    }                                                                                      \
+  }
+EW_KERNEL(float, ew_float)
+EW_KERNEL(double, ew_double)
+
+/* Merge the dimensions of shape that every operand steps through as one (the row
+ * then spans them): fewer, longer rows. Returns the new number of dimensions. */
+static int merge_dims(int nd, int64_t *shape, int n, int64_t (*strides)[GN_MAX_DIMS]) {
+  if (nd <= 1) return nd;
+  int out = nd - 1;  /* the last kept dimension, filled from the right */
+  for (int d = nd - 2; d >= 0; d--) {
+    int ok = 1;
+    for (int k = 0; ok && k < n; k++) ok = strides[k][d] == strides[k][out] * shape[out];
+    if (ok) { shape[out] *= shape[d]; continue; }
+    out--;
+    shape[out] = shape[d];
+    for (int k = 0; k < n; k++) strides[k][out] = strides[k][d];
+  }
+  int m = nd - out;
+  if (out) {
+    memmove(shape, shape + out, (size_t)m * sizeof *shape);
+    for (int k = 0; k < n; k++) memmove(strides[k], strides[k] + out, (size_t)m * sizeof(int64_t));
+  }
+  return m;
+}
+
+static int run_typed(gn_op *op, const gn_value *a, const gn_value *b) {
+  gn_value *y = &op->out[0];
+  gn_dtype t = y->dtype;
+  if ((t != DT_F32 && t != DT_F64) || a->dtype != t || (b && b->dtype != t)) return 0;
+  int nd = y->ndim;
+  int64_t shape[GN_MAX_DIMS], st[3][GN_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    shape[d] = y->shape[d];
+    st[0][d] = y->strides[d];
+    st[1][d] = a->ndim ? a->strides[d] : 0;
+    st[2][d] = b && b->ndim ? b->strides[d] : 0;
+  }
+  if (!b) memcpy(st[2], st[1], sizeof st[1]);
+  nd = merge_dims(nd, shape, 3, st);
+  const int64_t *strides[3] = {st[0], st[1], st[2]};
+  int64_t n = nd ? shape[nd - 1] : 1;
+  int64_t sa = nd ? st[1][nd - 1] : 0, sb = nd ? st[2][nd - 1] : 0;
+  int64_t offs[3] = {0, 0, 0};
+  const gn_value *bb = b ? b : a;
+  outer_iter it = {nd, shape, {0}};
+  do {
+    if (t == DT_F32)
+      ew_float(op->kind, (const float *)a->data + offs[1], sa, (const float *)bb->data + offs[2], sb,
+               (float *)y->data + offs[0], n);
+    else
+      ew_double(op->kind, (const double *)a->data + offs[1], sa, (const double *)bb->data + offs[2], sb,
+                (double *)y->data + offs[0], n);
+  } while (nd > 1 && next_row(&it, 3, offs, strides));
+  return 1;
+}
+
 /* Integer results of + - * and max/min of int64 or uint64 are exact (run_int64); of
  * narrower integers, computed in double, exact below 2**53. */
 void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
@@ -299,6 +438,7 @@ void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
     run_int64(op, a, b);
     return;
   }
+  if (run_typed(op, a, b)) return;
   static const int64_t zero[GN_MAX_DIMS] = {0};
   int nd = y->ndim, na = b ? 3 : 2;
   const int64_t *strides[3] = {y->strides, a->ndim ? a->strides : zero,
@@ -321,6 +461,88 @@ void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
   } while (nd > 1 && next_row(&it, na, offs, strides));
 }
 
+/* --- reductions ------------------------------------------------------------------------
+ * Each output element j reduces its line of n elements in order (a sum with eight
+ * double accumulators, interleaved; a product in one), accumulating in double. The
+ * maxima and minima take the first NaN, else the first extreme. A line that steps
+ * through memory while its neighbours are adjacent (a reduced axis that is not the
+ * inner one) is read a block of lines at a time, element i of each in turn. */
+#define RED_BLOCK 256
+
+static int is_max_kind(gn_kind k) { return k == OP_RMAX || k == OP_RARGMAX || k == OP_RMAXARGMAX; }
+
+#define REDUCE_LINE(T, NAME)                                                               \
+  static double NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t *at_out) {     \
+    int64_t at = 0;                                                                        \
+    if (k == OP_RSUM) {                                                                    \
+      double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
+      int64_t i = 0;                                                                       \
+      for (; i + 8 <= n; i += 8)                                                           \
+        for (int r = 0; r < 8; r++) s[r] += (double)p[(i + r) * sn];                      \
+      for (int r = 0; i < n; i++, r++) s[r] += (double)p[i * sn];                          \
+      return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));            \
+    }                                                                                      \
+    if (k == OP_RPROD) {                                                                   \
+      double acc = 1.0;                                                                    \
+      for (int64_t i = 0; i < n; i++) acc *= (double)p[i * sn];                            \
+      return acc;                                                                          \
+    }                                                                                      \
+    if (n == 0) { *at_out = 0; return NAN; }                                               \
+    double acc = (double)p[0];                                                             \
+    int mx = is_max_kind(k);                                                               \
+    for (int64_t i = 1; i < n && acc == acc; i++) {                                        \
+      double v = (double)p[i * sn];                                                        \
+      if (v != v || (mx ? v > acc : v < acc)) { acc = v; at = i; }                         \
+    }                                                                                      \
+    *at_out = at;                                                                          \
+    return acc;                                                                            \
+  }
+REDUCE_LINE(float, line_float)
+REDUCE_LINE(double, line_double)
+
+/* Lines j0 .. j0 + w - 1, adjacent (stride 1 between them), each stepping by sn. */
+#define REDUCE_BLOCK(T, NAME)                                                              \
+  static void NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t w, double *acc,  \
+                   int64_t *at) {                                                          \
+    int64_t j, i;                                                                          \
+    for (j = 0; j < w; j++) at[j] = 0;                                                     \
+    if (k == OP_RSUM || k == OP_RPROD) {                                                   \
+      double init = k == OP_RSUM ? 0.0 : 1.0;                                              \
+      for (j = 0; j < w; j++) acc[j] = init;                                               \
+      for (i = 0; i < n; i++) {                                                            \
+        const T *row = p + i * sn;                                                         \
+        if (k == OP_RSUM) for (j = 0; j < w; j++) acc[j] += (double)row[j];                \
+        else for (j = 0; j < w; j++) acc[j] *= (double)row[j];                             \
+      }                                                                                    \
+      return;                                                                              \
+    }                                                                                      \
+    if (n == 0) { for (j = 0; j < w; j++) acc[j] = NAN; return; }                          \
+    for (j = 0; j < w; j++) acc[j] = (double)p[j];                                         \
+    int mx = is_max_kind(k);                                                               \
+    for (i = 1; i < n; i++) {                                                              \
+      const T *row = p + i * sn;                                                           \
+      for (j = 0; j < w; j++) {                                                            \
+        double v = (double)row[j], c = acc[j];                                             \
+        if (c == c && (v != v || (mx ? v > c : v < c))) { acc[j] = v; at[j] = i; }         \
+      }                                                                                    \
+    }                                                                                      \
+  }
+REDUCE_BLOCK(float, block_float)
+REDUCE_BLOCK(double, block_double)
+
+static void reduce_store(gn_op *op, int64_t j, double acc, int64_t at) {
+  gn_kind k = op->kind;
+  if (k == OP_RARGMAX || k == OP_RARGMIN) {
+    ((int64_t *)op->out[0].data)[j] = at;
+  } else {
+    gn_dtype t = op->out[0].dtype;
+    if (t == DT_F32) ((float *)op->out[0].data)[j] = (float)acc;
+    else if (t == DT_F64) ((double *)op->out[0].data)[j] = acc;
+    else gn_store(op->out[0].data + j * gn_dtype_size[t], t, acc);
+    if (k == OP_RMAXARGMAX) ((int64_t *)op->out[1].data)[j] = at;
+  }
+}
+
 /* Reduce dimension op->axis of x (at most 2-D) into op->out (compact). */
 void gn_run_reduce(gn_op *op, const gn_value *x) {
   int64_t n = x->shape[op->axis], sn = x->strides[op->axis];
@@ -328,6 +550,27 @@ void gn_run_reduce(gn_op *op, const gn_value *x) {
   int64_t m = other >= 0 ? x->shape[other] : 1, sm = other >= 0 ? x->strides[other] : 0;
   int z = gn_dtype_size[x->dtype];
   gn_kind k = op->kind;
+  if (x->dtype == DT_F32 || x->dtype == DT_F64) {
+    int f32 = x->dtype == DT_F32;
+    if (sm == 1 && m > 1 && sn != 1) {
+      double acc[RED_BLOCK];
+      int64_t at[RED_BLOCK];
+      for (int64_t j0 = 0; j0 < m; j0 += RED_BLOCK) {
+        int64_t w = m - j0 < RED_BLOCK ? m - j0 : RED_BLOCK;
+        if (f32) block_float(k, (const float *)x->data + j0, n, sn, w, acc, at);
+        else block_double(k, (const double *)x->data + j0, n, sn, w, acc, at);
+        for (int64_t j = 0; j < w; j++) reduce_store(op, j0 + j, acc[j], at[j]);
+      }
+      return;
+    }
+    for (int64_t j = 0; j < m; j++) {
+      int64_t at = 0;
+      double acc = f32 ? line_float(k, (const float *)x->data + j * sm, n, sn, &at)
+                       : line_double(k, (const double *)x->data + j * sm, n, sn, &at);
+      reduce_store(op, j, acc, at);
+    }
+    return;
+  }
   for (int64_t j = 0; j < m; j++) {
     const char *p = x->data + j * sm * z;
     double acc = k == OP_RPROD ? 1.0 : k == OP_RSUM ? 0.0 : NAN;
@@ -338,17 +581,12 @@ void gn_run_reduce(gn_op *op, const gn_value *x) {
       else if (k == OP_RPROD) acc *= v;
       else if (i == 0) acc = v;
       else if (acc != acc) break;  /* a NaN wins, at its first position */
-      else if (v != v || ((k == OP_RMAX || k == OP_RARGMAX || k == OP_RMAXARGMAX) ? v > acc : v < acc)) {
+      else if (v != v || (is_max_kind(k) ? v > acc : v < acc)) {
         acc = v;
         at = i;
       }
     }
-    if (k == OP_RARGMAX || k == OP_RARGMIN) {
-      ((int64_t *)op->out[0].data)[j] = at;
-    } else {
-      gn_store(op->out[0].data + j * gn_dtype_size[op->out[0].dtype], op->out[0].dtype, acc);
-      if (k == OP_RMAXARGMAX) ((int64_t *)op->out[1].data)[j] = at;
-    }
+    reduce_store(op, j, acc, at);
   }
 }
 

@@ -16,9 +16,12 @@ a :class:`~geon.transformers.backends.Backend`. The checks, each a
 Tensors are passed as DLPack ``DLTensor`` structs describing the NumPy arrays' own
 memory (data pointer, shape and strides in elements; copied first only where the data
 is misaligned or a stride is not a whole number of elements); the outputs are arrays
-geon allocates with the plan's shapes and dtypes. One executable runs one call at a
-time: calls from several threads take turns. :func:`include_dir` is the
-folder holding ``geon_backend.h``.
+geon allocates with the plan's shapes and dtypes (new arrays at every run; the
+DLTensor structs themselves are made once per executable). One executable runs one
+call at a time: calls from several threads take turns. An OpenBLAS that the library
+brought into the process when it loaded (libgeon_native's scipy-openblas32) follows
+geon's thread policy at each run, as NumPy's does (:mod:`geon.transformers.threads`).
+:func:`include_dir` is the folder holding ``geon_backend.h``.
 """
 
 import ctypes
@@ -32,6 +35,7 @@ import numpy as np
 from geon.errors import GeonError
 from geon.transformers.backends import Backend, Executable, read_plan
 from geon.transformers.numpy.kernel_cache import changeable_by_others
+from geon.transformers.threads import POLICY, _blas_thread_api, mapped_openblas
 
 __all__ = ["ABI_VERSION", "STATUS", "SYMBOLS", "DLTensor", "NativeBackend",
            "NativeBackendError", "include_dir", "load_backend"]
@@ -82,19 +86,36 @@ _CODES = {"i": 0, "u": 1, "f": 2, "b": 6}   # NumPy kind -> DLPack type code
 _CPU = 1
 
 
-def _describe(a: np.ndarray, keep: list) -> DLTensor:
-    """The DLTensor of array ``a``'s own memory (``keep`` holds what must outlive it)."""
-    if a.dtype.kind not in _CODES or a.dtype.byteorder == ">":
-        raise NativeBackendError(f"native backends take little-endian bool, integer or "
-                                 f"float arrays, not {a.dtype}")
-    if not a.flags.aligned or any(s % a.itemsize for s in a.strides):
-        a = np.ascontiguousarray(a)   # (a copy: C reads elements at aligned addresses)
-    shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-    strides = (ctypes.c_int64 * max(a.ndim, 1))(*(s // a.itemsize for s in a.strides))
-    keep.extend((a, shape, strides))
-    return DLTensor(data=a.ctypes.data, device=_DLDevice(_CPU, 0), ndim=a.ndim,
-                    dtype=_DLDataType(_CODES[a.dtype.kind], a.itemsize * 8, 1),
-                    shape=shape, strides=strides, byte_offset=0)
+def _address(a: np.ndarray) -> int:
+    """The address of array ``a``'s first element (through the buffer protocol where it
+    can: much faster than ``a.ctypes.data``)."""
+    if a.flags.c_contiguous and a.flags.writeable and a.nbytes:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return a.ctypes.data
+
+
+class _BlasThreads:
+    """The backend's own OpenBLAS (one it loaded, e.g. libgeon_native's
+    scipy-openblas32) follows geon's thread policy (:mod:`geon.transformers.threads`)
+    as NumPy's does: under load from other processes, fewer threads, never more than
+    it had at first (``OPENBLAS_NUM_THREADS`` stands). Two BLAS threads on a 2-core
+    machine with one core busy elsewhere made the MLP step many times slower."""
+
+    def __init__(self, api: Any) -> None:
+        self.api, self.cap, self.now = api, None, None
+
+    def apply(self) -> None:
+        n = POLICY.refresh()
+        if n == self.now:
+            return
+        get, put = self.api
+        have = get()
+        if self.cap is None or have != self.now:   # first time, or changed by others
+            self.cap = have
+        want = max(1, min(n, self.cap))
+        if want != have:
+            put(want)
+        self.now = want
 
 
 def _check_owner(path: str) -> str:
@@ -122,10 +143,12 @@ class NativeBackend(Backend):
 
     def __init__(self, path: str) -> None:
         real = _check_owner(path)
+        before = mapped_openblas()
         try:
             lib = ctypes.CDLL(real, mode=ctypes.RTLD_LOCAL)
         except OSError as e:
             raise NativeBackendError(f"the backend {path} does not load: {e}") from None
+        self._own_blas = mapped_openblas() - before
         missing = [s for s in SYMBOLS if not hasattr(lib, s)]
         if missing:
             raise NativeBackendError(f"the backend {path} lacks {', '.join(missing)} of "
@@ -151,6 +174,14 @@ class NativeBackend(Backend):
     def load(self, document: str) -> Executable:
         return _NativeExecutable(self, document)
 
+    def blas_threads(self) -> Any:
+        """What keeps the OpenBLAS this library brought in on geon's thread policy (a
+        ``_BlasThreads``), or None if it brought none."""
+        if "_blas" not in self.__dict__:
+            api = _blas_thread_api(self._own_blas) if self._own_blas else None
+            self._blas = None if api is None else _BlasThreads(api)
+        return self._blas
+
 
 def _failed(backend: NativeBackend, what: str, status: int, err: Any) -> NativeBackendError:
     message = err.value.decode("utf-8", "replace") or "(no message)"
@@ -167,6 +198,7 @@ class _NativeExecutable(Executable):
         super().__init__(doc)
         self._lock = threading.Lock()
         self.backend, self._handle = backend, ctypes.c_void_p()
+        self._prepare()
         data = document.encode("utf-8")
         err = ctypes.create_string_buffer(_ERR_LEN)
         status = backend.lib.geon_backend_create(data, len(data), ctypes.byref(self._handle),
@@ -175,21 +207,76 @@ class _NativeExecutable(Executable):
             self._handle = ctypes.c_void_p()
             raise _failed(backend, "loading the plan", status, err)
 
+    def _prepare(self) -> None:
+        # What does not change between runs, made once (again only where ``inputs`` or
+        # ``outputs`` was replaced): the DLTensor arrays of the inputs and outputs with
+        # the plan's shapes, an error buffer, and the inputs' dtype checks
+        # (check_inputs makes every input the plan's dtype). Each run fills in the data
+        # pointers (and an input's strides) under ``_lock``.
+        def tensors(specs):
+            arr = (DLTensor * max(len(specs), 1))()
+            keep = []
+            for t, (shape, dtype) in zip(arr, specs):
+                dtype = np.dtype(dtype)
+                nd = len(shape)
+                sh = (ctypes.c_int64 * max(nd, 1))(*shape)
+                st = (ctypes.c_int64 * max(nd, 1))()
+                keep.append((sh, st))
+                t.device = _DLDevice(_CPU, 0)
+                t.ndim = nd
+                if dtype.kind in _CODES:
+                    t.dtype = _DLDataType(_CODES[dtype.kind], dtype.itemsize * 8, 1)
+                t.shape = sh
+            return arr, keep
+        self._prepared = (self.inputs, self.outputs)
+        self._in_t, self._in_keep = tensors(self.inputs)
+        self._out_t, self._out_keep = tensors(self.outputs)
+        self._in_bad = [np.dtype(d).kind not in _CODES or np.dtype(d).byteorder == ">"
+                        for _, d in self.inputs]
+        self._out_bad = [np.dtype(d).kind not in _CODES or np.dtype(d).byteorder == ">"
+                         for _, d in self.outputs]
+        self._any_bad = any(self._in_bad) or any(self._out_bad)
+        self._out_specs = [(tuple(shape), np.dtype(dtype)) for shape, dtype in self.outputs]
+        self._err = ctypes.create_string_buffer(_ERR_LEN)
+
     def run(self, *arrays: Any) -> list[np.ndarray]:
-        keep: list = []
         ins = self.check_inputs(arrays)
-        outs = [np.empty(shape, dtype) for shape, dtype in self.outputs]
-        n_in, n_out = len(ins), len(outs)
-        in_t = (DLTensor * max(n_in, 1))(*[_describe(a, keep) for a in ins])
-        out_t = (DLTensor * max(n_out, 1))(*[_describe(a, keep) for a in outs])
-        err = ctypes.create_string_buffer(_ERR_LEN)
+        # (the arrays whose memory is passed: an input copied first where its data is
+        # misaligned or a stride is not a whole number of elements)
+        ins = [a if (a.flags.c_contiguous and a.flags.aligned) or (a.flags.aligned and not any(
+               s % a.itemsize for s in a.strides)) else np.ascontiguousarray(a) for a in ins]
+        lib = self.backend.lib
+        blas = self.backend.blas_threads()
         with self._lock:
+            if blas is not None:
+                blas.apply()
             if not self._handle:
                 raise NativeBackendError(f"{self.backend.name}: the executable was closed")
-            status = self.backend.lib.geon_backend_run(self._handle, in_t, n_in, out_t,
-                                                       n_out, err, _ERR_LEN)
+            if self._prepared[0] is not self.inputs or self._prepared[1] is not self.outputs:
+                self._prepare()
+            outs = [np.empty(shape, dtype) for shape, dtype in self._out_specs]
+            for a, bad in zip(ins + outs, self._in_bad + self._out_bad) if self._any_bad else ():
+                if bad:
+                    raise NativeBackendError(f"native backends take little-endian bool, "
+                                             f"integer or float arrays, not {a.dtype}")
+            for t, a, (_, st) in zip(self._in_t, ins, self._in_keep):
+                t.data = _address(a)
+                if a.flags.c_contiguous:
+                    t.strides = None          # (DLPack: compact row-major)
+                else:
+                    z = a.itemsize
+                    for d, s in enumerate(a.strides):
+                        st[d] = s // z
+                    t.strides = st
+            for t, a in zip(self._out_t, outs):
+                t.data = _address(a)
+            err = self._err
+            status = lib.geon_backend_run(self._handle, self._in_t, len(ins), self._out_t,
+                                          len(outs), err, _ERR_LEN)
+            if status:
+                failure = _failed(self.backend, "running the plan", status, err)
         if status:
-            raise _failed(self.backend, "running the plan", status, err)
+            raise failure
         return outs
 
     def close(self) -> None:
