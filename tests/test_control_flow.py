@@ -399,3 +399,41 @@ def test_onnx_scan_directions_and_axes(directions, axes):
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 16)])
     _check_onnx(m, {"s0": np.array([0.5, -1.0], f32),
                     "x": rng.standard_normal(x_shape).astype(f32)})
+
+
+def test_a_torch_jit_script_loop_exported_to_onnx_imports_and_matches_pytorch():
+    """A Python loop that torch.jit.script keeps (an ONNX Loop in the export) imports
+    and gives PyTorch's values."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    import io
+    import warnings
+    from geon.frontends.onnx import import_model
+
+    class Recurrence(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = torch.zeros(x.shape[1], 4)
+            for t in range(x.shape[0]):
+                h = torch.tanh(self.lin(x[t]) + h)
+            return h
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 4)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        # (torch.jit.script and the TorchScript exporter warn that they are deprecated)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.script(Recurrence())
+        torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=17,
+                          input_names=["x"])
+    import onnx
+    assert "Loop" in [n.op_type for n in onnx.load_from_string(buf.getvalue()).graph.node]
+    g = import_model(buf.getvalue())
+    got = be.NumPyTransformer().computation(g.outputs[0], *g.inputs)(x.numpy())
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
