@@ -164,8 +164,11 @@ def test_embedding_gradients():
                      [((N, S), ids), ((V, E), rng.standard_normal((5, 2)))])
 
 
+@pytest.mark.parametrize("return_sequence", [True, False])
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
-def test_recurrent_gradients(kind):
+def test_recurrent_gradients(kind, return_sequence):
+    """The layers' one scan (every step's state, or the last only) against central
+    differences, in every weight."""
     T, F, N = axis(3, "T", recurrent=True), axis(2, "F"), axis(2, "N", batch=True)
     H = axis(3, "H")
     cls = {"rnn": nn.Recurrent, "lstm": nn.LSTM, "gru": nn.GRU}[kind]
@@ -183,7 +186,8 @@ def test_recurrent_gradients(kind):
 
     def build(x, W, U, b, bh=None):
         extra = {"bh": bh} if bh is not None else {}
-        return _seeded(cls(H, dtype=F64, name=name), W=W, U=U, b=b, **extra)(x)
+        layer = cls(H, dtype=F64, name=name, return_sequence=return_sequence)
+        return _seeded(layer, W=W, U=U, b=b, **extra)(x)
     assert_gradcheck(build, inputs)
 
 

@@ -76,29 +76,6 @@ def test_scanned_graph_does_not_grow_with_the_sequence(kind):
     assert sizes[0] == sizes[1]
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_scanned_layer_gradcheck_with_weights(kind):
-    N, T, F = be.Axis(2, "N", batch=True), be.Axis(3, "T", recurrent=True), be.Axis(2, "F")
-    H = be.Axis(2, "H")
-    cls = KINDS[kind]
-    name = f"c{kind}"
-    gate = (be.Axis(cls.gates, f"{name}_gate"),) if cls.gates > 1 else ()
-    Hr = be.Axis(2, f"{name}_hprev")
-    rng = np.random.default_rng(5)
-
-    def arr(*axes):
-        return (axes, rng.uniform(-0.8, 0.8, tuple(a.length for a in axes)))
-    inputs = [arr(N, T, F), arr(*gate, H, F), arr(*gate, H, Hr), arr(*gate, H)]
-    if kind == "gru":
-        inputs.append(arr(*gate, H))
-
-    def build(x, W, U, b, bh=None):
-        layer = cls(H, dtype=F64, name=name, return_sequence=False)
-        layer._vars.update(W=W, U=U, b=b, **({"bh": bh} if bh is not None else {}))
-        return layer(x)
-    assert_gradcheck(build, inputs)
-
-
 def test_layer_repr_and_variables_keep_their_order():
     layer = nn.GRU(3, unroll=True, name="gru")
     assert repr(layer) == "GRU(3, unroll=True, name='gru')"
