@@ -181,6 +181,29 @@ def test_a_compiled_function_writes_only_the_range_it_is_given(strided, cache):
     np.testing.assert_allclose(out.reshape(-1), expect, rtol=1e-15)
 
 
+def test_a_compiled_function_reads_arrays_through_the_buffer_protocol(cache):
+    """The functions take the arrays' memory through the buffer protocol, not from the
+    layout of NumPy's objects: an array of another layout than the code reads (not
+    C-contiguous where it reads one, a read-only output) is a Python error, not a read
+    of the wrong memory; any object exporting a buffer works."""
+    A, B = be.Axis(6, "A"), be.Axis(5, "B")
+    x = be.placeholder([A, B], dtype=np.float64)
+    comp = be.NumPyTransformer(compiled=True).computation(be.tanh(x * 2.0) + x, x)
+    (kernel,) = comp._kernel_fns.values()
+    xs = np.arange(30.0).reshape(6, 5) / 30
+    want = np.tanh(xs * 2) + xs
+    out = np.zeros((6, 5))
+    kernel(memoryview(xs), out, 0, 30)           # not an ndarray: its buffer is read
+    np.testing.assert_allclose(out, want, rtol=1e-15)
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        kernel(np.asfortranarray(xs), out, 0, 30)
+    frozen = np.zeros((6, 5))
+    frozen.flags.writeable = False
+    with pytest.raises((BufferError, ValueError), match="read-only|writ"):
+        kernel(xs, frozen, 0, 30)
+    assert not frozen.any()
+
+
 # --- large groups with several slow members: loops over tiles ----------------------------
 def _tiled_build(dtype, n):
     def build():

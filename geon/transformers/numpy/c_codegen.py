@@ -19,6 +19,10 @@ from geon.transformers.numpy.kernel_cache import CompileError
 
 #: Groups with at least this many elements run in blocks on several threads.
 PARALLEL_ELEMENTS = 1 << 20
+#: A group of at least this many elements runs its loops without holding the GIL (the
+#: threads of a blocked group run at once; other Python threads may run meanwhile).
+#: Smaller ones keep it: releasing and taking it back costs more than they take.
+GIL_RELEASE_ELEMENTS = 1 << 15
 #: Elements per block handed to a thread (rows of strided groups: this many elements'
 #: worth, at least one row).
 BLOCK_ELEMENTS = 1 << 18
@@ -55,8 +59,36 @@ _HEADER = """\
 /* geon: fused elementwise groups of one computation (generated) */
 #include <math.h>
 #include <stdint.h>
-#define GEON_DATA(o) (*(char **)((char *)(o) + {data}))
-#define GEON_STRIDES(o) (*(const int64_t **)((char *)(o) + {strides}))
+#include <stddef.h>
+/* The arrays come as Python objects and are read through the buffer protocol (PEP 3118:
+   the Py_buffer struct below is CPython's, whose layout is part of its stable ABI). The
+   functions are called with the GIL held (ctypes.PYFUNCTYPE); a Python error set here
+   (an array that is not C-contiguous where the code reads it as such, a read-only
+   output) is raised by ctypes after the call. */
+typedef struct {{
+    void *buf; void *obj; ptrdiff_t len, itemsize; int readonly, ndim;
+    char *format; ptrdiff_t *shape, *strides, *suboffsets; void *internal;
+}} geon_buffer;
+extern int PyObject_GetBuffer(void *obj, geon_buffer *view, int flags);
+extern void PyBuffer_Release(geon_buffer *view);
+extern void *PyEval_SaveThread(void);
+extern void PyEval_RestoreThread(void *state);
+#define GEON_CONTIGUOUS 0     /* PyBUF_SIMPLE: C-contiguous memory */
+#define GEON_STRIDED 0x18     /* PyBUF_STRIDES */
+#define GEON_WRITABLE 0x1     /* PyBUF_WRITABLE */
+/* Every array's buffer, or none (0, a Python error set). */
+static int geon_acquire(geon_buffer *v, void *const *arrays, const int *flags, int n) {{
+    for (int k = 0; k < n; k++) {{
+        if (PyObject_GetBuffer(arrays[k], &v[k], flags[k])) {{
+            while (k-- > 0) PyBuffer_Release(&v[k]);
+            return 0;
+        }}
+    }}
+    return 1;
+}}
+static void geon_release(geon_buffer *v, int n) {{
+    for (int k = 0; k < n; k++) PyBuffer_Release(&v[k]);
+}}
 /* NumPy's maximum / minimum, bit for bit: a NaN operand wins (a's where both are: b's
    through the comparison, a's through the second select), and of equal operands
    (-0.0 and +0.0) the second, as NumPy gives np.maximum(-0.0, 0.0) = 0.0 and
@@ -187,22 +219,19 @@ class Kernels:
         :class:`CompileError`."""
         if not self.functions:
             return {}
-        offsets = toolchain.ndarray_offsets()
-        if offsets is None:
-            raise CompileError("this NumPy's ndarray layout was not recognised",
-                               key="layout")
         tc = toolchain.toolchain()
-        source = (_HEADER.format(data=offsets[0], strides=offsets[1])
+        source = (_HEADER.format()
                   + (simd_declarations() if tc.simd_math else "") + "\n"
                   + "\n\n".join(self.functions) + "\n")
         self.source = source
         lib = toolchain.build(source, [cname for _, cname, _ in self.names])
         out = {}
         for pyname, cname, nargs in self.names:
-            f = getattr(lib, cname)
-            f.argtypes = [ctypes.py_object] * nargs + [ctypes.c_int64] * 2
-            f.restype = None
-            out[pyname] = f
+            # called with the GIL held: the function takes the arrays' buffers, and
+            # releases the GIL itself around long loops (GIL_RELEASE_ELEMENTS)
+            proto = ctypes.PYFUNCTYPE(None, *[ctypes.py_object] * nargs,
+                                      ctypes.c_int64, ctypes.c_int64)
+            out[pyname] = proto((cname, lib))
         return out
 
 
@@ -334,14 +363,13 @@ class _GroupFunction:
     def c_source(self, cname):
         """The lines of the C function ``cname``."""
         members, segments, tile = self.members, self.segments, self.tile
+        nparams = len(self.params)
+        body_params = "".join(f"char *const b{p}, " for p in range(nparams)) + "".join(
+            f"const ptrdiff_t *const st{p}, " for p in sorted(self.strided))
         src = [f"/* {len(members)} ops, shape {self.shape}"
                + (f", {len(segments)} loops over tiles of {tile}" if tile else "") + " */",
-               f"void {cname}({''.join(f'void *a{p}, ' for p in range(len(self.params)))}"
-               f"int64_t lo, int64_t hi) {{"]
-        for p in range(len(self.params)):
-            src.append(f"    char *const b{p} = GEON_DATA(a{p});")
+               f"static void {cname}_loops({body_params}int64_t lo, int64_t hi) {{"]
         for p in sorted(self.strided):
-            src.append(f"    const int64_t *const st{p} = GEON_STRIDES(a{p});")
             for d in range(self.rank):
                 src.append(f"    const int64_t s{p}_{d} = st{p}[{d}];")
             src.append(f"    {_CTYPE[self.param_dtype[p]]} g{p}[{self.chunk}] "
@@ -365,7 +393,29 @@ class _GroupFunction:
             src.append(f"        (({_CTYPE[m.dtype]} *)b{self.outputs[m]})[r] = "
                        f"({_CTYPE[m.dtype]})acc{k};")
         src += ["    }", "}"]
-        return src
+        return src + self._entry(cname)
+
+    def _entry(self, cname):
+        """The exported function: the arrays' buffers, then the loops (without the GIL
+        when they are long)."""
+        nparams, written = len(self.params), set(self.outputs.values())
+        flags = ", ".join(
+            ("GEON_STRIDED" if p in self.strided else "GEON_CONTIGUOUS")
+            + (" | GEON_WRITABLE" if p in written else "") for p in range(nparams))
+        arrays = ", ".join(f"a{p}" for p in range(nparams))
+        call = (f"{cname}_loops("
+                + "".join(f"(char *)v[{p}].buf, " for p in range(nparams))
+                + "".join(f"v[{p}].strides, " for p in sorted(self.strided)) + "lo, hi);")
+        release = self.n >= GIL_RELEASE_ELEMENTS
+        return [f"void {cname}({''.join(f'void *a{p}, ' for p in range(nparams))}"
+                f"int64_t lo, int64_t hi) {{",
+                f"    static const int flags[{nparams}] = {{{flags}}};",
+                f"    void *const arrays[{nparams}] = {{{arrays}}};",
+                f"    geon_buffer v[{nparams}];",
+                f"    if (!geon_acquire(v, arrays, flags, {nparams})) return;"]  \
+            + (["    void *const state = PyEval_SaveThread();", f"    {call}",
+                "    PyEval_RestoreThread(state);"] if release else [f"    {call}"]) \
+            + [f"    geon_release(v, {nparams});", "}"]
 
     def _row_head(self):
         """The start of the loop over rows: each strided input's offset in the row, and

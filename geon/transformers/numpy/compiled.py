@@ -60,8 +60,9 @@ themselves.
   row sums) it computes. Groups of at least :data:`PARALLEL_ELEMENTS` elements are called in blocks
   of :data:`BLOCK_ELEMENTS` on geon's own threads (``fusion.run_blocks``, with
   ``fusion.MAX_THREADS`` workers, i.e. ``GEON_NUM_THREADS``), which take the next block
-  as they become free, so a busy core costs at most its share; :mod:`ctypes` lets go
-  of the GIL during each call. There is no OpenMP runtime: its idle threads spin, and
+  as they become free, so a busy core costs at most its share; a function lets go of
+  the GIL while its loops run over at least ``c_codegen.GIL_RELEASE_ELEMENTS``
+  elements. There is no OpenMP runtime: its idle threads spin, and
   a process that also loaded PyTorch's (which is initialized as PyTorch wants, before
   geon can set ``OMP_WAIT_POLICY``) ran the MLP step of the benchmarks at batch 128 in
   16.7 ms instead of 2.7, its spinning threads taking the cores from the BLAS.
@@ -78,8 +79,14 @@ themselves.
   compiler runs in it through ``/proc/self/fd``, and a library is loaded from a new
   copy of the bytes that were checked, so a folder swapped in under the same path
   (by another user who may write to the folder above) is never used.
-- Fallback: no compiler (``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH), no
-  cache folder or an unknown ndarray layout give the NumPy code (with ``compiled=True``
+- Arrays: each function takes the arrays as Python objects and reads their memory
+  through the buffer protocol (``PyObject_GetBuffer``: the data pointer, and the
+  strides of an input read through a view), called with the GIL held
+  (``ctypes.PYFUNCTYPE``), so nothing depends on the layout of NumPy's array objects.
+  An array that is not C-contiguous where the code reads it as such, or an output that
+  is read-only, is a Python error, not a wrong read.
+- Fallback: no compiler (``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH) or no
+  cache folder give the NumPy code (with ``compiled=True``
   after a :class:`~geon.errors.GeonWarning`, once per cause: :data:`UNAVAILABLE`); a
   failed compilation or load, or a compiler that fails the IEEE checks, gives it after
   a warning in either mode.
@@ -99,7 +106,7 @@ from geon.transformers.numpy.kernel_cache import (  # noqa: F401
     CompileError, Folder, cache_dir, open_cache, open_folder)
 from geon.transformers.numpy.toolchain import (  # noqa: F401
     BASE_FLAGS, NATIVE_FLAGS, PROBE_FLAGS, REFUSED_FLAGS, REFUSED_PREFIXES, Toolchain,
-    available, build, cache_key, ndarray_offsets, toolchain, warn_once)
+    available, build, cache_key, toolchain, warn_once)
 # the process-wide caches (the same dicts: clearing one here clears the toolchain's)
 from geon.transformers.numpy.toolchain import _libs, _toolchains  # noqa: F401
 
@@ -117,9 +124,9 @@ AUTO = "auto"
 AUTO_MIN_ELEMENTS = 1 << 16
 
 #: The causes of a :class:`CompileError` that mean this machine cannot compile (no
-#: compiler, no cache directory, an unknown ndarray layout): with :data:`AUTO` they
+#: compiler, no cache directory): with :data:`AUTO` they
 #: give the NumPy code silently; a failed compilation still warns.
-UNAVAILABLE = frozenset({"no compiler", "no cache", "layout"})
+UNAVAILABLE = frozenset({"no compiler", "no cache"})
 
 
 _auto_off = set()  # (CC, cache folder) where AUTO found that it cannot compile
