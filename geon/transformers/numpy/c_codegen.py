@@ -15,7 +15,6 @@ from geon.transformers.codegen_text import identifier
 from geon.transformers.numpy import toolchain
 from geon.transformers.numpy.c_rules import (_CTYPE, _c_comment, _literal, rule as c_rule_of,
                                              row_sum, simd_declarations, slow, supported)
-from geon.transformers.numpy.kernel_cache import CompileError
 
 #: Groups with at least this many elements run in blocks on several threads.
 PARALLEL_ELEMENTS = 1 << 20

@@ -15,7 +15,6 @@ import tempfile
 import threading
 import warnings
 
-import numpy as np
 
 from geon.errors import GeonWarning
 from geon.transformers.numpy.c_rules import math_name, math_used, simd_declarations
