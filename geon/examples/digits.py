@@ -115,19 +115,20 @@ def build_model(hp, n_features, transformer, data_parallel=False):
 PLAN_FILE, DATA_FILE = "digits-plan.json", "digits-test.bin"
 
 
-def inference_plan(model, batch_size=None):
+def inference_plan(model, batch_size=None, unroll=False):
     """The plan document (:func:`geon.transformers.backends.plan`) of the model's
     inference on a batch of ``batch_size`` images (default the model's
     ``eval_batch_size``): input float32 ``[B, 64]``, output float32 ``[B, 10]`` (the
     class scores; the class is their argmax), its Variables holding the model's current
-    weights."""
+    weights; ``unroll``: the loops of recurrent layers unrolled (for backends without
+    loops, such as geon's native runtime)."""
     from geon.transformers.backends import plan
     b = model.eval_batch_size if batch_size is None else int(batch_size)
     E = be.Axis(b, name="E", batch=True)
     x = be.placeholder(be.Axes(E, *model.input_axes), dtype=model.dtype, name="x")
     out = model.net(x, training=False)
     out = be.axes_with_order(out, be.Axes(E, *(out.axes - E)))
-    return plan(out, x, state=model.transformer)
+    return plan(out, x, state=model.transformer, unroll=unroll)
 
 
 def export(model, folder, x_test, y_test, batch_size=None):

@@ -37,7 +37,7 @@ ENTRY_POINT_GROUP = "geon.backends"
 
 
 def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
-         state: Any = None) -> str:
+         state: Any = None, unroll: bool = False) -> str:
     """The plan document of ``transformer.computation(results, *placeholders)`` (by
     default a new NumPy transformer): its lowered graph, its inputs (the placeholders,
     in order) and its outputs (shape and dtype of each tensor result). Assignments
@@ -47,11 +47,20 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
     The plan's Variables carry their initial values, or with ``state`` the values it
     holds for them: a transformer (its Variables' current values, e.g. a trained
     model's: they are initialized first if need be) or a mapping ``{Variable:
-    array}``; a Variable it lacks keeps its initial value."""
+    array}``; a Variable it lacks keeps its initial value.
+
+    Loops (``Scan`` ops, e.g. of the recurrent layers) stay loops: their bodies are
+    nested graphs of the document, which the ``"numpy"`` backend runs. For a backend
+    without loops (geon's native runtime), ``unroll=True`` writes one copy of the body
+    per step instead (the pass the GPU transformer runs, with the default
+    transformer only)."""
     values = _state_values(state)
     if transformer is None:
         from geon.transformers.numpy.transformer import NumPyTransformer
-        transformer = NumPyTransformer()
+        transformer = _Unrolling() if unroll else NumPyTransformer()
+    elif unroll:
+        raise ArgumentError("plan(unroll=True) plans with its own transformer: pass "
+                            "no transformer= with it")
     comp = transformer.computation(results, *placeholders)
     outs = [r for r in comp.results if isinstance(r, og.TensorOp)]
     # assignments (SetItems lowered to Assign) among the results: written after the
@@ -66,6 +75,17 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
         "inputs": [{"shape": list(p.axes.lengths), "dtype": np.dtype(p.dtype).str}
                    for p in comp.params],
     }, separators=(",", ":"))
+
+
+def _Unrolling() -> Any:
+    """A NumPy transformer that unrolls scans first (see :func:`plan`)."""
+    from geon.transformers.numpy.transformer import NumPyTransformer
+    from geon.transformers.passes.unroll import UnrollScans
+
+    class UnrollingNumPyTransformer(NumPyTransformer):
+        def passes(self) -> list:
+            return [UnrollScans()] + super().passes()
+    return UnrollingNumPyTransformer()
 
 
 def _state_values(state: Any) -> Optional[dict]:
