@@ -20,8 +20,16 @@ geon allocates with the plan's shapes and dtypes (new arrays at every run; the
 DLTensor structs themselves are made once per executable). One executable runs one
 call at a time: calls from several threads take turns. An OpenBLAS that the library
 brought into the process when it loaded (libgeon_native's scipy-openblas32) follows
-geon's thread policy at each run, as NumPy's does (:mod:`geon.transformers.threads`).
+geon's thread policy at each run, as NumPy's does (:mod:`geon.transformers.threads`;
+on the call path below, at a run at most every 20 ms: the policy measures the load
+every 0.2 s).
 :func:`include_dir` is the folder holding ``geon_backend.h``.
+
+A run goes through the *call path* (:mod:`geon.transformers.native.callpath`), a small
+C extension module built at the first executable through geon's toolchain and kernel
+cache, which does the checks and the call without Python code per tensor; where it
+cannot be built (no compiler, no ``Python.h``) every run goes through ctypes, with
+the same results and errors. :attr:`NativeBackend.call_path` says which.
 """
 
 import ctypes
@@ -34,6 +42,7 @@ import numpy as np
 
 from geon.errors import GeonError
 from geon.transformers.backends import Backend, Executable, read_plan
+from geon.transformers.native import callpath as _callpath
 from geon.transformers.numpy.kernel_cache import changeable_by_others
 from geon.transformers.threads import POLICY, _blas_thread_api, mapped_openblas
 
@@ -170,6 +179,20 @@ class NativeBackend(Backend):
         lib.geon_backend_destroy.restype = None
         self.lib, self.path = lib, path
         self.name = os.path.basename(path)
+        self._run_address = ctypes.cast(lib.geon_backend_run, ctypes.c_void_p).value
+        self._module: Any = False   # the call path module (None: ctypes); at first use
+
+    @property
+    def call_path(self) -> str:
+        """How executables run: ``"extension"`` (the call path module, see
+        :mod:`geon.transformers.native.callpath`) or ``"ctypes"`` (where it cannot be
+        built or loaded here); decided at the first executable."""
+        return "ctypes" if self._call_module() is None else "extension"
+
+    def _call_module(self) -> Any:
+        if self._module is False:
+            self._module = _callpath.load()
+        return self._module
 
     def load(self, document: str) -> Executable:
         return _NativeExecutable(self, document)
@@ -184,19 +207,51 @@ class NativeBackend(Backend):
 
 
 def _failed(backend: NativeBackend, what: str, status: int, err: Any) -> NativeBackendError:
-    message = err.value.decode("utf-8", "replace") or "(no message)"
+    message = (err if isinstance(err, bytes) else err.value).decode("utf-8", "replace") \
+        or "(no message)"
     return NativeBackendError(f"{backend.name}: {what} failed with "
                               f"{STATUS.get(status, status)}: {message}", status)
 
 
+def _loops(doc: dict) -> list[str]:
+    """The names of the op types with bodies (loops, branches) in plan ``doc``'s
+    graph."""
+    from geon.op_graph.serialize_bodies import BODY_ATTRS
+    names = {cls.__name__ for cls in BODY_ATTRS}
+    return sorted({r.get("op") for r in doc["graph"].get("ops", ()) if isinstance(r, dict)}
+                  & names)
+
+
+class _Lock:
+    """An executable's lock where the call path runs it: the module's lock (taken in C
+    by its ``run``), as a context manager for the ctypes path and ``close``."""
+
+    __slots__ = ("capsule", "_acquire", "_release")
+
+    def __init__(self, module: Any) -> None:
+        self.capsule, self._acquire, self._release = module.lock(), module.acquire, \
+            module.release
+
+    def __enter__(self) -> None:
+        self._acquire(self.capsule)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release(self.capsule)
+
+
 class _NativeExecutable(Executable):
     # One instance runs one call at a time (geon_backend.h): ``_lock`` is held across
-    # every call into the library on it, and across its destruction (ctypes releases
-    # the GIL during a call, so Python threads could otherwise overlap).
+    # every call into the library on it, and across its destruction (ctypes and the
+    # call path release the GIL during a call, so Python threads could otherwise
+    # overlap). The handle is cleared in place when it is destroyed: the call path
+    # reads it under the lock.
     def __init__(self, backend: NativeBackend, document: str) -> None:
         doc, _, _ = read_plan(document)   # checked here first: a clear error in Python
+        self._fast: Any = None
         super().__init__(doc)
-        self._lock = threading.Lock()
+        module = backend._call_module()
+        self._call: Any = None if module is None else module.run
+        self._lock: Any = threading.Lock() if module is None else _Lock(module)
         self.backend, self._handle = backend, ctypes.c_void_p()
         self._prepare()
         data = document.encode("utf-8")
@@ -204,15 +259,46 @@ class _NativeExecutable(Executable):
         status = backend.lib.geon_backend_create(data, len(data), ctypes.byref(self._handle),
                                                  err, _ERR_LEN)
         if status:
-            self._handle = ctypes.c_void_p()
-            raise _failed(backend, "loading the plan", status, err)
+            self._handle.value = None
+            failure = _failed(backend, "loading the plan", status, err)
+            loops = _loops(doc)
+            if loops:
+                failure.args = (f"{failure.args[0]} (the plan holds {', '.join(loops)} "
+                                f"ops, loops with bodies: for a backend without them, "
+                                f"write it with plan(..., unroll=True))",)
+            raise failure
+
+    # (replacing ``inputs`` or ``outputs`` sends the next run through the ctypes path,
+    # which prepares again, under the lock)
+    @property
+    def inputs(self) -> list:
+        return self.__dict__["inputs"]
+
+    @inputs.setter
+    def inputs(self, value: list) -> None:
+        self.__dict__["inputs"], self._fast, self._prepared = value, None, None
+
+    @property
+    def outputs(self) -> list:
+        return self.__dict__["outputs"]
+
+    @outputs.setter
+    def outputs(self, value: list) -> None:
+        self.__dict__["outputs"], self._fast, self._prepared = value, None, None
+
+    @property
+    def call_path(self) -> str:
+        """How this executable runs: ``"extension"`` or ``"ctypes"`` (see
+        :attr:`NativeBackend.call_path`)."""
+        return "ctypes" if self._call is None else "extension"
 
     def _prepare(self) -> None:
         # What does not change between runs, made once (again only where ``inputs`` or
         # ``outputs`` was replaced): the DLTensor arrays of the inputs and outputs with
         # the plan's shapes, an error buffer, and the inputs' dtype checks
         # (check_inputs makes every input the plan's dtype). Each run fills in the data
-        # pointers (and an input's strides) under ``_lock``.
+        # pointers (and an input's strides) under ``_lock``. For the call path, the
+        # tuple its ``run`` takes (see callpath.py).
         def tensors(specs):
             arr = (DLTensor * max(len(specs), 1))()
             keep = []
@@ -228,6 +314,7 @@ class _NativeExecutable(Executable):
                     t.dtype = _DLDataType(_CODES[dtype.kind], dtype.itemsize * 8, 1)
                 t.shape = sh
             return arr, keep
+        self._fast = None
         self._prepared = (self.inputs, self.outputs)
         self._in_t, self._in_keep = tensors(self.inputs)
         self._out_t, self._out_keep = tensors(self.outputs)
@@ -238,8 +325,34 @@ class _NativeExecutable(Executable):
         self._any_bad = any(self._in_bad) or any(self._out_bad)
         self._out_specs = [(tuple(shape), np.dtype(dtype)) for shape, dtype in self.outputs]
         self._err = ctypes.create_string_buffer(_ERR_LEN)
+        if self._call is not None and not self._any_bad:
+            try:   # each input's buffer format as NumPy gives it for the plan's dtype
+                formats = tuple(np.empty(0, d).data.format.encode("ascii")
+                                for _, d in self.inputs)
+            except (ValueError, TypeError):   # (no buffer format: the ctypes path)
+                return
+            blas = self.backend.blas_threads()
+            self._fast = (
+                self.backend._run_address, ctypes.addressof(self._handle),
+                self._lock.capsule, None if blas is None else blas.apply,
+                ctypes.addressof(self._in_t), ctypes.addressof(self._out_t), formats,
+                tuple(ctypes.addressof(st) for _, st in self._in_keep),
+                tuple(self._out_specs), np.empty, np.ndarray,
+                ctypes.addressof(self._err), _ERR_LEN,
+                # (kept alive with the tuple: what the addresses point into)
+                (self._handle, self._in_t, self._out_t, self._in_keep, self._err))
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
+        fast = self._fast
+        if fast is not None:
+            got = self._call(fast, arrays)
+            if got.__class__ is list:
+                return got
+            if got is not None:
+                raise _failed(self.backend, "running the plan", got[0], got[1])
+        return self._run_ctypes(arrays)   # (also where the call path passed it on)
+
+    def _run_ctypes(self, arrays: Any) -> list[np.ndarray]:
         ins = self.check_inputs(arrays)
         # (the arrays whose memory is passed: an input copied first where its data is
         # misaligned or a stride is not a whole number of elements)
@@ -252,7 +365,7 @@ class _NativeExecutable(Executable):
                 blas.apply()
             if not self._handle:
                 raise NativeBackendError(f"{self.backend.name}: the executable was closed")
-            if self._prepared[0] is not self.inputs or self._prepared[1] is not self.outputs:
+            if self._prepared is None:   # (``inputs`` or ``outputs`` was replaced)
                 self._prepare()
             outs = [np.empty(shape, dtype) for shape, dtype in self._out_specs]
             for a, bad in zip(ins + outs, self._in_bad + self._out_bad) if self._any_bad else ():
@@ -283,7 +396,7 @@ class _NativeExecutable(Executable):
         with self._lock:
             if self._handle:
                 self.backend.lib.geon_backend_destroy(self._handle)
-                self._handle = ctypes.c_void_p()
+                self._handle.value = None
 
     def __del__(self) -> None:
         try:

@@ -344,20 +344,23 @@ def _digest(path):
     return h.hexdigest()
 
 
-def cache_key(source, tc):
+def cache_key(source, tc, flags=()):
     h = hashlib.sha256()
-    for part in (source, tc.identity, " ".join(tc.flags)):
+    for part in (source, tc.identity, " ".join(tc.flags)) + (
+            (" ".join(flags),) if flags else ()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
 
 
-def build(source, symbols=()):
+def build(source, symbols=(), flags=()):
     """The loaded library of C ``source``, which defines the functions ``symbols``:
-    from the cache when a checked copy is there, else compiled and stored. Raises
-    :class:`CompileError`."""
+    from the cache when a checked copy is there, else compiled and stored. ``flags``:
+    compiler flags given after the toolchain's (e.g. ``-I`` a folder), part of the
+    cache key. Raises :class:`CompileError`."""
     tc = toolchain()
-    key = cache_key(source, tc)
+    flags = tuple(flags)
+    key = cache_key(source, tc, flags)
     with _lib_lock:
         lib = _libs.get(key)
         if lib is not None:
@@ -366,12 +369,13 @@ def build(source, symbols=()):
             lib = _load_cached(folder, key, symbols)
             if lib is None:
                 try:
-                    lib = _compile(tc, source, folder, key, symbols)
+                    lib = _compile(tc, source, folder, key, symbols, flags)
                 except OSError as e:  # a full disk, a folder that turned read-only, ...
                     raise CompileError(f"cannot build the kernels in {folder.path}: "
                                        f"{e}", key="no cache") from None
                 except CompileError:
-                    _forget_probe(tc)
+                    if not flags:   # (with flags of its own, the source's failure)
+                        _forget_probe(tc)
                     raise
         _libs[key] = lib
         return lib
@@ -407,12 +411,13 @@ def _load_cached(folder, key, symbols=()):
     return lib
 
 
-def _compile(tc, source, folder, key, symbols=()):
-    """Compile ``source``, load it, and keep it in ``folder`` as ``key``: the ``.c``
-    file, the ``.sha256`` digest, then the library, each renamed into place (a reader
-    that sees the new library also sees its digest)."""
+def _compile(tc, source, folder, key, symbols=(), flags=()):
+    """Compile ``source`` (with ``flags`` after the toolchain's), load it, and keep it
+    in ``folder`` as ``key``: the ``.c`` file, the ``.sha256`` digest, then the
+    library, each renamed into place (a reader that sees the new library also sees its
+    digest)."""
     try:
-        lib, data = _build_in(folder, tc.command, tc.flags, source)
+        lib, data = _build_in(folder, tc.command, tc.flags + tuple(flags), source)
     except CompileError as e:
         if e.key != "compile failed":
             raise
