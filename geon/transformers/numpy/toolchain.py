@@ -1,6 +1,5 @@
 """The C toolchain of the compiled path and the libraries it builds: which compiler
-and flags (probed once per ``$CC``, the IEEE checks), the ndarray layout the kernels
-read, and building, caching and loading a library (:func:`build`). See
+and flags (probed once per ``$CC``, the IEEE checks), and building, caching and loading a library (:func:`build`). See
 :mod:`geon.transformers.numpy.compiled` for the policy that decides what is compiled."""
 
 import ctypes
@@ -11,6 +10,7 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -24,7 +24,10 @@ from geon.transformers.numpy.kernel_cache import (CompileError, _fresh, open_cac
 #: Flags always given; ``-march=native`` and ``-fopenmp-simd`` are added when they
 #: compile.
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu99", "-fno-math-errno",
-              "-fno-trapping-math", "-ffp-contract=off")
+              "-fno-trapping-math", "-ffp-contract=off") + (
+    # the compiled groups and the native call path use Python's C API, found in the
+    # process when they are loaded (macOS's linker wants to be told so)
+    ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ())
 #: Tried first: all of the CPU, with 512-bit vectors where it has them (GCC prefers 256
 #: bits on AVX-512 CPUs; the 20-op chain, mostly exp / tanh / log from libmvec, ran in
 #: 25 ms per 4M floats with 512 bits against 48 ms with 256, one Cascade Lake core).
