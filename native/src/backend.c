@@ -134,7 +134,17 @@ static geon_status run_op(geon_backend *b, int32_t i, gn_op *op, const DLTensor 
       }
       break;
     }
-    case OP_GEMM: gn_run_gemm(op, a, a2, b->scratch); break;
+    case OP_GEMM:
+      if (op->update_var >= 0) {  /* an SGD update into the Variable's state */
+        gn_op *var = &b->ops[op->update_var];
+        gn_value into = var->out[0];
+        gn_set_compact(&into, var->buffer[0], var->buffer[0]);
+        const gn_op *c = &b->ops[op->update_scale];
+        gn_run_gemm_update(&into, -gn_load(c->buffer[0], c->out[0].dtype), a, a2, b->scratch);
+      } else {
+        gn_run_gemm(op, a, a2, b->scratch);
+      }
+      break;
     case OP_TAKE: return gn_run_take(op, a, a2, i, e);
     case OP_PUTADD: return gn_run_put_add(op, a, a2, b->scratch, i, e);
     case OP_PREFIXSUM: gn_run_prefix_sum(op, a, b->scratch); break;
@@ -142,10 +152,25 @@ static geon_status run_op(geon_backend *b, int32_t i, gn_op *op, const DLTensor 
     case OP_CONV: case OP_CONV_GRAD_DATA: case OP_CONV_GRAD_FILTER: gn_run_conv(op, a, a2, b->scratch); break;
     case OP_MAXPOOL: case OP_MAXPOOL_GRAD: case OP_MAXPOOL_GATHER: gn_run_pool(op, a, a2, b->scratch); break;
     case OP_RANDOM: gn_run_random(op, a); break;
-    default:
-      if (GN_IS_REDUCE(op->kind)) gn_run_reduce(op, a);
-      else gn_run_elementwise(op, a, a2);
+    default: {
+      if (GN_IS_REDUCE(op->kind)) {
+        gn_run_reduce(op, a);
+        break;
+      }
+      gn_op *tail = NULL;
+      if (op->tail >= 0) {  /* a ReduceSum of this value, row by row in the same pass */
+        tail = &b->ops[op->tail];
+        gn_set_compact(&tail->out[0], tail->buffer[0], tail->buffer[0]);
+      }
+      if (op->prologue >= 0) {  /* another elementwise op inside this one's pass */
+        const gn_op *p = &b->ops[op->prologue];
+        gn_run_fused(op, a, a2, op->prologue_at, p->kind, arg(b, p, 0), p->n_args > 1 ? arg(b, p, 1) : NULL,
+                     tail);
+      } else {
+        gn_run_elementwise(op, a, a2, tail);
+      }
       break;
+    }
   }
   return GEON_OK;
 }
@@ -169,7 +194,9 @@ geon_status geon_backend_run(geon_backend *b, const DLTensor *inputs, int32_t n_
       gn_fail(&e, GEON_ERR_BAD_TENSOR, "output %d does not have the plan's dtype and shape", k);
   if (e.status) { report(&e, err, err_len); return e.status; }
   for (int32_t i = 0; i < b->n_ops; i++) {
-    if (run_op(b, i, &b->ops[i], inputs, &e)) { report(&e, err, err_len); return e.status; }
+    gn_op *op = &b->ops[i];
+    if (op->skip || op->fused_into >= 0 || op->tail_of >= 0) continue;  /* (done in another op) */
+    if (run_op(b, i, op, inputs, &e)) { report(&e, err, err_len); return e.status; }
     /* an output is copied as soon as it is computed (a later Assign may change it) */
     for (int32_t k = 0; k < n_outputs; k++) {
       if (b->output_op[k] != i) continue;

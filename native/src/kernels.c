@@ -2,15 +2,17 @@
  *
  * Elementwise ops work a row (the last dimension, merged with the ones every operand
  * steps through contiguously) at a time. When the result and its operands are all
- * float32 or all float64, typed loops run on the elements themselves (run_typed);
- * otherwise each operand's row is
+ * float32 or all float64, typed loops run on the elements themselves (run_typed; an
+ * op whose value only one other elementwise op reads can run inside that op's pass,
+ * gn_run_fused); otherwise each operand's row is
  * loaded into a double buffer whatever its dtype and strides, the op runs on the
  * buffers, and the result row is stored in the output's dtype. float64 results are
  * thus computed exactly as NumPy does; float32 results are computed in double and
  * rounded once (within an ulp of NumPy's float32 arithmetic). Reductions accumulate in
  * double. Gemm calls BLAS (cblas_?gemm) when the library was built with one, on
  * operands that have a unit stride in one of their two dimensions (others are packed
- * first), and a plain C loop otherwise. */
+ * first), and a plain C loop otherwise; with BLAS, an SGD update w - c * (a @ b) is
+ * one call that accumulates into w (gn_run_gemm_update). */
 #include <math.h>
 #include <string.h>
 
@@ -33,6 +35,14 @@ const char *gn_blas_name(void) {
   return "BLAS (cblas_?gemm)";
 #else
   return "plain C GEMM (built without BLAS)";
+#endif
+}
+
+int gn_have_blas(void) {
+#ifdef GEON_HAVE_BLAS
+  return 1;
+#else
+  return 0;
 #endif
 }
 
@@ -212,6 +222,37 @@ static void store_row(char *p, gn_dtype t, const double *buf, int64_t n) {
   }
 }
 
+/* e**x for a float32 result: in double, exact to about 1e-15 relative (2**k times a
+ * polynomial of r = x - k ln 2, |r| <= ln 2 / 2), so that rounding it to float32 gives
+ * the bits of (float)exp(x) but where exp(x) lies within 1e-15 of a rounding boundary;
+ * no branches and no calls, so that loops of it vectorize. x is clamped to [-150, 100]
+ * first (the float32 results there are 0 and inf); NaN stays NaN. */
+static inline double gn_exp_f32(double x) {
+  x = x < -150.0 ? -150.0 : x > 100.0 ? 100.0 : x;
+  double t = x * 1.4426950408889634 + 0x1.8p52;  /* rounds x / ln 2 to an integer k */
+  double k = t - 0x1.8p52;
+  double r = (x - k * 0x1.62e42fefa3800p-1) - k * 0x1.ef35793c76730p-45;
+  double p = 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  uint64_t bits;
+  memcpy(&bits, &t, 8);
+  bits = (bits + 1023) << 52;  /* the low bits of t hold k: 2**k */
+  double scale;
+  memcpy(&scale, &bits, 8);
+  return p * scale;
+}
+
 static double gn_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x == 0 ? 0.0 : x; }
 static double gn_max(double a, double b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 static double gn_min(double a, double b) { return a != a ? a : b != b ? b : a < b ? a : b; }
@@ -320,8 +361,9 @@ static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
  * absolute value, sign, square and reciprocal in the dtype itself (for float32 these
  * give the bits of the double computation rounded once, as the generic path does:
  * double has more than twice float's precision), the other functions in double and
- * rounded once, as the generic path does. Loops are specialized on unit and zero
- * strides so that the compiler vectorizes them. */
+ * rounded once, as the generic path does (exp of float32 by gn_exp_f32, which gives
+ * the same bits). Loops are specialized on unit and zero strides so that the compiler
+ * vectorizes them. */
 #define EW(T, E)                                                                           \
   do {                                                                                     \
     int64_t i;                                                                             \
@@ -338,23 +380,43 @@ static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
     }                                                                                      \
   } while (0)
 
+/* The hot loops are also compiled for AVX2 (chosen at load time where the CPU has it:
+ * twice the SSE2 baseline's width) where the compiler and the platform can (GCC or
+ * clang, x86-64, ELF ifuncs); AVX2 has no fused multiply-add, so the results are those
+ * of the baseline code. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(GEON_NO_CLONES) && \
+    (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 6)
+#define GN_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define GN_HOT
+#endif
+
 #define EW_KERNEL(T, NAME)                                                                 \
-  static void NAME(gn_kind k, const T *pa, int64_t sa, const T *pb, int64_t sb,            \
-                   T *restrict py, int64_t n) {                                            \
+  GN_HOT static void NAME(gn_kind k, const T *pa, int64_t sa, const T *pb, int64_t sb,     \
+                   T *py, int64_t n) {                                                     \
     switch (k) {                                                                           \
       case OP_ADD: EW(T, x + z); break;                                                    \
       case OP_SUB: EW(T, x - z); break;                                                    \
       case OP_MUL: EW(T, x * z); break;                                                    \
       case OP_DIV: EW(T, x / z); break;                                                    \
-      case OP_MAX: EW(T, x != x ? x : z != z ? z : x > z ? x : z); break;                  \
-      case OP_MIN: EW(T, x != x ? x : z != z ? z : x < z ? x : z); break;                  \
+      /* (against one number that is not NaN, as a ReLU: one comparison, same results) */  \
+      case OP_MAX:                                                                         \
+        if (sb == 0 && sa == 1 && pb[0] == pb[0]) EW(T, !(x <= z) ? x : z);                \
+        else if (sa == 0 && sb == 1 && pa[0] == pa[0]) EW(T, x > z ? x : z);               \
+        else EW(T, x != x ? x : z != z ? z : x > z ? x : z);                               \
+        break;                                                                             \
+      case OP_MIN:                                                                         \
+        if (sb == 0 && sa == 1 && pb[0] == pb[0]) EW(T, !(x >= z) ? x : z);                \
+        else if (sa == 0 && sb == 1 && pa[0] == pa[0]) EW(T, x < z ? x : z);               \
+        else EW(T, x != x ? x : z != z ? z : x < z ? x : z);                               \
+        break;                                                                             \
       case OP_POW: EW(T, pow((double)x, (double)z)); break;                                \
-      case OP_EQ: EW(T, x == z); break;                                                    \
-      case OP_NE: EW(T, x != z); break;                                                    \
-      case OP_LT: EW(T, x < z); break;                                                     \
-      case OP_LE: EW(T, x <= z); break;                                                    \
-      case OP_GT: EW(T, x > z); break;                                                     \
-      case OP_GE: EW(T, x >= z); break;                                                    \
+      case OP_EQ: EW(T, x == z ? (T)1 : (T)0); break;                                      \
+      case OP_NE: EW(T, x != z ? (T)1 : (T)0); break;                                      \
+      case OP_LT: EW(T, x < z ? (T)1 : (T)0); break;                                       \
+      case OP_LE: EW(T, x <= z ? (T)1 : (T)0); break;                                      \
+      case OP_GT: EW(T, x > z ? (T)1 : (T)0); break;                                       \
+      case OP_GE: EW(T, x >= z ? (T)1 : (T)0); break;                                      \
       case OP_SIGMOID_CE: EW(T, gn_sigmoid_ce((double)x, (double)z)); break;               \
       case OP_NEG: EW(T, -x); break;                                                       \
       case OP_ABS: EW(T, fabs((double)x)); break;                                          \
@@ -362,7 +424,10 @@ static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
       case OP_SQUARE: EW(T, x * x); break;                                                 \
       case OP_SQRT: EW(T, sqrt((double)x)); break;                                         \
       case OP_RECIP: EW(T, (T)1 / x); break;                                               \
-      case OP_EXP: EW(T, exp((double)x)); break;                                           \
+      case OP_EXP:                                                                         \
+        if (sizeof(T) == 4) EW(T, gn_exp_f32((double)x));                                  \
+        else EW(T, exp((double)x));                                                        \
+        break;                                                                             \
       case OP_LOG: EW(T, log((double)x)); break;                                           \
       case OP_SIN: EW(T, sin((double)x)); break;                                           \
       case OP_COS: EW(T, cos((double)x)); break;                                           \
@@ -398,7 +463,11 @@ static int merge_dims(int nd, int64_t *shape, int n, int64_t (*strides)[GN_MAX_D
   return m;
 }
 
-static int run_typed(gn_op *op, const gn_value *a, const gn_value *b) {
+static void tail_row(gn_op *r, int64_t j, const char *row, int64_t n, int f32);
+
+/* (tail: a ReduceSum along the rows of op's value, done row by row as they are
+ * computed; the rows are then not merged) */
+static int run_typed(gn_op *op, const gn_value *a, const gn_value *b, gn_op *tail) {
   gn_value *y = &op->out[0];
   gn_dtype t = y->dtype;
   if ((t != DT_F32 && t != DT_F64) || a->dtype != t || (b && b->dtype != t)) return 0;
@@ -411,11 +480,11 @@ static int run_typed(gn_op *op, const gn_value *a, const gn_value *b) {
     st[2][d] = b && b->ndim ? b->strides[d] : 0;
   }
   if (!b) memcpy(st[2], st[1], sizeof st[1]);
-  nd = merge_dims(nd, shape, 3, st);
+  if (!tail) nd = merge_dims(nd, shape, 3, st);
   const int64_t *strides[3] = {st[0], st[1], st[2]};
   int64_t n = nd ? shape[nd - 1] : 1;
   int64_t sa = nd ? st[1][nd - 1] : 0, sb = nd ? st[2][nd - 1] : 0;
-  int64_t offs[3] = {0, 0, 0};
+  int64_t offs[3] = {0, 0, 0}, j = 0;
   const gn_value *bb = b ? b : a;
   outer_iter it = {nd, shape, {0}};
   do {
@@ -425,20 +494,70 @@ static int run_typed(gn_op *op, const gn_value *a, const gn_value *b) {
     else
       ew_double(op->kind, (const double *)a->data + offs[1], sa, (const double *)bb->data + offs[2], sb,
                 (double *)y->data + offs[0], n);
+    if (tail) tail_row(tail, j++, y->data + offs[0] * gn_dtype_size[t], n, t == DT_F32);
   } while (nd > 1 && next_row(&it, 3, offs, strides));
   return 1;
 }
 
+/* q's value = q(qa, qb) where q's arg `at` is p(pa, pb) (unary ops: the second arg
+ * NULL), p's value computed a piece of a row at a time into a buffer on the stack
+ * rather than into memory of its own: one pass over the elements for the two ops
+ * (every operand float32 or every one float64, each of q's shape or 0-d; the memory
+ * plan pairs them, plan.c). */
+#define FUSED_PIECE 512
+
+void gn_run_fused(gn_op *q, const gn_value *qa, const gn_value *qb, int at, gn_kind pk,
+                  const gn_value *pa, const gn_value *pb, gn_op *tail) {
+  gn_value *y = &q->out[0];
+  if (y->size == 0) return;
+  int f32 = y->dtype == DT_F32, z = f32 ? 4 : 8;
+  int nd = y->ndim;
+  const gn_value *ops[4] = {y, at == 0 ? (qb ? qb : pa) : qa, pa, pb ? pb : pa};
+  int64_t shape[GN_MAX_DIMS], st[4][GN_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    shape[d] = y->shape[d];
+    for (int k = 0; k < 4; k++) st[k][d] = ops[k]->ndim ? ops[k]->strides[d] : 0;
+  }
+  if (!tail) nd = merge_dims(nd, shape, 4, st);
+  const int64_t *strides[4] = {st[0], st[1], st[2], st[3]};
+  int64_t n = nd ? shape[nd - 1] : 1, s[4], j = 0;
+  for (int k = 0; k < 4; k++) s[k] = nd ? st[k][nd - 1] : 0;
+  int64_t offs[4] = {0, 0, 0, 0};
+  double buf[FUSED_PIECE];  /* (float32 pieces use its first half) */
+  outer_iter it = {nd, shape, {0}};
+  do {
+    for (int64_t i0 = 0; i0 < n; i0 += FUSED_PIECE) {
+      int64_t m = n - i0 < FUSED_PIECE ? n - i0 : FUSED_PIECE;
+      const char *o1 = ops[1]->data + (offs[1] + i0 * s[1]) * z;
+      const char *o2 = ops[2]->data + (offs[2] + i0 * s[2]) * z;
+      const char *o3 = ops[3]->data + (offs[3] + i0 * s[3]) * z;
+      char *oy = y->data + (offs[0] + i0 * s[0]) * z;
+      if (f32) {
+        float *t = (float *)buf;
+        ew_float(pk, (const float *)o2, s[2], (const float *)o3, s[3], t, m);
+        if (at == 0) ew_float(q->kind, t, 1, qb ? (const float *)o1 : t, qb ? s[1] : 1, (float *)oy, m);
+        else ew_float(q->kind, (const float *)o1, s[1], t, 1, (float *)oy, m);
+      } else {
+        double *t = buf;
+        ew_double(pk, (const double *)o2, s[2], (const double *)o3, s[3], t, m);
+        if (at == 0) ew_double(q->kind, t, 1, qb ? (const double *)o1 : t, qb ? s[1] : 1, (double *)oy, m);
+        else ew_double(q->kind, (const double *)o1, s[1], t, 1, (double *)oy, m);
+      }
+    }
+    if (tail) tail_row(tail, j++, y->data + offs[0] * z, n, f32);
+  } while (nd > 1 && next_row(&it, 4, offs, strides));
+}
+
 /* Integer results of + - * and max/min of int64 or uint64 are exact (run_int64); of
  * narrower integers, computed in double, exact below 2**53. */
-void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
+void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b, gn_op *tail) {
   gn_value *y = &op->out[0];
   if (y->size == 0) return;
   if (b && int64_kernel(op->kind, y->dtype) && is_int_dtype(a->dtype) && is_int_dtype(b->dtype)) {
     run_int64(op, a, b);
     return;
   }
-  if (run_typed(op, a, b)) return;
+  if (run_typed(op, a, b, tail)) return;
   static const int64_t zero[GN_MAX_DIMS] = {0};
   int nd = y->ndim, na = b ? 3 : 2;
   const int64_t *strides[3] = {y->strides, a->ndim ? a->strides : zero,
@@ -472,11 +591,14 @@ void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b) {
 static int is_max_kind(gn_kind k) { return k == OP_RMAX || k == OP_RARGMAX || k == OP_RMAXARGMAX; }
 
 #define REDUCE_LINE(T, NAME)                                                               \
-  static double NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t *at_out) {     \
+  GN_HOT static double NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t *at_out) {     \
     int64_t at = 0;                                                                        \
     if (k == OP_RSUM) {                                                                    \
       double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
       int64_t i = 0;                                                                       \
+      if (sn == 1) /* (the same sums, in a loop that vectorizes) */                        \
+        for (; i + 8 <= n; i += 8)                                                         \
+          for (int r = 0; r < 8; r++) s[r] += (double)p[i + r];                            \
       for (; i + 8 <= n; i += 8)                                                           \
         for (int r = 0; r < 8; r++) s[r] += (double)p[(i + r) * sn];                      \
       for (int r = 0; i < n; i++, r++) s[r] += (double)p[i * sn];                          \
@@ -502,7 +624,7 @@ REDUCE_LINE(double, line_double)
 
 /* Lines j0 .. j0 + w - 1, adjacent (stride 1 between them), each stepping by sn. */
 #define REDUCE_BLOCK(T, NAME)                                                              \
-  static void NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t w, double *acc,  \
+  GN_HOT static void NAME(gn_kind k, const T *p, int64_t n, int64_t sn, int64_t w, double *acc,  \
                    int64_t *at) {                                                          \
     int64_t j, i;                                                                          \
     for (j = 0; j < w; j++) at[j] = 0;                                                     \
@@ -518,6 +640,22 @@ REDUCE_LINE(double, line_double)
     }                                                                                      \
     if (n == 0) { for (j = 0; j < w; j++) acc[j] = NAN; return; }                          \
     for (j = 0; j < w; j++) acc[j] = (double)p[j];                                         \
+    if (k == OP_RMAX || k == OP_RMIN) { /* no positions: selects that vectorize */         \
+      for (i = 1; i < n; i++) {                                                            \
+        const T *row = p + i * sn;                                                         \
+        if (k == OP_RMAX)                                                                  \
+          for (j = 0; j < w; j++) {                                                        \
+            double v = (double)row[j], c = acc[j];                                         \
+            acc[j] = c == c && (v != v || v > c) ? v : c;                                  \
+          }                                                                                \
+        else                                                                               \
+          for (j = 0; j < w; j++) {                                                        \
+            double v = (double)row[j], c = acc[j];                                         \
+            acc[j] = c == c && (v != v || v < c) ? v : c;                                  \
+          }                                                                                \
+      }                                                                                    \
+      return;                                                                              \
+    }                                                                                      \
     int mx = is_max_kind(k);                                                               \
     for (i = 1; i < n; i++) {                                                              \
       const T *row = p + i * sn;                                                           \
@@ -541,6 +679,13 @@ static void reduce_store(gn_op *op, int64_t j, double acc, int64_t at) {
     else gn_store(op->out[0].data + j * gn_dtype_size[t], t, acc);
     if (k == OP_RMAXARGMAX) ((int64_t *)op->out[1].data)[j] = at;
   }
+}
+
+/* Element j of the ReduceSum r along rows: the row of n elements (compact) at row. */
+static void tail_row(gn_op *r, int64_t j, const char *row, int64_t n, int f32) {
+  int64_t at = 0;
+  reduce_store(r, j, f32 ? line_float(OP_RSUM, (const float *)row, n, 1, &at)
+                         : line_double(OP_RSUM, (const double *)row, n, 1, &at), 0);
 }
 
 /* Reduce dimension op->axis of x (at most 2-D) into op->out (compact). */
@@ -628,8 +773,18 @@ static void pack(char *dst, const char *src, int64_t rows, int64_t cols, int64_t
 
 /* op's output (B..., m, n) = a (B..., m, k) @ b (B..., k, n); scratch holds one packed
  * a and one packed b (allocated at load time). */
+static void gemm(gn_value *y, double alpha, double beta, const gn_value *a, const gn_value *b, char *scratch);
+
 void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch) {
-  gn_value *y = &op->out[0];
+  gemm(&op->out[0], 1.0, 0.0, a, b, scratch);
+}
+
+void gn_run_gemm_update(gn_value *into, double alpha, const gn_value *a, const gn_value *b, char *scratch) {
+  gemm(into, alpha, 1.0, a, b, scratch);
+}
+
+/* y = alpha * a @ b + beta * y (beta 0 or, with BLAS and 2-D operands only, 1) */
+static void gemm(gn_value *y, double alpha, double beta, const gn_value *a, const gn_value *b, char *scratch) {
   int nd = y->ndim, nb = nd - 2;
   int64_t m = y->shape[nd - 2], n = y->shape[nd - 1], k = a->shape[nd - 1];
   int z = gn_dtype_size[y->dtype];
@@ -648,7 +803,10 @@ void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch)
     char *py = y->data + t * m * n * z;
     int64_t sa0 = a->strides[nd - 2], sa1 = a->strides[nd - 1];
     int64_t sb0 = b->strides[nd - 2], sb1 = b->strides[nd - 1];
-    if (k == 0) { memset(py, 0, (size_t)(m * n * z)); continue; }
+    if (k == 0) {
+      if (beta == 0.0) memset(py, 0, (size_t)(m * n * z));
+      continue;
+    }
 #ifdef GEON_HAVE_BLAS
     if (m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX) {
       int ta, tb;
@@ -664,15 +822,17 @@ void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch)
       }
       enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
       if (y->dtype == DT_F64)
-        GN_DGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.0, (const double *)pa, (int)lda,
-                 (const double *)pb, (int)ldb, 0.0, (double *)py, (int)n);
+        GN_DGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, alpha, (const double *)pa, (int)lda,
+                 (const double *)pb, (int)ldb, beta, (double *)py, (int)n);
       else
-        GN_SGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, 1.0f, (const float *)pa, (int)lda,
-                 (const float *)pb, (int)ldb, 0.0f, (float *)py, (int)n);
+        GN_SGEMM(CblasRowMajor, A, B, (int)m, (int)n, (int)k, (float)alpha, (const float *)pa, (int)lda,
+                 (const float *)pb, (int)ldb, (float)beta, (float *)py, (int)n);
       continue;
     }
 #else
     (void)scratch;
+    (void)alpha;
+    (void)beta;
 #endif
     if (y->dtype == DT_F64)
       plain_gemm_double(m, n, k, (const double *)pa, sa0, sa1, (const double *)pb, sb0, sb1, (double *)py);

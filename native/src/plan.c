@@ -605,8 +605,9 @@ static geon_status check_op(loader *L, int32_t i, const gj_node *rec) {
   }
   if ((GN_IS_VIEW(k) || k == OP_COPY || k == OP_UNSLICE) && y->dtype != a->dtype) ok = 0;
   if (!ok) return INVALID("op %d (%s): its result or args do not have the shapes or dtypes it needs", i, name);
-  for (int o = 0; own && o < op->n_out; o++) {
-    /* a Reshape's buffer is used only when its arg is a view no strides can reshape */
+  for (int o = 0; own && k == OP_RESHAPE && o < op->n_out; o++) {
+    /* a Reshape's buffer is used only when its arg is a view no strides can reshape;
+     * the buffers of the other computing ops come from the memory plan */
     if (!(op->buffer[o] = alloc_bytes(L, op->out[o].size * gn_dtype_size[op->out[o].dtype]))) return L->e->status;
   }
   return GEON_OK;
@@ -731,6 +732,237 @@ static geon_status read_results(loader *L, const gj_node *results, const gj_node
   return GEON_OK;
 }
 
+/* --- the memory plan -------------------------------------------------------------------
+ * Values are numbered 2 * op + output. A view's value lives in its root's storage (a
+ * Reshape also has a buffer of its own for the copy it may make). The ops that compute
+ * (all but Placeholder, Variable, Constant, the views and Assign) get their buffers
+ * from a pool of slots: a slot is free again once the last op that reads its value
+ * (directly or through views) has run, and the next op that needs at most its size
+ * takes it (best fit). An elementwise op computes in place, into the slot of an arg
+ * that it reads element for element (the same shape and element size, not through a
+ * view) when it is that value's last reader and does not also read it through a view.
+ * An output is copied out as soon as its op has run, so it needs nothing more. */
+#define GN_STAGGER 576  /* bytes: 9 cache lines */
+#define GN_STAGGER_FROM 65536
+
+static int pooled_kind(gn_kind k) {
+  return !(k == OP_PLACEHOLDER || k == OP_VARIABLE || k == OP_CONSTANT || GN_IS_VIEW(k) || k == OP_ASSIGN);
+}
+
+static int is_elementwise(gn_kind k) { return GN_IS_BINARY(k) || GN_IS_UNARY(k); }
+
+static const gn_value *arg_value(const struct geon_backend *b, const gn_op *op, int k) {
+  return &b->ops[op->arg_op[k]].out[op->arg_out[k]];
+}
+
+/* The SGD updates Assign(V, Subtract(V, Multiply(c, Gemm(a, b)))) (or Multiply(Gemm, c))
+ * with a 0-d Constant c, where the Gemm, the Multiply and the Subtract are read by the
+ * next op of the chain only and are not outputs, and where no op between the Gemm and
+ * the Assign reads V (nor do a and b): the Gemm accumulates -c * a @ b into V's state
+ * itself, with BLAS (as the NumPy transformer's updates do), and the other three ops
+ * are skipped. */
+static void find_updates(struct geon_backend *b, const unsigned char *is_out, const int32_t *root,
+                         const int32_t *readers) {
+  if (!gn_have_blas()) return;
+  for (int32_t s = 0; s < b->n_ops; s++) {
+    gn_op *as = &b->ops[s];
+    if (as->kind != OP_ASSIGN) continue;
+    int32_t var = as->arg_op[0], sub = as->arg_op[1];
+    gn_op *sop = &b->ops[sub];
+    if (sop->kind != OP_SUB || sop->arg_op[0] != var || readers[2 * sub] != 1 || is_out[sub]) continue;
+    int32_t mul = sop->arg_op[1];
+    gn_op *mop = &b->ops[mul];
+    if (mop->kind != OP_MUL || sop->arg_out[1] != 0 || readers[2 * mul] != 1 || is_out[mul]) continue;
+    int ci = b->ops[mop->arg_op[0]].kind == OP_CONSTANT ? 0 : 1;
+    int32_t c = mop->arg_op[ci], g = mop->arg_op[1 - ci];
+    gn_op *gop = &b->ops[g], *cop = &b->ops[c];
+    const gn_value *y = &gop->out[0], *v = &b->ops[var].out[0];
+    if (cop->kind != OP_CONSTANT || cop->out[0].ndim != 0 || gop->kind != OP_GEMM ||
+        readers[2 * g] != 1 || is_out[g] || gop->update_var >= 0 || y->ndim != 2 ||
+        !same_shape(y, v) || y->dtype != v->dtype || cop->out[0].dtype != v->dtype ||
+        mop->out[0].dtype != v->dtype || sop->out[0].dtype != v->dtype ||
+        y->shape[0] > INT32_MAX || y->shape[1] > INT32_MAX || arg_value(b, gop, 0)->shape[1] > INT32_MAX)
+      continue;
+    int ok = s - g <= 256 &&  /* (a bound on the work a document can ask for here) */
+             root[2 * gop->arg_op[0] + gop->arg_out[0]] != 2 * var &&
+             root[2 * gop->arg_op[1] + gop->arg_out[1]] != 2 * var;
+    for (int32_t j = g + 1; ok && j < s; j++) {
+      if (j == mul || j == sub) continue;
+      for (int k = 0; ok && k < b->ops[j].n_args; k++)
+        ok = root[2 * b->ops[j].arg_op[k] + b->ops[j].arg_out[k]] != 2 * var;
+    }
+    if (!ok) continue;
+    gop->update_var = var;
+    gop->update_scale = c;
+    mop->skip = sop->skip = as->skip = 1;
+  }
+}
+
+/* A float elementwise op whose args all have its dtype (the typed kernels'). */
+static int typed_elementwise(const struct geon_backend *b, const gn_op *op) {
+  if (!is_elementwise(op->kind) || op->skip || (op->out[0].dtype != DT_F32 && op->out[0].dtype != DT_F64))
+    return 0;
+  for (int k = 0; k < op->n_args; k++)
+    if (arg_value(b, op, k)->dtype != op->out[0].dtype) return 0;
+  return 1;
+}
+
+/* Pairs (P, Q) of typed elementwise ops of one shape: Q reads P's value, which nothing
+ * else reads and which is no output, and only ops that compute nothing (Placeholders,
+ * Variables, Constants, views but Reshape) come between them. P then runs inside Q's
+ * pass, a piece of a row at a time: P's value never goes to memory. */
+static void find_fusions(struct geon_backend *b, const unsigned char *is_out, const int32_t *readers) {
+  for (int32_t q = 0; q < b->n_ops; q++) {
+    gn_op *Q = &b->ops[q];
+    if (!typed_elementwise(b, Q) || Q->out[0].size == 0) continue;
+    for (int k = 0; k < Q->n_args; k++) {
+      int32_t p = Q->arg_op[k];
+      gn_op *P = &b->ops[p];
+      int ok = typed_elementwise(b, P) && P->fused_into < 0 && P->prologue < 0 && readers[2 * p] == 1 &&
+               !is_out[p] && P->out[0].dtype == Q->out[0].dtype && same_shape(&P->out[0], &Q->out[0]);
+      for (int32_t j = p + 1; ok && j < q; j++) {
+        gn_kind kj = b->ops[j].kind;
+        ok = kj <= OP_CONSTANT || kj == OP_DIMSHUFFLE || kj == OP_EXPAND || kj == OP_SLICEVIEW;
+      }
+      if (!ok) continue;
+      Q->prologue = p;
+      Q->prologue_at = k;
+      P->fused_into = q;
+      break;
+    }
+  }
+}
+
+/* ReduceSums R along the rows (the last dimension) of a 1-D or 2-D value that a typed
+ * elementwise op E computes (R reads it directly; R is no output and has E's dtype):
+ * E's pass computes R too, each row's sum as soon as the row is computed (the same
+ * sums), and R's turn is skipped. */
+static void find_tails(struct geon_backend *b, const unsigned char *is_out) {
+  for (int32_t r = 0; r < b->n_ops; r++) {
+    gn_op *R = &b->ops[r];
+    if (R->kind != OP_RSUM || R->skip || is_out[r] || R->arg_out[0] != 0) continue;
+    gn_op *E = &b->ops[R->arg_op[0]];
+    const gn_value *x = &E->out[0];
+    if (!typed_elementwise(b, E) || E->fused_into >= 0 || E->tail >= 0 || x->size == 0 ||
+        x->ndim < 1 || x->ndim > 2 || R->axis != x->ndim - 1 || R->out[0].dtype != x->dtype)
+      continue;
+    E->tail = r;
+    R->tail_of = R->arg_op[0];
+  }
+}
+
+static geon_status plan_memory(loader *L) {
+  struct geon_backend *b = L->b;
+  int32_t n = b->n_ops, nv = 2 * n;
+  int32_t *root = malloc(sizeof(int32_t) * ((size_t)nv * 7 + (size_t)n + 2));
+  unsigned char *flags = calloc((size_t)n + 1, 1);
+  b->pool = calloc((size_t)nv + 1, sizeof(char *));
+  int64_t *cap = calloc(2 * (size_t)nv + 1, sizeof(int64_t)), *start = cap + nv;
+  if (!root || !flags || !b->pool || !cap) {
+    free(root); free(flags); free(cap);
+    return gn_fail(L->e, GEON_ERR_OUT_OF_MEMORY, "out of memory");
+  }
+  /* per value: its root, its last reader, its last reader through a view (or by an op
+   * that is not elementwise), its slot, its number of readers, the next value freed
+   * after the same op; the free slots; per op: the first value freed after it; per
+   * slot: its size and where its buffer starts in it */
+  int32_t *last = root + nv, *other = last + nv, *slot = other + nv, *readers = slot + nv,
+          *next_rel = readers + nv, *free_list = next_rel + nv, *head = free_list + nv;
+  int32_t n_free = 0;  /* the free slots: free_list[0 .. n_free) */
+  unsigned char *is_out = flags;
+  for (int32_t k = 0; k < b->n_outputs; k++) is_out[b->output_op[k]] = 1;
+  for (int32_t i = 0; i < n; i++) {
+    gn_op *op = &b->ops[i];
+    head[i] = -1;
+    op->update_var = op->update_scale = op->fused_into = op->prologue = op->tail = op->tail_of = -1;
+    for (int o = 0; o < 2; o++) {
+      int32_t v = 2 * i + o;
+      root[v] = GN_IS_VIEW(op->kind) && o < op->n_out ? root[2 * op->arg_op[0] + op->arg_out[0]] : v;
+      last[v] = other[v] = slot[v] = -1;
+      readers[v] = 0;
+    }
+  }
+  for (int32_t j = 0; j < n; j++)
+    for (int k = 0; k < b->ops[j].n_args; k++) readers[2 * b->ops[j].arg_op[k] + b->ops[j].arg_out[k]]++;
+  find_updates(b, is_out, root, readers);
+  find_fusions(b, is_out, readers);
+  find_tails(b, is_out);
+  for (int32_t j = 0; j < n; j++) {
+    const gn_op *op = &b->ops[j];
+    /* (when its args are read: in its own turn or in the pass it runs in) */
+    int32_t at = op->fused_into >= 0 ? op->fused_into : op->tail_of >= 0 ? op->tail_of : j;
+    for (int k = 0; k < op->n_args; k++) {
+      int32_t v = 2 * op->arg_op[k] + op->arg_out[k], r = root[v];
+      if (at > last[r]) last[r] = at;
+      if (!(is_elementwise(op->kind) && v == r && same_shape(arg_value(b, op, k), &op->out[0])) && at > other[r])
+        other[r] = at;
+    }
+  }
+  /* value v is free again after its last reader (or its op, if nothing reads it) */
+  for (int32_t i = 0; i < n; i++)
+    for (int o = 0; o < b->ops[i].n_out; o++) {
+      int32_t v = 2 * i + o, at = last[v] > i ? last[v] : i;
+      next_rel[v] = head[at];
+      head[at] = v;
+    }
+  int32_t n_slots = 0;
+  geon_status st = GEON_OK;
+  for (int32_t j = 0; j < n && !st; j++) {
+    /* (a ReduceSum done in another op's pass gets its buffer with that op's) */
+    for (int pass = 0; pass < 2; pass++) {
+    int32_t i = pass ? b->ops[j].tail : j;
+    if (i < 0 || (!pass && b->ops[j].tail_of >= 0)) continue;
+    gn_op *op = &b->ops[i];
+    for (int o = 0; pooled_kind(op->kind) && !op->skip && op->update_var < 0 && op->fused_into < 0 &&
+                    o < op->n_out; o++) {
+      gn_value *y = &op->out[o];
+      int64_t need = y->size * gn_dtype_size[y->dtype];
+      int32_t s = -1;
+      /* (candidates: its args, and those of the op fused into its pass) */
+      const gn_op *pro = op->prologue >= 0 ? &b->ops[op->prologue] : NULL;
+      for (int k = 0; o == 0 && is_elementwise(op->kind) && s < 0 && k < op->n_args + (pro ? pro->n_args : 0); k++) {
+        const gn_op *r = k < op->n_args ? op : pro;
+        int kk = k < op->n_args ? k : k - op->n_args;
+        if (r == op && op->prologue == op->arg_op[k]) continue;
+        int32_t v = 2 * r->arg_op[kk] + r->arg_out[kk];
+        const gn_value *a = arg_value(b, r, kk);
+        if (root[v] == v && slot[v] >= 0 && last[v] == i && other[v] < i && same_shape(a, y) &&
+            gn_dtype_size[a->dtype] == gn_dtype_size[y->dtype]) {
+          s = slot[v];
+          slot[v] = -1;  /* handed over: not freed after this op */
+        }
+      }
+      int32_t at = -1;
+      if (s < 0) {  /* the smallest free slot that is large enough */
+        for (int32_t f = 0; f < n_free; f++)
+          if (cap[free_list[f]] >= need && (at < 0 || cap[free_list[f]] < cap[free_list[at]])) at = f;
+        if (at >= 0) {
+          s = free_list[at];
+          free_list[at] = free_list[--n_free];
+        }
+      }
+      if (s < 0) {
+        /* large slots start at different offsets into a page: loads and stores 4 KiB
+         * apart on the same offset into a page can make a CPU wait */
+        int64_t stagger = need >= GN_STAGGER_FROM ? GN_STAGGER * (n_slots % 8) : 0;
+        if (!(b->pool[n_slots] = alloc_bytes(L, need + stagger))) { st = L->e->status; break; }
+        cap[n_slots] = need;
+        start[n_slots] = stagger;
+        s = n_slots++;
+        b->n_pool = n_slots;
+      }
+      slot[2 * i + o] = s;
+      op->buffer[o] = b->pool[s] + start[s];
+      op->shared[o] = 1;
+    }
+    }
+    for (int32_t v = head[j]; v >= 0; v = next_rel[v])
+      if (slot[v] >= 0) free_list[n_free++] = slot[v];
+  }
+  free(root); free(flags); free(cap);
+  return st;
+}
+
 static geon_status load(loader *L, const gj_node *root) {
   struct geon_backend *b = L->b;
   if (!root || root->type != GJ_OBJECT || !gj_is(gj_get(&L->doc, root, "format"), "geon-plan"))
@@ -761,6 +993,7 @@ static geon_status load(loader *L, const gj_node *root) {
   for (const gj_node *rec = gj_first(&L->doc, ops); rec; rec = gj_next(&L->doc, rec), i++)
     if (check_op(L, i, rec)) return L->e->status;
   if (read_results(L, gj_get(&L->doc, graph, "results"), outs, ins)) return L->e->status;
+  if (plan_memory(L)) return L->e->status;
   if (!(b->scratch = alloc_bytes(L, b->scratch_bytes))) return L->e->status;
   return GEON_OK;
 }
@@ -781,10 +1014,11 @@ geon_status gn_load_plan(const char *text, size_t len, struct geon_backend *b, g
 }
 
 void gn_free_plan(struct geon_backend *b) {
-  for (int32_t i = 0; b->ops && i < b->n_ops; i++) {
-    free(b->ops[i].buffer[0]);
-    free(b->ops[i].buffer[1]);
-  }
+  for (int32_t i = 0; b->ops && i < b->n_ops; i++)
+    for (int o = 0; o < 2; o++)
+      if (!b->ops[i].shared[o]) free(b->ops[i].buffer[o]);
+  for (int32_t t = 0; b->pool && t < b->n_pool; t++) free(b->pool[t]);
+  free(b->pool);
   free(b->ops);
   free(b->input_op);
   free(b->output_op);

@@ -3,7 +3,9 @@
  * A plan is loaded (plan.c) into an array of ops in document order, which is a
  * topological order: every arg refers to an earlier op. Each op has at most two
  * tensor values. A value is a strided description of elements in some storage: an
- * op that computes owns a compact row-major buffer allocated at load time; a
+ * op that computes writes a compact row-major buffer, a slot of a pool allocated at
+ * load time and shared by values whose lifetimes do not overlap (plan.c's memory
+ * plan; an elementwise op may compute in place into an arg's slot); a
  * Variable owns its state; a Constant owns its array (one element and zero strides
  * when it is one number filling a shape); a Placeholder points into the caller's
  * input tensor during a run; a view (Reshape, Dimshuffle, Expand, SliceView) describes
@@ -108,9 +110,26 @@ typedef struct {
   uint64_t rnd_seed;              /* Random: seed, stream id, normal (else uniform) */
   uint32_t rnd_stream;
   int rnd_normal;
-  /* storage: compact row-major, owned (NULL for views, placeholders) */
+  /* storage: compact row-major, owned unless shared[o] (NULL for views, placeholders,
+   * ops the memory plan gives none) */
   char *buffer[2];
   int filled;                     /* Constant: one element filling the shape */
+  /* set by the memory plan (plan.c): the buffers of a computing op are slots of a pool
+   * shared with other values whose lifetimes do not overlap (shared[o]: not this op's
+   * to free). An SGD update Assign(V, V - c * Gemm(a, b)) runs as the Gemm, accumulating
+   * -c * a @ b into V's state (update_var: V's op, update_scale: c's Constant op); the
+   * Multiply, Subtract and Assign are then skipped. */
+  unsigned char shared[2];
+  int32_t update_var, update_scale;
+  int skip;
+  /* an elementwise op P whose value only the elementwise op Q reads (only ops that
+   * compute nothing between them) runs inside Q's pass (gn_run_fused): fused_into is
+   * Q on P; prologue is P on Q, its arg prologue_at */
+  int32_t fused_into, prologue;
+  int prologue_at;
+  /* a ReduceSum R along the rows of a typed elementwise op E's value, computed in E's
+   * pass (row by row): tail is R on E, tail_of E on R */
+  int32_t tail, tail_of;
 } gn_op;
 
 struct geon_backend {
@@ -122,6 +141,8 @@ struct geon_backend {
   gn_dtype *output_dtype;
   char *scratch;                   /* for packing operands and aliasing assignments */
   int64_t scratch_bytes;
+  char **pool;                     /* the memory plan's slots (owned) */
+  int32_t n_pool;
 };
 
 /* Errors: the first one wins; message printed into err. */
@@ -146,9 +167,16 @@ int gn_reshape_strides(const gn_value *from, gn_value *to);
 double gn_load(const char *p, gn_dtype t);
 void gn_store(char *p, gn_dtype t, double v);
 void gn_copy_values(gn_value *dst, const gn_value *src);
-void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b);
+/* tail: NULL, or a ReduceSum along the rows of op's value (1-D or 2-D), which these
+ * compute too, each row as soon as it is computed */
+void gn_run_elementwise(gn_op *op, const gn_value *a, const gn_value *b, gn_op *tail);
+void gn_run_fused(gn_op *q, const gn_value *qa, const gn_value *qb, int at, gn_kind pk,
+                  const gn_value *pa, const gn_value *pb, gn_op *tail);
 void gn_run_reduce(gn_op *op, const gn_value *x);
 void gn_run_gemm(gn_op *op, const gn_value *a, const gn_value *b, char *scratch);
+/* into += alpha * a @ b (2-D, compact into; only with BLAS: gn_have_blas) */
+void gn_run_gemm_update(gn_value *into, double alpha, const gn_value *a, const gn_value *b, char *scratch);
+int gn_have_blas(void);
 /* kernels_more.c: ops along dimension 1, convolution and pooling. Those that read
  * indices from data return GEON_ERR_BAD_TENSOR (message in e) for one out of range. */
 geon_status gn_run_take(gn_op *op, const gn_value *x, const gn_value *idx, int32_t i, gn_error *e);
