@@ -373,3 +373,32 @@ def test_inputs_of_any_layout_and_repeated_runs(runtime, dtype):
     ex = runtime.load(doc)
     one, two = ex.run(ro, vs), ex.run(ro, vs)
     assert not any(np.shares_memory(a, b) for a, b in zip(one, two))
+
+
+def test_the_runtimes_own_openblas_follows_the_thread_policy(runtime, monkeypatch):
+    """The OpenBLAS libgeon_native links (scipy-openblas32's) takes geon's thread
+    count at runs, even where it was mapped before the runtime was loaded (importing
+    scipy_openblas32, as build_runtime does, maps it): NumPy's own is left to NumPy's
+    policy."""
+    numpy_blas = "/x/site-packages/numpy.libs/libscipy_openblas64_-1.so"
+    theirs = "/x/site-packages/scipy_openblas32/lib/libscipy_openblas.so"
+    monkeypatch.setattr(native.np, "__file__", "/x/site-packages/numpy/__init__.py")
+    assert native._own_openblas({numpy_blas}, {numpy_blas, theirs}) == {theirs}
+    assert native._own_openblas({numpy_blas, theirs}, {numpy_blas, theirs}) == {theirs}
+    monkeypatch.undo()
+    try:
+        import scipy_openblas32  # noqa: F401
+    except ImportError:
+        pytest.skip("scipy-openblas32 is not installed: the runtime was built with its "
+                    "plain C matrix product")
+    blas = runtime.blas_threads()
+    assert blas is not None
+    get, put = blas.api
+    before = get()
+    try:
+        monkeypatch.setattr(native.POLICY, "refresh", lambda: 1)
+        blas.apply()
+        assert get() == 1
+    finally:
+        put(before)
+

@@ -157,7 +157,7 @@ class NativeBackend(Backend):
             lib = ctypes.CDLL(real, mode=ctypes.RTLD_LOCAL)
         except OSError as e:
             raise NativeBackendError(f"the backend {path} does not load: {e}") from None
-        self._own_blas = mapped_openblas() - before
+        self._own_blas = _own_openblas(before, mapped_openblas())
         missing = [s for s in SYMBOLS if not hasattr(lib, s)]
         if missing:
             raise NativeBackendError(f"the backend {path} lacks {', '.join(missing)} of "
@@ -204,6 +204,19 @@ class NativeBackend(Backend):
             api = _blas_thread_api(self._own_blas) if self._own_blas else None
             self._blas = None if api is None else _BlasThreads(api)
         return self._blas
+
+
+def _own_openblas(before: set, after: set) -> set:
+    """The OpenBLAS libraries a backend library brought: those mapped by loading it,
+    or, where it was mapped already (scipy-openblas32's Python package maps its library
+    when imported, as ``build_runtime`` does to find it), every one but NumPy's, whose
+    threads NumPy's policy sets (:mod:`geon.transformers.threads`)."""
+    new = after - before
+    if new:
+        return new
+    numpy_dir = os.path.dirname(os.path.realpath(np.__file__))
+    return {p for p in after
+            if not os.path.realpath(p).startswith((numpy_dir + os.sep, numpy_dir + ".libs"))}
 
 
 def _failed(backend: NativeBackend, what: str, status: int, err: Any) -> NativeBackendError:
