@@ -25,7 +25,7 @@ on the call path below, at a run at most every 20 ms: the policy measures the lo
 every 0.2 s).
 :func:`include_dir` is the folder holding ``geon_backend.h``.
 
-A run goes through the *call path* (:mod:`geon.transformers.native.callpath`), a small
+A run goes through the *call path* (``geon/transformers/native/callpath.py``), a small
 C extension module built at the first executable through geon's toolchain and kernel
 cache, which does the checks and the call without Python code per tensor; where it
 cannot be built (no compiler, no ``Python.h``) every run goes through ctypes, with
@@ -184,9 +184,9 @@ class NativeBackend(Backend):
 
     @property
     def call_path(self) -> str:
-        """How executables run: ``"extension"`` (the call path module, see
-        :mod:`geon.transformers.native.callpath`) or ``"ctypes"`` (where it cannot be
-        built or loaded here); decided at the first executable."""
+        """The path executables run through, ``"extension"`` (the call path module,
+        ``geon/transformers/native/callpath.py``) or ``"ctypes"`` (where that cannot be
+        built or loaded here), decided at the first executable."""
         return "ctypes" if self._call_module() is None else "extension"
 
     def _call_module(self) -> Any:
@@ -301,8 +301,8 @@ class _NativeExecutable(Executable):
 
     @property
     def call_path(self) -> str:
-        """How this executable runs: ``"extension"`` or ``"ctypes"`` (see
-        :attr:`NativeBackend.call_path`)."""
+        """The path this executable runs through, ``"extension"`` or ``"ctypes"``
+        (see :attr:`NativeBackend.call_path`)."""
         return "ctypes" if self._call is None else "extension"
 
     def _prepare(self) -> None:
