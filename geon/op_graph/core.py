@@ -588,10 +588,12 @@ class Placeholder(AssignableTensorOp):
         self.domain = Domain(start, stop, allow)
         return self
 
-    def as_feed(self, value: Any) -> np.ndarray:
+    def as_feed(self, value: Any, shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
         """``value``, fed for this placeholder, as an array of its shape and dtype, or a
-        :class:`FeedError` naming the placeholder and saying what was passed."""
-        shape, dtype = self.axes.shape, self.dtype
+        :class:`FeedError` naming the placeholder and saying what was passed. ``shape``:
+        the shape expected, where the axes have symbolic lengths (evaluated with the
+        call's binding)."""
+        shape, dtype = shape or self.axes.shape, self.dtype
         try:
             a = np.asarray(value)
         except (TypeError, ValueError) as e:  # a ragged list

@@ -20,6 +20,7 @@ import numpy as np
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.symbols import Sym
 
 
 # --- graph walks (iterative; they follow ``forward`` like a transformer does) -----------
@@ -80,6 +81,8 @@ def _key_function(v):
     if isinstance(v, slice):
         return lambda v: ("slice", value_key(v.start), value_key(v.stop),
                           value_key(v.step))
+    if isinstance(v, Sym):  # a symbolic length: immutable, in normal form
+        return lambda v: ("sym", v)
     if isinstance(v, Axis):
         return lambda v: ("axis", v.name, v.length)
     if isinstance(v, Axes):

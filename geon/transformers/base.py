@@ -130,6 +130,12 @@ class Computation(Generic[_R]):
 
     #: The generated code (set by the backend).
     _source: str
+    #: How many times the graph was transformed (the passes and the code generation;
+    #: one for a computation's life, whatever the bindings of its symbolic lengths).
+    transformations = 0
+    #: How many memory plans were made: one for fixed lengths; with symbolic lengths
+    #: (NumPy transformer), one per distinct binding called.
+    plans = 0
     requested: list[og.Op]
     single: bool
 
@@ -165,6 +171,7 @@ class Computation(Generic[_R]):
         self._domain_checks = [None if d is None else domains.checker(p, *d)
                                for p, d in zip(self.params, self._domains)]
         transformer._run_passes(self.graph)
+        self.transformations += 1
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers: list[og.Op] = list(dict.fromkeys(
             i for op in self.graph.initial_order for i in op._initializers))

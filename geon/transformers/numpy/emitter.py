@@ -19,7 +19,9 @@ from geon.op_graph import primitives as pr
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
 from geon.transformers import fusion, memory, numerics
-from geon.transformers.codegen_text import comment, identifier, py_literal
+from geon.errors import GeonError
+from geon.op_graph.symbols import Sym
+from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
@@ -84,6 +86,17 @@ class ModuleEmitter:
         self.rows = {}  # (scalar constant, length) -> the name of a row of its value
         comp._result_dtypes = {}  # dtype of a result -> its name in the module
         self.setup, self.body = [], []
+        # Symbolic lengths (symbols.py): the symbols are local names of run() and
+        # parameters of setup(), which makes the views of one binding's buffers.
+        self.sym = sym = getattr(comp, "_symbols", ())
+        clash = [n for n in sym if n in taken or n in RESERVED]
+        if clash:
+            raise GeonError(f"symbol(s) {', '.join(clash)} of the computation's "
+                            f"symbolic axes are named like a name the generated code "
+                            f"uses; rename the symbol (be.symbolic_axis(name, "
+                            f"symbol=...))")
+        taken.update(sym)
+        self.planned = []  # symbolic: the planned values, in the order setup() views them
         for p in comp.params:
             self.names[p] = identifier(p.name, taken)
         comp._copy_feeds = any(isinstance(op, pr.Assign)
@@ -110,6 +123,7 @@ class ModuleEmitter:
         self.body[:0] = self.feed_checks()
         src = self.module_source(returns)
         comp._arenas = dict(zip(self.arenas, self.plan.sizes))
+        comp._planned = self.planned
         comp._scratch = self.scratch
         comp._consts, comp._variables = self.consts, self.variables
         comp._compile_source(src)
@@ -147,13 +161,22 @@ class ModuleEmitter:
             for m in g.members:
                 if comp._into.get(m) in seen:
                     del comp._into[m]
+        # Symbolic lengths: the plan is made per binding (NumPyComputation._bind); the
+        # code only needs which values are planned, which no binding changes: any
+        # binding (all ones) tells.
+        binding = dict.fromkeys(self.sym, 1) if self.sym else None
         if "memory" in t.disabled or check:  # checked: each input kept to be shown
-            plan = memory.unshared_plan(order, comp.results, groups)
+            plan = memory.unshared_plan(order, comp.results, groups, binding=binding)
         else:
             plan = memory.plan_memory(order, comp.results, groups=groups,
-                                      exclude=comp._into)
-        if memory.VERIFY:  # every plan is proved before code is made from it
+                                      exclude=comp._into, binding=binding)
+        if self.sym:
+            comp._plan_args = (order, list(comp.results), groups, dict(comp._into))
+            plan.sizes = []  # (arenas come with each binding's plan)
+        elif memory.VERIFY:  # every plan is proved before code is made from it
             memory.verify_plan(order, comp.results, plan, groups)
+        if not self.sym:
+            comp.plans += 1
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         comp.plan, comp.groups, comp.order = plan, groups, order
         self.plan, self.groups, self.order = plan, groups, order
@@ -187,7 +210,9 @@ class ModuleEmitter:
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not self.check else None
         self.kernels = kernels
-        groups = [] if "fusion" in t.disabled or self.check else find_groups(
+        # Symbolic lengths: no fused groups yet (their blocks and thresholds are sizes;
+        # doc/symbolic_axes.rst)
+        groups = [] if "fusion" in t.disabled or self.check or self.sym else find_groups(
             order, comp.results, self.emits,
             None if kernels is None else compiled_kernels.auto_fusable
             if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
@@ -245,7 +270,7 @@ class ModuleEmitter:
         # a ufunc reads a one-number constant faster from a 0-d array than from a
         # NumPy scalar (same dtype, same result)
         small = self.zero_d if type(op) in NP_UFUNCS else self.scalars
-        if type(op) in ROW_OPERAND and op.axes:
+        if type(op) in ROW_OPERAND and op.axes and not isinstance(op.axes.lengths[-1], Sym):
             n = op.axes.lengths[-1]
             cut = ""
             if block is not None and len(op.axes) == 1:  # rows are elements
@@ -371,8 +396,22 @@ class ModuleEmitter:
         three comparisons; the rest goes through Computation._check_feed (conversion or
         a FeedError)."""
         comp, checks = self.comp, []
+        if self.sym:
+            # one call checks the feeds (shapes from the binding), binds the symbols
+            # from their shapes and returns the views of that binding's buffers, made
+            # by setup() at its first call
+            names = [self.names[p] for p in comp.params] + list(self.sym) \
+                + self.setup_names()
+            checks.append(f"    {''.join(n + ', ' for n in names)}= "
+                          f"_bind({', '.join(self.names[p] for p in comp.params)})")
         for i, p in enumerate(comp.params):
             n = self.names[p]
+            if self.sym:
+                if comp._copy_feeds:  # the computation assigns to a placeholder
+                    checks.append(f"    {n} = {n}.copy()")
+                if self.check and numerics.checked(p):
+                    checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
+                continue
             checks.append(f"    if {n}.__class__ is not _ndarray or {n}.dtype is not _dt{i}"
                           f" or {n}.shape != {py_literal(p.axes.shape)}:")
             checks.append(f"        {n} = _feed({i}, {n})")
@@ -398,7 +437,7 @@ class ModuleEmitter:
         body.append("    _last[0] = _r")
         body.append("    return _r")
         params = [self.names[p] for p in comp.params]
-        glob = [ln.split(" = ")[0].strip() for ln in setup]
+        glob = self.setup_names()
         src = ["# geon NumPy transformer: computation of "
                + comment(", ".join(getattr(r, "name", "?") for r in comp.requested))]
         held = {}
@@ -407,10 +446,18 @@ class ModuleEmitter:
         for k, (a, size) in enumerate(zip(self.arenas, self.plan.sizes)):
             src.append(f"# {a}: {size} bytes, holds in turn: "
                        + comment(", ".join(held.get(k, ()))))
-        src.append("def setup():")
-        if glob:
-            src.append("    global " + ", ".join(glob))
-        src.extend(setup or ["    pass"])
+        if self.sym:
+            # setup(symbols, arenas) runs once per binding, from run's _bind
+            src.append(f"# symbolic lengths {', '.join(self.sym)}: the memory plan, its "
+                       f"arenas and the views below are made once per binding")
+            src.append(f"def setup({''.join(n + ', ' for n in self.sym)}_a):")
+            src.extend(setup)
+            src.append(f"    return ({''.join(n + ', ' for n in glob)})")
+        else:
+            src.append("def setup():")
+            if glob:
+                src.append("    global " + ", ".join(glob))
+            src.extend(setup or ["    pass"])
         # Computation.__call__ calls run itself: it checks that it got one value per
         # parameter, by position (Computation._check_args raises the FeedError).
         # (positional-only: a keyword named like a parameter lands in _kw too)
@@ -435,6 +482,10 @@ class ModuleEmitter:
         src.append("    finally:")
         src.append("        _release()")
         return src
+
+    def setup_names(self):
+        """The names that setup() assigns."""
+        return [ln.split(" = ")[0].strip() for ln in self.setup]
 
     # --- helpers of the lines: buffers, bias adds, fused groups ----------------------
     def _ufunc_allocates(self, op):
@@ -470,6 +521,14 @@ class ModuleEmitter:
         storage = self._into.get(op)
         if storage is not None:  # computed in place of the variable it is assigned to
             return self.names[storage]
+        if op in plan.slot and self.sym:
+            # its view of the arena the binding's plan gives it (_a[k]), made by setup()
+            name = identifier(f"b_{op.name}", taken)
+            k = len(self.planned)
+            self.planned.append(op)
+            setup.append(f"    {name} = _a[{k}][:{py_literal(op.axes.size * dtype.itemsize)}]"
+                         f".view(np.{dtype.name}).reshape({py_literal(shape)})")
+            return name
         if op in plan.slot:
             key = (plan.slot[op], shape, dtype)
             name = self._arena_views.get(key)
