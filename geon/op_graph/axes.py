@@ -64,7 +64,7 @@ class Axis:
 
     __slots__ = ("name", "_length", "batch", "recurrent", "_users")
 
-    def __init__(self, length: Optional[int] = None, name: Optional[str] = None,
+    def __init__(self, length: Union[int, Sym, None] = None, name: Optional[str] = None,
                  batch: bool = False, recurrent: bool = False) -> None:
         if name is None:
             name = f"axis{next(_anonymous)}"
@@ -101,7 +101,8 @@ class Axis:
         global _length_epoch
         _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
-    def _set_length(self, value: Optional[int]) -> None:
+    def _set_length(self, value: Any) -> None:
+        # (typed Any: ``length`` says int for the code that predates symbolic lengths)
         if isinstance(value, Sym):  # a symbolic length, bound at call time
             self._length = value  # type: ignore[assignment]
             return

@@ -1,0 +1,172 @@
+"""Symbolic axis lengths (issue 34, first slice): the Sym algebra, axes with symbolic
+lengths, and NumPy computations bound from the feeds' shapes at each call: one
+transformation for every batch size, one memory plan per binding."""
+
+import operator
+import pickle
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.errors import AxisMismatchError, FeedError
+from geon.op_graph.symbols import Sym, Symbol, SymbolicLengthError, evaluate
+
+N_, M_ = Symbol("N"), Symbol("M")
+
+
+# --- the algebra ----------------------------------------------------------------------------
+
+def test_sym_normal_form_equal_expressions_compare_and_hash_alike():
+    a = (N_ + 1) * (N_ - 1)
+    b = N_ * N_ - 1
+    assert a == b and hash(a) == hash(b)
+    assert N_ * 64 == 64 * N_ == N_ * 32 + N_ * 32
+    assert M_ * N_ == N_ * M_ and (M_ + N_) == (N_ + M_)
+    assert N_ - N_ == 0 and type(N_ - N_) is int        # no symbol left: an int
+    assert (N_ * 6) // 3 == N_ * 2 and (N_ * 6 + 4) // 3 == N_ * 2 + 1
+    assert (N_ * 6 + 4) % 3 == 1 and N_ % 1 == 0
+    assert isinstance((N_ + 1) // 2, Sym) and (N_ + 1) // 2 == (1 + N_) // 2
+    assert N_ != M_ and N_ != 1 and not (N_ == 7)        # structural
+    assert len({N_ * 2, 2 * N_, N_ + N_}) == 1
+    assert pickle.loads(pickle.dumps(N_ * M_ + 3)) == N_ * M_ + 3
+
+
+@pytest.mark.parametrize("expr", [
+    N_, N_ * 64, 64 * N_ + 1, N_ - 3, 3 - N_, -N_, N_ * M_ * 2 - M_, N_ * N_,
+    (N_ + 1) // 2, (N_ * 3 + 1) % 4, M_ * ((N_ + 1) // 2) + 5,
+])
+def test_sym_repr_is_a_python_expression_that_round_trips(expr):
+    text = repr(expr)
+    assert eval(text, {"N": N_, "M": M_}) == expr          # the same normal form
+    for n, m in [(1, 2), (7, 3), (1000, 11)]:
+        assert eval(text, {"N": n, "M": m}) == expr.evaluate({"N": n, "M": m})
+
+
+def test_sym_repr_and_evaluation():
+    assert repr(N_ * 64) == "N*64" and repr(N_ * 64 + 1) == "N*64 + 1"
+    assert repr(N_ - 3) == "N - 3" and repr(3 - N_) == "-N + 3"
+    assert (N_ * M_ + 2).evaluate({"N": 7, "M": 3}) == 23
+    assert ((N_ + 1) // 2).evaluate({"N": 8}) == 4
+    assert evaluate((4, N_, N_ * 3), {"N": 5}) == (4, 5, 15)
+    with pytest.raises(SymbolicLengthError, match="symbol M has no value"):
+        (N_ * M_).evaluate({"N": 1})
+
+
+def test_undecidable_comparisons_raise_naming_the_symbol():
+    for what in (lambda: N_ < 5, lambda: N_ * 3 >= 64, lambda: N_ > M_,
+                 lambda: bool(N_), lambda: int(N_), lambda: range(N_)):
+        with pytest.raises(TypeError, match="axis N.* is symbolic: .*not decidable at "
+                                            "build time"):
+            what()
+    assert N_ + 1 > N_ and N_ - 2 < N_ and N_ <= N_      # a constant difference decides
+    with pytest.raises(TypeError, match="division by a symbolic length"):
+        6 // N_
+    with pytest.raises(ValueError, match="identifier"):
+        Symbol("for")
+
+
+# --- axes ------------------------------------------------------------------------------------
+
+def test_symbolic_axes_lengths_size_and_printing():
+    N = be.symbolic_axis("N", batch=True)
+    assert N.batch and N.is_symbolic and repr(N) == "N:N"
+    assert be.Axis(be.Symbol("N"), "N").length == N.length
+    C = be.Axis(64, "C")
+    axes = be.Axes(C, N)
+    assert axes.lengths == (64, N_) and axes.size == N_ * 64 and axes.is_symbolic
+    assert axes.shape == (64, N_)
+    assert not be.Axes(C).is_symbolic
+    with pytest.raises(TypeError, match="axis N is symbolic"):
+        operator.index(axes.size)
+    with pytest.raises(TypeError, match="N\\*64"):            # NumPy's words, the expression
+        np.empty(axes.size)
+
+
+def test_two_symbols_on_one_axis_name_are_a_mismatch_naming_both():
+    a = be.placeholder([be.Axis(Symbol("N"), "B")], name="a")
+    b = be.placeholder([be.Axis(Symbol("M"), "B")], name="b")
+    with pytest.raises(AxisMismatchError, match=r"axis B has length \(symbolic\) N .* "
+                                                r"and M in another"):
+        a + b
+    c = be.placeholder([be.Axis(8, "B")], name="c")
+    with pytest.raises(AxisMismatchError, match="axis B has length"):
+        a + c
+    a + be.placeholder([be.Axis(Symbol("N"), "B")])        # the same symbol: fine
+
+
+# --- the NumPy transformer ----------------------------------------------------------------
+
+D, H, K = 5, 6, 3
+RNG = np.random.default_rng(34)
+W1 = RNG.normal(size=(H, D))
+B1 = RNG.normal(size=H)
+W2 = RNG.normal(size=(K, H))
+
+
+def mlp(batch_axis):
+    """An MLP's inference graph (float64) over ``batch_axis``: results softmax(W2 relu(
+    tanh(W1 x + b1))), its sum, and the mean of the hidden layer."""
+    Dx, Hx, Kx = be.Axis(D, "D"), be.Axis(H, "H"), be.Axis(K, "K")
+    x = be.placeholder([Dx, batch_axis], dtype="float64", name="x")
+    w1 = be.Variable([Hx, Dx], initial_value=W1, dtype="float64", name="w1")
+    b1 = be.Variable([Hx], initial_value=B1, dtype="float64", name="b1")
+    w2 = be.Variable([Kx, Hx], initial_value=W2, dtype="float64", name="w2")
+    h = be.tanh(be.dot(w1, x) + b1)
+    y = be.softmax(be.dot(w2, be.maximum(h, 0.0)))
+    return x, [y, be.sum(y, out_axes=()), be.mean(h, out_axes=())]
+
+
+def reference(x):
+    h = np.tanh(W1 @ x + B1[:, None])
+    z = W2 @ np.maximum(h, 0.0)
+    e = np.exp(z - z.max(axis=0))
+    y = e / e.sum(axis=0)
+    return y, y.sum(), h.mean()
+
+
+def test_one_computation_for_every_batch_size():
+    x, results = mlp(be.symbolic_axis("N", batch=True))
+    assert results[0].axes.lengths == (K, N_)
+    comp = be.make_transformer("numpy").computation(results, x)
+    assert comp.transformations == 1 and comp.plans == 0
+    assert "N = " not in comp.source and "(5, N)" not in comp.source
+    assert "reshape((6, N))" in comp.source                # shapes print as expressions
+    for n in (1, 7, 1000):
+        feed = RNG.normal(size=(D, n))
+        got = comp(feed)
+        want = reference(feed)
+        fixed_x, fixed = mlp(be.Axis(n, "N", batch=True))
+        fixed_got = be.make_transformer("numpy").computation(fixed, fixed_x)(feed)
+        for g, w, f in zip(got, want, fixed_got):
+            assert g.shape == np.shape(w)
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(g, f, rtol=1e-12, atol=1e-12)
+    assert comp.transformations == 1 and comp.plans == 3
+    comp(RNG.normal(size=(D, 7)))                          # a binding seen before
+    assert comp.plans == 3
+    assert sorted(comp._plans) == [(1,), (7,), (1000,)]
+
+
+def test_feeds_that_disagree_on_a_symbol_raise_naming_both():
+    N = be.symbolic_axis("N", batch=True)
+    C = be.Axis(3, "C")
+    a = be.placeholder([C, N], dtype="float64", name="a")
+    b = be.placeholder([N], dtype="float64", name="b")
+    comp = be.make_transformer("numpy").computation(a * b, a, b)
+    np.testing.assert_allclose(comp(np.ones((3, 4)), np.arange(4.0)),
+                               np.ones((3, 4)) * np.arange(4.0))
+    with pytest.raises(FeedError, match=r"placeholder b gives symbol N the value 5 .*"
+                                        r"placeholder a gives it 4"):
+        comp(np.ones((3, 4)), np.arange(5.0))
+    with pytest.raises(FeedError, match="placeholder a expects axes"):
+        comp(np.ones((2, 4)), np.arange(4.0))             # a fixed length is checked
+    assert comp.plans == 1
+
+
+def test_a_symbol_no_feed_binds_and_symbolic_variables_are_refused():
+    N = be.symbolic_axis("N")
+    x = be.placeholder([be.Axis(3, "C")], name="x")
+    v = be.Variable([N], name="v")
+    with pytest.raises(be.ArgumentError, match="Variable v .* lengths must be fixed"):
+        be.make_transformer("numpy").computation(x + v, x)
