@@ -170,3 +170,30 @@ def test_a_symbol_no_feed_binds_and_symbolic_variables_are_refused():
     v = be.Variable([N], name="v")
     with pytest.raises(be.ArgumentError, match="Variable v .* lengths must be fixed"):
         be.make_transformer("numpy").computation(x + v, x)
+
+
+def test_derivative_and_training_step_over_a_symbolic_batch():
+    N = be.symbolic_axis("N", batch=True)
+    Dx, Hx = be.Axis(D, "D"), be.Axis(H, "H")
+    x = be.placeholder([Dx, N], dtype="float64", name="x")
+    t = be.placeholder([Hx, N], dtype="float64", name="t")
+    w = be.Variable([Hx, Dx], initial_value=W1, dtype="float64", name="w")
+    b = be.Variable([Hx], initial_value=B1, dtype="float64", name="b")
+    loss = be.mean(be.square(be.tanh(be.dot(w, x) + b) - t), out_axes=())
+    tr = be.make_transformer("numpy")
+    step = tr.computation([loss] + [be.SetItem(v, v - 0.1 * be.deriv(loss, v))
+                                    for v in (w, b)], x, t)
+    grad = tr.computation(be.deriv(loss, w), x, t)
+    wv, bv = W1.copy(), B1.copy()
+    for n in (1, 7, 1000, 7):
+        xv, tv = RNG.normal(size=(D, n)), RNG.normal(size=(H, n))
+        y = np.tanh(wv @ xv + bv[:, None])
+        dz = 2 * (y - tv) / (H * n) * (1 - y * y)
+        np.testing.assert_allclose(grad(xv, tv), dz @ xv.T, rtol=1e-12, atol=1e-14)
+        got_loss = step(xv, tv)[0]
+        np.testing.assert_allclose(got_loss, np.mean((y - tv) ** 2), rtol=1e-12)
+        wv, bv = wv - 0.1 * (dz @ xv.T), bv - 0.1 * dz.sum(axis=1)
+        np.testing.assert_allclose(tr.state[w], wv, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(tr.state[b], bv, rtol=1e-12, atol=1e-14)
+    assert (step.transformations, step.plans) == (1, 3)
+    assert (grad.transformations, grad.plans) == (1, 3)
