@@ -197,3 +197,18 @@ def test_derivative_and_training_step_over_a_symbolic_batch():
         np.testing.assert_allclose(tr.state[b], bv, rtol=1e-12, atol=1e-14)
     assert (step.transformations, step.plans) == (1, 3)
     assert (grad.transformations, grad.plans) == (1, 3)
+
+
+def test_a_constant_over_a_symbolic_axis_is_viewed_per_binding():
+    N = be.symbolic_axis("N")
+    C = be.Axis(3, "C")
+    x = be.placeholder([C, N], dtype="float64", name="x")
+    c = be.constant(2.0, axes=[N], dtype="float64")
+    comp = be.make_transformer("numpy").computation(
+        [be.sum(x * c, reduction_axes=[C]), c + 0], x)
+    source = comp.source
+    for n in (1, 4):
+        s, cc = comp(np.ones((3, n)))
+        np.testing.assert_array_equal(s, np.full(n, 6.0))
+        np.testing.assert_array_equal(cc, np.full(n, 2.0))
+    assert comp.source is source and comp.plans == 2

@@ -589,10 +589,8 @@ class Placeholder(AssignableTensorOp):
         return self
 
     def as_feed(self, value: Any, shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
-        """``value``, fed for this placeholder, as an array of its shape and dtype, or a
-        :class:`FeedError` naming the placeholder and saying what was passed. ``shape``:
-        the shape expected, where the axes have symbolic lengths (evaluated with the
-        call's binding)."""
+        """``value`` as an array of this placeholder's shape (or ``shape``: a binding's)
+        and dtype, or a :class:`FeedError` naming the placeholder and what was passed."""
         shape, dtype = shape or self.axes.shape, self.dtype
         try:
             a = np.asarray(value)

@@ -238,6 +238,15 @@ class ModuleEmitter:
             if isinstance(op, og.Variable):
                 names[op] = identifier(op.name, taken)
                 self.variables[names[op]] = op
+            elif isinstance(op, og.Constant) and self.sym and op.axes.is_symbolic:
+                # one number over symbolic axes: its full view is made per binding
+                names[op] = identifier("c_" + op.name, taken)
+                z = self.zero_d[op] = identifier("z_" + op.name, taken)
+                consts[z] = op.value
+                self.scalars[op] = identifier("s_" + op.name, taken)
+                consts[self.scalars[op]] = op.value[()]
+                self.setup.append(f"    {names[op]} = np.broadcast_to({z}, "
+                                  f"{py_literal(op.axes.shape)})")
             elif isinstance(op, og.Constant):
                 names[op] = identifier("c_" + op.name, taken)
                 consts[names[op]] = op.array()
