@@ -133,8 +133,8 @@ class Computation(Generic[_R]):
     #: How many times the graph was transformed (the passes and the code generation;
     #: one for a computation's life, whatever the bindings of its symbolic lengths).
     transformations = 0
-    #: How many memory plans were made: one for fixed lengths; with symbolic lengths
-    #: (NumPy transformer), one per distinct binding called.
+    #: The number of memory plans made, one for fixed lengths; with symbolic lengths
+    #: (NumPy transformer) one per distinct binding called.
     plans = 0
     requested: list[og.Op]
     single: bool
