@@ -79,7 +79,8 @@ __all__ = [
     "FeedError", "FlattenedAxis", "GeonError", "GeonWarning", "IndexOutOfRangeError",
     "Invalid", "InvalidValueError", "LoadedGraph", "LoweringError", "MultiOutput",
     "NumPyTransformer", "NumericsError", "Op", "Output", "Placeholder", "Runner", "SerializationError",
-    "SetItem", "Sym", "Symbol", "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError",
+    "SetItem", "Sym", "Symbol", "TensorOp", "Transformer", "TruthValueError",
+    "UnknownTransformerError",
     "Variable", "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
     "available_transformers", "avg_pool", "axes_with_order", "batch_norm", "bernoulli",
     "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "cond", "constant", "conv",
@@ -96,7 +97,8 @@ __all__ = [
     "scan", "scatter_add", "select", "selu", "serialize", "set_domain", "sigmoid", "sign", "silu",
     "sin",
     "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
-    "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "symbolic_axis", "tanh",
+    "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "symbolic_axis",
+    "tanh",
     "tensor_size", "tile", "topk", "transformer_ops", "transformers_with", "unflatten",
     "uniform", "value_of", "variance", "where", "while_loop"
 ]

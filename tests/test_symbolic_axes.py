@@ -15,7 +15,7 @@ from geon.op_graph.symbols import Sym, Symbol, SymbolicLengthError, evaluate
 N_, M_ = Symbol("N"), Symbol("M")
 
 
-# --- the algebra ----------------------------------------------------------------------------
+# --- the algebra ------------------------------------------------------------------
 
 def test_sym_normal_form_equal_expressions_compare_and_hash_alike():
     a = (N_ + 1) * (N_ - 1)
@@ -66,7 +66,7 @@ def test_undecidable_comparisons_raise_naming_the_symbol():
         Symbol("for")
 
 
-# --- axes ------------------------------------------------------------------------------------
+# --- axes -------------------------------------------------------------------------
 
 def test_symbolic_axes_lengths_size_and_printing():
     N = be.symbolic_axis("N", batch=True)
@@ -95,7 +95,7 @@ def test_two_symbols_on_one_axis_name_are_a_mismatch_naming_both():
     a + be.placeholder([be.Axis(Symbol("N"), "B")])        # the same symbol: fine
 
 
-# --- the NumPy transformer ----------------------------------------------------------------
+# --- the NumPy transformer ---------------------------------------------------------
 
 D, H, K = 5, 6, 3
 RNG = np.random.default_rng(34)
@@ -212,3 +212,12 @@ def test_a_constant_over_a_symbolic_axis_is_viewed_per_binding():
         np.testing.assert_array_equal(s, np.full(n, 6.0))
         np.testing.assert_array_equal(cc, np.full(n, 2.0))
     assert comp.source is source and comp.plans == 2
+
+
+def test_a_transformer_without_symbolic_lengths_refuses_them_when_building():
+    class Fixed(be.NumPyTransformer):
+        symbolic_lengths = False
+    x = be.placeholder([be.symbolic_axis("N")], name="x")
+    with pytest.raises(be.ArgumentError, match="symbolic length: the .* transformer "
+                                               "needs fixed lengths"):
+        Fixed().computation(x + 1, x)

@@ -215,7 +215,7 @@ class Sym:
 
     __rmod__ = __truediv__ = __rtruediv__ = __rfloordiv__
 
-    # -- comparisons -----------------------------------------------------------------------
+    # -- comparisons -----------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
         # structural: normal forms are unique, and a constant is never a Sym
         return isinstance(other, Sym) and other._terms == self._terms
@@ -258,7 +258,7 @@ class Sym:
     def __float__(self) -> float:
         raise self._undecidable(f"float({self!r})")
 
-    # -- text --------------------------------------------------------------------------------
+    # -- text ------------------------------------------------------------------------
     def __repr__(self) -> str:
         parts = []
         const = 0

@@ -279,7 +279,8 @@ class ModuleEmitter:
         # a ufunc reads a one-number constant faster from a 0-d array than from a
         # NumPy scalar (same dtype, same result)
         small = self.zero_d if type(op) in NP_UFUNCS else self.scalars
-        if type(op) in ROW_OPERAND and op.axes and not isinstance(op.axes.lengths[-1], Sym):
+        if type(op) in ROW_OPERAND and op.axes \
+                and not isinstance(op.axes.lengths[-1], Sym):  # (a row: a fixed length)
             n = op.axes.lengths[-1]
             cut = ""
             if block is not None and len(op.axes) == 1:  # rows are elements
@@ -535,8 +536,9 @@ class ModuleEmitter:
             name = identifier(f"b_{op.name}", taken)
             k = len(self.planned)
             self.planned.append(op)
-            setup.append(f"    {name} = _a[{k}][:{py_literal(op.axes.size * dtype.itemsize)}]"
-                         f".view(np.{dtype.name}).reshape({py_literal(shape)})")
+            nbytes = py_literal(op.axes.size * dtype.itemsize)
+            setup.append(f"    {name} = _a[{k}][:{nbytes}].view(np.{dtype.name})"
+                         f".reshape({py_literal(shape)})")
             return name
         if op in plan.slot:
             key = (plan.slot[op], shape, dtype)

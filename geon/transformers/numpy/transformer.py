@@ -356,6 +356,8 @@ class NumPyTransformer(Transformer):
     base_set = BaseSet(Select, UserOp, Scan, Cond, WhileLoop, coll.AllReduce,
                        coll.BroadcastFrom, coll.FlatConcat, LengthValue)
     computation_class = NumPyComputation
+    # symbolic axis lengths, bound from the feeds' shapes at each call (see _bind)
+    symbolic_lengths = True
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
