@@ -60,6 +60,13 @@ def test_undecidable_comparisons_raise_naming_the_symbol():
                                             "build time"):
             what()
     assert N_ + 1 > N_ and N_ - 2 < N_ and N_ <= N_      # a constant difference decides
+    # so does a sign that follows from symbols being lengths (>= 0)
+    assert N_ >= 0 and not N_ < 0 and -N_ <= 0 and N_ + 1 > 0 and N_ * 2 >= N_
+    assert N_ * M_ >= 0 and (N_ + 1) // 2 >= 0 and not (-N_ - 1 >= 0)
+    for undecided in (lambda: N_ > 0, lambda: N_ * 2 > N_, lambda: N_ - 1 >= 0,
+                      lambda: (N_ - 3) // 2 >= 0):
+        with pytest.raises(SymbolicLengthError):
+            undecided()
     with pytest.raises(TypeError, match="division by a symbolic length"):
         6 // N_
     with pytest.raises(ValueError, match="identifier"):
@@ -221,3 +228,33 @@ def test_a_transformer_without_symbolic_lengths_refuses_them_when_building():
     with pytest.raises(be.ArgumentError, match="symbolic length: the .* transformer "
                                                "needs fixed lengths"):
         Fixed().computation(x + 1, x)
+
+
+def test_the_plans_of_at_most_max_bindings_are_kept(monkeypatch):
+    from geon.transformers.numpy import transformer as nt
+    monkeypatch.setattr(nt, "MAX_BINDINGS", 2)
+    x = be.placeholder([be.symbolic_axis("N")], dtype="float64", name="x")
+    comp = be.make_transformer("numpy").computation(be.tanh(x) * 2, x)
+    for n in (1, 2, 3, 1):
+        np.testing.assert_allclose(comp(np.ones(n)), np.full(n, 2 * np.tanh(1.0)))
+    assert sorted(comp._plans) == [(1,), (3,)] and comp.plans == 4
+
+
+def test_a_scan_over_time_with_a_symbolic_batch():
+    N = be.symbolic_axis("N", batch=True)
+    T, Hx = be.Axis(4, "T", recurrent=True), be.Axis(3, "H")
+    x = be.placeholder([Hx, T, N], dtype="float64", name="x")
+    h0 = be.constant(0.0, axes=[Hx, N], dtype="float64")
+
+    def body(h, xt):
+        h = be.tanh(h * 0.5 + xt)
+        return h, h
+    last, _ = be.scan(body, h0, x, T)
+    comp = be.make_transformer("numpy").computation(last, x)
+    for n in (1, 5):
+        xv = RNG.normal(size=(3, 4, n))
+        h = np.zeros((3, n))
+        for t in range(4):
+            h = np.tanh(h * 0.5 + xv[:, t])
+        np.testing.assert_allclose(comp(xv), h, rtol=1e-12)
+    assert (comp.transformations, comp.plans) == (1, 2)

@@ -15,8 +15,9 @@ plain ``int`` when the result no longer depends on any symbol (``N - N`` is ``0`
 ``repr`` is a Python expression over the symbols' names (``N*64 + 1``), so generated
 code prints it where it printed a literal length, with the symbols bound as local
 names. ``==`` and ``!=`` are structural (``N == 1`` is ``False``: not *known* to be 1);
-an order comparison is decided only where the difference of the two sides is a
-constant (``N + 1 > N``); otherwise it, ``bool()``, ``int()`` and ``operator.index``
+an order comparison is decided where the difference of the two sides is a constant
+(``N + 1 > N``) or has a sign that follows from symbols being lengths, ``>= 0``
+(``N*2 >= N``); otherwise it, ``bool()``, ``int()`` and ``operator.index``
 raise a :class:`TypeError` naming the symbol: the value is not decidable at build time.
 """
 
@@ -233,12 +234,35 @@ class Sym:
             f"time (it is known only when a computation is called, from the shapes of "
             f"its feeds)")
 
+    def _nonnegative(self) -> bool:
+        """Whether the value is >= 0 for every binding (symbols are lengths, >= 0): no
+        negative coefficient, and every atom >= 0."""
+        for mono, c in self._terms:
+            if c < 0:
+                return False
+            for a in mono:  # a remainder by k > 0 is >= 0; a quotient, if its dividend
+                if not isinstance(a, str) and a.op == "//" and not (
+                        isinstance(a.expr, Sym) and a.expr._nonnegative()):
+                    return False
+        return True
+
     def _compare(self, other: Any, op: str) -> bool:
         if Sym._terms_of(other) is None:
             return NotImplemented
         diff = self - other
         if isinstance(diff, Sym):
-            raise self._undecidable(f"`{self!r} {op} {other!r}`")
+            # decided where the sign of the difference follows from symbols >= 0:
+            # lo / hi, bounds of diff known for every binding (None: none known)
+            lo = 1 if (diff - 1)._nonnegative() else 0 if diff._nonnegative() else None
+            neg = -diff
+            hi = -1 if (neg - 1)._nonnegative() else 0 if neg._nonnegative() else None
+            answer = {">=": True if lo is not None else False if hi == -1 else None,
+                      ">": True if lo == 1 else False if hi is not None else None,
+                      "<=": True if hi is not None else False if lo == 1 else None,
+                      "<": True if hi == -1 else False if lo is not None else None}[op]
+            if answer is None:
+                raise self._undecidable(f"`{self!r} {op} {other!r}`")
+            return answer
         return {"<": diff < 0, "<=": diff <= 0, ">": diff > 0, ">=": diff >= 0}[op]
 
     def __lt__(self, other: Any) -> bool: return self._compare(other, "<")

@@ -54,6 +54,10 @@ from geon.transformers.numpy.user_ops import _module_globals
 from geon.transformers.numpy.emitter import ModuleEmitter
 
 
+#: The most bindings of its symbolic lengths a computation keeps the memory plan,
+#: arenas and views of (the first made goes first; a call with it plans it again).
+MAX_BINDINGS = 32
+
 #: linecache names of generated modules whose computations are gone (see
 #: ``_compile_source``).
 _DEAD_SOURCES: list = []
@@ -185,8 +189,15 @@ class NumPyComputation(Computation):
                                       binding=binding)
         if memory.VERIFY:
             memory.verify_plan(order, results, plan, groups, binding=binding)
+        unplanned = [op.name for op in self._planned if op not in plan.slot]
+        if unplanned:  # the code assumes every binding plans the same values
+            raise memory.PlanError(f"memory plan of binding {binding}: no place for "
+                                   f"{', '.join(unplanned)}{memory._HINT}")
         arenas = [np.empty(size, np.uint8) for size in plan.sizes]
         views = self._ns["setup"](*key, [arenas[plan.slot[op]] for op in self._planned])
+        if len(self._setups) >= MAX_BINDINGS:  # the oldest binding's goes (and memory)
+            old = next(iter(self._setups))
+            del self._setups[old], self._plans[old]
         self._setups[key] = views
         self._plans[key] = self.plan = plan
         self.plans += 1
