@@ -137,7 +137,7 @@ def test_one_computation_for_every_batch_size():
     assert results[0].axes.lengths == (K, N_)
     comp = be.make_transformer("numpy").computation(results, x)
     assert comp.transformations == 1 and comp.plans == 0
-    assert "N = " not in comp.source and "(5, N)" not in comp.source
+    assert "N = x.shape[1]" in comp.source and "x.shape == (5, N)" in comp.source
     assert "reshape((6, N))" in comp.source                # shapes print as expressions
     for n in (1, 7, 1000):
         feed = RNG.normal(size=(D, n))
@@ -148,7 +148,7 @@ def test_one_computation_for_every_batch_size():
         for g, w, f in zip(got, want, fixed_got):
             assert g.shape == np.shape(w)
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
-            np.testing.assert_allclose(g, f, rtol=1e-12, atol=1e-12)
+            np.testing.assert_array_equal(g, f)    # the same NumPy calls, bit for bit
     assert comp.transformations == 1 and comp.plans == 3
     comp(RNG.normal(size=(D, 7)))                          # a binding seen before
     assert comp.plans == 3
@@ -258,3 +258,19 @@ def test_a_scan_over_time_with_a_symbolic_batch():
             h = np.tanh(h * 0.5 + xv[:, t])
         np.testing.assert_allclose(comp(xv), h, rtol=1e-12)
     assert (comp.transformations, comp.plans) == (1, 2)
+
+
+def test_feeds_are_checked_on_the_fast_path_too():
+    N = be.symbolic_axis("N", batch=True)
+    Kx = be.Axis(K, "K")
+    labels = be.placeholder([N], dtype="int64", name="labels", domain=K)
+    comp = be.make_transformer("numpy").computation(be.one_hot(labels, Kx), labels)
+    np.testing.assert_array_equal(comp(np.array([0, 2])), np.eye(K)[:, [0, 2]])
+    np.testing.assert_array_equal(comp(np.array([1, 1])), np.eye(K)[:, [1, 1]])  # fast
+    for bad in (np.array([0, 3]), np.array([0, 1, -1])):   # a binding seen / a new one
+        with pytest.raises(be.DomainError, match="labels"):
+            comp(bad)
+    np.testing.assert_array_equal(comp([2]), np.eye(K)[:, [2]])   # a list: converted
+    assert comp(np.zeros(0, np.int64)).shape == (K, 0)             # an empty batch
+    with pytest.raises(FeedError, match="placeholder labels expects"):
+        comp(np.zeros((2, 2), np.int64))

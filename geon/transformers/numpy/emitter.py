@@ -407,13 +407,7 @@ class ModuleEmitter:
         a FeedError)."""
         comp, checks = self.comp, []
         if self.sym:
-            # one call checks the feeds (shapes from the binding), binds the symbols
-            # from their shapes and returns the views of that binding's buffers, made
-            # by setup() at its first call
-            names = [self.names[p] for p in comp.params] + list(self.sym) \
-                + self.setup_names()
-            checks.append(f"    {''.join(n + ', ' for n in names)}= "
-                          f"_bind({', '.join(self.names[p] for p in comp.params)})")
+            checks = self.binding_lines()
         for i, p in enumerate(comp.params):
             n = self.names[p]
             if self.sym:
@@ -434,6 +428,45 @@ class ModuleEmitter:
             if self.check and numerics.checked(p):
                 checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
         return checks
+
+    def binding_lines(self):
+        """The lines of a computation with symbolic lengths that bind the symbols and
+        check the feeds. Arrays of the right dtypes and shapes, whose binding was seen
+        before, pass with a few comparisons and a dict look-up that gives the views of
+        that binding's buffers; other calls go through ``_bind``
+        (NumPyComputation._bind: conversions, FeedErrors, and a new binding's plan)."""
+        comp, names = self.comp, self.names
+        feeds = [names[p] for p in comp.params]
+        out = [names[p] for p in comp.params] + list(self.sym) + self.setup_names()
+        views = self.setup_names()
+        first = {}  # symbol -> (feed name, position) that binds it on the fast path
+        for i, k, sym in comp._binders:
+            first.setdefault(sym, (feeds[i], k, len(comp.params[i].axes)))
+        ranks = dict.fromkeys(f"{n}.__class__ is _ndarray and {n}.ndim == {r}"
+                              for n, _, r in first.values())
+        conds = []
+        for i, p in enumerate(comp.params):
+            n = feeds[i]
+            conds.append(f"{n}.__class__ is _ndarray and {n}.dtype is _dt{i} and "
+                         f"{n}.shape == {py_literal(p.axes.shape)}")
+        key = "(" + "".join(f"{s}, " for s in self.sym) + ")"
+        lines = ["    _v = None",
+                 f"    if {' and '.join(ranks)}:"]
+        lines += [f"        {s} = {n}.shape[{k}]" for s, (n, k, _) in first.items()]
+        lines.append(f"        if {' and '.join(conds)}:")
+        lines.append(f"            _v = _setups.get({key})")
+        for i, p in enumerate(comp.params):
+            dom = comp._domains[i]
+            if dom is not None:  # one or two reductions (domains.py), if not empty
+                n = feeds[i]
+                cond = domains.fast_condition(n, p.dtype, dom[0], f"_u{i}")
+                lines.append(f"            if {n}.size and {cond}: _bad_value({i}, {n})")
+        lines.append("    if _v is None:")
+        lines.append(f"        {''.join(n + ', ' for n in out)}= _bind({', '.join(feeds)})")
+        if views:
+            lines.append("    else:")
+            lines.append(f"        {''.join(n + ', ' for n in views)}= _v")
+        return lines
 
     def module_source(self, returns):
         """The lines of the module: a header, ``setup()`` and ``run()``."""

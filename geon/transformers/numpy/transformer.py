@@ -290,7 +290,7 @@ class NumPyComputation(Computation):
         exec(self._code, ns)
         if self._symbols:  # setup() runs per binding (see _bind)
             self._setups.clear()
-            ns["_bind"] = self._bind
+            ns["_bind"], ns["_setups"] = self._bind, self._setups
         else:
             ns["setup"]()
         self._fn = ns["run"]
