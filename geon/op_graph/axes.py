@@ -56,7 +56,9 @@ class Axis:
             but must be known before a computation that uses it is built. Once an op
             that uses the axis is built, its length is fixed (changing it would change
             that op's axes): setting another one raises :class:`AxisMismatchError`;
-            make a new axis instead (``be.Axis(32, name="C")``).
+            make a new axis instead (``be.Axis(32, name="C")``). A symbolic length
+            (a :class:`~geon.op_graph.symbols.Sym`, ``be.Symbol("N")``) is bound when a
+            computation is called (see :func:`symbolic_axis`).
         name: the axis' identity. Defaults to a fresh unique name.
         batch: the axis indexes independent samples (reductions keep it by default).
         recurrent: the axis indexes time steps of a recurrence (kept by reductions too).
