@@ -20,6 +20,8 @@ from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # no
                          UnknownTransformerError)
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis, symbolic_axis  # noqa: E402
 from geon.op_graph.symbols import Sym, Symbol  # noqa: E402
+# (installs the reference evaluator's binding of symbolic lengths)
+from geon.op_graph import specialize as _specialize  # noqa: E402,F401
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
     absolute, add, argmax, argmin, axes_with_order, broadcast, cast_axes, constant, cos,

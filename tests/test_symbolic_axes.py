@@ -274,3 +274,26 @@ def test_feeds_are_checked_on_the_fast_path_too():
     assert comp(np.zeros(0, np.int64)).shape == (K, 0)             # an empty batch
     with pytest.raises(FeedError, match="placeholder labels expects"):
         comp(np.zeros((2, 2), np.int64))
+
+
+def test_the_reference_evaluator_binds_the_feeds_and_specialize_copies_the_graph():
+    from geon.op_graph.specialize import specialize
+    x, results = mlp(be.symbolic_axis("N", batch=True))
+    for n in (1, 7):
+        feed = RNG.normal(size=(D, n))
+        for got, want in zip(be.evaluate(results, {x: feed}), reference(feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    copies = specialize(results, {"N": 4})
+    assert copies[results[0]].axes.lengths == (K, 4) and copies[x].axes.lengths == (D, 4)
+    assert x.axes.is_symbolic                                # the original is unchanged
+
+    class Fixed(be.NumPyTransformer):
+        symbolic_lengths = False
+    comp = Fixed().computation([copies[r] for r in results], copies[x])
+    feed = RNG.normal(size=(D, 4))
+    for got, want in zip(comp(feed), reference(feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(FeedError, match="gives symbol N the value 3"):
+        a = be.placeholder([be.symbolic_axis("N")], name="a")
+        b = be.placeholder([be.symbolic_axis("N")], name="b")
+        be.evaluate(a + b, {a: np.ones(2), b: np.ones(3)})
