@@ -297,3 +297,23 @@ def test_the_reference_evaluator_binds_the_feeds_and_specialize_copies_the_graph
         a = be.placeholder([be.symbolic_axis("N")], name="a")
         b = be.placeholder([be.symbolic_axis("N")], name="b")
         be.evaluate(a + b, {a: np.ones(2), b: np.ones(3)})
+
+
+def test_a_graph_of_symbolic_axes_round_trips_through_a_document():
+    import json
+    x, results = mlp(be.symbolic_axis("N", batch=True))
+    doc = be.serialize(results)
+    assert json.loads(doc)["axes"]["N"] == {"length": None, "symbol": "N", "batch": True}
+    loaded = be.deserialize_graph(doc)
+    assert loaded.results[0].axes.lengths == (K, N_)
+    comp = be.make_transformer("numpy").computation(loaded.results, loaded.op("x"))
+    for n in (2, 9):
+        feed = RNG.normal(size=(D, n))
+        for got, want in zip(comp(feed), reference(feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    bad = json.loads(doc)
+    bad["axes"]["N"]["symbol"] = "_x"
+    with pytest.raises(be.SerializationError, match="symbol"):
+        be.deserialize_graph(json.dumps(bad))
+    flat = be.flatten(x)                              # its axis: (D*N), of length N*5
+    assert be.deserialize(be.serialize(flat)).axes.lengths == (N_ * 5,)
