@@ -317,3 +317,27 @@ def test_a_graph_of_symbolic_axes_round_trips_through_a_document():
         be.deserialize_graph(json.dumps(bad))
     flat = be.flatten(x)                              # its axis: (D*N), of length N*5
     assert be.deserialize(be.serialize(flat)).axes.lengths == (N_ * 5,)
+
+
+def test_size_hints_fuse_a_symbolic_computation_without_changing_its_results():
+    x, results = mlp(be.symbolic_axis("N", batch=True))
+    plain = be.make_transformer("numpy", sample_axis="first").computation(results, x)
+    fused = be.make_transformer("numpy", sample_axis="first",
+                                size_hints={"N": 65536}).computation(results, x)
+    assert "_run_blocks(fused, N, " in fused.source and "_run_blocks" not in plain.source
+    for n in (1, 7, 1000, 50000):
+        feed = RNG.normal(size=(D, n))
+        for a, b in zip(plain(feed), fused(feed)):
+            np.testing.assert_array_equal(a, b)
+    assert (fused.transformations, fused.plans) == (1, 4)
+    # no hint for every symbol: no fusion
+    comp = be.make_transformer("numpy", sample_axis="first", size_hints={"M": 65536}
+                               ).computation(results, x)
+    assert "_run_blocks" not in comp.source
+    # the default layout: values whose symbolic length is not their first are not fused
+    comp = be.make_transformer("numpy", size_hints={"N": 65536}).computation(results, x)
+    feed = RNG.normal(size=(D, 9))
+    for a, b in zip(comp(feed), reference(feed)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(be.ArgumentError, match="size_hints"):
+        be.make_transformer("numpy", size_hints={"N": -1})

@@ -96,6 +96,10 @@ class ModuleEmitter:
                             f"uses; rename the symbol (be.symbolic_axis(name, "
                             f"symbol=...))")
         taken.update(sym)
+        known = getattr(self.t, "size_hints", {})
+        #: the values of the symbols for size-based choices, if hinted for all of them
+        self.hints = {n: known[n] for n in sym} if all(n in known for n in sym) \
+            else None
         self.planned = []  # symbolic: the planned values, in the order setup() views them
         for p in comp.params:
             self.names[p] = identifier(p.name, taken)
@@ -210,11 +214,15 @@ class ModuleEmitter:
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not self.check else None
         self.kernels = kernels
-        # Symbolic lengths: no fused groups yet (their blocks and thresholds are sizes;
-        # doc/symbolic_axes.rst)
-        groups = [] if "fusion" in t.disabled or self.check or self.sym else find_groups(
+        # Symbolic lengths: fused where the transformer's size hints give every symbol
+        # a typical length, over values whose symbolic lengths are their rows
+        # (fusion.hinted_fusable; doc/symbolic_axes.rst); the compiled path is off
+        hints = self.hints
+        groups = [] if "fusion" in t.disabled or self.check or (
+            self.sym and hints is None) else find_groups(
             order, comp.results, self.emits,
-            None if kernels is None else compiled_kernels.auto_fusable
+            fusion.hinted_fusable(hints) if self.sym
+            else None if kernels is None else compiled_kernels.auto_fusable
             if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
@@ -714,7 +722,7 @@ class ModuleEmitter:
                 if a in temp_of and last[a] == k and temp_of[a] != temp_of.get(m):
                     free.append(temp_of[a])
         sets = identifier("scratch", taken)
-        threads = fusion.threads_for(g)
+        threads = fusion.threads_for(g, self.hints if self.sym else None)
         self.scratch[sets] = (threads, temps)
         head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
         tails = sum(isinstance(m, pr.ReducePrim) for m in members)

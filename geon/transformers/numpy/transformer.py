@@ -353,6 +353,13 @@ class NumPyTransformer(Transformer):
             also small groups, which are then fused too (without a compiler, the
             NumPy code after a GeonWarning); False: the NumPy code only. Default: the environment
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
+        size_hints: ``{symbol: typical length}`` for computations with symbolic
+            lengths (``geon.op_graph.symbols``): the size-based choices made when their
+            code is generated (whether elementwise runs are fused, on how many threads)
+            take these values; none changes results. Fusion of a computation with
+            symbolic lengths needs a hint for each of its symbols, and its symbolic
+            axes first in the fused values (``sample_axis="first"``); without, it is
+            not fused. See doc/symbolic_axes.rst.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
@@ -376,8 +383,15 @@ class NumPyTransformer(Transformer):
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
                  check_numerics: bool = False,
-                 compiled: Union[bool, str, None] = None) -> None:
+                 compiled: Union[bool, str, None] = None,
+                 size_hints: Optional[dict] = None) -> None:
         self.check_numerics = bool(check_numerics)
+        self.size_hints = dict(size_hints or {})
+        for k, v in self.size_hints.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) \
+                    or v < 0:
+                raise ArgumentError(f"size_hints maps symbol names to lengths (ints >= "
+                                    f"0), not {k!r}: {v!r}")
         self.compiled = compiled_kernels.mode(compiled)
         super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
                          sample_axis=sample_axis)
