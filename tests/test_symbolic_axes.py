@@ -168,6 +168,9 @@ def test_feeds_that_disagree_on_a_symbol_raise_naming_both():
         comp(np.ones((3, 4)), np.arange(5.0))
     with pytest.raises(FeedError, match="placeholder a expects axes"):
         comp(np.ones((2, 4)), np.arange(4.0))             # a fixed length is checked
+    with pytest.raises(FeedError, match=r"placeholder b expects axes \(N:N\) i.e. shape "
+                                        r"\(N,\); got shape \(4, 1\)"):
+        comp(np.ones((3, 4)), np.ones((4, 1)))            # another rank
     assert comp.plans == 1
 
 

@@ -160,9 +160,10 @@ class NumPyComputation(Computation):
                     f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
                     f"placeholder {q.name} gives it {old} (axis {q.axes[j].name}, shape "
                     f"{tuple(shapes[self.params.index(q)])}): the feeds disagree")
-        for name in self._symbols:
-            if name not in binding:  # a feed of the wrong rank: its check says so
-                binding[name] = 0
+        for i, v in enumerate(feeds):  # a feed of another rank binds nothing: its
+            p = self.params[i]          # check says what is wrong with it first
+            if shapes[i] is None or len(shapes[i]) != len(p.axes):
+                p.as_feed(v)  # raises (the shape has a symbol): expected (5, N), got ...
         key = tuple(binding[n] for n in self._symbols)
         arrays = []
         for i, v in enumerate(feeds):
