@@ -344,3 +344,24 @@ def test_size_hints_fuse_a_symbolic_computation_without_changing_its_results():
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     with pytest.raises(be.ArgumentError, match="size_hints"):
         be.make_transformer("numpy", size_hints={"N": -1})
+
+
+def test_values_of_fixed_lengths_are_fused_in_a_symbolic_computation(monkeypatch):
+    from geon.transformers import fusion
+    monkeypatch.setattr(fusion, "MIN_ELEMENTS", 16)      # the (6, 5) weight's update
+    N = be.symbolic_axis("N", batch=True)
+    x = be.placeholder([be.Axis(D, "D"), N], dtype="float64", name="x")
+    w = be.Variable([be.Axis(H, "H"), be.Axis(D, "D")], initial_value=W1,
+                    dtype="float64", name="w")
+    loss = be.mean(be.tanh(be.dot(w, x)), out_axes=())
+    tr = be.make_transformer("numpy", compiled=False)
+    step = tr.computation([loss, be.SetItem(w, w - 0.5 * be.deriv(loss, w))], x)
+    fused = [ln for ln in step.source.splitlines() if "_run_blocks(" in ln]
+    assert fused and all(", N," not in ln for ln in fused)   # fixed rows only
+    wv = W1.copy()
+    for n in (1, 7, 1000):
+        xv = RNG.normal(size=(D, n))
+        y = np.tanh(wv @ xv)
+        np.testing.assert_allclose(step(xv)[0], y.mean(), rtol=1e-12)
+        wv = wv - 0.5 * ((1 - y * y) / (H * n)) @ xv.T
+        np.testing.assert_allclose(tr.state[w], wv, rtol=1e-12, atol=1e-14)

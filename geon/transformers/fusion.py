@@ -67,16 +67,20 @@ def _fusable(op):
 
 
 def hinted_fusable(hints):
-    """The ``fusable`` test of :func:`find_groups` for ops of symbolic lengths: sizes
-    taken from ``hints`` (``{symbol: length}``), and symbolic lengths in the first
-    dimension only (the rows; a block keeps a fixed number of them)."""
+    """The ``fusable`` test of :func:`find_groups` in a computation with symbolic
+    lengths: an op of fixed lengths as :func:`_fusable` says; one of symbolic lengths
+    only with ``hints`` (``{symbol: length}``, or None: not fused) to take its size
+    from, and with symbolic lengths in its first dimension only (the rows; a block
+    keeps a fixed number of them)."""
     def fusable(op):
         if not isinstance(op, og.ElementWise) or not len(op.axes):
             return False
-        lengths = op.axes.lengths
-        if any(isinstance(n, Sym) for n in lengths[1:]):
+        size = op.axes.size
+        if not isinstance(size, Sym):
+            return size >= MIN_ELEMENTS
+        if hints is None or any(isinstance(n, Sym) for n in op.axes.lengths[1:]):
             return False
-        return evaluate(op.axes.size, hints) >= MIN_ELEMENTS
+        return evaluate(size, hints) >= MIN_ELEMENTS
     return fusable
 
 

@@ -214,14 +214,13 @@ class ModuleEmitter:
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not self.check else None
         self.kernels = kernels
-        # Symbolic lengths: fused where the transformer's size hints give every symbol
-        # a typical length, over values whose symbolic lengths are their rows
-        # (fusion.hinted_fusable; doc/symbolic_axes.rst); the compiled path is off
-        hints = self.hints
-        groups = [] if "fusion" in t.disabled or self.check or (
-            self.sym and hints is None) else find_groups(
+        # Symbolic lengths: values of fixed lengths fused as usual, those of symbolic
+        # lengths where the transformer's size hints give every symbol a typical
+        # length, if their symbolic lengths are their rows (fusion.hinted_fusable;
+        # doc/symbolic_axes.rst); the compiled path is off
+        groups = [] if "fusion" in t.disabled or self.check else find_groups(
             order, comp.results, self.emits,
-            fusion.hinted_fusable(hints) if self.sym
+            fusion.hinted_fusable(self.hints) if self.sym
             else None if kernels is None else compiled_kernels.auto_fusable
             if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
