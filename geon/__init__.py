@@ -18,7 +18,10 @@ from geon.errors import (ArgumentError, AxisIndexError, AxisMismatchError,  # no
                          NumericsError,
                          TruthValueError,
                          UnknownTransformerError)
-from geon.op_graph.axes import Axes, Axis, FlattenedAxis  # noqa: E402
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis, symbolic_axis  # noqa: E402
+from geon.op_graph.symbols import Sym, Symbol  # noqa: E402
+# (installs the reference evaluator's binding of symbolic lengths)
+from geon.op_graph import specialize as _specialize  # noqa: E402,F401
 from geon.op_graph.op_graph import (  # noqa: E402
     Constant, Invalid, Op, Placeholder, SetItem, TensorOp, Variable, VoidOp, ComputationOp,
     absolute, add, argmax, argmin, axes_with_order, broadcast, cast_axes, constant, cos,
@@ -78,7 +81,8 @@ __all__ = [
     "FeedError", "FlattenedAxis", "GeonError", "GeonWarning", "IndexOutOfRangeError",
     "Invalid", "InvalidValueError", "LoadedGraph", "LoweringError", "MultiOutput",
     "NumPyTransformer", "NumericsError", "Op", "Output", "Placeholder", "Runner", "SerializationError",
-    "SetItem", "TensorOp", "Transformer", "TruthValueError", "UnknownTransformerError",
+    "SetItem", "Sym", "Symbol", "TensorOp", "Transformer", "TruthValueError",
+    "UnknownTransformerError",
     "Variable", "VoidOp", "absolute", "add", "allreduce", "argmax", "argmin", "argsort",
     "available_transformers", "avg_pool", "axes_with_order", "batch_norm", "bernoulli",
     "broadcast", "broadcast_from", "cast_axes", "clip", "concat", "cond", "constant", "conv",
@@ -95,7 +99,8 @@ __all__ = [
     "scan", "scatter_add", "select", "selu", "serialize", "set_domain", "sigmoid", "sign", "silu",
     "sin",
     "slice_along_axis", "snap", "softmax", "softplus", "sort", "sort_with_indices",
-    "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "tanh",
+    "split", "sqrt", "square", "stack", "stop_gradient", "subtract", "symbolic_axis",
+    "tanh",
     "tensor_size", "tile", "topk", "transformer_ops", "transformers_with", "unflatten",
     "uniform", "value_of", "variance", "where", "while_loop"
 ]

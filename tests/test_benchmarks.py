@@ -180,6 +180,13 @@ def test_modes_pairs_steps_of_two_modes(capsys):
     assert "median difference auto - numpy" in out and "of pairs" in out
 
 
+def test_symbolic_times_one_computation_for_every_batch_size(capsys):
+    from benchmarks import symbolic
+    symbolic.main(["--batches", "3", "5", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "| 5 |" in out and "symbolic: 1 transformation, 3 plans" in out
+
+
 @pytest.mark.parametrize("name", ["CHAIN", "CHEAP_CHAIN"])
 def test_gpu_benchmark_chains_agree_in_torch_and_numpy(name):
     """benchmarks.gpu compares geon's fused chain with PyTorch's ops on the GPU; the

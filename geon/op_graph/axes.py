@@ -17,6 +17,7 @@ from geon.errors import ArgumentError, AxisMismatchError
 # folder named geon beside the user's script): a clear ImportError instead of a missing
 # API. The standard axes (geon.frontends.base.axis) come through here.
 from geon.op_graph import nodes as _nodes  # noqa: F401
+from geon.op_graph.symbols import Sym, Symbol
 
 _anonymous = itertools.count()
 _length_epoch = 0
@@ -55,7 +56,9 @@ class Axis:
             but must be known before a computation that uses it is built. Once an op
             that uses the axis is built, its length is fixed (changing it would change
             that op's axes): setting another one raises :class:`AxisMismatchError`;
-            make a new axis instead (``be.Axis(32, name="C")``).
+            make a new axis instead (``be.Axis(32, name="C")``). A symbolic length
+            (a :class:`~geon.op_graph.symbols.Sym`, ``be.Symbol("N")``) is bound when a
+            computation is called (see :func:`symbolic_axis`).
         name: the axis' identity. Defaults to a fresh unique name.
         batch: the axis indexes independent samples (reductions keep it by default).
         recurrent: the axis indexes time steps of a recurrence (kept by reductions too).
@@ -63,7 +66,7 @@ class Axis:
 
     __slots__ = ("name", "_length", "batch", "recurrent", "_users")
 
-    def __init__(self, length: Optional[int] = None, name: Optional[str] = None,
+    def __init__(self, length: Union[int, Sym, None] = None, name: Optional[str] = None,
                  batch: bool = False, recurrent: bool = False) -> None:
         if name is None:
             name = f"axis{next(_anonymous)}"
@@ -100,7 +103,11 @@ class Axis:
         global _length_epoch
         _length_epoch += 1  # Axes objects cache their lengths until some length changes
 
-    def _set_length(self, value: Optional[int]) -> None:
+    def _set_length(self, value: Any) -> None:
+        # (typed Any: ``length`` says int for the code that predates symbolic lengths)
+        if isinstance(value, Sym):  # a symbolic length, bound at call time
+            self._length = value  # type: ignore[assignment]
+            return
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ArgumentError(f"axis {self.name}: length must be an integer >= 0, "
@@ -115,8 +122,14 @@ class Axis:
         return hash(self.name)
 
     def __repr__(self) -> str:
+        # ``C:64``; ``N:N`` for a symbolic length (its expression); ``C:?`` while unset
         length = self.length  # a property: FlattenedAxis computes it from its parts
         return f"{self.name}:{length if length is not None else '?'}"
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether the length is symbolic (bound when a computation is called)."""
+        return isinstance(self.length, Sym)
 
     def named(self, name: str) -> "Axis":
         """A new axis with this one's length and flags and another name."""
@@ -247,13 +260,20 @@ class Axes:
         return cached
 
     @property
+    def is_symbolic(self) -> bool:
+        """Whether some axis has a symbolic length (see ``geon.op_graph.symbols``)."""
+        return any(isinstance(n, Sym) for n in self.lengths)
+
+    @property
     def lengths_known(self) -> bool:
         """Whether every axis has a length."""
         return all(a.length is not None for a in self._axes)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The row-major shape; raises if an axis has no length yet."""
+        """The row-major shape; raises if an axis has no length yet. A symbolic length
+        stays a :class:`~geon.op_graph.symbols.Sym` in it: code that needs an int
+        (``np.empty(shape)``, ``int(n)``) raises a ``TypeError`` naming the symbol."""
         lengths = self.lengths
         if None in lengths:
             missing = [a.name for a in self._axes if a.length is None]
@@ -263,7 +283,7 @@ class Axes:
 
     @property
     def size(self) -> int:
-        """The number of elements."""
+        """The number of elements (a ``Sym`` where a length is symbolic)."""
         cached = self._lengths
         if cached is None or cached[0] != _length_epoch:
             cached = self._cache_lengths()
@@ -366,9 +386,12 @@ def check_lengths(groups: Sequence[tuple[str, Axes]], what: str,
             if old is not None and old.length is not None and a.length is not None \
                     and old.length != a.length:
                 detail = "; ".join(f"{label}: {_fmt(ax)}" for label, ax in groups)
+                # (symbolic lengths compare structurally: N and M differ, so do N and 64)
+                kind = " (symbolic)" if isinstance(old.length, Sym) or isinstance(
+                    a.length, Sym) else ""
                 raise AxisMismatchError(
-                    f"{what}: axis {a.name} has length {old.length} in one operand and "
-                    f"{a.length} in another ({detail}){where}")
+                    f"{what}: axis {a.name} has length{kind} {old.length} in one operand "
+                    f"and {a.length} in another ({detail}){where}")
             if old is None or old.length is None:
                 seen[a.name] = a
 
@@ -387,3 +410,12 @@ def as_axes(axes: Any) -> Axes:
 
 #: The empty Axes (of scalars), shared: Axes are immutable.
 NO_AXES = Axes()
+
+
+def symbolic_axis(name: str, batch: bool = False, recurrent: bool = False,
+                  symbol: Optional[str] = None) -> Axis:
+    """An axis whose length is the symbol ``symbol`` (default: the axis' name), bound
+    when a computation is called from the shapes of its feeds: one computation for
+    every batch size. ``be.symbolic_axis("N", batch=True)`` is
+    ``be.Axis(be.Symbol("N"), "N", batch=True)``; it prints as ``N:N``."""
+    return Axis(Symbol(symbol or name), name, batch=batch, recurrent=recurrent)

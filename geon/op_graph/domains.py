@@ -214,9 +214,14 @@ def fast_condition(name: str, dtype: np.dtype, dom: Domain, uname: str) -> str:
 def checker(placeholder: Any, dom: Domain, reason: str, noun: str = "value"):
     """``check(array)``: nothing if every value of the (fed, converted) array lies in
     ``dom``, else :func:`report`'s :class:`DomainError`."""
-    if not placeholder.axes.size:
+    size = placeholder.axes.size
+    if not isinstance(size, int) and not isinstance(size, np.integer):
+        size = None  # symbolic: an empty feed is known at call time only
+    if size == 0:
         return lambda a: None
     code = fast_condition("a", placeholder.dtype, dom, "u")
+    if size is None:
+        code = f"a.size and ({code})"
     test = eval(f"lambda a: {code}",  # noqa: S307 - an expression made above
                 {"u": unsigned(placeholder.dtype)})
 

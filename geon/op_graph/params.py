@@ -20,6 +20,7 @@ import numpy as np
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
+from geon.op_graph.symbols import Sym
 
 
 # --- graph walks (iterative; they follow ``forward`` like a transformer does) -----------
@@ -80,6 +81,8 @@ def _key_function(v):
     if isinstance(v, slice):
         return lambda v: ("slice", value_key(v.start), value_key(v.stop),
                           value_key(v.step))
+    if isinstance(v, Sym):  # a symbolic length: immutable, in normal form
+        return lambda v: ("sym", v)
     if isinstance(v, Axis):
         return lambda v: ("axis", v.name, v.length)
     if isinstance(v, Axes):
@@ -198,13 +201,16 @@ def copy_debug_info(op, filename, lineno, derived_from):
         del op.derived_from
 
 
-def rebuild(op, args, follows=(), mapping=None):
+def rebuild(op, args, follows=(), mapping=None, values=None):
     """A copy of ``op`` with ``args`` and ``follows``: the same class, parameters, name,
     tags and source location. Op references among the parameters are looked up in
-    ``mapping`` (``{original: copy}``) when given."""
+    ``mapping`` (``{original: copy}``) when given; ``values(v)``, if given, maps each
+    parameter value (``geon.op_graph.specialize`` binds symbolic lengths so)."""
     attrs = op.attr_values()
     if mapping is not None:
         attrs = {k: map_refs(v, mapping) for k, v in attrs.items()}
+    if values is not None:
+        attrs = {k: values(v) for k, v in attrs.items()}
     new = build(type(op), list(args), attrs, op.name, op.tags, follows)
     copy_debug_info(new, op.filename, op.lineno, op.derived_from)
     return new
@@ -238,13 +244,13 @@ def restore_weak(constants):
             c._adopt(dtype)
 
 
-def clone_graph(results, replace=None):
+def clone_graph(results, replace=None, values=None):
     """Copy the ops ``results`` need; returns ``{original op: copy}``.
 
     Placeholders and Variables (storage) are shared, not copied, and so are ops that
     are keys of ``replace`` (``{op: stand-in}``): the copy uses the stand-in and does not
     look into the op. The original graph is not changed. Each copy is built by
-    :func:`rebuild` from the op's ``attrs``.
+    :func:`rebuild` from the op's ``attrs`` (through ``values``, if given).
     """
     mapping = dict(replace or {})
     order = graph_ops(results, stop=mapping, initializers=False)
@@ -259,7 +265,7 @@ def clone_graph(results, replace=None):
             mapping[op] = mapping[og.snap(op.args[0])].outputs[op.index]
             continue
         new = rebuild(op, [mapping[og.snap(a)] for a in op.args],
-                      [mapping[og.snap(d)] for d in op.other_deps], mapping)
+                      [mapping[og.snap(d)] for d in op.other_deps], mapping, values)
         if op._initializers:
             new.initializers = op._initializers
         mapping[op] = new

@@ -217,6 +217,21 @@ class Copy(ComputationOp):
         return self.args[0].dtype
 
 
+class LengthValue(ComputationOp):
+    """The value of a symbolic length (a :class:`~geon.op_graph.symbols.Sym`, such as
+    the element count ``N*4`` that a mean divides by), a scalar of ``dtype`` computed
+    when the computation is called, from its binding. Lowering makes it only where a
+    length is symbolic (a fixed length is a :class:`Constant`); only the NumPy
+    transformer has it in its base set (symbolic axes are NumPy-only so far)."""
+
+    attrs = ("value", "dtype")
+    arity = 0
+
+    def __init__(self, value, dtype=None, **kwargs):
+        self.value = value
+        super().__init__(axes=(), dtype=dtype or og.DEFAULT_DTYPE, **kwargs)
+
+
 @og.primitive
 class Assign(VoidOp):
     """Write ``value`` (same shape, position by position) into the storage ``tensor``."""

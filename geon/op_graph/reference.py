@@ -27,6 +27,13 @@ __all__ = ["ELEMENTWISE_FUNCS", "EVALUATORS", "NP_UFUNCS", "align", "evaluate",
            "evaluator", "op_site", "sigmoid_ce"]
 
 
+#: ``[fn(ops, feeds) -> (ops, feeds)]``: copies of ``ops`` and ``feeds`` with the
+#: symbolic lengths bound by the feeds' shapes (installed by
+#: :mod:`geon.op_graph.specialize`, which needs the op classes this engine does not
+#: import).
+SPECIALIZE: list = []
+
+
 def evaluate(results: Union[Op, Sequence[Op]],
              feeds: Optional[Mapping[Op, Any]] = None,
              state: Optional[MutableMapping[Op, Any]] = None) -> Any:
@@ -39,6 +46,11 @@ def evaluate(results: Union[Op, Sequence[Op]],
     ops, single = as_op_list(results, "evaluate: results")
     ops = [snap(r) for r in ops]
     feeds = dict(feeds or {})
+    if SPECIALIZE and any(isinstance(p, Placeholder) and p.axes.is_symbolic
+                          for p in feeds):
+        # symbolic lengths: a copy of the graph with the feeds' binding
+        ops, bound = SPECIALIZE[0](ops, feeds)
+        feeds = dict(bound)
     state = state if state is not None else {}
     values: dict[Any, Any] = {}
 

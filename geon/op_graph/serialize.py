@@ -28,6 +28,7 @@ import numpy as np
 from geon.errors import GeonError, SerializationError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
+from geon.op_graph.symbols import Sym, Symbol
 from geon.op_graph.nodes import OrderedSet
 from geon.op_graph.params import (build, copy_debug_info, graph_ops, op_classes,
                                   restore_weak, show_axes, type_name)
@@ -276,8 +277,15 @@ class _Encoder:
                                    f"{_axis_key(a)}); a name must mean one axis in a graph")
             return a.name
         self._axes[a.name] = a
+        length: Any = a.length
+        if isinstance(length, Sym) and not isinstance(a, FlattenedAxis):
+            if length.symbol is None:
+                raise _fail(where, f"axis {a.name} has the symbolic length {length!r}: "
+                                   f"a document holds symbols, not expressions of them")
+            length = None
         self.table[a.name] = {"parts": [self._axis(p, where) for p in a.axes]} \
-            if isinstance(a, FlattenedAxis) else {"length": a.length, **{
+            if isinstance(a, FlattenedAxis) else {"length": length, **(
+                {"symbol": a.length.symbol} if isinstance(a.length, Sym) else {}), **{
                 k: True for k in ("batch", "recurrent") if getattr(a, k)}}
         return a.name
 
@@ -543,7 +551,7 @@ class _Decoder:
         for name, entry in data.items():
             where = _clip(f"axes[{name!r}]")
             _str(name, where)
-            _dict(entry, where, {"length", "batch", "recurrent", "parts"})
+            _dict(entry, where, {"length", "batch", "recurrent", "parts", "symbol"})
             if "parts" in entry:
                 if len(entry) != 1:
                     raise _fail(where, "a flattened axis has only \"parts\"")
@@ -561,6 +569,11 @@ class _Decoder:
                 length = _dict(entry, where, required=("length",))["length"]
                 if length is not None:
                     _int(length, f"{where}.length", 0)
+                if "symbol" in entry:  # a symbolic length (symbols.py)
+                    if length is not None:
+                        raise _fail(where, "an axis has a length or a symbol, not both")
+                    length = _checked(Symbol, f"{where}.symbol",
+                                      _str(entry["symbol"], f"{where}.symbol"))
                 a = Axis(length, name, _bool(entry.get("batch", False), f"{where}.batch"),
                          _bool(entry.get("recurrent", False), f"{where}.recurrent"))
             self.table[name] = a

@@ -83,6 +83,8 @@ def _Unrolling() -> Any:
     from geon.transformers.passes.unroll import UnrollScans
 
     class UnrollingNumPyTransformer(NumPyTransformer):
+        symbolic_lengths = False  # a plan records fixed shapes (doc/symbolic_axes.rst)
+
         def passes(self) -> list:
             return [UnrollScans()] + super().passes()
     return UnrollingNumPyTransformer()

@@ -106,9 +106,17 @@ def _short_list(items: Iterable[str], most: int = 6) -> str:
     return ", ".join(items)
 
 
-def _lengths_set(order: Iterable[og.Op]) -> None:
-    """Raise, naming the op, if an op of ``order`` has an axis without a length."""
+def _lengths_set(order: Iterable[og.Op], transformer: "Transformer") -> None:
+    """Raise, naming the op, if an op of ``order`` has an axis without a length, or
+    a symbolic length that ``transformer`` cannot bind."""
     for op in order:
+        if isinstance(op, og.TensorOp) and not transformer.symbolic_lengths \
+                and op.axes.is_symbolic:
+            raise ArgumentError(
+                f"{type(op).__name__} {op.name} (built at {op.file_info}) has axes "
+                f"({og._fmt(op.axes)}) with a symbolic length: the {transformer.name} "
+                f"transformer needs fixed lengths (symbolic lengths are bound at call "
+                f"time by the numpy transformer only, so far; doc/symbolic_axes.rst)")
         if isinstance(op, og.TensorOp) and not op.axes.lengths_known:
             unset = [a.name for a in op.axes if a.length is None]
             raise AxisMismatchError(
@@ -130,6 +138,12 @@ class Computation(Generic[_R]):
 
     #: The generated code (set by the backend).
     _source: str
+    #: How many times the graph was transformed (the passes and the code generation;
+    #: one for a computation's life, whatever the bindings of its symbolic lengths).
+    transformations = 0
+    #: The number of memory plans made, one for fixed lengths; with symbolic lengths
+    #: (NumPy transformer) one per distinct binding called.
+    plans = 0
     requested: list[og.Op]
     single: bool
 
@@ -150,7 +164,7 @@ class Computation(Generic[_R]):
                                     f"each placeholder once")
             seen.add(p)
         self.graph = Graph(self.requested)
-        _lengths_set(self.graph.initial_order)
+        _lengths_set(self.graph.initial_order, transformer)
         #: ``[(assignment, reader)]``: assignments this computation runs though they
         #: were not requested, each with the op that is ordered after it (see
         #: ``pulled_in``); a :class:`GeonWarning` names them.
@@ -165,6 +179,7 @@ class Computation(Generic[_R]):
         self._domain_checks = [None if d is None else domains.checker(p, *d)
                                for p, d in zip(self.params, self._domains)]
         transformer._run_passes(self.graph)
+        self.transformations += 1
         # What initialize() needs of the user's graph; the rest of it may be freed.
         self.initializers: list[og.Op] = list(dict.fromkeys(
             i for op in self.graph.initial_order for i in op._initializers))
@@ -383,6 +398,9 @@ class Transformer:
     backend_steps: tuple[str, ...] = ()
     sample_axis: Optional[str] = None
     frontend_ops: dict[str, Callable[..., Any]] = {}
+    #: Whether computations may have symbolic axis lengths, bound at each call
+    #: (``geon.op_graph.symbols``); otherwise building one raises.
+    symbolic_lengths = False
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None,

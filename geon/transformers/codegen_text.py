@@ -26,6 +26,8 @@ import re
 
 import numpy as np
 
+from geon.op_graph.symbols import Sym
+
 from geon.errors import GeonError
 
 #: Names an identifier made from text never takes: they would change what the
@@ -83,6 +85,8 @@ def py_literal(value):
         return repr(None if value is None else bool(value))
     if value is Ellipsis:
         return "..."
+    if isinstance(value, Sym):  # a symbolic length: an expression over local names
+        return repr(value)
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers import threads
 
 #: Groups work on blocks of about this many elements.
@@ -63,6 +64,24 @@ class Group:
 def _fusable(op):
     return (isinstance(op, og.ElementWise) and len(op.axes) >= 1
             and op.axes.size >= MIN_ELEMENTS)
+
+
+def hinted_fusable(hints):
+    """The ``fusable`` test of :func:`find_groups` in a computation with symbolic
+    lengths: an op of fixed lengths as :func:`_fusable` says; one of symbolic lengths
+    only with ``hints`` (``{symbol: length}``, or None: not fused) to take its size
+    from, and with symbolic lengths in its first dimension only (the rows; a block
+    keeps a fixed number of them)."""
+    def fusable(op):
+        if not isinstance(op, og.ElementWise) or not len(op.axes):
+            return False
+        size = op.axes.size
+        if not isinstance(size, Sym):
+            return size >= MIN_ELEMENTS
+        if hints is None or any(isinstance(n, Sym) for n in op.axes.lengths[1:]):
+            return False
+        return evaluate(size, hints) >= MIN_ELEMENTS
+    return fusable
 
 
 def _row_reduction(op, members):
@@ -184,14 +203,17 @@ def view_reads(group, root):
             if reads_elsewhere(op, a)}
 
 
-def threads_for(group):
+def threads_for(group, hints=None):
     """How many threads run ``group`` (one where it has a matrix product: the BLAS
-    library runs that on its own threads)."""
-    size = group.members[0].axes.size
+    library runs that on its own threads). ``hints``: the values of symbolic lengths
+    to decide with (a thread count never changes results)."""
+    size, rows = group.members[0].axes.size, group.rows
+    if hints is not None:
+        size, rows = evaluate(size, hints), evaluate(rows, hints)
     if size < PARALLEL_ELEMENTS or MAX_THREADS < 2 \
             or isinstance(group.members[0], pr.Gemm):
         return 1
-    blocks = -(-group.rows // group.rows_per_block)
+    blocks = -(-rows // group.rows_per_block)
     return max(1, min(MAX_THREADS, blocks))
 
 

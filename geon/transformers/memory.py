@@ -20,6 +20,7 @@ import bisect
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym
 from geon.transformers.fusion import reads_elsewhere, view_reads
 
 #: Verify every plan the NumPy and GPU transformers make (:func:`verify_plan`, linear
@@ -40,8 +41,11 @@ class Plan:
         self.peak = 0
 
 
-def _nbytes(op):
-    return op.axes.size * op.dtype.itemsize
+def _nbytes(op, binding=None):
+    n = op.axes.size
+    if binding is not None and isinstance(n, Sym):
+        n = n.evaluate(binding)  # a symbolic length: the plan of one binding
+    return n * op.dtype.itemsize
 
 
 def is_producer(op):
@@ -167,17 +171,21 @@ def assign_in_place(order, results):
     return order, out
 
 
-def plan_memory(order, results, inplace=True, groups=(), exclude=()):
+def plan_memory(order, results, inplace=True, groups=(), exclude=(), binding=None):
     """Plan arenas for the producers in ``order`` (a schedule) that are not in
     ``results``, nor internal to a fused group (``groups``, see
     :mod:`geon.transformers.fusion`). Returns a :class:`Plan`: the smaller (in total
     bytes) of two, one placing values in schedule order (:func:`_plan_in_order`), one
     placing the biggest values first (:func:`_plan_by_size`), made only where the first
-    uses more bytes than are ever held at once, and not too many arenas."""
-    plan = _plan_in_order(order, results, inplace, groups, exclude)
+    uses more bytes than are ever held at once, and not too many arenas.
+
+    Where lengths are symbolic, ``binding`` (``{symbol: int}``) gives their values:
+    a plan is for one binding (which values are planned does not depend on it, only
+    where they go)."""
+    plan = _plan_in_order(order, results, inplace, groups, exclude, binding)
     if sum(plan.sizes) > plan.peak \
             and len(plan.slot) * len(plan.sizes) <= BY_SIZE_LIMIT:
-        other = _plan_by_size(order, results, inplace, groups, exclude)
+        other = _plan_by_size(order, results, inplace, groups, exclude, binding)
         if sum(other.sizes) < sum(plan.sizes):
             return other
     return plan
@@ -249,7 +257,7 @@ def _overwritable(op, r, i, lives):
     return True
 
 
-def _plan_in_order(order, results, inplace, groups, exclude):
+def _plan_in_order(order, results, inplace, groups, exclude, binding=None):
     """Place values in schedule order: each takes an arena that one of its args frees
     at its step (in place) or the smallest free arena that fits."""
     lives = _lifetimes(order, results, groups, exclude)
@@ -279,13 +287,13 @@ def _plan_in_order(order, results, inplace, groups, exclude):
             # Its outputs are written at this step (never over an input).
             for out in op.outputs:
                 if out in present and out not in keep:
-                    need = size[out] = _nbytes(out)
+                    need = size[out] = _nbytes(out, binding)
                     arena = _take(plan, free, need)
                     slot[out] = arena
                     occupant[arena] = out
                     live += need
         elif kind is not None and op not in unplanned:
-            need = size[op] = _nbytes(op)
+            need = size[op] = _nbytes(op, binding)
             arena = None
             if inplace and kind == "elementwise":
                 for r in dying:
@@ -362,7 +370,7 @@ def _kind(cls):
     return kind
 
 
-def _plan_by_size(order, results, inplace, groups, exclude):
+def _plan_by_size(order, results, inplace, groups, exclude, binding=None):
     """Place values biggest first (then by step): each goes in place over an arg that
     dies at its step where allowed, else into the first arena none of whose values'
     lifetimes it overlaps, else into a new arena of its size.
@@ -390,7 +398,7 @@ def _plan_by_size(order, results, inplace, groups, exclude):
         span[v] = (i, group_end.get(j, j) if j > i else j)
     plan = Plan()
     births, held = [], []  # per arena: sorted first steps, and (first, last, value)
-    for i, v, op in sorted(values, key=lambda e: (-_nbytes(e[1]), e[0])):
+    for i, v, op in sorted(values, key=lambda e: (-_nbytes(e[1], binding), e[0])):
         b, f = span[v]
         arena = None
         if inplace and v is op:
@@ -408,7 +416,7 @@ def _plan_by_size(order, results, inplace, groups, exclude):
                     arena = a
                     break
         if arena is None:
-            plan.sizes.append(_nbytes(v))
+            plan.sizes.append(_nbytes(v, binding))
             births.append([])
             held.append([])
             arena = len(plan.sizes) - 1
@@ -439,7 +447,7 @@ def _named(op):
     return f"{type(op).__name__} '{op.name}'"
 
 
-def verify_plan(order, results, plan, groups=()):
+def verify_plan(order, results, plan, groups=(), binding=None):
     """Replay ``plan`` over ``order`` (a schedule) and prove that every step reads the
     values it was scheduled to read; raise :class:`PlanError`, naming the value, the
     op that overwrote it and the step that still reads it, if not. Linear in the steps
@@ -486,7 +494,7 @@ def verify_plan(order, results, plan, groups=()):
             written = ()  # storage, a view, an Output (written at its op's step)
         for w in written:
             arena = slot[w]
-            need = w.axes.size * w.dtype.itemsize
+            need = _nbytes(w, binding)
             if need > sizes[arena]:
                 raise PlanError(f"memory plan: {_named(w)} ({need} bytes) does not fit "
                                 f"arena {arena} ({sizes[arena]} bytes){_HINT}")
@@ -583,7 +591,7 @@ def _stale(r, j, reader, clobber, order, group=None):
     return PlanError(f"memory plan: {_named(r)} is {by} while {still}{_HINT}")
 
 
-def unshared_plan(order, results, groups=(), exclude=()):
+def unshared_plan(order, results, groups=(), exclude=(), binding=None):
     """One arena per producer (no sharing, nothing in place): the plan with memory
     planning switched off."""
     plan = Plan()
@@ -593,5 +601,5 @@ def unshared_plan(order, results, groups=(), exclude=()):
     for op in order:
         if is_producer(op) and op not in keep:
             plan.slot[op] = len(plan.sizes)
-            plan.sizes.append(_nbytes(op))
+            plan.sizes.append(_nbytes(op, binding))
     return plan

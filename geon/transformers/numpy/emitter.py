@@ -19,7 +19,9 @@ from geon.op_graph import primitives as pr
 from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
 from geon.transformers import fusion, memory, numerics
-from geon.transformers.codegen_text import comment, identifier, py_literal
+from geon.errors import GeonError
+from geon.op_graph.symbols import Sym
+from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
@@ -84,6 +86,21 @@ class ModuleEmitter:
         self.rows = {}  # (scalar constant, length) -> the name of a row of its value
         comp._result_dtypes = {}  # dtype of a result -> its name in the module
         self.setup, self.body = [], []
+        # Symbolic lengths (symbols.py): the symbols are local names of run() and
+        # parameters of setup(), which makes the views of one binding's buffers.
+        self.sym = sym = getattr(comp, "_symbols", ())
+        clash = [n for n in sym if n in taken or n in RESERVED]
+        if clash:
+            raise GeonError(f"symbol(s) {', '.join(clash)} of the computation's "
+                            f"symbolic axes are named like a name the generated code "
+                            f"uses; rename the symbol (be.symbolic_axis(name, "
+                            f"symbol=...))")
+        taken.update(sym)
+        known = getattr(self.t, "size_hints", {})
+        #: the values of the symbols for size-based choices, if hinted for all of them
+        self.hints = {n: known[n] for n in sym} if all(n in known for n in sym) \
+            else None
+        self.planned = []  # symbolic: the planned values, in the order setup() views them
         for p in comp.params:
             self.names[p] = identifier(p.name, taken)
         comp._copy_feeds = any(isinstance(op, pr.Assign)
@@ -110,6 +127,7 @@ class ModuleEmitter:
         self.body[:0] = self.feed_checks()
         src = self.module_source(returns)
         comp._arenas = dict(zip(self.arenas, self.plan.sizes))
+        comp._planned = self.planned
         comp._scratch = self.scratch
         comp._consts, comp._variables = self.consts, self.variables
         comp._compile_source(src)
@@ -147,13 +165,22 @@ class ModuleEmitter:
             for m in g.members:
                 if comp._into.get(m) in seen:
                     del comp._into[m]
+        # Symbolic lengths: the plan is made per binding (NumPyComputation._bind); the
+        # code only needs which values are planned, which no binding changes: any
+        # binding (all ones) tells.
+        binding = dict.fromkeys(self.sym, 1) if self.sym else None
         if "memory" in t.disabled or check:  # checked: each input kept to be shown
-            plan = memory.unshared_plan(order, comp.results, groups)
+            plan = memory.unshared_plan(order, comp.results, groups, binding=binding)
         else:
             plan = memory.plan_memory(order, comp.results, groups=groups,
-                                      exclude=comp._into)
-        if memory.VERIFY:  # every plan is proved before code is made from it
+                                      exclude=comp._into, binding=binding)
+        if self.sym:
+            comp._plan_args = (order, list(comp.results), groups, dict(comp._into))
+            plan.sizes = []  # (arenas come with each binding's plan)
+        elif memory.VERIFY:  # every plan is proved before code is made from it
             memory.verify_plan(order, comp.results, plan, groups)
+        if not self.sym:
+            comp.plans += 1
         # The schedule the plan is for (the memory-plan figure of the guide reads it).
         comp.plan, comp.groups, comp.order = plan, groups, order
         self.plan, self.groups, self.order = plan, groups, order
@@ -187,9 +214,14 @@ class ModuleEmitter:
         # block in its group: G never exists in full, and w is touched once.
         kernels = compiled_kernels.Kernels() if compiled and not self.check else None
         self.kernels = kernels
+        # Symbolic lengths: values of fixed lengths fused as usual, those of symbolic
+        # lengths where the transformer's size hints give every symbol a typical
+        # length, if their symbolic lengths are their rows (fusion.hinted_fusable;
+        # doc/symbolic_axes.rst); the compiled path is off
         groups = [] if "fusion" in t.disabled or self.check else find_groups(
             order, comp.results, self.emits,
-            None if kernels is None else compiled_kernels.auto_fusable
+            fusion.hinted_fusable(self.hints) if self.sym
+            else None if kernels is None else compiled_kernels.auto_fusable
             if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
@@ -213,6 +245,15 @@ class ModuleEmitter:
             if isinstance(op, og.Variable):
                 names[op] = identifier(op.name, taken)
                 self.variables[names[op]] = op
+            elif isinstance(op, og.Constant) and self.sym and op.axes.is_symbolic:
+                # one number over symbolic axes: its full view is made per binding
+                names[op] = identifier("c_" + op.name, taken)
+                z = self.zero_d[op] = identifier("z_" + op.name, taken)
+                consts[z] = op.value
+                self.scalars[op] = identifier("s_" + op.name, taken)
+                consts[self.scalars[op]] = op.value[()]
+                self.setup.append(f"    {names[op]} = np.broadcast_to({z}, "
+                                  f"{py_literal(op.axes.shape)})")
             elif isinstance(op, og.Constant):
                 names[op] = identifier("c_" + op.name, taken)
                 consts[names[op]] = op.array()
@@ -245,7 +286,8 @@ class ModuleEmitter:
         # a ufunc reads a one-number constant faster from a 0-d array than from a
         # NumPy scalar (same dtype, same result)
         small = self.zero_d if type(op) in NP_UFUNCS else self.scalars
-        if type(op) in ROW_OPERAND and op.axes:
+        if type(op) in ROW_OPERAND and op.axes \
+                and not isinstance(op.axes.lengths[-1], Sym):  # (a row: a fixed length)
             n = op.axes.lengths[-1]
             cut = ""
             if block is not None and len(op.axes) == 1:  # rows are elements
@@ -371,8 +413,16 @@ class ModuleEmitter:
         three comparisons; the rest goes through Computation._check_feed (conversion or
         a FeedError)."""
         comp, checks = self.comp, []
+        if self.sym:
+            checks = self.binding_lines()
         for i, p in enumerate(comp.params):
             n = self.names[p]
+            if self.sym:
+                if comp._copy_feeds:  # the computation assigns to a placeholder
+                    checks.append(f"    {n} = {n}.copy()")
+                if self.check and numerics.checked(p):
+                    checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
+                continue
             checks.append(f"    if {n}.__class__ is not _ndarray or {n}.dtype is not _dt{i}"
                           f" or {n}.shape != {py_literal(p.axes.shape)}:")
             checks.append(f"        {n} = _feed({i}, {n})")
@@ -386,6 +436,45 @@ class ModuleEmitter:
                 checks.append(f"    if not _finite({n}): _bad_feed({i}, {n})")
         return checks
 
+    def binding_lines(self):
+        """The lines of a computation with symbolic lengths that bind the symbols and
+        check the feeds. Arrays of the right dtypes and shapes, whose binding was seen
+        before, pass with a few comparisons and a dict look-up that gives the views of
+        that binding's buffers; other calls go through ``_bind``
+        (NumPyComputation._bind: conversions, FeedErrors, and a new binding's plan)."""
+        comp, names = self.comp, self.names
+        feeds = [names[p] for p in comp.params]
+        out = [names[p] for p in comp.params] + list(self.sym) + self.setup_names()
+        views = self.setup_names()
+        first = {}  # symbol -> (feed name, position) that binds it on the fast path
+        for i, k, sym in comp._binders:
+            first.setdefault(sym, (feeds[i], k, len(comp.params[i].axes)))
+        ranks = dict.fromkeys(f"{n}.__class__ is _ndarray and {n}.ndim == {r}"
+                              for n, _, r in first.values())
+        conds = []
+        for i, p in enumerate(comp.params):
+            n = feeds[i]
+            conds.append(f"{n}.__class__ is _ndarray and {n}.dtype is _dt{i} and "
+                         f"{n}.shape == {py_literal(p.axes.shape)}")
+        key = "(" + "".join(f"{s}, " for s in self.sym) + ")"
+        lines = ["    _v = None",
+                 f"    if {' and '.join(ranks)}:"]
+        lines += [f"        {s} = {n}.shape[{k}]" for s, (n, k, _) in first.items()]
+        lines.append(f"        if {' and '.join(conds)}:")
+        lines.append(f"            _v = _setups.get({key})")
+        for i, p in enumerate(comp.params):
+            dom = comp._domains[i]
+            if dom is not None:  # one or two reductions (domains.py), if not empty
+                n = feeds[i]
+                cond = domains.fast_condition(n, p.dtype, dom[0], f"_u{i}")
+                lines.append(f"            if {n}.size and {cond}: _bad_value({i}, {n})")
+        lines.append("    if _v is None:")
+        lines.append(f"        {''.join(n + ', ' for n in out)}= _bind({', '.join(feeds)})")
+        if views:
+            lines.append("    else:")
+            lines.append(f"        {''.join(n + ', ' for n in views)}= _v")
+        return lines
+
     def module_source(self, returns):
         """The lines of the module: a header, ``setup()`` and ``run()``."""
         comp, body, setup = self.comp, self.body, self.setup
@@ -398,7 +487,7 @@ class ModuleEmitter:
         body.append("    _last[0] = _r")
         body.append("    return _r")
         params = [self.names[p] for p in comp.params]
-        glob = [ln.split(" = ")[0].strip() for ln in setup]
+        glob = self.setup_names()
         src = ["# geon NumPy transformer: computation of "
                + comment(", ".join(getattr(r, "name", "?") for r in comp.requested))]
         held = {}
@@ -407,10 +496,18 @@ class ModuleEmitter:
         for k, (a, size) in enumerate(zip(self.arenas, self.plan.sizes)):
             src.append(f"# {a}: {size} bytes, holds in turn: "
                        + comment(", ".join(held.get(k, ()))))
-        src.append("def setup():")
-        if glob:
-            src.append("    global " + ", ".join(glob))
-        src.extend(setup or ["    pass"])
+        if self.sym:
+            # setup(symbols, arenas) runs once per binding, from run's _bind
+            src.append(f"# symbolic lengths {', '.join(self.sym)}: the memory plan, its "
+                       f"arenas and the views below are made once per binding")
+            src.append(f"def setup({''.join(n + ', ' for n in self.sym)}_a):")
+            src.extend(setup)
+            src.append(f"    return ({''.join(n + ', ' for n in glob)})")
+        else:
+            src.append("def setup():")
+            if glob:
+                src.append("    global " + ", ".join(glob))
+            src.extend(setup or ["    pass"])
         # Computation.__call__ calls run itself: it checks that it got one value per
         # parameter, by position (Computation._check_args raises the FeedError).
         # (positional-only: a keyword named like a parameter lands in _kw too)
@@ -435,6 +532,10 @@ class ModuleEmitter:
         src.append("    finally:")
         src.append("        _release()")
         return src
+
+    def setup_names(self):
+        """The names that setup() assigns."""
+        return [ln.split(" = ")[0].strip() for ln in self.setup]
 
     # --- helpers of the lines: buffers, bias adds, fused groups ----------------------
     def _ufunc_allocates(self, op):
@@ -470,6 +571,15 @@ class ModuleEmitter:
         storage = self._into.get(op)
         if storage is not None:  # computed in place of the variable it is assigned to
             return self.names[storage]
+        if op in plan.slot and self.sym:
+            # its view of the arena the binding's plan gives it (_a[k]), made by setup()
+            name = identifier(f"b_{op.name}", taken)
+            k = len(self.planned)
+            self.planned.append(op)
+            nbytes = py_literal(op.axes.size * dtype.itemsize)
+            setup.append(f"    {name} = _a[{k}][:{nbytes}].view(np.{dtype.name})"
+                         f".reshape({py_literal(shape)})")
+            return name
         if op in plan.slot:
             key = (plan.slot[op], shape, dtype)
             name = self._arena_views.get(key)
@@ -611,7 +721,7 @@ class ModuleEmitter:
                 if a in temp_of and last[a] == k and temp_of[a] != temp_of.get(m):
                     free.append(temp_of[a])
         sets = identifier("scratch", taken)
-        threads = fusion.threads_for(g)
+        threads = fusion.threads_for(g, self.hints if self.sym else None)
         self.scratch[sets] = (threads, temps)
         head = "a matrix product and " if isinstance(members[0], pr.Gemm) else ""
         tails = sum(isinstance(m, pr.ReducePrim) for m in members)

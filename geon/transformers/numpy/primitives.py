@@ -6,9 +6,16 @@ import numpy as np
 from geon.op_graph import primitives as pr
 from geon.op_graph import special
 from geon.op_graph.reference import op_site
+from geon.op_graph.symbols import Sym
 from geon.transformers.codegen_text import py_literal
 from geon.transformers.numpy import blas
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, _shared_row, numpy_code
+
+
+@numpy_code(pr.LengthValue)
+def _length_value(op, out, args):
+    # the symbols are local names of run(), bound from the feeds' shapes
+    return [f"{out}[()] = {op.value!r}"]
 
 
 @numpy_code(pr.Gemm)
@@ -46,15 +53,23 @@ def _ones(dtype, n):
 def _reduce(op, out, args):
     x = op.args[0]
     n = x.axes.lengths[op.axis] if x.axes else 0
-    if type(op) is pr.ReduceSum and len(x.axes) == 2 and 1 <= n <= ONES_LENGTH \
-            and x.axes.size >= ONES_MIN and x.dtype == op.dtype \
-            and op.dtype in _BLAS_DTYPES:
+    size = x.axes.size
+    if type(op) is pr.ReduceSum and len(x.axes) == 2 and not isinstance(n, Sym) \
+            and 1 <= n <= ONES_LENGTH and x.dtype == op.dtype \
+            and op.dtype in _BLAS_DTYPES and (isinstance(size, Sym) or size >= ONES_MIN):
         # NumPy's pairwise sum along rows runs about 4x slower than the BLAS's
         # matrix-vector product with a row of ones (on a few elements NumPy's call is
         # the quicker, by a fraction of a microsecond)
         ones = f"{_ones(op.dtype, n)}[:{n}]"
         pair = (args[0], ones) if op.axis == 1 else (ones, args[0])
-        return [f"np.matmul({pair[0]}, {pair[1]}, out={out})"]
+        product = f"np.matmul({pair[0]}, {pair[1]}, out={out})"
+        if isinstance(size, Sym):
+            # a symbolic size: the choice is made per call, as a computation of the
+            # binding's fixed lengths makes it (the same sums, bit for bit)
+            return [f"if {size!r} >= {ONES_MIN}: {product}",
+                    f"else: np.{_REDUCE_FN[type(op)]}({args[0]}, axis="
+                    f"{py_literal(op.axis)}, out={out})"]
+        return [product]
     return [f"np.{_REDUCE_FN[type(op)]}({args[0]}, axis={py_literal(op.axis)}, out={out})"]
 
 

@@ -27,12 +27,16 @@ from geon.op_graph import collectives as coll
 from geon.op_graph import domains
 from geon.op_graph.control import Scan
 from geon.op_graph.control_ops import Cond, WhileLoop
+from geon.errors import ArgumentError, FeedError
+from geon.op_graph import op_graph as og
 from geon.op_graph.np_ops import Select
+from geon.op_graph.symbols import Sym, evaluate, symbols_of
+from geon.op_graph.primitives import LengthValue
 from geon.op_graph.user_ops import UserOp
 from geon.transformers.base import (BaseSet, Computation, Transformer,
                                     register_transformer)
 from geon.transformers.codegen_text import check_lines, comment
-from geon.transformers import fusion, numerics
+from geon.transformers import fusion, memory, numerics
 from geon.transformers import threads as thread_policy
 from geon.transformers.numpy import compiled as compiled_kernels
 # the per-op code: the table, then the modules registering into it (each mirrors an op
@@ -49,6 +53,10 @@ from geon.transformers.numpy.primitives import ONES_LENGTH, ONES_MIN  # noqa: F4
 from geon.transformers.numpy.user_ops import _module_globals
 from geon.transformers.numpy.emitter import ModuleEmitter
 
+
+#: The most bindings of its symbolic lengths a computation keeps the memory plan,
+#: arenas and views of (the first made goes first; a call with it plans it again).
+MAX_BINDINGS = 32
 
 #: linecache names of generated modules whose computations are gone (see
 #: ``_compile_source``).
@@ -67,9 +75,14 @@ class NumPyComputation(Computation):
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
         self._fn = None
+        self._symbols = self._find_symbols()
         mode = getattr(transformer, "compiled", False)
         auto = mode == compiled_kernels.AUTO
         if auto and compiled_kernels.auto_unavailable():
+            mode = False
+        if self._symbols:
+            # Symbolic lengths: the compiled (C) path is off in this first slice (its
+            # kernels and thresholds take fixed sizes); see doc/symbolic_axes.rst.
             mode = False
         if mode:
             try:
@@ -82,6 +95,114 @@ class NumPyComputation(Computation):
                 if auto:
                     compiled_kernels.auto_failed(e)
         self._generate()
+
+    def _find_symbols(self):
+        """The names of the symbols of the computation's symbolic lengths (sorted; empty
+        for fixed lengths), after checking that the feeds give each a value."""
+        found = set()
+        for op in self.ops:
+            if isinstance(op, og.TensorOp):
+                found |= symbols_of(op.axes.lengths)
+        if not found:
+            return ()
+        for v in self.variables:
+            if v.axes.is_symbolic:
+                raise ArgumentError(
+                    f"Variable {v.name} (built at {v.file_info}) has axes "
+                    f"({og._fmt(v.axes)}): a variable's lengths must be fixed (its storage "
+                    f"outlives every call); symbolic lengths are for placeholders and what "
+                    f"is computed from them")
+        #: (parameter index, position, symbol): where each call reads the symbols
+        self._binders = [(i, k, n.symbol) for i, p in enumerate(self.params)
+                         for k, n in enumerate(p.axes.lengths)
+                         if isinstance(n, Sym) and n.symbol is not None]
+        missing = found - {s for _, _, s in self._binders}
+        if missing:
+            raise ArgumentError(
+                f"the computation has symbolic length(s) {', '.join(sorted(missing))} "
+                f"that no parameter has as the length of one of its axes: a call could "
+                f"not bind them from the feeds' shapes; feed a placeholder with such an "
+                f"axis")
+        #: binding (a tuple of the symbols' values) -> the values setup() returned
+        self._setups = {}
+        #: binding -> its memory plan (for inspection; ``plan`` is the last one made)
+        self._plans = {}
+        return tuple(sorted(found))
+
+    def _bind(self, *feeds):
+        """The call's feeds (checked, with the shapes of their binding), the symbols'
+        values and the views setup() made for that binding (called by the generated
+        ``run`` of a computation with symbolic lengths, under the transformer's lock):
+        one flat tuple. The first call with a binding plans its memory."""
+        shapes = []
+        for v in feeds:
+            shape = getattr(v, "shape", None)
+            if not isinstance(v, np.ndarray):
+                try:
+                    shape = np.shape(v)
+                except (TypeError, ValueError):
+                    shape = None  # _check_feed says what is wrong with it
+            shapes.append(shape)
+        binding, source = {}, {}
+        for i, k, name in self._binders:
+            shape = shapes[i]
+            p = self.params[i]
+            if shape is None or len(shape) != len(p.axes):
+                continue  # the feed check names the wrong rank
+            value = shape[k]
+            old = binding.get(name)
+            if old is None:
+                binding[name], source[name] = value, (p, k)
+            elif old != value:
+                q, j = source[name]
+                raise FeedError(
+                    f"placeholder {p.name} gives symbol {name} the value {value} (the "
+                    f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
+                    f"placeholder {q.name} gives it {old} (axis {q.axes[j].name}, shape "
+                    f"{tuple(shapes[self.params.index(q)])}): the feeds disagree")
+        for i, v in enumerate(feeds):  # a feed of another rank binds nothing: its
+            p = self.params[i]          # check says what is wrong with it first
+            if shapes[i] is None or len(shapes[i]) != len(p.axes):
+                p.as_feed(v)  # raises (the shape has a symbol): expected (5, N), got ...
+        key = tuple(binding[n] for n in self._symbols)
+        arrays = []
+        for i, v in enumerate(feeds):
+            p = self.params[i]
+            a = p.as_feed(v, shape=evaluate(p.axes.shape, binding))
+            check = self._domain_checks[i]
+            if check is not None:
+                check(a)
+            arrays.append(a)
+        views = self._setups.get(key)
+        if views is None:
+            views = self._plan_binding(key, binding)
+        return (*arrays, *key, *views)
+
+    def _plan_binding(self, key, binding):
+        """Plan the memory of ``binding``, allocate its arenas and make its views
+        (setup()); cached by binding."""
+        order, results, groups, into = self._plan_args
+        t = self.transformer
+        if "memory" in t.disabled or self._check_numerics:
+            plan = memory.unshared_plan(order, results, groups, binding=binding)
+        else:
+            plan = memory.plan_memory(order, results, groups=groups, exclude=into,
+                                      binding=binding)
+        if memory.VERIFY:
+            memory.verify_plan(order, results, plan, groups, binding=binding)
+        unplanned = [op.name for op in self._planned if op not in plan.slot]
+        if unplanned:  # the code assumes every binding plans the same values
+            raise memory.PlanError(f"memory plan of binding {binding}: no place for "
+                                   f"{', '.join(unplanned)}{memory._HINT}")
+        arenas = [np.empty(size, np.uint8) for size in plan.sizes]
+        views = self._ns["setup"](*key, [arenas[plan.slot[op]] for op in self._planned])
+        if len(self._setups) >= MAX_BINDINGS:  # the oldest binding's goes (and memory)
+            old = next(iter(self._setups))
+            del self._setups[old], self._plans[old]
+        self._setups[key] = views
+        self._plans[key] = self.plan = plan
+        self.plans += 1
+        return views
 
     def _generate(self, compiled=False):
         """Generate and compile the module of this computation (see
@@ -168,7 +289,11 @@ class NumPyComputation(Computation):
         self._ns = ns
         ns.update(self._consts)
         exec(self._code, ns)
-        ns["setup"]()
+        if self._symbols:  # setup() runs per binding (see _bind)
+            self._setups.clear()
+            ns["_bind"], ns["_setups"] = self._bind, self._setups
+        else:
+            ns["setup"]()
         self._fn = ns["run"]
 
     #: the generated ``run`` checks its arguments (see _generate)
@@ -229,6 +354,13 @@ class NumPyTransformer(Transformer):
             also small groups, which are then fused too (without a compiler, the
             NumPy code after a GeonWarning); False: the NumPy code only. Default: the environment
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
+        size_hints: ``{symbol: typical length}`` for computations with symbolic
+            lengths (``geon.op_graph.symbols``): the size-based choices made when their
+            code is generated (whether elementwise runs are fused, on how many threads)
+            take these values; none changes results. Fusion of a computation with
+            symbolic lengths needs a hint for each of its symbols, and its symbolic
+            axes first in the fused values (``sample_axis="first"``); without, it is
+            not fused. See doc/symbolic_axes.rst.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
@@ -241,8 +373,10 @@ class NumPyTransformer(Transformer):
     #: with a rule in ``NUMPY_CODE`` or handled by the code generator itself (views,
     #: placeholders, variables, constants).
     base_set = BaseSet(Select, UserOp, Scan, Cond, WhileLoop, coll.AllReduce,
-                       coll.BroadcastFrom, coll.FlatConcat)
+                       coll.BroadcastFrom, coll.FlatConcat, LengthValue)
     computation_class = NumPyComputation
+    # symbolic axis lengths, bound from the feeds' shapes at each call (see _bind)
+    symbolic_lengths = True
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
@@ -250,8 +384,15 @@ class NumPyTransformer(Transformer):
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,
                  check_numerics: bool = False,
-                 compiled: Union[bool, str, None] = None) -> None:
+                 compiled: Union[bool, str, None] = None,
+                 size_hints: Optional[dict] = None) -> None:
         self.check_numerics = bool(check_numerics)
+        self.size_hints = dict(size_hints or {})
+        for k, v in self.size_hints.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) \
+                    or v < 0:
+                raise ArgumentError(f"size_hints maps symbol names to lengths (ints >= "
+                                    f"0), not {k!r}: {v!r}")
         self.compiled = compiled_kernels.mode(compiled)
         super().__init__(disable=disable, dump_after=dump_after, dump_file=dump_file,
                          sample_axis=sample_axis)

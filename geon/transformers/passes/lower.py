@@ -15,6 +15,7 @@ from geon.op_graph import nn_ops as nn
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
+from geon.op_graph.symbols import Sym
 from geon.transformers.passes import RewritePass
 
 _REDUCE = {og.Sum: pr.ReduceSum, og.Prod: pr.ReduceProd, og.Max: pr.ReduceMax,
@@ -268,6 +269,8 @@ def lower_sort_output(op):  # sort / topk output -> SortPrim output (negated, sl
 
 def lower_tensor_size(op):  # tensor_size(x) -> constant
     n = op.reduction_axes.size if len(op.reduction_axes) else 1
+    if isinstance(n, Sym):  # tensor_size(x) -> its symbolic length, bound per call
+        return pr.LengthValue(n, dtype=op.dtype)
     return og.Constant(n, axes=op.axes, dtype=op.dtype)
 
 

@@ -192,8 +192,9 @@ def fold_constants(op):  # f(constants) -> constant
         if not np.isnan(v):
             return og.Constant(v.astype(op.dtype)[()], axes=op.axes, dtype=op.dtype)
     fn = EVALUATORS.find(op)
-    if fn is None:
-        return None
+    if fn is None or (op.axes.is_symbolic if isinstance(op, og.TensorOp) else False) \
+            or any(a.axes.is_symbolic for a in op.args):
+        return None  # (no array of a symbolic shape exists before a call)
     # The op alone on its constants; evaluate(op) would also run its other_deps (the
     # assignments it is ordered after), which may need feeds.
     value = np.array(fn(op, *[a.array() for a in op.args]))

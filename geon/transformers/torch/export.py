@@ -170,6 +170,15 @@ def _expand(op, x):
     return x.reshape(kept).expand(op.axes.shape)
 
 
+@torch_op(pr.LengthValue)
+def _length_value(op):
+    # Only graphs with symbolic lengths have it, and the exporter refuses those when it
+    # lowers them (Transformer.symbolic_lengths); specialize one first.
+    raise LoweringError(f"{op.name}: the value of the symbolic length {op.value!r} "
+                        f"cannot be exported; export a copy bound to fixed lengths "
+                        f"(geon.op_graph.specialize.specialize)")
+
+
 @torch_op(pr.Copy)
 def _copy(op, x):
     return x.clone(memory_format=torch.contiguous_format)

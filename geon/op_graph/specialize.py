@@ -1,0 +1,106 @@
+"""Specialization: a copy of a graph with its symbolic lengths bound to numbers.
+
+``specialize(results, {"N": 7})`` copies the ops ``results`` need, with every symbolic
+length evaluated: each axis of a symbolic length becomes an axis of the same name, flags
+and the bound length, and each parameter that holds a length (``LengthValue``, slice
+keys) gets its value. Variables are shared (their lengths are fixed); placeholders with
+symbolic axes are copied. The reference evaluator runs graphs of symbolic lengths this
+way (:func:`binding_of` finds the binding from the feeds), and a backend that needs
+fixed lengths could transform one copy per binding.
+"""
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from geon.errors import FeedError
+from geon.op_graph import op_graph as og
+from geon.op_graph.axes import Axes, Axis, FlattenedAxis
+from geon.op_graph.params import clone_graph, graph_ops
+from geon.op_graph.reference import SPECIALIZE
+from geon.op_graph.symbols import Sym
+
+
+def binding_of(placeholders: Mapping[Any, Any]) -> dict:
+    """``{symbol: value}`` read from ``{placeholder: array}``: the lengths of the axes
+    whose length is a bare symbol; a :class:`FeedError` where two feeds disagree."""
+    binding: dict = {}
+    source: dict = {}
+    for p, value in placeholders.items():
+        shape = np.shape(value)
+        if len(shape) != len(p.axes):
+            continue  # the feed's own check names the wrong rank
+        for k, n in enumerate(p.axes.lengths):
+            name = n.symbol if isinstance(n, Sym) else None
+            if name is None:
+                continue
+            old = binding.get(name)
+            if old is None:
+                binding[name], source[name] = shape[k], p
+            elif old != shape[k]:
+                raise FeedError(f"placeholder {p.name} gives symbol {name} the value "
+                                f"{shape[k]}, but placeholder {source[name].name} gives "
+                                f"it {old}: the feeds disagree")
+    return binding
+
+
+class _Binder:
+    """Evaluates the symbolic lengths in parameter values, one new axis per name."""
+
+    def __init__(self, binding: Mapping[str, int]) -> None:
+        self.binding = dict(binding)
+        self.axes: dict = {}
+
+    def axis(self, a: Axis) -> Axis:
+        if isinstance(a, FlattenedAxis):
+            parts = self.all_axes(a.axes)
+            return a if parts is a.axes else FlattenedAxis(parts)
+        if not isinstance(a.length, Sym):
+            return a
+        new = self.axes.get(a.name)
+        if new is None:
+            new = self.axes[a.name] = Axis(a.length.evaluate(self.binding), a.name,
+                                           batch=a.batch, recurrent=a.recurrent)
+        return new
+
+    def all_axes(self, axes: Axes) -> Axes:
+        new = [self.axis(a) for a in axes]
+        return axes if all(n is a for n, a in zip(new, axes)) else Axes(new)
+
+    def value(self, v: Any) -> Any:
+        if isinstance(v, Sym):
+            return v.evaluate(self.binding)
+        if isinstance(v, Axes):
+            return self.all_axes(v)
+        if isinstance(v, Axis):
+            return self.axis(v)
+        if isinstance(v, tuple):
+            return tuple(self.value(x) for x in v)
+        if isinstance(v, slice):
+            return slice(self.value(v.start), self.value(v.stop), self.value(v.step))
+        return v
+
+
+def specialize(results: Any, binding: Mapping[str, int]) -> dict:
+    """``{original op: copy}`` for the ops ``results`` need, with the symbolic lengths
+    bound by ``binding`` (see the module docstring)."""
+    ops, _ = og.as_op_list(results, "specialize: results")
+    binder = _Binder(binding)
+    replace = {}
+    for op in graph_ops(ops, initializers=False):
+        if isinstance(op, og.Placeholder) and op.axes.is_symbolic:
+            new = og.Placeholder(binder.all_axes(op.axes), dtype=op.dtype,
+                                 domain=op.domain, name=op.name)
+            new.filename, new.lineno = op.filename, op.lineno
+            replace[op] = new
+    return clone_graph(ops, replace=replace, values=binder.value)
+
+
+def _bound(ops: list, feeds: dict) -> tuple:
+    """The reference evaluator's hook: copies of ``ops`` and ``feeds`` bound by the
+    feeds' shapes."""
+    copies = specialize(ops, binding_of(feeds))
+    return [copies[r] for r in ops], {copies.get(p, p): v for p, v in feeds.items()}
+
+
+SPECIALIZE.append(_bound)

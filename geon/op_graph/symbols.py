@@ -1,0 +1,352 @@
+"""Symbolic axis lengths: :class:`Sym`, an integer expression over named symbols.
+
+An axis whose length is a :class:`Sym` (``be.symbolic_axis("N", batch=True)``) has a
+length known only when a computation is called: the computation reads each symbol's
+value from the shapes of its feeds (a *binding*, ``{"N": 7}``) and evaluates every
+length with it. Graphs, passes and the generated code carry the expressions.
+
+A ``Sym`` is immutable and kept in a normal form, so that equal expressions compare
+equal and hash alike: a sum of monomials with nonzero ``int`` coefficients, sorted, each
+monomial a sorted product of *atoms* (a symbol's name, or a floor division / remainder
+of an expression by an int that does not simplify). Arithmetic (``+``, ``-``, ``*`` by
+ints and other expressions, ``//`` and ``%`` by positive ints) returns a ``Sym``, or a
+plain ``int`` when the result no longer depends on any symbol (``N - N`` is ``0``).
+
+``repr`` is a Python expression over the symbols' names (``N*64 + 1``), so generated
+code prints it where it printed a literal length, with the symbols bound as local
+names. ``==`` and ``!=`` are structural (``N == 1`` is ``False``: not *known* to be 1);
+an order comparison is decided where the difference of the two sides is a constant
+(``N + 1 > N``) or has a sign that follows from symbols being lengths, ``>= 0``
+(``N*2 >= N``); otherwise it, ``bool()``, ``int()`` and ``operator.index``
+raise a :class:`TypeError` naming the symbol: the value is not decidable at build time.
+"""
+
+import keyword
+import numbers
+import re
+from typing import Any, Mapping, Union
+
+__all__ = ["Sym", "Symbol", "SymbolicLengthError", "Length", "is_symbolic", "evaluate",
+           "symbols_of"]
+
+
+class SymbolicLengthError(TypeError):
+    """A symbolic length was used where an int is needed at build time (``int()``, an
+    order comparison, a truth test, a size-based choice)."""
+
+
+class _Atom:
+    """A floor division or remainder of an expression by a positive int that does not
+    simplify (``(N + 1)//2``): a factor of monomials, like a symbol."""
+
+    __slots__ = ("op", "expr", "k", "key")
+
+    def __init__(self, op: str, expr: "Sym", k: int) -> None:
+        self.op, self.expr, self.k = op, expr, k
+        self.key = f"(({expr!r}){op}{k})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Atom) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return self.key
+
+    def names(self) -> frozenset:
+        return self.expr.symbols
+
+    def value(self, binding: Mapping[str, int]) -> int:
+        v = self.expr.evaluate(binding)
+        return v // self.k if self.op == "//" else v % self.k
+
+
+def _key(atom: Any) -> str:
+    return atom if isinstance(atom, str) else atom.key
+
+
+def _mono_key(mono: tuple) -> tuple:
+    return (len(mono), tuple(_key(a) for a in mono))
+
+
+Length = Union[int, "Sym"]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+class Sym:
+    """An integer expression over named symbols, in normal form (see the module
+    docstring). Build one with :func:`Symbol` and arithmetic; never mutate one."""
+
+    __slots__ = ("_terms", "_hash")
+    _terms: tuple  # ((monomial, coefficient), ...): monomial a sorted tuple of atoms
+
+    @staticmethod
+    def _make(terms: Mapping[tuple, int]) -> Length:
+        items = [(m, c) for m, c in terms.items() if c]
+        if not any(m for m, _ in items):
+            return sum(c for _, c in items)  # no symbol left: a plain int
+        s = object.__new__(Sym)
+        # the constant term (empty monomial) sorts first by degree; shown last by repr
+        s._terms = tuple(sorted(items, key=lambda t: _mono_key(t[0])))
+        s._hash = hash(s._terms)
+        return s
+
+    # -- facts ------------------------------------------------------------------------
+    @property
+    def symbols(self) -> frozenset:
+        """The names of the symbols the expression depends on."""
+        out: set = set()
+        for mono, _ in self._terms:
+            for a in mono:
+                out |= {a} if isinstance(a, str) else a.names()
+        return frozenset(out)
+
+    @property
+    def symbol(self) -> "str | None":
+        """The name of the symbol if the expression is one bare symbol, else None."""
+        if len(self._terms) == 1:
+            mono, c = self._terms[0]
+            if c == 1 and len(mono) == 1 and isinstance(mono[0], str):
+                return mono[0]
+        return None
+
+    def evaluate(self, binding: Mapping[str, int]) -> int:
+        """The value of the expression with each symbol's value from ``binding``."""
+        total = 0
+        for mono, c in self._terms:
+            v = c
+            for a in mono:
+                if isinstance(a, str):
+                    try:
+                        v *= binding[a]
+                    except KeyError:
+                        raise SymbolicLengthError(
+                            f"symbol {a} has no value in the binding {dict(binding)!r}"
+                        ) from None
+                else:
+                    v *= a.value(binding)
+            total += v
+        return total
+
+    # -- arithmetic ---------------------------------------------------------------------
+    @staticmethod
+    def _terms_of(x: Any) -> "dict | None":
+        if isinstance(x, Sym):
+            return dict(x._terms)
+        if _is_int(x):
+            return {(): int(x)}
+        return None
+
+    def __add__(self, other: Any) -> Length:
+        o = Sym._terms_of(other)
+        if o is None:
+            return NotImplemented
+        t = dict(self._terms)
+        for m, c in o.items():
+            t[m] = t.get(m, 0) + c
+        return Sym._make(t)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Length:
+        return Sym._make({m: -c for m, c in self._terms})
+
+    def __pos__(self) -> "Sym":
+        return self
+
+    def __sub__(self, other: Any) -> Length:
+        if Sym._terms_of(other) is None:
+            return NotImplemented
+        return self + (-other)
+
+    def __rsub__(self, other: Any) -> Length:
+        if Sym._terms_of(other) is None:
+            return NotImplemented
+        return (-self) + other
+
+    def __mul__(self, other: Any) -> Length:
+        o = Sym._terms_of(other)
+        if o is None:
+            return NotImplemented
+        t: dict = {}
+        for m1, c1 in self._terms:
+            for m2, c2 in o.items():
+                m = tuple(sorted(m1 + m2, key=_key))
+                t[m] = t.get(m, 0) + c1 * c2
+        return Sym._make(t)
+
+    __rmul__ = __mul__
+
+    def _divmod_check(self, k: Any, op: str) -> int:
+        if not _is_int(k):
+            raise SymbolicLengthError(
+                f"symbolic length {self!r} {op} {k!r}: only division by a positive int "
+                f"is supported")
+        if k <= 0:
+            raise SymbolicLengthError(f"symbolic length {self!r} {op} {k}: the divisor "
+                                      f"must be positive")
+        return int(k)
+
+    def __floordiv__(self, k: Any) -> Length:
+        k = self._divmod_check(k, "//")
+        if k == 1:
+            return self
+        const = dict(self._terms).get((), 0)
+        if all(c % k == 0 for m, c in self._terms if m):
+            # (k*X + c)//k == X + c//k for integer X
+            return Sym._make({m: (c // k if m else const // k) for m, c in self._terms})
+        return Sym._make({(_Atom("//", self, k),): 1})
+
+    def __mod__(self, k: Any) -> Length:
+        k = self._divmod_check(k, "%")
+        if k == 1:
+            return 0
+        const = dict(self._terms).get((), 0)
+        if all(c % k == 0 for m, c in self._terms if m):
+            return const % k  # (k*X + c) % k == c % k
+        return Sym._make({(_Atom("%", self, k),): 1})
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        raise SymbolicLengthError(f"{other!r} // {self!r}: division by a symbolic "
+                                  f"length is not supported")
+
+    __rmod__ = __truediv__ = __rtruediv__ = __rfloordiv__
+
+    # -- comparisons -----------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        # structural: normal forms are unique, and a constant is never a Sym
+        return isinstance(other, Sym) and other._terms == self._terms
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def _undecidable(self, what: str) -> SymbolicLengthError:
+        names = ", ".join(sorted(self.symbols))
+        return SymbolicLengthError(
+            f"the length of axis {names} is symbolic: {what} is not decidable at build "
+            f"time (it is known only when a computation is called, from the shapes of "
+            f"its feeds)")
+
+    def _nonnegative(self) -> bool:
+        """Whether the value is >= 0 for every binding (symbols are lengths, >= 0): no
+        negative coefficient, and every atom >= 0."""
+        for mono, c in self._terms:
+            if c < 0:
+                return False
+            for a in mono:  # a remainder by k > 0 is >= 0; a quotient, if its dividend
+                if not isinstance(a, str) and a.op == "//" and not (
+                        isinstance(a.expr, Sym) and a.expr._nonnegative()):
+                    return False
+        return True
+
+    def _compare(self, other: Any, op: str) -> bool:
+        if Sym._terms_of(other) is None:
+            return NotImplemented
+        diff = self - other
+        if isinstance(diff, Sym):
+            # decided where the sign of the difference follows from symbols >= 0:
+            # lo / hi, bounds of diff known for every binding (None: none known)
+            lo = 1 if (diff - 1)._nonnegative() else 0 if diff._nonnegative() else None
+            neg = -diff
+            hi = -1 if (neg - 1)._nonnegative() else 0 if neg._nonnegative() else None
+            answer = {">=": True if lo is not None else False if hi == -1 else None,
+                      ">": True if lo == 1 else False if hi is not None else None,
+                      "<=": True if hi is not None else False if lo == 1 else None,
+                      "<": True if hi == -1 else False if lo is not None else None}[op]
+            if answer is None:
+                raise self._undecidable(f"`{self!r} {op} {other!r}`")
+            return answer
+        return {"<": diff < 0, "<=": diff <= 0, ">": diff > 0, ">=": diff >= 0}[op]
+
+    def __lt__(self, other: Any) -> bool: return self._compare(other, "<")
+    def __le__(self, other: Any) -> bool: return self._compare(other, "<=")
+    def __gt__(self, other: Any) -> bool: return self._compare(other, ">")
+    def __ge__(self, other: Any) -> bool: return self._compare(other, ">=")
+
+    def __bool__(self) -> bool:
+        raise self._undecidable(f"the truth of {self!r} (is it zero?)")
+
+    def __int__(self) -> int:
+        raise self._undecidable(f"int({self!r})")
+
+    def __index__(self) -> int:
+        raise self._undecidable(f"{self!r} as an int (an index, a size or a shape)")
+
+    def __float__(self) -> float:
+        raise self._undecidable(f"float({self!r})")
+
+    # -- text ------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        parts = []
+        const = 0
+        for mono, c in self._terms:
+            if not mono:
+                const = c
+                continue
+            body = "*".join(_key(a) for a in mono)
+            if abs(c) != 1:
+                body += f"*{abs(c)}"
+            parts.append((c < 0, body))
+        if const:
+            parts.append((const < 0, str(abs(const))))
+        text = ""
+        for k, (neg, body) in enumerate(parts):
+            if k == 0:
+                text = "-" + body if neg else body
+            else:
+                text += (" - " if neg else " + ") + body
+        return text
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:  # copy / deepcopy keep the normal form
+        return (_rebuild, (self._terms,))
+
+
+def _rebuild(terms: tuple) -> Length:
+    return Sym._make(dict(terms))
+
+
+def Symbol(name: str) -> Sym:
+    """The symbolic length called ``name`` (a Python identifier): the length of a
+    symbolic axis, ``be.Axis(be.Symbol("N"), "N")``; see :func:`geon.symbolic_axis`."""
+    # (printed in generated code as a local name: ASCII letters, digits and _, no
+    # keyword, no leading underscore, which generated code keeps for its own names)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) \
+            or keyword.iskeyword(name):
+        raise ValueError(f"a symbol's name must be an ASCII Python identifier starting "
+                         f"with a letter (not a keyword), not {name!r}")
+    return Sym._make({(name,): 1})  # type: ignore[return-value]
+
+
+def is_symbolic(x: Any) -> bool:
+    """Whether ``x`` is a symbolic length."""
+    return isinstance(x, Sym)
+
+
+def evaluate(x: Any, binding: Mapping[str, int]) -> Any:
+    """``x`` with every symbolic length evaluated: an int, a Sym, or a tuple / list of
+    them (a shape); anything else unchanged."""
+    if isinstance(x, Sym):
+        return x.evaluate(binding)
+    if isinstance(x, tuple):
+        return tuple(evaluate(v, binding) for v in x)
+    if isinstance(x, list):
+        return [evaluate(v, binding) for v in x]
+    return x
+
+
+def symbols_of(lengths: Any) -> frozenset:
+    """The names of the symbols in an iterable of lengths."""
+    out: frozenset = frozenset()
+    for v in lengths:
+        if isinstance(v, Sym):
+            out |= v.symbols
+    return out
