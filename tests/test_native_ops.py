@@ -305,6 +305,27 @@ def _sums_plan(dtype):
     return bk.plan(outs, x, v), feeds
 
 
+@pytest.mark.parametrize("lr, inner", [(0.0, 3), (float("inf"), 0), (float("nan"), 3)],
+                         ids=["lr-0", "inner-0", "lr-nan"])
+def test_updates_whose_product_blas_would_skip(runtime, lr, inner):
+    """V - lr * (x @ y) is NaN where the product holds an infinity and lr is 0, or lr
+    is infinite and the inner length 0 (0 * inf); BLAS skips the product for alpha 0
+    and adds nothing for an empty inner length, so such updates are not done in the
+    Gemm: V becomes NaN there as on the NumPy backend."""
+    dtype = np.float32
+    A, B, K = be.Axis(4, "BsA"), be.Axis(5, "BsB"), be.Axis(inner, f"BsK{inner}")
+    x = be.placeholder([A, K], dtype=dtype, name="x")
+    y = be.placeholder([K, B], dtype=dtype, name="y")
+    v = be.Variable(axes=[A, B], initial_value=np.ones((4, 5)), dtype=dtype, name="v")
+    doc = bk.plan([v * 1.0, be.SetItem(v, v - lr * be.dot(x, y))], x, y)
+    X = np.ones((4, inner), dtype)
+    X[0, :1] = np.inf
+    ref = bk.backend("numpy").load(doc)
+    ref.run(X, np.ones((inner, 5), dtype))
+    assert np.isnan(ref.run(X, np.ones((inner, 5), dtype))[0]).any()   # (the case)
+    _same(doc, [X, np.ones((inner, 5), dtype)], runtime, steps=2, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sums_computed_with_the_values_they_sum(runtime, dtype):
     """_sums_plan: the same sums as the NumPy backend's, run after run."""

@@ -382,9 +382,9 @@ static void run_int64(gn_op *op, const gn_value *a, const gn_value *b) {
 
 /* The hot loops are also compiled for AVX2 (chosen at load time where the CPU has it:
  * twice the SSE2 baseline's width) where the compiler and the platform can (GCC or
- * clang, x86-64, ELF ifuncs); AVX2 has no fused multiply-add, so the results are those
- * of the baseline code. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(GEON_NO_CLONES) && \
+ * clang, x86-64, glibc's ifuncs: not musl); AVX2 has no fused multiply-add, so the
+ * results are those of the baseline code. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(GEON_NO_CLONES) && \
     (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 6)
 #define GN_HOT __attribute__((target_clones("avx2", "default")))
 #else

@@ -760,7 +760,7 @@ static const gn_value *arg_value(const struct geon_backend *b, const gn_op *op, 
  * next op of the chain only and are not outputs, and where no op between the Gemm and
  * the Assign reads V (nor do a and b): the Gemm accumulates -c * a @ b into V's state
  * itself, with BLAS (as the NumPy transformer's updates do), and the other three ops
- * are skipped. */
+ * are skipped; not where c is 0 or not finite, or the inner length 0 (see below). */
 static void find_updates(struct geon_backend *b, const unsigned char *is_out, const int32_t *root,
                          const int32_t *readers) {
   if (!gn_have_blas()) return;
@@ -791,7 +791,11 @@ static void find_updates(struct geon_backend *b, const unsigned char *is_out, co
       for (int k = 0; ok && k < b->ops[j].n_args; k++)
         ok = root[2 * b->ops[j].arg_op[k] + b->ops[j].arg_out[k]] != 2 * var;
     }
-    if (!ok) continue;
+    /* BLAS skips the product where alpha is 0 (and adds nothing where the inner
+       length is 0), where V - c * (a @ b) would be NaN for a NaN or infinite
+       product (or c): those updates run as the ops they are. */
+    double cv = gn_load(cop->buffer[0], cop->out[0].dtype);
+    if (!ok || !(cv != 0.0 && isfinite(cv)) || y->size == 0 || arg_value(b, gop, 0)->size == 0) continue;
     gop->update_var = var;
     gop->update_scale = c;
     mop->skip = sop->skip = as->skip = 1;
