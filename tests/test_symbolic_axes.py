@@ -365,3 +365,53 @@ def test_values_of_fixed_lengths_are_fused_in_a_symbolic_computation(monkeypatch
         np.testing.assert_allclose(step(xv)[0], y.mean(), rtol=1e-12)
         wv = wv - 0.5 * ((1 - y * y) / (H * n)) @ xv.T
         np.testing.assert_allclose(tr.state[w], wv, rtol=1e-12, atol=1e-14)
+
+
+# --- the neon Model's predict over a symbolic batch ---------------------------------------
+def _predict_both_ways(model, x):
+    """(predict over the symbolic batch, predict in fixed padded batches)."""
+    got = model.predict(x)
+    any_batch, model._any_predict = model._any_predict, None   # the fixed path
+    try:
+        want = model.predict(x)
+    finally:
+        model._any_predict = any_batch
+    return got, want
+
+
+def test_model_predict_takes_any_number_of_samples_without_padding():
+    """One computation over a symbolic batch serves 1, 7 and 1,000 samples (batches of
+    32, the last as it is): the fixed padded batches' values (to float32 rounding: a
+    product over fewer columns may add in another order), the weights unchanged, one
+    transformation."""
+    from geon.examples import digits
+    model = digits.build_model(dict(hidden=16, seed=0, lr=0.1, batch_size=32), 64, "numpy")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 16, size=(1000, 64)).astype(np.float32)
+    model.fit(x[:200], rng.integers(0, 10, 200), epochs=1, batch_size=32, seed=0,
+              verbose=False)
+    before = {k: v.copy() for k, v in model.weights().items()}
+    for n in (1, 7, 1000):
+        got, want = _predict_both_ways(model, x[:n])
+        assert got.shape == (n, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    comp = model._any_predict
+    assert comp is not None and comp.transformations == 1
+    assert comp.plans == 4          # bindings 1, 7, 32 and 8 (1000 = 31 * 32 + 8)
+    assert model.predict(x[0]).shape == (10,)    # one unbatched sample
+    for k, v in model.weights().items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_model_predict_of_a_network_that_needs_a_fixed_batch_pads_as_before():
+    """A recurrent network (its scan lowers with the batch's length) predicts in fixed
+    batches, the last padded, with the same values."""
+    import argparse
+    from geon.examples import digits_rnn
+    model = digits_rnn.build_model(argparse.Namespace(
+        hidden=8, cell="gru", seed=0, lr=1e-2, batch_size=4, transformer="numpy",
+        data_parallel=False))
+    x = np.random.default_rng(1).uniform(0, 16, size=(6, 8, 8)).astype(np.float32)
+    got = model.predict(x, batch_size=4)
+    assert model._any_predict is None and got.shape == (6, 10)
+    np.testing.assert_allclose(got[5], model.predict(x[5:6], batch_size=4)[0], rtol=1e-6)

@@ -8,7 +8,7 @@ from typing import (IO, Any, Callable, Container, Iterable, Iterator, Optional, 
 import numpy as np
 
 import geon as be
-from geon.errors import ArgumentError, FeedError
+from geon.errors import ArgumentError, FeedError, GeonError
 from geon.frontends.neon._api import (check_count, checked, describe, fmt, is_int,
                                       public_name)
 from geon.frontends.neon.callbacks import Callback, History
@@ -106,6 +106,7 @@ class Model:
         self._train: dict[int, _Steps] = {}
         self._updates_built: set[og.Op] = set()   # the training computations' updates
         self._predict: dict[int, Computation[np.ndarray]] = {}
+        self._any_predict: Any = False   # (not tried yet; None: a fixed batch is needed)
         self._eval: dict[int, _Steps] = {}
         self.data_parallel, self._synced = bool(data_parallel), False
         if self.data_parallel:
@@ -243,6 +244,27 @@ class Model:
             out = be.axes_with_order(out, batch + (out.axes - batch))  # batch first
             self._predict[b] = self.transformer.computation(out, x)
         return self._predict[b]
+
+    def _any_batch_predict(self) -> Optional[Computation[np.ndarray]]:
+        """The inference computation over a symbolic batch (one computation for every
+        number of samples: no padding), or None where the transformer has no symbolic
+        lengths or the network needs a fixed batch to be built or transformed (it then
+        runs in batches of a fixed size, the last padded)."""
+        if self._any_predict is False:
+            comp: Optional[Computation[np.ndarray]] = None
+            if getattr(self.transformer, "symbolic_lengths", False):
+                E = be.symbolic_axis("E_any", batch=True)
+                x = be.placeholder(be.Axes(E, *self.input_axes), dtype=self.dtype,
+                                   name="x_predict")
+                try:
+                    out = self.net(x, training=False)
+                    batch = out.axes.batch_axes()
+                    out = be.axes_with_order(out, batch + (out.axes - batch))
+                    comp = self.transformer.computation(out, x)
+                except (TypeError, GeonError):  # SymbolicLengthError is a TypeError
+                    comp = None   # (a layer or pass that needs a number: fixed batches)
+            self._any_predict = comp
+        return self._any_predict
 
     def _eval_computation(self, b: Optional[int] = None) -> _Steps:
         b = self.eval_batch_size if b is None else b
@@ -415,11 +437,19 @@ class Model:
         axes' lengths for one sample (the result has then no batch dimension, as a
         PyTorch module's for an unbatched input). It runs in batches of
         ``batch_size`` (default ``eval_batch_size``; one computation is built per
-        size), the last one padded, the padding's outputs dropped. ``verbose`` is
+        size), the last one padded, the padding's outputs dropped; where the network
+        and the transformer take a symbolic batch (the NumPy transformer, layers whose
+        lowering needs no fixed batch), one computation serves every batch size and
+        nothing is padded (``doc/symbolic_axes.rst``). ``verbose`` is
         accepted as in Keras; ``predict`` prints nothing."""
         x, single = self._as_inputs(x, "predict", single_ok=True)
         x = x.astype(self.dtype, copy=False)
         b = self._batch_size(batch_size, "predict", self.eval_batch_size)
+        any_batch = self._any_batch_predict()
+        if any_batch is not None:   # batches of b, the last as it is
+            out = np.concatenate([any_batch(x[i:i + b]) for i in range(0, len(x), b)]) \
+                if len(x) else any_batch(x)
+            return out[0] if single else out
         comp = self._predict_computation(b)
         outs = []
         for xb, _, n in self._batches(x, b):
