@@ -368,22 +368,23 @@ def test_values_of_fixed_lengths_are_fused_in_a_symbolic_computation(monkeypatch
 
 
 # --- the neon Model's predict over a symbolic batch ---------------------------------------
-def _predict_both_ways(model, x):
-    """(predict over the symbolic batch, predict in fixed padded batches)."""
-    got = model.predict(x)
-    any_batch, model._any_predict = model._any_predict, None   # the fixed path
+def _both_ways(model, method, *args):
+    """(``method`` of the model over the symbolic batch, in fixed padded batches)."""
+    kind = "predict" if method == "predict" else "eval"
+    got = getattr(model, method)(*args)
+    any_batch, model._any[kind] = model._any[kind], None   # the fixed path
     try:
-        want = model.predict(x)
+        want = getattr(model, method)(*args)
     finally:
-        model._any_predict = any_batch
+        model._any[kind] = any_batch
     return got, want
 
 
 def test_model_predict_takes_any_number_of_samples_without_padding():
-    """One computation over a symbolic batch serves 1, 7 and 1,000 samples (batches of
-    32, the last as it is): the fixed padded batches' values (to float32 rounding: a
-    product over fewer columns may add in another order), the weights unchanged, one
-    transformation."""
+    """One computation over a symbolic batch serves 1, 7 and 1,000 samples in predict
+    and in evaluate (batches of 32, the last as it is): the fixed padded batches'
+    values (to float32 rounding: a product over fewer columns may add in another
+    order), the weights unchanged, one transformation."""
     from geon.examples import digits
     model = digits.build_model(dict(hidden=16, seed=0, lr=0.1, batch_size=32), 64, "numpy")
     rng = np.random.default_rng(0)
@@ -392,13 +393,20 @@ def test_model_predict_takes_any_number_of_samples_without_padding():
               verbose=False)
     before = {k: v.copy() for k, v in model.weights().items()}
     for n in (1, 7, 1000):
-        got, want = _predict_both_ways(model, x[:n])
+        got, want = _both_ways(model, "predict", x[:n])
         assert got.shape == (n, 10)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    comp = model._any_predict
+    comp = model._any["predict"]
     assert comp is not None and comp.transformations == 1
     assert comp.plans == 4          # bindings 1, 7, 32 and 8 (1000 = 31 * 32 + 8)
     assert model.predict(x[0]).shape == (10,)    # one unbatched sample
+    y = rng.integers(0, 10, 1000)
+    for n in (1, 7, 1000):                       # evaluate likewise
+        got, want = _both_ways(model, "evaluate", x[:n], y[:n])
+        assert got.keys() == want.keys() == {"loss", "accuracy"}
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+        assert got["accuracy"] == want["accuracy"]
+    assert model._any["eval"].transformations == 1
     for k, v in model.weights().items():
         np.testing.assert_array_equal(v, before[k])
 
@@ -413,5 +421,5 @@ def test_model_predict_of_a_network_that_needs_a_fixed_batch_pads_as_before():
         data_parallel=False))
     x = np.random.default_rng(1).uniform(0, 16, size=(6, 8, 8)).astype(np.float32)
     got = model.predict(x, batch_size=4)
-    assert model._any_predict is None and got.shape == (6, 10)
+    assert model._any["predict"] is None and got.shape == (6, 10)
     np.testing.assert_allclose(got[5], model.predict(x[5:6], batch_size=4)[0], rtol=1e-6)

@@ -106,7 +106,9 @@ class Model:
         self._train: dict[int, _Steps] = {}
         self._updates_built: set[og.Op] = set()   # the training computations' updates
         self._predict: dict[int, Computation[np.ndarray]] = {}
-        self._any_predict: Any = False   # (not tried yet; None: a fixed batch is needed)
+        #: "predict" / "eval" -> the computation over a symbolic batch, or None where a
+        #: fixed batch is needed (see _any_batch)
+        self._any: dict[str, Any] = {}
         self._eval: dict[int, _Steps] = {}
         self.data_parallel, self._synced = bool(data_parallel), False
         if self.data_parallel:
@@ -119,14 +121,18 @@ class Model:
         self._step = self.transformer.computation(be.value_of(self.optimizer.step))
 
     # -- graphs ------------------------------------------------------------------------
-    def _inputs(self, batch_size: int, tag: str) -> tuple[Axis, og.Placeholder]:
+    def _inputs(self, batch_size: Union[int, Axis], tag: str) -> tuple[Axis, og.Placeholder]:
         # One name, one axis in a graph (serialization relies on it): N for the
         # training batch, E for the inference batch (N<size>, E<size> for other sizes).
-        if tag == "train":
-            name = "N" if batch_size == self.batch_size else f"N{batch_size}"
+        # (An Axis: that batch axis, e.g. a symbolic one.)
+        if isinstance(batch_size, Axis):
+            N = batch_size
         else:
-            name = "E" if batch_size == self.eval_batch_size else f"E{batch_size}"
-        N = be.Axis(batch_size, name=name, batch=True)
+            if tag == "train":
+                name = "N" if batch_size == self.batch_size else f"N{batch_size}"
+            else:
+                name = "E" if batch_size == self.eval_batch_size else f"E{batch_size}"
+            N = be.Axis(batch_size, name=name, batch=True)
         x = be.placeholder(be.Axes(N, *self.input_axes), dtype=self.dtype, name=f"x_{tag}")
         return N, x
 
@@ -238,44 +244,47 @@ class Model:
     def _predict_computation(self, b: Optional[int] = None) -> Computation[np.ndarray]:
         b = self.eval_batch_size if b is None else b
         if b not in self._predict:
-            _, x = self._inputs(b, "predict")
-            out = self.net(x, training=False)
-            batch = out.axes.batch_axes()
-            out = be.axes_with_order(out, batch + (out.axes - batch))  # batch first
-            self._predict[b] = self.transformer.computation(out, x)
+            self._predict[b] = self._build_predict(b)
         return self._predict[b]
 
-    def _any_batch_predict(self) -> Optional[Computation[np.ndarray]]:
-        """The inference computation over a symbolic batch (one computation for every
-        number of samples: no padding), or None where the transformer has no symbolic
-        lengths or the network needs a fixed batch to be built or transformed (it then
-        runs in batches of a fixed size, the last padded)."""
-        if self._any_predict is False:
-            comp: Optional[Computation[np.ndarray]] = None
-            if getattr(self.transformer, "symbolic_lengths", False):
-                E = be.symbolic_axis("E_any", batch=True)
-                x = be.placeholder(be.Axes(E, *self.input_axes), dtype=self.dtype,
-                                   name="x_predict")
-                try:
-                    out = self.net(x, training=False)
-                    batch = out.axes.batch_axes()
-                    out = be.axes_with_order(out, batch + (out.axes - batch))
-                    comp = self.transformer.computation(out, x)
-                except (TypeError, GeonError):  # SymbolicLengthError is a TypeError
-                    comp = None   # (a layer or pass that needs a number: fixed batches)
-            self._any_predict = comp
-        return self._any_predict
+    def _build_predict(self, batch: Union[int, Axis]) -> Computation[np.ndarray]:
+        _, x = self._inputs(batch, "predict")
+        out = self.net(x, training=False)
+        axes = out.axes.batch_axes()
+        out = be.axes_with_order(out, axes + (out.axes - axes))  # batch first
+        return self.transformer.computation(out, x)
 
     def _eval_computation(self, b: Optional[int] = None) -> _Steps:
         b = self.eval_batch_size if b is None else b
         if b not in self._eval:
-            N, x = self._inputs(b, "eval")
-            out = self.net(x, training=False)
-            target = self._target(N, out, "eval")
-            per, correct = self._per_sample(out, target, N)
-            self._eval[b] = self.transformer.computation(
-                [per] + ([correct] if correct is not None else []), x, target)
+            self._eval[b] = self._build_eval(b)
         return self._eval[b]
+
+    def _build_eval(self, batch: Union[int, Axis]) -> _Steps:
+        N, x = self._inputs(batch, "eval")
+        out = self.net(x, training=False)
+        target = self._target(N, out, "eval")
+        per, correct = self._per_sample(out, target, N)
+        return self.transformer.computation(
+            [per] + ([correct] if correct is not None else []), x, target)
+
+    def _any_batch(self, kind: str) -> Any:
+        """The ``"predict"`` or ``"eval"`` computation over a symbolic batch (one
+        computation for every number of samples: nothing padded), or None where the
+        transformer has no symbolic lengths or the network needs a fixed batch to be
+        built or transformed (it then runs in batches of a fixed size, the last
+        padded). See doc/symbolic_axes.rst."""
+        if kind not in self._any:
+            comp = None
+            if getattr(self.transformer, "symbolic_lengths", False):
+                E = be.symbolic_axis(f"E_{kind}", batch=True)
+                build = self._build_predict if kind == "predict" else self._build_eval
+                try:
+                    comp = build(E)
+                except (TypeError, GeonError):  # SymbolicLengthError is a TypeError
+                    comp = None   # (a layer or pass that needs a number: fixed batches)
+            self._any[kind] = comp
+        return self._any[kind]
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -445,7 +454,7 @@ class Model:
         x, single = self._as_inputs(x, "predict", single_ok=True)
         x = x.astype(self.dtype, copy=False)
         b = self._batch_size(batch_size, "predict", self.eval_batch_size)
-        any_batch = self._any_batch_predict()
+        any_batch = self._any_batch("predict")
         if any_batch is not None:   # batches of b, the last as it is
             out = np.concatenate([any_batch(x[i:i + b]) for i in range(0, len(x), b)]) \
                 if len(x) else any_batch(x)
@@ -463,7 +472,8 @@ class Model:
         """``{"loss": mean loss, "accuracy": fraction right}`` (accuracy with the
         cross-entropy loss only) on ``x``, ``y`` (as Keras's ``evaluate(...,
         return_dict=True)``). Assigns no Variable. Runs in batches of ``batch_size``
-        (default ``eval_batch_size``), the last one padded. ``verbose`` prints the
+        (default ``eval_batch_size``), the last one padded, or as it is where the
+        network takes a symbolic batch (as :meth:`predict`). ``verbose`` prints the
         result on one line. Data-parallel: each rank evaluates its contiguous part of
         ``x`` and the sums are added over the ranks (every rank gets the result)."""
         x, _ = self._as_inputs(x, "evaluate")
@@ -477,10 +487,15 @@ class Model:
                 self.sync()
             lo, hi = (n_all * k // self.ranks for k in (self.rank, self.rank + 1))
             x, y = x[lo:hi], y[lo:hi]
-        comp = self._eval_computation(b)
+        any_batch = self._any_batch("eval")
+        comp = any_batch if any_batch is not None else self._eval_computation(b)
         total, right = 0.0, 0.0
         if len(x):
-            for xb, yb, n in self._batches(x, b, y):
+            # (over a symbolic batch the last batch is as it is, else padded)
+            batches = ((x[i:i + b], y[i:i + b], len(x[i:i + b]))
+                       for i in range(0, len(x), b)) if any_batch is not None \
+                else self._batches(x, b, y)
+            for xb, yb, n in batches:
                 res = comp(xb, yb)
                 total += float(np.sum(res[0][:n]))
                 if len(res) > 1:
