@@ -29,17 +29,12 @@ def data(batch, seed=1):
     return x, t
 
 
-def geon_step(batch, params=None, transformer=None):
-    """The geon training step: returns (computation, transformer). Without ``params``
-    the variables are initialized by callables, so no second copy is kept."""
-    axes = [be.Axis(n, f"L{i}") for i, n in enumerate(SIZES)]
-    N = be.Axis(batch, "N", batch=True)
-    x = be.placeholder([axes[0], N], name="x")
-    t = be.placeholder([axes[-1], N], name="t")
-    h = x
-    variables = []
-    layers = len(SIZES) - 1
-    for i in range(layers):
+def layers(x, axes, params=None):
+    """The network's logits on ``x`` (over ``axes[0]`` and a batch axis) and its
+    Variables: ``(h, [W0, b0, W1, ...])``."""
+    h, variables = x, []
+    n = len(SIZES) - 1
+    for i in range(n):
         if params is not None:
             W, b = params[i]
         else:
@@ -48,8 +43,19 @@ def geon_step(batch, params=None, transformer=None):
         bv = be.Variable(axes=[axes[i + 1]], initial_value=b, name=f"b{i}")
         variables += [Wv, bv]
         h = be.dot(Wv, h) + bv
-        if i < layers - 1:
+        if i < n - 1:
             h = be.maximum(h, 0.0)
+    return h, variables
+
+
+def geon_step(batch, params=None, transformer=None):
+    """The geon training step: returns (computation, transformer). Without ``params``
+    the variables are initialized by callables, so no second copy is kept."""
+    axes = [be.Axis(n, f"L{i}") for i, n in enumerate(SIZES)]
+    N = be.Axis(batch, "N", batch=True)
+    x = be.placeholder([axes[0], N], name="x")
+    t = be.placeholder([axes[-1], N], name="t")
+    h, variables = layers(x, axes, params)
     y = be.softmax(h)
     loss = be.sum(be.cross_entropy_multi(y, t), out_axes=()) / batch
     updates = [be.SetItem(v, v - LR * be.deriv(loss, v)) for v in variables]

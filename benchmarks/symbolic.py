@@ -23,16 +23,7 @@ def step(batch_axis, params):
     axes = [be.Axis(n, f"L{i}") for i, n in enumerate(mlp.SIZES)]
     x = be.placeholder([axes[0], batch_axis], name="x")
     t = be.placeholder([axes[-1], batch_axis], name="t")
-    h, variables = x, []
-    layers = len(mlp.SIZES) - 1
-    for i in range(layers):
-        W, b = params[i]
-        Wv = be.Variable(axes=[axes[i + 1], axes[i]], initial_value=W, name=f"W{i}")
-        bv = be.Variable(axes=[axes[i + 1]], initial_value=b, name=f"b{i}")
-        variables += [Wv, bv]
-        h = be.dot(Wv, h) + bv
-        if i < layers - 1:
-            h = be.maximum(h, 0.0)
+    h, variables = mlp.layers(x, axes, params)
     loss = be.mean(be.cross_entropy_multi(be.softmax(h), t), out_axes=())
     updates = [be.SetItem(v, v - mlp.LR * be.deriv(loss, v)) for v in variables]
     return be.NumPyTransformer(compiled=False).computation([loss] + updates, x, t)

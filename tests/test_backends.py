@@ -108,37 +108,6 @@ def test_a_native_backend_runs_on_the_arrays_own_memory(tmp_path):
 
 
 @needs_cc
-def test_threads_take_turns_on_one_executable(tmp_path):
-    import ctypes
-    import threading
-    nb = native.load_backend(_build(tmp_path, "slow.so", "-DTEST_SLOW",
-                                    "-D_POSIX_C_SOURCE=199309L"))
-    ex = nb.load(_add_one_plan((2, 3)))
-    errors = []
-
-    def work():
-        try:
-            for _ in range(5):
-                np.testing.assert_array_equal(ex.run(np.ones((2, 3)))[0], 2.0)
-        except Exception as e:  # (reported below)
-            errors.append(e)
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert ctypes.CDLL(nb.path).test_most_in_flight() == 1
-    closer = threading.Thread(target=ex.close)
-    closer.start()
-    try:
-        ex.run(np.ones((2, 3)))              # before the close, or refused after it
-    except native.NativeBackendError as e:
-        assert "was closed" in str(e)
-    closer.join()
-
-
-@needs_cc
 def test_native_errors_carry_the_code_and_message(tmp_path):
     nb = native.load_backend(_build(tmp_path))
     x = be.placeholder([be.Axis(3, "BkT")], dtype=np.float64)

@@ -6,7 +6,6 @@ primitives, forward and in training steps; indices out of range at run time."""
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,7 +17,8 @@ from geon.op_graph import conv_prims as cp
 from geon.transformers import backends as bk
 from geon.transformers import native
 
-from test_native_runtime import MISSING, _same, kernel_plans, runtime  # noqa: F401
+from test_native_runtime import (MISSING, _same, asan_runtime, kernel_plans,  # noqa: F401
+                                 runtime)
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="building the native runtime needs "
                                                       f"{' and '.join(MISSING)}")
@@ -400,13 +400,7 @@ def test_the_memory_plan_under_asan(tmp_path):
     """The plans above against a -fsanitize=address,undefined build (shared buffers,
     in-place ops, updates inside the product, ops and sums in another op's pass), in a
     subprocess with ASan preloaded."""
-    from geon.transformers.native.build import build_runtime
-    gcc = shutil.which("gcc")
-    asan = gcc and subprocess.run([gcc, "-print-file-name=libasan.so"], capture_output=True,
-                                  text=True).stdout.strip()
-    if not asan or not os.path.isabs(asan):
-        pytest.skip("no libasan.so to preload")
-    lib = build_runtime(str(tmp_path / "asan"), sanitize=True)
+    asan, lib = asan_runtime(tmp_path)
     script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
               "import numpy as np\nimport test_native_ops as t\n"
               "from geon.transformers import native\n"

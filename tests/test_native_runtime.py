@@ -319,15 +319,21 @@ def test_unsupported_ops_are_listed_through_the_adapter(runtime):
     assert e.value.status == 2
 
 
-def test_hostile_plans_under_asan(tmp_path):
-    """The hostile plans against a -fsanitize=address,undefined build, in a subprocess
-    with the ASan runtime preloaded."""
+def asan_runtime(tmp_path):
+    """``(the ASan runtime to preload, a -fsanitize=address,undefined build of
+    libgeon_native)``; skips where gcc has no libasan.so."""
     gcc = shutil.which("gcc")
     asan = gcc and subprocess.run([gcc, "-print-file-name=libasan.so"], capture_output=True,
                                   text=True).stdout.strip()
     if not asan or not os.path.isabs(asan):
         pytest.skip("no libasan.so to preload")
-    lib = build_runtime(str(tmp_path / "asan"), sanitize=True)
+    return asan, build_runtime(str(tmp_path / "asan"), sanitize=True)
+
+
+def test_hostile_plans_under_asan(tmp_path):
+    """The hostile plans against a -fsanitize=address,undefined build, in a subprocess
+    with the ASan runtime preloaded."""
+    asan, lib = asan_runtime(tmp_path)
     script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
               "import test_native_runtime as t\nfrom geon.transformers import native\n"
               f"rt = native.load_backend({lib!r})\nbad = 0\n"
