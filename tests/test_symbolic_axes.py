@@ -69,8 +69,17 @@ def test_undecidable_comparisons_raise_naming_the_symbol():
             undecided()
     with pytest.raises(TypeError, match="division by a symbolic length"):
         6 // N_
+    with pytest.raises(TypeError, match=r"^6 / N: division by a symbolic length"):
+        6 / N_
+    with pytest.raises(TypeError, match=r"^N / 2: lengths divide with //"):
+        N_ / 2
+    with pytest.raises(TypeError, match=r"^7 % N: a remainder modulo a symbolic"):
+        7 % N_
     with pytest.raises(ValueError, match="identifier"):
         Symbol("for")
+    with pytest.raises(ValueError, match=r"at most 128 characters.*\(129 characters\)"):
+        Symbol("N" * 129)
+    assert Symbol("N" * 128) != N_
 
 
 # --- axes -------------------------------------------------------------------------

@@ -214,7 +214,17 @@ class Sym:
         raise SymbolicLengthError(f"{other!r} // {self!r}: division by a symbolic "
                                   f"length is not supported")
 
-    __rmod__ = __truediv__ = __rtruediv__ = __rfloordiv__
+    def __rmod__(self, other: Any) -> Any:
+        raise SymbolicLengthError(f"{other!r} % {self!r}: a remainder modulo a symbolic "
+                                  f"length is not supported")
+
+    def __truediv__(self, other: Any) -> Any:
+        raise SymbolicLengthError(f"{self!r} / {other!r}: lengths divide with //, and "
+                                  f"only by a positive int")
+
+    def __rtruediv__(self, other: Any) -> Any:
+        raise SymbolicLengthError(f"{other!r} / {self!r}: division by a symbolic "
+                                  f"length is not supported")
 
     # -- comparisons -----------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -314,15 +324,22 @@ def _rebuild(terms: tuple) -> Length:
     return Sym._make(dict(terms))
 
 
+#: The longest name of a symbol (it is a local name of generated code).
+MAX_NAME = 128
+
+
 def Symbol(name: str) -> Sym:
     """The symbolic length called ``name`` (a Python identifier): the length of a
     symbolic axis, ``be.Axis(be.Symbol("N"), "N")``; see :func:`geon.symbolic_axis`."""
     # (printed in generated code as a local name: ASCII letters, digits and _, no
     # keyword, no leading underscore, which generated code keeps for its own names)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) \
-            or keyword.iskeyword(name):
+            or keyword.iskeyword(name) or len(name) > MAX_NAME:
+        shown = repr(name) if not isinstance(name, str) or len(name) <= MAX_NAME else \
+            f"{name[:40]!r}... ({len(name)} characters)"
         raise ValueError(f"a symbol's name must be an ASCII Python identifier starting "
-                         f"with a letter (not a keyword), not {name!r}")
+                         f"with a letter (not a keyword), of at most {MAX_NAME} "
+                         f"characters, not {shown}")
     return Sym._make({(name,): 1})  # type: ignore[return-value]
 
 

@@ -357,7 +357,8 @@ class NumPyTransformer(Transformer):
         size_hints: ``{symbol: typical length}`` for computations with symbolic
             lengths (``geon.op_graph.symbols``): the size-based choices made when their
             code is generated (whether elementwise runs are fused, on how many threads)
-            take these values; none changes results. Fusion of a computation with
+            take these values (which change results by a rounding step at most: see
+            the doc). Fusion of a computation with
             symbolic lengths needs a hint for each of its symbols, and its symbolic
             axes first in the fused values (``sample_axis="first"``); without, it is
             not fused. See doc/symbolic_axes.rst.
