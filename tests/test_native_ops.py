@@ -320,10 +320,11 @@ def test_updates_whose_product_blas_would_skip(runtime, lr, inner):
     doc = bk.plan([v * 1.0, be.SetItem(v, v - lr * be.dot(x, y))], x, y)
     X = np.ones((4, inner), dtype)
     X[0, :1] = np.inf
-    ref = bk.backend("numpy").load(doc)
-    ref.run(X, np.ones((inner, 5), dtype))
-    assert np.isnan(ref.run(X, np.ones((inner, 5), dtype))[0]).any()   # (the case)
-    _same(doc, [X, np.ones((inner, 5), dtype)], runtime, steps=2, dtype=dtype)
+    with np.errstate(invalid="ignore"):   # (0 * inf: NaN is the point)
+        ref = bk.backend("numpy").load(doc)
+        ref.run(X, np.ones((inner, 5), dtype))
+        assert np.isnan(ref.run(X, np.ones((inner, 5), dtype))[0]).any()   # (the case)
+        _same(doc, [X, np.ones((inner, 5), dtype)], runtime, steps=2, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
