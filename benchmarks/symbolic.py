@@ -1,7 +1,8 @@
 """One computation for every batch size: the MLP training step of ``benchmarks.mlp``
 (784-512-512-10, float32) built over a symbolic batch ``N`` against a computation
 built for each batch size, timed interleaved at a few batch sizes; and what the first
-call at a new batch size costs (its memory plan, arenas and views).
+call at a new batch size costs (its memory plan, arenas and views), and the bytes its
+memory plan holds against the fixed computation's.
 
     python -m benchmarks.symbolic [--batches 1 32 1024] [--repeats 15]
 
@@ -47,12 +48,15 @@ def main(argv=None):
         times = interleaved_stats({"fixed": lambda: fixed(x, t),
                                    "symbolic": lambda: symbolic(x, t)},
                                   repeats=args.repeats, inner=max(1, 256 // n))
+        # the bytes of the memory plans (the arenas of the intermediate values)
+        planned = sum(symbolic._plans[(n,)].sizes), sum(fixed.plan.sizes)
         rows.append([n, pair(us, times["fixed"]), pair(us, times["symbolic"]),
-                     ratio(times["symbolic"], times["fixed"]), us(first)])
+                     ratio(times["symbolic"], times["fixed"]), us(first),
+                     f"{planned[0] / planned[1]:.3f} ({planned[1]:,} bytes fixed)"])
     table("MLP training step, one symbolic computation against one per batch size "
           "(median (minimum))",
-          ["batch", "fixed", "symbolic", "symbolic / fixed", "first call at the size"],
-          rows)
+          ["batch", "fixed", "symbolic", "symbolic / fixed", "first call at the size",
+           "planned memory, symbolic / fixed"], rows)
     print(f"\nsymbolic: {symbolic.transformations} transformation, {symbolic.plans} "
           f"plans")
 
