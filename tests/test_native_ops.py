@@ -6,8 +6,6 @@ primitives, forward and in training steps; indices out of range at run time."""
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from geon.transformers import backends as bk
 from geon.transformers import native
 
 from test_native_runtime import (MISSING, _same, asan_runtime, kernel_plans,  # noqa: F401
-                                 runtime)
+                                 run_under_asan, runtime)
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="building the native runtime needs "
                                                       f"{' and '.join(MISSING)}")
@@ -412,8 +410,5 @@ def test_the_memory_plan_under_asan(tmp_path):
               "        ex = rt.load(doc)\n"
               "        for _ in range(2): ex.run(*feeds)\n"
               "print('ran')\n")
-    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=600)
+    done = run_under_asan(asan, script)
     assert done.returncode == 0 and "ran" in done.stdout, done.stdout + done.stderr[-4000:]

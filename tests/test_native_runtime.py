@@ -330,6 +330,15 @@ def asan_runtime(tmp_path):
     return asan, build_runtime(str(tmp_path / "asan"), sanitize=True)
 
 
+def run_under_asan(asan, script):
+    """The finished subprocess running Python ``script`` with the ASan runtime
+    ``asan`` preloaded (leaks not checked; UBSan halts at its first error)."""
+    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
 def test_hostile_plans_under_asan(tmp_path):
     """The hostile plans against a -fsanitize=address,undefined build, in a subprocess
     with the ASan runtime preloaded."""
@@ -348,10 +357,7 @@ def test_hostile_plans_under_asan(tmp_path):
               "    except native.NativeBackendError as e:\n"
               "        if not error: print('FAIL', e); bad += 1\n"
               "print('checked', len(t.hostile_cases()))\nsys.exit(1 if bad else 0)\n")
-    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=600)
+    done = run_under_asan(asan, script)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "checked" in done.stdout
 
