@@ -6,10 +6,11 @@
   at 10, 100 and 1,000 steps (the unrolled layer only up to ``--max-unrolled`` steps,
   default 100: its graph grows with the sequence), with the ratio to 10 steps;
 - a training step (forward, backward, plain SGD on the weights) at 100 steps,
-  interleaved medians, scanned / unrolled;
+  interleaved medians, scanned (under ``remat="none"``, the layer's default, and
+  ``remat="step"``) / unrolled;
 - with ``--memory``: the peak memory of a training step of an LSTM-like cell written
   with ``be.scan`` over 1,000 steps (``--memory-steps``), under the reverse-mode
-  policies ``remat="step"`` and ``remat="checkpoints"``: the peak of the memory
+  policies ``remat="none"``, ``"step"`` and ``"checkpoints"``: the peak of the memory
   ``tracemalloc`` traces (NumPy's arrays included) during the first call, in a fresh
   process per policy, after the computation was built and the inputs made.
 
@@ -36,14 +37,15 @@ FEATURES = 32
 LR = 0.01
 
 
-def training_graph(steps, hidden, batch, unroll, seed=0):
+def training_graph(steps, hidden, batch, unroll, seed=0, remat="none"):
     """``(results, x, t, layer)``: the loss and one SGD update per weight of an LSTM
-    of ``hidden`` units over ``steps`` steps, batch ``batch``, float32."""
+    of ``hidden`` units over ``steps`` steps, batch ``batch``, float32 (scanned under
+    the policy ``remat`` unless ``unroll``)."""
     T = be.Axis(steps, name="T", recurrent=True)
     F, N = be.Axis(FEATURES, name="F"), be.Axis(batch, name="N", batch=True)
     init = nn.GlorotUniform(seed=seed)
     H = be.Axis(hidden, name="H")
-    layer = nn.LSTM(H, init=init, recurrent_init=init, unroll=unroll,
+    layer = nn.LSTM(H, init=init, recurrent_init=init, unroll=unroll, remat=remat,
                     name="lstm")  # the same name: the same initial weights
     x = be.placeholder([N, T, F], name="x")
     t = be.placeholder([N, T, H], name="t")
@@ -93,19 +95,25 @@ def bench_step(hidden, batch, steps, repeats):
     X = rng.standard_normal((batch, steps, FEATURES)).astype(np.float32)
     Y = rng.standard_normal((batch, steps, hidden)).astype(np.float32) * 0.1
     fns, losses = {}, {}
-    for unroll in (False, True):
-        results, x, t, _ = training_graph(steps, hidden, batch, unroll)
+    for name, unroll, remat in (("none", False, "none"), ("step", False, "step"),
+                                ("unrolled", True, "none")):
+        results, x, t, _ = training_graph(steps, hidden, batch, unroll, remat=remat)
         comp = be.NumPyTransformer().computation(results, x, t)
-        losses[unroll] = float(comp(X, Y)[0])
-        fns["unrolled" if unroll else "scanned"] = lambda c=comp: c(X, Y)
+        losses[name] = float(comp(X, Y)[0])
+        fns[name] = lambda c=comp: c(X, Y)
     # Same weights at the first call: the first losses agree.
-    np.testing.assert_allclose(losses[False], losses[True], rtol=1e-4)
+    for name in ("step", "unrolled"):
+        np.testing.assert_allclose(losses["none"], losses[name], rtol=1e-4)
     stats = interleaved_stats(fns, repeats=repeats, warmup=2)
     return table(f"LSTM (hidden {hidden}, batch {batch}) training step at {steps} steps: "
-                 f"median (minimum) of interleaved steps",
-                 ["scanned", "unrolled", "scanned / unrolled"],
-                 [[pair(ms, stats["scanned"]), pair(ms, stats["unrolled"]),
-                   ratio(stats["scanned"], stats["unrolled"])]])
+                 f"median (minimum) of interleaved steps; scanned under remat='none' "
+                 f"(the layer's default) and remat='step'",
+                 ["scanned, none", "scanned, step", "unrolled", "none / unrolled",
+                  "step / unrolled", "none / step"],
+                 [[pair(ms, stats["none"]), pair(ms, stats["step"]),
+                   pair(ms, stats["unrolled"]), ratio(stats["none"], stats["unrolled"]),
+                   ratio(stats["step"], stats["unrolled"]),
+                   ratio(stats["none"], stats["step"])]])
 
 
 def remat_graph(steps, hidden, batch, remat, seed=0):
@@ -153,20 +161,25 @@ def memory_peak(steps, hidden, batch, remat):
 
 def bench_memory(hidden, batch, steps):
     peaks, losses = {}, {}
-    for remat in ("step", "checkpoints"):
+    for remat in ("none", "step", "checkpoints"):
         code = (f"import json, benchmarks.scan as b; print(json.dumps("
                 f"b.memory_peak({steps}, {hidden}, {batch}, {remat!r})))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True).stdout
         peaks[remat], losses[remat] = json.loads(out.strip().splitlines()[-1])
-    np.testing.assert_allclose(losses["step"], losses["checkpoints"], rtol=1e-5)
+    for remat in ("none", "checkpoints"):
+        np.testing.assert_allclose(losses["step"], losses[remat], rtol=1e-5)
     mib = 2.0 ** 20
     return table(f"LSTM-like cell (hidden {hidden}, batch {batch}) training step at "
                  f"{steps} steps: peak traced memory (tracemalloc) of the first call, "
                  f"fresh process each",
-                 ["step", "checkpoints", "checkpoints / step"],
-                 [[f"{peaks['step'] / mib:.1f} MiB", f"{peaks['checkpoints'] / mib:.1f} MiB",
-                   f"{peaks['checkpoints'] / peaks['step']:.3f}"]])
+                 ["none", "step", "checkpoints", "none / step", "checkpoints / step",
+                  "checkpoints / none"],
+                 [[f"{peaks['none'] / mib:.1f} MiB", f"{peaks['step'] / mib:.1f} MiB",
+                   f"{peaks['checkpoints'] / mib:.1f} MiB",
+                   f"{peaks['none'] / peaks['step']:.3f}",
+                   f"{peaks['checkpoints'] / peaks['step']:.3f}",
+                   f"{peaks['checkpoints'] / peaks['none']:.3f}"]])
 
 
 def main(argv=None):
@@ -177,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--max-unrolled", type=int, default=100,
                     help="the longest unrolled sequence built (default 100)")
     ap.add_argument("--memory", action="store_true",
-                    help="only the peak memory of remat='step' against 'checkpoints'")
+                    help="only the peak memory of remat='none', 'step' and 'checkpoints'")
     ap.add_argument("--memory-steps", type=int, default=1000)
     args = ap.parse_args(argv)
     print(f"Machine: {machine()}")

@@ -1,5 +1,6 @@
-"""be.scan(..., remat=...): the reverse derivative's policies ("step", "checkpoints",
-"checkpoints:N") give the same values and derivatives (geon/op_graph/control.py)."""
+"""be.scan(..., remat=...): the reverse derivative's policies ("step", "none",
+"checkpoints", "checkpoints:N") give the same values and derivatives
+(geon/op_graph/control.py)."""
 
 import json
 
@@ -9,6 +10,7 @@ import pytest
 import geon as be
 from geon.op_graph.control import Scan, remat_segment
 from geon.op_graph.core import toposort
+from geon.op_graph.params import clone_graph
 from geon.transformers.passes.unroll import UnrollScans
 from gradcheck import assert_gradcheck
 
@@ -45,7 +47,8 @@ def close(a, b, rtol=1e-12):
 @pytest.mark.parametrize("steps, remat", [(9, "checkpoints"), (10, "checkpoints"),
                                           (3, "checkpoints"), (1, "checkpoints"),
                                           (10, "checkpoints:4"), (7, "checkpoints:7"),
-                                          (5, "checkpoints:8")])   # last: T < segment
+                                          (5, "checkpoints:8"),   # T < segment
+                                          (9, "none"), (1, "none")])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_policies_agree(steps, remat, reverse):
     vals = feeds(steps)
@@ -61,15 +64,18 @@ def test_policies_agree(steps, remat, reverse):
         close(want, got)
 
 
-@pytest.mark.parametrize("steps, reverse", [(9, False), (10, True), (6, False)])
-def test_checkpoints_gradcheck(steps, reverse):
+@pytest.mark.parametrize("steps, reverse, remat", [(9, False, "checkpoints"),
+                                                   (10, True, "checkpoints"),
+                                                   (6, False, "checkpoints"),
+                                                   (6, False, "none"), (5, True, "none")])
+def test_policies_gradcheck(steps, reverse, remat):
     T = be.Axis(steps, "T")
 
     def build(x, h0, w, u, b):
         def cell(h, xt):
             hn = be.tanh(be.cast_axes(be.dot(w, h), [H]) + be.dot(u, xt) + b)
             return hn, be.sum(hn * hn, out_axes=())
-        hT, ys = be.scan(cell, h0, x, T, reverse=reverse, remat="checkpoints")
+        hT, ys = be.scan(cell, h0, x, T, reverse=reverse, remat=remat)
         return be.sum(ys, out_axes=()) + be.sum(hT, out_axes=())
     r = np.random.default_rng(steps)
     assert_gradcheck(build, [([T, D], r.standard_normal((steps, 2))),
@@ -104,16 +110,17 @@ def test_several_carries_sequences_and_an_integer_carry():
             r.standard_normal(3) + 2.0, r.standard_normal(3))
     ins, res = build("step")
     want = be.NumPyTransformer().computation(res, *ins)(*vals)
-    ins, res = build("checkpoints:3")
-    got = be.NumPyTransformer().computation(res, *ins)(*vals)
-    assert int(got[0]) == 7
-    close(want, got)
+    for remat in ("checkpoints:3", "none"):
+        ins, res = build(remat)
+        got = be.NumPyTransformer().computation(res, *ins)(*vals)
+        assert int(got[0]) == 7
+        close(want, got)
 
 
 def test_second_derivative_and_hvp():
     T = be.Axis(10, "T")
     out = {}
-    for remat in ("step", "checkpoints"):
+    for remat in ("step", "checkpoints", "none"):
         x = be.placeholder([T], dtype=np.float64)
         a = be.placeholder([], dtype=np.float64)
         hT, _ = be.scan(lambda h, xt: (be.tanh(h * a + xt), None),
@@ -128,6 +135,7 @@ def test_second_derivative_and_hvp():
         np.testing.assert_allclose(out[remat][1], (gf(X, 0.3 + e) - gf(X, 0.3 - e)) / (2 * e),
                                    rtol=1e-6)
     close(out["step"], out["checkpoints"])
+    close(out["step"], out["none"])
 
 
 def test_checkpoints_do_not_read_the_history():
@@ -143,6 +151,7 @@ def test_checkpoints_do_not_read_the_history():
 def test_segment_lengths_and_errors():
     assert [remat_segment("checkpoints", t) for t in (0, 1, 2, 4, 5, 9, 10, 1000)] == \
         [1, 1, 2, 2, 3, 3, 4, 32]
+    assert remat_segment("none", 10) is None
     assert remat_segment("step", 10) is None and remat_segment("checkpoints:6", 10) == 6
     T = be.Axis(4, "T")
     x = be.placeholder([T, H], dtype=np.float64)
@@ -207,3 +216,80 @@ def test_benchmark_graph_policies_agree():
         Y = r.standard_normal((8, 2)).astype(np.float32)
         losses.append([float(comp(X, Y)[0]) for _ in range(3)])  # SGD steps
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def _scans(ops):
+    return [o for o in toposort(ops) if isinstance(o, Scan)]
+
+
+def _classes(body):
+    return {type(o).__name__ for o in toposort(list(body.results))}
+
+
+def test_none_stores_the_steps_values_and_runs_one_forward_loop():
+    """Under "none" the adjoint scan reads the forward step's values (here the tanh)
+    from stacks a twin of the forward scan makes; the transformer's CSE merges the
+    twin into the user's scan, so one forward loop runs. Under "step" the adjoint
+    body recomputes the tanh."""
+    _, res, op = tanh_rnn(6, "step")
+    (adj,) = [s for s in _scans(res) if s is not op]
+    assert "Tanh" in _classes(adj.body)
+    ins, res, op = tanh_rnn(6, "none")
+    scans = _scans(res)
+    assert len(scans) == 3   # the user's, its twin with the stored values, the adjoint
+    twin = next(s for s in scans if s is not op and s.body.carries_out == op.body.carries_out)
+    assert twin.body.ys_out[:1] == op.body.ys_out and len(twin.body.ys_out) == 2
+    adj = next(s for s in scans if s not in (op, twin))
+    assert "Tanh" not in _classes(adj.body)
+    assert any(a in twin.ys[1:] for a in adj.args)
+    mapping = clone_graph(res)
+    after = be.make_transformer("numpy").transform([mapping[r] for r in res])
+    left = _scans(after)
+    assert len(left) == 2
+    assert sorted(len(s.body.ys_out) for s in left) == [1, 2]
+
+
+def test_merging_twins_whose_stored_values_differ():
+    """Two derivatives of one scan under "none" (of two costs) make two twins with
+    different stored values; CSE merges the three forward scans into one holding the
+    union of their ys."""
+    T = be.Axis(5, "T")
+    x, h0 = be.placeholder([T, H], dtype=np.float64), be.placeholder([H], dtype=np.float64)
+    hT, ys = be.scan(lambda h, xt: (be.tanh(h * xt), be.exp(h) * be.sin(xt)), h0, x, T,
+                     remat="none")
+    c1 = be.sum(hT, out_axes=())
+    c2 = be.sum(ys, out_axes=())
+    res = [c1, c2, be.deriv(c1, x), be.deriv(c2, x)]
+    assert len(_scans(res)) == 5
+    mapping = clone_graph(res)
+    after = be.make_transformer("numpy").transform([mapping[r] for r in res])
+    forward = [s for s in _scans(after) if not s.reverse]
+    assert len(forward) == 1
+    X, H0 = np.random.default_rng(4).standard_normal((5, 3)), np.full(3, 0.5)
+    got = be.NumPyTransformer().computation(res, x, h0)(X, H0)
+    close(got, be.evaluate(res, feeds={x: X, h0: H0}))
+
+
+def test_none_serializes_and_differentiates_again_after_loading():
+    ins, res, op = tanh_rnn(4, "none")
+    vals = feeds(4)
+    want = be.NumPyTransformer().computation(res, *ins)(*vals)
+    text = be.serialize(res)
+    back = be.deserialize(text)
+    assert be.serialize(back) == text
+    loaded_ins = [next(o for o in toposort(back) if o.name == p.name) for p in ins]
+    close(be.NumPyTransformer().computation(back, *loaded_ins)(*vals), want)
+    # the gradient of the loaded cost, again: the twin's stored values are reused
+    g = be.deriv(back[0], loaded_ins[2])
+    close([be.NumPyTransformer().computation(g, *loaded_ins)(*vals)], [want[5]])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_none_runs_unrolled(reverse):
+    vals = feeds(5)
+    ins, res, _ = tanh_rnn(5, "none", reverse)
+    want = be.NumPyTransformer().computation(res, *ins)(*vals)
+    ins, res, _ = tanh_rnn(5, "none", reverse)
+    comp = _Unrolling().computation(res, *ins)
+    assert "_scan_bodies" not in comp.source
+    close(want, comp(*vals), rtol=1e-11)

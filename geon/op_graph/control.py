@@ -27,13 +27,14 @@ import numpy as np
 from geon.errors import ArgumentError, AxisMismatchError, SerializationError
 from geon.op_graph.autodiff import deriv
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
-from geon.op_graph.core import (AssignableTensorOp, Constant, Placeholder, VoidOp, _fmt,
-                                as_op, toposort)
+from geon.op_graph.core import (AssignableTensorOp, Constant, Placeholder, TensorOp,
+                                VoidOp, _fmt, as_op, toposort)
 from geon.op_graph.core_ops import AxesWithOrder, MultiOutput, Sum, cast_axes
 from geon.op_graph.derivatives import direction_axes
 from geon.op_graph.forward import propagate
 from geon.op_graph.nn_ops import concat
 from geon.op_graph.nodes import user_location
+from geon.op_graph.params import clone_graph
 from geon.op_graph.reference import evaluate
 from geon.op_graph.serialize import register_codec
 from geon.op_graph.serialize_bodies import BODY_ATTRS, read_body, write_body
@@ -112,7 +113,9 @@ class Scan(MultiOutput):
     ``y_t``'s) and the stacked carries entering each step (``axis`` then the carry's).
     ``reverse``: from the last index to the first (outputs still indexed by position).
     ``remat``: how the reverse derivative gets the carries entering each step
-    (:func:`remat_segment`): ``"step"`` reads the history; ``"checkpoints"`` (or
+    (:func:`remat_segment`): ``"step"`` reads the history and recomputes each step's
+    forward; ``"none"`` reads the history and the step's stored intermediates;
+    ``"checkpoints"`` (or
     ``"checkpoints:N"``) stores only every ``N``-th (default ``ceil(sqrt(T))``) and
     recomputes each segment's from it. Build it with :func:`scan`."""
 
@@ -170,14 +173,14 @@ class Scan(MultiOutput):
 
 BODY_ATTRS[Scan] = ("body",)  # (a body read anywhere else is refused)
 
-REMAT_POLICIES = ("step", "checkpoints")
+REMAT_POLICIES = ("step", "none", "checkpoints")
 
 
 def remat_segment(remat, steps):
     """The segment length of the policy ``remat`` over ``steps`` steps: ``None`` for
-    ``"step"``; ``ceil(sqrt(steps))`` for ``"checkpoints"``; ``N`` for
+    ``"step"`` and ``"none"``; ``ceil(sqrt(steps))`` for ``"checkpoints"``; ``N`` for
     ``"checkpoints:N"`` (``N >= 1``). Anything else is an :class:`ArgumentError`."""
-    if remat == "step":
+    if remat in ("step", "none"):
         return None
     if remat == "checkpoints":
         return math.isqrt(steps - 1) + 1 if steps > 1 else 1  # ceil(sqrt(steps))
@@ -328,7 +331,9 @@ def scan(body: Callable, init: Any, xs: Any, axis: Union[Axis, str],
         axis: the scanned axis (an :class:`Axis`, or the name of a sequence's axis).
         reverse: scan from the last index to the first.
         remat: what the reverse derivative stores: ``"step"`` (the carry entering
-            every step; each backward step recomputes its step's forward from it) or
+            every step; each backward step recomputes its step's forward from it),
+            ``"none"`` (also every intermediate value of each step that the backward
+            step reads: nothing is recomputed, at the cost of their memory) or
             ``"checkpoints"`` (the carry entering every ``ceil(sqrt(T))``-th step only,
             ``"checkpoints:N"`` every ``N``-th: each segment's carries are recomputed
             from its checkpoint before its backward steps run). The values and
@@ -490,10 +495,13 @@ def _step_adjoint(op, deltas, acc=None):
     init += [_zeros(a.axes, a.dtype) if acc is None else _as_dtype(
         _laid_out(as_op(v), a.axes), a.dtype, "an accumulator")
         for a, v in zip(body.carries_in[len(cs):], acc or [None] * len(ks))]
-    hist = list(op.history)
+    hist, stored = list(op.history), []
+    if op.remat == "none":
+        body, fwd, stored = _reading_stored(op, body)
+        hist = list(fwd.history)
     d_seq = [_laid_out(as_op(d_ys[j]), op.ys[j].axes) for j in dys]
     d_seq += [_laid_out(as_op(d_hist[k]), op.history[k].axes) for k in dhs]
-    adj = Scan(*init, *hist, *seqs, *d_seq, *closures, body=body, axis=op.axis,
+    adj = Scan(*init, *hist, *seqs, *d_seq, *stored, *closures, body=body, axis=op.axis,
                reverse=not op.reverse)
     out: list = [None] * len(op.args)
     for i, k in enumerate(cs):
@@ -503,6 +511,48 @@ def _step_adjoint(op, deltas, acc=None):
     for i, k in enumerate(ks):
         out[nc + nx + k] = adj.outputs[len(cs) + i]
     return out
+
+
+def _stored_values(b, vjp):
+    """The ops of the forward body ``b`` that depend on a step's carries or slices and
+    that the adjoint body ``vjp`` reads from ops of its own (or returns), in the forward
+    body's order: what the policy ``"none"`` stores per step."""
+    order, _ = _inner_ops(list(b.carries_in) + list(b.xs_in), b.results)
+    stand_ins = set(b.inputs)
+    forward = {o for o in order if o not in stand_ins}
+    read = {r for r in vjp.results if r in forward}
+    for v in toposort(list(vjp.results)):
+        if v not in forward and v not in stand_ins:
+            read.update(a for a in v.args if a in forward)
+    return [o for o in order if o in read]
+
+
+def _reading_stored(op, vjp):
+    """The policy ``"none"``: ``(body, fwd, stacks)`` where ``fwd`` is a scan of
+    ``op``'s body that also stacks the forward values the adjoint body ``vjp`` reads
+    (``op`` itself when its ys hold them all already: a document saved after such a
+    derivative), ``stacks`` are those stacked values, and ``body`` is ``vjp`` reading
+    them through stand-ins appended to its sequences instead of recomputing them.
+    ``fwd`` computes what ``op`` does: the transformers' CSE merges the two scans
+    (:func:`geon.transformers.passes.cse.merge_scans`)."""
+    b = op.body
+    values = [v for v in _stored_values(b, vjp) if isinstance(v, TensorOp)]
+    if not values:
+        return vjp, op, []
+    ys = list(b.ys_out) + [v for v in values if v not in b.ys_out]
+    fwd = op
+    if len(ys) > len(b.ys_out):
+        fwd = Scan(*op.args, body=ScanBody(b.carries_in, b.xs_in, b.closures_in,
+                                           b.carries_out, ys),
+                   axis=op.axis, reverse=op.reverse, remat=op.remat,
+                   follows=list(op.other_deps))
+    stand_ins = {v: Placeholder(v.axes, dtype=v.dtype, name=f"stored_{v.name}")
+                 for v in values}
+    copy = clone_graph(list(vjp.results), replace=stand_ins)
+    body = ScanBody(vjp.carries_in, list(vjp.xs_in) + list(stand_ins.values()),
+                    vjp.closures_in, [copy[r] for r in vjp.carries_out],
+                    [copy[r] for r in vjp.ys_out])
+    return body, fwd, [fwd.ys[ys.index(v)] for v in values]
 
 
 class _Segments:

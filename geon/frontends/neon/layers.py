@@ -30,6 +30,7 @@ from geon.frontends.neon.initializers import Constant, Gaussian, GlorotUniform, 
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.nodes import user_location
+from geon.op_graph.control import remat_segment
 
 #: An activation: a function of an op, or the name of a geon function (``"relu"``).
 ActivationLike = Union[str, Callable[[og.TensorOp], og.TensorOp], None]
@@ -337,6 +338,10 @@ class _RecurrentBase(Layer):
     The loop is one :func:`geon.scan` over T whose body is one copy of the cell,
     whatever the sequence's length; ``unroll=True`` builds one copy of the cell per
     step instead (the graph grows with the sequence; the values are the same).
+    ``remat`` is the scan's policy for the reverse derivative (see :func:`geon.scan`):
+    ``"none"`` (the default) stores each step's intermediates, ``"step"`` recomputes
+    them from the stored state, ``"checkpoints"`` stores the state every
+    ``ceil(sqrt(T))`` steps only.
     """
 
     gates = 1
@@ -345,10 +350,12 @@ class _RecurrentBase(Layer):
 
     def __init__(self, nout: AxisOrLength, activation: ActivationLike = "tanh",
                  init: Optional[Init] = None, recurrent_init: Optional[Init] = None,
-                 return_sequence: bool = True, unroll: bool = False,
+                 return_sequence: bool = True, unroll: bool = False, remat: str = "none",
                  name: Optional[str] = None, dtype: og.DTypeLike = np.float32) -> None:
         super().__init__(name, dtype)
         _check_nout(nout, public_name(type(self)))
+        remat_segment(remat, 1)  # (an unknown policy is an error here, not at the call)
+        self.remat = remat
         self.nout = nout
         self.activation = _required(activation, type(self).__name__)
         self.init = init or GlorotUniform()
@@ -395,7 +402,7 @@ class _RecurrentBase(Layer):
         def body(state: tuple[og.TensorOp, ...], xt: tuple[og.TensorOp, ...]) -> Any:
             new = self.cell(list(xt), be.dot(U, self._as_prev(state[0])), state)
             return new, new[0] if self.return_sequence else None
-        final, ys = be.scan(body, init, tuple(wx), T)
+        final, ys = be.scan(body, init, tuple(wx), T, remat=self.remat)
         if not self.return_sequence:
             out: og.TensorOp = final[0]
             return out

@@ -7,6 +7,11 @@ the class's ``attrs``: reduction axes, slice keys, permutations ..., compared wi
 earlier one with :meth:`~geon.transformers.passes.Graph.replace`, so handles to it
 follow ``forward`` to the survivor.
 
+Scans of one body over the same args that differ only in which of the body's values
+they stack (the reverse derivative under ``remat="none"`` builds such a twin of the
+forward scan, stacking the intermediates it reads) become one scan stacking all of them
+(:func:`merge_scans`), so the loop runs once.
+
 Never merged:
 
 - placeholders and variables (each is its own storage);
@@ -23,8 +28,51 @@ same side merge.
 
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
+from geon.op_graph.nodes import rewriting
 from geon.op_graph.params import value_key
 from geon.transformers.passes import Pass
+
+
+def _scan_key(op):
+    b = op.body
+    return (op.axis, op.reverse, tuple(og.snap(a) for a in op.args),
+            frozenset(op.other_deps), b.carries_in, b.xs_in, b.closures_in, b.carries_out)
+
+
+def merge_scans(graph):
+    """Make the scans of ``graph`` that run one body (the same stand-ins and new
+    carries) over the same args after the same ops one scan whose ys are all theirs,
+    the first of them if its ys hold the others', else a new one."""
+    from geon.op_graph.control import Scan, ScanBody
+    groups: dict = {}
+    for op in graph.ops():
+        if isinstance(op, og.Output) and isinstance(op.args[0], Scan) \
+                and op.args[0].forward is None:
+            groups.setdefault(_scan_key(op.args[0]), {})[op.args[0]] = None
+    for scans in groups.values():
+        if len(scans) < 2:
+            continue
+        members = list(scans)
+        ys = list(dict.fromkeys(y for m in members for y in m.body.ys_out))
+        keep = next((m for m in members if len(m.body.ys_out) == len(ys)), None)
+        if keep is None:
+            first = members[0]
+            b = first.body
+            with rewriting(first):
+                keep = Scan(*first.args, body=ScanBody(b.carries_in, b.xs_in,
+                                                       b.closures_in, b.carries_out, ys),
+                            axis=first.axis, reverse=first.reverse, remat=first.remat,
+                            follows=list(first.other_deps))
+        index = {y: k for k, y in enumerate(keep.body.ys_out)}
+        nc, ny = len(keep.body.carries_out), len(keep.body.ys_out)
+        for m in members:
+            if m is keep:
+                continue
+            mc, _, _, my = m.counts
+            where = list(range(nc)) + [nc + index[y] for y in m.body.ys_out] \
+                + [nc + ny + k for k in range(mc)]
+            for out, k in zip(m.outputs, where):
+                graph.replace(out, keep.outputs[k])
 
 
 def cse_key(op):
@@ -80,6 +128,7 @@ class CommonSubexpressionElimination(Pass):
         self.before = self.after = None
 
     def run(self, graph, transformer):
+        merge_scans(graph)
         order = list(graph.ops())
         self.before = len(order)
         seen = {}
