@@ -39,9 +39,10 @@ LR = 0.01
 
 def training_graph(steps, hidden, batch, unroll, seed=0, remat="none"):
     """``(results, x, t, layer)``: the loss and one SGD update per weight of an LSTM
-    of ``hidden`` units over ``steps`` steps, batch ``batch``, float32 (scanned under
+    of ``hidden`` units over ``steps`` steps (or the axis ``steps``: a symbolic
+    one), batch ``batch``, float32 (scanned under
     the policy ``remat`` unless ``unroll``)."""
-    T = be.Axis(steps, name="T", recurrent=True)
+    T = steps if isinstance(steps, be.Axis) else be.Axis(steps, name="T", recurrent=True)
     F, N = be.Axis(FEATURES, name="F"), be.Axis(batch, name="N", batch=True)
     init = nn.GlorotUniform(seed=seed)
     H = be.Axis(hidden, name="H")

@@ -2,9 +2,11 @@
 (784-512-512-10, float32) built over a symbolic batch ``N`` against a computation
 built for each batch size, timed interleaved at a few batch sizes; and what the first
 call at a new batch size costs (its memory plan, arenas and views), and the bytes its
-memory plan holds against the fixed computation's.
+memory plan holds against the fixed computation's. Then the same for a sequence
+model: the training step of an LSTM layer (hidden 256, batch 32, 32 features; one
+``be.scan``) over a symbolic sequence axis ``T`` against one computation per length.
 
-    python -m benchmarks.symbolic [--batches 1 32 1024] [--repeats 15]
+    python -m benchmarks.symbolic [--batches 1 32 1024] [--lengths 8 256] [--repeats 15]
 
 A measurement, not a test. Symbolic computations run without fusion and the compiled
 path so far (doc/symbolic_axes.rst): both sides here use ``compiled=False``, and at
@@ -30,9 +32,47 @@ def step(batch_axis, params):
     return be.NumPyTransformer(compiled=False).computation([loss] + updates, x, t)
 
 
+def lstm_step(seq_axis):
+    """The LSTM training step (loss, gradients, SGD) over ``seq_axis`` (fixed or
+    symbolic); the same initial weights whatever the axis."""
+    from benchmarks.scan import training_graph
+    results, x, t, _ = training_graph(seq_axis, 256, 32, unroll=False)
+    return be.NumPyTransformer(compiled=False).computation(results, x, t)
+
+
+def lstm_rows(lengths, repeats):
+    import numpy as np
+    rng = np.random.default_rng(1)
+    symbolic = lstm_step(be.symbolic_axis("T", recurrent=True))
+    rows = []
+    for n in lengths:
+        x = rng.standard_normal((32, n, 32)).astype(np.float32)
+        t = 0.1 * rng.standard_normal((32, n, 256)).astype(np.float32)
+        t0 = time.perf_counter()
+        symbolic(x, t)  # a new binding: plans its memory
+        first = time.perf_counter() - t0
+        fixed = lstm_step(be.Axis(n, "T", recurrent=True))
+        fixed(x, t)
+        times = interleaved_stats({"fixed": lambda: fixed(x, t),
+                                   "symbolic": lambda: symbolic(x, t)},
+                                  repeats=repeats, inner=max(1, 32 // n))
+        planned = sum(symbolic._plans[(n,)].sizes), sum(fixed.plan.sizes)
+        rows.append([n, pair(us, times["fixed"]), pair(us, times["symbolic"]),
+                     ratio(times["symbolic"], times["fixed"]), us(first),
+                     f"{planned[0] / planned[1]:.3f} ({planned[1]:,} bytes fixed)"])
+    table("LSTM training step (hidden 256, batch 32), one computation over a symbolic "
+          "sequence axis against one per length (median (minimum))",
+          ["length", "fixed", "symbolic", "symbolic / fixed", "first call at the length",
+           "planned memory, symbolic / fixed"], rows)
+    print(f"\nsymbolic: {symbolic.transformations} transformation, {symbolic.plans} "
+          f"plans")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 1024])
+    ap.add_argument("--lengths", type=int, nargs="*", default=[8, 256],
+                    help="sequence lengths of the LSTM step (none: skip it)")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
     params = mlp.init_params()
@@ -59,6 +99,8 @@ def main(argv=None):
            "planned memory, symbolic / fixed"], rows)
     print(f"\nsymbolic: {symbolic.transformations} transformation, {symbolic.plans} "
           f"plans")
+    if args.lengths:
+        lstm_rows(args.lengths, max(3, args.repeats // 3))
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ def test_primitive_constructors_check_what_a_document_could_get_wrong():
     x = be.placeholder((C,), name="x")
     with pytest.raises(AxisMismatchError, match="Expand: bad dimension map"):
         pr.Expand(x, be.Axes(H), (0,))                        # reads C:3 as H:4
-    with pytest.raises(AxisMismatchError, match=r"SliceView .*cuts \(C:3\) to shape \(2,\)"):
+    with pytest.raises(AxisMismatchError, match=r"SliceView .*cuts \(C:3\) to lengths \(2,\)"):
         pr.SliceView(x, (slice(0, 2),), be.Axes(be.Axis(3, "K")))
     with pytest.raises(AxisMismatchError, match="one slice or int per dimension"):
         pr.SliceView(x, (slice(0, 2), 0), be.Axes(be.Axis(2, "K")))

@@ -420,15 +420,20 @@ def test_model_predict_takes_any_number_of_samples_without_padding():
         np.testing.assert_array_equal(v, before[k])
 
 
-def test_model_predict_of_a_network_that_needs_a_fixed_batch_pads_as_before():
-    """A recurrent network (its scan lowers with the batch's length) predicts in fixed
-    batches, the last padded, with the same values."""
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_model_predict_of_a_recurrent_network_takes_any_number_of_samples(cell):
+    """A recurrent network (one scan over the sequence, its body over the symbolic
+    batch) predicts 1, 5 and 6 samples with one computation, with the values of the
+    fixed batches (the last padded) the model falls back to without one."""
     import argparse
     from geon.examples import digits_rnn
     model = digits_rnn.build_model(argparse.Namespace(
-        hidden=8, cell="gru", seed=0, lr=1e-2, batch_size=4, transformer="numpy",
+        hidden=8, cell=cell, seed=0, lr=1e-2, batch_size=4, transformer="numpy",
         data_parallel=False))
     x = np.random.default_rng(1).uniform(0, 16, size=(6, 8, 8)).astype(np.float32)
-    got = model.predict(x, batch_size=4)
-    assert model._any["predict"] is None and got.shape == (6, 10)
-    np.testing.assert_allclose(got[5], model.predict(x[5:6], batch_size=4)[0], rtol=1e-6)
+    for n in (1, 5, 6):
+        got, want = _both_ways(model, "predict", x[:n])
+        assert got.shape == want.shape == (n, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    comp = model._any["predict"]
+    assert comp is not None and comp.transformations == 1

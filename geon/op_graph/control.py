@@ -38,6 +38,7 @@ from geon.op_graph.params import clone_graph
 from geon.op_graph.reference import evaluate
 from geon.op_graph.serialize import register_codec
 from geon.op_graph.serialize_bodies import BODY_ATTRS, read_body, write_body
+from geon.op_graph.symbols import is_symbolic
 from geon.op_graph.shaping import flatten, slice_along_axis, unflatten
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
@@ -179,16 +180,23 @@ REMAT_POLICIES = ("step", "none", "checkpoints")
 def remat_segment(remat, steps):
     """The segment length of the policy ``remat`` over ``steps`` steps: ``None`` for
     ``"step"`` and ``"none"``; ``ceil(sqrt(steps))`` for ``"checkpoints"``; ``N`` for
-    ``"checkpoints:N"`` (``N >= 1``). Anything else is an :class:`ArgumentError`."""
+    ``"checkpoints:N"`` (``N >= 1``). Anything else is an :class:`ArgumentError`, and
+    so are checkpoints over a symbolic number of steps."""
     if remat in ("step", "none"):
         return None
+    named = remat == "checkpoints" or isinstance(remat, str) \
+        and remat.startswith("checkpoints:") and remat[12:].isdigit() and int(remat[12:]) >= 1
+    if not named:
+        raise ArgumentError(f"scan: remat={remat!r}: expected one of {REMAT_POLICIES} or "
+                            f"'checkpoints:N' (a segment of N >= 1 steps)")
+    if is_symbolic(steps):
+        raise ArgumentError(f"scan: remat={remat!r} over an axis of symbolic length "
+                            f"{steps!r}: checkpoints split the axis into segments when the "
+                            f"graph is built, so they need a fixed length; over a "
+                            f"symbolic length, remat is 'none' or 'step'")
     if remat == "checkpoints":
         return math.isqrt(steps - 1) + 1 if steps > 1 else 1  # ceil(sqrt(steps))
-    if isinstance(remat, str) and remat.startswith("checkpoints:") \
-            and remat[12:].isdigit() and int(remat[12:]) >= 1:
-        return int(remat[12:])
-    raise ArgumentError(f"scan: remat={remat!r}: expected one of {REMAT_POLICIES} or "
-                        f"'checkpoints:N' (a segment of N >= 1 steps)")
+    return int(remat[12:])
 
 
 def _arg_error(op, a, what):

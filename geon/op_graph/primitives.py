@@ -261,10 +261,14 @@ def _check_key(op, key, full, part):
         raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} needs one slice "
                                 f"or int per dimension of ({_fmt(full)})")
     if full.lengths_known and part.lengths_known:
-        got = np.broadcast_to(np.zeros((), np.int8), full.shape)[key].shape
-        if got != part.shape:
+        # (a symbolic length is kept whole, by slice(None); the fixed ones are cut)
+        got = tuple(n if k == slice(None) else
+                    len(range(n)[k]) if isinstance(k, slice) else None
+                    for k, n in zip(key, full.lengths))
+        got = tuple(n for n in got if n is not None)
+        if got != tuple(part.lengths):
             raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} cuts "
-                                    f"({_fmt(full)}) to shape {got}, not ({_fmt(part)})")
+                                    f"({_fmt(full)}) to lengths {got}, not ({_fmt(part)})")
 
 
 VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)

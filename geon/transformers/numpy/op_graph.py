@@ -9,6 +9,7 @@ import numpy as np
 from geon.op_graph import op_graph as og
 from geon.op_graph import special
 from geon.op_graph.reference import NP_UFUNCS
+from geon.op_graph.symbols import Sym
 from geon.transformers.c_expressions import call_rule, math_name
 from geon.transformers.numpy.c_rules import C_RULES, sigmoid_limit
 from geon.transformers.numpy.code_table import NUMPY_CODE, NUMPY_GLOBALS, _loop, numpy_code
@@ -56,8 +57,10 @@ def _sigmoid(op, out, args):
     x, = args
     first = f"np.negative({x}, out={out}{_loop(op)})"
     rest = [f"np.add({out}, 1, out={out})", f"np.reciprocal({out}, out={out})"]
-    # float16 never clamps: its clamp would be 11, and sigmoid(-20) 1.7e-5 instead of 0
-    if op.axes.size >= SIGMOID_UNCLAMPED or op.dtype.itemsize < 4:
+    # float16 never clamps: its clamp would be 11, and sigmoid(-20) 1.7e-5 instead of 0;
+    # a symbolic size clamps (right for every length)
+    size = op.axes.size
+    if not isinstance(size, Sym) and size >= SIGMOID_UNCLAMPED or op.dtype.itemsize < 4:
         return [first, "with _overflow_ok():", f"    np.exp({out}, out={out})"] + rest
     limit = sigmoid_limit(op.dtype)
     return [first, f"np.minimum({out}, _row({limit}, {out}), out={out})",
