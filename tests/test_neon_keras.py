@@ -546,3 +546,36 @@ def test_write_json_replaces_atomically_and_leaves_no_temporary_files(tmp_path, 
         write_json(target, [3])
     assert json.loads(target.read_text()) == [1, 2]                  # the old file stays
     assert os.listdir(tmp_path) == ["v.json"]                        # no temporary left
+
+
+def test_fit_trains_on_the_last_partial_batch(digits):
+    """An epoch of 70 samples in batches of 32 is two batches of 32 and one of 6 (run
+    by a training computation of that size), the same updates as fitting the first 64
+    samples and then the 6 left in one batch; accuracy counts every sample."""
+    x, y, _, _ = digits
+    x, y = x[:70], y[:70]
+    whole, parts = make(bn=True), make(bn=True)
+    h = whole.fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
+    assert whole.step == 3 and 6 in whole._train
+    parts.fit(x[:64], y[:64], epochs=1, batch_size=32, shuffle=False, verbose=0)
+    parts.fit(x[64:], y[64:], epochs=1, batch_size=6, shuffle=False, verbose=0)
+    assert parts.step == 3
+    assert_same_weights(whole, parts)
+    assert 0.0 <= h.history["accuracy"][0] <= 1.0
+    data = nn.ArrayIterator(x, y, 32, shuffle=False, drop_remainder=False)
+    assert data.steps_per_epoch == 3 and [len(b) for b, _ in data.epoch(0)] == [32, 32, 6]
+    assert nn.ArrayIterator(x, y, 32).steps_per_epoch == 2   # the iterator's default
+    with pytest.raises(be.ArgumentError, match="sharded iterator .* drops the remainder"):
+        nn.ArrayIterator(x, y, 8, rank=0, ranks=2, drop_remainder=False)
+
+
+def test_fit_with_dropout_at_two_batch_sizes_keeps_one_step_counter(digits):
+    x, y, _, _ = digits
+    net = nn.Sequential([nn.Affine(16, activation="relu", name="h"),
+                         nn.Dropout(0.3, name="drop"), nn.Affine(Y, name="o")], name="d")
+    model = nn.Model(net, [F], batch_size=32)
+    model.fit(x[:40], y[:40], epochs=2, verbose=0)
+    assert model.step == 4
+    counters = [v for v in model.transformer.variables() if v.name.startswith("rng_step")]
+    assert len(counters) == 1
+    assert int(model.transformer.state[counters[0]]) == 4   # advanced by every update

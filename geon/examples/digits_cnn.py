@@ -14,8 +14,10 @@ as Keras's ``epochs``), ``--checkpoint PATH`` (default ``digits_cnn-ckpt.npz``),
 ``--data-parallel`` (``mpirun -n N python -m geon.examples.digits_cnn --data-parallel``
 trains on N ranks with a global batch of N x ``--batch-size``), and the
 hyperparameters ``--batch-size``, ``--lr``, ``--channels`` and ``--seed``.
-With the defaults (10 epochs) it reaches 98.9% test accuracy in a few seconds
-(building, training and testing) on an idle 2-core machine.
+With the defaults (10 epochs, seed 0) it reaches 98.1% test accuracy in a few seconds
+(building, training and testing) on an idle 2-core machine; over seeds 0 to 11 the
+median is 99.0% and the lowest 96.1% (the last epochs' steps with Adam at 0.005 move
+the test accuracy by a few images from one epoch to the next).
 """
 
 import argparse

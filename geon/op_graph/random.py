@@ -157,14 +157,23 @@ def step_counter(stream):
                        name=f"rng_step_{stream}")
 
 
-def random(axes, distribution="uniform", seed=0, stream=None, dtype=None):
+def random(axes, distribution="uniform", seed=0, stream=None, dtype=None, counter=None):
     """A :class:`Random` draw with its own step counter, advanced once per call.
 
     ``stream`` defaults to a new id (one more than the last one built in this process);
     give it (with the same ``seed``) to draw the numbers of another op again.
+    ``counter``: the step counter to advance (a :func:`step_counter`; default a new
+    one): draws built into several graphs (a layer's training step at two batch sizes)
+    that pass the same one continue one sequence and save one Variable.
     """
     stream = next(_streams) if stream is None else stream
-    counter = step_counter(stream)
+    if counter is None:
+        counter = step_counter(stream)
+    elif not (isinstance(counter, og.Variable) and counter.axes == og.Axes()
+              and counter.dtype == np.int64):
+        raise ArgumentError(f"random: counter must be an int64 scalar Variable (a "
+                            f"step_counter), not {counter!r} (at "
+                            f"{nodes.DebugInfo().file_info})")
     # Built before the draw, so the draw (a later reader of the counter) runs after it
     # and every computation of the draw advances the counter.
     og.SetItem(counter, counter + 1, tags=PART_OF_READER)
@@ -191,7 +200,8 @@ def normal(axes: AxesLike, mean: float = 0.0, std: float = 1.0, seed: int = 0,
 
 
 def bernoulli(p: og.TensorLike, axes: Optional[AxesLike] = None, seed: int = 0,
-              stream: Optional[int] = None, dtype: og.DTypeLike = None) -> og.TensorOp:
+              stream: Optional[int] = None, dtype: og.DTypeLike = None,
+              counter: Optional[og.Variable] = None) -> og.TensorOp:
     """1.0 with probability ``p`` (a number or an op, broadcast by axis name) and 0.0
     otherwise, with ``axes`` (default: ``p``'s axes)."""
     if axes is None:
@@ -201,21 +211,22 @@ def bernoulli(p: og.TensorLike, axes: Optional[AxesLike] = None, seed: int = 0,
         axes = p.axes
     if dtype is None and isinstance(p, og.TensorOp):
         dtype = p.dtype
-    u = random(axes, "uniform", seed, stream, dtype)
+    u = random(axes, "uniform", seed, stream, dtype, counter)
     return og.Less(u, p, dtype=u.dtype)
 
 
 def dropout(x: og.TensorOp, rate: float, seed: int = 0, stream: Optional[int] = None,
-            training: bool = True) -> og.TensorOp:
+            training: bool = True, counter: Optional[og.Variable] = None) -> og.TensorOp:
     """Inverted dropout: each element of ``x`` kept with probability ``1 - rate`` and
     scaled by ``1 / (1 - rate)``, else 0. ``training=False`` returns ``x``. The mask is
-    one op, used by the value and by its derivative."""
+    one op, used by the value and by its derivative. ``counter``: see :func:`random`."""
     if not 0.0 <= rate < 1.0:
         raise ArgumentError(f"dropout: rate must be in [0, 1), not {rate!r} (at "
                             f"{nodes.DebugInfo().file_info})")
     if not training or rate == 0.0:
         return x
-    keep = bernoulli(1.0 - rate, axes=x.axes, seed=seed, stream=stream, dtype=x.dtype)
+    keep = bernoulli(1.0 - rate, axes=x.axes, seed=seed, stream=stream, dtype=x.dtype,
+                     counter=counter)
     return x * (keep * (1.0 / (1.0 - rate)))
 
 

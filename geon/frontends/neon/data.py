@@ -15,8 +15,10 @@ class ArrayIterator:
     An epoch's order depends only on ``seed`` and the epoch's number (a permutation
     from ``numpy.random.default_rng((seed, epoch))``, or the stored order with
     ``shuffle=False``), so a run resumed at any step sees the batches it would have
-    seen. Training epochs have ``steps_per_epoch = len(x) // batch_size`` full batches
-    (the remainder, a different one each epoch, is left out).
+    seen. An epoch has ``len(x) // batch_size`` full batches, then, unless
+    ``drop_remainder``, the last ``len(x) % batch_size`` samples as a smaller batch
+    (with ``drop_remainder``, the default here, they are left out: a different
+    remainder each epoch when shuffled). ``Model.fit`` keeps the remainder.
 
     For data-parallel training (:meth:`shard`), ``batch_size`` is the *local* batch:
     a global batch is ``ranks * batch_size`` consecutive samples of the epoch's order,
@@ -26,7 +28,8 @@ class ArrayIterator:
     """
 
     def __init__(self, x: Any, y: Any = None, batch_size: int = 32, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, ranks: int = 1) -> None:
+                 seed: int = 0, rank: int = 0, ranks: int = 1,
+                 drop_remainder: bool = True) -> None:
         self.x = np.asarray(x)
         self.y = None if y is None else np.asarray(y)
         if self.y is not None and len(self.y) != len(self.x):
@@ -42,13 +45,19 @@ class ArrayIterator:
                 f"), not {batch_size}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.rank, self.ranks = int(rank), int(ranks)
+        if ranks > 1 and not drop_remainder:
+            raise ArgumentError("ArrayIterator: a sharded iterator (ranks > 1) drops the "
+                                "remainder (every rank's batch has batch_size samples); "
+                                "give drop_remainder=True")
+        self.drop_remainder = bool(drop_remainder)
 
     def __repr__(self) -> str:
         targets = "no targets" if self.y is None else f"targets {self.y.shape[1:]}"
         shard = f", rank={self.rank}, ranks={self.ranks}" if self.ranks > 1 else ""
+        keep = "" if self.drop_remainder else ", drop_remainder=False"
         return (f"ArrayIterator({len(self.x)} samples of {self.x.shape[1:]}, {targets}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}"
-                f"{shard})")
+                f"{shard}{keep})")
 
     def shard(self, rank: int, ranks: int) -> "ArrayIterator":
         """This iterator for rank ``rank`` of ``ranks`` (the same arrays, order and
@@ -66,8 +75,10 @@ class ArrayIterator:
 
     @property
     def steps_per_epoch(self) -> int:
-        """The number of full global batches in an epoch, ``len(x) // global_batch_size``."""
-        return len(self.x) // self.global_batch_size
+        """The number of batches in an epoch: ``len(x) // global_batch_size`` full
+        ones, and one more for a remainder kept (``drop_remainder=False``)."""
+        full, left = divmod(len(self.x), self.global_batch_size)
+        return full + (1 if left and not self.drop_remainder else 0)
 
     def order(self, epoch: int) -> np.ndarray:
         """The sample order of epoch ``epoch`` (0-based)."""
@@ -78,7 +89,8 @@ class ArrayIterator:
     def epoch(self, epoch: int, start: int = 0
               ) -> Iterator[tuple[np.ndarray, Optional[np.ndarray]]]:
         """The batches ``(x, y)`` (``y`` None without targets) of epoch ``epoch`` from
-        batch ``start`` on (this rank's blocks of them, when sharded)."""
+        batch ``start`` on (this rank's blocks of them, when sharded); the last may be
+        smaller (``drop_remainder=False``)."""
         order, b, g = self.order(epoch), self.batch_size, self.global_batch_size
         for k in range(start, self.steps_per_epoch):
             first = k * g + self.rank * b

@@ -130,15 +130,18 @@ def _epoch(model: "Model", run: _Run, callbacks: list[Callback], epoch: int, ste
     update counter after it."""
     data, spe, last = run.data, run.data.steps_per_epoch, run.last
     start_time, total, right, seen = time.perf_counter(), 0.0, 0.0, 0
+    samples = 0
     for xb, yb in data.epoch(epoch, step - epoch * spe):
         # (yb is None for an ArrayIterator without targets: the call's FeedError says
-        # what is missing)
-        loss, count = run.comp(xb.astype(model.dtype, copy=False),
-                               yb)[:2]  # type: ignore[arg-type]
+        # what is missing); the remainder kept at an epoch's end has a step of its size
+        comp = run.comp if len(xb) == data.batch_size else model.train_computation(len(xb))
+        loss, count = comp(xb.astype(model.dtype, copy=False),
+                           yb)[:2]  # type: ignore[arg-type]
         step += 1
         total += float(loss)
         right += float(count)
         seen += 1
+        samples += len(xb)
         rate = seen / (time.perf_counter() - start_time)
         logs: dict[str, Any] = {"loss": float(loss), "step": step, "rate": rate}
         run.progress.update(f"epoch {epoch + 1}/{last}", step - epoch * spe, spe,
@@ -151,7 +154,7 @@ def _epoch(model: "Model", run: _Run, callbacks: list[Callback], epoch: int, ste
             "loss": total / seen if seen else float("nan"),
             "rate": seen / (time.perf_counter() - start_time) if seen else 0.0}
     if model.loss_kind == "cross_entropy" and seen:
-        logs["accuracy"] = right / (seen * data.batch_size)
+        logs["accuracy"] = right / samples
     if run.validation_data is not None:
         val = model.evaluate(*run.validation_data)
         logs.update({f"val_{k}": v for k, v in val.items()})
@@ -214,8 +217,9 @@ def training_data(model: "Model", x: Any, y: Any, batch_size: Optional[int],
     if b > len(x):
         raise ArgumentError(f"Model.fit: batch_size={b} is more than the {len(x)} "
                             f"training samples (at {user_location()})")
+    # (data-parallel: every rank's batch has b samples, so the remainder is left out)
     data = ArrayIterator(x, y, b, shuffle=True if shuffle is None else bool(shuffle),
-                         seed=seed)
+                         seed=seed, drop_remainder=model.data_parallel and model.ranks > 1)
     return data if val is None else (data, val)
 
 

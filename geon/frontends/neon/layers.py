@@ -31,6 +31,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis
 from geon.op_graph.nodes import user_location
 from geon.op_graph.control import remat_segment
+from geon.op_graph.random import step_counter
 
 #: An activation: a function of an op, or the name of a geon function (``"relu"``).
 ActivationLike = Union[str, Callable[[og.TensorOp], og.TensorOp], None]
@@ -654,4 +655,7 @@ class Dropout(Layer):
             return x
         stream = self.stream if self.stream is not None else \
             zlib.crc32(self.name.encode()) & 0x7FFFFFFF
-        return be.dropout(x, self.rate, seed=self.seed, stream=stream)
+        if getattr(self, "_counter", None) is None:  # one per layer, whatever the graphs
+            self._counter = step_counter(stream)
+        return be.dropout(x, self.rate, seed=self.seed, stream=stream,
+                          counter=self._counter)

@@ -210,8 +210,8 @@ class Model:
             else:
                 opt_updates = self.optimizer.updates(loss, params)
             updates = layer_updates + opt_updates
-            _unchain(updates, self._updates_built)
-            self._updates_built.update(updates)
+            built = _unchain([loss, count] + updates, self._updates_built)
+            self._updates_built.update(op for op in built if isinstance(op, og.VoidOp))
             self._train[batch_size] = self.transformer.computation(
                 [loss, count] + updates, x, target)
         return self._train[batch_size]
@@ -525,8 +525,11 @@ class Model:
         pair ``fit((x, y))``, or an :class:`ArrayIterator`. Arrays are shuffled
         (unless ``shuffle=False``) by an order that depends only on ``seed`` and the
         epoch's number, in batches of ``batch_size`` (default the model's); an epoch
-        has ``n // batch_size`` full batches (the remainder, a different one each
-        epoch, is left out). ``validation_split`` holds out that fraction of the
+        has ``n // batch_size`` full batches and, where ``batch_size`` does not divide
+        ``n``, a last batch of the ``n % batch_size`` samples left (its update is the
+        mean over those samples, run by a training computation of that size; a
+        data-parallel model over several ranks leaves the remainder out, a different
+        one each epoch). ``validation_split`` holds out that fraction of the
         arrays (the last samples, before shuffling), evaluated after each epoch as
         ``validation_data`` ``(x_val, y_val)`` is (give one of them).
 
@@ -623,16 +626,28 @@ class Model:
 
 
 
-def _unchain(updates: Iterable[og.Op], earlier: Container[og.Op]) -> None:
-    """Free the assignments ``updates`` of one training computation from the ordering
-    after ``earlier`` ones (another batch size's computation, built before them on the
-    same Variables): a SetItem built after another on the same Variable runs after it,
-    which would make the new computation run the old one's updates too. Every other
-    read of the Variables goes through ``be.value_of``, which takes no such order."""
-    for u in updates:
-        for old in [d for d in u.other_deps if d in earlier]:
-            u.other_deps.discard(old)
-            old._dep_users.discard(u)
+def _unchain(results: Iterable[og.Op], earlier: Container[og.Op]) -> set[og.Op]:
+    """Free the graph of one training computation (``results``) from the ordering
+    after the assignments ``earlier`` (of another batch size's computation, built
+    before it on the same Variables): a SetItem built after another on the same
+    Variable runs after it, and so do the reads built after it (a dropout layer's step
+    counter and its draw), which would make the new computation run the old one's
+    assignments too. Returns the graph's ops (reached through args and the ordering
+    left). Every other read of the Variables goes through ``be.value_of``, which takes
+    no such order."""
+    seen: set[og.Op] = set()
+    stack = list(results)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        for old in [d for d in op.other_deps if d in earlier]:
+            op.other_deps.discard(old)
+            old._dep_users.discard(op)
+        stack.extend(op.args)
+        stack.extend(op.other_deps)
+    return seen
 
 
 def _replace_assignment(old: og.Op, value: og.TensorOp) -> og.Op:
