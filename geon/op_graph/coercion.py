@@ -45,6 +45,7 @@ from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import AxesLike, Axes, Axis, as_axes
+from geon.op_graph.symbols import Sym, broadcast_lengths
 from geon.op_graph.tables import NP_UFUNCS
 
 NUMPY, SIMPLE, AXES, SCALAR, SAMPLE, INTERNAL = (
@@ -75,7 +76,8 @@ _temp_names = itertools.count()
 def canonical_axes(shape: Sequence[int]) -> Axes:
     """The canonical positional axes of ``shape``: ``(-n:shape[0], ..., -1:shape[-1])``."""
     n = len(shape)
-    return tuple(PositionalAxis(int(length), f"-{n - i}") for i, length in enumerate(shape))
+    return tuple(PositionalAxis(length if isinstance(length, Sym) else int(length),
+                                f"-{n - i}") for i, length in enumerate(shape))
 
 
 def temp_axis(length):
@@ -229,11 +231,12 @@ def broadcast_result(operands, what):
                     + f" (at {_where()})")
     shapes = [positional_shape(x) for x in operands]
     try:
-        out = np.broadcast_shapes(*shapes)
-    except ValueError:
+        out = broadcast_lengths(*shapes)
+    except (ValueError, TypeError) as e:   # (TypeError: SymbolicLengthError)
+        why = f" ({e})" if isinstance(e, TypeError) else ""
         raise AxisMismatchError(
             f"{what}: operands could not be broadcast together with shapes "
-            + " ".join(str(s) for s in shapes) + ": "
+            + " ".join(str(s) for s in shapes) + why + ": "
             + "; ".join(describe(o) for o in operands) + f" (at {_where()})") from None
     return Axes(special + list(canonical_axes(out)))
 

@@ -10,6 +10,7 @@ import numpy as np
 from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes
+from geon.op_graph.symbols import Sym
 from geon.op_graph.coercion import (AXES, PositionalAxis, canonical_axes, family,
                                     family_error, numpy_constant, positional_shape,
                                     split_axes)
@@ -27,14 +28,19 @@ AxisArg = Union[int, Sequence[int], None]
 
 # --- operands ------------------------------------------------------------------------------
 
-def _shape(shape) -> tuple[int, ...]:
-    if isinstance(shape, (numbers.Integral, np.integer)):
+def _shape(shape) -> tuple[Any, ...]:
+    """``shape`` as a tuple of lengths: ints >= 0, or symbolic lengths (a ``Sym``,
+    bound when a computation is called)."""
+    if isinstance(shape, (numbers.Integral, np.integer, Sym)):
         shape = (shape,)
     shape = tuple(shape)
     for n in shape:
+        if isinstance(n, Sym):
+            continue
         if isinstance(n, bool) or not isinstance(n, (numbers.Integral, np.integer)) or n < 0:
-            raise ArgumentError(f"a shape holds integers >= 0, not {shape!r}")
-    return tuple(int(n) for n in shape)
+            raise ArgumentError(f"a shape holds integers >= 0 (or symbolic lengths), not "
+                                f"{shape!r}")
+    return tuple(n if isinstance(n, Sym) else int(n) for n in shape)
 
 
 def _arg(x):

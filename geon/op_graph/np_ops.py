@@ -35,6 +35,7 @@ import numpy as np
 from geon.errors import ArgumentError, AxisMismatchError
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
+from geon.op_graph.symbols import Sym, broadcast_lengths
 from geon.op_graph.formats import round_to_format as _round_to_format
 from geon.op_graph.nn_ops import Select
 from geon.op_graph.tables import ELEMENTWISE_FUNCS
@@ -256,6 +257,10 @@ def mean(a: ArrayLike, axis: AxisArg = None, keepdims: bool = False) -> og.Tenso
     n = 1
     for i in idx:
         n *= pos[i]
+    if isinstance(n, Sym):  # the count, bound when the computation is called
+        reduced = [split_axes(_front(x))[1][i] for i in idx]
+        count = og.TensorSize(x, reduction_axes=reduced)
+        return sum(x, axis, keepdims) / count
     return sum(x, axis, keepdims) / float(n)
 
 
@@ -380,8 +385,8 @@ def _batched_matmul(a, b, pa, pb):
     recurrent) axes of either operand are kept, as an elementwise op keeps them."""
     ba, bb = pa[:-2], pb[:-2]
     try:
-        batch = np.broadcast_shapes(ba, bb)
-    except ValueError:
+        batch = broadcast_lengths(ba, bb)
+    except (ValueError, TypeError):   # (TypeError: SymbolicLengthError)
         raise AxisMismatchError(f"matmul: the batch dimensions of {a.name} {pa} and "
                                 f"{b.name} {pb} do not broadcast") from None
     nb, has_m, has_n = len(batch), len(pa) >= 2, len(pb) >= 2

@@ -11,6 +11,7 @@ from geon.errors import ArgumentError, AxisIndexError, AxisMismatchError
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym, SymbolicLengthError, exact_quotient
 from geon.op_graph.axes import Axes
 from geon.op_graph.coercion import (PositionalAxis, canonical_axes, drop_stretched,
                                     positional_shape, split_axes, temp_axis)
@@ -28,20 +29,22 @@ def reshape(a: ArrayLike, newshape: Any) -> og.TensorOp:
     pos = positional_shape(x)
     if isinstance(newshape, (numbers.Integral, np.integer)):
         newshape = (newshape,)
-    newshape = [int(n) for n in newshape]
+    newshape = [n if isinstance(n, Sym) else int(n) for n in newshape]
     size = 1
     for n in pos:
         size *= n
-    if newshape.count(-1) > 1:
+    unknown = [k for k, n in enumerate(newshape) if not isinstance(n, Sym) and n == -1]
+    if len(unknown) > 1:
         raise ArgumentError("reshape: can only specify one unknown dimension")
-    if -1 in newshape:
+    if unknown:
         rest = 1
-        for n in newshape:
-            rest *= n if n != -1 else 1
-        if rest == 0 or size % rest:
+        for k, n in enumerate(newshape):
+            rest *= n if k != unknown[0] else 1
+        try:
+            newshape[unknown[0]] = exact_quotient(size, rest)
+        except TypeError:   # (SymbolicLengthError) not a multiple, or by zero
             raise ArgumentError(f"reshape: cannot reshape array of size {size} into shape "
-                                f"{tuple(newshape)}")
-        newshape[newshape.index(-1)] = size // rest
+                                f"{tuple(newshape)}") from None
     newshape = _shape(newshape)
     known = 1
     for n in newshape:
@@ -286,6 +289,18 @@ def topk(a: ArrayLike, k: int, axis: int = -1) -> tuple[og.TensorOp, ...]:
     return tuple(_rename(o, [f"-{n - i}" for i in range(n)]) for o in outs)
 
 
+def _sliced_length(k, n):
+    """The length slice ``k`` leaves of a dimension of length ``n``; over a symbolic
+    length only the whole (``slice(None)``) is taken so far."""
+    if k == slice(None):
+        return n
+    if isinstance(n, Sym):
+        raise SymbolicLengthError(f"x[key]: slice {k.start}:{k.stop}:{k.step} of a "
+                                  f"dimension of symbolic length {n!r}: slices of symbolic "
+                                  f"dimensions take them whole so far")
+    return len(range(*k.indices(n)))
+
+
 def getitem(x, key):
     """``x[key]`` with basic slicing (slices, integers, ``None``, ``...``) over the
     positional dimensions."""
@@ -319,9 +334,15 @@ def getitem(x, key):
             if k.step == 0:
                 raise ArgumentError("slice step cannot be zero")
             k = slice(*(None if v is None else int(v) for v in (k.start, k.stop, k.step)))
+            if k.indices(1 << 62) == (0, 1 << 62, 1):
+                k = slice(None)  # all of the dimension (its length may be symbolic)
             view.append(k)
-            shape_out.append(len(range(*k.indices(n))))
+            shape_out.append(_sliced_length(k, n))
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
+            if isinstance(n, Sym):
+                raise SymbolicLengthError(f"x[key]: index {k} into dimension {d - 1} of "
+                                          f"symbolic length {n!r}: whether it is in range "
+                                          f"is known only when the computation is called")
             if not -n <= k < n:
                 raise AxisIndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
             view.append(int(k) % n)
@@ -330,7 +351,7 @@ def getitem(x, key):
                                 f"supported, not {type(k).__name__} {k!r}")
     r = x
     if any(k != slice(None) for k in view):
-        kept = [len(range(*k.indices(p.length))) for k, p in zip(view, pos)
+        kept = [_sliced_length(k, p.length) for k, p in zip(view, pos)
                 if isinstance(k, slice)]
         full_key = [slice(None)] * len(special) + view
         r = pr.SliceView(x, full_key, _with_pos(x, kept))

@@ -367,3 +367,65 @@ def symbols_of(lengths: Any) -> frozenset:
         if isinstance(v, Sym):
             out |= v.symbols
     return out
+
+
+def exact_quotient(a: Length, b: Length) -> Length:
+    """``a // b`` where ``b`` divides ``a`` for every binding as written: ``b`` an int
+    dividing each coefficient of ``a``, or one term (``k * N * ...``) dividing each
+    term of ``a`` (``N*T*32 // (N*32) == T``). Anything else (a remainder, a sum as the
+    divisor) is a :class:`SymbolicLengthError`; two ints divide as ints (exactly)."""
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        if b == 0 or a % b:
+            raise SymbolicLengthError(f"{a} is not a multiple of {b}")
+        return a // b
+    if isinstance(b, Sym):
+        if len(b._terms) != 1:
+            raise SymbolicLengthError(f"{a!r} // {b!r}: a symbolic divisor must be one "
+                                      f"term (such as N*32)")
+        (mono_b, cb), = b._terms
+    else:
+        mono_b, cb = (), int(b)
+    if cb == 0:
+        raise SymbolicLengthError(f"{a!r} // {b!r}: division by zero")
+    terms = a._terms if isinstance(a, Sym) else (((), int(a)),) if a else ()
+    out: dict = {}
+    for mono, c in terms:
+        rest = list(mono)
+        for atom in mono_b:
+            if atom not in rest:
+                rest = None  # type: ignore[assignment]
+                break
+            rest.remove(atom)
+        if rest is None or c % cb:
+            raise SymbolicLengthError(f"{a!r} is not a multiple of {b!r} for every "
+                                      f"value of its symbols")
+        out[tuple(rest)] = out.get(tuple(rest), 0) + c // cb
+    return Sym._make(out)
+
+
+def broadcast_lengths(*shapes: Any) -> tuple:
+    """NumPy's broadcast of ``shapes`` (aligned from the right) whose lengths may be
+    symbolic: equal lengths stay, 1 stretches to the other; a symbolic length against
+    a different one other than 1 is a :class:`SymbolicLengthError` (whether they are
+    equal is known only at a call) and two different ints a ``ValueError``, as NumPy's."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(ndim):
+        found: Any = 1
+        for s in shapes:
+            j = len(s) - ndim + k
+            if j < 0:
+                continue
+            n = s[j]
+            if n == 1 and not isinstance(n, Sym):
+                continue
+            if found == 1 and not isinstance(found, Sym):
+                found = n
+            elif found != n:
+                if isinstance(found, Sym) or isinstance(n, Sym):
+                    raise SymbolicLengthError(f"lengths {found!r} and {n!r} broadcast "
+                                              f"only if equal, which is known only when "
+                                              f"the computation is called")
+                raise ValueError(f"shape mismatch: {found} against {n}")
+        out.append(found)
+    return tuple(out)

@@ -291,10 +291,12 @@ def _one_block(key, shape):
     k = 0
     while k < len(key) and not isinstance(key[k], slice):
         k += 1
-    if k < len(key) and key[k].indices(shape[k])[2] == 1:
+    if k < len(key) and key[k].step in (None, 1):
         k += 1
-    return all(isinstance(key[j], slice) and key[j].indices(shape[j]) == (0, shape[j], 1)
-               for j in range(k, len(key)))
+    # (a whole dimension: slice(None), the only slice of a symbolic length)
+    return all(isinstance(key[j], slice) and (key[j] == slice(None) or not isinstance(
+        shape[j], Sym) and key[j].indices(shape[j]) == (0, shape[j], 1))
+        for j in range(k, len(key)))
 
 
 def _contiguous(x):
