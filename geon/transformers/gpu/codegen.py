@@ -31,6 +31,7 @@ from geon.transformers import memory
 from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers.gpu import cuda
 # The module of each family of ops registers what its ops launch (CUDA_KERNELS).
+from geon.transformers.gpu import control as _control  # noqa: F401
 from geon.transformers.gpu import conv as _conv  # noqa: F401
 from geon.transformers.gpu import gemm as _gemm  # noqa: F401
 from geon.transformers.gpu import primitives as _primitives  # noqa: F401
@@ -249,12 +250,34 @@ class Program:
         self.plan = None
         self.groups = []
         self.checks = []        # CheckUnit per kernel or kernels (check_numerics only)
+        #: ``[(position, step)]``: host steps (``Cond``, ``WhileLoop``, see
+        #: :mod:`geon.transformers.gpu.control`), each run before ``launches[position]``
+        self.host_steps = []
+        self.ports = []         # bytes of each ("port", j): dense buffers of host steps
+        #: a body's program only: the buffer key holding each result, dense
+        self.outputs = []
         self.source = ""
 
     def module_source(self, names=None):
         """CUDA C of the kernels ``names`` (default all): the prelude, the helper
         definitions they need, then the kernels."""
         return module_source([self.kernels[n] for n in (names or self.kernels)])
+
+
+def all_kernels(prog):
+    """The kernels of ``prog`` and of the sub-programs of its host steps (nested ones
+    too), each once, by name."""
+    out, todo, seen = {}, [prog], set()
+    while todo:
+        p = todo.pop()
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        for name, k in p.kernels.items():
+            out.setdefault(name, k)
+        for _, step in p.host_steps:
+            todo.extend(sub.program for sub in step.subprograms)
+    return out
 
 
 def module_source(kernel_list):
@@ -307,11 +330,13 @@ def _hazards(group, plan, buffer_of, root, lay):
     return None
 
 
-def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
+def generate(comp, fusion=True, plan_memory=True, check_numerics=False, body=False):
     """The :class:`Program` of ``comp``, a :class:`~geon.transformers.base.Computation`
     whose passes have run (``comp.graph``, ``comp.results``, ``comp.params``). With
     ``check_numerics``, ``checks`` lists what the numerics debug mode checks (the
-    kernels are the same)."""
+    kernels are the same). With ``body`` (a branch, predicate or loop body run by a
+    host step), every result ends dense in a ``result`` buffer of its own, listed in
+    ``outputs`` (a copy kernel at the end where it is a view, a feed or a constant)."""
     prog = Program()
     order = schedule(comp.graph.roots)
     results = comp.results
@@ -384,6 +409,7 @@ def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
     prog.plan, prog.groups = plan, groups
     prog.arenas = list(plan.sizes)
     ctx = Context(prog, lay, buffer_of)
+    ctx.computation = comp
     first = {g.members[0]: g for g in groups}
     in_group = {m for g in groups for m in g.members}
     for op in order:
@@ -396,12 +422,37 @@ def generate(comp, fusion=True, plan_memory=True, check_numerics=False):
             _emit_group(ctx, first[op])
         elif op not in in_group:
             emit(ctx, op)
+    if body:
+        _dense_outputs(ctx, results)
     for r in results:
         prog.results.append(_result_spec(r, lay, buffer_of))
     if check_numerics:
         prog.checks = check_units(prog, lay, buffer_of, groups)
     prog.source = _source(comp, prog)
     return prog
+
+
+def _dense_outputs(ctx, results):
+    """``prog.outputs`` of a body's program: per result, a ``result`` buffer holding it
+    densely, its own (the buffer its producer writes) or one a copy kernel fills."""
+    from geon.transformers.gpu.control import copy_kernel
+    from geon.transformers.gpu.layout import row_major
+    prog, claimed = ctx.prog, set()
+    for k, r in enumerate(results):
+        lay = ctx.layout(r)
+        key = ctx.buffer(lay.root)
+        if key[0] == "result" and key not in claimed and lay.offset == 0 \
+                and lay.size == lay.root.axes.size \
+                and (lay.size <= 1 or lay.strides == row_major(lay.shape)):
+            claimed.add(key)
+            prog.outputs.append(key)
+            continue
+        prog.result_bytes.append(max(1, lay.size * r.dtype.itemsize))
+        out = ("result", len(prog.result_bytes) - 1)
+        prog.outputs.append(out)
+        kernel = copy_kernel((out, 0), (key, 0), lay, r.dtype, f"result {k} made dense")
+        if kernel is not None:
+            ctx.add(kernel)
 
 
 class CheckUnit:
@@ -517,8 +568,19 @@ def _source(comp, prog):
         lines.append(f"// result{j}: {n} bytes")
     for j, n in enumerate(prog.scratch):
         lines.append(f"// scratch{j}: {n} bytes")
+    for j, n in enumerate(prog.ports):
+        lines.append(f"// port{j}: {n} bytes")
     lines.append("// launches, in order:")
+    hosts = {}
+    for at, step in prog.host_steps:
+        hosts.setdefault(at, []).append(step)
+
+    def host_lines(at):
+        for step in hosts.get(at, ()):
+            lines.extend("//  " + comment(line) for line in step.describe())
+
     for n, k in enumerate(prog.launches):
+        host_lines(n)
         args = ", ".join(f"{_buffer_name(prog, b)}+{off}" if off else _buffer_name(prog, b)
                          for b, off in k.args)
         lines.append(f"//  {n}: {k.name}<<<{k.grid}, {k.block}>>>({args})")
@@ -529,7 +591,14 @@ def _source(comp, prog):
             if u.last == n:
                 lines.append("//      check_numerics: then checked: " + comment(", ".join(
                     op.name for op, _ in u.outputs) or "(no floating-point value)"))
+    host_lines(len(prog.launches))
     check_lines(lines, "CUDA C")
     lines.append("")
     lines.append(prog.module_source())
+    subs = []
+    for _, step in prog.host_steps:
+        subs += [s for s in step.subprograms if s not in subs]
+    for s in subs:
+        lines.append(f"// ===== the {comment(s.what)}: a computation of its own =====")
+        lines.append(s.program.source)
     return "\n".join(lines) + "\n"

@@ -8,17 +8,19 @@ CUDA device.
 """
 
 import warnings
+import weakref
 from collections.abc import MutableMapping
 
 import numpy as np
 
-from geon.errors import ArgumentError, GeonError, UnknownTransformerError
+from geon.errors import ArgumentError, GeonError, LoweringError, UnknownTransformerError
 from geon.op_graph import op_graph as og
+from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.op_graph.user_ops import USER_OPS
 from geon.op_graph.np_ops import Select
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     missing_state)
-from geon.transformers.gpu.codegen import generate
+from geon.transformers.gpu.codegen import all_kernels, generate
 
 
 class GPUUnavailableError(UnknownTransformerError):
@@ -37,12 +39,16 @@ class CudaComputation(Computation):
     """A computation lowered to CUDA C: ``source`` (annotated CUDA) and ``program``
     (:class:`geon.transformers.gpu.codegen.Program`, the kernels and launch plan)."""
 
-    def __init__(self, transformer, results, params):
+    def __init__(self, transformer, results, params, body=False):
         super().__init__(transformer, results, params)
         t = transformer
         self.program = generate(self, fusion="fusion" not in t.disabled,
                                 plan_memory="memory" not in t.disabled,
-                                check_numerics=t.check_numerics)
+                                check_numerics=t.check_numerics, body=body)
+        if body and (self.program.variables or self.program.assigned):
+            raise LoweringError("the gpu transformer runs a cond branch or a while "
+                                "loop's predicate or body only if it reads no variable "
+                                "and assigns nothing")
         self._source = self.program.source
 
     @property
@@ -62,59 +68,21 @@ class GPUComputation(CudaComputation):
         t = self.transformer
         rt = t.runtime
         prog = self.program
-        bufs = {}
-        for k, size in enumerate(prog.arenas):
-            bufs[("arena", k)] = rt.alloc(size)
-        for i, p in enumerate(prog.feeds):
-            bufs[("feed", i)] = rt.alloc(p.axes.size * p.dtype.itemsize)
-        for j, size in enumerate(prog.result_bytes):
-            bufs[("result", j)] = rt.alloc(size)
-        for j, size in enumerate(prog.scratch):
-            bufs[("scratch", j)] = rt.alloc(size)
-        for j, arr in enumerate(prog.constants):
-            bufs[("const", j)] = b = rt.alloc(arr.nbytes)
-            rt.htod(int(b), arr)
+        bufs = allocate_buffers(prog, t)
         for j, v in enumerate(prog.variables):
             bufs[("var", j)] = t.state.device_buffer(v)
         self._bufs = bufs  # keeps the allocations alive
-        rt.compile(list(prog.kernels.values()))
-        launches = [(k, k.grid, k.block, [int(bufs[b]) + off for b, off in k.args])
-                    for k in prog.launches]
+        # (one nvcc run for the kernels of this program and of its host steps' bodies)
+        rt.compile(list(all_kernels(prog).values()))
+        self._run_kernels = program_runner(prog, bufs, t)
         if t.check_numerics:
-            self._run_kernels = self._checked_launcher(launches, bufs, rt, t)
             self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
         else:
-            self._run_kernels = _Launches(rt, rt.launcher(launches, t._blas),
-                                          t.cuda_graphs)
             self._results = [self._pinned_fetcher(spec, bufs, rt) for spec in prog.results]
             # feeds go to the device through pinned buffers of their own
             self._staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
             self._fence = None  # the last call's copies out of the staging buffers
         self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
-
-    def _checked_launcher(self, launches, bufs, rt, t):
-        """The numerics debug mode's ``run``: each check unit's launches, with the values
-        they read fetched before and the floating-point values they wrote checked after
-        (see :class:`geon.transformers.gpu.codegen.CheckUnit`)."""
-        from geon.transformers import numerics
-        steps = [rt.launcher([launch], t._blas) for launch in launches]
-        units = [(u, [(op, self._fetcher(spec, bufs, rt)) for op, spec in u.inputs],
-                  [(op, self._fetcher(spec, bufs, rt)) for op, spec in u.outputs])
-                 for u in self.program.checks]
-        assigned = list(self.program.assigned)
-
-        def run():
-            for u, reads, writes in units:
-                before = {op: fetch() for op, fetch in reads}
-                for j in range(u.first, u.last + 1):
-                    steps[j]()
-                for op, fetch in writes:
-                    value = fetch()
-                    if not numerics.finite(value):
-                        if assigned:  # what ran so far may have written variables
-                            t.state.written(assigned)
-                        raise numerics.kernel_error(u.members, before, op, value)
-        return run
 
     @staticmethod
     def _result_copier(spec, bufs, host, copy, take):
@@ -241,6 +209,104 @@ class GPUComputation(CudaComputation):
         return checked_entry
 
 
+def allocate_buffers(prog, t, skip=None):
+    """``{buffer key: allocation}`` for ``prog`` on ``t``'s runtime: arenas, feeds,
+    results, scratch, constants (written) and ports; not the keys ``skip(key)`` says
+    (nor the variables, which live in ``t.state``)."""
+    rt = t.runtime
+    bufs = {}
+    sizes = ([(("arena", k), n) for k, n in enumerate(prog.arenas)]
+             + [(("feed", i), p.axes.size * p.dtype.itemsize)
+                for i, p in enumerate(prog.feeds)]
+             + [(("result", j), n) for j, n in enumerate(prog.result_bytes)]
+             + [(("scratch", j), n) for j, n in enumerate(prog.scratch)]
+             + [(("port", j), n) for j, n in enumerate(prog.ports)])
+    for key, n in sizes:
+        if skip is None or not skip(key):
+            bufs[key] = rt.alloc(n)
+    for j, arr in enumerate(prog.constants):
+        bufs[("const", j)] = b = rt.alloc(arr.nbytes)
+        rt.htod(int(b), arr)
+    return bufs
+
+
+def _launch_list(kernels, bufs):
+    return [(k, k.grid, k.block, [int(bufs[b]) + off for b, off in k.args])
+            for k in kernels]
+
+
+def launches_runner(kernels, bufs, t):
+    """A function enqueueing ``kernels`` with the buffers ``bufs``: as one CUDA graph
+    from its second call on where the transformer captures graphs (see
+    :class:`_Launches`)."""
+    rt = t.runtime
+    return _Launches(rt, rt.launcher(_launch_list(kernels, bufs), t._blas), t.cuda_graphs)
+
+
+def program_runner(prog, bufs, t):
+    """A function running ``prog`` with the buffers ``bufs``: its launches, and its host
+    steps (``Cond``, ``WhileLoop``: :mod:`geon.transformers.gpu.control`) between them.
+    Without host steps, one :class:`_Launches` (one CUDA graph from the second call on);
+    with them, each run of launches between two host steps is one."""
+    hosts = {}
+    for at, step in prog.host_steps:
+        hosts.setdefault(at, []).append(step.bind(bufs, t))
+    if t.check_numerics:
+        return checked_runner(prog, bufs, t, hosts)
+    if not hosts:
+        return launches_runner(prog.launches, bufs, t)
+    parts, start = [], 0
+    for at in sorted(hosts):
+        if at > start:
+            parts.append(launches_runner(prog.launches[start:at], bufs, t))
+        parts.extend(hosts[at])
+        start = at
+    if start < len(prog.launches):
+        parts.append(launches_runner(prog.launches[start:], bufs, t))
+
+    def run():
+        for part in parts:
+            part()
+    return run
+
+
+def checked_runner(prog, bufs, t, hosts=None):
+    """The numerics debug mode's ``run``: each check unit's launches, with the values
+    they read fetched before and the floating-point values they wrote checked after
+    (see :class:`geon.transformers.gpu.codegen.CheckUnit`); the host steps ``hosts``
+    (``{position: [run]}``) at their positions."""
+    from geon.transformers import numerics
+    rt = t.runtime
+    steps = [rt.launcher([launch], t._blas) for launch in _launch_list(prog.launches, bufs)]
+    fetcher = GPUComputation._fetcher
+    units = [(u, [(op, fetcher(spec, bufs, rt)) for op, spec in u.inputs],
+              [(op, fetcher(spec, bufs, rt)) for op, spec in u.outputs])
+             for u in prog.checks]
+    assigned = list(prog.assigned)
+    hosts = sorted((hosts or {}).items())
+
+    def run():
+        h = 0
+        for u, reads, writes in units:
+            while h < len(hosts) and hosts[h][0] <= u.first:
+                for step in hosts[h][1]:
+                    step()
+                h += 1
+            before = {op: fetch() for op, fetch in reads}
+            for j in range(u.first, u.last + 1):
+                steps[j]()
+            for op, fetch in writes:
+                value = fetch()
+                if not numerics.finite(value):
+                    if assigned:  # what ran so far may have written variables
+                        t.state.written(assigned)
+                    raise numerics.kernel_error(u.members, before, op, value)
+        for _, runs in hosts[h:]:
+            for step in runs:
+                step()
+    return run
+
+
 class _Launches:
     """A computation's kernels: enqueued from the launch list on its first call, and
     from its second call on as one CUDA graph captured then (where the runtime has
@@ -363,6 +429,9 @@ class CudaCodegenTransformer(Transformer):
 
     def __init__(self, *args, check_numerics=False, **kwargs):
         self.check_numerics = bool(check_numerics)
+        #: the sub-programs of cond branches and while loops, by subgraph (held weakly;
+        #: geon.transformers.gpu.control.SubProgram)
+        self._bodies = weakref.WeakKeyDictionary()
         super().__init__(*args, **kwargs)
 
     def passes(self):
@@ -379,8 +448,10 @@ class CudaCodegenTransformer(Transformer):
 
     @property
     def base_set(self):
-        """The standard base set plus user elementwise ops given CUDA source."""
-        return STANDARD_BASE_SET | {Select} | _user_elementwise_with_cuda()
+        """The standard base set plus user elementwise ops given CUDA source, and
+        ``Cond`` and ``WhileLoop`` (host steps: :mod:`geon.transformers.gpu.control`)."""
+        return (STANDARD_BASE_SET | {Select, Cond, WhileLoop}
+                | _user_elementwise_with_cuda())
 
 
 class GPUTransformer(CudaCodegenTransformer):
@@ -398,7 +469,10 @@ class GPUTransformer(CudaCodegenTransformer):
             doc/gpu.rst); it never uses TF32.
         cuda_graphs: from the second call on, launch each computation's kernels as one
             CUDA graph captured at that call (default ``True``; where the driver has no
-            graphs, or a capture fails, the kernels are launched one by one).
+            graphs, or a capture fails, the kernels are launched one by one). A
+            computation holding a ``cond`` or a ``while_loop`` (host steps, see
+            :mod:`geon.transformers.gpu.control`) has one graph per run of launches
+            between its host steps, and one per binding of a branch's or body's program.
         check_numerics: the numerics debug mode (default off): each kernel's
             floating-point results are checked after it runs, and the floating-point
             feeds when the computation is called; the first NaN or infinity raises
@@ -441,6 +515,17 @@ class GPUTransformer(CudaCodegenTransformer):
         return ([f"device {runtime}", f"gemm={self.gemm!r}"]
                 + ([] if self.cuda_graphs else ["cuda_graphs=False"])
                 + super()._repr_details())
+
+    # What host steps bind their programs with (geon.transformers.gpu.control, which
+    # imports nothing of this module).
+    def _allocate_buffers(self, prog, skip=None):
+        return allocate_buffers(prog, self, skip)
+
+    def _program_runner(self, prog, bufs):
+        return program_runner(prog, bufs, self)
+
+    def _launches_runner(self, kernels, bufs):
+        return launches_runner(kernels, bufs, self)
 
     def synchronize(self):
         """Wait until every kernel launched so far has finished."""
