@@ -70,11 +70,7 @@ ADDED = _added()
 #: Why the cases that do not pass are left, per operator (an operator not named here is
 #: explained by the reason its first such case gives).
 WHY_LEFT = {
-    "Loop": "only the cases carrying sequences or optionals, which geon does not hold; "
-            "tensor loops are imported (builders/control_flow.py)",
     "Scan": "control flow: see builders/control_flow.py",
-    "If": "only the cases whose branches give sequences or optionals, which geon does "
-          "not hold; tensor branches are imported (builders/control_flow.py)",
     "LinearAttention": "its ONNX function runs a Scan, and the expansion of a function "
                        "does not rename the names inside a subgraph yet (the expanded "
                        "cases, a node per function node, pass)",
@@ -120,12 +116,6 @@ WHY_LEFT = {
     "Equal": "strings: geon holds numbers only",
     "StringConcat": "strings", "StringNormalizer": "strings", "StringSplit": "strings",
     "RegexFullMatch": "strings", "LabelEncoder": "strings (and the ai.onnx.ml domain)",
-    "Identity": "sequence and optional values: geon holds tensors only",
-    "OptionalGetElement": "optional values: geon holds tensors only",
-    "OptionalHasElement": "optional values: geon holds tensors only",
-    "SequenceInsert": "sequences: geon holds tensors only",
-    "SequenceMap": "sequences: geon holds tensors only",
-    "SplitToSequence": "sequences: geon holds tensors only",
     "ArrayFeatureExtractor": "the ai.onnx.ml domain: not the default domain",
     "Binarizer": "the ai.onnx.ml domain: not the default domain",
     "TreeEnsemble": "the ai.onnx.ml domain: not the default domain",
@@ -155,6 +145,20 @@ def collect(ops=None):
 
 
 def _close(got, want, rtol, atol):
+    if want is None:  # an empty optional
+        return None if got is None else "a value, expected an empty optional"
+    if isinstance(want, list):  # a sequence: element by element
+        if not isinstance(got, list):
+            return f"{type(got).__name__}, expected a sequence"
+        if len(got) != len(want):
+            return f"a sequence of {len(got)} tensors, expected {len(want)}"
+        for j, (a, b) in enumerate(zip(got, want)):
+            bad = _close(a, b, rtol, atol)
+            if bad:
+                return f"element {j}: {bad}"
+        return None
+    if got is None or isinstance(got, list):
+        return f"{'an empty optional' if got is None else 'a sequence'}, expected a tensor"
     want = np.asarray(want)
     got = np.asarray(got)
     if got.shape != want.shape:
@@ -178,26 +182,80 @@ def _close(got, want, rtol, atol):
     return f"cannot compare {want.dtype}"
 
 
-def _array(a, numpy_helper):
+def _array(a, numpy_helper, structured=False):
+    """A case's value as an array; with ``structured`` (a value the model declares a
+    sequence or an optional), a list of arrays for a sequence and ``None`` for an empty
+    optional."""
+    if structured:
+        if a is None:
+            return None
+        if isinstance(a, (list, tuple)):
+            return [_array(x, numpy_helper) for x in a]
     return numpy_helper.to_array(a) if hasattr(a, "HasField") else np.asarray(a)
+
+
+def _structured(vi):
+    """Whether a graph input's or output's declared type is a sequence or an optional."""
+    return vi.type.WhichOneof("value") in ("sequence_type", "optional_type")
+
+
+def _declared_shape_known(vi):
+    """Whether a tensor input declares every dimension's length."""
+    tt = vi.type.tensor_type
+    return vi.type.WhichOneof("value") != "tensor_type" or tt.HasField("shape") and all(
+        d.HasField("dim_value") for d in tt.shape.dim)
+
+
+def _same_value(a, b):
+    """Whether two values of a case (arrays, lists of them, ``None``) are the same."""
+    if a is None or b is None or isinstance(a, list) or isinstance(b, list):
+        if a is None or b is None:
+            return a is None and b is None
+        if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b):
+            return False
+        return all(_same_value(x, y) for x, y in zip(a, b))
+    return bool(np.array_equal(a, b))
 
 
 def run_case(case):
     """``(status, reason)`` of one test case: ``passed``, ``failed`` or
     ``unsupported``."""
     from onnx import numpy_helper
-    try:
-        data = [([_array(a, numpy_helper) for a in ins],
-                 [_array(b, numpy_helper) for b in outs]) for ins, outs in case.data_sets]
-    except (ValueError, TypeError) as e:
-        return "unsupported", f"the case's values are not tensors (sequences, maps): {e}"
     graph = case.model.graph
     inits = {t.name for t in graph.initializer}
-    names = [vi.name for vi in graph.input if vi.name not in inits]
+    fed = [vi for vi in graph.input if vi.name not in inits]
+    names = [vi.name for vi in fed]
+    in_kinds = [_structured(vi) for vi in fed]
+    out_kinds = [_structured(vi) for vi in graph.output]
+    try:
+        data = [([_array(a, numpy_helper, k) for a, k in zip(ins, in_kinds)],
+                 [_array(b, numpy_helper, k) for b, k in zip(outs, out_kinds)])
+                for ins, outs in case.data_sets]
+    except (ValueError, TypeError) as e:
+        return "unsupported", f"the case's values are not tensors (sequences, maps): {e}"
+    # An input with a dimension the model leaves symbolic takes its length from the
+    # data, when every data set gives the input the same shape.
+    shapes = {}
+    for k, vi in enumerate(fed):
+        if in_kinds[k] or not data or _declared_shape_known(vi):
+            continue
+        got = {np.shape(ins[k]) for ins, _ in data}
+        if len(got) == 1:
+            shapes[vi.name] = got.pop()
     bound = {}
+    # Sequences and optionals are held at import (never fed at run time): an input of
+    # such a type is fixed at import, when every data set gives it the same value.
+    for k, name in enumerate(names):
+        if in_kinds[k] and data:
+            vals = [ins[k] for ins, _ in data]
+            if any(not _same_value(v, vals[0]) for v in vals[1:]):
+                return "unsupported", (f"input {name!r} is a sequence or an optional, "
+                                       f"held at import, and the data sets give it "
+                                       f"different values")
+            bound[name] = vals[0]
     while True:
         try:
-            g = import_model(case.model, input_values=bound)
+            g = import_model(case.model, input_shapes=shapes, input_values=bound)
             f = g.computation()
             break
         except UnsupportedOnnxOp as e:

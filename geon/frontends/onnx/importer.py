@@ -21,6 +21,8 @@ from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, ch
                                          narrow_format, node_order, onnx_module,
                                          tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
+from geon.frontends.onnx.structures import (OptionalValue, SequenceValue, given_value,
+                                            is_structure, kind, leaves)
 from geon.op_graph import op_graph as og
 from geon.transformers.base import Transformer
 
@@ -120,10 +122,17 @@ class OnnxGraph:
         outputs: the ops of the graph outputs, in model order; ``None`` for an output
             known at import to have no elements (a slice or split part with none, a
             ``Shape`` with ``start > end``): its array is in ``empty_outputs`` under its
-            position and is what :meth:`computation` returns for it.
+            position and is what :meth:`computation` returns for it. An output of
+            sequence or optional type is the importer's
+            :class:`~geon.frontends.onnx.structures.SequenceValue` or
+            :class:`~geon.frontends.onnx.structures.OptionalValue` (its tensors'
+            values: ``.tensor()`` gives an element's op); :meth:`computation` returns
+            a list of arrays for a sequence, and the value or ``None`` for an
+            optional.
         variables: ``{initializer name: Variable}`` for the floating-point
             initializers, trainable and initialized from the model.
-        output_dtypes: the ONNX element type of each output (booleans are computed as
+        output_dtypes: the ONNX element type of each output (of a sequence's or an
+            optional's tensors for those; booleans are computed as
             1.0 / 0.0 and returned as ``bool`` by :meth:`computation`).
         opsets: ``{domain: version}`` of the model.
         label_checks: the class labels of the loss nodes that are only known when the
@@ -132,7 +141,8 @@ class OnnxGraph:
             them on every call.
     """
 
-    def __init__(self, inputs: list[og.Placeholder], outputs: list[Optional[og.TensorOp]],
+    def __init__(self, inputs: list[og.Placeholder],
+                 outputs: list[Union[og.TensorOp, None, SequenceValue, OptionalValue]],
                  variables: dict[str, og.Variable], output_dtypes: Sequence[np.dtype],
                  input_dtypes: Sequence[np.dtype], opsets: dict[str, int],
                  empty_outputs: Optional[Mapping[int, np.ndarray]] = None,
@@ -155,7 +165,12 @@ class OnnxGraph:
         model runs, computed ones after)."""
         tf = (be.make_transformer(transformer or "numpy")
               if transformer is None or isinstance(transformer, str) else transformer)
-        computed = [o for o in self.outputs if o is not None]
+        # Each output's plan (see _plan): the ops to compute, one per tensor computed at
+        # run time, and how the results make the outputs (a sequence's elements are
+        # results of their own, regrouped into a list).
+        computed: list = []
+        plans = [_plan(o, d, self.empty_outputs.get(k), computed)
+                 for k, (o, d) in enumerate(zip(self.outputs, self.output_dtypes))]
         # Labels fed as graph inputs are checked in the feeds; computed labels are
         # extra results of the computation, checked before the outputs are returned.
         position = {id(p): k for k, p in enumerate(self.inputs)}
@@ -165,8 +180,6 @@ class OnnxGraph:
         comp = tf.computation(computed + extra, *self.inputs) if computed or extra \
             else None
         in_types = [carrier(d) for d in self.input_dtypes]
-        out_types = list(self.output_dtypes)
-        empty_out = self.empty_outputs
 
         def run(*arrays):
             if len(arrays) != len(in_types):
@@ -180,10 +193,49 @@ class OnnxGraph:
             for c, value in zip(later, results[len(computed):]):
                 check_labels(value, c.classes, c.ignore_index, f"{c.where}: the labels")
             outs = iter(results[:len(computed)])
-            return [empty_out[k].copy() if k in empty_out else _output(next(outs), d)
-                    for k, d in enumerate(out_types)]
+            return [_unplan(p, outs) for p in plans]
         setattr(run, "computation", comp)  # a function attribute (mypy: not declared)
         return run
+
+
+def _plan(out, dtype, empty, computed):
+    """How :meth:`OnnxGraph.computation` makes one output: ``("empty", array)`` (known
+    at import to have no elements), ``("tensor", dtype)`` (the next computed result,
+    its op appended to ``computed``), ``("sequence", [plans])`` or ``("optional",
+    plan or None)``."""
+    if isinstance(out, SequenceValue):
+        return ("sequence", [_plan_value(v, computed) for v in out.items])
+    if isinstance(out, OptionalValue):
+        if out.value is None:
+            return ("optional", None)
+        if isinstance(out.value, SequenceValue):
+            return ("optional", _plan(out.value, dtype, None, computed))
+        return ("optional", _plan_value(out.value, computed))
+    if out is None:
+        return ("empty", empty)
+    computed.append(out)
+    return ("tensor", dtype)
+
+
+def _plan_value(v, computed):
+    """The plan of a tensor's value inside a sequence or an optional."""
+    if v.array is not None and v.array.size == 0:
+        return ("empty", v.array)
+    computed.append(v.tensor())
+    return ("tensor", v.dtype)
+
+
+def _unplan(plan, outs):
+    """An output of :meth:`OnnxGraph.computation` from its plan and the iterator of the
+    computed results."""
+    what, arg = plan
+    if what == "empty":
+        return arg.copy()
+    if what == "tensor":
+        return _output(next(outs), arg)
+    if what == "sequence":
+        return [_unplan(p, outs) for p in arg]
+    return None if arg is None else _unplan(arg, outs)
 
 
 def _output(value, dtype):
@@ -266,7 +318,9 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
     names to shapes, for inputs with symbolic dimensions. ``input_values`` maps input
     names to arrays fixed at import: such inputs are constants of the graph (not in
     ``OnnxGraph.inputs``), which lets shape arguments given as inputs (a
-    ``Reshape``'s target shape, ``Unsqueeze``'s axes) be folded.
+    ``Reshape``'s target shape, ``Unsqueeze``'s axes) be folded. An input of sequence
+    or optional type must be given there (a list of arrays for a sequence, ``None``
+    for an empty optional): such values are held at import, never fed at run time.
 
     Raises :class:`UnsupportedOnnxOp` for an op, attribute, data type or opset the
     importer cannot map exactly, and :class:`InvalidOnnxModel` for a malformed model.
@@ -296,6 +350,9 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
     for vi in graph.input:
         if vi.name in values:  # an initializer: a default the graph does not take
             continue
+        if vi.type.WhichOneof("value") in ("sequence_type", "optional_type"):
+            values[vi.name] = _structure_input(vi, input_values)
+            continue
         shape, dtype = _tensor_type(vi, f"input {vi.name!r}", input_shapes)
         if vi.name in input_values:
             arr = np.asarray(input_values[vi.name])
@@ -320,13 +377,15 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
     for node in node_order(graph, set(values)):
         _import_node(node, values, opsets, state)
 
-    outputs: list[Optional[og.TensorOp]] = []
+    outputs: list[Union[og.TensorOp, None, SequenceValue, OptionalValue]] = []
     output_dtypes, empty_outputs = [], {}
     for vi in graph.output:
         if vi.name not in values:
             raise InvalidOnnxModel(f"graph output {vi.name!r} is not made by any node")
         v = values[vi.name]
-        if v.array is not None and v.array.size == 0:
+        if isinstance(v, (SequenceValue, OptionalValue)):
+            outputs.append(v)  # its tensors are results of their own (see computation)
+        elif v.array is not None and v.array.size == 0:
             outputs.append(None)  # no elements: returned as they are
             empty_outputs[len(outputs) - 1] = v.array
         else:
@@ -334,6 +393,25 @@ def import_model(model: Union["onnx.ModelProto", bytes, str, os.PathLike],
         output_dtypes.append(v.dtype)
     return OnnxGraph(inputs, outputs, variables, output_dtypes, input_dtypes, opsets,
                      empty_outputs, state.label_checks)
+
+
+def _structure_input(vi, input_values):
+    """The value of a graph input of sequence or optional type: given at import
+    (``input_values``: a list of arrays for a sequence, ``None`` for an empty
+    optional), since sequences and optionals are structures the importer holds, not
+    tensors a computation is fed."""
+    what = f"input {vi.name!r}"
+    if vi.name not in input_values:
+        which = "a sequence" if vi.type.WhichOneof("value") == "sequence_type" else \
+            "an optional"
+        e = UnsupportedOnnxOp(
+            f"{what} is {which}: sequences and optionals are held at import, not fed "
+            f"when the model runs; give its value with input_values={{{vi.name!r}: "
+            f"[arrays] (a sequence) or None (an empty optional)}}")
+        e.value_name = vi.name
+        raise e
+    return given_value(vi.type, input_values[vi.name], what,
+                       lambda arr: Value(array=arr))
 
 
 def _geon_name(name):
@@ -370,6 +448,11 @@ def _import_node(node, values, opsets, state, depth=0):
         _import_function(node, body, values, opsets, state, depth, where)
         return
     args = [values[name] if name else None for name in node.input]
+    if not getattr(build, "takes_structures", False):
+        for i, a in enumerate(args):
+            if is_structure(a):
+                raise UnsupportedOnnxOp(f"{where}: input {i} ({node.input[i]!r}) is "
+                                        f"{kind(a)}; the op takes tensors here")
     ctx = Context(node, args, version, where, state)
     ctx.scope, ctx.opsets = values, opsets  # what a subgraph (If, Loop, Scan) may read
     try:
@@ -389,14 +472,17 @@ def _import_node(node, values, opsets, state, depth=0):
     outs = [o for o in node.output]
     if len(results) < len([o for o in outs if o]):
         raise UnsupportedOnnxOp(f"{where}: output(s) {outs[len(results):]} not supported")
+    given = [x.array for a in args if a is not None for x in leaves(a)]
     for name, v in zip(outs, results):
         if not name or v is None:
+            continue
+        if is_structure(v):  # made of values already checked and counted
+            values[name] = v
             continue
         if not isinstance(v, Value):
             raise AssertionError(f"{where}: builder returned {v!r}")
         check_size(v.shape, v.dtype, where, f"output {name!r}")
-        if v.array is not None and not any(a is not None and v.array is a.array
-                                           for a in args):
+        if v.array is not None and not any(v.array is a for a in given):
             state.folded_bytes += v.array.nbytes
         values[name] = v
 
@@ -439,6 +525,8 @@ def _function_body(node, domain, version, values):
                 t = onnx.TypeProto()
                 if name:
                     v = values[name]
+                    if is_structure(v):
+                        return None
                     t = onnx.helper.make_tensor_type_proto(
                         onnx.helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
                 types.append(t.SerializeToString())
@@ -614,7 +702,10 @@ class Context:
         return v.array
 
     def all_known(self):
-        return all(a is None or a.array is not None for a in self.args)
+        """Whether every input is known at import (a sequence's or an optional's
+        tensors all known)."""
+        return all(x.array is not None for a in self.args if a is not None
+                   for x in leaves(a))
 
     # --- attributes ------------------------------------------------------------------
     def attr(self, name, default=None):
@@ -665,4 +756,5 @@ class Context:
         return Value(array=arr)
 
 
-__all__ = ["FOLD_LIMIT", "LabelCheck", "OnnxGraph", "Value", "check_labels", "import_model"]
+__all__ = ["FOLD_LIMIT", "LabelCheck", "OnnxGraph", "OptionalValue", "SequenceValue",
+           "Value", "check_labels", "import_model"]

@@ -18,12 +18,14 @@ module             operators
 ``spectral``       windows, Fourier transforms, mel weights
 ``bits``           bitwise operators, shifts, bit casts
 ``control_flow``   If, Loop, Scan (subgraphs as geon's cond, while_loop and scan)
+``sequences``      sequences and optionals (held at import), Identity
 =================  ==============================================================
 """
 
 from geon.frontends.onnx.builders import (bits, control_flow, elementwise,  # noqa: F401
                                           indexing, nn, quantization, recurrent,
-                                          reductions, sampling, shapes, spectral)
+                                          reductions, sampling, sequences, shapes,
+                                          spectral)
 from geon.frontends.onnx.builders.base import OPS, find_builder, onnx_op
 
 __all__ = ["OPS", "find_builder", "onnx_op"]

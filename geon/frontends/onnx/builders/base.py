@@ -38,6 +38,13 @@ def onnx_op(op_type: str, since: int = 1, until: int = _LAST, domain: str = ""
     return register
 
 
+def takes_structures(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: the builder takes sequence and optional values too (the importer
+    refuses them, naming the node, as the inputs of any other builder)."""
+    setattr(fn, "takes_structures", True)
+    return fn
+
+
 def find_builder(domain, op_type, version, where):
     """The builder of ``op_type`` at ``version``, or :class:`UnsupportedOnnxOp`."""
     entries = OPS.get((domain, op_type))

@@ -9,16 +9,26 @@ op then takes as a closure. A subgraph whose value is known at import (an ``If``
 known condition) is imported alone, and a ``Loop`` whose body needs its iteration number
 at import (a ``Slice`` at it, say) and whose trip count is known and small is unrolled.
 
-Only tensors are carried: sequence and optional values are refused, as everywhere in
-this importer.
+Sequences and optionals are structures the importer holds at import
+(:mod:`geon.frontends.onnx.structures`): ``SequenceMap`` imports its body once per
+position of the sequences; an ``If`` whose branches give them imports the
+branch taken when its condition is known at import, and otherwise chooses each tensor
+inside at run time when both branches give the same structure (sequences of the same
+length, tensors of the same shapes and types); a ``Loop`` that carries them is unrolled
+at import, its trip count, initial condition and the body's condition at each iteration
+known then.
 """
 
 import numpy as np
 
 import geon as be
 from geon.errors import GeonError
-from geon.frontends.onnx.builders.base import cast, onnx_op
-from geon.frontends.onnx.loading import UnsupportedOnnxOp, onnx_module, tensor_array
+from geon.frontends.onnx.builders.base import cast, onnx_op, takes_structures
+from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, onnx_module,
+                                         tensor_array)
+from geon.frontends.onnx.structures import (OptionalValue, SequenceValue,
+                                            describe_signature, is_structure, kind, leaves,
+                                            rebuild, signature, value_type)
 from geon.op_graph.coercion import canonical_axes
 
 gnp = be.np
@@ -26,6 +36,10 @@ gnp = be.np
 #: A ``Loop`` that must be unrolled (its body needs its iteration number at import)
 #: is unrolled only for at most this many iterations.
 UNROLL_LIMIT = 256
+
+#: A ``Loop`` carrying sequences or optionals (unrolled at import, since they exist at
+#: import only) is unrolled for at most this many iterations.
+STRUCTURE_UNROLL_LIMIT = 10_000
 
 
 def _graph(ctx, name):
@@ -100,27 +114,69 @@ def _geon_errors(ctx, fn):
 # --- If ---------------------------------------------------------------------------------
 
 @onnx_op("If", 1)
+@takes_structures
 def _if(ctx):
-    """``cond(c, then, else)``; a condition known at import imports its branch alone."""
+    """``cond(c, then, else)``; a condition known at import imports its branch alone.
+    Branches giving sequences or optionals choose each tensor inside at run time, when
+    both give the same structure."""
     then_g, else_g = _graph(ctx, "then_branch"), _graph(ctx, "else_branch")
     c = ctx.value(0)
+    if is_structure(c):
+        raise ctx.unsupported(f"its condition is {kind(c)}, not a tensor")
     if c.array is not None:
         return import_subgraph(ctx, then_g if _truth(c.array) else else_g, [])
     pred = _scalar(ctx, 0)
-    types = {}
+    types, sigs = {}, {}
 
     def branch(g, name):
         def build():
             outs = import_subgraph(ctx, g, [])
             types[name] = [v.dtype for v in outs]
-            return tuple(v.tensor() for v in outs)
+            sigs[name] = [signature(v) for v in outs]
+            if not any(is_structure(v) for v in outs):
+                return tuple(v.tensor() for v in outs)
+            flat = tuple(x.tensor() for v in outs for x in leaves(v))
+            # (a branch of no tensor at all still gives cond one result)
+            return flat or (gnp.constant(0.0, dtype=np.float32),)
         return build
-    res = _geon_errors(ctx, lambda: be.cond(pred, branch(then_g, "then"),
-                                            branch(else_g, "else")))
+
+    def structures_differ():
+        return len(sigs) == 2 and sigs["then"] != sigs["else"] and any(
+            s[0] != "tensor" for s in sigs["then"] + sigs["else"])
+    try:
+        res = be.cond(pred, branch(then_g, "then"), branch(else_g, "else"))
+    except UnsupportedOnnxOp:
+        raise
+    except GeonError as e:
+        if structures_differ():
+            raise _structures_differ(ctx, sigs) from None
+        raise ctx.unsupported(f"{type(e).__name__}: {e}") from None
+    if structures_differ():
+        raise _structures_differ(ctx, sigs)
     if types["then"] != types["else"]:
         raise ctx.unsupported(f"its branches give the types {types['then']} and "
                               f"{types['else']}")
-    return [ctx.out(_positional(r), d) for r, d in zip(res, types["then"])]
+    if not isinstance(res, tuple):
+        res = (res,)
+    flat = iter(res)
+    return [rebuild(sig, lambda d: ctx.out(_positional(next(flat)), d))
+            for sig in sigs["then"]]
+
+
+def _structures_differ(ctx, sigs):
+    """The refusal of an ``If`` whose condition is computed at run time and whose
+    branches give different sequences or optionals (its ``value_name``: the
+    condition)."""
+    then = ", ".join(describe_signature(s) for s in sigs["then"])
+    other = ", ".join(describe_signature(s) for s in sigs["else"])
+    e = ctx.unsupported(
+        f"its condition ({ctx.node.input[0]!r}) is computed at run time and its branches "
+        f"give different sequences or optionals ({then}; {other}): these are held at "
+        f"import, so a choice at run time needs the same structure in both (sequences "
+        f"of the same length, tensors of the same shapes and types); the condition "
+        f"must be known at import")
+    e.value_name = ctx.node.input[0]
+    return e
 
 
 # --- Loop --------------------------------------------------------------------------------
@@ -136,13 +192,20 @@ def _loop_counts(ctx, body):
 
 
 @onnx_op("Loop", 1)
+@takes_structures
 def _loop(ctx):
     """Without scan outputs, a ``while_loop`` over (iteration, condition, carried
     values); with them, a ``scan`` over the trip count (known at import, the condition
-    staying true). A body that needs its iteration number at import is unrolled."""
+    staying true). A body that needs its iteration number at import is unrolled, and so
+    is a loop carrying sequences or optionals."""
     body = _graph(ctx, "body")
     n_carried, n_scan = _loop_counts(ctx, body)
+    for i in (0, 1):
+        if ctx.has(i) and is_structure(ctx.value(i)):
+            raise ctx.unsupported(f"input {i} is {kind(ctx.value(i))}, not a tensor")
     carried = [ctx.value(2 + k) for k in range(n_carried)]
+    if any(is_structure(v) for v in carried):
+        return _unrolled_structures(ctx, body, carried, n_scan)
     if n_scan:
         trips = int(np.asarray(ctx.const(0)).reshape(-1)[0]) if ctx.has(0) else None
         if trips is None:
@@ -253,6 +316,113 @@ def _unrolled(ctx, body, carried, n_scan, why):
     return res
 
 
+def _known_loop_input(ctx, i, what):
+    """Input ``i`` of a loop carrying sequences or optionals (the trip count or the
+    condition), which must be known at import."""
+    v = ctx.value(i)
+    if v.array is None:
+        e = ctx.unsupported(
+            f"{what} ({ctx.node.input[i]!r}) is computed at run time; the loop carries "
+            f"sequences or optionals, which are held at import, so it is unrolled at "
+            f"import and needs {what} known then (a constant, or a graph input fixed "
+            f"with input_values=)")
+        e.value_name = ctx.node.input[i]
+        raise e
+    return np.asarray(v.array).reshape(-1)[0]
+
+
+def _unrolled_structures(ctx, body, carried, n_scan):
+    """A loop carrying sequences or optionals, unrolled at import: each iteration is
+    the body's nodes imported as ordinary ops, its iteration number a constant, and the
+    body's condition known at import at each iteration."""
+    trips = int(_known_loop_input(ctx, 0, "its trip count")) if ctx.has(0) else None
+    more = _truth(_known_loop_input(ctx, 1, "its condition")) if ctx.has(1) else True
+    if trips is not None and trips > STRUCTURE_UNROLL_LIMIT:
+        raise ctx.unsupported(f"its trip count is {trips}: a loop carrying sequences or "
+                              f"optionals is unrolled at import, for at most "
+                              f"{STRUCTURE_UNROLL_LIMIT} iterations")
+    values, scans = list(carried), [[] for _ in range(n_scan)]
+    i = 0
+    while more and (trips is None or i < trips):
+        if i == STRUCTURE_UNROLL_LIMIT:
+            raise ctx.unsupported(f"its condition is still true after "
+                                  f"{STRUCTURE_UNROLL_LIMIT} iterations: a loop carrying "
+                                  f"sequences or optionals is unrolled at import, for at "
+                                  f"most {STRUCTURE_UNROLL_LIMIT} iterations")
+        ins = [ctx.known(np.array(i, dtype=np.int64)), ctx.known(np.array(True))] + values
+        outs = import_subgraph(ctx, body, ins)
+        cond = outs[0]
+        if is_structure(cond) or cond.array is None:
+            raise ctx.unsupported(
+                f"its body's condition ({body.output[0].name!r}) is computed at run time "
+                f"(iteration {i}); the loop carries sequences or optionals, which are "
+                f"held at import, so it is unrolled at import and needs the condition "
+                f"known then")
+        more = _truth(cond.array)
+        new = outs[1:1 + len(carried)]
+        for k, (old, v) in enumerate(zip(values, new)):
+            if is_structure(old) != is_structure(v):
+                raise ctx.unsupported(f"its body gives loop-carried value {k} as "
+                                      f"{kind(v)}, where it was {kind(old)}")
+        values = new
+        for s, v in zip(scans, outs[1 + len(carried):]):
+            if is_structure(v):
+                raise ctx.unsupported(f"its scan outputs are {kind(v)}; tensors only")
+            s.append(v)
+        i += 1
+    if n_scan and not scans[0]:
+        raise ctx.unsupported("scan outputs of a loop that runs no iteration (empty)")
+    res = list(values)
+    for s in scans:
+        if all(v.array is not None for v in s):
+            res.append(ctx.known(np.stack([v.array for v in s]), s[0].dtype))
+        else:
+            res.append(ctx.out(gnp.stack([v.tensor() for v in s], 0), s[0].dtype))
+    return res
+
+
+# --- SequenceMap -----------------------------------------------------------------------
+
+@onnx_op("SequenceMap", 17)
+@takes_structures
+def _sequence_map(ctx):
+    """The body applied to each position of the input sequences (the tensor inputs
+    given whole to every application), unrolled at import: sequences are held at
+    import, their length known then."""
+    body = _graph(ctx, "body")
+    ins = [ctx.value(i) for i in range(ctx.n_inputs())]
+    if len(body.input) != len(ins):
+        raise ctx.unsupported(f"its body takes {len(body.input)} inputs, {len(ins)} given")
+    lengths = {len(v.items) for v in ins if isinstance(v, SequenceValue)}
+    if not isinstance(ins[0], SequenceValue) or len(lengths) != 1:
+        raise InvalidOnnxModel(f"{ctx.where}: its first input must be a sequence, and all "
+                               f"its sequences of one length (they have {sorted(lengths)})")
+    if any(isinstance(v, OptionalValue) for v in ins):
+        raise ctx.unsupported("optional inputs")
+    n = lengths.pop()
+    if n > STRUCTURE_UNROLL_LIMIT:
+        raise ctx.unsupported(f"its sequences have {n} tensors: it is unrolled at import, "
+                              f"for at most {STRUCTURE_UNROLL_LIMIT}")
+    outs = [[] for _ in body.output]
+    for j in range(n):
+        got = import_subgraph(ctx, body, [v.items[j] if isinstance(v, SequenceValue)
+                                          else v for v in ins])
+        for o, v in zip(outs, got):
+            if is_structure(v):
+                raise ctx.unsupported(f"its body gives {kind(v)}; tensors only")
+            o.append(v)
+    res = []
+    for o, vi in zip(outs, body.output):
+        types = {v.dtype for v in o}
+        if len(types) > 1:
+            raise InvalidOnnxModel(f"{ctx.where}: its body gives {vi.name!r} the types "
+                                   f"{sorted(str(t) for t in types)}")
+        dtype = types.pop() if types else value_type(vi.type, f"{ctx.where}: body output "
+                                                             f"{vi.name!r}")[1]
+        res.append(SequenceValue(o, dtype))
+    return res
+
+
 # --- Scan --------------------------------------------------------------------------------
 
 def _scan_attrs(ctx, n_in, n_out, ranks_in, version):
@@ -341,4 +511,4 @@ def _scan(ctx):
             for k in range(len(per[0]))]
 
 
-__all__ = ["UNROLL_LIMIT", "import_subgraph"]
+__all__ = ["STRUCTURE_UNROLL_LIMIT", "UNROLL_LIMIT", "import_subgraph"]

@@ -26,7 +26,6 @@ _unary("Sigmoid", be.sigmoid)
 _unary("Relu", gnp.relu, floating=False)
 _unary("Erf", gnp.erf)
 _unary("Softplus", gnp.softplus)
-_unary("Identity", lambda x: x, floating=False)
 
 
 @onnx_op("LeakyRelu")
