@@ -562,11 +562,15 @@ def test_fit_trains_on_the_last_partial_batch(digits):
     assert parts.step == 3
     assert_same_weights(whole, parts)
     assert 0.0 <= h.history["accuracy"][0] <= 1.0
-    data = nn.ArrayIterator(x, y, 32, shuffle=False, drop_remainder=False)
+    data = nn.ArrayIterator(x, y, 32, shuffle=False)
     assert data.steps_per_epoch == 3 and [len(b) for b, _ in data.epoch(0)] == [32, 32, 6]
-    assert nn.ArrayIterator(x, y, 32).steps_per_epoch == 2   # the iterator's default
+    assert nn.ArrayIterator(x, y, 32, drop_remainder=True).steps_per_epoch == 2
+    assert data.shard(0, 2).drop_remainder and data.shard(0, 2).steps_per_epoch == 1
     with pytest.raises(be.ArgumentError, match="sharded iterator .* drops the remainder"):
         nn.ArrayIterator(x, y, 8, rank=0, ranks=2, drop_remainder=False)
+    it = make(bn=True)
+    it.fit(nn.ArrayIterator(x, y, 32, shuffle=False), epochs=1, verbose=0)
+    assert_same_weights(it, whole)   # an iterator trains as the arrays do
 
 
 def test_fit_with_dropout_at_two_batch_sizes_keeps_one_step_counter(digits):

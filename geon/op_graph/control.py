@@ -177,7 +177,7 @@ BODY_ATTRS[Scan] = ("body",)  # (a body read anywhere else is refused)
 REMAT_POLICIES = ("step", "none", "checkpoints")
 
 
-def remat_segment(remat, steps):
+def remat_segment(remat: Any, steps: Any) -> Any:
     """The segment length of the policy ``remat`` over ``steps`` steps: ``None`` for
     ``"step"`` and ``"none"``; ``ceil(sqrt(steps))`` for ``"checkpoints"``; ``N`` for
     ``"checkpoints:N"`` (``N >= 1``). Anything else is an :class:`ArgumentError`, and

@@ -219,7 +219,7 @@ def dropout(x: og.TensorOp, rate: float, seed: int = 0, stream: Optional[int] = 
             training: bool = True, counter: Optional[og.Variable] = None) -> og.TensorOp:
     """Inverted dropout: each element of ``x`` kept with probability ``1 - rate`` and
     scaled by ``1 / (1 - rate)``, else 0. ``training=False`` returns ``x``. The mask is
-    one op, used by the value and by its derivative. ``counter``: see :func:`random`."""
+    one op, used by the value and by its derivative. ``counter``: as ``random``'s."""
     if not 0.0 <= rate < 1.0:
         raise ArgumentError(f"dropout: rate must be in [0, 1), not {rate!r} (at "
                             f"{nodes.DebugInfo().file_info})")

@@ -17,8 +17,8 @@ class ArrayIterator:
     ``shuffle=False``), so a run resumed at any step sees the batches it would have
     seen. An epoch has ``len(x) // batch_size`` full batches, then, unless
     ``drop_remainder``, the last ``len(x) % batch_size`` samples as a smaller batch
-    (with ``drop_remainder``, the default here, they are left out: a different
-    remainder each epoch when shuffled). ``Model.fit`` keeps the remainder.
+    (with ``drop_remainder`` they are left out: a different remainder each epoch when
+    shuffled). By default the remainder is kept, except by a sharded iterator.
 
     For data-parallel training (:meth:`shard`), ``batch_size`` is the *local* batch:
     a global batch is ``ranks * batch_size`` consecutive samples of the epoch's order,
@@ -29,7 +29,7 @@ class ArrayIterator:
 
     def __init__(self, x: Any, y: Any = None, batch_size: int = 32, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, ranks: int = 1,
-                 drop_remainder: bool = True) -> None:
+                 drop_remainder: Optional[bool] = None) -> None:
         self.x = np.asarray(x)
         self.y = None if y is None else np.asarray(y)
         if self.y is not None and len(self.y) != len(self.x):
@@ -45,16 +45,18 @@ class ArrayIterator:
                 f"), not {batch_size}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.rank, self.ranks = int(rank), int(ranks)
+        if drop_remainder is None:
+            drop_remainder = ranks > 1
         if ranks > 1 and not drop_remainder:
             raise ArgumentError("ArrayIterator: a sharded iterator (ranks > 1) drops the "
                                 "remainder (every rank's batch has batch_size samples); "
-                                "give drop_remainder=True")
+                                "leave drop_remainder out or give True")
         self.drop_remainder = bool(drop_remainder)
 
     def __repr__(self) -> str:
         targets = "no targets" if self.y is None else f"targets {self.y.shape[1:]}"
         shard = f", rank={self.rank}, ranks={self.ranks}" if self.ranks > 1 else ""
-        keep = "" if self.drop_remainder else ", drop_remainder=False"
+        keep = ", drop_remainder=True" if self.drop_remainder and self.ranks == 1 else ""
         return (f"ArrayIterator({len(self.x)} samples of {self.x.shape[1:]}, {targets}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}"
                 f"{shard}{keep})")
@@ -75,8 +77,8 @@ class ArrayIterator:
 
     @property
     def steps_per_epoch(self) -> int:
-        """The number of batches in an epoch: ``len(x) // global_batch_size`` full
-        ones, and one more for a remainder kept (``drop_remainder=False``)."""
+        """How many batches an epoch has, ``len(x) // global_batch_size`` full ones
+        and one more for a remainder kept (``drop_remainder=False``)."""
         full, left = divmod(len(self.x), self.global_batch_size)
         return full + (1 if left and not self.drop_remainder else 0)
 
