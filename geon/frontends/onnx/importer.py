@@ -7,7 +7,9 @@ whose inputs are all known arrays is evaluated at import, which folds shape-comp
 subgraphs (``Shape -> Gather -> Concat -> Reshape``) into constants.
 """
 
+import keyword
 import os
+import re
 from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence,
                     Union)
 
@@ -21,9 +23,12 @@ from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, ch
                                          narrow_format, node_order, onnx_module,
                                          tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
+from geon.frontends.onnx.symbolic import host_result
+from geon.transformers.codegen_text import RESERVED
 from geon.frontends.onnx.structures import (OptionalValue, SequenceValue, given_value,
                                             is_structure, kind, leaves)
 from geon.op_graph import op_graph as og
+from geon.op_graph.symbols import MAX_NAME, Sym, Symbol, SymbolicLengthError
 from geon.transformers.base import Transformer
 
 if TYPE_CHECKING:  # only for the annotations: importing geon never needs onnx
@@ -102,15 +107,38 @@ class Value:
         return self.array.shape if self.array is not None else be.np.shape(self.tensor())
 
     def tensor(self) -> og.TensorOp:
-        """The value as a geon op (a constant for a known array)."""
+        """The value as a geon op (a constant for a known array; for shape values
+        holding symbolic lengths, their values computed when the model runs)."""
         if self.op is None:
             array = self.array
             assert array is not None  # __init__ has one of op and array
+            if array.dtype == object:
+                self.op = symbolic_tensor(array, carrier(self.dtype))
+                return self.op
             if array.size == 0:
                 raise UnsupportedOnnxOp(f"an empty tensor (shape {array.shape}) used "
                                         f"as an operand: geon has no empty tensors")
             self.op = be.np.constant(array.astype(carrier(self.dtype)))
         return self.op
+
+
+def is_symbolic_array(array: Any) -> bool:
+    """Whether ``array`` is a shape value known at import that holds symbolic lengths
+    (an object array of ints and ``Sym`` expressions)."""
+    return isinstance(array, np.ndarray) and array.dtype == object
+
+
+def symbolic_tensor(array: np.ndarray, dtype: Any) -> og.TensorOp:
+    """The op whose value is ``array`` (ints and symbolic lengths) in ``dtype``, the
+    symbolic elements computed from the binding when the model runs."""
+    from geon.op_graph.primitives import LengthValue
+    flat = [LengthValue(v, dtype=dtype) if isinstance(v, Sym)
+            else be.np.constant(np.asarray(v, dtype)) for v in array.ravel()]
+    if array.ndim == 0:
+        return flat[0]
+    parts = [be.np.reshape(f, (1,)) for f in flat]
+    whole = parts[0] if len(parts) == 1 else be.np.concatenate(parts, axis=0)
+    return whole if array.ndim == 1 else be.np.reshape(whole, array.shape)
 
 
 class OnnxGraph:
@@ -257,6 +285,18 @@ def _output(value, dtype):
     return out
 
 
+def _symbol_name(dim_param, input_name, k):
+    """The symbol of a dimension without a length: its ``dim_param`` (the same name in
+    two inputs is one symbol) made an identifier, or ``<input>_<k>`` for an unnamed
+    one."""
+    name = dim_param or f"{input_name}_{k}"
+    name = re.sub(r"\W", "_", name.encode("ascii", "replace").decode("ascii"))
+    if not name[:1].isalpha() or keyword.iskeyword(name) or name in RESERVED \
+            or name in ("np", "setup", "run"):  # (names generated code uses)
+        name = "s_" + name
+    return name[:MAX_NAME]
+
+
 def _tensor_type(vi, what, input_shapes):
     """``(shape, dtype)`` of a graph input's ValueInfo, symbolic dimensions resolved
     from ``input_shapes``."""
@@ -291,14 +331,15 @@ def _tensor_type(vi, what, input_shapes):
         shape = []
         for k, d in enumerate(dims):
             if not d.HasField("dim_value"):
-                sym = d.dim_param or "?"
-                raise InvalidOnnxModel(
-                    f"{what}: dimension {k} is symbolic ({sym!r}); give its length with "
-                    f"input_shapes={{{vi.name!r}: (...)}}")
+                # a symbolic length, bound when the computation is called
+                shape.append(Symbol(_symbol_name(d.dim_param, vi.name, k)))
+                continue
             shape.append(int(d.dim_value))
         shape = tuple(shape)
     n = 1
     for d in shape:
+        if isinstance(d, Sym):
+            continue
         if d < 0:
             raise InvalidOnnxModel(f"{what}: negative dimension in {shape}")
         n *= d
@@ -455,14 +496,22 @@ def _import_node(node, values, opsets, state, depth=0):
                                         f"{kind(a)}; the op takes tensors here")
     ctx = Context(node, args, version, where, state)
     ctx.scope, ctx.opsets = values, opsets  # what a subgraph (If, Loop, Scan) may read
+    symbolic = any(isinstance(a, Value) and is_symbolic_array(a.array) for a in args)
     try:
-        results = build(ctx)
-        if ctx.all_known() and node.op_type not in NO_FOLD:
+        host = host_result(ctx) if symbolic and ctx.all_known() else None
+        if host is not None:  # shape arithmetic over symbolic lengths, at import
+            results = [Value(array=host, dtype=np.bool_ if host.dtype == np.bool_
+                             else np.int64)]
+        else:
+            results = build(ctx)
+        if ctx.all_known() and not symbolic and node.op_type not in NO_FOLD:
             results = _fold(results, state)
     except (UnsupportedOnnxOp, InvalidOnnxModel):
         raise
     except GeonError as e:
         raise InvalidOnnxModel(f"{where}: {e}") from None
+    except SymbolicLengthError as e:   # (a TypeError: checked first)
+        raise UnsupportedOnnxOp(f"{where}: {e}") from None
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
             OverflowError) as e:
         raise InvalidOnnxModel(f"{where}: the node does not fit its inputs: {e}") from None
@@ -751,6 +800,11 @@ class Context:
 
     def known(self, array, dtype=None):
         arr = np.asarray(array)
+        if is_symbolic_array(arr):  # shape values with symbolic lengths
+            dtype = np.dtype(np.int64 if dtype is None else dtype)
+            if dtype.kind in "iu":
+                return Value(array=arr, dtype=dtype)
+            return Value(op=symbolic_tensor(arr, carrier(dtype)), dtype=dtype)
         if dtype is not None:
             arr = arr.astype(dtype)
         return Value(array=arr)

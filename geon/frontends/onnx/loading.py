@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from geon.op_graph.symbols import Sym
 from geon.errors import GeonError
 
 #: The most bytes one tensor of a model may declare (initializers, constants and every
@@ -124,10 +125,11 @@ def elem_name(elem_type):
 
 def element_count(shape: Sequence[int]) -> int:
     """The number of elements of ``shape``, exactly (Python integers: a product of
-    dimensions never wraps around as NumPy's ``prod`` of int64 does)."""
-    n = 1
+    dimensions never wraps around as NumPy's ``prod`` of int64 does); an expression
+    where a length is symbolic."""
+    n: Any = 1
     for d in shape:
-        n *= int(d)
+        n *= d if isinstance(d, Sym) else int(d)
     return n
 
 
@@ -141,7 +143,18 @@ def check_size(shape: Sequence[int], dtype: Any, where: str, what: str = "its re
 
     Every builder calls this (through ``Context.bound``) with the shape of what it
     is about to compute at import *before* computing it, so a 96-byte file cannot
-    allocate terabytes first."""
+    allocate terabytes first. A symbolic length (a graph input's ``dim_param``) is
+    bound when the model runs: a shape holding one returns its element count as an
+    expression, its fixed lengths checked now."""
+    if any(isinstance(d, Sym) for d in shape):
+        fixed = [int(d) for d in shape if not isinstance(d, Sym)]
+        if any(d < 0 for d in fixed):
+            raise InvalidOnnxModel(f"{where}: {what} would have a negative dimension "
+                                   f"({list(shape)})")
+        total: Any = 1
+        for d in shape:
+            total = total * d
+        return total
     shape = [int(d) for d in shape]
     if any(d < 0 for d in shape):
         raise InvalidOnnxModel(f"{where}: {what} would have a negative dimension "

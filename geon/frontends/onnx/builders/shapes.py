@@ -4,6 +4,7 @@ ranges, dropout, one-hot, depth/space rearrangements and crops."""
 import numpy as np
 
 import geon as be
+from geon.op_graph.symbols import Sym
 from geon.frontends.onnx.builders.base import _norm_axis, carrier, cast, onnx_op, to_narrow
 from geon.frontends.onnx.loading import (InvalidOnnxModel, elem_dtype, elem_name,
                                          element_count, narrow_format)
@@ -14,19 +15,31 @@ gnp = be.np
 # --- shapes -----------------------------------------------------------------------------
 
 def _shape_arg(ctx, i):
-    return [int(d) for d in np.ravel(ctx.const(i))]
+    return [d if isinstance(d, Sym) else int(d) for d in np.ravel(ctx.const(i))]
+
+
+def _ints(values):
+    """``values`` (ints, maybe symbolic lengths) as a known int64 array: an object
+    array where one is symbolic (see ``importer.is_symbolic_array``)."""
+    values = list(values) if not isinstance(values, (int, Sym)) else values
+    flat = values if isinstance(values, list) else [values]
+    if any(isinstance(v, Sym) for v in flat):
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+        return arr if isinstance(values, list) else arr.reshape(())
+    return np.array(values, np.int64)
 
 
 @onnx_op("Shape", 1)
 def _shape(ctx):
     shape = ctx.shape(0)
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
-    return [ctx.known(np.array(shape[slice(start, end)], np.int64))]
+    return [ctx.known(_ints(list(shape[slice(start, end)])), np.int64)]
 
 
 @onnx_op("Size", 1)
 def _size(ctx):
-    return [ctx.known(np.array(element_count(ctx.shape(0)), np.int64))]
+    return [ctx.known(_ints(element_count(ctx.shape(0))), np.int64)]
 
 
 @onnx_op("Reshape", 5)
@@ -338,10 +351,11 @@ def _constant_of_shape(ctx):
     shape = _shape_arg(ctx, 0)
     value = ctx.attr("value")
     value = np.zeros(1, np.float32) if value is None else value
-    if any(d < 0 for d in shape):
+    if any(not isinstance(d, Sym) and d < 0 for d in shape):
         raise ctx.unsupported(f"negative dimension in shape {shape}")
     n = ctx.bound(shape, carrier(value.dtype))
-    if n * value.dtype.itemsize > (1 << 16):  # large: a filled constant, not an array
+    if isinstance(n, Sym) or n * value.dtype.itemsize > (1 << 16):
+        # large, or of a symbolic length: a filled constant, not an array
         return [ctx.out(gnp.full(shape, np.ravel(value)[0], dtype=carrier(value.dtype)),
                         value.dtype)]
     ctx.bound(shape, value.dtype, known=True)
@@ -365,12 +379,30 @@ def _range_length(ctx, start, limit, delta):
     return max(int(np.ceil(n)), 0)
 
 
+def _symbolic_range(ctx, start, limit, delta):
+    """``Range`` whose start or limit is a symbolic length (positions ``0 .. T-1``):
+    ``start + delta * k`` for ``k < n``, ``n = ceil((limit - start) / delta)``, computed
+    when the model runs (a running sum of ones)."""
+    if isinstance(delta, Sym) or int(delta) <= 0:
+        raise ctx.unsupported(f"a range over a symbolic length needs a positive int "
+                              f"step, not {delta!r}")
+    d = int(delta)
+    n = (limit - start + d - 1) // d
+    dtype = carrier(ctx.dtype(0))
+    k = gnp.cumsum(gnp.full((n,), 1, dtype=dtype)) - 1
+    first = start if not isinstance(start, Sym) else \
+        ctx.known(np.array(start, dtype=object)).tensor()
+    return ctx.out(k * d + first if d != 1 else k + first, ctx.dtype(0))
+
+
 @onnx_op("Range", 11)
 def _range(ctx):
     start, limit, delta = (ctx.const(i) for i in range(3))
     if any(v.size != 1 for v in (start, limit, delta)):
         raise ctx.unsupported("start, limit and delta must be scalars")
     start, limit, delta = (v.reshape(()) for v in (start, limit, delta))
+    if any(v.dtype == object for v in (start, limit, delta)):
+        return [_symbolic_range(ctx, start[()], limit[()], delta[()])]
     ctx.bound([_range_length(ctx, start, limit, delta)], start.dtype, "the range",
               known=True)
     return [ctx.known(np.arange(start, limit, delta, dtype=start.dtype))]
