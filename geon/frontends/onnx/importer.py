@@ -509,9 +509,16 @@ def _import_node(node, values, opsets, state, depth=0):
     except (UnsupportedOnnxOp, InvalidOnnxModel):
         raise
     except GeonError as e:
-        raise InvalidOnnxModel(f"{where}: {e}") from None
+        hint = ""
+        if any(isinstance(v, Sym) for a in args if isinstance(a, Value)
+               for v in (np.ravel(a.array) if a.array is not None else a.shape)):
+            hint = (" (the shapes hold symbolic lengths: import_model(..., "
+                    "input_shapes=...) fixes them)")
+        raise InvalidOnnxModel(f"{where}: {e}{hint}") from None
     except SymbolicLengthError as e:   # (a TypeError: checked first)
-        raise UnsupportedOnnxOp(f"{where}: {e}") from None
+        raise UnsupportedOnnxOp(f"{where}: {e}; import_model(..., input_shapes=...) "
+                                f"fixes the lengths of the inputs' symbolic dimensions"
+                                ) from None
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
             OverflowError) as e:
         raise InvalidOnnxModel(f"{where}: the node does not fit its inputs: {e}") from None
