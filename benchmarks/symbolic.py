@@ -40,32 +40,43 @@ def lstm_step(seq_axis):
     return be.NumPyTransformer(compiled=False).computation(results, x, t)
 
 
-def lstm_rows(lengths, repeats):
-    import numpy as np
-    rng = np.random.default_rng(1)
-    symbolic = lstm_step(be.symbolic_axis("T", recurrent=True))
+def compare(symbolic, make_fixed, sizes, data, repeats, inner, title, what):
+    """One table row per size: ``symbolic`` (one computation) against ``make_fixed(n)``
+    (one per size) on ``data(n)``, interleaved; the first call at the size (its memory
+    plan) and the planned bytes, symbolic / fixed."""
     rows = []
-    for n in lengths:
-        x = rng.standard_normal((32, n, 32)).astype(np.float32)
-        t = 0.1 * rng.standard_normal((32, n, 256)).astype(np.float32)
+    for n in sizes:
+        args = data(n)
         t0 = time.perf_counter()
-        symbolic(x, t)  # a new binding: plans its memory
+        symbolic(*args)  # a new binding: plans its memory
         first = time.perf_counter() - t0
-        fixed = lstm_step(be.Axis(n, "T", recurrent=True))
-        fixed(x, t)
-        times = interleaved_stats({"fixed": lambda: fixed(x, t),
-                                   "symbolic": lambda: symbolic(x, t)},
-                                  repeats=repeats, inner=max(1, 32 // n))
+        fixed = make_fixed(n)
+        fixed(*args)
+        times = interleaved_stats({"fixed": lambda: fixed(*args),
+                                   "symbolic": lambda: symbolic(*args)},
+                                  repeats=repeats, inner=inner(n))
         planned = sum(symbolic._plans[(n,)].sizes), sum(fixed.plan.sizes)
         rows.append([n, pair(us, times["fixed"]), pair(us, times["symbolic"]),
                      ratio(times["symbolic"], times["fixed"]), us(first),
                      f"{planned[0] / planned[1]:.3f} ({planned[1]:,} bytes fixed)"])
-    table("LSTM training step (hidden 256, batch 32), one computation over a symbolic "
-          "sequence axis against one per length (median (minimum))",
-          ["length", "fixed", "symbolic", "symbolic / fixed", "first call at the length",
-           "planned memory, symbolic / fixed"], rows)
+    table(title, [what, "fixed", "symbolic", "symbolic / fixed", f"first call at the {what}",
+                  "planned memory, symbolic / fixed"], rows)
     print(f"\nsymbolic: {symbolic.transformations} transformation, {symbolic.plans} "
           f"plans")
+
+
+def lstm_rows(lengths, repeats):
+    import numpy as np
+    rng = np.random.default_rng(1)
+
+    def data(n):
+        return (rng.standard_normal((32, n, 32)).astype(np.float32),
+                0.1 * rng.standard_normal((32, n, 256)).astype(np.float32))
+    compare(lstm_step(be.symbolic_axis("T", recurrent=True)),
+            lambda n: lstm_step(be.Axis(n, "T", recurrent=True)), lengths, data, repeats,
+            lambda n: max(1, 32 // n),
+            "LSTM training step (hidden 256, batch 32), one computation over a symbolic "
+            "sequence axis against one per length (median (minimum))", "length")
 
 
 def main(argv=None):
@@ -78,27 +89,10 @@ def main(argv=None):
     params = mlp.init_params()
     symbolic = step(be.symbolic_axis("N", batch=True), params)
     symbolic(*mlp.data(2))  # allocates and initializes (not a cost of a new size)
-    rows = []
-    for n in args.batches:
-        x, t = mlp.data(n)
-        t0 = time.perf_counter()
-        symbolic(x, t)  # a new binding: plans its memory
-        first = time.perf_counter() - t0
-        fixed = step(be.Axis(n, "N", batch=True), params)
-        times = interleaved_stats({"fixed": lambda: fixed(x, t),
-                                   "symbolic": lambda: symbolic(x, t)},
-                                  repeats=args.repeats, inner=max(1, 256 // n))
-        # the bytes of the memory plans (the arenas of the intermediate values)
-        planned = sum(symbolic._plans[(n,)].sizes), sum(fixed.plan.sizes)
-        rows.append([n, pair(us, times["fixed"]), pair(us, times["symbolic"]),
-                     ratio(times["symbolic"], times["fixed"]), us(first),
-                     f"{planned[0] / planned[1]:.3f} ({planned[1]:,} bytes fixed)"])
-    table("MLP training step, one symbolic computation against one per batch size "
-          "(median (minimum))",
-          ["batch", "fixed", "symbolic", "symbolic / fixed", "first call at the size",
-           "planned memory, symbolic / fixed"], rows)
-    print(f"\nsymbolic: {symbolic.transformations} transformation, {symbolic.plans} "
-          f"plans")
+    compare(symbolic, lambda n: step(be.Axis(n, "N", batch=True), params), args.batches,
+            mlp.data, args.repeats, lambda n: max(1, 256 // n),
+            "MLP training step, one symbolic computation against one per batch size "
+            "(median (minimum))", "batch")
     if args.lengths:
         lstm_rows(args.lengths, max(3, args.repeats // 3))
 

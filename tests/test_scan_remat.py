@@ -194,12 +194,13 @@ class _Unrolling(be.NumPyTransformer):
         return [UnrollScans()] + super().passes()
 
 
+@pytest.mark.parametrize("remat", ["checkpoints:2", "none"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_checkpoints_run_unrolled(reverse):
+def test_policies_run_unrolled(reverse, remat):
     vals = feeds(5)
-    ins, res, _ = tanh_rnn(5, "checkpoints:2", reverse)
+    ins, res, _ = tanh_rnn(5, remat, reverse)
     want = be.NumPyTransformer().computation(res, *ins)(*vals)
-    ins, res, _ = tanh_rnn(5, "checkpoints:2", reverse)
+    ins, res, _ = tanh_rnn(5, remat, reverse)
     comp = _Unrolling().computation(res, *ins)
     assert "_scan_bodies" not in comp.source
     close(want, comp(*vals), rtol=1e-11)
@@ -282,14 +283,3 @@ def test_none_serializes_and_differentiates_again_after_loading():
     # the gradient of the loaded cost, again: the twin's stored values are reused
     g = be.deriv(back[0], loaded_ins[2])
     close([be.NumPyTransformer().computation(g, *loaded_ins)(*vals)], [want[5]])
-
-
-@pytest.mark.parametrize("reverse", [False, True])
-def test_none_runs_unrolled(reverse):
-    vals = feeds(5)
-    ins, res, _ = tanh_rnn(5, "none", reverse)
-    want = be.NumPyTransformer().computation(res, *ins)(*vals)
-    ins, res, _ = tanh_rnn(5, "none", reverse)
-    comp = _Unrolling().computation(res, *ins)
-    assert "_scan_bodies" not in comp.source
-    close(want, comp(*vals), rtol=1e-11)
