@@ -571,6 +571,18 @@ def test_fit_trains_on_the_last_partial_batch(digits):
     it = make(bn=True)
     it.fit(nn.ArrayIterator(x, y, 32, shuffle=False), epochs=1, verbose=0)
     assert_same_weights(it, whole)   # an iterator trains as the arrays do
+    # the epoch's loss is the mean over its samples (the last batch weighs 6, not 32)
+
+    seen = []
+
+    class Losses(nn.Callback):
+        def on_step_end(self, model, step, logs):
+            seen.append(logs["loss"])
+    h2 = make(bn=True).fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0,
+                           callbacks=[Losses()])
+    assert len(seen) == 3
+    np.testing.assert_allclose(h2.history["loss"][0],
+                               (32 * seen[0] + 32 * seen[1] + 6 * seen[2]) / 70, rtol=1e-12)
 
 
 def test_fit_with_dropout_at_two_batch_sizes_keeps_one_step_counter(digits):
@@ -583,3 +595,11 @@ def test_fit_with_dropout_at_two_batch_sizes_keeps_one_step_counter(digits):
     counters = [v for v in model.transformer.variables() if v.name.startswith("rng_step")]
     assert len(counters) == 1
     assert int(model.transformer.state[counters[0]]) == 4   # advanced by every update
+    # a graph of the network built by hand (dropout at inference, say) advances it once
+    # per call, not running the training computations' increments too
+    xs = be.placeholder([be.Axis(3, "S", batch=True), F], name="xs")
+    f = model.transformer.computation(net(xs, training=True), xs)
+    f(x[:3])
+    assert int(model.transformer.state[counters[0]]) == 5
+    model.fit(x[:40], y[:40], epochs=1, verbose=0)
+    assert int(model.transformer.state[counters[0]]) == 7

@@ -270,6 +270,9 @@ def test_primitive_constructors_check_what_a_document_could_get_wrong():
         pr.SliceView(x, (slice(0, 2),), be.Axes(be.Axis(3, "K")))
     with pytest.raises(AxisMismatchError, match="one slice or int per dimension"):
         pr.SliceView(x, (slice(0, 2), 0), be.Axes(be.Axis(2, "K")))
+    for k in (3, -4):   # an index out of range (it would read outside the buffer)
+        with pytest.raises(AxisMismatchError, match=f"index {k} is out of range"):
+            pr.SliceView(x, (k,), be.Axes())
     with pytest.raises(AxisMismatchError, match="Unslice"):
         pr.Unslice(x, be.Axes(H), (slice(0, 2),))
     with pytest.raises(TypeError):

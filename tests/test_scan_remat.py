@@ -283,3 +283,27 @@ def test_none_serializes_and_differentiates_again_after_loading():
     # the gradient of the loaded cost, again: the twin's stored values are reused
     g = be.deriv(back[0], loaded_ins[2])
     close([be.NumPyTransformer().computation(g, *loaded_ins)(*vals)], [want[5]])
+
+
+def test_none_with_a_repeated_y_and_a_value_over_the_scanned_axis():
+    """A body returning one op twice among its ys (the merge keeps the scan whose ys
+    hold all the others'), and one reading a constant over the scanned axis itself
+    (not stacked along it: the adjoint recomputes it); values as under "step"."""
+    T = be.Axis(5, "T")
+    pos = be.constant(np.linspace(0.1, 0.5, 5), axes=[T], dtype=np.float64)
+    X, H0 = np.random.default_rng(6).standard_normal((5, 3)), np.full(3, 0.3)
+    got = {}
+    for remat in ("step", "none"):
+        x, h0 = be.placeholder([T, H], dtype=np.float64), be.placeholder([H], dtype=np.float64)
+
+        def body(h, xt):
+            k = be.sum(be.exp(pos * h), reduction_axes=[T])
+            hn = be.tanh(h * xt + 0.1 * k)
+            y = be.sin(hn)
+            return hn, (y, y)
+        hT, (y1, y2) = be.scan(body, h0, x, T, remat=remat)
+        c = be.sum(y1, out_axes=()) + be.sum(y2 * y2, out_axes=()) + be.sum(hT, out_axes=())
+        res = [c] + be.deriv(c, [x, h0])
+        got[remat] = be.NumPyTransformer().computation(res, x, h0)(X, H0)
+        close(got[remat], be.evaluate(res, feeds={x: X, h0: H0}))
+    close(got["step"], got["none"])

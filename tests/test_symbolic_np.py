@@ -91,3 +91,16 @@ def test_what_is_not_decidable_at_build_time_is_a_clear_error():
         x[0]
     with pytest.raises(be.ArgumentError, match="cannot reshape"):
         be.np.reshape(x, (4, -1))
+
+
+def test_mean_keeps_a_float16_sum_and_reshape_takes_a_bare_symbolic_length():
+    x = be.np.placeholder((N, 3), dtype=np.float16, name="x")
+    m = be.np.mean(x)
+    assert m.dtype == np.float16   # as NumPy's mean of float16
+    flat = be.np.reshape(x, N * 3)
+    assert flat.axes.lengths == (N * 3,)
+    f = be.NumPyTransformer().computation([m, flat], x)
+    X = np.arange(6, dtype=np.float16).reshape(2, 3)
+    got = f(X)
+    assert got[0] == X.mean() and got[0].dtype == np.float16
+    np.testing.assert_array_equal(got[1], X.ravel())

@@ -544,7 +544,10 @@ def _reading_stored(op, vjp):
     ``fwd`` computes what ``op`` does: the transformers' CSE merges the two scans
     (:func:`geon.transformers.passes.cse.merge_scans`)."""
     b = op.body
-    values = [v for v in _stored_values(b, vjp) if isinstance(v, TensorOp)]
+    # (a value over the scanned axis itself, a closed-over constant's view, say, cannot
+    # be stacked along it: the adjoint body recomputes it)
+    values = [v for v in _stored_values(b, vjp) if isinstance(v, TensorOp)
+              and op.axis.name not in v.axes.names]
     if not values:
         return vjp, op, []
     ys = list(b.ys_out) + [v for v in values if v not in b.ys_out]

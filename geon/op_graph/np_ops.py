@@ -259,8 +259,11 @@ def mean(a: ArrayLike, axis: AxisArg = None, keepdims: bool = False) -> og.Tenso
         n *= pos[i]
     if isinstance(n, Sym):  # the count, bound when the computation is called
         reduced = [split_axes(_front(x))[1][i] for i in idx]
-        count = og.TensorSize(x, reduction_axes=reduced)
-        return sum(x, axis, keepdims) / count
+        total = sum(x, axis, keepdims)
+        # (in the sum's float type: float16 stays float16, as NumPy's mean)
+        count = og.TensorSize(x, reduction_axes=reduced,
+                              dtype=total.dtype if total.dtype.kind == "f" else None)
+        return total / count
     return sum(x, axis, keepdims) / float(n)
 
 

@@ -27,7 +27,7 @@ def reshape(a: ArrayLike, newshape: Any) -> og.TensorOp:
     """NumPy's ``reshape`` (row-major; one dimension may be -1)."""
     x = _front(_tensor(a, "reshape"))
     pos = positional_shape(x)
-    if isinstance(newshape, (numbers.Integral, np.integer)):
+    if isinstance(newshape, (numbers.Integral, np.integer, Sym)):
         newshape = (newshape,)
     newshape = [n if isinstance(n, Sym) else int(n) for n in newshape]
     size = 1

@@ -46,6 +46,7 @@ from geon.op_graph.derivatives import (direction_axes, same_adjoint, same_tangen
 from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
                                     _fmt)
 from geon.op_graph.reductions import others_product, tied_mean
+from geon.op_graph.symbols import Sym
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 
@@ -262,6 +263,10 @@ def _check_key(op, key, full, part):
                                 f"or int per dimension of ({_fmt(full)})")
     if full.lengths_known and part.lengths_known:
         # (a symbolic length is kept whole, by slice(None); the fixed ones are cut)
+        for k, n in zip(key, full.lengths):
+            if not isinstance(k, slice) and not isinstance(n, Sym) and not -n <= k < n:
+                raise AxisMismatchError(f"{type(op).__name__} {op.name}: index {k} is out "
+                                        f"of range for a dimension of {n} in ({_fmt(full)})")
         got = tuple(n if k == slice(None) else
                     len(range(n)[k]) if isinstance(k, slice) else None
                     for k, n in zip(key, full.lengths))

@@ -39,6 +39,7 @@ from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
 from geon.op_graph import portable_math
 from geon.op_graph.axes import AxesLike, as_axes
+from geon.op_graph.shaping import value_of
 from geon.op_graph.derivatives import zero_adjoint, zero_tangent
 from geon.op_graph.ordering import PART_OF_READER
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
@@ -169,14 +170,22 @@ def random(axes, distribution="uniform", seed=0, stream=None, dtype=None, counte
     stream = next(_streams) if stream is None else stream
     if counter is None:
         counter = step_counter(stream)
+        # Built before the draw, so the draw (a later reader of the counter) runs after
+        # it and every computation of the draw advances the counter.
+        og.SetItem(counter, counter + 1, tags=PART_OF_READER)
     elif not (isinstance(counter, og.Variable) and counter.axes == og.Axes()
               and counter.dtype == np.int64):
         raise ArgumentError(f"random: counter must be an int64 scalar Variable (a "
                             f"step_counter), not {counter!r} (at "
                             f"{nodes.DebugInfo().file_info})")
-    # Built before the draw, so the draw (a later reader of the counter) runs after it
-    # and every computation of the draw advances the counter.
-    og.SetItem(counter, counter + 1, tags=PART_OF_READER)
+    else:
+        # A counter other graphs advance too: this increment reads it unordered and is
+        # not ordered after theirs (a computation of this draw runs its own only).
+        inc = og.SetItem(counter, value_of(counter) + 1, tags=PART_OF_READER)
+        for d in [d for d in inc.other_deps if isinstance(d, og.SetItem)
+                  and d.args[0] is counter]:
+            inc.other_deps.discard(d)
+            d._dep_users.discard(inc)
     return Random(counter, axes, dtype=dtype, distribution=distribution, seed=seed,
                   stream=stream)
 

@@ -138,7 +138,7 @@ def _epoch(model: "Model", run: _Run, callbacks: list[Callback], epoch: int, ste
         loss, count = comp(xb.astype(model.dtype, copy=False),
                            yb)[:2]  # type: ignore[arg-type]
         step += 1
-        total += float(loss)
+        total += float(loss) * len(xb)  # (an epoch's loss: the mean over its samples)
         right += float(count)
         seen += 1
         samples += len(xb)
@@ -151,7 +151,7 @@ def _epoch(model: "Model", run: _Run, callbacks: list[Callback], epoch: int, ste
         if interrupted:
             raise KeyboardInterrupt
     logs = {"epoch": epoch + 1, "step": step,
-            "loss": total / seen if seen else float("nan"),
+            "loss": total / samples if seen else float("nan"),
             "rate": seen / (time.perf_counter() - start_time) if seen else 0.0}
     if model.loss_kind == "cross_entropy" and seen:
         logs["accuracy"] = right / samples

@@ -69,7 +69,9 @@ class Model:
     checkpoints (:meth:`save`; every rank reads them in :meth:`restore`);
     :meth:`evaluate` splits the data over the ranks and sums their results.
     Differences from one process: BatchNorm normalizes with each rank's local batch
-    statistics, and a Dropout layer draws the same masks on every rank.
+    statistics, a Dropout layer draws the same masks on every rank, and on several
+    ranks an epoch leaves out the samples that do not fill a global batch (one process
+    trains on them as a last, smaller batch).
     """
 
     @checked("nn.Model")

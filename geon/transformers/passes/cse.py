@@ -54,7 +54,7 @@ def merge_scans(graph):
             continue
         members = list(scans)
         ys = list(dict.fromkeys(y for m in members for y in m.body.ys_out))
-        keep = next((m for m in members if len(m.body.ys_out) == len(ys)), None)
+        keep = next((m for m in members if set(m.body.ys_out) >= set(ys)), None)
         if keep is None:
             first = members[0]
             b = first.body
