@@ -222,8 +222,9 @@ class LengthValue(ComputationOp):
     """The value of a symbolic length (a :class:`~geon.op_graph.symbols.Sym`, such as
     the element count ``N*4`` that a mean divides by), a scalar of ``dtype`` computed
     when the computation is called, from its binding. Lowering makes it only where a
-    length is symbolic (a fixed length is a :class:`Constant`); only the NumPy
-    transformer has it in its base set (symbolic axes are NumPy-only so far)."""
+    length is symbolic (a fixed length is a :class:`Constant`); the NumPy transformer
+    and the PyTorch export have it in their base sets (the transformers that bind
+    symbolic lengths so far)."""
 
     attrs = ("value", "dtype")
     arity = 0

@@ -13,7 +13,8 @@ import torch
 
 from geon.op_graph.control import Scan
 from geon.op_graph.control_ops import Cond, WhileLoop
-from geon.transformers.torch.export import to_torch, torch_dtype, torch_op
+from geon.transformers.torch.export import (PREPARE_SYMBOLIC, bound, bound_attrs,
+                                            shape_of, to_torch, torch_dtype, torch_op)
 
 _MODULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # subgraph -> module
 
@@ -34,7 +35,7 @@ def _scan(op, *args):
     xs = [x.movedim(x_op.axes.index(op.axis.name), 0)
           for x, x_op in zip(args[nc:nc + nx], op.args[nc:nc + nx])]
     closures = list(args[nc + nx:])
-    T = op.axis.length
+    T = bound(op.axis.length)  # a symbolic length: its value in this call
     ys, history = [None] * T, [None] * T
     for t in (range(T - 1, -1, -1) if op.reverse else range(T)):
         history[t] = carries
@@ -45,8 +46,15 @@ def _scan(op, *args):
             [(ny + j, [h[j] for h in history]) for j in range(nc)]:
         out_op = op.outputs[nc + k]
         stacked.append(torch.stack(per_step) if T else
-                       torch.zeros(out_op.axes.lengths, dtype=torch_dtype(out_op.dtype)))
+                       torch.zeros(shape_of(out_op), dtype=torch_dtype(out_op.dtype)))
     return tuple(carries) + tuple(stacked)
+
+
+bound_attrs(Scan, names=("axis",))  # its length, read through bound() above
+# In a module with symbolic lengths, the bodies are exported with it (see export.py).
+PREPARE_SYMBOLIC[Scan] = lambda op: _module(op.body)
+PREPARE_SYMBOLIC[Cond] = lambda op: [_module(b) for b in op.branches]
+PREPARE_SYMBOLIC[WhileLoop] = lambda op: (_module(op.pred), _module(op.body))
 
 
 @torch_op(Cond)

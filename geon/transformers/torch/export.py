@@ -17,11 +17,19 @@ default, as PyTorch lays out batches), made in the copied graph with ``axes_with
 before lowering, so the reordering is one more op the pipeline can fuse or fold.
 Parameters are registered in the order data from the inputs reaches them
 (``data_order``), and the module's repr lists inputs, outputs and state.
+
+Symbolic lengths (doc/symbolic_axes.rst) export as dynamic dimensions: one module for
+every binding. Each call of a module with symbolic lengths binds the symbols from its
+feeds' shapes, as the NumPy transformer does, and holds the binding for the call
+(:data:`_CALL`, per thread); a rule reads every shape, key or length through
+:func:`shape_of` or :func:`bound`, which evaluate the symbolic lengths under it (and
+return them as they are in a module of fixed lengths, which binds nothing).
 """
 
 import keyword
 import math
 import re
+import threading
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -37,6 +45,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph import random as rnd
 from geon.op_graph import schemas as sc
+from geon.op_graph import symbols as sy
 from geon.op_graph.axes import Axes, AxesLike, as_axes
 from geon.op_graph.nodes import no_gc
 from geon.op_graph.np_ops import Select
@@ -57,6 +66,94 @@ _STORAGE = frozenset({og.Placeholder, og.Variable, og.Constant})
 def torch_dtype(dtype: og.DTypeLike) -> torch.dtype:
     """The torch dtype of the NumPy dtype ``dtype`` (the same width and kind)."""
     return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
+
+
+# --- symbolic lengths ----------------------------------------------------------------
+
+class _Call(threading.local):
+    """What the running ``forward`` call of a module with symbolic lengths binds (per
+    thread): ``binding`` ``{symbol: value}`` (``None`` outside such a call) and the
+    ``device`` of its feeds."""
+
+    binding: Optional[dict] = None
+    device: Optional[torch.device] = None
+
+
+_CALL = _Call()
+
+
+def _bound_value(x, binding):
+    if isinstance(x, sy.Sym):
+        return x.evaluate(binding)
+    if isinstance(x, slice):
+        return slice(_bound_value(x.start, binding), _bound_value(x.stop, binding),
+                     _bound_value(x.step, binding))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_bound_value(v, binding) for v in x)
+    return x
+
+
+def bound(x):
+    """``x`` (a length, a shape, a key of ints and slices) with its symbolic lengths
+    evaluated under the running call's binding; ``x`` itself outside one."""
+    binding = _CALL.binding
+    return x if binding is None else _bound_value(x, binding)
+
+
+def shape_of(op) -> tuple:
+    """``op.axes.shape`` under the running call's binding (ints): what a rule reads."""
+    binding = _CALL.binding
+    shape = op.axes.shape
+    return shape if binding is None else sy.evaluate(shape, binding)
+
+
+#: The attributes (beyond ``axes``) that hold symbolic lengths the rules evaluate under
+#: the binding; another attribute holding one is refused at export (see _check_symbolic).
+_BOUND_ATTRS: dict = {pr.SliceView: ("key",), pr.Unslice: ("key",),
+                      pr.LengthValue: ("value",)}
+
+
+def bound_attrs(*classes: type, names: tuple = ()):
+    """Declare that the rules of ``classes`` evaluate their attributes ``names`` under
+    the binding (through :func:`bound`), so that symbolic lengths in them export."""
+    for cls in classes:
+        _BOUND_ATTRS[cls] = tuple(names)
+
+
+#: ``{op class: fn(op)}``, run for each op of the class when a module with symbolic
+#: lengths is made: control flow exports its bodies then (geon.transformers.torch.control),
+#: so that what they cannot export is an error at export, not at the first call.
+PREPARE_SYMBOLIC: dict = {}
+
+
+def _symbols_in(x) -> frozenset:
+    """The names of the symbols in ``x`` (a length, a shape, a key, an axis)."""
+    if isinstance(x, sy.Sym):
+        return x.symbols
+    if isinstance(x, slice):
+        return _symbols_in((x.start, x.stop, x.step))
+    if isinstance(x, (tuple, list)):
+        return frozenset().union(*[_symbols_in(v) for v in x])
+    if isinstance(x, Axes):
+        return sy.symbols_of(x.lengths)
+    if isinstance(x, og.Axis):
+        return _symbols_in(x.length)
+    return frozenset()
+
+
+def _check_symbolic(op) -> None:
+    """Raise a :class:`LoweringError` naming ``op`` if one of its attributes holds a
+    symbolic length that its rule does not evaluate under the binding."""
+    handled = {"axes"}
+    for cls in type(op).__mro__:
+        handled.update(_BOUND_ATTRS.get(cls, ()))
+    for name in tuple(getattr(op, "attrs", ())) + tuple(getattr(op, "optional_attrs", ())):
+        if name not in handled and _symbols_in(getattr(op, name, None)):
+            raise LoweringError(
+                f"{type(op).__name__} {op.name} (built at {op.file_info}): its {name} "
+                f"{getattr(op, name)!r} has a symbolic length, which the torch export "
+                f"does not bind at call time; export a copy bound to fixed lengths "
+                f"(geon.op_graph.specialize.specialize)")
 
 
 # --- elementwise ---------------------------------------------------------------------
@@ -141,15 +238,16 @@ def _positive_key(key, shape):
 
 @torch_op(pr.SliceView)
 def _slice(op, x):
-    key, flips = _positive_key(op.key, op.args[0].axes.shape)
+    key, flips = _positive_key(bound(op.key), shape_of(op.args[0]))
     y = x[key]
     return y.flip(flips) if flips else y
 
 
 @torch_op(pr.Unslice)
 def _unslice(op, x):
-    key, flips = _positive_key(op.key, op.axes.shape)
-    out = x.new_zeros(op.axes.shape)
+    shape = shape_of(op)
+    key, flips = _positive_key(bound(op.key), shape)
+    out = x.new_zeros(shape)
     out[key] = x.flip(flips) if flips else x
     return out
 
@@ -161,22 +259,19 @@ def _dimshuffle(op, x):
 
 @torch_op(pr.Reshape)
 def _reshape(op, x):
-    return x.reshape(op.axes.shape)
+    return x.reshape(shape_of(op))
 
 
 @torch_op(pr.Expand)
 def _expand(op, x):
     kept = tuple(1 if m is None else x.shape[m] for m in op.dim_map)
-    return x.reshape(kept).expand(op.axes.shape)
+    return x.reshape(kept).expand(shape_of(op))
 
 
 @torch_op(pr.LengthValue)
 def _length_value(op):
-    # Only graphs with symbolic lengths have it, and the exporter refuses those when it
-    # lowers them (Transformer.symbolic_lengths); specialize one first.
-    raise LoweringError(f"{op.name}: the value of the symbolic length {op.value!r} "
-                        f"cannot be exported; export a copy bound to fixed lengths "
-                        f"(geon.op_graph.specialize.specialize)")
+    # the value of a symbolic length (e.g. the count a mean divides by) in this call
+    return torch.tensor(bound(op.value), dtype=torch_dtype(op.dtype), device=_CALL.device)
 
 
 @torch_op(pr.Copy)
@@ -211,8 +306,9 @@ def _take(op, x, idx):
 
 @torch_op(pr.PutAdd)
 def _put_add(op, d, idx):
-    out = d.new_zeros(op.axes.shape)
-    return out.index_add(1, _checked_indices(op, idx, op.axes.shape[1]), d)
+    shape = shape_of(op)
+    out = d.new_zeros(shape)
+    return out.index_add(1, _checked_indices(op, idx, shape[1]), d)
 
 
 @torch_op(pr.PrefixSum)
@@ -230,7 +326,7 @@ def _sort(op, x):
 def _random(op, step):
     # The same Philox words as every geon backend (the draw is defined bit by bit in
     # geon.op_graph.random), made on the host and moved to the step counter's device.
-    values = rnd.draw(op.distribution, op.axes.shape, op.dtype, op.seed, op.stream,
+    values = rnd.draw(op.distribution, shape_of(op), op.dtype, op.seed, op.stream,
                       int(step))
     return torch.from_numpy(np.ascontiguousarray(values)).to(step.device)
 
@@ -273,8 +369,9 @@ def _conv(op, x, w):
 @torch_op(cv.ConvGradData)
 def _conv_grad_data(op, dy, w):
     dy, w = _common(dy, w)
-    S = op.axes.shape[2:]
-    padded = op.axes.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(S, op.pads))
+    shape = shape_of(op)
+    S = shape[2:]
+    padded = shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(S, op.pads))
     xp = _spatial(op, torch.nn.grad, "conv{}d_input")(
         padded, w, dy, stride=op.strides, dilation=op.dilation, groups=op.groups)
     return _crop(xp, S, op.pads)
@@ -284,7 +381,7 @@ def _conv_grad_data(op, dy, w):
 def _conv_grad_filter(op, x, dy):
     x, dy = _common(x, dy)
     return _spatial(op, torch.nn.grad, "conv{}d_weight")(
-        _pad(x, op.pads), op.axes.shape, dy, stride=op.strides, dilation=op.dilation,
+        _pad(x, op.pads), shape_of(op), dy, stride=op.strides, dilation=op.dilation,
         groups=op.groups)
 
 
@@ -302,7 +399,7 @@ def _first_max(op, x, P):
 
 
 def _pooled(op, x):
-    return op.axes.shape[len(op.axes) - len(op.kernel):]
+    return shape_of(op)[len(op.axes) - len(op.kernel):]
 
 
 @torch_op(cv.MaxPool)
@@ -377,6 +474,8 @@ class _TorchLowering(Transformer):
     registered, never compiles: :func:`to_torch` interprets what it leaves)."""
 
     name = "torch export"
+    # symbolic axis lengths, bound from the feeds' shapes at each call of the module
+    symbolic_lengths = True
 
     @property
     def base_set(self):
@@ -550,6 +649,51 @@ class TorchComputation(nn.Module):
                              if isinstance(op, pr.Assign)
                              and isinstance(op.args[0], og.Placeholder)}
         self._geon_feed_dtypes = [torch_dtype(p.dtype) for p in self.placeholders]
+        self._geon_feed_shapes = [p.axes.shape for p in self.placeholders]
+        #: (feed index, position, symbol): where each call reads the symbols (None for
+        #: a module of fixed lengths, which binds nothing)
+        self._geon_binders: Optional[list[tuple[int, int, str]]] = \
+            self._find_symbols(comp, order)
+
+    def _find_symbols(self, comp: Computation,
+                      order: list) -> Optional[list[tuple[int, int, str]]]:
+        """Where each call reads the symbols of the module's symbolic lengths (None for
+        fixed lengths), after checking, as the NumPy transformer does, that the feeds
+        give each a value and no Variable has one, and that every rule evaluates the
+        symbolic lengths its op holds."""
+        found: set = set()
+        for op in order:
+            if isinstance(op, og.TensorOp):
+                found |= sy.symbols_of(op.axes.lengths)
+            for cls in type(op).__mro__:
+                for name in _BOUND_ATTRS.get(cls, ()):
+                    found |= _symbols_in(getattr(op, name, None))
+        if not found:
+            return None
+        for v in comp.variables:
+            if v.axes.is_symbolic:
+                raise ArgumentError(
+                    f"Variable {v.name} (built at {v.file_info}) has axes "
+                    f"({og._fmt(v.axes)}): a variable's lengths must be fixed (its storage "
+                    f"outlives every call); symbolic lengths are for placeholders and what "
+                    f"is computed from them")
+        for op in order:
+            _check_symbolic(op)
+            for cls in type(op).__mro__:
+                if cls in PREPARE_SYMBOLIC:
+                    PREPARE_SYMBOLIC[cls](op)
+                    break
+        binders = [(i, k, n.symbol) for i, p in enumerate(self.placeholders)
+                   for k, n in enumerate(p.axes.lengths)
+                   if isinstance(n, sy.Sym) and n.symbol is not None]
+        missing = found - {s for _, _, s in binders}
+        if missing:
+            raise ArgumentError(
+                f"to_torch: the computation has symbolic length(s) "
+                f"{', '.join(sorted(missing))} that no placeholder has as the length of "
+                f"one of its axes: a call could not bind them from the feeds' shapes; "
+                f"feed a placeholder with such an axis")
+        return binders
 
     def extra_repr(self) -> str:
         """One line per input, output, parameter and buffer, with axes and dtype."""
@@ -573,15 +717,58 @@ class TorchComputation(nn.Module):
             return t.device
         return torch.device("cpu")
 
-    def _feed(self, i, value):
-        """Placeholder ``i``'s value as a tensor of its shape and dtype, or a
-        :class:`FeedError` (a ``ValueError``) naming the placeholder."""
+    def _bind(self, tensors: Sequence[Any]) -> dict:
+        """The call's binding ``{symbol: value}``, read from the feeds' shapes as the
+        NumPy transformer reads it: a :class:`FeedError` naming both placeholders and
+        the symbol where two feeds disagree, or naming the placeholder where a feed has
+        another rank (the shapes under the binding are checked by ``_feed``)."""
+        shapes: list[Optional[tuple]] = []
+        for v in tensors:
+            if isinstance(v, torch.Tensor):
+                shapes.append(tuple(v.shape))
+                continue
+            try:
+                shapes.append(np.shape(v))
+            except (TypeError, ValueError):
+                shapes.append(None)  # _feed says what is wrong with it
+        binding: dict = {}
+        source: dict = {}
+        assert self._geon_binders is not None
+        for i, k, name in self._geon_binders:
+            shape, p = shapes[i], self.placeholders[i]
+            if shape is None or len(shape) != len(p.axes):
+                continue  # the rank check below names the placeholder
+            value = shape[k]
+            old = binding.get(name)
+            if old is None:
+                binding[name], source[name] = value, (p, k, shape)
+            elif old != value:
+                q, j, q_shape = source[name]
+                raise FeedError(
+                    f"placeholder {p.name} gives symbol {name} the value {value} (the "
+                    f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
+                    f"placeholder {q.name} gives it {old} (axis {q.axes[j].name}, shape "
+                    f"{tuple(q_shape)}): the feeds disagree")
+        for v, p, got in zip(tensors, self.placeholders, shapes):
+            if got is None or len(got) != len(p.axes):
+                if not isinstance(v, torch.Tensor):
+                    p.as_feed(v)  # raises, saying what is wrong with it
+                raise FeedError(f"placeholder {p.name} expects axes ({og._fmt(p.axes)}) "
+                                f"i.e. shape {p.axes.shape}; got shape {got}")
+        return binding
+
+    def _feed(self, i, value, shape=None):
+        """Placeholder ``i``'s value as a tensor of its shape (``shape``: the shape
+        under the call's binding) and dtype, or a :class:`FeedError` (a
+        ``ValueError``) naming the placeholder."""
         p, dtype = self.placeholders[i], self._geon_feed_dtypes[i]
+        if shape is None:
+            shape = self._geon_feed_shapes[i]
         if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(p.as_feed(value), device=self._device())
-        elif tuple(value.shape) != p.axes.shape:
+            value = torch.as_tensor(p.as_feed(value, shape=shape), device=self._device())
+        elif tuple(value.shape) != shape:
             raise FeedError(f"placeholder {p.name} expects axes ({og._fmt(p.axes)}) i.e. "
-                            f"shape {p.axes.shape}; got shape {tuple(value.shape)}")
+                            f"shape {shape}; got shape {tuple(value.shape)}")
         elif value.dtype != dtype:
             if not torch.can_cast(value.dtype, dtype):
                 raise FeedError(f"placeholder {p.name} has dtype {p.dtype}; cannot safely "
@@ -595,7 +782,20 @@ class TorchComputation(nn.Module):
             raise FeedError(f"the module takes {len(self.placeholders)} value(s) ("
                             + ", ".join(p.name for p in self.placeholders)
                             + f"), got {len(tensors)}")
-        feeds = [self._feed(i, t) for i, t in enumerate(tensors)]
+        if self._geon_binders is None:  # fixed lengths: nothing to bind
+            return self._run([self._feed(i, t) for i, t in enumerate(tensors)])
+        binding = self._bind(tensors)
+        feeds = [self._feed(i, t, sy.evaluate(shape, binding))
+                 for i, (t, shape) in enumerate(zip(tensors, self._geon_feed_shapes))]
+        outer = _CALL.binding, _CALL.device  # a body's module runs inside a scan's call
+        _CALL.binding, _CALL.device = binding, feeds[self._geon_binders[0][0]].device
+        try:
+            return self._run(feeds)
+        finally:
+            _CALL.binding, _CALL.device = outer
+
+    def _run(self, feeds: list) -> Any:
+        """The results from the checked feeds (under the call's binding, if any)."""
         values: list[Any] = []
         for op, dtype, how, ref in self._geon_steps:
             if how is _FEED:
@@ -605,7 +805,7 @@ class TorchComputation(nn.Module):
             elif how is _CONST:
                 v = getattr(self, ref)
                 if v.dim() != len(op.axes):
-                    v = v.expand(op.axes.shape)
+                    v = v.expand(shape_of(op))
             else:
                 v = how(op, *[values[k] for k in ref])
                 if dtype is not None and v.dtype != dtype:
@@ -663,7 +863,12 @@ def to_torch(results: Union[og.Op, list[og.Op], tuple[og.Op, ...]],
     values, then the graph's ``initializers``). Assignments (``SetItem``) among the
     results write into the parameter or buffer in place, without autograd, as in geon;
     differentiate a computation without assignments. Results are new tensors or
-    autograd results, never the parameters themselves. See doc/torch_export.rst.
+    autograd results, never the parameters themselves.
+
+    Symbolic lengths (doc/symbolic_axes.rst) are dynamic dimensions: one module runs
+    every binding, each call binding the symbols from its inputs' shapes as the NumPy
+    transformer does (a :class:`~geon.errors.FeedError` where inputs disagree). See
+    doc/torch_export.rst.
     """
     requested, single = og.as_op_list(results, "to_torch: results")
     orders = _per_result(output_order, requested, single)
