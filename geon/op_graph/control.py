@@ -29,7 +29,7 @@ from geon.op_graph.autodiff import deriv
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
 from geon.op_graph.core import (AssignableTensorOp, Constant, Placeholder, TensorOp,
                                 VoidOp, _fmt, as_op, toposort)
-from geon.op_graph.core_ops import AxesWithOrder, MultiOutput, Sum, cast_axes
+from geon.op_graph.core_ops import AxesWithOrder, CastAxes, MultiOutput, Sum, cast_axes
 from geon.op_graph.derivatives import direction_axes
 from geon.op_graph.forward import propagate
 from geon.op_graph.nn_ops import concat
@@ -521,13 +521,23 @@ def _step_adjoint(op, deltas, acc=None):
     return out
 
 
+#: ops that only view their arg (no arithmetic): never stored under ``"none"``
+_VIEWS = (CastAxes, AxesWithOrder)
+
+
 def _stored_values(b, vjp):
     """The ops of the forward body ``b`` that depend on a step's carries or slices and
     that the adjoint body ``vjp`` reads from ops of its own (or returns), in the forward
     body's order: what the policy ``"none"`` stores per step."""
     order, _ = _inner_ops(list(b.carries_in) + list(b.xs_in), b.results)
     stand_ins = set(b.inputs)
-    forward = {o for o in order if o not in stand_ins}
+    # Views of the stand-ins (a carry renamed, reordered) cost nothing to make again:
+    # the adjoint body rebuilds them from the stand-ins instead of reading a stack.
+    views = set()
+    for o in order:
+        if isinstance(o, _VIEWS) and all(a in stand_ins or a in views for a in o.args):
+            views.add(o)
+    forward = {o for o in order if o not in stand_ins and o not in views}
     read = {r for r in vjp.results if r in forward}
     for v in toposort(list(vjp.results)):
         if v not in forward and v not in stand_ins:
