@@ -7,9 +7,7 @@ whose inputs are all known arrays is evaluated at import, which folds shape-comp
 subgraphs (``Shape -> Gather -> Concat -> Reshape``) into constants.
 """
 
-import keyword
 import os
-import re
 from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence,
                     Union)
 
@@ -23,12 +21,12 @@ from geon.frontends.onnx.loading import (InvalidOnnxModel, UnsupportedOnnxOp, ch
                                          narrow_format, node_order, onnx_module,
                                          tensor_array)
 from geon.frontends.onnx.ops import carrier, find_builder, to_narrow
-from geon.frontends.onnx.symbolic import host_result
-from geon.transformers.codegen_text import RESERVED
+from geon.frontends.onnx.symbolic import (host_result, is_symbolic_array, symbol_name,
+                                           symbolic_tensor)
 from geon.frontends.onnx.structures import (OptionalValue, SequenceValue, given_value,
                                             is_structure, kind, leaves)
 from geon.op_graph import op_graph as og
-from geon.op_graph.symbols import MAX_NAME, Sym, Symbol, SymbolicLengthError
+from geon.op_graph.symbols import Sym, Symbol, SymbolicLengthError
 from geon.transformers.base import Transformer
 
 if TYPE_CHECKING:  # only for the annotations: importing geon never needs onnx
@@ -120,25 +118,6 @@ class Value:
                                         f"as an operand: geon has no empty tensors")
             self.op = be.np.constant(array.astype(carrier(self.dtype)))
         return self.op
-
-
-def is_symbolic_array(array: Any) -> bool:
-    """Whether ``array`` is a shape value known at import that holds symbolic lengths
-    (an object array of ints and ``Sym`` expressions)."""
-    return isinstance(array, np.ndarray) and array.dtype == object
-
-
-def symbolic_tensor(array: np.ndarray, dtype: Any) -> og.TensorOp:
-    """The op whose value is ``array`` (ints and symbolic lengths) in ``dtype``, the
-    symbolic elements computed from the binding when the model runs."""
-    from geon.op_graph.primitives import LengthValue
-    flat = [LengthValue(v, dtype=dtype) if isinstance(v, Sym)
-            else be.np.constant(np.asarray(v, dtype)) for v in array.ravel()]
-    if array.ndim == 0:
-        return flat[0]
-    parts = [be.np.reshape(f, (1,)) for f in flat]
-    whole = parts[0] if len(parts) == 1 else be.np.concatenate(parts, axis=0)
-    return whole if array.ndim == 1 else be.np.reshape(whole, array.shape)
 
 
 class OnnxGraph:
@@ -285,18 +264,6 @@ def _output(value, dtype):
     return out
 
 
-def _symbol_name(dim_param, input_name, k):
-    """The symbol of a dimension without a length: its ``dim_param`` (the same name in
-    two inputs is one symbol) made an identifier, or ``<input>_<k>`` for an unnamed
-    one."""
-    name = dim_param or f"{input_name}_{k}"
-    name = re.sub(r"\W", "_", name.encode("ascii", "replace").decode("ascii"))
-    if not name[:1].isalpha() or keyword.iskeyword(name) or name in RESERVED \
-            or name in ("np", "setup", "run"):  # (names generated code uses)
-        name = "s_" + name
-    return name[:MAX_NAME]
-
-
 def _tensor_type(vi, what, input_shapes):
     """``(shape, dtype)`` of a graph input's ValueInfo, symbolic dimensions resolved
     from ``input_shapes``."""
@@ -332,7 +299,7 @@ def _tensor_type(vi, what, input_shapes):
         for k, d in enumerate(dims):
             if not d.HasField("dim_value"):
                 # a symbolic length, bound when the computation is called
-                shape.append(Symbol(_symbol_name(d.dim_param, vi.name, k)))
+                shape.append(Symbol(symbol_name(d.dim_param, vi.name, k)))
                 continue
             shape.append(int(d.dim_value))
         shape = tuple(shape)

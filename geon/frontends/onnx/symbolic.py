@@ -13,12 +13,47 @@ from the binding), and what needs an int at import (an index, a comparison whose
 answer depends on the binding) is a clear error naming the node.
 """
 
+import keyword
+import re
 from typing import Any, Callable
 
 import numpy as np
 
+import geon as be
+from geon.op_graph import op_graph as og
+from geon.op_graph.symbols import MAX_NAME, Sym, SymbolicLengthError
+from geon.transformers.codegen_text import RESERVED
 
-from geon.op_graph.symbols import Sym, SymbolicLengthError
+
+def is_symbolic_array(array: Any) -> bool:
+    """Whether ``array`` is a shape value known at import that holds symbolic lengths
+    (an object array of ints and ``Sym`` expressions)."""
+    return isinstance(array, np.ndarray) and array.dtype == object
+
+
+def symbolic_tensor(array: np.ndarray, dtype: Any) -> og.TensorOp:
+    """The op whose value is ``array`` (ints and symbolic lengths) in ``dtype``, the
+    symbolic elements computed from the binding when the model runs."""
+    from geon.op_graph.primitives import LengthValue
+    flat = [LengthValue(v, dtype=dtype) if isinstance(v, Sym)
+            else be.np.constant(np.asarray(v, dtype)) for v in array.ravel()]
+    if array.ndim == 0:
+        return flat[0]
+    parts = [be.np.reshape(f, (1,)) for f in flat]
+    whole = parts[0] if len(parts) == 1 else be.np.concatenate(parts, axis=0)
+    return whole if array.ndim == 1 else be.np.reshape(whole, array.shape)
+
+
+def symbol_name(dim_param, input_name, k):
+    """The symbol of a dimension without a length: its ``dim_param`` (the same name in
+    two inputs is one symbol) made an identifier, or ``<input>_<k>`` for an unnamed
+    one."""
+    name = dim_param or f"{input_name}_{k}"
+    name = re.sub(r"\W", "_", name.encode("ascii", "replace").decode("ascii"))
+    if not name[:1].isalpha() or keyword.iskeyword(name) or name in RESERVED \
+            or name in ("np", "setup", "run"):  # (names generated code uses)
+        name = "s_" + name
+    return name[:MAX_NAME]
 
 
 def _obj(a: Any) -> np.ndarray:

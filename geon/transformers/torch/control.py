@@ -13,8 +13,8 @@ import torch
 
 from geon.op_graph.control import Scan
 from geon.op_graph.control_ops import Cond, WhileLoop
-from geon.transformers.torch.export import (PREPARE_SYMBOLIC, bound, bound_attrs,
-                                            shape_of, to_torch, torch_dtype, torch_op)
+from geon.transformers.torch.binding import PREPARE_SYMBOLIC, bound, bound_attrs, shape_of
+from geon.transformers.torch.export import to_torch, torch_dtype, torch_op
 
 _MODULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # subgraph -> module
 
