@@ -44,6 +44,32 @@ def binding_of(placeholders: Mapping[Any, Any]) -> dict:
     return binding
 
 
+def call_binders(found: Any, variables: Any, placeholders: Any, what: str = "") -> list:
+    """Where each call of a computation reads the symbols ``found`` (the names of the
+    symbols of its symbolic lengths): ``[(placeholder index, axis position, symbol)]``,
+    one per axis of a placeholder whose length is a bare symbol. A Variable with a
+    symbolic length, or a symbol no placeholder gives, is an ``ArgumentError``
+    (``what`` begins its message)."""
+    from geon.errors import ArgumentError
+    for v in variables:
+        if v.axes.is_symbolic:
+            raise ArgumentError(
+                f"Variable {v.name} (built at {v.file_info}) has axes "
+                f"({og._fmt(v.axes)}): a variable's lengths must be fixed (its storage "
+                f"outlives every call); symbolic lengths are for placeholders and what "
+                f"is computed from them")
+    binders = [(i, k, n.symbol) for i, p in enumerate(placeholders)
+               for k, n in enumerate(p.axes.lengths)
+               if isinstance(n, Sym) and n.symbol is not None]
+    missing = set(found) - {s for _, _, s in binders}
+    if missing:
+        raise ArgumentError(
+            f"{what}the computation has symbolic length(s) {', '.join(sorted(missing))} "
+            f"that no placeholder has as the length of one of its axes: a call could not "
+            f"bind them from the feeds' shapes; feed a placeholder with such an axis")
+    return binders
+
+
 class _Binder:
     """Evaluates the symbolic lengths in parameter values, one new axis per name."""
 

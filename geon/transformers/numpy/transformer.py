@@ -30,7 +30,8 @@ from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.errors import ArgumentError, FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.np_ops import Select
-from geon.op_graph.symbols import Sym, evaluate, symbols_of
+from geon.op_graph.specialize import call_binders
+from geon.op_graph.symbols import evaluate, symbols_of
 from geon.op_graph.primitives import LengthValue
 from geon.op_graph.user_ops import UserOp
 from geon.transformers.base import (BaseSet, Computation, Transformer,
@@ -105,24 +106,8 @@ class NumPyComputation(Computation):
                 found |= symbols_of(op.axes.lengths)
         if not found:
             return ()
-        for v in self.variables:
-            if v.axes.is_symbolic:
-                raise ArgumentError(
-                    f"Variable {v.name} (built at {v.file_info}) has axes "
-                    f"({og._fmt(v.axes)}): a variable's lengths must be fixed (its storage "
-                    f"outlives every call); symbolic lengths are for placeholders and what "
-                    f"is computed from them")
         #: (parameter index, position, symbol): where each call reads the symbols
-        self._binders = [(i, k, n.symbol) for i, p in enumerate(self.params)
-                         for k, n in enumerate(p.axes.lengths)
-                         if isinstance(n, Sym) and n.symbol is not None]
-        missing = found - {s for _, _, s in self._binders}
-        if missing:
-            raise ArgumentError(
-                f"the computation has symbolic length(s) {', '.join(sorted(missing))} "
-                f"that no parameter has as the length of one of its axes: a call could "
-                f"not bind them from the feeds' shapes; feed a placeholder with such an "
-                f"axis")
+        self._binders = call_binders(found, self.variables, self.params)
         #: binding (a tuple of the symbols' values) -> the values setup() returned
         self._setups = {}
         #: binding -> its memory plan (for inspection; ``plan`` is the last one made)

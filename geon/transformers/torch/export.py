@@ -51,6 +51,7 @@ from geon.op_graph.np_ops import Select
 from geon.op_graph.ordering import schedule
 from geon.op_graph.params import clone_graph
 from geon.op_graph.reference import op_site
+from geon.op_graph.specialize import call_binders
 from geon.op_graph.tables import OpTable
 from geon.transformers.base import Computation, Transformer
 from geon.transformers.torch.binding import (_BOUND_ATTRS, _CALL, PREPARE_SYMBOLIC,
@@ -583,29 +584,13 @@ class TorchComputation(nn.Module):
                     found |= _symbols_in(getattr(op, name, None))
         if not found:
             return None
-        for v in comp.variables:
-            if v.axes.is_symbolic:
-                raise ArgumentError(
-                    f"Variable {v.name} (built at {v.file_info}) has axes "
-                    f"({og._fmt(v.axes)}): a variable's lengths must be fixed (its storage "
-                    f"outlives every call); symbolic lengths are for placeholders and what "
-                    f"is computed from them")
+        binders = call_binders(found, comp.variables, self.placeholders, "to_torch: ")
         for op in order:
             _check_symbolic(op)
             for cls in type(op).__mro__:
                 if cls in PREPARE_SYMBOLIC:
                     PREPARE_SYMBOLIC[cls](op)
                     break
-        binders = [(i, k, n.symbol) for i, p in enumerate(self.placeholders)
-                   for k, n in enumerate(p.axes.lengths)
-                   if isinstance(n, sy.Sym) and n.symbol is not None]
-        missing = found - {s for _, _, s in binders}
-        if missing:
-            raise ArgumentError(
-                f"to_torch: the computation has symbolic length(s) "
-                f"{', '.join(sorted(missing))} that no placeholder has as the length of "
-                f"one of its axes: a call could not bind them from the feeds' shapes; "
-                f"feed a placeholder with such an axis")
         return binders
 
     def extra_repr(self) -> str:
