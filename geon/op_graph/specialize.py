@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from geon.errors import FeedError
+from geon.errors import ArgumentError, FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
 from geon.op_graph.params import clone_graph, graph_ops
@@ -50,7 +50,6 @@ def call_binders(found: Any, variables: Any, placeholders: Any, what: str = "") 
     one per axis of a placeholder whose length is a bare symbol. A Variable with a
     symbolic length, or a symbol no placeholder gives, is an ``ArgumentError``
     (``what`` begins its message)."""
-    from geon.errors import ArgumentError
     for v in variables:
         if v.axes.is_symbolic:
             raise ArgumentError(
