@@ -122,6 +122,35 @@ def test_a_bert_style_encoder_with_a_dynamic_batch_and_sequence():
            make)
 
 
+class _Causal(torch.nn.Module):
+    """A GPT-style decoder layer: the causal mask is a fixed buffer sliced to the
+    sequence length (``bias[:t, :t]``), and the head reads the last position and the
+    shifted sequence (``x[:, -1]``, ``x[:, 1:]``): slices with symbolic bounds."""
+
+    def __init__(self, d=16, heads=2, most=32):
+        super().__init__()
+        self.block, self.h = _Block(d, heads), heads
+        self.register_buffer("bias", torch.tril(torch.ones(most, most)))
+        self.tok = torch.nn.Embedding(50, d)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        t = ids.shape[1]
+        mask = self.bias[:t, :t]
+        s = (x @ x.transpose(-1, -2)).masked_fill(mask == 0, -1e4).softmax(-1) @ x
+        y = self.block(s, torch.ones(ids.shape))
+        return torch.cat([y[:, -1:], y[:, 1:] - y[:, :-1]], dim=1)
+
+
+def test_a_gpt_style_decoder_slicing_its_causal_mask_to_a_dynamic_length():
+    torch.manual_seed(0)
+
+    def make(size):
+        return (np.random.default_rng(size[1]).integers(0, 50, size),)
+    dyn = {"ids": {0: "N", 1: "T"}, "y": {0: "N", 1: "T"}}
+    _check(_Causal(), make((2, 7)), ["ids"], dyn, ((1, 2), (3, 9), (2, 32)), make)
+
+
 def _model(nodes, inputs, outputs, opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

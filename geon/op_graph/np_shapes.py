@@ -11,7 +11,7 @@ from geon.errors import ArgumentError, AxisIndexError, AxisMismatchError
 from geon.op_graph import nn_ops
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
-from geon.op_graph.symbols import Sym, SymbolicLengthError, exact_quotient
+from geon.op_graph.symbols import Sym, cut, exact_quotient
 from geon.op_graph.axes import Axes
 from geon.op_graph.coercion import (PositionalAxis, canonical_axes, drop_stretched,
                                     positional_shape, split_axes, temp_axis)
@@ -289,16 +289,20 @@ def topk(a: ArrayLike, k: int, axis: int = -1) -> tuple[og.TensorOp, ...]:
     return tuple(_rename(o, [f"-{n - i}" for i in range(n)]) for o in outs)
 
 
-def _sliced_length(k, n):
-    """The length slice ``k`` leaves of a dimension of length ``n``; over a symbolic
-    length only the whole (``slice(None)``) is taken so far."""
+def _sliced(k, n):
+    """Slice ``k`` of a dimension of length ``n``: ``(key, length)``, the key with its
+    bounds as positions where ``n`` is symbolic (the slice must then fit: checked at
+    each call, see :func:`~geon.op_graph.symbols.cut`)."""
     if k == slice(None):
-        return n
-    if isinstance(n, Sym):
-        raise SymbolicLengthError(f"x[key]: slice {k.start}:{k.stop}:{k.step} of a "
-                                  f"dimension of symbolic length {n!r}: slices of symbolic "
-                                  f"dimensions take them whole so far")
-    return len(range(*k.indices(n)))
+        return k, n
+    if isinstance(n, Sym) or isinstance(k.start, Sym) or isinstance(k.stop, Sym):
+        try:
+            key, length, _ = cut(k, n)
+        except ValueError as e:
+            raise AxisIndexError(f"x[key]: slice {k.start}:{k.stop}:{k.step} does not fit "
+                                 f"a dimension of length {n!r}: {e}") from None
+        return key, length
+    return k, len(range(*k.indices(n)))
 
 
 def getitem(x, key):
@@ -329,20 +333,28 @@ def getitem(x, key):
         if isinstance(k, slice):
             for v in (k.start, k.stop, k.step):
                 if v is not None and (isinstance(v, bool) or not isinstance(
-                        v, (numbers.Integral, np.integer))):
+                        v, (numbers.Integral, np.integer, Sym)) or v is k.step and
+                        isinstance(v, Sym)):
                     raise ArgumentError(f"slice indices must be integers or None, not {v!r}")
             if k.step == 0:
                 raise ArgumentError("slice step cannot be zero")
-            k = slice(*(None if v is None else int(v) for v in (k.start, k.stop, k.step)))
-            if k.indices(1 << 62) == (0, 1 << 62, 1):
+            k = slice(*(v if v is None or isinstance(v, Sym) else int(v)
+                        for v in (k.start, k.stop, k.step)))
+            if any(isinstance(v, Sym) for v in (k.start, k.stop)):
+                pass  # bounds known at a call: cut by _sliced
+            elif k.indices(1 << 62) == (0, 1 << 62, 1):
                 k = slice(None)  # all of the dimension (its length may be symbolic)
+            k, length = _sliced(k, n)
             view.append(k)
-            shape_out.append(_sliced_length(k, n))
+            shape_out.append(length)
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
-            if isinstance(n, Sym):
-                raise SymbolicLengthError(f"x[key]: index {k} into dimension {d - 1} of "
-                                          f"symbolic length {n!r}: whether it is in range "
-                                          f"is known only when the computation is called")
+            if isinstance(n, Sym):  # in range or not: checked at each call
+                try:
+                    view.append(cut(int(k), n)[0])
+                except ValueError as e:
+                    raise AxisIndexError(f"index {k} is out of bounds for axis {d - 1} "
+                                         f"with size {n!r}: {e}") from None
+                continue
             if not -n <= k < n:
                 raise AxisIndexError(f"index {k} is out of bounds for axis {d - 1} with size {n}")
             view.append(int(k) % n)
@@ -351,7 +363,7 @@ def getitem(x, key):
                                 f"supported, not {type(k).__name__} {k!r}")
     r = x
     if any(k != slice(None) for k in view):
-        kept = [_sliced_length(k, p.length) for k, p in zip(view, pos)
+        kept = [_sliced(k, p.length)[1] for k, p in zip(view, pos)
                 if isinstance(k, slice)]
         full_key = [slice(None)] * len(special) + view
         r = pr.SliceView(x, full_key, _with_pos(x, kept))

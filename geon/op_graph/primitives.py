@@ -46,7 +46,7 @@ from geon.op_graph.derivatives import (direction_axes, same_adjoint, same_tangen
 from geon.op_graph.op_graph import (AssignableTensorOp, ComputationOp, TensorOp, VoidOp,
                                     _fmt)
 from geon.op_graph.reductions import others_product, tied_mean
-from geon.op_graph.symbols import Sym
+from geon.op_graph.symbols import Sym, cut, key_text
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 
@@ -255,26 +255,42 @@ _INT = (int, np.integer)
 
 
 def _check_key(op, key, full, part):
-    """``key`` (one slice or int per dimension of ``full``) must cut ``full`` to ``part``."""
+    """``key`` (one slice or int per dimension of ``full``) must cut ``full`` to ``part``.
+    Where a length or a bound is symbolic, ``op.needs`` keeps what a call must check
+    (see :func:`~geon.op_graph.symbols.cut`)."""
     if len(key) != len(full) or not all(
-            isinstance(k, slice) and all(v is None or isinstance(v, _INT) for v in
+            isinstance(k, slice) and all(v is None or isinstance(v, _INT + (Sym,)) for v in
                                          (k.start, k.stop, k.step))
-            or isinstance(k, _INT) for k in key):
+            and not isinstance(k.step, Sym) or isinstance(k, _INT + (Sym,)) for k in key):
         raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} needs one slice "
                                 f"or int per dimension of ({_fmt(full)})")
-    if full.lengths_known and part.lengths_known:
-        # (a symbolic length is kept whole, by slice(None); the fixed ones are cut)
-        for k, n in zip(key, full.lengths):
-            if not isinstance(k, slice) and not isinstance(n, Sym) and not -n <= k < n:
+    if not (full.lengths_known and part.lengths_known):
+        return
+    got, needs = [], []
+    for k, n in zip(key, full.lengths):
+        bounds = (k.start, k.stop) if isinstance(k, slice) else (k,)
+        if k == slice(None):
+            got.append(n)
+        elif isinstance(n, Sym) or any(isinstance(v, Sym) for v in bounds):
+            try:
+                _, length, need = cut(k, n)
+            except ValueError as e:
+                raise AxisMismatchError(f"{type(op).__name__} {op.name}: {k} is out of "
+                                        f"range for a dimension of {n!r} in ({_fmt(full)}): "
+                                        f"{e}") from None
+            needs += [(e, f"{key_text(k)} of a dimension of length {n!r}") for e in need]
+            if length is not None:
+                got.append(length)
+        elif not isinstance(k, slice):
+            if not -n <= k < n:
                 raise AxisMismatchError(f"{type(op).__name__} {op.name}: index {k} is out "
                                         f"of range for a dimension of {n} in ({_fmt(full)})")
-        got = tuple(n if k == slice(None) else
-                    len(range(n)[k]) if isinstance(k, slice) else None
-                    for k, n in zip(key, full.lengths))
-        got = tuple(n for n in got if n is not None)
-        if got != tuple(part.lengths):
-            raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} cuts "
-                                    f"({_fmt(full)}) to lengths {got}, not ({_fmt(part)})")
+        else:
+            got.append(len(range(n)[k]))
+    if tuple(got) != tuple(part.lengths):
+        raise AxisMismatchError(f"{type(op).__name__} {op.name}: key {key} cuts "
+                                f"({_fmt(full)}) to lengths {tuple(got)}, not ({_fmt(part)})")
+    op.needs = tuple(needs)
 
 
 VIEW_OPS = (Dimshuffle, Reshape, Expand, SliceView)

@@ -28,7 +28,7 @@ import numpy as np
 from geon.errors import GeonError, SerializationError
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes, Axis, FlattenedAxis
-from geon.op_graph.symbols import Sym, Symbol
+from geon.op_graph.symbols import Sym, parse
 from geon.op_graph.nodes import OrderedSet
 from geon.op_graph.params import (build, copy_debug_info, graph_ops, op_classes,
                                   restore_weak, show_axes, type_name)
@@ -200,9 +200,21 @@ def _parts(data, n, where):
 
 def _encode_slice(enc, k, where):
     parts = [k.start, k.stop, k.step]
-    if any(p is not None and not isinstance(p, (int, np.integer)) for p in parts):
+    if any(p is not None and not isinstance(p, (int, np.integer, Sym)) for p in parts):
         raise _fail(where, f"slice {k} has a part that is not an integer")
-    return [None if p is None else int(p) for p in parts]
+    return [None if p is None else enc.value(p, where) if isinstance(p, Sym) else int(p)
+            for p in parts]
+
+
+def _decode_slice_part(d, x, where):
+    if x is None:
+        return None
+    if isinstance(x, dict):  # a symbolic bound
+        v = d.value(x, where)
+        if not isinstance(v, Sym):
+            raise _fail(where, "a slice's part is an integer, a length or null")
+        return v
+    return _int(x, where)
 
 
 #: Python type -> (tag, encode(encoder, value, where), decode(decoder, data, where)): a
@@ -215,7 +227,9 @@ CODECS = {
             lambda d, x, w: tuple(d.value(p, f"{w}[{i}]")
                                   for i, p in enumerate(_list(x, w)))),
     slice: ("slice", _encode_slice, lambda d, x, w: slice(*[
-        None if p is None else _int(p, f"{w}[{i}]") for i, p in _parts(x, 3, w)])),
+        _decode_slice_part(d, p, f"{w}[{i}]") for i, p in _parts(x, 3, w)])),
+    Sym: ("length", lambda e, v, w: repr(v),
+          lambda d, x, w: _checked(parse, w, _str(x, w))),
     Axis: ("axis", lambda e, v, w: e.axis(v, w), lambda d, x, w: d.axis(x, w)),
     Axes: ("axes", lambda e, v, w: [e.axis(a, w) for a in v], lambda d, x, w: d.axes(x, w)),
     np.dtype: ("dtype", lambda e, v, w: _dtype_name(v, w), lambda d, x, w: _dtype(x, w)),
@@ -278,14 +292,11 @@ class _Encoder:
             return a.name
         self._axes[a.name] = a
         length: Any = a.length
-        if isinstance(length, Sym) and not isinstance(a, FlattenedAxis):
-            if length.symbol is None:
-                raise _fail(where, f"axis {a.name} has the symbolic length {length!r}: "
-                                   f"a document holds symbols, not expressions of them")
+        if isinstance(length, Sym):  # a symbol or an expression, as text (symbols.parse)
             length = None
         self.table[a.name] = {"parts": [self._axis(p, where) for p in a.axes]} \
             if isinstance(a, FlattenedAxis) else {"length": length, **(
-                {"symbol": a.length.symbol} if isinstance(a.length, Sym) else {}), **{
+                {"symbol": repr(a.length)} if isinstance(a.length, Sym) else {}), **{
                 k: True for k in ("batch", "recurrent") if getattr(a, k)}}
         return a.name
 
@@ -572,7 +583,7 @@ class _Decoder:
                 if "symbol" in entry:  # a symbolic length (symbols.py)
                     if length is not None:
                         raise _fail(where, "an axis has a length or a symbol, not both")
-                    length = _checked(Symbol, f"{where}.symbol",
+                    length = _checked(parse, f"{where}.symbol",
                                       _str(entry["symbol"], f"{where}.symbol"))
                 a = Axis(length, name, _bool(entry.get("batch", False), f"{where}.batch"),
                          _bool(entry.get("recurrent", False), f"{where}.recurrent"))

@@ -20,6 +20,7 @@ from geon.op_graph.nodes import user_location
 from geon.op_graph.core_ops import AxesWithOrder, CastAxes, MultiOutput, cast_axes  # noqa: F401
 from geon.op_graph.derivatives import direction_axes, zero_adjoint, zero_tangent
 from geon.op_graph.keywords import keywords
+from geon.op_graph.symbols import Sym, cut, key_text
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 
 #: The names :mod:`geon.op_graph.op_graph` re-exports (``og.X``), private helpers that
@@ -101,10 +102,24 @@ class Slice(TensorOp):
                                     f"({_fmt(x.axes)}) (at {user_location()})")
         pos = x.axes.index(axis)
         axis = x.axes[pos]
+        needs: tuple = ()
+        given = key
+        if isinstance(axis.length, Sym) and key != slice(None):
+            try:  # bounds as positions; what a call must check (symbols.cut)
+                key, n, needs = cut(key if isinstance(key, (slice, Sym)) else int(key),
+                                    axis.length)
+            except ValueError as e:
+                raise AxisIndexError(f"Slice: {key} is out of range for axis {axis!r} of "
+                                     f"{x.name} ({_fmt(x.axes)}): {e} (at "
+                                     f"{user_location()})") from None
         if isinstance(key, slice):
-            n = len(range(*key.indices(axis.length)))
+            if not isinstance(axis.length, Sym):
+                n = len(range(*key.indices(axis.length)))
+            elif key == slice(None):
+                n = axis.length
             if new_axis is None:
-                s = ":".join("" if v is None else str(v) for v in (key.start, key.stop, key.step))
+                s = ":".join("" if v is None else str(v)
+                             for v in (given.start, given.stop, given.step))
                 new_axis = Axis(n, f"{axis.name}[{s}]", axis.batch, axis.recurrent)
             elif new_axis.length is None:
                 new_axis.length = n
@@ -113,6 +128,9 @@ class Slice(TensorOp):
                                         f"{x.name} ({_fmt(x.axes)}) has {n} entries (at "
                                         f"{user_location()})")
             out = Axes(tuple(x.axes)[:pos] + (new_axis,) + tuple(x.axes)[pos + 1:])
+        elif isinstance(axis.length, Sym):
+            out = x.axes - Axes(axis)
+            new_axis = None
         else:
             key = int(key)
             if not -axis.length <= key < axis.length:
@@ -124,6 +142,8 @@ class Slice(TensorOp):
             new_axis = None
         self.axis_pos, self.key = pos, key
         self.axis, self.new_axis = axis, new_axis
+        self.needs = tuple((e, f"{key_text(key)} of axis {axis.name} (length "
+                                f"{axis.length!r})") for e in needs)
         super().__init__(x, axes=out, **kwargs)
 
     def _infer_dtype(self):

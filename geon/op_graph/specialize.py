@@ -69,6 +69,37 @@ def call_binders(found: Any, variables: Any, placeholders: Any, what: str = "") 
     return binders
 
 
+def check_needs(ops: Any, binding: Mapping[str, int]) -> None:
+    """A :class:`FeedError` where a slice or an index of ``ops`` over a symbolic length
+    does not fit the dimension with ``binding`` (each op's ``needs``: expressions that
+    must be ``>= 0``, see :func:`~geon.op_graph.symbols.cut`)."""
+    for op in ops:
+        for expr, what in getattr(op, "needs", ()):
+            if expr.evaluate(binding) < 0:
+                given = ", ".join(f"{k} = {v}" for k, v in sorted(binding.items())
+                                  if k in expr.symbols)
+                raise FeedError(f"{type(op).__name__} {op.name} (built at {op.file_info}) "
+                                f"takes {what}, which needs {expr!r} >= 0; the feeds give "
+                                f"{given}: a slice with symbolic lengths or bounds must "
+                                f"fit its dimension (it is not clamped)")
+
+
+def probe_binding(symbols: Any, ops: Any) -> dict:
+    """A binding of ``symbols`` (all equal, as small as it can be) under which every
+    length is at least 1 and every slice of ``ops`` fits: for choices that hold for any
+    binding, such as which values a memory plan places."""
+    for v in range(1, 257):
+        binding = dict.fromkeys(symbols, v)
+        try:
+            check_needs(ops, binding)
+        except FeedError:
+            continue
+        if all(n.evaluate(binding) >= 1 for op in ops if isinstance(op, og.TensorOp)
+               for n in op.axes.lengths if isinstance(n, Sym)):
+            return binding
+    return dict.fromkeys(symbols, 1)
+
+
 class _Binder:
     """Evaluates the symbolic lengths in parameter values, one new axis per name."""
 
@@ -82,9 +113,10 @@ class _Binder:
             return a if parts is a.axes else FlattenedAxis(parts)
         if not isinstance(a.length, Sym):
             return a
-        new = self.axes.get(a.name)
+        key = (a.name, a.length)  # (positional axes share names, not lengths)
+        new = self.axes.get(key)
         if new is None:
-            new = self.axes[a.name] = Axis(a.length.evaluate(self.binding), a.name,
+            new = self.axes[key] = Axis(a.length.evaluate(self.binding), a.name,
                                            batch=a.batch, recurrent=a.recurrent)
         return new
 
@@ -112,7 +144,9 @@ def specialize(results: Any, binding: Mapping[str, int]) -> dict:
     ops, _ = og.as_op_list(results, "specialize: results")
     binder = _Binder(binding)
     replace = {}
-    for op in graph_ops(ops, initializers=False):
+    every = graph_ops(ops, initializers=False)
+    check_needs(every, binding)
+    for op in every:
         if isinstance(op, og.Placeholder) and op.axes.is_symbolic:
             new = og.Placeholder(binder.all_axes(op.axes), dtype=op.dtype,
                                  domain=op.domain, name=op.name)

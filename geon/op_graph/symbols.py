@@ -21,13 +21,14 @@ an order comparison is decided where the difference of the two sides is a consta
 raise a :class:`TypeError` naming the symbol: the value is not decidable at build time.
 """
 
+import ast
 import keyword
 import numbers
 import re
 from typing import Any, Mapping, Union
 
 __all__ = ["Sym", "Symbol", "SymbolicLengthError", "Length", "is_symbolic", "evaluate",
-           "symbols_of"]
+           "symbols_of", "cut", "parse"]
 
 
 class SymbolicLengthError(TypeError):
@@ -429,3 +430,90 @@ def broadcast_lengths(*shapes: Any) -> tuple:
                 raise ValueError(f"shape mismatch: {found} against {n}")
         out.append(found)
     return tuple(out)
+
+
+def cut(key: Any, n: Length) -> tuple:
+    """A slice or an index ``key`` of a dimension of length ``n`` where ``n`` or a bound
+    of ``key`` is symbolic: ``(key, length, needs)``. The returned key has its bounds
+    as positions (negative ints counted from ``n``; a step below zero keeps a stop of
+    ``None``), ``length`` is what a slice leaves (``None`` for an index) and ``needs``
+    the expressions that must be ``>= 0`` at a call for ``key`` to lie within the
+    dimension (a symbolic slice does not clamp its bounds as Python's does: it must fit).
+    Needs decided at build time are left out; one that never holds is a ``ValueError``
+    naming it."""
+    def at(v: Any) -> Any:
+        return v if isinstance(v, Sym) or v >= 0 else n + v
+    if isinstance(key, slice):
+        step = 1 if key.step is None else int(key.step)
+        if step > 0:
+            start = 0 if key.start is None else at(key.start)
+            stop = n if key.stop is None else at(key.stop)
+            new = slice(start, stop, key.step)
+            length = (stop - start + step - 1) // step
+            needs: tuple = (start, stop - start, n - stop)
+        else:
+            start = n - 1 if key.start is None else at(key.start)
+            stop = -1 if key.stop is None else at(key.stop)
+            new = slice(start, None if key.stop is None else stop, step)
+            length = (start - stop - step - 1) // -step
+            needs = (stop + 1, start - stop, n - 1 - start)
+    else:
+        new = at(key)
+        length, needs = None, (new, n - 1 - new)
+    kept = []
+    for e in needs:
+        try:
+            holds = e >= 0
+        except SymbolicLengthError:
+            kept.append(e)
+            continue
+        if not holds:
+            raise ValueError(f"{e!r} >= 0 never holds")
+    return new, length, tuple(dict.fromkeys(kept))
+
+
+def key_text(key: Any) -> str:
+    """``key`` (a slice or an index, bounds possibly symbolic) as written in brackets:
+    ``[1:N - 1]``."""
+    if not isinstance(key, slice):
+        return f"[{key!r}]"
+    parts = ["" if v is None else repr(v) for v in (key.start, key.stop, key.step)]
+    return "[" + ":".join(parts if key.step is not None else parts[:2]) + "]"
+
+
+#: the longest expression :func:`parse` reads (documents are untrusted input)
+MAX_TEXT = 1000
+
+
+def parse(text: str) -> Length:
+    """The length ``text`` writes (``repr`` of a :class:`Sym`, or an int): symbols'
+    names, ints, ``+``, ``-``, ``*``, ``//``, ``%`` and parentheses. Anything else is a
+    ``ValueError``; nothing is evaluated but this arithmetic (documents are untrusted)."""
+    if not isinstance(text, str) or len(text) > MAX_TEXT:
+        raise ValueError(f"a length is a text of at most {MAX_TEXT} characters")
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, RecursionError, MemoryError):
+        raise ValueError(f"{text[:80]!r} is not an expression of lengths") from None
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+           ast.Mod: lambda a, b: a % b}
+
+    def walk(node: Any, depth: int) -> Any:
+        if depth > 100:
+            raise ValueError("an expression of lengths nested too deeply")
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name):
+            return Symbol(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand, depth + 1)
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            a, b = walk(node.left, depth + 1), walk(node.right, depth + 1)
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and not (
+                    type(b) is int and b > 0):
+                raise ValueError("// and % of a length take a positive int")
+            return ops[type(node.op)](a, b)
+        raise ValueError(f"{text[:80]!r} is not an expression of lengths (only names, "
+                         f"ints, +, -, *, // and % by positive ints)")
+    return walk(tree, 0)

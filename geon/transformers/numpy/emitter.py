@@ -20,6 +20,7 @@ from geon.op_graph.ordering import schedule
 from geon.op_graph.reference import NP_UFUNCS
 from geon.transformers import fusion, memory, numerics
 from geon.errors import GeonError
+from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
@@ -167,8 +168,8 @@ class ModuleEmitter:
                     del comp._into[m]
         # Symbolic lengths: the plan is made per binding (NumPyComputation._bind); the
         # code only needs which values are planned, which no binding changes: any
-        # binding (all ones) tells.
-        binding = dict.fromkeys(self.sym, 1) if self.sym else None
+        # binding under which every slice fits tells.
+        binding = probe_binding(self.sym, order) if self.sym else None
         if "memory" in t.disabled or check:  # checked: each input kept to be shown
             plan = memory.unshared_plan(order, comp.results, groups, binding=binding)
         else:

@@ -30,7 +30,7 @@ from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.errors import ArgumentError, FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.np_ops import Select
-from geon.op_graph.specialize import call_binders
+from geon.op_graph.specialize import call_binders, check_needs
 from geon.op_graph.symbols import evaluate, symbols_of
 from geon.op_graph.primitives import LengthValue
 from geon.op_graph.user_ops import UserOp
@@ -167,6 +167,7 @@ class NumPyComputation(Computation):
         """Plan the memory of ``binding``, allocate its arenas and make its views
         (setup()); cached by binding."""
         order, results, groups, into = self._plan_args
+        check_needs(order, binding)  # every slice of a symbolic length fits
         t = self.transformer
         if "memory" in t.disabled or self._check_numerics:
             plan = memory.unshared_plan(order, results, groups, binding=binding)

@@ -51,7 +51,7 @@ from geon.op_graph.np_ops import Select
 from geon.op_graph.ordering import schedule
 from geon.op_graph.params import clone_graph
 from geon.op_graph.reference import op_site
-from geon.op_graph.specialize import call_binders
+from geon.op_graph.specialize import call_binders, check_needs
 from geon.op_graph.tables import OpTable
 from geon.transformers.base import Computation, Transformer
 from geon.transformers.torch.binding import (_BOUND_ATTRS, _CALL, PREPARE_SYMBOLIC,
@@ -568,6 +568,9 @@ class TorchComputation(nn.Module):
         #: a module of fixed lengths, which binds nothing)
         self._geon_binders: Optional[list[tuple[int, int, str]]] = \
             self._find_symbols(comp, order)
+        #: the slices over symbolic lengths, and the bindings they were seen to fit
+        self._geon_slices = [op for op in order if getattr(op, "needs", ())]
+        self._geon_fitting: set = set()
 
     def _find_symbols(self, comp: Computation,
                       order: list) -> Optional[list[tuple[int, int, str]]]:
@@ -653,6 +656,12 @@ class TorchComputation(nn.Module):
                     p.as_feed(v)  # raises, saying what is wrong with it
                 raise FeedError(f"placeholder {p.name} expects axes ({og._fmt(p.axes)}) "
                                 f"i.e. shape {p.axes.shape}; got shape {got}")
+        if self._geon_slices:
+            key = tuple(sorted(binding.items()))
+            if key not in self._geon_fitting:
+                check_needs(self._geon_slices, binding)
+                if len(self._geon_fitting) < 1024:
+                    self._geon_fitting.add(key)
         return binding
 
     def _feed(self, i, value, shape=None):

@@ -172,6 +172,21 @@ def _slice(ctx):
     return _do_slice(ctx, starts, ends, axes, steps)
 
 
+#: bounds at or beyond this magnitude mean "to the end" (exporters write INT64_MAX)
+_ENDLESS = 2 ** 31 - 1
+
+
+def _symbolic_bounds(s, e, st):
+    """ONNX's slice bounds of a dimension of symbolic length: "to the end" as ``None``;
+    other bounds stay (such a slice must fit the length, checked at each call; ONNX
+    clamps them)."""
+    def far(v, sign):
+        return not isinstance(v, Sym) and v * sign >= _ENDLESS
+    if st > 0:
+        return (0 if far(s, -1) else s), (None if far(e, 1) else e)
+    return (None if far(s, 1) else s), (None if far(e, -1) else e)
+
+
 def _do_slice(ctx, starts, ends, axes, steps):
     shape = ctx.shape(0)
     key = [slice(None)] * len(shape)
@@ -179,10 +194,13 @@ def _do_slice(ctx, starts, ends, axes, steps):
         a = _norm_axis(ctx, a, len(shape))
         if st == 0:
             raise ctx.unsupported("slice step 0")
+        if isinstance(shape[a], Sym):
+            s, e = _symbolic_bounds(s, e, int(st))
         key[a] = slice(s, e, st)
     if ctx.value(0).array is not None:  # shapes and constants: NumPy, empty ones too
         return [ctx.known(ctx.const(0)[tuple(key)])]
-    if any(len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
+    if any(not any(isinstance(v, Sym) for v in (n, k.start, k.stop))
+           and len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
         # No elements: the result is known from its shape alone.
         out = tuple(len(range(*k.indices(n))) for k, n in zip(key, shape))
         return [ctx.known(np.empty(out, ctx.dtype(0)))]
@@ -198,11 +216,14 @@ def _gather(ctx):
     ctx.bound(shape[:axis] + ctx.shape(1) + shape[axis + 1:], carrier(ctx.dtype(0)))
     if ctx.value(1).array is not None:
         idx = ctx.const(1).astype(np.int64)
-        if idx.size and (idx.min() < -shape[axis] or idx.max() >= shape[axis]):
-            raise ctx.unsupported(f"index out of range for axis of length {shape[axis]}")
+        n = shape[axis]
+        if isinstance(n, Sym) and idx.ndim == 0:  # in range: checked at each call
+            return [ctx.out(ctx.tensor(0)[(slice(None),) * axis + (int(idx),)],
+                            ctx.dtype(0))]
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise ctx.unsupported(f"index out of range for axis of length {n}")
         if idx.ndim == 0:  # one position: a slice, the axis dropped
-            r = _slice_along(ctx.tensor(0), axis, int(idx) % shape[axis],
-                             int(idx) % shape[axis] + 1)
+            r = _slice_along(ctx.tensor(0), axis, int(idx) % n, int(idx) % n + 1)
             return [ctx.out(gnp.squeeze(r, axis), ctx.dtype(0))]
         ind = gnp.constant(idx)
     else:
