@@ -122,6 +122,19 @@ def test_a_bert_style_encoder_with_a_dynamic_batch_and_sequence():
            make)
 
 
+def test_a_fully_convolutional_net_with_dynamic_batch_height_and_width():
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                        nn.AvgPool2d(3, 2, 1, count_include_pad=False), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    dyn = {"x": {0: "N", 2: "H", 3: "W"}, "y": {0: "N"}}
+    _check(net, (torch.zeros(2, 3, 16, 16),), ["x"], dyn, ((1, 8, 8), (2, 17, 23),
+                                                           (3, 32, 12)),
+           lambda s: (_floats((s[0], 3) + s[1:]),))
+
+
 class _Causal(torch.nn.Module):
     """A GPT-style decoder layer: the causal mask is a fixed buffer sliced to the
     sequence length (``bias[:t, :t]``), and the head reads the last position and the

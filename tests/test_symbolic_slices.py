@@ -207,3 +207,54 @@ def test_expressions_of_symbols_round_trip_through_a_document():
         hostile["axes"]["N[1::]"]["symbol"] = bad
         with pytest.raises(be.SerializationError, match=r"axes\['N\[1::\]'\].symbol"):
             be.deserialize_graph(json.dumps(hostile))
+
+
+def test_convolution_and_pooling_over_symbolic_spatial_lengths_match_pytorch():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    H, W = Symbol("H"), Symbol("W")
+    r = np.random.default_rng(3)
+    w1, w2, w3 = (r.standard_normal(s) for s in ((4, 3, 3, 3), (6, 2, 3, 3), (3, 4, 2, 2)))
+    x = be.np.placeholder((2, 3, H, W), dtype=np.float64, name="x")
+    c1 = be.np.conv(x, be.np.constant(w1), padding=1)
+    c2 = be.np.conv(c1, be.np.constant(w2), stride=2, padding=1, dilation=2, groups=2)
+    outs = [c1, c2, be.np.max_pool(x, 2), be.np.max_pool(c1, 3, stride=2, padding=1),
+            be.np.avg_pool(x, 3, stride=2, padding=1, count_include_pad=True),
+            be.np.avg_pool(x, 3, stride=2, padding=1, count_include_pad=False),
+            be.np.conv_transpose(x, be.np.constant(w3), stride=2)]
+    loss = sum(be.np.sum(o * o) for o in outs)
+    f = be.NumPyTransformer().computation(outs + [be.deriv(loss, x)], x)
+    for h, w in ((7, 9), (8, 8), (5, 12)):
+        X = r.standard_normal((2, 3, h, w))
+        xt = torch.tensor(X, requires_grad=True)
+        t1 = F.conv2d(xt, torch.tensor(w1), padding=1)
+        t2 = F.conv2d(t1, torch.tensor(w2), stride=2, padding=1, dilation=2, groups=2)
+        want = [t1, t2, F.max_pool2d(xt, 2), F.max_pool2d(t1, 3, 2, 1),
+                F.avg_pool2d(xt, 3, 2, 1, count_include_pad=True),
+                F.avg_pool2d(xt, 3, 2, 1, count_include_pad=False),
+                F.conv_transpose2d(xt, torch.tensor(w3), stride=2)]
+        sum((o * o).sum() for o in want).backward()
+        got = f(X)
+        for a, b in zip(got, want + [xt.grad]):
+            np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-10, atol=1e-10)
+    assert f.transformations == 1 and f.plans == 3
+    with pytest.raises(FeedError, match=r"windows of kernel 3, stride 2, dilation 2 .* "
+                                        r"needs .* >= 0; the feeds give H = 2"):
+        f(r.standard_normal((2, 3, 2, 8)))   # too short for c2's dilated kernel
+
+
+def test_the_pytorch_export_runs_convolution_and_pooling_over_symbolic_spatial_lengths():
+    torch = pytest.importorskip("torch")
+    from geon.transformers.torch import to_torch
+    H, W = Symbol("H"), Symbol("W")
+    w1 = RNG.standard_normal((4, 3, 3, 3))
+    x = be.np.placeholder((2, 3, H, W), dtype=np.float64, name="x")
+    c1 = be.np.conv(x, be.np.constant(w1), padding=1, stride=2)
+    outs = [c1, be.np.max_pool(c1, 2),
+            be.np.avg_pool(x, 3, stride=2, padding=1, count_include_pad=False)]
+    module = to_torch(outs, x)
+    ref = be.NumPyTransformer().computation(outs, x)
+    for h, w in ((7, 9), (8, 8), (4, 13)):
+        X = RNG.standard_normal((2, 3, h, w))
+        for a, b in zip(module(torch.tensor(X)), ref(X)):
+            np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-13)

@@ -34,6 +34,7 @@ import numpy as np
 from geon.errors import AxisMismatchError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym
 from geon.op_graph.axes import Axes, AxesLike, Axis, FlattenedAxis, as_axes
 from geon.op_graph.derivatives import terms
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
@@ -539,8 +540,21 @@ class _PoolSides:
         op = self.op
         if not self.counted():
             return None
-        counts = pool_counts(self.spatial.lengths, op.kernel, op.strides, op.pads)
-        c = og.Constant(1.0 / counts, axes=op.out_spatial, dtype=dtype)
+        if any(isinstance(n, Sym) for n in self.spatial.lengths):
+            # over a symbolic length the counts are computed too: the windows' sums of
+            # ones (the padding adds none)
+            one = Axis(1, "_pool_n")
+            image = Axes((one,) + tuple(self.spatial))
+            counts = Conv(pr.Reshape(og.Constant(1.0, axes=image, dtype=dtype),
+                                     self.unit_axes(image, "_pool_c")),
+                          self.avg_filter(dtype),
+                          axes=self.unit_axes(Axes((one,) + tuple(op.out_spatial)),
+                                              "_pool_k"),
+                          strides=op.strides, pads=op.pads, dilation=op.dilation, groups=1)
+            c = og.Reciprocal(pr.Reshape(counts, op.out_spatial))
+        else:
+            counts = pool_counts(self.spatial.lengths, op.kernel, op.strides, op.pads)
+            c = og.Constant(1.0 / counts, axes=op.out_spatial, dtype=dtype)
         return pr.Expand(c, self.result_c, (None,) + tuple(range(len(op.out_spatial))))
 
     def avg(self, x):  # -> (B, *P), the canonical average pooling of (B, *S)

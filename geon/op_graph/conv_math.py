@@ -9,6 +9,7 @@ import numpy as np
 from geon.errors import AxisMismatchError
 from geon.op_graph import nodes
 from geon.op_graph import op_graph as og
+from geon.op_graph.symbols import Sym, SymbolicLengthError
 
 
 # --- arithmetic -----------------------------------------------------------------------------
@@ -78,8 +79,18 @@ def _check_windows(op, lengths, kernel, strides, dilation, pads, out, labels=Non
     ``labels`` name the spatial axes in errors (default: their positions)."""
     for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, kernel, strides, dilation, pads)):
         n = out_length(L, k, s, d, lo, hi)
-        label = labels[i] if labels else f"spatial dimension {i} of length {L}"
-        if n < 1:
+        label = labels[i] if labels else f"spatial dimension {i} of length {L!r}"
+        if isinstance(n, Sym):
+            try:
+                fits = n >= 1
+            except SymbolicLengthError:  # known at a call (specialize.check_needs)
+                op.needs = getattr(op, "needs", ()) + (
+                    (n - 1, f"windows of kernel {k}, stride {s}, dilation {d} and "
+                            f"padding ({lo}, {hi}) over {label}"),)
+                fits = True
+        else:
+            fits = n >= 1
+        if not fits:
             raise og._mismatch(op, f"{label} (padding {lo}+{hi}) is shorter than the "
                                    f"dilated kernel ({d} * ({k} - 1) + 1)", op.args)
         if out is not None and out[i] != n:

@@ -10,6 +10,7 @@ from geon.errors import AxisMismatchError
 from geon.op_graph import primitives as pr
 from geon.op_graph.axes import Axes, FlattenedAxis
 from geon.op_graph.derivatives import terms
+from geon.op_graph.symbols import Sym, SymbolicLengthError
 from geon.op_graph.tables import adjoint_rule, evaluator, forward_rule
 from geon.op_graph.core import ComputationOp, _fmt, primitive
 from geon.op_graph.conv_math import (_check_windows, out_length, reference_conv,
@@ -121,6 +122,16 @@ def _check_real_tap(op, lengths):
     """Every window reads at least one input element (not only padding)."""
     for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, op.kernel, op.strides,
                                                    op.dilation, op.pads)):
+        if isinstance(L, Sym):
+            # every window starts at most (k - 1) * d before the input and, by the
+            # count of windows, at most hi - (k - 1) * d - 1 after its last element
+            if lo <= (k - 1) * d and hi <= (k - 1) * d:
+                continue
+            raise SymbolicLengthError(
+                f"{type(op).__name__} {op.name}: padding ({lo}, {hi}) beyond the kernel's "
+                f"extent {(k - 1) * d} over spatial dimension {i} of symbolic length "
+                f"{L!r}: whether a window reads only padding depends on the length"
+                f"{op._where()}")
         n = out_length(L, k, s, d, lo, hi)
         taps = np.arange(n)[:, None] * s - lo + np.arange(k)[None, :] * d
         if not np.all(np.any((taps >= 0) & (taps < L), axis=1)):

@@ -17,6 +17,7 @@ from geon.op_graph import conv as cv
 from geon.op_graph.conv import user_error
 from geon.op_graph import op_graph as og
 from geon.op_graph.axes import Axes
+from geon.op_graph.symbols import Sym
 from geon.op_graph.coercion import (AXES, canonical_axes, family, family_error,
                                     positional_shape, split_axes, temp_axis)
 
@@ -96,7 +97,7 @@ def conv(x: og.TensorOp, w: og.TensorOp, stride: Union[int, Sequence[int]] = 1,
                                 [a.length for a in kernel], strides, dil, "conv: padding")
     outs = [temp_axis(cv.out_length(s.length, r.length, st, d, lo, hi))
             for s, r, st, d, (lo, hi) in zip(spatial, kernel, strides, dil, pads)]
-    if any(a.length < 1 for a in outs):
+    if any(not isinstance(a.length, Sym) and a.length < 1 for a in outs):
         raise user_error(f"conv: input {positional_shape(x)} is smaller than the "
                          f"dilated kernel {positional_shape(w)[2:]}")
     y = cv.Convolution(xr, wr, channel=c, spatial=spatial, filter_channel=cg, kernel=kernel,
@@ -135,7 +136,7 @@ def conv_transpose(x: og.TensorOp, w: og.TensorOp,
                                 "conv_transpose: padding")
     outs = [temp_axis((s.length - 1) * st - lo - hi + d * (r.length - 1) + o + 1)
             for s, r, st, d, (lo, hi), o in zip(spatial, kernel, strides, dil, pads, opad)]
-    if any(a.length < 1 for a in outs):
+    if any(not isinstance(a.length, Sym) and a.length < 1 for a in outs):
         raise user_error(f"conv_transpose: the padding {pads} leaves no output")
     k = temp_axis(kg.length * groups)
     y = cv.ConvolutionTranspose(xr, wr, channel=c, spatial=spatial, filter_channel=kg,
@@ -163,8 +164,9 @@ def _pool(kind, x, kernel, stride, padding, dilation, count_include_pad):
     spatial = fresh[len(fresh) - n:]
     pads = cv.normalize_padding(padding, [a.length for a in spatial], ks, strides, dil,
                                 f"{what}: padding")
-    outs = [temp_axis(max(cv.out_length(s.length, k, st, d, lo, hi), 0))
+    outs = [cv.out_length(s.length, k, st, d, lo, hi)
             for s, k, st, d, (lo, hi) in zip(spatial, ks, strides, dil, pads)]
+    outs = [temp_axis(n if isinstance(n, Sym) else max(n, 0)) for n in outs]
     y = cv.Pooling(xr, kind=kind, spatial=spatial, out_spatial=outs, kernel=ks,
                    strides=strides, pads=pads, dilation=dil,
                    count_include_pad=count_include_pad)
