@@ -7,10 +7,13 @@ model: the training step of an LSTM layer (hidden 256, batch 32, 32 features; on
 ``be.scan``) over a symbolic sequence axis ``T`` against one computation per length.
 
     python -m benchmarks.symbolic [--batches 1 32 1024] [--lengths 8 256] [--repeats 15]
+                                  [--default]
 
-A measurement, not a test. Symbolic computations run without fusion and the compiled
-path so far (doc/symbolic_axes.rst): both sides here use ``compiled=False``, and at
-batches where the fixed computation fuses the difference includes that.
+A measurement, not a test. By default both sides use ``compiled=False`` (the NumPy
+code): symbolic values are fused only under size hints. ``--default`` runs both in the
+default mode (the compiled path where it pays) with ``sample_axis="first"``, the
+symbolic side with the size hints ``N=256``, ``T=64`` (fusing and compiling its groups
+of symbolic rows, doc/symbolic_axes.rst).
 """
 
 import argparse
@@ -21,6 +24,15 @@ from benchmarks import mlp
 from benchmarks.common import interleaved_stats, pair, ratio, table, us
 
 
+#: the transformers' options: (fixed side, symbolic side) (see --default)
+OPTIONS = ({"compiled": False}, {"compiled": False})
+
+
+def _transformer(axis):
+    symbolic = axis.is_symbolic
+    return be.NumPyTransformer(**OPTIONS[symbolic])
+
+
 def step(batch_axis, params):
     """The training step over ``batch_axis`` (a fixed or a symbolic axis)."""
     axes = [be.Axis(n, f"L{i}") for i, n in enumerate(mlp.SIZES)]
@@ -29,7 +41,7 @@ def step(batch_axis, params):
     h, variables = mlp.layers(x, axes, params)
     loss = be.mean(be.cross_entropy_multi(be.softmax(h), t), out_axes=())
     updates = [be.SetItem(v, v - mlp.LR * be.deriv(loss, v)) for v in variables]
-    return be.NumPyTransformer(compiled=False).computation([loss] + updates, x, t)
+    return _transformer(batch_axis).computation([loss] + updates, x, t)
 
 
 def lstm_step(seq_axis):
@@ -37,7 +49,7 @@ def lstm_step(seq_axis):
     symbolic); the same initial weights whatever the axis."""
     from benchmarks.scan import training_graph
     results, x, t, _ = training_graph(seq_axis, 256, 32, unroll=False)
-    return be.NumPyTransformer(compiled=False).computation(results, x, t)
+    return _transformer(seq_axis).computation(results, x, t)
 
 
 def compare(symbolic, make_fixed, sizes, data, repeats, inner, title, what):
@@ -85,7 +97,14 @@ def main(argv=None):
     ap.add_argument("--lengths", type=int, nargs="*", default=[8, 256],
                     help="sequence lengths of the LSTM step (none: skip it)")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--default", action="store_true",
+                    help="the default mode (compiled where it pays), symbolic with size "
+                         "hints")
     args = ap.parse_args(argv)
+    global OPTIONS
+    if args.default:
+        OPTIONS = ({"sample_axis": "first"},
+                   {"sample_axis": "first", "size_hints": {"N": 256, "T": 64}})
     params = mlp.init_params()
     symbolic = step(be.symbolic_axis("N", batch=True), params)
     symbolic(*mlp.data(2))  # allocates and initializes (not a cost of a new size)

@@ -333,8 +333,10 @@ def test_a_graph_of_symbolic_axes_round_trips_through_a_document():
 
 def test_size_hints_fuse_a_symbolic_computation_without_changing_its_results():
     x, results = mlp(be.symbolic_axis("N", batch=True))
-    plain = be.make_transformer("numpy", sample_axis="first").computation(results, x)
-    fused = be.make_transformer("numpy", sample_axis="first",
+    # (the NumPy code's fusion: the compiled path, test_symbolic_compiled.py)
+    plain = be.make_transformer("numpy", sample_axis="first", compiled=False) \
+        .computation(results, x)
+    fused = be.make_transformer("numpy", sample_axis="first", compiled=False,
                                 size_hints={"N": 65536}).computation(results, x)
     assert "_run_blocks(fused, N, " in fused.source and "_run_blocks" not in plain.source
     for n in (1, 7, 1000, 50000):
@@ -343,8 +345,8 @@ def test_size_hints_fuse_a_symbolic_computation_without_changing_its_results():
             np.testing.assert_array_equal(a, b)
     assert (fused.transformations, fused.plans) == (1, 4)
     # no hint for every symbol: no fusion
-    comp = be.make_transformer("numpy", sample_axis="first", size_hints={"M": 65536}
-                               ).computation(results, x)
+    comp = be.make_transformer("numpy", sample_axis="first", size_hints={"M": 65536},
+                               compiled=False).computation(results, x)
     assert "_run_blocks" not in comp.source
     # the default layout: values whose symbolic length is not their first are not fused
     comp = be.make_transformer("numpy", size_hints={"N": 65536}).computation(results, x)

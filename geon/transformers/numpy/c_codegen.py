@@ -5,11 +5,13 @@ several slow members (:func:`_segments`). See :mod:`geon.transformers.numpy.comp
 for which groups are compiled and how."""
 
 import ctypes
+import math
 
 import numpy as np
 
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers import fusion
 from geon.transformers.codegen_text import identifier
 from geon.transformers.numpy import toolchain
@@ -172,7 +174,10 @@ class Kernels:
     """The compiled groups of one computation being generated: collects a C function per
     group (:meth:`group_code`), then builds them into one library (:meth:`build`)."""
 
-    def __init__(self):
+    def __init__(self, hints=None):
+        #: the values of symbolic lengths to make size-based choices with (a group's
+        #: symbolic lengths are in its first dimension: its loops take the count)
+        self.hints = hints
         self.functions = []   # C source of each function
         self.names = []       # the Python name each is called by
         self.groups = 0
@@ -183,6 +188,11 @@ class Kernels:
         constant of the group's shape, or a scalar constant."""
         lengths = g.members[0].axes.lengths
         members = set(g.members)
+        if any(isinstance(n, Sym) for n in lengths[1:]) or isinstance(lengths[-1], Sym) \
+                and (any(row_sum(m) for m in g.members) or any(
+                    isinstance(a, (pr.ViewOp, og.Constant)) and a not in scalars
+                    for m in g.members for a in m.args)):
+            return False  # (symbolic: the rows only, a row of a fixed length)
         for m in g.members:
             if not (supported(m) or row_sum(m)):
                 return False
@@ -206,7 +216,7 @@ class Kernels:
                 names[m] = buffer(m, lines)
         k = self.groups
         self.groups += 1
-        group = _GroupFunction(g, names, scalars, consts, lines)
+        group = _GroupFunction(g, names, scalars, consts, lines, self.hints)
         cname = f"geon_group{k}"
         pyname = identifier(f"kernel{k}", taken)
         self.functions.append("\n".join(group.c_source(cname)))
@@ -239,10 +249,13 @@ class _GroupFunction:
     reads and writes (its parameters), how its loops run (over elements or rows, in
     tiles or not), and the text of each part."""
 
-    def __init__(self, g, names, scalars, consts, lines):
+    def __init__(self, g, names, scalars, consts, lines, hints=None):
         self.g, self.members = g, g.members
         self.shape = shape = self.members[0].axes.shape
-        self.n = int(np.prod(shape))
+        #: the count of elements (an expression where the rows are symbolic: the code
+        #: that calls the function evaluates it) and its value for size-based choices
+        self.size = self.members[0].axes.size
+        self.n = int(evaluate(self.size, hints or {}))
         self._parameters(names, scalars, lines)
         # row sums (the group finder puts them last): one accumulator each per row,
         # stored once the row is done
@@ -251,7 +264,7 @@ class _GroupFunction:
         # loops over rows, then over a row's elements
         self.by_rows = by_rows = bool(self.strided or self.sums)
         self.rank = rank = len(shape)
-        rows = int(np.prod(shape[:-1])) if rank > 1 else 1
+        rows = math.prod(shape[:-1]) if rank > 1 else 1
         self.inner = shape[-1] if by_rows else self.n
         self.rows = rows if by_rows else 1
         self._loads(scalars, consts)
@@ -427,11 +440,15 @@ class _GroupFunction:
         for k in self.sums.values():
             src.append(f"        double acc{k} = 0;")
         if rank > 1 and strided:
-            src.append("        int64_t q = r, d;")
-            for dim in range(rank - 2, -1, -1):
+            src.append("        int64_t q = r" + (", d;" if rank > 2 else ";"))
+            for dim in range(rank - 2, 0, -1):
                 src.append(f"        d = q % {shape[dim]}; q /= {shape[dim]};")
                 for p in sorted(strided):
                     src.append(f"        o{p} += d * s{p}_{dim};")
+            # the first dimension: q itself (its length, which may be symbolic, is
+            # not needed)
+            for p in sorted(strided):
+                src.append(f"        o{p} += q * s{p}_0;")
         src += [f"      for (int64_t c0 = 0; c0 < {inner}; c0 += {chunk}) {{",
                 f"        const int64_t e = c0 + {chunk} < {inner} ? "
                 f"c0 + {chunk} : {inner};"]
@@ -483,10 +500,11 @@ class _GroupFunction:
         lines = [f"    # compiled: {len(members) - len(sums)} elementwise ops "
                  + (f"and {len(sums)} sum(s) of their rows " if sums else "")
                  + f"({len(self.g.internal)} without a full buffer) in "
-                 + (f"{len(self.segments)} C loops over tiles of {tile} of the {n} "
-                    f"elements " if tile else f"one C loop over {n} elements ")
+                 + (f"{len(self.segments)} C loops over tiles of {tile} of the {self.size!r} "
+                    f"elements " if tile else f"one C loop over {self.size!r} elements ")
                  + f"({cname}{', strided reads' if self.strided else ''})"]
-        units = self.rows if self.by_rows else n   # the function's range
+        units = self.rows if self.by_rows else self.size   # the function's range (an
+        # expression of the symbols, bound in the calling code, where they are symbolic)
         threads = fusion.MAX_THREADS if n >= PARALLEL_ELEMENTS else 1
         args = "".join(f"{a}, " for a in self.params)
         if threads > 1:

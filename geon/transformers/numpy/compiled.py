@@ -95,6 +95,7 @@ themselves.
 import os
 
 from geon.op_graph import op_graph as og
+from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers import fusion
 from geon.transformers.numpy.c_codegen import (  # noqa: F401 - the compiled path's names
     BLOCK_ELEMENTS, CHUNK_ELEMENTS, MAX_MEMBERS, MAX_SEGMENTS, PARALLEL_ELEMENTS,
@@ -169,14 +170,26 @@ def mode(compiled=None):
     return bool(compiled)
 
 
-def fusable(op, min_elements=0):
+def fusable(op, min_elements=0, hints=None):
     """The fusion predicate of ``compiled=True``: what fusion fuses anyway, and
-    elementwise ops of at least ``min_elements`` elements (any size) that compile."""
-    return fusion._fusable(op) or (isinstance(op, og.ElementWise) and len(op.axes) >= 1
-                                   and op.axes.size >= min_elements and supported(op))
+    elementwise ops of at least ``min_elements`` elements (any size) that compile. In a
+    computation with symbolic lengths, ``hints`` (``{symbol: length}``) give the sizes
+    of ops with symbolic lengths, which must be in their first dimension only (the
+    rows: a kernel's loops take the count of rows as an argument); without hints they
+    are not fused."""
+    if fusion.hinted_fusable(hints)(op):
+        return True
+    if not (isinstance(op, og.ElementWise) and len(op.axes) >= 1 and supported(op)):
+        return False
+    size = op.axes.size
+    if isinstance(size, Sym):
+        if hints is None or any(isinstance(n, Sym) for n in op.axes.lengths[1:]):
+            return False
+        size = evaluate(size, hints)
+    return size >= min_elements
 
 
-def auto_fusable(op):
+def auto_fusable(op, hints=None):
     """The fusion predicate of :data:`AUTO`: :func:`fusable` from
     :data:`AUTO_MIN_ELEMENTS` elements."""
-    return fusable(op, AUTO_MIN_ELEMENTS)
+    return fusable(op, AUTO_MIN_ELEMENTS, hints)

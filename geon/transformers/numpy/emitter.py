@@ -9,6 +9,7 @@ op, a ufunc that allocates its result, any other primitive), and wraps the lines
 (:meth:`~ModuleEmitter.module_source`).
 """
 
+import functools
 import re
 
 import numpy as np
@@ -21,7 +22,7 @@ from geon.op_graph.reference import NP_UFUNCS
 from geon.transformers import fusion, memory, numerics
 from geon.errors import GeonError
 from geon.op_graph.specialize import probe_binding
-from geon.op_graph.symbols import Sym
+from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
 from geon.transformers.numpy import blas
@@ -213,17 +214,21 @@ class ModuleEmitter:
         # any size with compiled=True, from AUTO_MIN_ELEMENTS with "auto"). The
         # gradient product of an update ``w - lr * G`` computed into ``w`` runs block by
         # block in its group: G never exists in full, and w is touched once.
-        kernels = compiled_kernels.Kernels() if compiled and not self.check else None
+        kernels = compiled_kernels.Kernels(self.hints) if compiled and not self.check \
+            else None
         self.kernels = kernels
         # Symbolic lengths: values of fixed lengths fused as usual, those of symbolic
         # lengths where the transformer's size hints give every symbol a typical
         # length, if their symbolic lengths are their rows (fusion.hinted_fusable;
-        # doc/symbolic_axes.rst); the compiled path is off
+        # doc/symbolic_axes.rst); the compiled path decides with the hinted sizes too
+        if kernels is not None:
+            test = compiled_kernels.auto_fusable if compiled == compiled_kernels.AUTO \
+                else compiled_kernels.fusable
+            can = functools.partial(test, hints=self.hints)
+        else:
+            can = fusion.hinted_fusable(self.hints) if self.sym else None
         groups = [] if "fusion" in t.disabled or self.check else find_groups(
-            order, comp.results, self.emits,
-            fusion.hinted_fusable(self.hints) if self.sym
-            else None if kernels is None else compiled_kernels.auto_fusable
-            if compiled == compiled_kernels.AUTO else compiled_kernels.fusable,
+            order, comp.results, self.emits, can,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
@@ -231,8 +236,9 @@ class ModuleEmitter:
             # below the NumPy code's own threshold, a group is only worth it as C
             scalar_consts = {op for op in order
                              if isinstance(op, og.Constant) and op.scalar is not None}
-            groups = [g for g in groups if g.members[0].axes.size >= fusion.MIN_ELEMENTS
-                      or kernels.compilable(g, scalar_consts)]
+            groups = [g for g in groups
+                      if evaluate(g.members[0].axes.size, self.hints or {})
+                      >= fusion.MIN_ELEMENTS or kernels.compilable(g, scalar_consts)]
         return groups
 
     # --- names --------------------------------------------------------------------------

@@ -81,11 +81,7 @@ class NumPyComputation(Computation):
         auto = mode == compiled_kernels.AUTO
         if auto and compiled_kernels.auto_unavailable():
             mode = False
-        if self._symbols:
-            # Symbolic lengths: the compiled (C) path is off in this first slice (its
-            # kernels and thresholds take fixed sizes); see doc/symbolic_axes.rst.
-            mode = False
-        if mode:
+        if mode:  # (symbolic lengths: groups of them with size hints, emitter.py)
             try:
                 self._generate(compiled=mode)
                 return
@@ -342,12 +338,13 @@ class NumPyTransformer(Transformer):
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).
         size_hints: ``{symbol: typical length}`` for computations with symbolic
             lengths (``geon.op_graph.symbols``): the size-based choices made when their
-            code is generated (whether elementwise runs are fused, on how many threads)
+            code is generated (whether elementwise runs are fused or compiled, on how
+            many threads)
             take these values (which change results by a rounding step at most: see
             the doc). Fusion of a computation with
             symbolic lengths needs a hint for each of its symbols, and its symbolic
             axes first in the fused values (``sample_axis="first"``); without, it is
-            not fused. See doc/symbolic_axes.rst.
+            not fused (nor compiled). See doc/symbolic_axes.rst.
         disable, dump_after, dump_file, sample_axis: as for every transformer.
     """
 
