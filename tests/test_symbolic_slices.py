@@ -258,3 +258,34 @@ def test_the_pytorch_export_runs_convolution_and_pooling_over_symbolic_spatial_l
         X = RNG.standard_normal((2, 3, h, w))
         for a, b in zip(module(torch.tensor(X)), ref(X)):
             np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-13)
+
+
+def test_forward_mode_and_hessian_vector_products_through_symbolic_slices():
+    Na = be.symbolic_axis("N", batch=True)
+    C = be.Axis(3, "C")
+    x = be.placeholder([Na, C], dtype="float64", name="x")
+    t = be.placeholder([Na, C], dtype="float64", name="t")
+    wv = np.array([0.5, -1.0, 2.0])
+    w = be.Variable([C], initial_value=wv, dtype="float64", name="w")
+    tail = be.slice_along_axis(x, Na, slice(1, None))
+    loss = be.sum(be.square(be.tanh(x * w)), out_axes=()) + \
+        be.sum(be.exp(tail * w), out_axes=())
+    v = np.array([0.3, 0.2, -0.1])
+    f = be.make_transformer("numpy").computation(
+        [loss, be.jvp(loss, x, t), be.hvp(loss, w, v)], x, t)
+
+    def value(X, W):
+        return np.sum(np.tanh(X * W) ** 2) + np.sum(np.exp(X[1:] * W))
+
+    def grad_w(X, W):  # central differences of the loss, per weight
+        return np.array([(value(X, W + e) - value(X, W - e)) / 2e-6
+                         for e in np.eye(3) * 1e-6])
+    for n in (2, 6):
+        X, T = RNG.standard_normal((n, 3)), RNG.standard_normal((n, 3))
+        l, jx, hw = f(X, T)
+        np.testing.assert_allclose(l, value(X, wv), rtol=1e-12)
+        np.testing.assert_allclose(jx, (value(X + 1e-6 * T, wv) - value(X - 1e-6 * T, wv))
+                                   / 2e-6, rtol=1e-6)
+        np.testing.assert_allclose(hw, (grad_w(X, wv + 1e-4 * v) - grad_w(X, wv - 1e-4 * v))
+                                   / 2e-4, rtol=1e-4, atol=1e-5)
+    assert f.transformations == 1
