@@ -439,3 +439,17 @@ def test_model_predict_of_a_recurrent_network_takes_any_number_of_samples(cell):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     comp = model._any["predict"]
     assert comp is not None and comp.transformations == 1
+
+
+def test_a_binding_whose_buffers_exceed_the_machine_is_refused_before_allocating():
+    N, M = be.symbolic_axis("N"), be.symbolic_axis("M")
+    a = be.placeholder([N], dtype="float64", name="a")
+    b = be.placeholder([M], dtype="float64", name="b")
+    f = be.make_transformer("numpy").computation(be.sum(a * b, out_axes=()), a, b)
+    assert f(np.ones(3), np.ones(4)) == 12.0
+    with pytest.raises(FeedError, match=r"bind M = 3000000, N = 2000000, for which the "
+                                        r"computation's buffers need .* GiB and this "
+                                        r"machine has .*the largest value is Multiply_\d+ "
+                                        r"\(N:N, M:M\) float64"):
+        f(np.ones(2_000_000), np.ones(3_000_000))   # an outer product of 44 TiB
+    assert f(np.ones(5), np.ones(4)) == 20.0 and f.plans == 2

@@ -18,6 +18,7 @@ transformer.
 
 import functools
 import linecache
+import os
 import weakref
 from typing import IO, Iterable, Optional, Union
 
@@ -68,6 +69,30 @@ def _forget_dead_sources():
     """Drop the linecache entries of computations that are gone."""
     while _DEAD_SOURCES:
         linecache.cache.pop(_DEAD_SOURCES.pop(), None)
+
+
+def _physical_memory():
+    """The machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_fits(plan, binding):
+    """A :class:`FeedError` before anything is allocated where the memory plan of
+    ``binding`` needs more bytes than the machine has, naming the largest value."""
+    need, have = sum(plan.sizes), _physical_memory()
+    if have is None or need <= have:
+        return
+    big = max(plan.slot, key=lambda op: evaluate(op.axes.size, binding) * op.dtype.itemsize)
+    raise FeedError(
+        f"the feeds bind {', '.join(f'{k} = {v}' for k, v in sorted(binding.items()))}, "
+        f"for which the computation's buffers need {need / 2**30:,.1f} GiB and this "
+        f"machine has {have / 2**30:,.1f} GiB; the largest value is {big.name} "
+        f"({og._fmt(big.axes)}) {big.dtype}, "
+        f"{evaluate(big.axes.size, binding) * big.dtype.itemsize / 2**30:,.1f} GiB "
+        f"(built at {big.file_info})")
 
 
 class NumPyComputation(Computation):
@@ -176,6 +201,7 @@ class NumPyComputation(Computation):
         if unplanned:  # the code assumes every binding plans the same values
             raise memory.PlanError(f"memory plan of binding {binding}: no place for "
                                    f"{', '.join(unplanned)}{memory._HINT}")
+        _check_fits(plan, binding)
         arenas = [np.empty(size, np.uint8) for size in plan.sizes]
         views = self._ns["setup"](*key, [arenas[plan.slot[op]] for op in self._planned])
         if len(self._setups) >= MAX_BINDINGS:  # the oldest binding's goes (and memory)
