@@ -107,6 +107,7 @@ def _stand_in_pycuda(monkeypatch):
 
     drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
     drv.mem_alloc = lambda n: emu.alloc(n)
+    drv.mem_get_info = lambda: (80 << 30, 80 << 30)   # (free, total) bytes
 
     def pagelocked_empty(shape, dtype):
         a = np.empty(shape, dtype)

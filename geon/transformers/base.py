@@ -116,7 +116,8 @@ def _lengths_set(order: Iterable[og.Op], transformer: "Transformer") -> None:
                 f"{type(op).__name__} {op.name} (built at {op.file_info}) has axes "
                 f"({og._fmt(op.axes)}) with a symbolic length: the {transformer.name} "
                 f"transformer needs fixed lengths (symbolic lengths are bound at call "
-                f"time by the numpy transformer and the PyTorch export, so far; "
+                f"time by the numpy and gpu transformers and the PyTorch export, so "
+                f"far; "
                 f"doc/symbolic_axes.rst)")
         if isinstance(op, og.TensorOp) and not op.axes.lengths_known:
             unset = [a.name for a in op.axes if a.length is None]

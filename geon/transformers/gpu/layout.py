@@ -9,6 +9,7 @@ placeholder, variable or constant) or a producer, whose buffer is row-major.
 from geon.errors import GeonError
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import cut, is_symbolic
 from geon.op_graph.tables import OpTable
 
 
@@ -149,6 +150,17 @@ def _expand(op, lay):
 def _slice_view(op, lay):
     offset, shape, strides = lay.offset, [], []
     for k, n, s in zip(op.key, lay.shape, lay.strides):
+        if is_symbolic(n) or _symbolic_key(k):
+            # (the ``views`` pass, before a binding: bounds relative to the length,
+            # a slice that fits, see symbols.cut; a binding's program has ints here)
+            k, length, _ = cut(k, n)
+            if isinstance(k, slice):
+                shape.append(length)
+                strides.append(s * (1 if k.step is None else k.step))
+                offset += k.start * s
+            else:
+                offset += k * s
+            continue
         if isinstance(k, slice):
             start, stop, step = k.indices(n)
             shape.append(len(range(start, stop, step)))
@@ -159,6 +171,11 @@ def _slice_view(op, lay):
             k = int(k)
             offset += (k + n if k < 0 else k) * s
     return Layout(lay.root, offset, shape, strides)
+
+
+def _symbolic_key(k):
+    return is_symbolic(k.start) or is_symbolic(k.stop) if isinstance(k, slice) \
+        else is_symbolic(k)
 
 
 @view_layout_rule(pr.Reshape)

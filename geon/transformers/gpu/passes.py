@@ -2,6 +2,7 @@
 
 from geon.op_graph import primitives as pr
 from geon.op_graph.nodes import rewriting
+from geon.op_graph.symbols import SymbolicLengthError
 from geon.transformers.gpu.layout import (Layout, layouts, reshape_layout, row_major,
                                          view_layout)
 from geon.transformers.passes import Pass
@@ -24,8 +25,7 @@ class ContiguousReshapes(Pass):
             if not isinstance(op, pr.ViewOp):
                 continue
             x = op.args[0]
-            if not isinstance(op, pr.Reshape) or \
-                    reshape_layout(lay[x], op.axes.shape) is not None:
+            if not isinstance(op, pr.Reshape) or _no_copy(lay[x], op.axes.shape):
                 lay[op] = view_layout(op, lay[x])
                 continue
             with rewriting(op):
@@ -36,3 +36,13 @@ class ContiguousReshapes(Pass):
             changed = True
         if changed:
             graph.invalidate()
+
+
+def _no_copy(lay, shape):
+    """Whether strides describe ``lay`` reshaped to ``shape``. Over symbolic lengths, a
+    reshape that would need an order of two lengths to decide gets its copy (which
+    computes the same values for every binding)."""
+    try:
+        return reshape_layout(lay, shape) is not None
+    except SymbolicLengthError:
+        return False

@@ -7,6 +7,8 @@ A block reduces rows in shared memory; a few long rows are split over several bl
 group computes its input on the fly from the group's elementwise members.
 """
 
+import re
+
 import numpy as np
 
 from geon.op_graph import primitives as pr
@@ -226,9 +228,13 @@ def emit_reduce(ctx, op, prologue=(), internal=frozenset()):
 
         def value(r, k, lines):
             terms = [t if st == 1 else f"{t} * {st}" for t, st in ((r, sr), (k, sk)) if st]
-            lines.append(f"const long long p = {' + '.join(terms) or '0'};")
-            lines.extend(f.load_lines("p", lambda j: f"const {f.load_list[j][2]} x{j}"))
-            lines.extend(f.compute_lines("p", lambda j: f"x{j}"))
+            body = (f.load_lines("p", lambda j: f"const {f.load_list[j][2]} x{j}")
+                    + f.compute_lines("p", lambda j: f"x{j}"))
+            if any(re.search(r"\bp\b", line) for line in body):  # (all loads may be
+                # of one broadcast number: a length-1 dimension, say; nvcc warns of an
+                # unused p)
+                lines.append(f"const long long p = {' + '.join(terms) or '0'};")
+            lines.extend(body)
             return f"v{src}", k
     else:
         src = ctx.pointer(params, lx)

@@ -204,6 +204,10 @@ class PyCUDARuntime:
             pass
 
     # --- memory ------------------------------------------------------------------
+    def free_memory(self):
+        """The device memory free now, in bytes."""
+        return int(self.drv.mem_get_info()[0])
+
     def alloc(self, nbytes):
         # 256-byte granularity; never 0 (an empty tensor still gets an address)
         return self.drv.mem_alloc(max(256, -(-int(nbytes) // 256) * 256))

@@ -13,13 +13,16 @@ from collections.abc import MutableMapping
 
 import numpy as np
 
-from geon.errors import ArgumentError, GeonError, LoweringError, UnknownTransformerError
+from geon.errors import (ArgumentError, FeedError, GeonError, LoweringError,
+                         UnknownTransformerError)
 from geon.op_graph import op_graph as og
 from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.op_graph.user_ops import USER_OPS
 from geon.op_graph.np_ops import Select
+from geon.op_graph.primitives import LengthValue
 from geon.transformers.base import (STANDARD_BASE_SET, Computation, Transformer,
                                     missing_state)
+from geon.transformers.gpu.binding import Bindings, refuse_unsupported, symbols_in
 from geon.transformers.gpu.codegen import all_kernels, generate
 
 
@@ -37,52 +40,141 @@ def _user_elementwise_with_cuda():
 
 class CudaComputation(Computation):
     """A computation lowered to CUDA C: ``source`` (annotated CUDA) and ``program``
-    (:class:`geon.transformers.gpu.codegen.Program`, the kernels and launch plan)."""
+    (:class:`geon.transformers.gpu.codegen.Program`, the kernels and launch plan).
+
+    With symbolic lengths (``be.symbolic_axis``) the passes run once, and each binding
+    of the symbols gets a program of its own (:mod:`geon.transformers.gpu.binding`):
+    :meth:`program_for` makes or finds it, ``program`` and ``source`` are those of the
+    binding made or called last (``None`` and a header before the first)."""
 
     def __init__(self, transformer, results, params, body=False):
         super().__init__(transformer, results, params)
-        t = transformer
-        self.program = generate(self, fusion="fusion" not in t.disabled,
-                                plan_memory="memory" not in t.disabled,
-                                check_numerics=t.check_numerics, body=body)
+        self._body = body
+        #: the bindings of the symbols and their programs (``None``: fixed lengths)
+        self._bindings = None
+        symbols = symbols_in(self.ops)
+        if symbols:
+            refuse_unsupported(self.ops, symbols, body)
+            self._bindings = Bindings(self, symbols)
+            self.program = None
+            self._source = (f"// geon GPU transformer: a computation with symbolic "
+                            f"length(s) {', '.join(symbols)}; each binding has a program "
+                            f"of its own (comp.program_for({{...}}); none made yet)\n")
+            return
+        self.program = self._generate(self)
+        self.plans += 1
         if body and (self.program.variables or self.program.assigned):
             raise LoweringError("the gpu transformer runs a cond branch or a while "
                                 "loop's predicate or body only if it reads no variable "
                                 "and assigns nothing")
         self._source = self.program.source
 
+    def _generate(self, comp):
+        """The :class:`~geon.transformers.gpu.codegen.Program` of ``comp`` (this
+        computation, or a copy of its ops bound to a binding)."""
+        t = self.transformer
+        return generate(comp, fusion="fusion" not in t.disabled,
+                        plan_memory="memory" not in t.disabled,
+                        check_numerics=t.check_numerics, body=self._body)
+
+    @property
+    def symbols(self):
+        """The names of the symbols of the computation's lengths (empty if fixed)."""
+        return () if self._bindings is None else self._bindings.symbols
+
+    @property
+    def programs(self):
+        """``{binding: Program}`` (a binding as the tuple of the symbols' values, in the
+        order of ``symbols``): the programs kept (``{(): program}`` for fixed lengths)."""
+        if self._bindings is None:
+            return {(): self.program}
+        return dict(self._bindings.programs)
+
+    def program_for(self, binding=None):
+        """The :class:`~geon.transformers.gpu.codegen.Program` of ``binding``
+        (``{symbol: int}``, one entry per symbol; ``{}`` or ``None`` for fixed
+        lengths), made at the first request or call with it (``plans`` counts them). A
+        slice over a symbolic length that does not fit the binding raises the
+        ``FeedError`` a call would."""
+        if self._bindings is None:
+            if binding:
+                raise ArgumentError(f"this computation has fixed lengths; no binding "
+                                    f"applies ({binding})")
+            return self.program
+        with self.transformer._lock:
+            key, values = self._bindings.binding_of(binding or {})
+            return self._program_of(key, values)
+
+    def _program_of(self, key, binding):
+        prog, dropped = self._bindings.program(key, binding, self._generate)
+        self._dropped(dropped)
+        self.program = prog
+        self._source = (f"// geon GPU transformer: the program of the binding "
+                        + ", ".join(f"{n} = {v}" for n, v in zip(self.symbols, key))
+                        + "\n" + prog.source)
+        return prog
+
+    def _dropped(self, keys):
+        """Forget what depends on the bindings ``keys`` (their programs are gone)."""
+
     @property
     def kernels(self):
-        """The distinct kernels of this computation, by name."""
-        return self.program.kernels
+        """The distinct kernels of this computation (of its last binding's program,
+        with symbolic lengths), by name."""
+        return {} if self.program is None else self.program.kernels
 
     def _allocate(self):
         raise GeonError(f"the {self.transformer.name} transformer only generates code; "
                         f"use make_transformer('gpu') to run computations")
 
 
-class GPUComputation(CudaComputation):
-    """A computation run on a device (see :mod:`geon.transformers.gpu`)."""
+class _OnDevice:
+    """What one program needs on the device: its buffers (the variables' are the
+    transformer's), its compiled kernels and runner, and the pinned buffers of the
+    copies of feeds and results."""
 
-    def _allocate(self):
-        t = self.transformer
+    def __init__(self, prog, t):
         rt = t.runtime
-        prog = self.program
         bufs = allocate_buffers(prog, t)
         for j, v in enumerate(prog.variables):
             bufs[("var", j)] = t.state.device_buffer(v)
-        self._bufs = bufs  # keeps the allocations alive
-        # (one nvcc run for the kernels of this program and of its host steps' bodies)
+        self.bufs = bufs  # keeps the allocations alive
+        # (one nvcc run for the kernels of this program and of its host steps' bodies;
+        # kernels are named by their source, so those compiled before are skipped)
         rt.compile(list(all_kernels(prog).values()))
-        self._run_kernels = program_runner(prog, bufs, t)
+        self.run_kernels = program_runner(prog, bufs, t)
+        copier = GPUComputation._result_copier
         if t.check_numerics:
-            self._fetch = [self._fetcher(spec, bufs, rt) for spec in prog.results]
+            self.fetch = [GPUComputation._fetcher(spec, bufs, rt) for spec in prog.results]
         else:
-            self._results = [self._pinned_fetcher(spec, bufs, rt) for spec in prog.results]
+            self.results = [copier(spec, bufs, rt.pinned, rt.download, rt.take)
+                            for spec in prog.results]
             # feeds go to the device through pinned buffers of their own
-            self._staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
-            self._fence = None  # the last call's copies out of the staging buffers
-        self._feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
+            self.staging = [rt.pinned(p.axes.shape, p.dtype) for p in prog.feeds]
+        self.fence = None  # the last call's copies out of the staging buffers
+        self.feed_ptrs = [int(bufs[("feed", i)]) for i in range(len(prog.feeds))]
+
+
+class GPUComputation(CudaComputation):
+    """A computation run on a device (see :mod:`geon.transformers.gpu`). With symbolic
+    lengths, each binding called gets its program's device memory and kernels at its
+    first call (kept with its program, see :mod:`geon.transformers.gpu.binding`)."""
+
+    def _allocate(self):
+        if self._bindings is not None:
+            #: ``{binding: entry}``: the call of each binding made since allocation
+            self._entries = {}
+            return
+        self._device = _OnDevice(self.program, self.transformer)
+
+    @property
+    def _run_kernels(self):
+        """The function running the program's kernels (fixed lengths)."""
+        return self._device.run_kernels
+
+    def _dropped(self, keys):
+        for k in keys:
+            getattr(self, "_entries", {}).pop(k, None)
 
     @staticmethod
     def _result_copier(spec, bufs, host, copy, take):
@@ -123,24 +215,62 @@ class GPUComputation(CudaComputation):
             return value()
         return fetch_now
 
-    def _pinned_fetcher(self, spec, bufs, rt):
-        """``(enqueue, value)`` for result ``spec``: ``enqueue()`` enqueues its copy into a
-        pinned buffer (``None`` where nothing is copied), ``value()`` gives the result
-        once the stream has finished."""
-        return self._result_copier(spec, bufs, rt.pinned, rt.download, rt.take)
-
     def _fast_entry(self):
+        if self._bindings is not None:
+            return self._symbolic_entry()
+        return self._entry_for(self._device, self.program, self._check_feed)
+
+    def _symbolic_entry(self):
+        """The call of a computation with symbolic lengths: the binding read from the
+        feeds' shapes, then that binding's call (made at its first call)."""
+        read, entries = self._bindings.read, self._entries
+        lock = self.transformer._lock
+
+        def entry(*args):
+            key, binding = read(args)
+            run = entries.get(key)
+            if run is None:
+                with lock:
+                    run = self._bind(key, binding, args)
+            return run(*args)
+        return entry
+
+    def _bind(self, key, binding, args):
+        """The call of ``binding`` (``key`` its values): its program (made once, see
+        :meth:`program_for`) on the device. The feeds ``args`` are checked first, so
+        that a wrong one costs no program."""
+        run = self._entries.get(key)
+        if run is not None:  # (another thread bound it meanwhile)
+            return run
+        shapes = self._bindings.shapes(binding)
+        params, domain_checks = self.params, self._domain_checks
+
+        def check(i, a):  # a feed checked against its shape under the binding
+            a = params[i].as_feed(a, shape=shapes[i])
+            if domain_checks[i] is not None:
+                domain_checks[i](a)
+            return a
+        for i, a in enumerate(args):
+            check(i, a)
+        prog = self._program_of(key, binding)
+        run = self._entries[key] = self._entry_for(_OnDevice(prog, self.transformer),
+                                                  prog, check)
+        return run
+
+    def _entry_for(self, dev, prog, check):
+        """The call running ``prog`` on ``dev`` (:class:`_OnDevice`); ``check(i, a)``
+        converts feed ``a`` of parameter ``i`` of the wrong class, dtype or shape."""
         t = self.transformer
         if t.check_numerics:
-            return self._checking_feeds(self._checked_entry())
+            return self._checking_feeds(self._checked_entry(dev, prog), check)
         rt, state = t.runtime, t.state
-        checks = [(p.axes.shape, p.dtype) for p in self.params]
-        copies_in = list(zip(self._feed_ptrs, self._staging))
-        run = self._run_kernels
-        copies_out = [enqueue for enqueue, _ in self._results if enqueue is not None]
-        values_of = [value for _, value in self._results]
-        assigned = list(self.program.assigned)
-        single, check = self.single, self._check_feed
+        checks = [(p.axes.shape, p.dtype) for p in prog.feeds]
+        copies_in = list(zip(dev.feed_ptrs, dev.staging))
+        run = dev.run_kernels
+        copies_out = [enqueue for enqueue, _ in dev.results if enqueue is not None]
+        values_of = [value for _, value in dev.results]
+        assigned = list(prog.assigned)
+        single = self.single
         in_domain = self._domain_checks  # per parameter: None, or a check of its values
         upload, fence, finish = rt.upload, rt.fence, rt.finish
         ndarray = np.ndarray
@@ -148,9 +278,9 @@ class GPUComputation(CudaComputation):
 
         def entry(*args):
             with lock:
-                if self._fence is not None:  # the staging buffers are free again
-                    self._fence.wait()
-                    self._fence = None
+                if dev.fence is not None:  # the staging buffers are free again
+                    dev.fence.wait()
+                    dev.fence = None
                 for i, a in enumerate(args):
                     shape, dt = checks[i]
                     if a.__class__ is not ndarray or a.dtype is not dt or a.shape != shape:
@@ -168,18 +298,18 @@ class GPUComputation(CudaComputation):
                 if copies_out:
                     finish()
                 elif args:  # nothing to wait for now, but the next call reuses staging
-                    self._fence = fence()
+                    dev.fence = fence()
                 values = [value() for value in values_of]
                 self._last = values
             return values[0] if single else tuple(values)
         return entry
 
-    def _checked_entry(self):
+    def _checked_entry(self, dev, prog):
         """The numerics debug mode's call: synchronous copies, launches one by one."""
         t = self.transformer
         rt, state = t.runtime, t.state
-        ptrs, run, fetch = self._feed_ptrs, self._run_kernels, self._fetch
-        assigned = list(self.program.assigned)
+        ptrs, run, fetch = dev.feed_ptrs, dev.run_kernels, dev.fetch
+        assigned = list(prog.assigned)
 
         def entry(*args):
             with t._lock:
@@ -195,18 +325,35 @@ class GPUComputation(CudaComputation):
             return values[0] if self.single else tuple(values)
         return entry
 
-    def _checking_feeds(self, entry):
-        """``entry`` after a check of the floating-point feeds (numerics debug mode)."""
+    def _checking_feeds(self, entry, check):
+        """``entry`` after the conversion ``check`` of every feed and a check of the
+        floating-point ones (numerics debug mode)."""
         from geon.transformers import numerics
         params = self.params
 
         def checked_entry(*args):
-            args = [self._check_feed(i, a) for i, a in enumerate(args)]
+            args = [check(i, a) for i, a in enumerate(args)]
             for p, a in zip(params, args):
                 if numerics.checked(p) and not numerics.finite(a):
                     raise numerics.feed_error(p, a)
             return entry(*args)
         return checked_entry
+
+
+def _check_device_fits(prog, rt, need):
+    """An error before anything is allocated where ``prog`` needs more device memory
+    than is free (where the runtime says how much is): a ``FeedError`` naming the
+    binding for a program of a binding of symbolic lengths."""
+    free = getattr(rt, "free_memory", None)
+    free = None if free is None else free()
+    if free is None or need <= free:
+        return
+    binding = getattr(prog, "binding", None)
+    what = (f"the feeds bind {', '.join(f'{k} = {v}' for k, v in sorted(binding.items()))}"
+            f", for which the computation's" if binding else "the computation's")
+    raise (FeedError if binding else GeonError)(
+        f"{what} buffers need {need / 2**30:,.2f} GiB of device memory and "
+        f"{free / 2**30:,.2f} GiB is free on the device")
 
 
 def allocate_buffers(prog, t, skip=None):
@@ -221,6 +368,8 @@ def allocate_buffers(prog, t, skip=None):
              + [(("result", j), n) for j, n in enumerate(prog.result_bytes)]
              + [(("scratch", j), n) for j, n in enumerate(prog.scratch)]
              + [(("port", j), n) for j, n in enumerate(prog.ports)])
+    _check_device_fits(prog, rt, sum(n for key, n in sizes if skip is None or not skip(key))
+                       + sum(arr.nbytes for arr in prog.constants))
     for key, n in sizes:
         if skip is None or not skip(key):
             bufs[key] = rt.alloc(n)
@@ -426,6 +575,9 @@ class CudaCodegenTransformer(Transformer):
     computation_class = CudaComputation
     backend_steps = ("memory", "fusion")
     _required = Transformer._required | {"views", "unroll"}
+    # symbolic axis lengths: the passes run once on the expressions, the backend per
+    # binding read from the feeds (geon.transformers.gpu.binding)
+    symbolic_lengths = True
 
     def __init__(self, *args, check_numerics=False, **kwargs):
         self.check_numerics = bool(check_numerics)
@@ -448,9 +600,11 @@ class CudaCodegenTransformer(Transformer):
 
     @property
     def base_set(self):
-        """The standard base set plus user elementwise ops given CUDA source, and
-        ``Cond`` and ``WhileLoop`` (host steps: :mod:`geon.transformers.gpu.control`)."""
-        return (STANDARD_BASE_SET | {Select, Cond, WhileLoop}
+        """The standard base set plus user elementwise ops given CUDA source, ``Cond``
+        and ``WhileLoop`` (host steps: :mod:`geon.transformers.gpu.control`), and
+        ``LengthValue`` (a count over symbolic lengths: a constant in each binding's
+        program)."""
+        return (STANDARD_BASE_SET | {Select, Cond, WhileLoop, LengthValue}
                 | _user_elementwise_with_cuda())
 
 
