@@ -378,3 +378,18 @@ def test_neon_predict_runs_one_symbolic_batch_computation_on_the_gpu():
     assert comp is not None and comp.transformations == 1 and comp.plans == 4
     for k, v in model.weights().items():
         np.testing.assert_array_equal(np.asarray(v), weights[k])   # unchanged
+
+
+def test_a_scan_over_a_symbolic_axis_is_refused_naming_it():
+    T = be.symbolic_axis("T", recurrent=True)
+    H = be.Axis(4, "H")
+    xs = be.placeholder([T, H], dtype="float32", name="xs")
+
+    def body(h, x):
+        h = be.tanh(h + x)
+        return h, h
+    final, ys = be.scan(body, be.constant(0.0, axes=[H], dtype="float32"), xs, T)
+    with pytest.raises(ArgumentError, match=r"Scan .* \(built at .*test_gpu_symbolic.py.*"
+                                             r"\) runs over axis T of symbolic length T: "
+                                             r"the cuda-codegen transformer unrolls scans"):
+        CudaCodegenTransformer().computation([final, ys], xs)

@@ -9,12 +9,14 @@ grows with the axis's length, as a frontend's unrolled loop would; the values ar
 of the loop. Scans inside a body are unrolled in their turn.
 """
 
+from geon.errors import ArgumentError
 from geon.op_graph import op_graph as og
 from geon.op_graph.control import Scan
 from geon.op_graph.nn_ops import stack
 from geon.op_graph.nodes import rewriting
 from geon.op_graph.params import clone_graph
 from geon.op_graph.shaping import slice_along_axis
+from geon.op_graph.symbols import Sym
 from geon.transformers.passes import Pass
 
 __all__ = ["UnrollScans", "unrolled_outputs"]
@@ -62,6 +64,13 @@ class UnrollScans(Pass):
                 return
             for op in scans:
                 done.add(op)
+                if isinstance(op.axis.length, Sym):
+                    raise ArgumentError(
+                        f"Scan {op.name} (built at {op.file_info}) runs over axis "
+                        f"{op.axis.name} of symbolic length {op.axis.length!r}: the "
+                        f"{transformer.name} transformer unrolls scans, which needs a "
+                        f"fixed number of steps (the numpy transformer and the PyTorch "
+                        f"export loop over a symbolic one; doc/symbolic_axes.rst)")
                 if op.axis.length == 0:
                     continue  # (no step: nothing to unroll; the backend refuses it)
                 with rewriting(op):
