@@ -229,3 +229,22 @@ def test_what_depends_on_a_binding_is_refused_naming_the_node():
     with pytest.raises(gx.UnsupportedOnnxOp, match=r"Equal node 'same'.*B == 5.* known "
                                                    r"only when the model runs.*input_shapes="):
         gx.import_model(m)
+
+
+def test_a_same_padded_convolution_over_dynamic_height_and_width():
+    """``auto_pad="SAME_UPPER"`` at stride 1 pads ``(k - 1) * d`` whatever the length:
+    one import for every image size (a stride above 1 needs the length's remainder)."""
+    vi = helper.make_tensor_value_info
+    w = np.random.default_rng(2).standard_normal((4, 3, 3, 5)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER")]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                              [vi("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    f = gx.import_model(m).computation()
+    for shape in ((1, 3, 5, 7), (2, 3, 8, 6), (1, 3, 1, 1)):
+        x = _floats(shape)
+        (y,) = f(x)
+        want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding="same")
+        np.testing.assert_allclose(y, want.numpy(), rtol=1e-4, atol=1e-5)
+    assert f.computation.transformations == 1

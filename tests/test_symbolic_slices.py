@@ -10,7 +10,7 @@ import pytest
 
 import geon as be
 from geon.errors import AxisIndexError, FeedError
-from geon.op_graph.symbols import Symbol, cut
+from geon.op_graph.symbols import Symbol, SymbolicLengthError, cut
 
 N = Symbol("N")
 RNG = np.random.default_rng(7)
@@ -221,7 +221,8 @@ def test_convolution_and_pooling_over_symbolic_spatial_lengths_match_pytorch():
     outs = [c1, c2, be.np.max_pool(x, 2), be.np.max_pool(c1, 3, stride=2, padding=1),
             be.np.avg_pool(x, 3, stride=2, padding=1, count_include_pad=True),
             be.np.avg_pool(x, 3, stride=2, padding=1, count_include_pad=False),
-            be.np.conv_transpose(x, be.np.constant(w3), stride=2)]
+            be.np.conv_transpose(x, be.np.constant(w3), stride=2),
+            be.np.conv(x, be.np.constant(w1), padding="same", dilation=2)]
     loss = sum(be.np.sum(o * o) for o in outs)
     f = be.NumPyTransformer().computation(outs + [be.deriv(loss, x)], x)
     for h, w in ((7, 9), (8, 8), (5, 12)):
@@ -232,7 +233,8 @@ def test_convolution_and_pooling_over_symbolic_spatial_lengths_match_pytorch():
         want = [t1, t2, F.max_pool2d(xt, 2), F.max_pool2d(t1, 3, 2, 1),
                 F.avg_pool2d(xt, 3, 2, 1, count_include_pad=True),
                 F.avg_pool2d(xt, 3, 2, 1, count_include_pad=False),
-                F.conv_transpose2d(xt, torch.tensor(w3), stride=2)]
+                F.conv_transpose2d(xt, torch.tensor(w3), stride=2),
+                F.conv2d(xt, torch.tensor(w1), padding="same", dilation=2)]
         sum((o * o).sum() for o in want).backward()
         got = f(X)
         for a, b in zip(got, want + [xt.grad]):
@@ -241,6 +243,8 @@ def test_convolution_and_pooling_over_symbolic_spatial_lengths_match_pytorch():
     with pytest.raises(FeedError, match=r"windows of kernel 3, stride 2, dilation 2 .* "
                                         r"needs .* >= 0; the feeds give H = 2"):
         f(r.standard_normal((2, 3, 2, 8)))   # too short for c2's dilated kernel
+    with pytest.raises(SymbolicLengthError, match="'same' with stride 2 over a length H"):
+        be.np.conv(x, be.np.constant(w1), padding="same", stride=2)
 
 
 def test_the_pytorch_export_runs_convolution_and_pooling_over_symbolic_spatial_lengths():

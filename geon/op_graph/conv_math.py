@@ -54,7 +54,13 @@ def normalize_padding(padding, lengths, kernel, strides, dilation, what="padding
                              f"{padding!r}", ValueError)
         pads = []
         for L, k, s, d in zip(lengths, kernel, strides, dilation):
-            total = max((-(-L // s) - 1) * s + d * (k - 1) + 1 - L, 0)
+            if isinstance(L, Sym) and s != 1:
+                raise SymbolicLengthError(
+                    f"{what} 'same' with stride {s} over a length {L!r}: its padding "
+                    f"depends on the length's remainder modulo the stride, known only "
+                    f"at a call (stride 1 pads {d * (k - 1)} whatever the length)")
+            total = d * (k - 1) if s == 1 else \
+                max((-(-L // s) - 1) * s + d * (k - 1) + 1 - L, 0)
             pads.append((total // 2, total - total // 2))
         return tuple(pads)
     if isinstance(padding, (numbers.Integral, np.integer)) and not isinstance(padding, bool):

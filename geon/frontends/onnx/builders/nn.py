@@ -113,7 +113,8 @@ def _pads(ctx, sizes, kernel, strides, dil):
         raise ctx.unsupported(f"auto_pad={auto!r}")
     out = []
     for L, k, s, d in zip(sizes, kernel, strides, dil):
-        total = max((-(-L // s) - 1) * s + (k - 1) * d + 1 - L, 0)
+        # (stride 1: (k - 1) * d whatever the length, which may be symbolic)
+        total = (k - 1) * d if s == 1 else max((-(-L // s) - 1) * s + (k - 1) * d + 1 - L, 0)
         small = total // 2
         out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
     return out
