@@ -69,6 +69,33 @@ def call_binders(found: Any, variables: Any, placeholders: Any, what: str = "") 
     return binders
 
 
+def read_binding(binders: Any, params: Any, shapes: Any) -> dict:
+    """``{symbol: value}`` read from the feeds' ``shapes`` (one per parameter, ``None``
+    for a feed without one) where ``binders`` (:func:`call_binders`) says; a
+    :class:`FeedError` naming both placeholders, both shapes and the symbol where two
+    feeds disagree. A feed of another rank binds nothing: the caller's feed check names
+    what is wrong with it."""
+    binding: dict = {}
+    source: dict = {}
+    for i, k, name in binders:
+        shape, p = shapes[i], params[i]
+        if shape is None or len(shape) != len(p.axes):
+            continue
+        value = shape[k]
+        old = binding.get(name)
+        if old is None:
+            binding[name], source[name] = value, (i, k)
+        elif old != value:
+            j, m = source[name]
+            q = params[j]
+            raise FeedError(
+                f"placeholder {p.name} gives symbol {name} the value {value} (the "
+                f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
+                f"placeholder {q.name} gives it {old} (axis {q.axes[m].name}, shape "
+                f"{tuple(shapes[j])}): the feeds disagree")
+    return binding
+
+
 def check_needs(ops: Any, binding: Mapping[str, int]) -> None:
     """A :class:`FeedError` where a slice or an index of ``ops`` over a symbolic length
     does not fit the dimension with ``binding`` (each op's ``needs``: expressions that

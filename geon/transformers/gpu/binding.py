@@ -22,7 +22,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.op_graph.params import copy_debug_info
-from geon.op_graph.specialize import call_binders, check_needs, specialize
+from geon.op_graph.specialize import call_binders, check_needs, read_binding, specialize
 from geon.op_graph.symbols import evaluate, symbols_of
 from geon.transformers.passes import Graph
 
@@ -109,24 +109,11 @@ class Bindings:
         (or of no shape) that a symbol would be read from."""
         params = self.comp.params
         shapes = [_shape(v) for v in feeds]
-        binding, source = {}, {}
         for i, k, name in self.binders:
             shape, p = shapes[i], params[i]
             if shape is None or len(shape) != len(p.axes):
                 p.as_feed(feeds[i])  # raises: expected (5, N), got ...
-                continue  # (as_feed accepted it after all: not an array it binds from)
-            value = shape[k]
-            old = binding.get(name)
-            if old is None:
-                binding[name], source[name] = value, (i, k)
-            elif old != value:
-                j, m = source[name]
-                q = params[j]
-                raise FeedError(
-                    f"placeholder {p.name} gives symbol {name} the value {value} (the "
-                    f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
-                    f"placeholder {q.name} gives it {old} (axis {q.axes[m].name}, shape "
-                    f"{tuple(shapes[j])}): the feeds disagree")
+        binding = read_binding(self.binders, params, shapes)
         missing = [n for n in self.symbols if n not in binding]
         if missing:  # pragma: no cover - call_binders makes sure a feed has each
             raise FeedError(f"no feed gives symbol(s) {', '.join(missing)}")

@@ -31,7 +31,7 @@ from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.errors import ArgumentError, FeedError
 from geon.op_graph import op_graph as og
 from geon.op_graph.np_ops import Select
-from geon.op_graph.specialize import call_binders, check_needs
+from geon.op_graph.specialize import call_binders, check_needs, read_binding
 from geon.op_graph.symbols import evaluate, symbols_of
 from geon.op_graph.primitives import LengthValue
 from geon.op_graph.user_ops import UserOp
@@ -149,23 +149,7 @@ class NumPyComputation(Computation):
                 except (TypeError, ValueError):
                     shape = None  # _check_feed says what is wrong with it
             shapes.append(shape)
-        binding, source = {}, {}
-        for i, k, name in self._binders:
-            shape = shapes[i]
-            p = self.params[i]
-            if shape is None or len(shape) != len(p.axes):
-                continue  # the feed check names the wrong rank
-            value = shape[k]
-            old = binding.get(name)
-            if old is None:
-                binding[name], source[name] = value, (p, k)
-            elif old != value:
-                q, j = source[name]
-                raise FeedError(
-                    f"placeholder {p.name} gives symbol {name} the value {value} (the "
-                    f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
-                    f"placeholder {q.name} gives it {old} (axis {q.axes[j].name}, shape "
-                    f"{tuple(shapes[self.params.index(q)])}): the feeds disagree")
+        binding = read_binding(self._binders, self.params, shapes)
         for i, v in enumerate(feeds):  # a feed of another rank binds nothing: its
             p = self.params[i]          # check says what is wrong with it first
             if shapes[i] is None or len(shapes[i]) != len(p.axes):

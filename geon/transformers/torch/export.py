@@ -51,7 +51,7 @@ from geon.op_graph.np_ops import Select
 from geon.op_graph.ordering import schedule
 from geon.op_graph.params import clone_graph
 from geon.op_graph.reference import op_site
-from geon.op_graph.specialize import call_binders, check_needs
+from geon.op_graph.specialize import call_binders, check_needs, read_binding
 from geon.op_graph.tables import OpTable
 from geon.transformers.base import Computation, Transformer
 from geon.transformers.torch.binding import (_BOUND_ATTRS, _CALL, PREPARE_SYMBOLIC,
@@ -632,24 +632,8 @@ class TorchComputation(nn.Module):
                 shapes.append(np.shape(v))
             except (TypeError, ValueError):
                 shapes.append(None)  # _feed says what is wrong with it
-        binding: dict = {}
-        source: dict = {}
         assert self._geon_binders is not None
-        for i, k, name in self._geon_binders:
-            shape, p = shapes[i], self.placeholders[i]
-            if shape is None or len(shape) != len(p.axes):
-                continue  # the rank check below names the placeholder
-            value = shape[k]
-            old = binding.get(name)
-            if old is None:
-                binding[name], source[name] = value, (p, k, shape)
-            elif old != value:
-                q, j, q_shape = source[name]
-                raise FeedError(
-                    f"placeholder {p.name} gives symbol {name} the value {value} (the "
-                    f"length of its axis {p.axes[k].name}, shape {tuple(shape)}), but "
-                    f"placeholder {q.name} gives it {old} (axis {q.axes[j].name}, shape "
-                    f"{tuple(q_shape)}): the feeds disagree")
+        binding = read_binding(self._geon_binders, self.placeholders, shapes)
         for v, p, got in zip(tensors, self.placeholders, shapes):
             if got is None or len(got) != len(p.axes):
                 if not isinstance(v, torch.Tensor):
