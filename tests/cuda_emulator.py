@@ -390,3 +390,19 @@ class EmulatorRuntime:
                 if bad:
                     raise GeonError(f"emulator: {name} wrote outside its buffers")
         return run
+
+
+def assert_ptx_compiles(kernels, folder, name):
+    """``nvcc -ptx -arch=sm_90`` of ``kernels`` (``{name: Kernel}``) as one module in
+    ``folder``: no error, no warning, and one entry point per kernel."""
+    import re
+    from geon.transformers.gpu.codegen import module_source
+    src = folder / f"{name}.cu"
+    src.write_text(module_source(list(kernels.values())))
+    ptx = folder / f"{name}.ptx"
+    run = subprocess.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90", "-o", str(ptx),
+                          str(src)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-5000:]
+    assert "warning" not in run.stderr, run.stderr[-5000:]
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx.read_text()))
+    assert entries == set(kernels), sorted(set(kernels) ^ entries)[:5]

@@ -10,9 +10,7 @@ stand-in pycuda of tests/test_gpu_runtime.py. Tests marked ``gpu`` run the same 
 on a real GPU (skipped elsewhere).
 """
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -20,8 +18,8 @@ import pytest
 import geon as be
 from geon.op_graph.elementwise import Add
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer, gpu_status
-from geon.transformers.gpu.codegen import all_kernels, module_source
-from cuda_emulator import EmulatorRuntime, find_compiler
+from geon.transformers.gpu.codegen import all_kernels
+from cuda_emulator import EmulatorRuntime, assert_ptx_compiles, find_compiler
 
 NVCC = shutil.which("nvcc")
 needs_cxx = pytest.mark.skipif(find_compiler() is None,
@@ -284,15 +282,7 @@ def test_nvcc_compiles_every_kernel(tmp_path):
         results, params, _ = GRAPHS[name](dt)
         ks.update(all_kernels(CudaCodegenTransformer().computation(results, *params).program))
     assert "copy" in {k.kind for k in ks.values()}
-    src = tmp_path / "all.cu"
-    src.write_text(module_source(list(ks.values())))
-    ptx = tmp_path / "all.ptx"
-    run = subprocess.run([NVCC, "-ptx", "-arch=sm_90", "-o", str(ptx), str(src)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-5000:]
-    assert "warning" not in run.stderr, run.stderr[-5000:]
-    entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx.read_text()))
-    assert entries == set(ks), sorted(set(ks) ^ entries)[:5]
+    assert_ptx_compiles(ks, tmp_path, "all")
 
 
 # --- PyCUDA and CUDA graphs (the stand-ins of tests/test_gpu_runtime.py) ------------------

@@ -9,9 +9,7 @@ is compiled with ``nvcc -ptx -arch=sm_90`` (skipped only without nvcc). Tests ma
 ``gpu`` run the same on a real GPU.
 """
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,8 +17,8 @@ import pytest
 import geon as be
 from geon.errors import ArgumentError, FeedError
 from geon.transformers.gpu import CudaCodegenTransformer, GPUTransformer, binding, gpu_status
-from geon.transformers.gpu.codegen import all_kernels, module_source
-from cuda_emulator import EmulatorRuntime, find_compiler
+from geon.transformers.gpu.codegen import all_kernels
+from cuda_emulator import EmulatorRuntime, assert_ptx_compiles, find_compiler
 
 NVCC = shutil.which("nvcc")
 needs_cxx = pytest.mark.skipif(find_compiler() is None,
@@ -301,15 +299,7 @@ def test_nvcc_compiles_every_kernel_of_each_binding(tmp_path):
             for n in BATCHES:
                 ks.update(all_kernels(f.program_for({"N": n})))
     assert {"ew", "reduce", "gemm"} <= {k.kind for k in ks.values()}
-    src = tmp_path / "symbolic.cu"
-    src.write_text(module_source(list(ks.values())))
-    ptx = tmp_path / "symbolic.ptx"
-    run = subprocess.run([NVCC, "-ptx", "-arch=sm_90", "-o", str(ptx), str(src)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-5000:]
-    assert "warning" not in run.stderr, run.stderr[-5000:]
-    entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx.read_text()))
-    assert entries == set(ks), sorted(set(ks) ^ entries)[:5]
+    assert_ptx_compiles(ks, tmp_path, "symbolic")
 
 
 # --- a real GPU ---------------------------------------------------------------------------
