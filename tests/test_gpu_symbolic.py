@@ -351,12 +351,12 @@ def test_neon_predict_runs_one_symbolic_batch_computation_on_the_gpu():
     from geon.frontends import neon as nn
     F = be.Axis(8, "F")
     model = nn.Model(nn.Sequential([
-        nn.Affine(16, activation="tanh", weight_init=nn.GlorotUniform(seed=1)),
-        nn.Affine(3, weight_init=nn.GlorotUniform(seed=1))]), [F], optimizer=nn.SGD(0.1),
+        nn.Affine(16, activation="tanh", weight_init=nn.GlorotUniform(seed=1), name="hid"),
+        nn.Affine(3, weight_init=nn.GlorotUniform(seed=1), name="out")]), [F],
+        optimizer=nn.SGD(0.1),
         batch_size=32, transformer=_emulated())
     weights = {k: np.asarray(v).copy() for k, v in model.weights().items()}
-    w1, b1, w2, b2 = (weights[k] for k in ("affine/W", "affine/b", "affine_1/W",
-                                            "affine_1/b"))
+    w1, b1, w2, b2 = (weights[k] for k in ("hid/W", "hid/b", "out/W", "out/b"))
     rng = np.random.default_rng(5)
     for n in (1, 7, 100):
         X = rng.standard_normal((n, 8)).astype(np.float32)
