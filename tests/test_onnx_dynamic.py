@@ -164,6 +164,31 @@ def test_a_gpt_style_decoder_slicing_its_causal_mask_to_a_dynamic_length():
     _check(_Causal(), make((2, 7)), ["ids"], dyn, ((1, 2), (3, 9), (2, 32)), make)
 
 
+class _Positions(torch.nn.Module):
+    """Hugging Face's position ids: an integer buffer sliced to the input's length
+    (``position_ids[:, :t]``), then embedded."""
+
+    def __init__(self, most=32, d=4):
+        super().__init__()
+        self.register_buffer("position_ids", torch.arange(most)[None])
+        self.pos = torch.nn.Embedding(most, d)
+
+    def forward(self, x):
+        return x + self.pos(self.position_ids[:, :x.shape[1]])
+
+
+def test_an_integer_initializer_sliced_to_a_dynamic_length():
+    torch.manual_seed(0)
+    dyn = {"x": {0: "N", 1: "T"}, "y": {0: "N", 1: "T"}}
+    _check(_Positions(), (_floats((2, 5, 4)),), ["x"], dyn, ((2, 5), (3, 9), (1, 32)),
+           lambda size: (_floats(size + (4,), seed=size[1]),))
+    f = gx.import_model(_exported(_Positions(), (_floats((2, 5, 4)),), ["x"], dyn))
+    with pytest.raises(be.FeedError, match=r"takes \[0:T:1\] of a dimension of length "
+                                           r"32, which needs -T \+ 32 >= 0; the feeds "
+                                           r"give T = 33"):
+        f.computation()(_floats((1, 33, 4)))
+
+
 def _model(nodes, inputs, outputs, opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -19,7 +19,9 @@ RNG = np.random.default_rng(7)
 KEYS = [(slice(1, None), 1), (slice(None, -1), 1), (slice(1, -1), 2),
         (slice(None, None, 2), 0), (slice(1, None, 3), 1), (slice(None, None, -1), 0),
         (slice(-2, None), 2), (slice(None, None, -2), 0), (slice(-1, 0, -1), 1),
-        (slice(2, 5), 5), (slice(-3, -1), 3), (-1, 1), (0, 1), (2, 3), (-3, 3)]
+        (slice(2, 5), 5), (slice(-3, -1), 3), (-1, 1), (0, 1), (2, 3), (-3, 3),
+        # a step below zero with an explicit stop: that stop must be a position (>= 0)
+        (slice(None, -3, -1), 3), (slice(-1, -4, -1), 4)]
 
 
 def _bound(key, binding):
@@ -103,6 +105,14 @@ def test_a_slice_that_does_not_fit_the_bound_length_is_a_feed_error_naming_it():
                                         r"give N = 4"):
         g(np.zeros((4, 3)))
     assert f.plans == 1 and g.plans == 1   # a binding refused is not planned
+    # a step below zero with an explicit stop: at N = 2 the stop N - 3 would be -1, which
+    # NumPy reads as "the last row" (an empty result); it is refused instead
+    h = be.NumPyTransformer().computation(x[:-3:-1], x)
+    X = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(h(X), X[:-3:-1])
+    with pytest.raises(FeedError, match=r"takes \[N - 1:N - 3:-1\] .* needs N - 3 >= 0; "
+                                        r"the feeds give N = 2"):
+        h(X[:2])
 
 
 def test_axes_family_slices_concat_and_their_derivatives_over_a_symbolic_axis():
@@ -201,8 +211,9 @@ def test_expressions_of_symbols_round_trip_through_a_document():
             np.testing.assert_array_equal(a, b)
     with pytest.raises(FeedError, match=r"needs N - 1 >= 0; the feeds give N = 0"):
         got(np.zeros((0, 3)))      # the loaded slice checks its fit too
+    sums = "(" + " + ".join("abcdefghijklmnopqrstuvwxyz") + ")"
     for bad in ("N**2", "__import__('os').getcwd()", "N // T", "(" * 600 + "N" + ")" * 600,
-                "N - 1.5"):
+                "N - 1.5", "*".join([sums] * 6), "-" * 150 + "N"):
         hostile = json.loads(doc)
         hostile["axes"]["N[1::]"]["symbol"] = bad
         with pytest.raises(be.SerializationError, match=r"axes\['N\[1::\]'\].symbol"):
@@ -245,6 +256,11 @@ def test_convolution_and_pooling_over_symbolic_spatial_lengths_match_pytorch():
         f(r.standard_normal((2, 3, 2, 8)))   # too short for c2's dilated kernel
     with pytest.raises(SymbolicLengthError, match="'same' with stride 2 over a length H"):
         be.np.conv(x, be.np.constant(w1), padding="same", stride=2)
+    # dilated taps can all skip the input (kernel 2, dilation 3, padding 1 at H = 1):
+    # with a symbolic length that is refused rather than checked per length
+    with pytest.raises(SymbolicLengthError, match=r"padding \(1, 1\) with kernel 2 and "
+                                                  r"dilation 3 over spatial dimension 0"):
+        be.np.max_pool(x, 2, stride=1, padding=1, dilation=3)
 
 
 def test_the_pytorch_export_runs_convolution_and_pooling_over_symbolic_spatial_lengths():
@@ -293,3 +309,25 @@ def test_forward_mode_and_hessian_vector_products_through_symbolic_slices():
         np.testing.assert_allclose(hw, (grad_w(X, wv + 1e-4 * v) - grad_w(X, wv - 1e-4 * v))
                                    / 2e-4, rtol=1e-4, atol=1e-5)
     assert f.transformations == 1
+
+
+def test_symbolic_bounds_of_a_fixed_axis_in_the_axes_family():
+    T = be.symbolic_axis("T")
+    F = be.Axis(10, "F")
+    x = be.placeholder([F], dtype="float64", name="x")
+    t = be.placeholder([T], dtype="float64", name="t")
+    head = be.slice_along_axis(x, F, slice(None, T.length))     # x[:T], T of the feeds
+    last = be.slice_along_axis(x, F, T.length - 1)               # x[T - 1]
+    assert head.axes.lengths == (T.length,) and last.axes.lengths == ()
+    f = be.NumPyTransformer().computation([be.sum(head * 2.0), last, be.sum(t)], x, t)
+    X = RNG.standard_normal(10)
+    for n in (1, 4, 10):
+        got = f(X, np.ones(n))
+        np.testing.assert_allclose(got[0], 2 * X[:n].sum(), rtol=1e-12)
+        assert got[1] == X[n - 1] and got[2] == n
+    with pytest.raises(FeedError, match=r"takes \[T - 1\] of a dimension of length 10, "
+                                        r"which needs -T \+ 10 >= 0; the feeds give T = 11"):
+        f(X, np.ones(11))
+    with pytest.raises(AxisIndexError, match=r"the bound -T is never a position .* write "
+                                             r"10 - T to count from the end"):
+        be.slice_along_axis(x, F, slice(-T.length, None))

@@ -123,15 +123,16 @@ def _check_real_tap(op, lengths):
     for i, (L, k, s, d, (lo, hi)) in enumerate(zip(lengths, op.kernel, op.strides,
                                                    op.dilation, op.pads)):
         if isinstance(L, Sym):
-            # every window starts at most (k - 1) * d before the input and, by the
-            # count of windows, at most hi - (k - 1) * d - 1 after its last element
-            if lo <= (k - 1) * d and hi <= (k - 1) * d:
+            # undilated, a window is k adjacent taps starting at most k - 1 before the
+            # input (and, by the count of windows, ending at most k - 1 after it): one
+            # tap is inside whatever the length. Dilated taps can skip the input.
+            if (lo <= k - 1 and hi <= k - 1) if d == 1 else lo == hi == 0:
                 continue
             raise SymbolicLengthError(
-                f"{type(op).__name__} {op.name}: padding ({lo}, {hi}) beyond the kernel's "
-                f"extent {(k - 1) * d} over spatial dimension {i} of symbolic length "
-                f"{L!r}: whether a window reads only padding depends on the length"
-                f"{op._where()}")
+                f"{type(op).__name__} {op.name}: padding ({lo}, {hi}) with kernel {k} "
+                f"and dilation {d} over spatial dimension {i} of symbolic length {L!r}: "
+                f"whether a window reads only padding depends on the length (symbolic "
+                f"lengths take a padding below the kernel, undilated){op._where()}")
         n = out_length(L, k, s, d, lo, hi)
         taps = np.arange(n)[:, None] * s - lo + np.arange(k)[None, :] * d
         if not np.all(np.any((taps >= 0) & (taps < L), axis=1)):

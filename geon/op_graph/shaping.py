@@ -104,7 +104,9 @@ class Slice(TensorOp):
         axis = x.axes[pos]
         needs: tuple = ()
         given = key
-        if isinstance(axis.length, Sym) and key != slice(None):
+        bounds = (key.start, key.stop, key.step) if isinstance(key, slice) else (key,)
+        symbolic = isinstance(axis.length, Sym) or any(isinstance(v, Sym) for v in bounds)
+        if symbolic and key != slice(None):
             try:  # bounds as positions; what a call must check (symbols.cut)
                 key, n, needs = cut(key if isinstance(key, (slice, Sym)) else int(key),
                                     axis.length)
@@ -113,7 +115,7 @@ class Slice(TensorOp):
                                      f"{x.name} ({_fmt(x.axes)}): {e} (at "
                                      f"{user_location()})") from None
         if isinstance(key, slice):
-            if not isinstance(axis.length, Sym):
+            if not symbolic:
                 n = len(range(*key.indices(axis.length)))
             elif key == slice(None):
                 n = axis.length
@@ -128,7 +130,7 @@ class Slice(TensorOp):
                                         f"{x.name} ({_fmt(x.axes)}) has {n} entries (at "
                                         f"{user_location()})")
             out = Axes(tuple(x.axes)[:pos] + (new_axis,) + tuple(x.axes)[pos + 1:])
-        elif isinstance(axis.length, Sym):
+        elif symbolic:
             out = x.axes - Axes(axis)
             new_axis = None
         else:

@@ -107,8 +107,8 @@ def check_needs(ops: Any, binding: Mapping[str, int]) -> None:
                                   if k in expr.symbols)
                 raise FeedError(f"{type(op).__name__} {op.name} (built at {op.file_info}) "
                                 f"takes {what}, which needs {expr!r} >= 0; the feeds give "
-                                f"{given}: a slice with symbolic lengths or bounds must "
-                                f"fit its dimension (it is not clamped)")
+                                f"{given}: what an op takes over a symbolic length must "
+                                f"fit the dimension (it is not clamped)")
 
 
 def probe_binding(symbols: Any, ops: Any) -> dict:

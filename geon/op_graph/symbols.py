@@ -442,7 +442,13 @@ def cut(key: Any, n: Length) -> tuple:
     Needs decided at build time are left out; one that never holds is a ``ValueError``
     naming it."""
     def at(v: Any) -> Any:
-        return v if isinstance(v, Sym) or v >= 0 else n + v
+        if not isinstance(v, Sym):
+            return v if v >= 0 else n + v
+        if all(c <= 0 for _, c in v._terms):
+            raise ValueError(f"the bound {v!r} is never a position (a symbolic bound "
+                             f"counts from the start: write {n!r} - {-v!r} to count from "
+                             f"the end)")
+        return v
     if isinstance(key, slice):
         step = 1 if key.step is None else int(key.step)
         if step > 0:
@@ -456,7 +462,9 @@ def cut(key: Any, n: Length) -> tuple:
             stop = -1 if key.stop is None else at(key.stop)
             new = slice(start, None if key.stop is None else stop, step)
             length = (start - stop - step - 1) // -step
-            needs = (stop + 1, start - stop, n - 1 - start)
+            # an explicit stop must be a position (>= 0): a stop of -1 reads as "the last"
+            # to NumPy, not "before the first"; only a stop of None runs down to 0
+            needs = (stop + int(key.stop is None), start - stop, n - 1 - start)
     else:
         new = at(key)
         length, needs = None, (new, n - 1 - new)
@@ -481,8 +489,14 @@ def key_text(key: Any) -> str:
     return "[" + ":".join(parts if key.step is not None else parts[:2]) + "]"
 
 
-#: the longest expression :func:`parse` reads (documents are untrusted input)
+#: the longest expression :func:`parse` reads (documents are untrusted input), and the
+#: most terms a product it reads may expand to
 MAX_TEXT = 1000
+MAX_TERMS = 256
+
+
+def _size(v: Length) -> int:
+    return len(v._terms) if isinstance(v, Sym) else 1
 
 
 def parse(text: str) -> Length:
@@ -513,6 +527,9 @@ def parse(text: str) -> Length:
             if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and not (
                     type(b) is int and b > 0):
                 raise ValueError("// and % of a length take a positive int")
+            if isinstance(node.op, ast.Mult) and _size(a) * _size(b) > MAX_TERMS:
+                # products of sums expand: a short text could ask for millions of terms
+                raise ValueError(f"{text[:80]!r} expands to more than {MAX_TERMS} terms")
             return ops[type(node.op)](a, b)
         raise ValueError(f"{text[:80]!r} is not an expression of lengths (only names, "
                          f"ints, +, -, *, // and % by positive ints)")

@@ -122,7 +122,10 @@ def _slice(ctx):
         axes = ctx.attr("axes") or list(range(len(starts)))
         steps = [1] * len(starts)
     else:
-        starts, ends = _ints(ctx, 1), _ints(ctx, 2)
+        starts, ends = (list(np.ravel(ctx.const(i))) for i in (1, 2))
+        if any(isinstance(v, Sym) for v in starts + ends):
+            return None   # a symbolic number of entries: the builder's slice
+        starts, ends = [int(v) for v in starts], [int(v) for v in ends]
         axes = _ints(ctx, 3) if ctx.has(3) else list(range(len(starts)))
         steps = _ints(ctx, 4) if ctx.has(4) else [1] * len(starts)
     key = [slice(None)] * data.ndim

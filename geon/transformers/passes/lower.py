@@ -294,9 +294,9 @@ def _one_block(key, shape):
     if k < len(key) and key[k].step in (None, 1):
         k += 1
     # (a whole dimension: slice(None), the only slice of a symbolic length)
-    return all(isinstance(key[j], slice) and (key[j] == slice(None) or not isinstance(
-        shape[j], Sym) and key[j].indices(shape[j]) == (0, shape[j], 1))
-        for j in range(k, len(key)))
+    return all(isinstance(key[j], slice) and (key[j] == slice(None) or not any(
+        isinstance(v, Sym) for v in (shape[j], key[j].start, key[j].stop))
+        and key[j].indices(shape[j]) == (0, shape[j], 1)) for j in range(k, len(key)))
 
 
 def _contiguous(x):

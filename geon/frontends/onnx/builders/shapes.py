@@ -177,9 +177,9 @@ _ENDLESS = 2 ** 31 - 1
 
 
 def _symbolic_bounds(s, e, st):
-    """ONNX's slice bounds of a dimension of symbolic length: "to the end" as ``None``;
-    other bounds stay (such a slice must fit the length, checked at each call; ONNX
-    clamps them)."""
+    """ONNX's slice bounds where the dimension's length or a bound is symbolic: "to the
+    end" as ``None``; other bounds stay (such a slice must fit the length, checked at
+    each call; ONNX clamps them)."""
     def far(v, sign):
         return not isinstance(v, Sym) and v * sign >= _ENDLESS
     if st > 0:
@@ -194,10 +194,11 @@ def _do_slice(ctx, starts, ends, axes, steps):
         a = _norm_axis(ctx, a, len(shape))
         if st == 0:
             raise ctx.unsupported("slice step 0")
-        if isinstance(shape[a], Sym):
+        if any(isinstance(v, Sym) for v in (shape[a], s, e)):
             s, e = _symbolic_bounds(s, e, int(st))
         key[a] = slice(s, e, st)
-    if ctx.value(0).array is not None:  # shapes and constants: NumPy, empty ones too
+    symbolic = any(isinstance(v, Sym) for k in key for v in (k.start, k.stop))
+    if ctx.value(0).array is not None and not symbolic:  # shapes, constants: NumPy
         return [ctx.known(ctx.const(0)[tuple(key)])]
     if any(not any(isinstance(v, Sym) for v in (n, k.start, k.stop))
            and len(range(*k.indices(n))) == 0 for k, n in zip(key, shape)):
