@@ -214,15 +214,17 @@ def test_row_operands_with_views_broadcasts_and_other_dtypes(xdtype, cdtype):
 @pytest.mark.parametrize("shape", [(3,), (40, 70), (200000,), (2, 150000)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_sigmoid_never_warns_and_is_exact_where_normal(shape, dtype):
-    # small float32/float64 sigmoids clamp -x below exp's overflow (through a row of the
-    # limit); large ones and float16 let exp overflow with its warning off for that call
+    # small float32/float64 sigmoids clamp -x below exp's overflow (through a NumPy
+    # scalar of the limit, or a row of it from SCALAR_CLAMP elements); large ones and
+    # float16 let exp overflow with its warning off for that call
     x = be.placeholder([be.Axis(n, f"SigAx{i}") for i, n in enumerate(shape)], dtype=dtype)
     f = be.NumPyTransformer(compiled=False).computation([be.sigmoid(x), be.sigmoid(x) * 2.0],
                                                         x)  # the NumPy code
     size = int(np.prod(shape))
     unclamped = size >= nt.SIGMOID_UNCLAMPED or dtype == np.float16
     assert ("_overflow_ok()" in f.source) == unclamped
-    assert ("_row(" in f.source) == (not unclamped)
+    assert ("_row(" in f.source) == (not unclamped and size >= nt.SCALAR_CLAMP)
+    assert ("_clamp_" in f.source) == (not unclamped and size < nt.SCALAR_CLAMP)
     v = np.random.default_rng(1).standard_normal(shape).astype(dtype) * 60
     v.flat[:6] = [-1000.0, 1000.0, np.nan, -0.0, -20.0, 20.0]
     limit = compiled_kernels.sigmoid_limit(dtype)

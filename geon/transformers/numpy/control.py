@@ -21,8 +21,8 @@ from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
 class _BodyRunner:
-    """A scan body compiled by the NumPy transformer: ``runner(*inputs)`` returns the
-    tuple of the body's results (new arrays the caller owns)."""
+    """A scan body compiled by the NumPy transformer: ``computation(*inputs)`` returns
+    the tuple of the body's results (new arrays the caller owns)."""
 
     def __init__(self, body, token):
         self.token = token
@@ -30,13 +30,13 @@ class _BodyRunner:
         # stand-ins, are shared).
         mapping = clone_graph(list(body.results))
         results = [mapping[r] for r in body.results]
-        self.computation = make_transformer("numpy").computation(results, *body.inputs)
-
-    def __call__(self, *inputs):
-        return self.computation(*inputs)
+        t = make_transformer("numpy")
+        t.nested = True  # called inside a computation's call: no thread-policy refresh
+        self.computation = t.computation(results, *body.inputs)
 
 
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # body -> runner
+#: token -> the body's computation (called by the generated code; alive with its runner)
 _BY_TOKEN: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _TOKENS = itertools.count()
 NUMPY_GLOBALS["_scan_bodies"] = _BY_TOKEN
@@ -57,7 +57,7 @@ def body_runner(body) -> _BodyRunner:
     if runner is None:
         runner = _BodyRunner(body, next(_TOKENS))
         _RUNNERS[body] = runner
-        _BY_TOKEN[runner.token] = runner
+        _BY_TOKEN[runner.token] = runner.computation
     return runner
 
 

@@ -529,7 +529,9 @@ class ModuleEmitter:
         # The debug mode raises NumericsError where NumPy would warn of NaN and Inf.
         src.append("    _acquire()")
         src.append("    try:")
-        if any(_PARALLEL.search(ln) for ln in body):  # the thread policy (threads.py)
+        # the thread policy (threads.py), but not in a subgraph's computation: the call
+        # that runs its loop or branch refreshed it
+        if not self.t.nested and any(_PARALLEL.search(ln) for ln in body):
             src.append("        _threads()")
         if self.check:
             src.append("        with _quiet():")

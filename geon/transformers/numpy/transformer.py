@@ -50,7 +50,7 @@ from geon.transformers.numpy import control as _control  # noqa: F401
 from geon.transformers.numpy import control_flow as _control_flow  # noqa: F401
 from geon.transformers.numpy import np_ops as _np_ops  # noqa: F401
 from geon.transformers.numpy import schemas as _schemas  # noqa: F401
-from geon.transformers.numpy.op_graph import SIGMOID_UNCLAMPED  # noqa: F401
+from geon.transformers.numpy.op_graph import SCALAR_CLAMP, SIGMOID_UNCLAMPED  # noqa: F401
 from geon.transformers.numpy.primitives import ONES_LENGTH, ONES_MIN  # noqa: F401
 from geon.transformers.numpy.user_ops import _module_globals
 from geon.transformers.numpy.emitter import ModuleEmitter
@@ -371,6 +371,10 @@ class NumPyTransformer(Transformer):
     computation_class = NumPyComputation
     # symbolic axis lengths, bound from the feeds' shapes at each call (see _bind)
     symbolic_lengths = True
+    #: Whether this transformer compiles a subgraph (a scan's body, a branch, a while
+    #: loop's predicate or body) for the loop of another computation's call: its calls
+    #: skip the thread-policy refresh, which that call made (set by numpy.control).
+    nested = False
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
