@@ -587,20 +587,7 @@ def _import_function(node, fn, values, opsets, state, depth, where):
         m.name = f"{node.name or node.op_type}/{n.name or n.op_type}"
         m.input[:] = [rename.get(x, prefix + x) if x else "" for x in n.input]
         m.output[:] = [rename.get(x, prefix + x) if x else "" for x in n.output]
-        del m.attribute[:]
-        for a in n.attribute:
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                raise UnsupportedOnnxOp(f"{where}: its ONNX function has subgraphs "
-                                        f"({n.op_type}), which are not supported")
-            if not a.ref_attr_name:
-                m.attribute.append(a)
-                continue
-            src = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-            if src is not None:
-                b = onnx.AttributeProto()
-                b.CopyFrom(src)
-                b.name = a.name
-                m.attribute.append(b)
+        _bind_attributes(m, attrs, defaults, lambda x: rename.get(x, prefix + x), set())
         for x in m.input:
             if x and x not in values:
                 raise InvalidOnnxModel(f"{where}: its ONNX function uses {x!r} before "
@@ -616,6 +603,39 @@ def _import_function(node, fn, values, opsets, state, depth, where):
             if hasattr(e, "value_name"):
                 err.value_name = e.value_name
             raise err from None
+
+
+def _bind_attributes(m, attrs, defaults, outer, local):
+    """Node ``m`` of a function's expansion (in place): its attribute references take
+    the calling node's attributes ``attrs`` (or ``defaults``); in its subgraphs (a
+    Scan's body), the names not made there (``local``: those of the subgraphs around)
+    are the function's values, renamed by ``outer``, and so are their attributes'."""
+    onnx = onnx_module()
+    given = list(m.attribute)
+    del m.attribute[:]
+    for a in given:
+        if a.ref_attr_name:
+            src = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+            if src is None:
+                continue
+            b = onnx.AttributeProto()
+            b.CopyFrom(src)
+            b.name = a.name
+            m.attribute.append(b)
+            continue
+        m.attribute.append(a)
+        for g in ([m.attribute[-1].g] if a.type == onnx.AttributeProto.GRAPH else
+                  m.attribute[-1].graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+            made = local | {v.name for v in g.input} | {t.name for t in g.initializer} \
+                | {t.values.name for t in g.sparse_initializer} \
+                | {x for n in g.node for x in n.output if x}
+            for o in g.output:
+                if o.name not in made:
+                    raise UnsupportedOnnxOp(f"{m.name}: a subgraph output that is a value "
+                                            f"of the enclosing function ({o.name!r})")
+            for n in g.node:
+                n.input[:] = [x if not x or x in made else outer(x) for x in n.input]
+                _bind_attributes(n, attrs, defaults, outer, made)
 
 
 # Ops never evaluated at import (their value is not a function of their inputs; a
