@@ -611,7 +611,10 @@ def _bind_attributes(m, attrs, defaults, outer, local):
     Scan's body), the names not made there (``local``: those of the subgraphs around)
     are the function's values, renamed by ``outer``, and so are their attributes'."""
     onnx = onnx_module()
-    given = list(m.attribute)
+    given = []
+    for a in m.attribute:  # (copies: the field is cleared next)
+        given.append(onnx.AttributeProto())
+        given[-1].CopyFrom(a)
     del m.attribute[:]
     for a in given:
         if a.ref_attr_name:
