@@ -101,7 +101,7 @@ def test_grouped_conv_float64(case, path):
     B, C, K, G, S, R, st, pads, dil = case
     x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
     assert dk.usable(x, w, dy, pads)
-    assert (nc._direct(x, w, dy, C // G, R, pads, True) is None) == (
+    assert (nc._direct(x, w, dy, C // G, R, pads, None) is None) == (
         path == "numpy" or C // G > dk.MAX_GROUP_CHANNELS)
     _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
 
@@ -148,6 +148,57 @@ def test_mixed_dtypes_and_integers_take_the_general_path(path):
     yi = np.empty(dy.shape, np.int64)
     nc.conv_forward(xi, wi, yi, st, pads, dil, G)
     np.testing.assert_array_equal(yi, cm.reference_conv(xi, wi, P, st, pads, dil, G))
+
+
+# many output channels on images of few positions, strided and not, grouped and not
+WIDE = [(2, 16, 48, 1, (2, 2), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+        (1, 24, 40, 2, (3, 4), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+        (2, 20, 64, 1, (4,), (3,), (2,), ((1, 0),), (1,)),
+        (1, 12, 36, 1, (3, 3), (2, 2), (1, 1), ((0, 1), (1, 0)), (2, 1))]
+
+
+@pytest.mark.parametrize("few", [True, False])
+@pytest.mark.parametrize("case", WIDE + CASES[6:9], ids=str)
+def test_few_positions_take_the_filter_as_it_is(case, few, monkeypatch):
+    """Both orders of the derivatives' products (the filter read as it is, or copied
+    transposed first) give the definitions' values, in float64 and float32, and the
+    integer gradients exactly."""
+    ratio = 0 if few else 10 ** 9
+    monkeypatch.setattr(nc, "FEW_POSITIONS_RATIO", {"data": ratio, "filter": ratio})
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    assert nc._few_positions(dy, K // G, "data") == nc._few_positions(dy, K // G,
+                                                                      "filter") == few
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float32, seed=2)
+    _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-5)
+    xi, dyi = (np.round(a * 4).astype(np.int64) for a in (x, dy))
+    dwi = np.empty(w.shape, np.int64)
+    nc.conv_grad_filter(xi, dyi, dwi, st, pads, dil, G)
+    np.testing.assert_array_equal(dwi, cm.reference_conv_grad_filter(
+        xi, dyi, w.shape[2:], st, pads, dil, G))
+
+
+def test_one_workspace_serves_calls_of_every_shape(path):
+    """A computation's Workspace hands the same buffers to calls of different shapes
+    and dtypes (grown where one is too small); every call gives exactly the values of
+    one with fresh temporaries."""
+    ws = nc.Workspace(direct=path != "numpy")
+    for dtype in (np.float64, np.float32):
+        for case in WIDE + CASES[::2] + WIDE[::-1]:
+            B, C, K, G, S, R, st, pads, dil = case
+            x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, dtype)
+            args = (st, pads, dil, G)
+            for fn, a, b, shape in ((nc.conv_forward, x, w, dy.shape),
+                                    (nc.conv_grad_data, dy, w, x.shape),
+                                    (nc.conv_grad_filter, x, dy, w.shape)):
+                got, want = np.empty(shape, dtype), np.empty(shape, dtype)
+                fn(a, b, got, *args, ws)
+                fn(a, b, want, *args, ws=None if path == "numpy" else nc.Workspace())
+                np.testing.assert_array_equal(got, want)
+    big = ws.take("columns", (1000,), np.float64)
+    small = ws.take("columns", (3, 5), np.float32)
+    assert np.shares_memory(big, small) and small.shape == (3, 5)
 
 
 def _torch_conv(torch, n):
@@ -203,7 +254,7 @@ def test_long_kernels_run_im2col(path):
     im2col, with the same values."""
     n = dk.MAX_KERNEL_LENGTH + 1
     x, w, dy, P = _arrays(1, 1, 1, 1, (n + 5,), (n,), (1,), ((0, 0),), (1,), np.float64)
-    assert nc._direct(x, w, dy, 1, w.shape[2:], ((0, 0),), True) is None
+    assert nc._direct(x, w, dy, 1, w.shape[2:], ((0, 0),), None) is None
     _check_primitives(x, w, dy, P, (1,), ((0, 0),), (1,), 1, 1e-12)
 
 

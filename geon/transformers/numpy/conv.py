@@ -29,6 +29,39 @@ from geon.transformers.numpy import conv_kernels as dk
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
+class Workspace:
+    """A computation's convolution settings and scratch: whether the direct C kernels
+    may run (``direct``; False under ``NumPyTransformer(compiled=False)``), and the
+    temporaries (im2col columns, padded images, products) kept from call to call, one
+    buffer per role grown to the largest size asked for. A fresh temporary of a few
+    hundred kilobytes comes from new pages each call (the allocator returns large
+    blocks to the system), and faulting them in cost resnet18's convolutions about as
+    much as their im2col copies. The computation holds its workspace, so the buffers
+    live as long as it does; its calls do not overlap (they hold the transformer's
+    lock)."""
+
+    __slots__ = ("direct", "_buffers")
+
+    def __init__(self, direct=True):
+        self.direct = direct
+        self._buffers = {}
+
+    def take(self, role, shape, dtype):
+        """An uninitialized array of ``shape`` and ``dtype`` in the buffer of ``role``
+        (valid until the next ``take`` of that role)."""
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        buf = self._buffers.get(role)
+        if buf is None or buf.nbytes < n:
+            buf = self._buffers[role] = np.empty(max(n, 1), np.uint8)
+        return buf[:n].view(dtype).reshape(shape)
+
+
+def _empty(ws, role, shape, dtype):
+    """``ws.take(role, shape, dtype)``, or a new array where there is no workspace."""
+    return np.empty(shape, dtype) if ws is None else ws.take(role, shape, dtype)
+
+
 def _into(out, shape):
     """A view of the contiguous buffer ``out`` with ``shape`` (never a copy)."""
     v = out.view()
@@ -36,13 +69,14 @@ def _into(out, shape):
     return v
 
 
-def _padded(x, pads, value=0):
-    """``x`` with its trailing dimensions padded with ``value`` (``x`` itself if none)."""
+def _padded(x, pads, value=0, ws=None):
+    """``x`` with its trailing dimensions padded with ``value`` (``x`` itself if none;
+    in ``ws``'s "padded" buffer where given)."""
     if not any(lo or hi for lo, hi in pads):
         return x
     lead = x.ndim - len(pads)
-    xp = np.empty(x.shape[:lead] + tuple(n + lo + hi for n, (lo, hi) in
-                                         zip(x.shape[lead:], pads)), x.dtype)
+    xp = _empty(ws, "padded", x.shape[:lead] + tuple(n + lo + hi for n, (lo, hi) in
+                                                     zip(x.shape[lead:], pads)), x.dtype)
     xp.fill(value)
     xp[(Ellipsis,) + tuple(slice(lo, lo + n) for n, (lo, _) in
                            zip(x.shape[lead:], pads))] = x
@@ -64,20 +98,48 @@ def _split_groups(x, groups):
     return x.reshape(x.shape[:1] + (groups, x.shape[1] // groups) + x.shape[2:])
 
 
-def _gemm(a, b):
-    """``a @ b`` over stacks of matrices; one stack is one BLAS call on its matrices."""
+def _gemm(a, b, ws=None):
+    """``a @ b`` over stacks of matrices (in ``ws``'s "product" buffer where given);
+    one stack is one BLAS call on its matrices."""
+    out = _empty(ws, "product", a.shape[:2] + b.shape[2:], np.result_type(a, b))
+    _gemm_into(a, b, out)
+    return out
+
+
+def _gemm_into(a, b, out):
+    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`."""
     if a.shape[0] == 1:
-        return np.matmul(a[0], b[0])[None]
-    return np.matmul(a, b)
+        np.matmul(a[0], b[0], out=out[0])
+    else:
+        np.matmul(a, b, out=out)
 
 
-def _im2col(x, R, P, strides, pads, dilation, groups):
+#: The derivatives of a convolution avoid copying a transposed filter (in x) or a
+#: transposed filter gradient (in w) when the images have few positions against the
+#: output channels per group: when B * P * ratio <= K / groups, with these ratios. Such
+#: a copy of a 512 x 512 x 3 x 3 filter takes several times as long as the products
+#: with resnet18's last stage (2 x 2 positions at batch 2); with many positions the
+#: products in the copied order, and col2im over contiguous rows, take less.
+FEW_POSITIONS_RATIO = {"data": 4, "filter": 1}
+
+
+def _few_positions(dy, channels, which):
+    """Whether ``dy`` (B, K, *P) has few positions for ``channels`` output channels per
+    group in the derivative ``which`` ("data" or "filter"; see
+    :data:`FEW_POSITIONS_RATIO`)."""
+    return dy.shape[0] * math.prod(dy.shape[2:]) * FEW_POSITIONS_RATIO[which] <= channels
+
+
+def _im2col(x, R, P, strides, pads, dilation, groups, ws=None):
     """The windows of x (B, C, *S) as one contiguous (groups, C/groups * R, B * P)
-    array: the copy is the only pass over the windows."""
+    array (in ``ws``'s "columns" buffer where given): the copy is the only pass over
+    the windows."""
     B, C = x.shape[:2]
     n = len(R)
-    win = _windows(_split_groups(_padded(x, pads), groups), R, P, strides, dilation)
-    cols = np.empty((groups, C // groups) + tuple(R) + (B,) + tuple(P), x.dtype)
+    win = _windows(_split_groups(_padded(x, pads, ws=ws), groups), R, P, strides,
+                   dilation)
+    cols = _empty(ws, "columns", (groups, C // groups) + tuple(R) + (B,) + tuple(P),
+                  x.dtype)
     # (B, G, Cg, *R, *P) -> (G, Cg, *R, B, *P)
     np.copyto(cols, win.transpose((1, 2) + tuple(range(3, 3 + n)) + (0,)
                                   + tuple(range(3 + n, 3 + 2 * n))))
@@ -109,12 +171,12 @@ def _pointwise(R, strides, pads, groups, *arrays):
         and all(a.dtype == arrays[0].dtype for a in arrays)
 
 
-def _direct(a, b, out, channels, kernel, pads, direct):
+def _direct(a, b, out, channels, kernel, pads, ws):
     """The direct kernels (:mod:`.conv_kernels`) where they apply to this call (few
     input ``channels`` per group, a ``kernel`` of at most ``MAX_KERNEL_LENGTH`` a
-    dimension) and ``direct`` (the computation's compiled mode is not off) allows them,
-    else None."""
-    return dk.kernels() if direct and channels <= dk.MAX_GROUP_CHANNELS and \
+    dimension) and the workspace ``ws`` allows them (None: allowed), else None."""
+    return dk.kernels() if (ws is None or ws.direct) and \
+        channels <= dk.MAX_GROUP_CHANNELS and \
         max(kernel, default=1) <= dk.MAX_KERNEL_LENGTH and \
         dk.usable(a, b, out, pads) else None
 
@@ -135,23 +197,29 @@ def _side_by_side(a):
 MERGED_POSITIONS = 256
 
 
-def conv_forward(x, w, out, strides, pads, dilation, groups, direct=True):
-    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``direct``:
-    whether the direct C kernels may run (False: ``NumPyTransformer(compiled=False)``)."""
+def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None):
+    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``ws``:
+    the computation's :class:`Workspace` (None: direct kernels allowed, temporaries
+    allocated afresh)."""
     B, K = out.shape[:2]
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         # one product per image on its (C, P) view: no copy of x or of the result
         np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
         return
-    fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, direct)
+    fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
     if fns:
         dk.forward(fns, x, w, out, strides, pads, dilation, groups)
         return
-    cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups)
-    _from_groups(out, _gemm(w.reshape(groups, K // groups, -1), cols))
+    cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups, ws)
+    wg = w.reshape(groups, K // groups, -1)
+    if B == 1 and x.dtype == w.dtype == out.dtype:
+        # one image: (G, K/G, P) is out's own layout
+        _gemm_into(wg, cols, _into(out, (groups, K // groups, -1)))
+        return
+    _from_groups(out, _gemm(wg, cols, ws))
 
 
-def conv_grad_data(dy, w, out, strides, pads, dilation, groups, direct=True):
+def conv_grad_data(dy, w, out, strides, pads, dilation, groups, ws=None):
     """``out`` (B, C, *S): the transpose of :func:`conv_forward` in x, applied to dy."""
     B, K = dy.shape[:2]
     P, R, S = dy.shape[2:], w.shape[2:], out.shape[2:]
@@ -161,27 +229,39 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups, direct=True):
         # dx[b] = w (K, C)^T @ dy[b]: BLAS reads w transposed, no copy
         np.matmul(w.reshape(K, -1).T, _flat(dy), out=_into(out, (B, Cg, -1)))
         return
+    few = _few_positions(dy, K // G, "data")
     full = [d * (k - 1) for k, d in zip(R, dilation)]
-    if all(s == 1 for s in strides) and all(lo <= f and hi <= f for (lo, hi), f in
-                                            zip(pads, full)):
+    if not few and all(s == 1 for s in strides) and \
+            all(lo <= f and hi <= f for (lo, hi), f in zip(pads, full)):
         # stride 1: the correlation of dy with the flipped filter, channels swapped per
         # group, and the complementary padding (one im2col and one GEMM, no col2im; or
         # the direct forward kernel)
         wf = w.reshape((G, K // G, Cg) + R).transpose((0, 2, 1) + tuple(range(3, 3 + n)))
-        wf = np.ascontiguousarray(wf[(Ellipsis,) + (slice(None, None, -1),) * n])
-        conv_forward(dy, wf.reshape((G * Cg, K // G) + R), out, strides,
+        flipped = _empty(ws, "filter", wf.shape, w.dtype)
+        np.copyto(flipped, wf[(Ellipsis,) + (slice(None, None, -1),) * n])
+        conv_forward(dy, flipped.reshape((G * Cg, K // G) + R), out, strides,
                      tuple((f - lo, f - hi) for (lo, hi), f in zip(pads, full)), dilation,
-                     groups, direct)
+                     groups, ws)
         return
-    fns = _direct(dy, w, out, w.shape[1], w.shape[2:], pads, direct)
+    fns = _direct(dy, w, out, w.shape[1], w.shape[2:], pads, ws)
     if fns:  # the direct kernel scatters dy into the image
         dk.grad_data(fns, dy, w, out, strides, pads, dilation, groups)
         return
-    wt = np.ascontiguousarray(w.reshape(G, K // G, -1).transpose(0, 2, 1))
-    cols = _gemm(wt, _by_group(dy, G)).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
+    wg = w.reshape(G, K // G, -1)
+    if few:
+        # the columns as (G, B * P, Cg * R) = dy^T @ w: the filter as it is (read once),
+        # then read by the taps below through a strided view
+        cols = _gemm(_by_group(dy, G).transpose(0, 2, 1), wg, ws).reshape(
+            (G, B) + tuple(P) + (Cg,) + tuple(R)).transpose(
+            (0, 2 + n) + tuple(range(3 + n, 3 + 2 * n)) + (1,) + tuple(range(2, 2 + n)))
+    else:
+        wt = _empty(ws, "filter", (G, wg.shape[2], K // G), w.dtype)
+        np.copyto(wt, wg.transpose(0, 2, 1))
+        cols = _gemm(wt, _by_group(dy, G), ws).reshape((G, Cg) + tuple(R) + (B,) + tuple(P))
     # col2im in (G, Cg, B, *S) order: every add reads and writes contiguous rows
-    xp = np.zeros((G, Cg, B) + tuple(n + lo + hi for n, (lo, hi) in zip(S, pads)),
-                  out.dtype)
+    xp = _empty(ws, "padded", (G, Cg, B) + tuple(n + lo + hi for n, (lo, hi) in
+                                                 zip(S, pads)), out.dtype)
+    xp.fill(0)
     for tap in np.ndindex(*R):
         xp[(Ellipsis,) + cv.tap_slices(tap, P, strides, dilation)] += \
             cols[(slice(None), slice(None)) + tap]
@@ -190,21 +270,26 @@ def conv_grad_data(dy, w, out, strides, pads, dilation, groups, direct=True):
               crop.transpose((2, 0, 1) + tuple(range(3, 3 + len(S)))))
 
 
-def conv_grad_filter(x, dy, out, strides, pads, dilation, groups, direct=True):
+def conv_grad_filter(x, dy, out, strides, pads, dilation, groups, ws=None):
     """``out`` (K, C/groups, *R): the transpose of :func:`conv_forward` in w."""
     K, Cg = out.shape[:2]
     G = groups
     if _pointwise(out.shape[2:], strides, pads, groups, x, dy, out):
         _pointwise_grad_filter(_flat(x), _flat(dy), _into(out, (K, Cg)))
         return
-    fns = _direct(x, dy, out, out.shape[1], out.shape[2:], pads, direct)
+    fns = _direct(x, dy, out, out.shape[1], out.shape[2:], pads, ws)
     if fns:
         dk.grad_filter(fns, x, dy, out, strides, pads, dilation, groups)
         return
-    cols = _im2col(x, out.shape[2:], dy.shape[2:], strides, pads, dilation, G)
-    # (Cg * R, B * P) @ (B * P, K/G): the long dimension is the contraction
-    wt = _gemm(cols, _by_group(dy, G).transpose(0, 2, 1))
-    np.copyto(_into(out, (G, K // G, Cg * math.prod(out.shape[2:]))), wt.transpose(0, 2, 1))
+    cols = _im2col(x, out.shape[2:], dy.shape[2:], strides, pads, dilation, G, ws)
+    flat = _into(out, (G, K // G, Cg * math.prod(out.shape[2:])))
+    if _few_positions(dy, K // G, "filter") and x.dtype == dy.dtype == out.dtype:
+        # (K/G, B * P) @ (B * P, Cg * R) straight into out
+        _gemm_into(_by_group(dy, G), cols.transpose(0, 2, 1), flat)
+        return
+    # (Cg * R, B * P) @ (B * P, K/G), then transposed into out: the BLAS runs this
+    # order faster when B * P, the contraction, is long
+    np.copyto(flat, _gemm(cols, _by_group(dy, G).transpose(0, 2, 1), ws).transpose(0, 2, 1))
 
 
 def _pointwise_grad_filter(x, dy, out):
@@ -361,9 +446,9 @@ _POOL_FN = {cv.MaxPool: "_max_pool", cv.MaxPoolGrad: "_max_pool_grad",
 @numpy_code(*_CONV_FN)
 def _conv(op, out, args):
     a, b = args
-    # _conv_direct: set by the computation from its compiled mode
+    # _conv_ws: the computation's Workspace
     return [f"{_CONV_FN[type(op)]}({a}, {b}, {out}, {op.strides}, {op.pads}, "
-            f"{op.dilation}, {op.groups}, _conv_direct)"]
+            f"{op.dilation}, {op.groups}, _conv_ws)"]
 
 
 @numpy_code(*_POOL_FN)

@@ -41,6 +41,7 @@ from geon.transformers.codegen_text import check_lines, comment
 from geon.transformers import fusion, memory, numerics
 from geon.transformers import threads as thread_policy
 from geon.transformers.numpy import compiled as compiled_kernels
+from geon.transformers.numpy import conv as numpy_conv
 # the per-op code: the table, then the modules registering into it (each mirrors an op
 # module); their names stay importable from here
 from geon.transformers.numpy.code_table import (  # noqa: F401
@@ -261,8 +262,8 @@ class NumPyComputation(Computation):
         ns["_run_blocks"] = fusion.run_blocks
         ns["_threads"] = thread_policy.refresh
         ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
-        # the direct convolution kernels (conv_kernels.py) are C too
-        ns["_conv_direct"] = self.transformer.compiled is not False
+        # the convolutions' scratch, and whether their direct C kernels may run
+        ns["_conv_ws"] = numpy_conv.Workspace(direct=self.transformer.compiled is not False)
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
         lock = self.transformer._lock
         ns["_acquire"], ns["_release"] = lock.acquire, lock.release
