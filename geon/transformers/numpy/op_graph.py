@@ -7,11 +7,11 @@ import functools
 import numpy as np
 
 from geon.op_graph import op_graph as og
-from geon.op_graph import special
 from geon.op_graph.reference import NP_UFUNCS
 from geon.op_graph.symbols import Sym
 from geon.transformers.c_expressions import call_rule, math_name
 from geon.transformers.numpy.c_rules import C_RULES, sigmoid_limit
+from geon.transformers.numpy import special_kernels
 from geon.transformers.numpy.code_table import NUMPY_CODE, NUMPY_GLOBALS, _loop, numpy_code
 
 def _ufunc_code(name):
@@ -80,10 +80,11 @@ NUMPY_GLOBALS["_overflow_ok"] = functools.partial(np.errstate, over="ignore")
 
 @numpy_code(og.Erf)
 def _erf(op, out, args):
-    return [f"_erf({args[0]}, out={out})"]
+    # _c_kernels: whether the computation's compiled mode lets fixed C kernels run
+    return [f"_erf({args[0]}, {out}, _c_kernels)"]
 
 
-NUMPY_GLOBALS["_erf"] = special.erf
+NUMPY_GLOBALS["_erf"] = special_kernels.erf
 
 
 @numpy_code(og.Softplus)

@@ -262,8 +262,10 @@ class NumPyComputation(Computation):
         ns["_run_blocks"] = fusion.run_blocks
         ns["_threads"] = thread_policy.refresh
         ns.update(compiled_kernels.PY_GLOBALS, **self._kernel_fns)
-        # the convolutions' scratch, and whether their direct C kernels may run
-        ns["_conv_ws"] = numpy_conv.Workspace(direct=self.transformer.compiled is not False)
+        # whether fixed C kernels (the direct convolutions, erf) may run, and the
+        # convolutions' scratch
+        ns["_c_kernels"] = self.transformer.compiled is not False
+        ns["_conv_ws"] = numpy_conv.Workspace(direct=ns["_c_kernels"])
         ns["_ndarray"], ns["_feed"], ns["_last"] = np.ndarray, self._check_feed, [_UNSET]
         lock = self.transformer._lock
         ns["_acquire"], ns["_release"] = lock.acquire, lock.release
