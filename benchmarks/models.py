@@ -85,6 +85,8 @@ def build(name):
         m = _torchvision().models.vit_b_16(weights=None)
         torch.nn.init.normal_(m.heads.head.weight, std=0.02)
         return m.eval(), (torch.randn(1, 3, 224, 224),), ["x"]
+    if name.startswith(("bert", "gpt2")):
+        _torchvision()  # transformers imports torchvision where it is installed
     if name.startswith("bert"):
         from transformers import BertConfig, BertModel
         attn = "eager" if name == "bert_eager" else "sdpa"
