@@ -10,6 +10,7 @@ import pytest
 
 import geon as be
 from geon.errors import GeonWarning
+from geon.op_graph.symbols import Symbol
 from geon.transformers import fusion, threads
 
 
@@ -148,7 +149,71 @@ def test_generated_code_asks_the_policy_only_where_work_is_parallel():
     t = be.make_transformer("numpy")
     product = t.computation(be.tanh(be.dot(w, x)), x)
     plus_one = t.computation(x + 1.0, x)
-    assert "_threads()" in product.source
-    assert "_threads()" not in plus_one.source
+    assert "_threads(" in product.source
+    assert "_threads(" not in plus_one.source
     X = np.ones((64, 16), np.float32)
     np.testing.assert_allclose(product(X), np.tanh(np.full((32, 16), 6.4)), rtol=1e-6)
+
+
+def test_small_products_run_on_one_blas_thread(monkeypatch):
+    """A computation whose products are all below SERIAL_PRODUCT multiply-adds asks
+    for one BLAS thread; one with a larger product, or a symbolic length, does not."""
+    from geon.transformers.numpy import blas
+    K, M = be.Axis(64, "K"), be.Axis(48, "M")
+    N = be.Axis(16, "N", batch=True)
+    x = be.placeholder((K, N), name="x")
+    w = be.Variable((M, K), initial_value=0.1)
+    small = be.NumPyTransformer().computation(be.dot(w, x), x)
+    assert "_threads(1)" in small.source
+    monkeypatch.setattr(blas, "SERIAL_PRODUCT", 64 * 48 * 16)  # now just too large
+    large = be.NumPyTransformer().computation(be.dot(w, x), x)
+    assert "_threads()" in large.source
+    S = be.np.placeholder((Symbol("n"), 64), dtype=np.float32)
+    W = be.np.constant(np.ones((64, 8), np.float32))
+    monkeypatch.setattr(blas, "SERIAL_PRODUCT", 1 << 40)
+    symbolic = be.NumPyTransformer().computation(be.np.matmul(S, W), S)
+    assert "_threads()" in symbolic.source
+    got = symbolic(np.ones((3, 64), np.float32))
+    np.testing.assert_array_equal(got, np.full((3, 8), 64, np.float32))
+
+
+def test_the_product_sizes_of_convolutions_and_batched_products(monkeypatch):
+    """A batched product counts one matrix; a convolution's three primitives count
+    (batch x output channels x positions) x (input channels per group x taps)."""
+    from geon.op_graph import primitives as pr
+    from geon.transformers.numpy import blas
+    a = be.np.placeholder((5, 3, 4), dtype=np.float32)
+    b = be.np.placeholder((5, 4, 7), dtype=np.float32)
+    assert blas._product_size(pr.Gemm(a, b)) == 3 * 4 * 7
+    assert blas._product_size(a + 1) == 0
+    x = be.np.placeholder((2, 6, 9, 9), dtype=np.float32)
+    w = be.np.placeholder((8, 3, 3, 3), dtype=np.float32)
+    y = be.np.conv(x, w, padding=((1, 1), (1, 1)), groups=2)
+    loss = be.np.sum(y * y)
+    t = be.NumPyTransformer()
+    size = 2 * 8 * 9 * 9 * (3 * 3 * 3)
+    for limit, cap in ((size, 0), (size + 1, 1)):
+        monkeypatch.setattr(blas, "SERIAL_PRODUCT", limit)
+        comp = t.computation([y] + be.deriv(loss, [x, w]), x, w)
+        assert blas.blas_threads_cap(comp.ops) == cap
+        assert f"_threads({cap or ''})" in comp.source
+
+
+def test_the_blas_cap_applies_to_the_call_that_asks_for_it():
+    api = threads._blas_thread_api()
+    if api is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS with a thread API here")
+    get, put = api
+    before = get()
+    try:
+        put(2)
+        policy = threads.Policy(environ={"GEON_NUM_THREADS": "2",
+                                         "GEON_ADAPT_THREADS": "0"})
+        assert policy.refresh() == 2 and get() == 2
+        assert policy.refresh(1) == 2 and get() == 1   # geon's groups keep their count
+        assert policy.refresh(1) == 2 and get() == 1
+        assert policy.refresh() == 2 and get() == 2    # the next big call gets them back
+        policy._next = 0.0                            # a new interval, with a cap
+        assert policy.refresh(1) == 2 and get() == 1
+    finally:
+        put(before)

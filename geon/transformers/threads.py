@@ -27,6 +27,11 @@ The policy:
   limit stands); geon's groups through :func:`active`, which
   :func:`~geon.transformers.fusion.run_blocks` reads.
 
+A computation whose BLAS products are all small passes a cap of one BLAS thread
+(:func:`geon.transformers.numpy.blas.blas_threads_cap`): the BLAS gets one thread for
+its calls, geon's groups keep the policy's count, and the next call without the cap
+gives the BLAS its count back.
+
 ``GEON_ADAPT_THREADS=0`` turns the load measurement off (the budget is always used).
 Where ``/proc/stat`` or the BLAS's API is missing (not Linux, another BLAS), the part
 that needs it does nothing: geon's groups still follow the policy.
@@ -140,6 +145,7 @@ class Policy:
         self._blas_threads: Optional[int] = None
         self._blas_cap = 1
         self._blas_looked = False
+        self._want = 0  # the last call's cap of BLAS threads (0: none)
         #: How many times the number of threads changed (for tests and benchmarks).
         self.changes = 0
 
@@ -155,15 +161,22 @@ class Policy:
         busy = (ticks - last[1]) / self._tick
         return max(0.0, (busy - (own - last[2])) / wall)
 
-    def refresh(self) -> int:
+    def refresh(self, blas_cap: int = 0) -> int:
         """The number of threads a step should use now; measures the load when the
         last measurement is :data:`INTERVAL` old, and passes a new number on to the
-        BLAS. Called at the start of a computation's call."""
+        BLAS, at most ``blas_cap`` where that is not 0 (a computation of small
+        products only). Called at the start of a computation's call."""
         now = time.monotonic()
         if now < self._next:
+            if self._want != blas_cap:  # another computation's cap than the last call's
+                with self._lock:
+                    self._want = blas_cap
+                    self._apply_blas(self.threads)
             return self.threads
         with self._lock:
+            self._want = blas_cap
             if now < self._next:
+                self._apply_blas(self.threads)
                 return self.threads
             self._next = now + INTERVAL
             n = self.budget
@@ -191,7 +204,7 @@ class Policy:
         now = get()
         if now != self._blas_threads:  # first time, or someone else changed it
             self._blas_cap = now
-        want = max(1, min(n, self._blas_cap))
+        want = max(1, min(n, self._blas_cap, self._want or n))
         if want != now:
             put(want)
         self._blas_threads = want
@@ -206,6 +219,6 @@ def active() -> int:
     return POLICY.threads
 
 
-def refresh() -> int:
+def refresh(blas_cap: int = 0) -> int:
     """:meth:`Policy.refresh` of the process's policy."""
-    return POLICY.refresh()
+    return POLICY.refresh(blas_cap)

@@ -532,7 +532,8 @@ class ModuleEmitter:
         # the thread policy (threads.py), but not in a subgraph's computation: the call
         # that runs its loop or branch refreshed it
         if not self.t.nested and any(_PARALLEL.search(ln) for ln in body):
-            src.append("        _threads()")
+            cap = blas.blas_threads_cap(self.order)  # 1: small products on one thread
+            src.append(f"        _threads({cap or ''})")
         if self.check:
             src.append("        with _quiet():")
             src.extend("        " + ln for ln in body)
