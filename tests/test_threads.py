@@ -195,8 +195,33 @@ def test_the_product_sizes_of_convolutions_and_batched_products(monkeypatch):
     for limit, cap in ((size, 0), (size + 1, 1)):
         monkeypatch.setattr(blas, "SERIAL_PRODUCT", limit)
         comp = t.computation([y] + be.deriv(loss, [x, w]), x, w)
-        assert blas.blas_threads_cap(comp.ops) == cap
+        assert comp.largest_product == size
         assert f"_threads({cap or ''})" in comp.source
+
+
+def test_a_subgraphs_products_count_for_its_caller(monkeypatch):
+    """A scan's body runs under its caller's thread count: the caller asks for one BLAS
+    thread only where the body's products are small too."""
+    from geon.transformers.numpy import blas
+    H = 32
+    w = be.np.constant(np.full((H, H), 0.01, np.float32))
+    xs = be.np.placeholder((5, 4, H), dtype=np.float32)
+    h0 = be.np.placeholder((4, H), dtype=np.float32)
+
+    def body(h, x):
+        h = be.np.tanh(be.np.matmul(h, w) + x)
+        return h, h
+    for limit, cap in ((4 * H * H, 0), (4 * H * H + 1, 1)):
+        monkeypatch.setattr(blas, "SERIAL_PRODUCT", limit)
+        last, _ = be.scan(body, h0, xs, xs.axes[0])
+        comp = be.NumPyTransformer().computation(last, h0, xs)
+        assert comp.largest_product == 4 * H * H
+        assert f"_threads({cap or ''})" in comp.source
+        got = comp(np.zeros((4, H), np.float32), np.ones((5, 4, H), np.float32))
+        want = np.zeros((4, H), np.float32)
+        for _ in range(5):
+            want = np.tanh(want @ np.full((H, H), 0.01, np.float32) + 1)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_the_blas_cap_applies_to_the_call_that_asks_for_it():

@@ -27,6 +27,7 @@ import numpy as np
 from geon._env import env_flag
 from geon.op_graph import conv as cv
 from geon.op_graph import primitives as pr
+from geon.op_graph.user_ops import UserOp
 
 #: set ``GEON_BLAS_ACCUMULATE=0`` to compute updates with NumPy calls only (read at
 #: import; a value that is not a switch warns and leaves it on, see geon/_env.py)
@@ -153,16 +154,18 @@ def accumulate(a, b, c, alpha, fill=None):
 #: small product, between the NumPy calls of a step, cost more than they saved: a
 #: 2-layer BERT of hidden 128 (products of at most 4M multiply-adds) ran its forward in
 #: 0.70 ms on one thread against 0.92 ms on two, alone on an idle 2-core machine, and
-#: in 1.4 ms against 16 ms (medians) beside another library whose own threads spin
-#: between its calls in the same process. A 128 x 784 x 512 product (51M) runs 1.4x
-#: faster on two threads.
+#: in 1.1 ms against 11 ms (medians) beside PyTorch and ONNX Runtime, whose own threads
+#: spin between their calls in the same process. A 128 x 784 x 512 product (51M) runs
+#: 1.4x faster on two threads.
 SERIAL_PRODUCT = 1 << 25
 
 
 def _product_size(op):
     """The multiply-adds of one BLAS call of ``op`` (a Gemm: one matrix of a batch; a
     convolution: its im2col product), 0 for other ops, None where a length is
-    symbolic."""
+    symbolic or the op is a user op (its NumPy code may call the BLAS)."""
+    if isinstance(op, UserOp):
+        return None
     try:
         if isinstance(op, pr.Gemm):
             a, b = op.args
@@ -179,12 +182,15 @@ def _product_size(op):
         return None
 
 
-def blas_threads_cap(ops):
-    """1 where every BLAS product among ``ops`` is smaller than
+def largest_product(ops, inner=()):
+    """The multiply-adds of the largest BLAS call among ``ops`` and the values of
+    ``inner`` (those of the subgraphs' computations), None where one is unknown."""
+    sizes = [_product_size(op) for op in ops] + list(inner)
+    return None if None in sizes else max(sizes, default=0)
+
+
+def blas_threads_cap(largest):
+    """1 where the largest BLAS product (:func:`largest_product`) is smaller than
     :data:`SERIAL_PRODUCT` (the computation's calls then give the BLAS one thread),
     else 0 (no cap: the thread policy decides)."""
-    for op in ops:
-        n = _product_size(op)
-        if n is None or n >= SERIAL_PRODUCT:
-            return 0
-    return 1
+    return int(largest is not None and largest < SERIAL_PRODUCT)

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from geon.op_graph.control import Scan
+from geon.op_graph.control_ops import Cond, WhileLoop
 from geon.op_graph.params import clone_graph
 from geon.registry import make_transformer
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
@@ -49,6 +50,14 @@ def _contiguous(a):
 
 
 NUMPY_GLOBALS["_contiguous"] = _contiguous
+
+
+def subgraph_computations(op):
+    """The computations of ``op``'s subgraphs (a scan's body, a cond's branches, a
+    while loop's predicate and body), compiled by now; empty for other ops."""
+    bodies = op.branches if isinstance(op, Cond) else (op.pred, op.body) \
+        if isinstance(op, WhileLoop) else (op.body,) if isinstance(op, Scan) else ()
+    return [body_runner(b).computation for b in bodies]
 
 
 def body_runner(body) -> _BodyRunner:

@@ -27,15 +27,17 @@ from geon.transformers.codegen_text import RESERVED, comment, identifier, py_lit
 from geon.transformers.fusion import find_groups
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import compiled as compiled_kernels
+from geon.transformers.numpy.control import subgraph_computations
 from geon.transformers.numpy.code_table import (NUMPY_CODE, NUMPY_VIEWS, ROW_LENGTHS,
                                                 ROW_OPERAND, _constant_row, _loop)
 from geon.transformers.numpy.op_graph import _UFUNC_RULES
 from geon.transformers.numpy.primitives import _BLAS_DTYPES
 from geon.transformers.numpy.user_ops import _module_globals
 
-#: Generated lines that run work on several threads (the BLAS's or geon's): a call of
-#: a computation with one first asks the thread policy how many to use (threads.py).
-_PARALLEL = re.compile(r"\b(?:np\.matmul|_run_blocks|_gemm_\w+|_conv_\w+)\(")
+#: Generated lines that run work on several threads (the BLAS's or geon's), or call a
+#: subgraph's computation (which runs under its caller's count): a call of a
+#: computation with one first asks the thread policy how many to use (threads.py).
+_PARALLEL = re.compile(r"\b(?:np\.matmul|_run_blocks|_gemm_\w+|_conv_\w+)\(|_scan_bodies\[")
 
 
 def _accumulation(g, names):
@@ -531,8 +533,10 @@ class ModuleEmitter:
         src.append("    try:")
         # the thread policy (threads.py), but not in a subgraph's computation: the call
         # that runs its loop or branch refreshed it
+        comp.largest_product = blas.largest_product(self.order, (
+            c.largest_product for op in self.order for c in subgraph_computations(op)))
         if not self.t.nested and any(_PARALLEL.search(ln) for ln in body):
-            cap = blas.blas_threads_cap(self.order)  # 1: small products on one thread
+            cap = blas.blas_threads_cap(comp.largest_product)  # 1: one BLAS thread
             src.append(f"        _threads({cap or ''})")
         if self.check:
             src.append("        with _quiet():")
