@@ -105,29 +105,32 @@ def test_a_missing_proc_stat_keeps_the_budget(monkeypatch, tmp_path):
     assert policy.adaptive and policy.refresh() == 2
 
 
-def test_the_blas_gets_the_count_but_never_above_its_limit():
+@pytest.fixture
+def blas_api():
+    """``(get, put)`` of the BLAS's thread count, restored after the test."""
     api = threads._blas_thread_api()
     if api is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS with a thread API here")
-    get, put = api
-    before = get()
-    try:
-        put(1)                                  # a user's limit (threadpoolctl, env)
-        policy = threads.Policy(environ={"GEON_NUM_THREADS": "4",
-                                         "GEON_ADAPT_THREADS": "0"})
-        assert policy.refresh() == 4
-        assert get() == 1                       # not raised over the user's limit
-        put(2)                                  # the user raises it
-        policy._next = 0.0
-        policy.refresh()
-        assert get() == 2
-        policy.threads = 4
-        policy._apply_blas(1)                   # the policy lowers it under load
-        assert get() == 1
-        policy._apply_blas(4)                   # and gives it back, up to the limit
-        assert get() == 2
-    finally:
-        put(before)
+    before = api[0]()
+    yield api
+    api[1](before)
+
+
+def test_the_blas_gets_the_count_but_never_above_its_limit(blas_api):
+    get, put = blas_api
+    put(1)                                      # a user's limit (threadpoolctl, env)
+    policy = threads.Policy(environ={"GEON_NUM_THREADS": "4", "GEON_ADAPT_THREADS": "0"})
+    assert policy.refresh() == 4
+    assert get() == 1                           # not raised over the user's limit
+    put(2)                                      # the user raises it
+    policy._next = 0.0
+    policy.refresh()
+    assert get() == 2
+    policy.threads = 4
+    policy._apply_blas(1)                       # the policy lowers it under load
+    assert get() == 1
+    policy._apply_blas(4)                       # and gives it back, up to the limit
+    assert get() == 2
 
 
 def test_fused_groups_use_only_the_active_threads(monkeypatch):
@@ -224,21 +227,13 @@ def test_a_subgraphs_products_count_for_its_caller(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_the_blas_cap_applies_to_the_call_that_asks_for_it():
-    api = threads._blas_thread_api()
-    if api is None:
-        pytest.skip("NumPy's BLAS is not an OpenBLAS with a thread API here")
-    get, put = api
-    before = get()
-    try:
-        put(2)
-        policy = threads.Policy(environ={"GEON_NUM_THREADS": "2",
-                                         "GEON_ADAPT_THREADS": "0"})
-        assert policy.refresh() == 2 and get() == 2
-        assert policy.refresh(1) == 2 and get() == 1   # geon's groups keep their count
-        assert policy.refresh(1) == 2 and get() == 1
-        assert policy.refresh() == 2 and get() == 2    # the next big call gets them back
-        policy._next = 0.0                            # a new interval, with a cap
-        assert policy.refresh(1) == 2 and get() == 1
-    finally:
-        put(before)
+def test_the_blas_cap_applies_to_the_call_that_asks_for_it(blas_api):
+    get, put = blas_api
+    put(2)
+    policy = threads.Policy(environ={"GEON_NUM_THREADS": "2", "GEON_ADAPT_THREADS": "0"})
+    assert policy.refresh() == 2 and get() == 2
+    assert policy.refresh(1) == 2 and get() == 1   # geon's groups keep their count
+    assert policy.refresh(1) == 2 and get() == 1
+    assert policy.refresh() == 2 and get() == 2    # the next big call gets them back
+    policy._next = 0.0                            # a new interval, with a cap
+    assert policy.refresh(1) == 2 and get() == 1

@@ -110,6 +110,7 @@ from geon.transformers.numpy.toolchain import (  # noqa: F401
     available, build, cache_key, toolchain, warn_once)
 # the process-wide caches (the same dicts: clearing one here clears the toolchain's)
 from geon.transformers.numpy.toolchain import _libs, _toolchains  # noqa: F401
+from geon.transformers.numpy import toolchain as _tc  # (its build, patched in tests)
 
 #: ``NumPyTransformer(compiled=AUTO)``, the default: groups of at least
 #: :data:`AUTO_MIN_ELEMENTS` elements are compiled where a C compiler works; smaller
@@ -168,6 +169,29 @@ def mode(compiled=None):
         raise ValueError(f"compiled must be True, False, {AUTO!r} or None, not "
                          f"{compiled!r}")
     return bool(compiled)
+
+
+def fixed_library(loaded, what, source, symbols, bind):
+    """``bind(lib)`` of the library of the fixed C ``source`` (the direct convolutions,
+    erf): built once per ``$CC`` and cache folder and kept in ``loaded``; None where
+    the compiled path is off (``GEON_COMPILED=0``) or cannot run here (silently), or
+    where the build fails (after one warning naming ``what``)."""
+    if mode() is False:
+        return None
+    where = (os.environ.get("CC", ""), os.environ.get("GEON_CACHE_DIR", ""))
+    if where in loaded:
+        return loaded[where]
+    fns = None
+    try:
+        lib = _tc.build(source(), symbols)
+    except CompileError as e:
+        if e.key not in UNAVAILABLE:
+            _tc.warn_once((what, e.key), f"the {what} did not compile ({str(e)[:300]}): "
+                                         f"geon runs its NumPy code instead")
+    else:
+        fns = bind(lib)
+    loaded[where] = fns
+    return fns
 
 
 def fusable(op, min_elements=0, hints=None):

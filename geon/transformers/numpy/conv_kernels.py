@@ -37,13 +37,11 @@ or where the build fails (after one :class:`~geon.errors.GeonWarning`).
 
 
 import ctypes
-import os
 
 import numpy as np
 
 from geon.transformers import fusion
-from geon.transformers.numpy import compiled, toolchain
-from geon.transformers.numpy.kernel_cache import CompileError
+from geon.transformers.numpy import compiled
 
 #: Where the direct kernels are used (:func:`geon.transformers.numpy.conv._direct`):
 #: at most this many input channels per group. Above, a matrix product over
@@ -580,33 +578,23 @@ def _symbols():
 _loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or None
 
 
+def _bind(lib):
+    fns = {}
+    for kind in _KINDS:
+        for name in _NAMES:
+            for dtype, (_, _, suffix) in _TYPES.items():
+                f = getattr(lib, f"geon_dconv_{kind}{name}_{suffix}")
+                f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+                f.restype = ctypes.c_int
+                fns[kind, name, dtype] = f
+    return fns
+
+
 def kernels():
     """``{(kind, name, dtype): ctypes function}`` of the direct kernels, or None where
     the compiled path is off or cannot run here (see the module docstring)."""
-    if compiled.mode() is False:
-        return None
-    where = (os.environ.get("CC", ""), os.environ.get("GEON_CACHE_DIR", ""))
-    if where in _loaded:
-        return _loaded[where]
-    fns = None
-    try:
-        lib = toolchain.build(source(), _symbols())
-    except CompileError as e:
-        if e.key not in compiled.UNAVAILABLE:
-            toolchain.warn_once(("conv kernels", e.key),
-                                f"the direct convolution kernels did not compile "
-                                f"({str(e)[:300]}): geon runs its NumPy code instead")
-    else:
-        fns = {}
-        for kind in _KINDS:
-            for name in _NAMES:
-                for dtype, (_, _, suffix) in _TYPES.items():
-                    f = getattr(lib, f"geon_dconv_{kind}{name}_{suffix}")
-                    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
-                    f.restype = ctypes.c_int
-                    fns[kind, name, dtype] = f
-    _loaded[where] = fns
-    return fns
+    return compiled.fixed_library(_loaded, "direct convolution kernels", source,
+                                  _symbols(), _bind)
 
 
 def usable(a, b, out, pads=()):

@@ -19,13 +19,11 @@ code runs then, as it does for other dtypes and for operands that are not contig
 """
 
 import ctypes
-import os
 
 import numpy as np
 
 from geon.op_graph import special
-from geon.transformers.numpy import compiled, toolchain
-from geon.transformers.numpy.kernel_cache import CompileError
+from geon.transformers.numpy import compiled
 
 
 def _horner(coefs):
@@ -76,31 +74,21 @@ _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 _loaded = {}  # (CC, cache folder) -> {dtype: ctypes function}, or None
 
 
+def _bind(lib):
+    fns = {}
+    for dtype, suffix in _SUFFIX.items():
+        f = getattr(lib, f"geon_erf_{suffix}")
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        f.restype = None
+        fns[dtype] = f
+    return fns
+
+
 def kernels():
     """``{dtype: ctypes function}``, or None where the compiled path is off or cannot
     run here (see the module docstring)."""
-    if compiled.mode() is False:
-        return None
-    where = (os.environ.get("CC", ""), os.environ.get("GEON_CACHE_DIR", ""))
-    if where in _loaded:
-        return _loaded[where]
-    fns = None
-    try:
-        lib = toolchain.build(source(), [f"geon_erf_{s}" for s in _SUFFIX.values()])
-    except CompileError as e:
-        if e.key not in compiled.UNAVAILABLE:
-            toolchain.warn_once(("erf kernels", e.key),
-                                f"the erf kernels did not compile ({str(e)[:300]}): "
-                                f"geon runs its NumPy code instead")
-    else:
-        fns = {}
-        for dtype, suffix in _SUFFIX.items():
-            f = getattr(lib, f"geon_erf_{suffix}")
-            f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-            f.restype = None
-            fns[dtype] = f
-    _loaded[where] = fns
-    return fns
+    return compiled.fixed_library(_loaded, "erf kernels", source,
+                                  [f"geon_erf_{s}" for s in _SUFFIX.values()], _bind)
 
 
 def erf(x, out, c_kernels=True):
