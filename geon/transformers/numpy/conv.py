@@ -26,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from geon.op_graph import conv as cv
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import conv_kernels as dk
+from geon.transformers.numpy import skinny
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
@@ -103,14 +104,18 @@ def _gemm(a, b, ws=None):
     """``a @ b`` over stacks of matrices (in ``ws``'s "product" buffer where given);
     one stack is one BLAS call on its matrices."""
     out = _empty(ws, "product", a.shape[:2] + b.shape[2:], np.result_type(a, b))
-    _gemm_into(a, b, out)
+    _gemm_into(a, b, out, ws)
     return out
 
 
-def _gemm_into(a, b, out):
-    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`."""
+def _gemm_into(a, b, out, ws=None):
+    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`; one matrix with a
+    short side (few positions) by :mod:`.skinny` where ``ws`` allows C."""
     if a.shape[0] == 1:
-        np.matmul(a[0], b[0], out=out[0])
+        if skinny.worth_it(a.shape[1:], b.shape[1:], out.dtype):
+            skinny.matmul(a[0], b[0], out[0], ws is None or ws.direct)
+        else:
+            np.matmul(a[0], b[0], out=out[0])
     else:
         np.matmul(a, b, out=out)
 
@@ -215,7 +220,7 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None):
     wg = w.reshape(groups, K // groups, -1)
     if B == 1 and x.dtype == w.dtype == out.dtype:
         # one image: (G, K/G, P) is out's own layout
-        _gemm_into(wg, cols, _into(out, (groups, K // groups, -1)))
+        _gemm_into(wg, cols, _into(out, (groups, K // groups, -1)), ws)
         return
     _from_groups(out, _gemm(wg, cols, ws))
 
@@ -286,7 +291,7 @@ def conv_grad_filter(x, dy, out, strides, pads, dilation, groups, ws=None):
     flat = _into(out, (G, K // G, Cg * math.prod(out.shape[2:])))
     if _few_positions(dy, K // G, "filter") and x.dtype == dy.dtype == out.dtype:
         # (K/G, B * P) @ (B * P, Cg * R) straight into out
-        _gemm_into(_by_group(dy, G), cols.transpose(0, 2, 1), flat)
+        _gemm_into(_by_group(dy, G), cols.transpose(0, 2, 1), flat, ws)
         return
     # (Cg * R, B * P) @ (B * P, K/G), then transposed into out: the BLAS runs this
     # order faster when B * P, the contraction, is long

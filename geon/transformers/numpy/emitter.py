@@ -37,7 +37,8 @@ from geon.transformers.numpy.user_ops import _module_globals
 #: Generated lines that run work on several threads (the BLAS's or geon's), or call a
 #: subgraph's computation (which runs under its caller's count): a call of a
 #: computation with one first asks the thread policy how many to use (threads.py).
-_PARALLEL = re.compile(r"\b(?:np\.matmul|_run_blocks|_gemm_\w+|_conv_\w+)\(|_scan_bodies\[")
+_PARALLEL = re.compile(r"\b(?:np\.matmul|_run_blocks|_gemm_\w+|_conv_\w+|_skinny)\(|"
+                       r"_scan_bodies\[")
 
 
 def _accumulation(g, names):

@@ -8,7 +8,7 @@ from geon.op_graph import special
 from geon.op_graph.reference import op_site
 from geon.op_graph.symbols import Sym
 from geon.transformers.codegen_text import py_literal
-from geon.transformers.numpy import blas
+from geon.transformers.numpy import blas, skinny
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, _shared_row, numpy_code
 
 
@@ -20,7 +20,17 @@ def _length_value(op, out, args):
 
 @numpy_code(pr.Gemm)
 def _gemm(op, out, args):
+    a, b = op.args
+    if op.batch_rank == 0 and a.dtype == b.dtype == op.dtype and \
+            not any(isinstance(n, Sym) for n in a.axes.lengths + b.axes.lengths) and \
+            skinny.worth_it(a.axes.lengths, b.axes.lengths, op.dtype):
+        # a short side: one pass over the large operand (skinny.py); _c_kernels: whether
+        # the computation's compiled mode lets fixed C kernels run
+        return [f"_skinny({args[0]}, {args[1]}, {out}, _c_kernels)"]
     return [f"np.matmul({args[0]}, {args[1]}, out={out})"]
+
+
+NUMPY_GLOBALS["_skinny"] = skinny.matmul
 
 
 NUMPY_GLOBALS["_gemm_acc"] = blas.accumulate
