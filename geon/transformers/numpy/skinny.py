@@ -6,8 +6,9 @@ reading the large matrix once. OpenBLAS's ``sgemm`` read it at about 5 GB/s in s
 shapes on a 2-core AMD EPYC (x (8, 4,608) @ W.T, W 512 x 4,608 float32, out of cache:
 1.86 ms), a third of what one core streams (its ``sgemv``, one vector, reached 15 GB/s).
 Here one C loop streams each row of the large matrix once and multiplies it with every
-short row, four rows of the large matrix and two short rows at a time in vector
-registers (GCC's vector extension), the short rows staying in cache.
+short row, three rows of the large matrix and four short rows at a time in vector
+registers (GCC's vector extension), the short rows staying in cache: 1.28 ms at 8 rows,
+0.86 ms at 2 (against 1.67 ms).
 
 The kernel computes ``out[s, m] = sum_k x[s, k] * w[m, k]`` for ``S`` short rows ``x``
 and ``M`` rows ``w``, both with unit stride along ``k``, and any strides of ``out``; so
