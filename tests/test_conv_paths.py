@@ -241,6 +241,35 @@ def test_kernels_split_over_threads(case, path, monkeypatch):
     _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
 
 
+def test_a_geometry_is_planned_once(monkeypatch):
+    """The kernel, geometry array and items of a call are kept per geometry: a second
+    call of one geometry finds its plan, another geometry (or pads given as lists, not
+    kept) gets its own, and the same values come out; past MAX_PLANS the plans start
+    afresh."""
+    if dk.kernels() is None:
+        pytest.skip("no C compiler: the direct kernels do not run")
+    monkeypatch.setattr(dk, "_plans", {})
+    B, C, K, G, S, R, st, pads, dil = CASES[1]
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    out = np.empty((B, K) + P)
+    nc.conv_forward(x, w, out, st, pads, dil, G)
+    (plan,) = dk._plans.values()
+    again = np.empty_like(out)
+    nc.conv_forward(x, w, again, st, pads, dil, G)
+    assert list(dk._plans.values()) == [plan]
+    np.testing.assert_array_equal(again, out)
+    listed = np.empty_like(out)
+    nc.conv_forward(x, w, listed, list(st), [list(p) for p in pads], list(dil), G)
+    assert len(dk._plans) == 1
+    np.testing.assert_array_equal(listed, out)
+    nc.conv_forward(x[:1], w, out[:1], st, pads, dil, G)
+    assert len(dk._plans) == 2
+    monkeypatch.setattr(dk, "MAX_PLANS", 2)
+    nc.conv_forward(x[:2], w, out[:2], st, pads, dil, G)
+    assert len(dk._plans) == 1
+    np.testing.assert_array_equal(out, again)
+
+
 def test_compiled_off_runs_numpy_code(monkeypatch):
     monkeypatch.setenv("GEON_COMPILED", "0")
     assert dk.kernels() is None

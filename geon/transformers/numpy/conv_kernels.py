@@ -37,6 +37,7 @@ or where the build fails (after one :class:`~geon.errors.GeonWarning`).
 
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -570,8 +571,7 @@ def source():
     return "\n".join(parts)
 
 
-def _symbols():
-    return [f"geon_dconv_{k}{n}_{s}" for k in _KINDS for n in _NAMES
+_SYMBOLS = [f"geon_dconv_{k}{n}_{s}" for k in _KINDS for n in _NAMES
             for _, _, s in _TYPES.values()]
 
 
@@ -594,7 +594,7 @@ def kernels():
     """``{(kind, name, dtype): ctypes function}`` of the direct kernels, or None where
     the compiled path is off or cannot run here (see the module docstring)."""
     return compiled.fixed_library(_loaded, "direct convolution kernels", source,
-                                  _symbols(), _bind)
+                                  _SYMBOLS, _bind)
 
 
 def usable(a, b, out, pads=()):
@@ -626,11 +626,28 @@ def _geometry(x_shape, w_shape, y_shape, strides, pads, dilation, groups):
                     np.int64)
 
 
-def _run(fns, name, dtype, geo, args, work):
-    """The kernel ``name`` on ``args`` (arrays): the lanes kernel for short output rows
-    (see :data:`LANE_ROWS`), else the rows kernel; over its items (planes or blocks of
-    channels), split over geon's threads when ``work`` (multiply-adds) is large."""
-    B, C, K, Cg = geo[:4]
+#: The plans of calls seen, by geometry: see :func:`_plan`. A process meets few
+#: geometries (those of its models' layers); past this many the cache starts afresh.
+MAX_PLANS = 4096
+_plans = {}
+
+
+def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups, dtype):
+    """``(fn, geo, geo's address, items, work)`` of kernel ``name`` on a call of this
+    geometry: the lanes kernel for short output rows (see :data:`LANE_ROWS`), else the
+    rows kernel; its items (planes or blocks of channels), and its multiply-adds. Built
+    once per geometry (a layer's call takes a dict lookup, not the ~15 microseconds of
+    building the geometry array and choosing the kernel again)."""
+    key = (id(fns), name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
+           dtype, LANE_ROWS, LANE_TILE_BYTES)
+    try:
+        return _plans[key]
+    except KeyError:
+        pass
+    except TypeError:  # (lists for tuples: not kept)
+        key = None
+    geo = _geometry(x_shape, w_shape, y_shape, strides, pads, dilation, groups)
+    B, C, K, Cg = (int(n) for n in geo[:4])
     lanes = geo[13] < LANE_ROWS * (2 if name == "grad_data" else 1) and \
         int(np.prod(geo[23:26])) * LANES * dtype.itemsize <= LANE_TILE_BYTES
     if lanes:
@@ -638,8 +655,22 @@ def _run(fns, name, dtype, geo, args, work):
         items = blocks if name == "grad_filter" else B * blocks
     else:
         items = K * Cg if name == "grad_filter" else B * (C if name == "grad_data" else K)
-    fn = fns["lanes_" if lanes else "", name, dtype]
-    ptrs = [a.ctypes.data for a in args] + [geo.ctypes.data]
+    # multiply-adds: every output of the forward (every element of dy in the
+    # derivatives) times a filter's C/groups * prod(kernel)
+    work = B * K * math.prod(y_shape[2:]) * Cg * math.prod(w_shape[2:])
+    plan = (fns["lanes_" if lanes else "", name, dtype], geo, geo.ctypes.data, items, work)
+    if key is not None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def _run(plan, args):
+    """The planned kernel (see :func:`_plan`) on ``args`` (arrays) over its items,
+    split over geon's threads when its work is large (:data:`PARALLEL_WORK`)."""
+    fn, _, geo, items, work = plan
+    ptrs = [a.ctypes.data for a in args] + [geo]
     threads = fusion.MAX_THREADS if work >= PARALLEL_WORK else 1
 
     def call(lo, hi):
@@ -656,19 +687,19 @@ def forward(fns, x, w, out, strides, pads, dilation, groups):
     """``out`` = x correlated with w (see :func:`geon.transformers.numpy.conv.
     conv_forward`), by a direct kernel."""
     x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
-    geo = _geometry(x.shape, w.shape, out.shape, strides, pads, dilation, groups)
-    _run(fns, "forward", out.dtype, geo, (x, w, out), out.size * w[0].size)
+    _run(_plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dilation,
+               groups, out.dtype), (x, w, out))
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):
     """``out`` (B, C, *S) = the transpose of the forward in x applied to dy."""
     dy, w = np.ascontiguousarray(dy), np.ascontiguousarray(w)
-    geo = _geometry(out.shape, w.shape, dy.shape, strides, pads, dilation, groups)
-    _run(fns, "grad_data", out.dtype, geo, (dy, w, out), dy.size * w[0].size)
+    _run(_plan(fns, "grad_data", out.shape, w.shape, dy.shape, strides, pads, dilation,
+               groups, out.dtype), (dy, w, out))
 
 
 def grad_filter(fns, x, dy, out, strides, pads, dilation, groups):
     """``out`` (K, C/groups, *R) = the transpose of the forward in w applied to dy."""
     x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
-    geo = _geometry(x.shape, out.shape, dy.shape, strides, pads, dilation, groups)
-    _run(fns, "grad_filter", out.dtype, geo, (x, dy, out), dy.size * out[0].size)
+    _run(_plan(fns, "grad_filter", x.shape, out.shape, dy.shape, strides, pads,
+               dilation, groups, out.dtype), (x, dy, out))

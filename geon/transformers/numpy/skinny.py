@@ -93,6 +93,7 @@ void geon_skinny_SUF(const REAL *x, const REAL *w, REAL *out, const int64_t *geo
 """
 
 _TYPES = {np.dtype(np.float32): ("float", "f32"), np.dtype(np.float64): ("double", "f64")}
+_SYMBOLS = [f"geon_skinny_{s}" for _, s in _TYPES.values()]
 
 
 def source():
@@ -119,7 +120,7 @@ def kernels():
     """``{dtype: ctypes function}``, or None where the compiled path is off or cannot
     run here."""
     return compiled.fixed_library(_loaded, "short-side product kernels", source,
-                                  [f"geon_skinny_{s}" for _, s in _TYPES.values()], _bind)
+                                  _SYMBOLS, _bind)
 
 
 def worth_it(a_shape, b_shape, dtype):

@@ -71,6 +71,7 @@ void geon_erf_f64(const double *x, double *y, int64_t n) {{
 
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+_SYMBOLS = [f"geon_erf_{s}" for s in _SUFFIX.values()]
 _loaded = {}  # (CC, cache folder) -> {dtype: ctypes function}, or None
 
 
@@ -88,7 +89,7 @@ def kernels():
     """``{dtype: ctypes function}``, or None where the compiled path is off or cannot
     run here (see the module docstring)."""
     return compiled.fixed_library(_loaded, "erf kernels", source,
-                                  [f"geon_erf_{s}" for s in _SUFFIX.values()], _bind)
+                                  _SYMBOLS, _bind)
 
 
 def erf(x, out, c_kernels=True):
