@@ -97,8 +97,11 @@ def _lstm(ctx):
         # contiguous block, and NumPy's loops over contiguous operands take half the
         # time of those over the columns of a (batch, 4H) step (a small LSTM's step is
         # a few dozen such calls).
+        # The step's product is one (batch, H) @ (H, 4H) GEMM on R as stored (read
+        # transposed), its result viewed gate-major: a batched product over the
+        # gates would read h through a broadcast, 4 small GEMMs a step.
         Wt = gnp.transpose(W[d])                                   # (I, 4H)
-        Rg = gnp.transpose(gnp.reshape(R[d], (4, hidden, hidden)), (0, 2, 1))  # (4, H, H)
+        Rt = gnp.transpose(R[d])                                   # (H, 4H)
         b = ctx.tensor(3)[d] if ctx.has(3) else None
         bias = b[:4 * hidden] + b[4 * hidden:] if b is not None else None
         P = ctx.tensor(7)[d] if ctx.has(7) else None
@@ -109,9 +112,10 @@ def _lstm(ctx):
             xw = xw + bias
         xw = gnp.transpose(gnp.reshape(xw, (seq, batch, 4, hidden)), (0, 2, 1, 3))
 
-        def step(hc, xt, f_act=f_act, g_act=g_act, h_act=h_act, Rg=Rg, P=P):
+        def step(hc, xt, f_act=f_act, g_act=g_act, h_act=h_act, Rt=Rt, P=P):
             h, c = hc
-            z = xt + gnp.matmul(h, Rg)                         # (4, batch, H)
+            hr = gnp.reshape(gnp.matmul(h, Rt), (batch, 4, hidden))
+            z = xt + gnp.transpose(hr, (1, 0, 2))              # (4, batch, H)
             i_, o_, f_, g_ = (z[k] for k in range(4))
             if P is None:
                 # i, o and f are the first three gates, all with f_act: one op per step
