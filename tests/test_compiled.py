@@ -616,7 +616,7 @@ def test_the_environment_variable_chooses_the_mode(monkeypatch):
         be.NumPyTransformer(compiled="fast")
 
 
-# --- the default: large groups only ----------------------------------------------------
+# --- the default: large groups, and small groups of several ops ----------------------------------------------------
 def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
     monkeypatch.delenv("GEON_COMPILED", raising=False)
     assert ck.AUTO_MIN_ELEMENTS == 256 * 256 < fusion.MIN_ELEMENTS
@@ -630,6 +630,28 @@ def test_auto_compiles_the_groups_from_its_threshold_only(cache, monkeypatch):
     assert kernel_calls(everything) == 2 and "np.tanh(" not in everything.source
     numpy_code = large_and_small(be.NumPyTransformer(compiled=False))  # too small
     assert kernel_calls(numpy_code) == 0 and not numpy_code.groups
+
+
+def test_auto_compiles_small_groups_of_several_ops(cache, monkeypatch):
+    """From AUTO_SMALL_ELEMENTS elements "auto" compiles a group of AUTO_SMALL_MEMBERS
+    ops or more; a single op there, and any group below, stays NumPy code."""
+    monkeypatch.delenv("GEON_COMPILED", raising=False)
+    assert ck.AUTO_SMALL_ELEMENTS == 1024 and ck.AUTO_SMALL_MEMBERS == 2
+    rng = np.random.default_rng(5)
+
+    def build(n, chain):
+        x = be.placeholder([be.Axis(n, "SgN")], dtype=np.float64)
+        y = be.tanh(x * 3.0) + x if chain else be.tanh(x)
+        comp = be.NumPyTransformer().computation(y, x)
+        v = rng.normal(size=n)
+        want = np.tanh(v * 3) + v if chain else np.tanh(v)
+        np.testing.assert_allclose(comp(v), want, rtol=1e-14)
+        return comp
+    at = build(ck.AUTO_SMALL_ELEMENTS, True)
+    assert kernel_calls(at) == 1 and "np.tanh(" not in at.source, at.source
+    for comp in (build(ck.AUTO_SMALL_ELEMENTS - 1, True),
+                 build(ck.AUTO_SMALL_ELEMENTS, False)):
+        assert kernel_calls(comp) == 0 and "np.tanh(" in comp.source, comp.source
 
 
 def test_auto_with_a_cache_it_cannot_use_runs_the_numpy_code_silently(cache, tmp_path,

@@ -197,7 +197,8 @@ def test_row_operands_with_views_broadcasts_and_other_dtypes(xdtype, cdtype):
     results = [be.maximum(be.axes_with_order(x, [N, M]), c),  # a transposed view
                be.minimum(be.broadcast(v, [M, N]), c),  # broadcast along the last axis
                be.maximum(c, x) + be.minimum(x, c)]
-    f = be.NumPyTransformer().computation(results, x, v)
+    # (the NumPy code's row operands: not a compiled group)
+    f = be.NumPyTransformer(compiled=False).computation(results, x, v)
     assert "_40, out=" in f.source and "_300, out=" in f.source, f.source
     rng = np.random.default_rng(2)
     xs = rng.integers(-5, 6, (40, 300)).astype(xdtype)

@@ -236,12 +236,16 @@ class ModuleEmitter:
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
         if kernels is not None and compiled == compiled_kernels.AUTO:
-            # below the NumPy code's own threshold, a group is only worth it as C
+            # below AUTO_MIN_ELEMENTS a group is compiled only with several ops, and
+            # below the NumPy code's own threshold it is only worth it as C
             scalar_consts = {op for op in order
                              if isinstance(op, og.Constant) and op.scalar is not None}
+            sizes = {g: evaluate(g.members[0].axes.size, self.hints or {}) for g in groups}
             groups = [g for g in groups
-                      if evaluate(g.members[0].axes.size, self.hints or {})
-                      >= fusion.MIN_ELEMENTS or kernels.compilable(g, scalar_consts)]
+                      if (sizes[g] >= compiled_kernels.AUTO_MIN_ELEMENTS or
+                          len(g.members) >= compiled_kernels.AUTO_SMALL_MEMBERS)
+                      and (sizes[g] >= fusion.MIN_ELEMENTS or
+                           kernels.compilable(g, scalar_consts))]
         return groups
 
     # --- names --------------------------------------------------------------------------

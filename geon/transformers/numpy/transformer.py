@@ -344,7 +344,8 @@ class NumPyTransformer(Transformer):
             generated code is exactly what it is without the option.
         compiled: run fused elementwise groups as C loops built with the system C
             compiler (see ``geon.transformers.numpy.compiled``). ``"auto"``: the
-            groups of at least ``compiled.AUTO_MIN_ELEMENTS`` (65,536) elements,
+            groups of at least ``compiled.AUTO_MIN_ELEMENTS`` (65,536) elements, and
+            those of two ops or more from ``compiled.AUTO_SMALL_ELEMENTS`` (1,024),
             where a compiler works (without one, the NumPy code, silently); True:
             also small groups, which are then fused too (without a compiler, the
             NumPy code after a GeonWarning); False: the NumPy code only. Default: the environment
