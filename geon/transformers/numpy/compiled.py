@@ -124,7 +124,8 @@ AUTO = "auto"
 #: hundred calls (the MLP step at batch 128: 512 x 128 activations, 0.09-0.15 ms of
 #: about 2.7 ms per step, in paired steps). Below it, the saving is mostly NumPy's
 #: per-call cost, a microsecond or two per op, and compiling pays back only after
-#: thousands of calls: ``compiled=True`` compiles those too.
+#: thousands of calls: AUTO compiles those of several ops (:data:`AUTO_SMALL_ELEMENTS`),
+#: ``compiled=True`` all of them.
 AUTO_MIN_ELEMENTS = 1 << 16
 #: Smaller groups :data:`AUTO` compiles too: those of at least AUTO_SMALL_ELEMENTS
 #: elements with at least AUTO_SMALL_MEMBERS ops. Each saves a NumPy call per op it
@@ -135,7 +136,7 @@ AUTO_MIN_ELEMENTS = 1 << 16
 #: against 0.262, BERT and GPT-2 (hidden 128) 0.92 and 0.90 of their time (one
 #: thread, interleaved calls). Single ops and tiny groups stay NumPy calls: there the
 #: C call saves nothing, and a test suite's thousands of small graphs would compile
-#: a function each (geon's own suite: about 7% longer with these thresholds).
+#: a function each (geon's own suite: about 8% longer with these thresholds).
 AUTO_SMALL_ELEMENTS = 1 << 10
 AUTO_SMALL_MEMBERS = 2
 
