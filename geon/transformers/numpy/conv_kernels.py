@@ -12,16 +12,17 @@ forms, picked per call by the length of an output row (:data:`LANE_ROWS`):
   vector extension) and stored once; the forward keeps four independent chains of
   additions, four blocks of V along a long row or one block of four rows where rows
   are shorter than 4 V (with one chain, waiting on its additions' latency, 144 planes
-  of 16 x 16 with a 3 x 3 filter took 105 us; with four, 59 us). The forward sums over its group's input channels
-  per output plane ``(b, k)``; the derivative in the filter, per filter plane ``(k,
-  c)``, keeps V partial sums per tap over the batch and the rows (a short last block
-  overlaps the one before, its repeated products masked to zero) and adds them up at
-  the end. The derivative in the image with a stride scatters each row of dy into the
-  image plane; with stride 1 :mod:`.conv` runs it as a forward with the flipped filter.
+  of 16 x 16 with a 3 x 3 filter took 105 us; with four, 59 us). The forward sums
+  over its group's input channels per output plane ``(b, k)``; the derivative in the
+  filter, per filter plane ``(k, c)``, keeps V partial sums per tap over the batch and
+  the rows (a short last block overlaps the one before, its repeated products masked
+  to zero) and adds them up at the end. The derivative in the image with a stride
+  scatters each row of dy into the image plane; with stride 1 :mod:`.conv` runs it as a
+  forward with the flipped filter.
 - **lanes** (short rows: 7 x 7, 4 x 4 planes): V channels side by side. Their planes
   are copied into one tile of the padded image, (*Q, V) with the channel last (a
-  position's V lanes at a time), and every tap of every window is one vector operation over the V channels; the result is
-  copied back into its planes.
+  position's V lanes at a time), and every tap of every window is one vector operation
+  over the V channels; the result is copied back into its planes.
 
 Stride 2 loads take the even elements of two vector loads. Sums are in the data's own
 type (float32 or float64), as the BLAS of the im2col path does; they are not rounded
@@ -702,7 +703,8 @@ def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
     # multiply-adds: every output of the forward (every element of dy in the
     # derivatives) times a filter's C/groups * prod(kernel)
     work = B * K * math.prod(y_shape[2:]) * Cg * math.prod(w_shape[2:])
-    plan = (fns["lanes_" if lanes else "", name, dtype], geo, geo.ctypes.data, items, work)
+    fn = fns["lanes_" if lanes else "", name, dtype]
+    plan = (fn, geo, geo.ctypes.data, items, work)
     if key is not None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()

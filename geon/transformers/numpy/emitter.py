@@ -240,7 +240,8 @@ class ModuleEmitter:
             # below the NumPy code's own threshold it is only worth it as C
             scalar_consts = {op for op in order
                              if isinstance(op, og.Constant) and op.scalar is not None}
-            sizes = {g: evaluate(g.members[0].axes.size, self.hints or {}) for g in groups}
+            hints = self.hints or {}
+            sizes = {g: evaluate(g.members[0].axes.size, hints) for g in groups}
             groups = [g for g in groups
                       if (sizes[g] >= compiled_kernels.AUTO_MIN_ELEMENTS or
                           len(g.members) >= compiled_kernels.AUTO_SMALL_MEMBERS)
