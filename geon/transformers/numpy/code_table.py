@@ -103,6 +103,32 @@ NUMPY_VIEWS = {
     pr.Reshape: lambda op, x: f"{x}.reshape({py_literal(op.axes.shape)})",
     pr.Expand: lambda op, x: f"_expand({x}, {py_literal(op.axes.shape)}, "
                              f"{py_literal(tuple(op.dim_map))})",
-    # "..." keeps the result a view when every entry is an index (x[0] would be a copy)
-    pr.SliceView: lambda op, x: f"{x}[{py_literal(op.key + (Ellipsis,))}]",
+    pr.SliceView: lambda op, x: f"{x}[{_index(op.key)}]",
 }
+
+
+def _entry(k):
+    if isinstance(k, slice):
+        a, b, c = (("" if v is None else repr(v)) for v in (k.start, k.stop, k.step))
+        return f"{a}:{b}:{c}" if c else f"{a}:{b}"
+    return repr(k)
+
+
+def _index(key):
+    """The text of ``x[key]``'s subscript (one int or slice per dimension), short: NumPy
+    parses ``x[0]`` in a quarter of the time of ``x[(0, slice(None, None, None))]``
+    (a scan body makes such views at every step). Trailing whole slices are left out;
+    where none is, "..." keeps the result a view (``x[0]`` of a vector would be a
+    scalar)."""
+    plain = all(isinstance(k, int) or isinstance(k, slice) and all(
+        v is None or isinstance(v, int) for v in (k.start, k.stop, k.step)) for k in key)
+    if not plain:  # (symbolic bounds)
+        return py_literal(tuple(key) + (Ellipsis,))
+    key = list(key)
+    full = slice(None)
+    if key and key[-1] == full:
+        while key and key[-1] == full:
+            key.pop()
+    else:
+        key.append(Ellipsis)
+    return ", ".join("..." if k is Ellipsis else _entry(k) for k in key) or "..."

@@ -225,13 +225,18 @@ class ModuleEmitter:
         # length, if their symbolic lengths are their rows (fusion.hinted_fusable;
         # doc/symbolic_axes.rst); the compiled path decides with the hinted sizes too
         if kernels is not None:
+            # (a scan or loop body runs once a step: "auto" fuses its small ops too)
             test = compiled_kernels.auto_fusable if compiled == compiled_kernels.AUTO \
-                else compiled_kernels.fusable
+                and not t.nested else compiled_kernels.fusable
             can = functools.partial(test, hints=self.hints)
         else:
             can = fusion.hinted_fusable(self.hints) if self.sym else None
+        # A view line (of a feed or result, made per call) does not cut a run: the
+        # group's call makes the views its members read first (group_lines).
+        def cuts(op):
+            return self.emits(op) and not isinstance(op, pr.ViewOp)
         groups = [] if "fusion" in t.disabled or self.check else find_groups(
-            order, comp.results, self.emits, can,
+            order, comp.results, cuts, can,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
@@ -313,15 +318,6 @@ class ModuleEmitter:
                         for a in op.args]
         return [local.get(a) or small.get(a) or names[a] for a in op.args]
 
-    def name_view(self, op):
-        """Name a view made once, ahead of its place in the order."""
-        names = self.names
-        if op not in names and isinstance(op, pr.ViewOp) and op not in self.dynamic:
-            self.name_view(op.args[0])
-            names[op] = identifier("v_" + op.name, self.taken)
-            line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
-            self.setup.append(self.comp._annotate(line, op))
-
     # --- one method per kind of line ----------------------------------------------------
     def emit_op(self, op):
         """The lines of ``op`` (not named yet), by its kind."""
@@ -344,6 +340,13 @@ class ModuleEmitter:
         else:
             self.primitive_lines(op)
 
+    def _view_ahead(self, op):
+        """Name the view ``op`` (and the views it is made of) before its place in the
+        order: a group's member reads it."""
+        if op not in self.names and isinstance(op, pr.ViewOp):
+            self._view_ahead(op.args[0])
+            self.view_line(op)
+
     def view_line(self, op):
         """A view: made per call where it views a feed or a result, else in setup()."""
         names = self.names
@@ -356,7 +359,7 @@ class ModuleEmitter:
         """A fused group: one C call where it compiles, else blocks of NumPy calls."""
         for m in g.members:
             for a in m.args:
-                self.name_view(a)
+                self._view_ahead(a)
         if self.kernels and self.kernels.compilable(g, self.scalars):
             self.body.extend(self.kernels.group_code(
                 g, self.names, self.scalars, self.consts, self.dynamic, self.buffer,

@@ -346,7 +346,8 @@ class NumPyTransformer(Transformer):
             compiler (see ``geon.transformers.numpy.compiled``). ``"auto"``: the
             groups of at least ``compiled.AUTO_MIN_ELEMENTS`` (65,536) elements, and
             those of two ops or more from ``compiled.AUTO_SMALL_ELEMENTS`` (1,024),
-            where a compiler works (without one, the NumPy code, silently); True:
+            where a compiler works (without one, the NumPy code, silently), and in
+            a loop's body (once per step) those of two ops or more at any size; True:
             also small groups, which are then fused too (without a compiler, the
             NumPy code after a GeonWarning); False: the NumPy code only. Default: the environment
             variable ``GEON_COMPILED`` (``auto`` when unset; ``0`` False, ``1`` True).

@@ -115,19 +115,16 @@ def _lstm(ctx):
         def step(hc, xt, f_act=f_act, g_act=g_act, h_act=h_act, Rt=Rt, P=P):
             h, c = hc
             hr = gnp.reshape(gnp.matmul(h, Rt), (batch, 4, hidden))
-            z = xt + gnp.transpose(hr, (1, 0, 2))              # (4, batch, H)
-            i_, o_, f_, g_ = (z[k] for k in range(4))
-            if P is None:
-                # i, o and f are the first three gates, all with f_act: one op per step
-                s = f_act(z[:3])
-                i_, o_, f_ = s[0], s[1], s[2]
-            else:
-                i_ = f_act(i_ + P[:hidden] * c)
-                f_ = f_act(f_ + P[2 * hidden:] * c)
-            c = f_ * c + i_ * g_act(g_)
+            # each gate (batch, H) on its own: every op of the cell then has the
+            # step's shape, and the compiled path makes the cell one C loop
+            i_, o_, f_, g_ = (xt[k] + hr[:, k] for k in range(4))
             if P is not None:
-                o_ = f_act(o_ + P[hidden:2 * hidden] * c)
-            return o_ * h_act(c), c
+                i_ = i_ + P[:hidden] * c
+                f_ = f_ + P[2 * hidden:] * c
+            c = f_act(f_) * c + f_act(i_) * g_act(g_)
+            if P is not None:
+                o_ = o_ + P[hidden:2 * hidden] * c
+            return f_act(o_) * h_act(c), c
         per_dir.append(_loop(step, (h0, c0), xw, direction == "reverse" or d == 1))
     return _rnn_outputs(ctx, per_dir, layout, 2)
 
