@@ -204,6 +204,30 @@ class Unslice(ComputationOp):
         return self.args[0].dtype
 
 
+class UnsliceAdd(ComputationOp):
+    """``x`` with ``a`` added at ``key`` (one ``slice`` or ``int`` per dimension of
+    ``x``): ``x + Unslice(a, x.axes, key)`` without the Unslice's zeros. Not a
+    primitive: the NumPy transformer's ``unslice_add`` pass makes it from such sums
+    (the adjoint of several slices of one value, a concatenation), and its code
+    writes over ``x`` where ``x`` dies there (``in_place``)."""
+
+    attrs = ("key", "axes")
+    #: the memory plan may give the result ``x``'s buffer (the code then adds ``a``
+    #: into it, at ``key``)
+    in_place = True
+
+    def __init__(self, x, a, key, axes=None, **kwargs):
+        self.key = tuple(key)
+        super().__init__(x, a, axes=as_axes(x.axes if axes is None else axes), **kwargs)
+        if self.args[0].axes.lengths != self.axes.lengths:
+            raise AxisMismatchError(f"UnsliceAdd {self.name}: x of ({_fmt(x.axes)}) for "
+                                    f"a result of ({_fmt(self.axes)})")
+        _check_key(self, self.key, self.axes, self.args[1].axes)
+
+    def _infer_dtype(self):
+        return self.args[0].dtype
+
+
 @og.primitive
 class Copy(ComputationOp):
     """A contiguous copy of the arg."""
@@ -582,6 +606,25 @@ def _unslice_tangent(op, ts):
 def _unslice_value(op, x):
     out = np.zeros(op.axes.shape, op.dtype)
     out[op.key] = x
+    return out
+
+
+@adjoint_rule(UnsliceAdd)
+def _unslice_add_adjoint(op, d): return (d, SliceView(d, op.key, op.args[1].axes))
+@forward_rule(UnsliceAdd)
+def _unslice_add_tangent(op, ts):
+    tx, ta = ts
+    if ta is None:
+        return tx
+    extra = direction_axes(ta, op.args[1])
+    key = op.key + (slice(None),) * len(extra)
+    if tx is None:
+        return Unslice(ta, op.axes + extra, key)
+    return UnsliceAdd(tx, ta, key, op.axes + extra)
+@evaluator(UnsliceAdd)
+def _unslice_add_value(op, x, a):
+    out = np.array(x, dtype=op.dtype)
+    out[op.key] += a
     return out
 
 

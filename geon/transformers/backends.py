@@ -57,7 +57,8 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
     values = _state_values(state)
     if transformer is None:
         from geon.transformers.numpy.transformer import NumPyTransformer
-        transformer = _Unrolling() if unroll else NumPyTransformer()
+        # (no UnsliceAdds: a plan holds the standard base set, which backends know)
+        transformer = _Unrolling() if unroll else NumPyTransformer(disable=_NATIVE_OFF)
     elif unroll:
         raise ArgumentError("plan(unroll=True) plans with its own transformer: pass "
                             "no transformer= with it")
@@ -87,7 +88,12 @@ def _Unrolling() -> Any:
 
         def passes(self) -> list:
             return [UnrollScans()] + super().passes()
-    return UnrollingNumPyTransformer()
+    return UnrollingNumPyTransformer(disable=_NATIVE_OFF)
+
+
+#: the NumPy transformer's passes a plan is made without (their ops are the NumPy
+#: transformer's own)
+_NATIVE_OFF = ("unslice_add",)
 
 
 def _state_values(state: Any) -> Optional[dict]:

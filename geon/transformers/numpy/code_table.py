@@ -103,7 +103,7 @@ NUMPY_VIEWS = {
     pr.Reshape: lambda op, x: f"{x}.reshape({py_literal(op.axes.shape)})",
     pr.Expand: lambda op, x: f"_expand({x}, {py_literal(op.axes.shape)}, "
                              f"{py_literal(tuple(op.dim_map))})",
-    pr.SliceView: lambda op, x: f"{x}[{_index(op.key)}]",
+    pr.SliceView: lambda op, x: f"{x}[{index_text(op.key)}]",
 }
 
 
@@ -114,7 +114,7 @@ def _entry(k):
     return repr(k)
 
 
-def _index(key):
+def index_text(key):
     """The text of ``x[key]``'s subscript (one int or slice per dimension), short: NumPy
     parses ``x[0]`` in a quarter of the time of ``x[(0, slice(None, None, None))]``
     (a scan body makes such views at every step). Trailing whole slices are left out;

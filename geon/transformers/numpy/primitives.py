@@ -9,7 +9,8 @@ from geon.op_graph.reference import op_site
 from geon.op_graph.symbols import Sym
 from geon.transformers.codegen_text import py_literal
 from geon.transformers.numpy import blas, skinny
-from geon.transformers.numpy.code_table import NUMPY_GLOBALS, _shared_row, numpy_code
+from geon.transformers.numpy.code_table import (NUMPY_GLOBALS, _shared_row, index_text,
+                                                numpy_code)
 
 
 @numpy_code(pr.LengthValue)
@@ -102,7 +103,15 @@ def _copy(op, out, args):
 
 @numpy_code(pr.Unslice)
 def _unslice(op, out, args):
-    return [f"{out}.fill(0)", f"{out}[{py_literal(op.key)}] = {args[0]}"]
+    return [f"{out}.fill(0)", f"{out}[{index_text(op.key)}] = {args[0]}"]
+
+
+@numpy_code(pr.UnsliceAdd)
+def _unslice_add(op, out, args):
+    x, a = args
+    at = f"{out}[{index_text(op.key)}]"
+    # (where the plan gave the result x's buffer, x is already there)
+    return ([] if out == x else [f"np.copyto({out}, {x})"]) + [f"np.add({at}, {a}, {at})"]
 
 
 @numpy_code(pr.Take)

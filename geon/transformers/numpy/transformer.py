@@ -33,7 +33,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph.np_ops import Select
 from geon.op_graph.specialize import call_binders, check_needs, read_binding
 from geon.op_graph.symbols import evaluate, symbols_of
-from geon.op_graph.primitives import LengthValue
+from geon.op_graph.primitives import LengthValue, UnsliceAdd
 from geon.op_graph.user_ops import UserOp
 from geon.transformers.base import (BaseSet, Computation, Transformer,
                                     register_transformer)
@@ -55,6 +55,7 @@ from geon.transformers.numpy.op_graph import SCALAR_CLAMP, SIGMOID_UNCLAMPED  # 
 from geon.transformers.numpy.primitives import ONES_LENGTH, ONES_MIN  # noqa: F401
 from geon.transformers.numpy.user_ops import _module_globals
 from geon.transformers.numpy.emitter import ModuleEmitter
+from geon.transformers.passes.unslice import UnsliceAdds
 
 
 #: The most bindings of its symbolic lengths a computation keeps the memory plan,
@@ -368,11 +369,12 @@ class NumPyTransformer(Transformer):
     #: loop calling its body's own computation), ``cond`` and ``while_loop``
     #: (control_ops.Cond, WhileLoop: an ``if`` / a ``while`` calling their subgraphs'
     #: computations), the collectives (allreduce,
-    #: broadcast_from; see geon.distributed) and every user op: the classes
-    #: with a rule in ``NUMPY_CODE`` or handled by the code generator itself (views,
-    #: placeholders, variables, constants).
+    #: broadcast_from; see geon.distributed), UnsliceAdd (made by the
+    #: ``unslice_add`` pass) and every user op: the classes with a rule in
+    #: ``NUMPY_CODE`` or handled by the code generator itself (views, placeholders,
+    #: variables, constants).
     base_set = BaseSet(Select, UserOp, Scan, Cond, WhileLoop, coll.AllReduce,
-                       coll.BroadcastFrom, coll.FlatConcat, LengthValue)
+                       coll.BroadcastFrom, coll.FlatConcat, LengthValue, UnsliceAdd)
     computation_class = NumPyComputation
     # symbolic axis lengths, bound from the feeds' shapes at each call (see _bind)
     symbolic_lengths = True
@@ -383,6 +385,14 @@ class NumPyTransformer(Transformer):
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")
+
+    def passes(self) -> list:
+        """The standard pipeline with ``unslice_add`` (``geon/transformers/passes/
+        unslice.py``: a part added into a value where it lies, not through an Unslice
+        of zeros) after ``dce``."""
+        passes = super().passes()
+        at = [p.name for p in passes].index("dce") + 1
+        return passes[:at] + [UnsliceAdds()] + passes[at:]
 
     def __init__(self, disable: Iterable[str] = (), dump_after: Iterable[str] = (),
                  dump_file: Optional[IO[str]] = None, sample_axis: Optional[str] = None,

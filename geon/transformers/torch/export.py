@@ -166,6 +166,14 @@ def _unslice(op, x):
     return out
 
 
+@torch_op(pr.UnsliceAdd)
+def _unslice_add(op, x, a):
+    key, flips = _positive_key(bound(op.key), shape_of(op))
+    out = x.clone()
+    out[key] += a.flip(flips) if flips else a
+    return out
+
+
 @torch_op(pr.Dimshuffle)
 def _dimshuffle(op, x):
     return x.permute(op.perm)
