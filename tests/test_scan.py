@@ -256,3 +256,88 @@ def test_integer_carry_and_mixed_dtypes():
     assert int(got[0]) == 4
     for g, e in zip(got[1:], ref[1:]):
         np.testing.assert_allclose(g, e, rtol=1e-5)
+
+
+def test_two_computations_sharing_a_body_run_at_once_from_threads():
+    """Steps after the first call the body's step() under its computation's lock, held
+    for the loop: two computations holding the same scan, called at once from two
+    threads, take turns with the body's buffers and get the loop's values."""
+    import threading
+    x = be.placeholder([T, D], dtype=np.float64)
+    h0 = be.placeholder([H], dtype=np.float64)
+    w = be.placeholder([be.Axis(3, "H2"), H], dtype=np.float64)
+    u = be.placeholder([H, D], dtype=np.float64)
+    hT, ys = be.scan(lambda h, xt: (be.tanh(be.cast_axes(be.dot(w, h), [H])
+                                            + be.dot(u, xt)), h * 2.0), h0, x, T)
+    first = be.NumPyTransformer().computation([hT, ys], x, h0, w, u)
+    second = be.NumPyTransformer().computation([hT, ys], x, h0, w, u)
+    assert "_sc_g = _sc_f._ns['step']" in first.source
+    body = [ln.split("#")[0].strip() for ln in first.source.splitlines()
+            if "_scan_bodies[" in ln]
+    assert body and body[0] in second.source     # one body computation for both
+    W, U = 0.5 * rng.standard_normal((3, 3)), rng.standard_normal((3, 2))
+    inputs = [(rng.standard_normal((4, 2)), rng.standard_normal(3)) for _ in range(2)]
+    wrong = []
+
+    def run(comp, X, H0):
+        want = rnn_loop(X, H0, W, U)
+        for _ in range(300):
+            got = comp(X, H0, W, U)
+            if not all(np.allclose(g, v, rtol=1e-12, atol=1e-14)
+                       for g, v in zip(got, want)):
+                wrong.append(got)
+    threads = [threading.Thread(target=run, args=(c, *xs))
+               for c, xs in zip((first, second), inputs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
+@pytest.mark.parametrize("remat", ["step", "none", "checkpoints:2"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_weights_share_of_each_step_is_one_product_after_the_loop(remat, reverse,
+                                                                    monkeypatch):
+    """dW = sum_t dot(h_t, g_t): the adjoint scan stacks h_t and g_t as ys and one
+    product over the steps follows the loop (control.STACKED_PRODUCT_ELEMENTS), with
+    the gradients of adding dW up step by step in an accumulator, and of central
+    differences."""
+    from geon.op_graph import control
+    T5 = be.Axis(5, "T")
+    X, H0 = rng.standard_normal((5, 2)), rng.standard_normal(3)
+    W, U = 0.5 * rng.standard_normal((3, 3)), rng.standard_normal((3, 2))
+
+    def grads():
+        x = be.placeholder([T5, D], dtype=np.float64)
+        h0 = be.placeholder([H], dtype=np.float64)
+        w = be.placeholder([be.Axis(3, "H2"), H], dtype=np.float64)
+        u = be.placeholder([H, D], dtype=np.float64)
+        hT, ys = be.scan(lambda h, xt: (be.tanh(be.cast_axes(be.dot(w, h), [H])
+                                                + be.dot(u, xt)), h * 2.0),
+                         h0, x, T5, reverse=reverse, remat=remat)
+        cost = be.sum(ys * ys, out_axes=()) + be.sum(hT, out_axes=())
+        gs = be.deriv(cost, [w, u, x])
+        adj = [s for s in toposort(gs) if isinstance(s, Scan) and s.reverse != reverse]
+        carries = sum(len(s.body.carries_in) for s in adj)
+        comp = be.NumPyTransformer().computation(gs, x, h0, w, u)
+        return comp(X, H0, W, U), carries
+    stacked, n_stacked = grads()
+    monkeypatch.setattr(control, "STACKED_PRODUCT_ELEMENTS", 0)
+    summed, n_summed = grads()
+    assert n_summed > n_stacked   # (the accumulators of w and u are gone)
+    for a, b in zip(stacked, summed):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+    def cost_of(Wv):
+        h, total = H0.copy(), 0.0
+        for t in (range(4, -1, -1) if reverse else range(5)):
+            total += np.sum((2 * h) ** 2)
+            h = np.tanh(Wv @ h + U @ X[t])
+        return total + np.sum(h)
+    eps, num = 1e-6, np.zeros_like(W)
+    for idx in np.ndindex(W.shape):
+        d = np.zeros_like(W)
+        d[idx] = eps
+        num[idx] = (cost_of(W + d) - cost_of(W - d)) / (2 * eps)
+    np.testing.assert_allclose(stacked[0], num, rtol=1e-7, atol=1e-9)

@@ -247,7 +247,10 @@ def test_none_stores_the_steps_values_and_runs_one_forward_loop():
     after = be.make_transformer("numpy").transform([mapping[r] for r in res])
     left = _scans(after)
     assert len(left) == 2
-    assert sorted(len(s.body.ys_out) for s in left) == [1, 2]
+    # the forward scan's ys: its own and the stored tanh; the adjoint's: x's cotangent
+    # and, for each of the weights w and u, the two operands of its share (a product,
+    # taken over all steps after the loop: control.STACKED_PRODUCT_ELEMENTS)
+    assert sorted(len(s.body.ys_out) for s in left) == [2, 5]
 
 
 def test_merging_twins_whose_stored_values_differ():

@@ -88,15 +88,29 @@ def _scan_numpy(op, out, args):
         xs.append(f"_sc_x{k}[_sc_t]")
     ks = [f"_sc_k{k}" for k in range(len(args) - nc - nx)]
     lines += [f"{n} = _contiguous({a})" for n, a in zip(ks, args[nc + nx:])]
-    steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
-    lines.append(f"for _sc_t in {steps}:")
-    lines += [f"    {h}[_sc_t] = {n}" for h, n in zip(hist, c) if h is not None]
     y = [f"_sc_y{j}" for j in range(ny)]
     targets = ", ".join(c + y) + ("," if nc + ny == 1 else "")
-    lines.append(f"    {targets} = _sc_f({', '.join(c + xs + ks)})")
-    lines += [f"    {o}[_sc_t] = {n}" for o, n in zip(ys, y) if o is not None]
-    if not nc + ny:
-        lines[-1] = f"    _sc_f({', '.join(c + xs + ks)})"
+
+    def one_step(fn, indent):
+        out = [f"{indent}{h}[_sc_t] = {n}" for h, n in zip(hist, c) if h is not None]
+        call = f"{fn}({', '.join(c + xs + ks)})"
+        out.append(f"{indent}{targets} = {call}" if nc + ny else f"{indent}{call}")
+        return out + [f"{indent}{o}[_sc_t] = {n}" for o, n in zip(ys, y) if o is not None]
+    if isinstance(T, int) and T >= 2 and runner.computation._has_step:
+        # The first step through the body's call (which checks the values), the others
+        # through its step() (no checks: the carries are its own results, the slices
+        # and closures as checked) under its lock, held for the loop: 1-2 us a step.
+        first, rest = (T - 1, f"range({T - 2}, -1, -1)") if op.reverse \
+            else (0, f"range(1, {T})")
+        lines.append(f"_sc_t = {first}")
+        lines += one_step("_sc_f", "")
+        lines += ["_sc_g = _sc_f._ns['step']",
+                  "with _sc_f.transformer._lock:", f"    for _sc_t in {rest}:"]
+        lines += one_step("_sc_g", "        ")
+    else:
+        steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
+        lines.append(f"for _sc_t in {steps}:")
+        lines += one_step("_sc_f", "    ")
     lines += [f"np.copyto({o}, {n})" for o, n in zip(final, c) if o is not None]
     return lines
 

@@ -129,6 +129,7 @@ class ModuleEmitter:
             if op not in self.names:
                 self.emit_op(op)
         returns = self.returns()
+        self.core = list(self.body)   # (step(), below: the lines without the checks)
         self.body[:0] = self.feed_checks()
         src = self.module_source(returns)
         comp._arenas = dict(zip(self.arenas, self.plan.sizes))
@@ -233,10 +234,9 @@ class ModuleEmitter:
             can = fusion.hinted_fusable(self.hints) if self.sym else None
         # A view line (of a feed or result, made per call) does not cut a run: the
         # group's call makes the views its members read first (group_lines).
-        def cuts(op):
-            return self.emits(op) and not isinstance(op, pr.ViewOp)
         groups = [] if "fusion" in t.disabled or self.check else find_groups(
-            order, comp.results, cuts, can,
+            order, comp.results,
+            lambda op: self.emits(op) and not isinstance(op, pr.ViewOp), can,
             kernels and compiled_kernels.MAX_MEMBERS,
             gemm_head=(lambda g, run: run[-1] in comp._into) if fusion.GEMM_HEADS else None,
             reductions=True if kernels is None else compiled_kernels.row_sum)
@@ -554,7 +554,19 @@ class ModuleEmitter:
             src.extend("    " + ln for ln in body)
         src.append("    finally:")
         src.append("        _release()")
-        return src
+        return src + self.step_source(params, returns)
+
+    def step_source(self, params, returns):
+        """A loop body's ``step()``: run() without its checks and lock, for the steps
+        after a loop's first (numpy/control.py), under the lock the loop holds; not
+        with symbolic lengths, value domains or the debug mode."""
+        comp = self.comp
+        comp._has_step = self.t.nested and not (self.sym or self.check or any(
+            d is not None for d in comp._domains))
+        copies = [f"    {n} = {n}.copy()" for n in params] if comp._copy_feeds else []
+        back = returns[0] if comp.single else f"({', '.join(returns)},)"
+        return [f"def step({', '.join(params)}):"] + copies + self.core + [
+            f"    return {back}"] if comp._has_step else []
 
     def setup_names(self):
         """The names that setup() assigns."""

@@ -109,9 +109,9 @@ def _unslice(op, out, args):
 @numpy_code(pr.UnsliceAdd)
 def _unslice_add(op, out, args):
     x, a = args
-    at = f"{out}[{index_text(op.key)}]"
     # (where the plan gave the result x's buffer, x is already there)
-    return ([] if out == x else [f"np.copyto({out}, {x})"]) + [f"np.add({at}, {a}, {at})"]
+    return ([] if out == x else [f"np.copyto({out}, {x})"]) + [
+        f"_ua = {out}[{index_text(op.key)}]", f"np.add(_ua, {a}, _ua)"]
 
 
 @numpy_code(pr.Take)

@@ -100,6 +100,10 @@ def _check_fits(plan, binding):
 class NumPyComputation(Computation):
     """A computation compiled to NumPy calls (see the module docstring)."""
 
+    #: whether the module has a ``step()`` (a loop body's run without its checks and
+    #: lock: emitter.step_source)
+    _has_step = False
+
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
         self._fn = None
