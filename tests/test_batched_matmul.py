@@ -80,6 +80,21 @@ def test_matmul_of_transposed_views_reads_them_without_a_copy():
     assert "np.copyto(" not in f.source and f.source.count("np.matmul(") == 2
 
 
+def test_a_product_over_leading_axes_reads_them_without_a_copy():
+    """dot(u, v) summing the leading (T, B) of u (T, B, H) and v (T, B, N) (a weight's
+    gradient over a loop's steps) reads u as the transposed view of its (T*B, H)
+    reshape, not a copy of u laid out (H, T, B)."""
+    T, B = be.Axis(5, "LdT"), be.Axis(3, "LdB")
+    Hh, N = be.Axis(4, "LdH"), be.Axis(6, "LdN")
+    u = be.placeholder([T, B, Hh], dtype=np.float64)
+    v = be.placeholder([T, B, N], dtype=np.float64)
+    f = be.NumPyTransformer().computation(be.dot(u, v), u, v)
+    U, V = _values((5, 3, 4), (5, 3, 6))
+    np.testing.assert_allclose(f(U, V), np.einsum("tbh,tbn->hn", U, V), rtol=1e-13)
+    assert "np.copyto(" not in f.source and f.source.count("np.matmul(") == 1, f.source
+    assert [type(op).__name__ for op in _computed(f)] == ["Gemm"]
+
+
 def _computed(f):
     """The ops of computation ``f`` that compute a new buffer (no views, no storage)."""
     return [op for op in f.ops if isinstance(op, og.TensorOp) and

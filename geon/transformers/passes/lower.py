@@ -50,9 +50,16 @@ def _group(axes, unit_name):
 
 
 def as_matrix(x, rows, cols, unit):
-    """``x`` arranged as a 2-D (rows, cols) view; ``rows``/``cols`` are Axes groups."""
-    x = view_as(x, rows + cols)
+    """``x`` arranged as a 2-D (rows, cols) view; ``rows``/``cols`` are Axes groups.
+    Where ``x`` is laid out (cols, rows) and a group has several axes, the transposed
+    view of its (cols, rows) reshape: a reshape of the transposed layout would be a
+    copy (a weight's gradient summed over the steps of a loop, ``h`` stacked (T, B, H)
+    read as (H, T*B))."""
     shape = Axes(_group(rows, unit + "_r"), _group(cols, unit + "_c"))
+    if len(rows) and len(cols) and max(len(rows), len(cols)) > 1 and x.axes == cols + rows:
+        flipped = Axes(shape[1], shape[0])
+        return pr.Dimshuffle(x if x.axes == flipped else pr.Reshape(x, flipped), (1, 0))
+    x = view_as(x, rows + cols)
     return x if x.axes == shape else pr.Reshape(x, shape)
 
 
