@@ -56,7 +56,8 @@ def as_matrix(x, rows, cols, unit):
     copy (a weight's gradient summed over the steps of a loop, ``h`` stacked (T, B, H)
     read as (H, T*B))."""
     shape = Axes(_group(rows, unit + "_r"), _group(cols, unit + "_c"))
-    if len(rows) and len(cols) and max(len(rows), len(cols)) > 1 and x.axes == cols + rows:
+    if len(rows) and len(cols) and max(len(rows), len(cols)) > 1 \
+            and x.axes == cols + rows:
         flipped = Axes(shape[1], shape[0])
         return pr.Dimshuffle(x if x.axes == flipped else pr.Reshape(x, flipped), (1, 0))
     x = view_as(x, rows + cols)
