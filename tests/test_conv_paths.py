@@ -127,6 +127,27 @@ def test_pointwise_conv(case, dtype, rtol, path):
     _check_primitives(x, w, dy, P, (1,) * n, ((0, 0),) * n, (1,) * n, 1, rtol)
 
 
+@pytest.mark.parametrize("case", [(2, 3, 8, (32, 32), (8, 8)), (1, 2, 5, (12, 6), (3, 2)),
+                                  (3, 4, 4, (4, 4), (4, 4))], ids=str)
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_patches_take_one_product(case, dtype, rtol, path, monkeypatch):
+    """Windows that tile the image (strides equal to the kernel, no padding: a ViT's
+    patch embedding) are x's patches by a reshape and one copy, then one product:
+    the definitions' values, and the general path's."""
+    B, C, K, S, R = case
+    x, w, dy, P = _arrays(B, C, K, 1, S, R, R, ((0, 0), (0, 0)), (1, 1), dtype)
+    args = (R, ((0, 0), (0, 0)), (1, 1), 1)
+    assert nc._patches(x, w, dy, *args)
+    assert not nc._patches(x, w, dy, R, ((0, 1), (0, 0)), (1, 1), 1)
+    _check_primitives(x, w, dy, P, *args, rtol)
+    y = np.empty(dy.shape, dtype)
+    nc.conv_forward(x, w, y, *args, nc.Workspace())
+    monkeypatch.setattr(nc, "_patches", lambda *a: False)
+    general = np.empty(dy.shape, dtype)
+    nc.conv_forward(x, w, general, *args, nc.Workspace())
+    _close(y, general, rtol)
+
+
 def test_non_contiguous_operands(path):
     """Views (a transposed image, a strided filter) are read as they are."""
     B, C, K, G, S, R, st, pads, dil = CASES[2]

