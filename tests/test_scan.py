@@ -341,3 +341,25 @@ def test_a_weights_share_of_each_step_is_one_product_after_the_loop(remat, rever
         d[idx] = eps
         num[idx] = (cost_of(W + d) - cost_of(W - d)) / (2 * eps)
     np.testing.assert_allclose(stacked[0], num, rtol=1e-7, atol=1e-9)
+
+
+def test_a_steps_carry_that_is_also_its_y_is_not_copied_within_the_loop():
+    """The body returns h as its carry and as its y (one buffer): run() hands out a
+    copy for the second, as a computation's call must; step() hands out the buffer
+    twice, since the loop copies each y into the stacked output at once."""
+    from geon.transformers.numpy.control import body_runner
+    x = be.placeholder([T, D], dtype=np.float64)
+    h0 = be.placeholder([D], dtype=np.float64)
+    hT, ys = be.scan(lambda h, xt: (be.tanh(h + xt),) * 2, h0, x, T)
+    comp = be.NumPyTransformer().computation([hT, ys], x, h0)
+    X, H0 = rng.standard_normal((4, 2)), rng.standard_normal(2)
+    want_h, want_ys = H0, []
+    for t in range(4):
+        want_h = np.tanh(want_h + X[t])
+        want_ys.append(want_h)
+    got_h, got_ys = comp(X, H0)
+    np.testing.assert_allclose(got_h, want_h, rtol=1e-13)    # (tanh: a few ulp)
+    np.testing.assert_allclose(got_ys, np.stack(want_ys), rtol=1e-13)
+    (scan,) = [op for op in toposort([hT]) if isinstance(op, Scan)]
+    run, step = body_runner(scan.body).computation.source.split("def step(")
+    assert "np.array(" in run.split("def run(")[1] and "np.array(" not in step

@@ -348,8 +348,14 @@ class ModuleEmitter:
             self.view_line(op)
 
     def view_line(self, op):
-        """A view: made per call where it views a feed or a result, else in setup()."""
+        """A view: made per call where it views a feed or a result, else in setup(); a
+        reshape to the arg's own shape (a cast of its axes) is the arg itself."""
         names = self.names
+        shape = op.axes.shape
+        if isinstance(op, pr.Reshape) and op in self.dynamic and all(
+                isinstance(n, int) for n in shape) and shape == op.args[0].axes.shape:
+            names[op] = names[op.args[0]]
+            return
         names[op] = identifier("v_" + op.name, self.taken)
         line = f"{names[op]} = {NUMPY_VIEWS[type(op)](op, names[op.args[0]])}"
         (self.body if op in self.dynamic else self.setup).append(
@@ -411,8 +417,9 @@ class ModuleEmitter:
         The caller owns every array returned: a fresh buffer goes out once, itself or
         as a reshape of it (a view of all of it: no copy of a result whose axes were
         only cast or regrouped); another request for the same buffer (CSE merges equal
-        results), other views, storage and feeds are copied."""
-        returns, handed = [], set()
+        results), other views, storage and feeds are copied. (``step()`` hands the same
+        buffer out again: its loop copies the ys at once: ``self.step_returns``.)"""
+        returns, handed, self.step_returns = [], set(), []
         for r in self.comp.results:
             base = r
             while isinstance(base, pr.Reshape):
@@ -424,6 +431,7 @@ class ModuleEmitter:
                 handed.add(base)
             else:
                 returns.append(f"np.array({self.names[r]})")
+            self.step_returns.append(self.names[r] if base in self.fresh else returns[-1])
         return returns
 
     def feed_checks(self):
@@ -564,7 +572,7 @@ class ModuleEmitter:
         comp._has_step = self.t.nested and not (self.sym or self.check or any(
             d is not None for d in comp._domains))
         copies = [f"    {n} = {n}.copy()" for n in params] if comp._copy_feeds else []
-        back = returns[0] if comp.single else f"({', '.join(returns)},)"
+        back = ", ".join(self.step_returns) + ("" if comp.single else ",")
         return [f"def step({', '.join(params)}):"] + copies + self.core + [
             f"    return {back}"] if comp._has_step else []
 
@@ -574,12 +582,10 @@ class ModuleEmitter:
 
     # --- helpers of the lines: buffers, bias adds, fused groups ----------------------
     def _ufunc_allocates(self, op):
-        """Whether result ``op`` is best computed by its ufunc without ``out=``: NumPy
-        then allocates the result itself, which saves a call of ``np.empty`` (much of
-        the time of a call on a few elements). Only where that array is exactly what
-        ``np.empty`` would give: one axis (a new 1-d array is contiguous whatever the
-        layout of the operands), the op's shape (no operand broadcast to it) and dtype
-        (the ufunc's own loop for the operands' dtypes, no ``dtype=`` or casting)."""
+        """Whether result ``op`` is best computed by its ufunc without ``out=`` (NumPy
+        allocates it: no call of ``np.empty``), where that array is exactly what
+        ``np.empty`` would give: one axis (a new 1-d array is contiguous), the op's
+        shape (no operand broadcast to it) and dtype (the ufunc's own loop)."""
         fresh, zero_d = self.fresh, self.zero_d
         ufunc = NP_UFUNCS.get(type(op))
         if ufunc is None or op not in fresh or op in self._into or len(op.axes) != 1 \
@@ -639,12 +645,9 @@ class ModuleEmitter:
         product (a bias add after a layer's GEMM) that nothing else reads, emitted right
         before the group, over the product's own buffer; else None.
 
-        The product is then computed as ``v + a @ b`` in one BLAS call
-        (:func:`blas.add_product`): ``v`` is copied into the output in place of the
-        pass in which the BLAS zeroes it, and the group starts after the addition. In
-        the MLP step of the benchmarks at batch 1,024 this took 0.24-0.39 ms off the
-        NumPy code's 20 ms (medians of paired differences, two runs on a noisy
-        machine; doc/performance.rst)."""
+        The product is then ``v + a @ b`` in one BLAS call (:func:`blas.add_product`:
+        ``v`` is copied into the output in place of the BLAS's zeroing; the MLP step
+        at batch 1,024: 0.24-0.39 ms off 20 ms, doc/performance.rst)."""
         order, emits, plan = self.order, self.emits, self.plan
         if not blas.available():
             return None
@@ -671,10 +674,8 @@ class ModuleEmitter:
         return gemm, v
 
     def _group_code(self, g):
-        """A fused group: a nested function that runs the members over a range of rows,
-        one block at a time; internal values live in small per-thread scratch arrays,
-        everything else is read and written one block at a time. Large groups are
-        split over threads (NumPy releases the GIL inside ufunc loops)."""
+        """A fused group: a nested function running the members over a range of rows a
+        block at a time (internal values in per-thread scratch), on threads if large."""
         names, arg_names, plan, taken = self.names, self.arg_names, self.plan, self.taken
         lines = []
         members = g.members
