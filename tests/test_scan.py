@@ -363,3 +363,36 @@ def test_a_steps_carry_that_is_also_its_y_is_not_copied_within_the_loop():
     (scan,) = [op for op in toposort([hT]) if isinstance(op, Scan)]
     run, step = body_runner(scan.body).computation.source.split("def step(")
     assert "np.array(" in run.split("def run(")[1] and "np.array(" not in step
+
+
+def test_a_product_over_the_scanned_axis_keeps_its_accumulator():
+    """A closure's share whose operands hold the scanned axis (here W's, through a
+    constant over T) cannot be stacked along it: it is added up step by step."""
+    T4, H2 = be.Axis(4, "T"), be.Axis(3, "H2")
+    H3 = be.Axis(3, "H")
+    x = be.placeholder([T4, H3], dtype=np.float64)
+    h0 = be.placeholder([H3], dtype=np.float64)
+    w = be.placeholder([H2, H3], dtype=np.float64)
+    ramp = be.constant(np.arange(1.0, 5.0), axes=[T4])
+
+    def body(h, xt):
+        y = be.dot(w, h * ramp)                         # (H2, T)
+        return be.tanh(be.cast_axes(be.sum(y, reduction_axes=[T4]), [H3]) * 0.1
+                       + xt), None
+    hT, _ = be.scan(body, h0, x, T4)
+    g = be.deriv(be.sum(hT * hT, out_axes=()), w)
+    X, H0, W = (rng.standard_normal((4, 3)), rng.standard_normal(3),
+                0.3 * rng.standard_normal((3, 3)))
+    got = be.NumPyTransformer().computation(g, x, h0, w)(X, H0, W)
+
+    def cost(Wv):
+        h = H0.copy()
+        for t in range(4):
+            h = np.tanh(0.1 * (Wv @ h) * np.arange(1.0, 5.0).sum() + X[t])
+        return np.sum(h * h)
+    eps, num = 1e-6, np.zeros_like(W)
+    for idx in np.ndindex(W.shape):
+        d = np.zeros_like(W)
+        d[idx] = eps
+        num[idx] = (cost(W + d) - cost(W - d)) / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-7, atol=1e-9)

@@ -127,3 +127,21 @@ def test_an_unslice_add_exports_to_torch_and_evaluates():
     (got * weights).sum().backward()
     np.testing.assert_array_equal(tx.grad.numpy(), weights.numpy())
     np.testing.assert_array_equal(ta.grad.numpy(), weights.numpy()[4:0:-3])
+
+
+def test_a_graph_the_numpy_transformer_compiled_still_lowers_elsewhere():
+    """The pass rewrites the graph the frontend holds (``forward``): a later plan, a
+    NumPy transformer without the pass and the GPU transformer's code generation
+    lower its UnsliceAdds back to the standard ops (an Unslice and a sum)."""
+    from geon.transformers.gpu import CudaCodegenTransformer
+    outs, x = _build()
+    X = np.random.default_rng(2).standard_normal(SHAPE)
+    want = be.NumPyTransformer().computation(outs[:1], x)(X)
+    assert any(isinstance(op, pr.UnsliceAdd) for op in be.NumPyTransformer().computation(
+        outs[:1], x).order)
+    doc = json.loads(bk.plan(outs[:1], x))
+    assert "UnsliceAdd" not in {r["op"] for r in doc["graph"]["ops"]}
+    plain = be.NumPyTransformer(disable=["unslice_add"]).computation(outs[:1], x)
+    assert not any(isinstance(op, pr.UnsliceAdd) for op in plain.order)
+    np.testing.assert_array_equal(plain(X), want)
+    CudaCodegenTransformer().computation(outs[:1], x)   # (no LoweringError)

@@ -445,24 +445,25 @@ def _common_dtype(ops):
 STACKED_PRODUCT_ELEMENTS = 1 << 24
 
 
-def _stacked_product(g, steps):
-    """Whether closure share ``g`` is a product (no batch axes) to take after the loop
-    (:data:`STACKED_PRODUCT_ELEMENTS`)."""
-    if type(g) is not Dot or g.batch_axes or not isinstance(steps, int):
+def _stacked_product(g, axis):
+    """Whether closure share ``g`` is a product (no batch axes, operands without the
+    scanned ``axis``) to take after the loop (:data:`STACKED_PRODUCT_ELEMENTS`)."""
+    steps = getattr(axis, "length", None)
+    if type(g) is not Dot or g.batch_axes or not isinstance(steps, int) \
+            or any(axis.name in a.axes.names for a in g.args):
         return False
     sizes = [a.axes.size for a in g.args]
     return all(isinstance(n, int) for n in sizes) \
         and steps * sum(sizes) <= STACKED_PRODUCT_ELEMENTS
 
 
-def _vjp_body(b, dt, d_ys, d_hist, steps=None):
+def _vjp_body(b, dt, d_ys, d_hist, axis=None):
     """The body of the adjoint scan and which inputs it differentiates: carries
     (cotangents of the float carries, in ``dt``, then accumulators of the float
     closures), sequences (the carries entering the step, the sequences' slices, the
     given cotangents of the ys and of the history), closures (the forward body's).
-    A closure whose share of a step is a product has no accumulator: the two operands
-    are ys after the slices' cotangents (``products``: ``{closure index: the product}``,
-    :data:`STACKED_PRODUCT_ELEMENTS`)."""
+    A closure whose share of a step is a product has no accumulator: its operands are
+    ys after the slices' cotangents (``products``, :data:`STACKED_PRODUCT_ELEMENTS`)."""
     cs = [k for k, c in enumerate(b.carries_in) if _float(c)]
     xs = [k for k, x in enumerate(b.xs_in) if _float(x)]
     ks = [k for k, x in enumerate(b.closures_in) if _float(x)]
@@ -488,7 +489,7 @@ def _vjp_body(b, dt, d_ys, d_hist, steps=None):
     g_c, g_x, g_k = grads[:nc], grads[nc:nc + nx], grads[nc + nx:]
     new_lam = [_as_dtype(_laid_out(g + dh[k] if k in dh else g, b.carries_in[k].axes),
                          dt, f"the adjoint of carry {k}") for k, g in zip(cs, g_c)]
-    products = {i: g for i, g in enumerate(g_k) if _stacked_product(g, steps)}
+    products = {i: g for i, g in enumerate(g_k) if _stacked_product(g, axis)}
     new_acc = [_as_dtype(_laid_out(a + g, a.axes), a.dtype, f"the adjoint of closure {k}")
                for i, (a, g, k) in enumerate(zip(acc, g_k, ks)) if i not in products]
     body = ScanBody(lam + [a for i, a in enumerate(acc) if i not in products],
@@ -521,8 +522,7 @@ def _step_adjoint(op, deltas, acc=None):
     carries, seqs = op.args[:nc], op.args[nc:nc + nx]
     closures = op.args[nc + nx:]
     dt = _common_dtype([c for c in carries] + [as_op(d) for d in deltas if d is not None])
-    body, (cs, xs, ks, dys, dhs, products) = _vjp_body(b, dt, d_ys, d_hist,
-                                                         op.axis.length)
+    body, (cs, xs, ks, dys, dhs, products) = _vjp_body(b, dt, d_ys, d_hist, op.axis)
     init = [_zeros(carries[k].axes, dt) if d_final[k] is None else _as_dtype(
         _laid_out(as_op(d_final[k]), carries[k].axes), dt, "a carry's adjoint")
         for k in cs]

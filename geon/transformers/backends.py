@@ -49,6 +49,10 @@ def plan(results: Any, *placeholders: og.Placeholder, transformer: Any = None,
     model's: they are initialized first if need be) or a mapping ``{Variable:
     array}``; a Variable it lacks keeps its initial value.
 
+    A plan holds the standard ops other backends know: the default transformer runs
+    without the NumPy transformer's own ``unslice_add`` pass; give a transformer of
+    your own likewise (``NumPyTransformer(disable=["unslice_add"])``).
+
     Loops (``Scan`` ops, e.g. of the recurrent layers) stay loops: their bodies are
     nested graphs of the document, which the ``"numpy"`` backend runs. For a backend
     without loops (geon's native runtime), ``unroll=True`` writes one copy of the body

@@ -377,6 +377,16 @@ def contiguous_collective(op):  # allreduce(strided view or constant) -> allredu
     return type(op)(pr.Copy(x), **op.attr_values())
 
 
+def lower_unslice_add(op):  # UnsliceAdd(x, a) -> x + Unslice(a): the standard ops
+    """The NumPy transformer's own :class:`~pr.UnsliceAdd` (its ``unslice_add`` pass
+    makes it, in the graph the frontend holds, through ``forward``) as the standard ops
+    it stands for, so that a graph another transformer compiled first still lowers
+    here (the NumPy transformer's pass makes it again after this one)."""
+    x = op.args[0]
+    x = x if x.axes == op.axes else pr.Reshape(x, op.axes)
+    return og.Add(x, pr.Unslice(op.args[1], op.axes, op.key), dtype=op.dtype)
+
+
 class LowerAxesPass(RewritePass):
     """Axes ops -> semi-primitive ops on row-major buffers."""
 
@@ -396,6 +406,7 @@ class LowerAxesPass(RewritePass):
         (og.StopGradient, lower_stop_gradient),
         (og.SetItem, lower_setitem),
         (pr.Reshape, reshape_contiguous),
+        (pr.UnsliceAdd, lower_unslice_add),
         (og.Output, lower_output),
         (cv.Convolution, cv.lower_convolution),
         (cv.Pooling, cv.lower_pooling),

@@ -7,7 +7,9 @@ whole shape with zeros, writes its part, and is added to the rest, two passes ov
 whole shape per part. As UnsliceAdds, the first Unslice stays and every other part is
 added into it where it lies (in place, where the sum so far dies there): in the
 backward step of the zoo's LSTM, eight Unslices and six sums became two Unslices and
-six adds of one gate each.
+six adds of one gate each. The ops it rewrites are the frontend's (``forward``), so
+every transformer's ``lower`` pass turns an UnsliceAdd back into the standard ops
+(``lower.lower_unslice_add``), and this pass, after it, makes it again.
 """
 
 from geon.op_graph import op_graph as og
