@@ -396,3 +396,20 @@ def test_a_product_over_the_scanned_axis_keeps_its_accumulator():
         d[idx] = eps
         num[idx] = (cost(W + d) - cost(W - d)) / (2 * eps)
     np.testing.assert_allclose(got, num, rtol=1e-7, atol=1e-9)
+
+
+def test_only_a_scans_body_has_a_step():
+    """step() is for a scan's later steps; a cond's branches are called once a call."""
+    from geon.transformers.numpy.control import subgraph_computations
+    from geon.op_graph.control_ops import Cond
+    p = be.placeholder([], dtype=np.float64)
+    v = be.placeholder([D], dtype=np.float64)
+    y = be.cond(p, lambda u: be.tanh(u) * 2.0, lambda u: u * u, v)
+    x = be.placeholder([T, D], dtype=np.float64)
+    hT, _ = be.scan(lambda h, xt: (be.tanh(h + xt) * 0.5, None), v, x, T)
+    be.NumPyTransformer().computation([y, hT], p, v, x)
+    ops = toposort([y, hT])
+    (cond,) = [op for op in ops if isinstance(op, Cond)]
+    (scan,) = [op for op in ops if isinstance(op, Scan)]
+    assert not any(c._has_step for c in subgraph_computations(cond))
+    assert all(c._has_step for c in subgraph_computations(scan))

@@ -278,6 +278,13 @@ class Assign(VoidOp):
 _INT = (int, np.integer)
 
 
+def plain_key(key):
+    """Whether ``key`` (one slice or int per dimension) holds Python ints only (no
+    symbolic bounds)."""
+    return all(isinstance(k, int) or isinstance(k, slice) and all(
+        v is None or isinstance(v, int) for v in (k.start, k.stop, k.step)) for k in key)
+
+
 def _check_key(op, key, full, part):
     """``key`` (one slice or int per dimension of ``full``) must cut ``full`` to ``part``.
     Where a length or a bound is symbolic, ``op.needs`` keeps what a call must check

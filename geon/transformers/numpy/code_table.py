@@ -120,15 +120,10 @@ def index_text(key):
     (a scan body makes such views at every step). Trailing whole slices are left out;
     where none is, "..." keeps the result a view (``x[0]`` of a vector would be a
     scalar)."""
-    plain = all(isinstance(k, int) or isinstance(k, slice) and all(
-        v is None or isinstance(v, int) for v in (k.start, k.stop, k.step)) for k in key)
-    if not plain:  # (symbolic bounds)
+    if not pr.plain_key(key):  # (symbolic bounds)
         return py_literal(tuple(key) + (Ellipsis,))
-    key = list(key)
-    full = slice(None)
-    if key and key[-1] == full:
-        while key and key[-1] == full:
-            key.pop()
-    else:
-        key.append(Ellipsis)
-    return ", ".join("..." if k is Ellipsis else _entry(k) for k in key) or "..."
+    n = len(key)
+    while n and key[n - 1] == slice(None):
+        n -= 1
+    parts = [_entry(k) for k in key[:n]] + ([] if n < len(key) else ["..."])
+    return ", ".join(parts) or "..."

@@ -25,7 +25,7 @@ class _BodyRunner:
     """A scan body compiled by the NumPy transformer: ``computation(*inputs)`` returns
     the tuple of the body's results (new arrays the caller owns)."""
 
-    def __init__(self, body, token):
+    def __init__(self, body, token, steps):
         self.token = token
         # The passes rewrite the ops they compile: they get a copy (placeholders, the
         # stand-ins, are shared).
@@ -33,6 +33,7 @@ class _BodyRunner:
         results = [mapping[r] for r in body.results]
         t = make_transformer("numpy")
         t.nested = True  # called inside a computation's call: no thread-policy refresh
+        t.steps = steps  # a scan's: the module has a step() for the loop's later steps
         self.computation = t.computation(results, *body.inputs)
 
 
@@ -57,14 +58,15 @@ def subgraph_computations(op):
     while loop's predicate and body), compiled by now; empty for other ops."""
     bodies = op.branches if isinstance(op, Cond) else (op.pred, op.body) \
         if isinstance(op, WhileLoop) else (op.body,) if isinstance(op, Scan) else ()
-    return [body_runner(b).computation for b in bodies]
+    return [body_runner(b, isinstance(op, Scan)).computation for b in bodies]
 
 
-def body_runner(body) -> _BodyRunner:
-    """The compiled computation of a scan body (compiled on first request)."""
+def body_runner(body, steps=False) -> _BodyRunner:
+    """The compiled computation of a scan body (compiled on first request; ``steps``:
+    a scan's, whose module has a ``step()``)."""
     runner = _RUNNERS.get(body)
     if runner is None:
-        runner = _BodyRunner(body, next(_TOKENS))
+        runner = _BodyRunner(body, next(_TOKENS), steps)
         _RUNNERS[body] = runner
         _BY_TOKEN[runner.token] = runner.computation
     return runner
@@ -74,7 +76,7 @@ def body_runner(body) -> _BodyRunner:
 def _scan_numpy(op, out, args):
     """``out``: the final carries, the stacked ys and the history (None: not read)."""
     nc, nx, _, ny = op.counts
-    runner = body_runner(op.body)
+    runner = body_runner(op.body, True)
     T = op.axis.length
     final, ys, hist = out[:nc], out[nc:nc + ny], out[nc + ny:]
     c = [f"_sc_c{k}" for k in range(nc)]

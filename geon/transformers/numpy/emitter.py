@@ -569,7 +569,7 @@ class ModuleEmitter:
         after a loop's first (numpy/control.py), under the lock the loop holds; not
         with symbolic lengths, value domains or the debug mode."""
         comp = self.comp
-        comp._has_step = self.t.nested and not (self.sym or self.check or any(
+        comp._has_step = self.t.steps and not (self.sym or self.check or any(
             d is not None for d in comp._domains))
         copies = [f"    {n} = {n}.copy()" for n in params] if comp._copy_feeds else []
         back = ", ".join(self.step_returns) + ("" if comp.single else ",")

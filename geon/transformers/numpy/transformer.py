@@ -386,6 +386,8 @@ class NumPyTransformer(Transformer):
     #: loop's predicate or body) for the loop of another computation's call: its calls
     #: skip the thread-policy refresh, which that call made (set by numpy.control).
     nested = False
+    #: Whether it compiles a scan's body (whose module then has a step(), emitter.py).
+    steps = False
     # Optional backend steps ``disable`` accepts: "memory" (liveness-based buffer
     # sharing; off: one buffer per value) and "fusion" (blocked elementwise groups).
     backend_steps = ("memory", "fusion")

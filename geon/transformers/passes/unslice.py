@@ -6,10 +6,11 @@ parts of a split) and a concatenation are sums of Unslices: each fills a buffer 
 whole shape with zeros, writes its part, and is added to the rest, two passes over the
 whole shape per part. As UnsliceAdds, the first Unslice stays and every other part is
 added into it where it lies (in place, where the sum so far dies there): in the
-backward step of the zoo's LSTM, eight Unslices and six sums became two Unslices and
-six adds of one gate each. The ops it rewrites are the frontend's (``forward``), so
-every transformer's ``lower`` pass turns an UnsliceAdd back into the standard ops
-(``lower.lower_unslice_add``), and this pass, after it, makes it again.
+backward step of the zoo's LSTM, the gates' cotangents are one Unslice and three adds
+of one gate each, not four Unslices and three sums over all the gates. The ops it
+rewrites are the frontend's (``forward``), so every transformer's ``lower`` pass turns
+an UnsliceAdd back into the standard ops (``lower.lower_unslice_add``), and this pass,
+after it, makes it again.
 """
 
 from geon.op_graph import op_graph as og
@@ -20,11 +21,8 @@ from geon.transformers.passes import Pass
 
 def _plain(op):
     """Whether Unslice ``op`` has fixed lengths and a key of plain ints."""
-    return op.axes.lengths_known and not any(
-        not isinstance(n, int) for n in op.axes.lengths) and all(
-        isinstance(k, int) or isinstance(k, slice) and all(
-            v is None or isinstance(v, int) for v in (k.start, k.stop, k.step))
-        for k in op.key)
+    return op.axes.lengths_known and all(isinstance(n, int) for n in op.axes.lengths) \
+        and pr.plain_key(op.key)
 
 
 class UnsliceAdds(Pass):
