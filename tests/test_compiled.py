@@ -285,6 +285,35 @@ def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_strided_rows_taken_in_runs(threads, cache, monkeypatch):
+    """Rows that every strided input reads with one stride are taken as one run: a bias
+    broadcast over (B, C, H, W) per (b, c) plane of H * W, a view contiguous over its
+    whole shape at once; a transposed input keeps runs of one row. On threads, blocks
+    of rows cut runs in the middle (blocks of 5 rows, runs of 7). Values as NumPy's."""
+    monkeypatch.setattr(fusion, "MAX_THREADS", threads)
+    monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 64)
+    monkeypatch.setattr(c_codegen, "BLOCK_ELEMENTS", 5 * 3)
+    rng = np.random.default_rng(9)
+    xv, bv = rng.standard_normal((2, 4, 7, 3)), rng.standard_normal(4)
+    tv = rng.standard_normal((3, 7, 4, 2))
+
+    def build(transposed):
+        x = be.np.placeholder((2, 4, 7, 3), dtype=np.float64)
+        b = be.np.placeholder((4,), dtype=np.float64)
+        t = be.np.placeholder((3, 7, 4, 2), dtype=np.float64)
+        y = be.np.maximum(x + be.np.reshape(b, (4, 1, 1)), 0.0) * be.np.tanh(x)
+        if transposed:
+            y = y + be.np.transpose(t, (3, 2, 1, 0))
+        return y, (x, b, t)
+
+    for transposed in (False, True):
+        (c, got), (_, want) = compiled_and_numpy(lambda: build(transposed), xv, bv, tv)
+        assert "a run's end" in c._kernels.source
+        assert ("_run_blocks(" in c.source) == (threads > 1)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("budget", [None, 48])
 def test_long_rows_read_through_each_kind_of_stride(dtype, budget, cache, monkeypatch):

@@ -16,6 +16,7 @@ from geon.transformers import fusion
 from geon.transformers.numpy import compiled as ck
 from geon.transformers.numpy import conv as nc
 from geon.transformers.numpy import conv_kernels as dk
+from geon.transformers.numpy import pointwise as pw
 from geon.transformers.numpy import toolchain as ctoolchain
 from geon.transformers.numpy.kernel_cache import CompileError
 
@@ -55,6 +56,7 @@ def path(request, tmp_path, monkeypatch):
     """The convolution's code path: the direct kernels (rows or lanes) where a C
     compiler works, or the NumPy code of a machine without one."""
     monkeypatch.setattr(dk, "_loaded", {})
+    monkeypatch.setattr(pw, "_loaded", {})
     if request.param == "numpy":
         monkeypatch.setenv("CC", "geon-no-such-compiler-xyz")
         monkeypatch.setenv("GEON_CACHE_DIR", str(tmp_path))

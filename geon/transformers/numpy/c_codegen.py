@@ -56,54 +56,10 @@ TILED_MIN_ELEMENTS = 1 << 16
 MAX_SEGMENTS = 16
 
 
-_HEADER = """\
-/* geon: fused elementwise groups of one computation (generated) */
-#include <math.h>
-#include <stdint.h>
-#include <stddef.h>
-/* The arrays come as one tuple of Python objects (one ctypes argument: ctypes spends
-   about 0.1 us converting each) and are read through the buffer protocol (PEP 3118: the
-   Py_buffer struct below is CPython's, whose layout is part of its stable ABI). The
-   functions are called with the GIL held (ctypes.PYFUNCTYPE); a Python error set here
-   (an array that is not C-contiguous where the code reads it as such, a read-only
-   output, a tuple too short) is raised by ctypes after the call. */
-typedef struct {{
-    void *buf; void *obj; ptrdiff_t len, itemsize; int readonly, ndim;
-    char *format; ptrdiff_t *shape, *strides, *suboffsets; void *internal;
-}} geon_buffer;
-extern int PyObject_GetBuffer(void *obj, geon_buffer *view, int flags);
-extern void PyBuffer_Release(geon_buffer *view);
-extern void *PyTuple_GetItem(void *tuple, ptrdiff_t k);
-extern void *PyEval_SaveThread(void);
-extern void PyEval_RestoreThread(void *state);
-#define GEON_CONTIGUOUS 0     /* PyBUF_SIMPLE: C-contiguous memory */
-#define GEON_STRIDED 0x18     /* PyBUF_STRIDES */
-#define GEON_WRITABLE 0x1     /* PyBUF_WRITABLE */
-/* The buffer of every array of the tuple, or none (0, a Python error set). */
-static int geon_acquire(geon_buffer *v, void *arrays, const int *flags, int n) {{
-    for (int k = 0; k < n; k++) {{
-        void *const a = PyTuple_GetItem(arrays, k);
-        if (!a || PyObject_GetBuffer(a, &v[k], flags[k])) {{
-            while (k-- > 0) PyBuffer_Release(&v[k]);
-            return 0;
-        }}
-    }}
-    return 1;
-}}
-static void geon_release(geon_buffer *v, int n) {{
-    for (int k = 0; k < n; k++) PyBuffer_Release(&v[k]);
-}}
-/* NumPy's maximum / minimum, bit for bit: a NaN operand wins (a's where both are: b's
-   through the comparison, a's through the second select), and of equal operands
-   (-0.0 and +0.0) the second, as NumPy gives np.maximum(-0.0, 0.0) = 0.0 and
-   np.maximum(0.0, -0.0) = -0.0. Two selects, which GCC vectorizes (maxps / minps). */
-#define GEON_MINMAX(name, t, cmp) static inline t name(t a, t b) \\
-    {{ const t m = a cmp b ? a : b; return a != a ? a : m; }}
-GEON_MINMAX(geon_max_f, float, >)
-GEON_MINMAX(geon_min_f, float, <)
-GEON_MINMAX(geon_max_d, double, >)
-GEON_MINMAX(geon_min_d, double, <)
-"""
+_HEADER = ("/* geon: fused elementwise groups of one computation (generated) */\n"
+           "#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
+           + toolchain.BUFFER_API + toolchain.MINMAX)
+
 
 
 def _segments(members, outputs, n, row=None):
@@ -232,7 +188,7 @@ class Kernels:
         if not self.functions:
             return {}
         tc = toolchain.toolchain()
-        source = (_HEADER.format()
+        source = (_HEADER
                   + (simd_declarations() if tc.simd_math else "") + "\n"
                   + "\n\n".join(self.functions) + "\n")
         self.source = source
@@ -272,8 +228,10 @@ class _GroupFunction:
         self.rows = rows if by_rows else 1
         self._loads(scalars, consts)
         # strided groups: a row's piece, its contiguous copies within ROW_BUFFER_BYTES
+        # (without row sums, consecutive rows that every strided input reads as one
+        # strided run are taken together: see _row_head)
         copied = sum(self.param_dtype[p].itemsize for p in self.strided)
-        self.chunk = min(self.inner, ROW_CHUNK_ELEMENTS,
+        self.chunk = min(self.inner if self.sums else max(self.n, 1), ROW_CHUNK_ELEMENTS,
                          max(16, ROW_BUFFER_BYTES // max(1, copied)))
         if self.sums:   # one loop: the sums add up the values of the last one
             self.segments, self.slots, self.decls, self.tile = \
@@ -281,7 +239,7 @@ class _GroupFunction:
         else:
             self.segments, self.slots, self.decls, self.tile = _segments(
                 self.members, self.outputs, self.n,
-                self.chunk if self.strided else None)
+                min(self.chunk, self.inner) if self.strided else None)
 
     def _parameters(self, names, scalars, lines):
         """The arrays passed: inputs (contiguous or strided) then outputs."""
@@ -431,10 +389,35 @@ class _GroupFunction:
 
     def _row_head(self):
         """The start of the loop over rows: each strided input's offset in the row, and
-        the row a chunk at a time, each strided input's chunk as contiguous memory."""
-        strided, shape, rank, inner, chunk = (self.strided, self.shape, self.rank,
-                                              self.inner, self.chunk)
-        src = ["    for (int64_t r = lo; r < hi; r++) {"]
+        the row a chunk at a time, each strided input's chunk as contiguous memory.
+
+        Without row sums, the loop takes a *run* of rows at a time: the rows that every
+        strided input reads with one stride from the first element of the run to the
+        last (checked on the strides at run time, once per call). A bias broadcast over
+        (B, C, H, W) is read so over each image's channel (H * W elements, not W), and
+        a view whose strides are contiguous over its whole shape is one run."""
+        strided, shape, rank, chunk = self.strided, self.shape, self.rank, self.chunk
+        src = []
+        merge = rank > 1 and strided and not self.sums
+        if merge:
+            # rows per run (R) from the strides: dimension d joins the run when every
+            # strided input steps over it as over d + 1's whole length
+            src += ["    int64_t R = 1, whole = 0;", "    {"]
+            for d in range(rank - 2, -1, -1):
+                cond = " && ".join(f"s{p}_{d} == s{p}_{d + 1} * {shape[d + 1]}"
+                                   for p in sorted(strided))
+                src.append(f"    {'    ' * (rank - 2 - d)}if ({cond}) {{")
+                src.append(f"    {'    ' * (rank - 1 - d)}"
+                           + ("whole = 1;" if d == 0 else f"R *= {shape[d]};"))
+            src += ["    " + "    " * d + "}" for d in range(rank - 1, 0, -1)]
+            src.append("    }")
+            src += ["    int64_t rn = whole ? hi : (lo / R + 1) * R;  /* a run's end */",
+                    "    for (int64_t r = lo; r < hi; r = rn, rn += R) {",
+                    "        const int64_t span = ((rn < hi ? rn : hi) - r) * "
+                    f"{self.inner};"]
+        else:
+            src += ["    for (int64_t r = lo; r < hi; r++) {",
+                    f"        const int64_t span = {self.inner};"]
         for p in sorted(strided):
             src.append(f"        int64_t o{p} = 0;")
         for k in self.sums.values():
@@ -449,9 +432,8 @@ class _GroupFunction:
             # not needed)
             for p in sorted(strided):
                 src.append(f"        o{p} += q * s{p}_0;")
-        src += [f"      for (int64_t c0 = 0; c0 < {inner}; c0 += {chunk}) {{",
-                f"        const int64_t e = c0 + {chunk} < {inner} ? "
-                f"c0 + {chunk} : {inner};"]
+        src += [f"      for (int64_t c0 = 0; c0 < span; c0 += {chunk}) {{",
+                f"        const int64_t e = c0 + {chunk} < span ? c0 + {chunk} : span;"]
         for p in sorted(strided):
             t, size, s_ = _CTYPE[self.param_dtype[p]], self.param_dtype[p].itemsize, \
                 f"s{p}_{rank - 1}"

@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from geon.op_graph import conv as cv
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import conv_kernels as dk
-from geon.transformers.numpy import skinny
+from geon.transformers.numpy import pointwise, skinny
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
@@ -42,11 +42,21 @@ class Workspace:
     buffers live as long as it does; its calls do not overlap (they hold the
     transformer's lock)."""
 
-    __slots__ = ("direct", "_buffers")
+    __slots__ = ("direct", "_buffers", "_kernels")
 
     def __init__(self, direct=True):
         self.direct = direct
         self._buffers = {}
+        self._kernels = {}
+
+    def kernels(self, module):
+        """``module.kernels()`` (:mod:`.pointwise`, :mod:`.conv_kernels`) where the
+        direct kernels may run, else None; looked up once per workspace."""
+        try:
+            return self._kernels[module]
+        except KeyError:
+            fns = self._kernels[module] = module.kernels() if self.direct else None
+            return fns
 
     def take(self, role, shape, dtype):
         """An uninitialized array of ``shape`` and ``dtype`` in the buffer of ``role``
@@ -235,12 +245,26 @@ def _side_by_side(a):
 MERGED_POSITIONS = 256
 
 
-def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None):
+def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=None):
     """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``ws``:
     the computation's :class:`Workspace` (None: direct kernels allowed, temporaries
-    allocated afresh)."""
+    allocated afresh). ``epilogue``: None, or ``(final, bias, lo, hi)``: then the
+    result wanted is ``final`` = min(max(out + bias (K,), lo), hi), and ``out`` is
+    scratch (see :mod:`.conv_epilogue`)."""
     B, K = out.shape[:2]
+    if epilogue is not None:
+        final, bias, lo, hi = epilogue
+        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        if not (_pointwise(w.shape[2:], strides, pads, groups, x, w, final) and fns
+                and pointwise.usable(x, w, final) and bias.flags.c_contiguous
+                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi)):
+            conv_forward(x, w, out, strides, pads, dilation, groups, ws)
+            pointwise.bias_clamp(fns, out, bias, lo, hi, final)
+        return
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
+        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        if fns and pointwise.usable(x, w, out) and pointwise.conv1x1(fns, x, w, out):
+            return   # few positions: the C kernel (one read of the weight)
         # one product per image on its (C, P) view: no copy of x or of the result
         np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
         return
@@ -485,11 +509,11 @@ _POOL_FN = {cv.MaxPool: "_max_pool", cv.MaxPoolGrad: "_max_pool_grad",
 
 
 @numpy_code(*_CONV_FN)
-def _conv(op, out, args):
+def _conv(op, out, args, epilogue=""):
     a, b = args
     # _conv_ws: the computation's Workspace
     return [f"{_CONV_FN[type(op)]}({a}, {b}, {out}, {op.strides}, {op.pads}, "
-            f"{op.dilation}, {op.groups}, _conv_ws)"]
+            f"{op.dilation}, {op.groups}, _conv_ws{epilogue})"]
 
 
 @numpy_code(*_POOL_FN)

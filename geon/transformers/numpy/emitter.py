@@ -25,7 +25,7 @@ from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
-from geon.transformers.numpy import blas
+from geon.transformers.numpy import blas, epilogues
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.numpy.control import subgraph_computations
 from geon.transformers.numpy.code_table import (NUMPY_CODE, NUMPY_VIEWS, ROW_LENGTHS,
@@ -121,10 +121,14 @@ class ModuleEmitter:
         self.bias_adds = {}
         for g in self.groups:
             if not (self.kernels and self.kernels.compilable(g, self.scalars)):
-                found = self._bias_add(g)
+                found = epilogues.gemm_bias(self, g)
                 if found is not None:
                     self.bias_adds[g] = found
         self.bias_gemms = {gemm for gemm, _ in self.bias_adds.values()}
+        # convolutions that add the bias and clamp after them themselves
+        self.epilogues = {e.conv: e for e in map(functools.partial(
+            epilogues.find, self), self.order) if e is not None}
+        self.fused_away = {m for e in self.epilogues.values() for m in e.ops + e.views}
         for op in self.order:
             if op not in self.names:
                 self.emit_op(op)
@@ -322,7 +326,11 @@ class ModuleEmitter:
     def emit_op(self, op):
         """The lines of ``op`` (not named yet), by its kind."""
         comp = self.comp
-        if isinstance(op, pr.ViewOp):
+        if op in self.epilogues:
+            epilogues.lines(self, self.epilogues[op])
+        elif op in self.fused_away:
+            return   # computed by a convolution's epilogue (epilogues.py)
+        elif isinstance(op, pr.ViewOp):
             self.view_line(op)
         elif op in self.first:
             self.group_lines(self.first[op])
@@ -639,39 +647,6 @@ class ModuleEmitter:
         dt = known.setdefault(np.dtype(dtype), f"_rdt{len(known)}")
         body.append(f"    {name} = _empty({py_literal(shape)}, {dt})  # {dtype.name}")
         return name
-
-    def _bias_add(self, g):
-        """``(gemm, v)`` where fused group ``g`` starts by adding ``v`` to a matrix
-        product (a bias add after a layer's GEMM) that nothing else reads, emitted right
-        before the group, over the product's own buffer; else None.
-
-        The product is then ``v + a @ b`` in one BLAS call (:func:`blas.add_product`:
-        ``v`` is copied into the output in place of the BLAS's zeroing; the MLP step
-        at batch 1,024: 0.24-0.39 ms off 20 ms, doc/performance.rst)."""
-        order, emits, plan = self.order, self.emits, self.plan
-        if not blas.available():
-            return None
-        m0 = g.members[0]
-        if not isinstance(m0, og.Add) or m0 not in g.internal \
-                or m0.dtype not in _BLAS_DTYPES:
-            return None
-        gemms = [a for a in m0.args if isinstance(a, pr.Gemm) and not a.batch_rank]
-        if len(gemms) != 1:
-            return None
-        gemm = gemms[0]
-        v = m0.args[1] if m0.args[0] is gemm else m0.args[0]
-        if gemm.dtype != m0.dtype or v.dtype != m0.dtype \
-                or v.axes.lengths != m0.axes.lengths or gemm in self.comp.results \
-                or gemm in self._into or gemm not in plan.slot \
-                or self._readers.get(gemm) != 1 \
-                or any(r is gemm and x is not gemm for x, r in self._root.items()):
-            return None   # read elsewhere too (directly or through a view)
-        if any(emits(op) and not isinstance(op, pr.ViewOp)
-               for op in order[self._step[gemm] + 1:self._step[m0]]):
-            return None   # other code than views (of feeds) runs between them
-        if self._block_over(g, 0, _last_readers(g), plan) is not gemm:
-            return None   # the sum would not be written over the product
-        return gemm, v
 
     def _group_code(self, g):
         """A fused group: a nested function running the members over a range of rows a

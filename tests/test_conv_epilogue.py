@@ -1,0 +1,232 @@
+"""The 1 x 1 convolution kernel (geon/transformers/numpy/pointwise.py), the bias and
+clamp it applies as it stores (and its pass for the other paths), and the emitter's
+convolution epilogues (geon/transformers/numpy/epilogues.py): values against NumPy
+definitions, NaN and signed zeros as NumPy's maximum / minimum give them, operands that
+overlap the result, calls split over threads, and which graphs take the epilogue."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import conv as nc
+from geon.transformers.numpy import pointwise as pw
+
+pytestmark = pytest.mark.skipif(not ck.available(),
+                                reason="no working C compiler for the C kernels")
+
+RTOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+@pytest.fixture
+def any_weight(monkeypatch):
+    """The kernel for weights of any size (small test shapes)."""
+    monkeypatch.setattr(pw, "MIN_WEIGHT_BYTES", 0)
+    return pw.kernels()
+
+
+def _operands(B, C, K, S, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C) + S).astype(dtype)
+    w = rng.standard_normal((K, C) + (1,) * len(S)).astype(dtype)
+    b = rng.standard_normal(K).astype(dtype)
+    return x, w, b
+
+
+def _reference(x, w, b=None, lo=-np.inf, hi=np.inf):
+    """In float64: the convolution, then NumPy's add, maximum and minimum."""
+    y = np.einsum("kc,bc...->bk...", w.reshape(w.shape[:2]).astype(np.float64),
+                  x.astype(np.float64))
+    if b is not None:
+        y = y + b.astype(np.float64).reshape((-1,) + (1,) * (x.ndim - 2))
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def _close(got, want, dtype):
+    scale = np.max(np.abs(want)) or 1.0
+    np.testing.assert_allclose(got, want, rtol=RTOL[dtype], atol=RTOL[dtype] * scale)
+
+
+# columns B * P from 1 to 16 (one, two and four vectors of float32; float64 has half the
+# lanes), rows K that are and are not whole blocks of 12, 6 and 3
+SHAPES = [(1, 7, 13, (1, 1)), (2, 5, 12, (2, 1)), (1, 9, 25, (3, 2)), (2, 16, 40, (2, 2)),
+          (3, 4, 7, (5,)), (1, 33, 6, (4, 4)), (2, 3, 50, (2, 2, 2))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_matches_the_definition(shape, dtype, any_weight):
+    B, C, K, S = shape
+    x, w, b = _operands(B, C, K, S, dtype)
+    assert pw.usable(x, w, np.empty((B, K) + S, dtype))
+    out = np.full((B, K) + S, np.nan, dtype)
+    assert pw.conv1x1(any_weight, x, w, out)
+    _close(out, _reference(x, w), dtype)
+    assert pw.conv1x1(any_weight, x, w, out, b, -0.25, 0.75)
+    _close(out, _reference(x, w, b, -0.25, 0.75), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_and_signed_zero_as_numpy_gives_them(dtype, any_weight):
+    """A NaN in x makes its column NaN (0 * NaN), and it stays NaN through both bounds;
+    maximum(-0.0, 0.0) is +0.0 (NumPy gives the second of equal operands); a NaN bound
+    makes every value NaN."""
+    x, w, b = _operands(1, 3, 5, (4,), dtype, seed=2)
+    x[0, 1, 2] = np.nan
+    out = np.empty((1, 5, 4), dtype)
+    assert pw.conv1x1(any_weight, x, w, out, b, 0.0, 6.0)
+    want = _reference(x, w, b, 0.0, 6.0)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    assert np.isnan(out[0, :, 2]).all()
+    _close(np.nan_to_num(out), np.nan_to_num(want), dtype)
+    y = np.full((1, 2, 3), -0.0, dtype)
+    zero = np.full(2, -0.0, dtype)
+    got = np.empty_like(y)
+    pw.bias_clamp(any_weight, y, zero, 0.0, 6.0, got)
+    ref = np.minimum(np.maximum(y + zero[:, None], dtype(0)), dtype(6))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(ref))
+    assert not np.signbit(got).any()
+    pw.bias_clamp(any_weight, y, zero, -np.inf, -0.0, got)   # minimum(-0.0, -0.0)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(np.minimum(y, dtype(-0.0))))
+    pw.bias_clamp(any_weight, out, b, np.nan, 6.0, out)
+    assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_over_threads(dtype, any_weight, monkeypatch):
+    """Blocks of rows on geon's threads give the same values as one call."""
+    x, w, b = _operands(2, 24, 100, (2, 2), dtype, seed=3)
+    one = np.empty((2, 100, 2, 2), dtype)
+    assert pw.conv1x1(any_weight, x, w, one, b, 0.0, np.inf)
+    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(fusion, "MAX_THREADS", 3)
+    split = np.empty_like(one)
+    assert pw.conv1x1(any_weight, x, w, split, b, 0.0, np.inf)
+    np.testing.assert_array_equal(split, one)
+
+
+def test_a_result_overlapping_an_operand_is_declined(any_weight):
+    """The kernel writes nothing over an operand: it returns False, and conv_forward's
+    epilogue then computes into its scratch first (the right values either way)."""
+    x, w, b = _operands(2, 8, 8, (2, 2), np.float64)
+    want = _reference(x, w, b, 0.0, np.inf)
+    xs = x.copy()
+    assert not pw.conv1x1(any_weight, xs, w, xs, b, 0.0, np.inf)
+    np.testing.assert_array_equal(xs, x)
+    scratch = np.empty_like(x)
+    nc.conv_forward(xs, w, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
+                    (xs, b, 0.0, np.inf))
+    _close(xs, want, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_clamp_pass(dtype, any_weight):
+    """The epilogue as a pass: in C, in place too, and in NumPy where the arrays are
+    not contiguous or overlap only in part; the same values each way."""
+    rng = np.random.default_rng(4)
+    y = rng.standard_normal((2, 5, 3, 4)).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    want = np.minimum(np.maximum(y + b[:, None, None], dtype(-0.5)), dtype(0.5))
+    out = np.empty_like(y)
+    pw.bias_clamp(any_weight, y, b, -0.5, 0.5, out)
+    np.testing.assert_array_equal(out, want)
+    inplace = y.copy()
+    pw.bias_clamp(any_weight, inplace, b, -0.5, 0.5, inplace)
+    np.testing.assert_array_equal(inplace, want)
+    pw.bias_clamp(None, y, b, -0.5, 0.5, out)          # NumPy only
+    np.testing.assert_array_equal(out, want)
+    strided = np.repeat(b, 2)[::2]
+    pw.bias_clamp(any_weight, y, strided, -0.5, 0.5, out)
+    np.testing.assert_array_equal(out, want)
+    buf = np.zeros(y.size + 4, dtype)
+    buf[4:] = y.ravel()
+    shifted = buf[:y.size].reshape(y.shape)             # overlaps the input in part
+    pw.bias_clamp(any_weight, buf[4:].reshape(y.shape), b, -0.5, 0.5, shifted)
+    np.testing.assert_array_equal(shifted, want)
+
+
+def _layer(shape, K, dtype, chain):
+    """x -> 1 x 1 conv -> the ops ``chain`` names; (result, params, feeds)."""
+    B, C = shape[:2]
+    x = be.np.placeholder(shape, dtype=dtype)
+    w = be.np.placeholder((K, C, 1, 1), dtype=dtype)
+    b = be.np.placeholder((K,), dtype=dtype)
+    y = be.np.conv(x, w)
+    z = y + be.np.reshape(b, (K, 1, 1)) if "bias" in chain else y
+    if "relu" in chain:
+        z = be.np.maximum(z, 0.0)
+    if "six" in chain:
+        z = be.np.minimum(z, 6.0)
+    if "min-max" in chain:
+        z = be.np.maximum(be.np.minimum(z, 1.0), -1.0)
+    rng = np.random.default_rng(5)
+    feeds = (rng.standard_normal(shape).astype(dtype) * 3,
+             rng.standard_normal((K, C, 1, 1)).astype(dtype),
+             rng.standard_normal(K).astype(dtype))
+    return (y, z), (x, w, b), feeds
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["pass", "kernel"])
+@pytest.mark.parametrize("chain", [("bias",), ("bias", "relu"), ("bias", "relu", "six"),
+                                   ("bias", "six")], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_graphs_take_the_epilogue(chain, dtype, big, monkeypatch):
+    """conv + bias [+ maximum] [+ minimum] is one line of the generated code, with the
+    values of the NumPy-only transformer; by the kernel (any weight) or by the pass
+    after the BLAS (no weight qualifies)."""
+    monkeypatch.setattr(pw, "MIN_WEIGHT_BYTES", 0 if big else 1 << 60)
+    (_, z), params, feeds = _layer((2, 6, 2, 2), 30, dtype, chain)
+    comp = be.NumPyTransformer().computation(z, *params)
+    assert "done by the convolution above" in comp.source
+    assert "np.add" not in comp.source and "# compiled:" not in comp.source
+    want = be.NumPyTransformer(compiled=False).computation(z, *params)(*feeds)
+    _close(comp(*feeds), want, dtype)
+    _close(comp(*feeds), want, dtype)   # a second call: the same buffers again
+
+
+@pytest.mark.parametrize("case", ["conv is a result", "no bias", "clamp first",
+                                  "compiled off"])
+def test_graphs_left_alone(case):
+    """No epilogue where the convolution's value is wanted itself, where the first op
+    after it is not a bias add, where a clamp comes first, or without C; the values
+    are right in each case."""
+    chain = {"no bias": ("relu",), "clamp first": ("bias", "min-max")}.get(
+        case, ("bias", "relu"))
+    (y, z), params, feeds = _layer((2, 6, 3, 3), 12, np.float64, chain)
+    outs = [y, z] if case == "conv is a result" else [z]
+    comp = be.NumPyTransformer(compiled=case != "compiled off").computation(outs, *params)
+    got = comp(*feeds)
+    want = be.NumPyTransformer(compiled=False).computation(outs, *params)(*feeds)
+    assert "done by the convolution" not in comp.source
+    for g, v in zip(got, want):
+        _close(g, v, np.float64)
+
+
+def test_onnx_layers_take_the_epilogue():
+    """An exported Conv + BatchNorm + ReLU6 block (the BatchNorm folded into a bias by
+    the exporter) and a Conv + bias + ReLU one run as epilogues, with PyTorch's values."""
+    torch = pytest.importorskip("torch", reason="PyTorch exports the layers")
+    pytest.importorskip("onnx", reason="the ONNX import reads the export")
+    from geon.frontends.onnx import import_model
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 1, bias=False), torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU6(), torch.nn.Conv2d(16, 4, 3, padding=1), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].bias.uniform_(-1, 1)
+    x = torch.randn(2, 8, 5, 5)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the TorchScript exporter's deprecation)
+        torch.onnx.export(model, (x,), buf, input_names=["x"], dynamo=False)
+    g = import_model(buf.getvalue())
+    comp = be.NumPyTransformer().computation(g.outputs[0], *g.inputs)
+    assert comp.source.count("done by the convolution above") == 2
+    got = comp(x.numpy())
+    want = model(x).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
