@@ -277,20 +277,28 @@ def test_tiled_groups_read_broadcast_and_transposed_inputs(cache):
     src = c._kernels.source
     assert "strided reads" in c.source and "loops over tiles of" in src, src
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
-    # rows shorter than a tile: one loop per row, no tiles
+    # rows shorter than a tile (and, read through the transpose, runs of one row):
+    # several rows side by side make a step, computed in tiles all the same
     xv, tv = xv.reshape(-1, 100)[:771], tv.reshape(100, -1)[:, :771]
     N, H = be.Axis(771, "N"), be.Axis(100, "H")
     (c, got), (p, want) = compiled_and_numpy(build, xv, bv[:100], tv)
-    assert "strided reads" in c.source and "tile" not in c._kernels.source
+    src = c._kernels.source
+    assert "strided reads" in c.source and "loops over tiles of" in src
+    assert "whole short runs side by side" in src
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_strided_rows_taken_in_runs(threads, cache, monkeypatch):
+@pytest.mark.parametrize("threads,chunk", [(1, 1024), (3, 1024), (1, 5), (1, 20),
+                                           (1, 22), (3, 4)])
+def test_strided_rows_taken_in_runs(threads, chunk, cache, monkeypatch):
     """Rows that every strided input reads with one stride are taken as one run: a bias
     broadcast over (B, C, H, W) per (b, c) plane of H * W, a view contiguous over its
-    whole shape at once; a transposed input keeps runs of one row. On threads, blocks
-    of rows cut runs in the middle (blocks of 5 rows, runs of 7). Values as NumPy's."""
+    whole shape at once; a transposed input keeps runs of one row. A step takes
+    ``chunk`` elements: a piece of a longer run, or short runs side by side (runs of 21
+    and of 3 elements, so that steps end one before, at, and one after a run's end). On
+    threads, blocks of rows cut runs in the middle (blocks of 5 rows, runs of 7).
+    Values as NumPy's."""
+    monkeypatch.setattr(c_codegen, "ROW_CHUNK_ELEMENTS", chunk)
     monkeypatch.setattr(fusion, "MAX_THREADS", threads)
     monkeypatch.setattr(c_codegen, "PARALLEL_ELEMENTS", 64)
     monkeypatch.setattr(c_codegen, "BLOCK_ELEMENTS", 5 * 3)

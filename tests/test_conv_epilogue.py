@@ -188,6 +188,24 @@ def test_graphs_take_the_epilogue(chain, dtype, big, monkeypatch):
     _close(comp(*feeds), want, dtype)   # a second call: the same buffers again
 
 
+def test_layers_in_a_row_read_through_reshapes(monkeypatch):
+    """conv + bias + ReLU, a reshape to the same shape (as an import's cast of axes
+    makes), then another conv + bias: both take the epilogue, and the second reads the
+    first's result through the reshape (which the first's chain must leave alone)."""
+    monkeypatch.setattr(pw, "MIN_WEIGHT_BYTES", 0)
+    rng = np.random.default_rng(7)
+    x = be.np.placeholder((2, 6, 2, 2), dtype=np.float32)
+    w1, w2, b1, b2 = (be.np.variable(rng.standard_normal(s).astype(np.float32))
+                      for s in ((10, 6, 1, 1), (4, 10, 1, 1), (10,), (4,)))
+    h = be.np.maximum(be.np.conv(x, w1) + be.np.reshape(b1, (10, 1, 1)), 0.0)
+    z = be.np.conv(be.np.reshape(h, (2, 10, 2, 2)), w2) + be.np.reshape(b2, (4, 1, 1))
+    comp = be.NumPyTransformer().computation(z, x)
+    assert comp.source.count("done by the convolution above") == 2
+    xv = rng.standard_normal((2, 6, 2, 2)).astype(np.float32)
+    want = be.NumPyTransformer(compiled=False).computation(z, x)(xv)
+    _close(comp(xv), want, np.float32)
+
+
 @pytest.mark.parametrize("case", ["conv is a result", "no bias", "clamp first",
                                   "compiled off"])
 def test_graphs_left_alone(case):

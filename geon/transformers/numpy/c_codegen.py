@@ -239,7 +239,7 @@ class _GroupFunction:
         else:
             self.segments, self.slots, self.decls, self.tile = _segments(
                 self.members, self.outputs, self.n,
-                min(self.chunk, self.inner) if self.strided else None)
+                self.chunk if self.strided else None)
 
     def _parameters(self, names, scalars, lines):
         """The arrays passed: inputs (contiguous or strided) then outputs."""
@@ -279,10 +279,10 @@ class _GroupFunction:
         for a, p in self.inputs.items():
             t = _CTYPE[a.dtype]
             v = f"x{p}"
-            if p in self.strided:   # q<p>: the current chunk of its row, contiguous
-                loads[p] = f"const {t} {v} = q{p}[j - c0];"
+            if p in self.strided:   # q<p>: the step's elements, contiguous
+                loads[p] = f"const {t} {v} = q{p}[j];"
             elif self.by_rows:
-                loads[p] = f"const {t} {v} = (({t} *)b{p})[r * {self.inner} + j];"
+                loads[p] = f"const {t} {v} = (({t} *)b{p})[base + j];"
             else:
                 loads[p] = f"const {t} {v} = (({t} *)b{p})[i];"
             value[a] = (v, a.dtype)
@@ -326,7 +326,7 @@ class _GroupFunction:
         # Every store comes last, after every load of the element: an output may be
         # written over an input's buffer.
         here = {m for _, m in segments[-1]}
-        idx = f"r * {self.inner} + j" if self.by_rows else "i"
+        idx = "base + j" if self.by_rows else "i"
         for m, p in self.stored.items():
             v = values[m][0] if m in here else f"{slots[m]}[u]"
             bodies[-1].append(f"(({_CTYPE[m.dtype]} *)b{p})[{idx}] = {v};")
@@ -353,19 +353,15 @@ class _GroupFunction:
                     f"        const int64_t e = c + {CHUNK_ELEMENTS} < hi ? "
                     f"c + {CHUNK_ELEMENTS} : hi;"]
             first = "c"
+            tail = ["    }"]
         else:
-            src += self._row_head()
-            first = "c0"
+            head, tail = self._row_head()
+            src += head
+            first = "0"
         if tile:   # whole tiles: one loop per segment, values between them in arrays
             src += self._tiles(first)
             first = "t"   # the rest: one loop, as below
-        src += self._fused_loop(first)
-        if self.by_rows:
-            src.append("      }")   # the row's chunks
-        for m, k in self.sums.items():
-            src.append(f"        (({_CTYPE[m.dtype]} *)b{self.outputs[m]})[r] = "
-                       f"({_CTYPE[m.dtype]})acc{k};")
-        src += ["    }", "}"]
+        src += self._fused_loop(first) + tail + ["}"]
         return src + self._entry(cname)
 
     def _entry(self, cname):
@@ -388,67 +384,116 @@ class _GroupFunction:
             + [f"    geon_release(v, {nparams});", "}"]
 
     def _row_head(self):
-        """The start of the loop over rows: each strided input's offset in the row, and
-        the row a chunk at a time, each strided input's chunk as contiguous memory.
+        """``(head, tail)``: the lines around the loops of a group read by rows (strided
+        reads or row sums). Each step hands the loops ``e`` elements from ``base`` (the
+        index of the first in the contiguous arrays), each strided input's as contiguous
+        memory ``q<p>`` (read in place where its stride is the element size, else
+        copied into ``g<p>``: filled with one value where the stride is 0, as for a
+        broadcast bias, else gathered).
 
-        Without row sums, the loop takes a *run* of rows at a time: the rows that every
-        strided input reads with one stride from the first element of the run to the
-        last (checked on the strides at run time, once per call). A bias broadcast over
-        (B, C, H, W) is read so over each image's channel (H * W elements, not W), and
-        a view whose strides are contiguous over its whole shape is one run."""
-        strided, shape, rank, chunk = self.strided, self.shape, self.rank, self.chunk
-        src = []
-        merge = rank > 1 and strided and not self.sums
-        if merge:
-            # rows per run (R) from the strides: dimension d joins the run when every
-            # strided input steps over it as over d + 1's whole length
-            src += ["    int64_t R = 1, whole = 0;", "    {"]
-            for d in range(rank - 2, -1, -1):
-                cond = " && ".join(f"s{p}_{d} == s{p}_{d + 1} * {shape[d + 1]}"
-                                   for p in sorted(strided))
-                src.append(f"    {'    ' * (rank - 2 - d)}if ({cond}) {{")
-                src.append(f"    {'    ' * (rank - 1 - d)}"
-                           + ("whole = 1;" if d == 0 else f"R *= {shape[d]};"))
-            src += ["    " + "    " * d + "}" for d in range(rank - 1, 0, -1)]
-            src.append("    }")
-            src += ["    int64_t rn = whole ? hi : (lo / R + 1) * R;  /* a run's end */",
-                    "    for (int64_t r = lo; r < hi; r = rn, rn += R) {",
-                    "        const int64_t span = ((rn < hi ? rn : hi) - r) * "
-                    f"{self.inner};"]
-        else:
-            src += ["    for (int64_t r = lo; r < hi; r++) {",
-                    f"        const int64_t span = {self.inner};"]
-        for p in sorted(strided):
-            src.append(f"        int64_t o{p} = 0;")
-        for k in self.sums.values():
-            src.append(f"        double acc{k} = 0;")
-        if rank > 1 and strided:
-            src.append("        int64_t q = r" + (", d;" if rank > 2 else ";"))
-            for dim in range(rank - 2, 0, -1):
-                src.append(f"        d = q % {shape[dim]}; q /= {shape[dim]};")
-                for p in sorted(strided):
-                    src.append(f"        o{p} += d * s{p}_{dim};")
-            # the first dimension: q itself (its length, which may be symbolic, is
-            # not needed)
+        With row sums, a step is a chunk of one row. Without, the rows go by *runs*:
+        the rows that every strided input reads with one stride from the run's first
+        element to its last (checked on the strides at run time, once per call; a bias
+        broadcast over (B, C, H, W) is read so over each image's channel, H * W
+        elements), and a step is a chunk of a long run, or several short runs side by
+        side, each copied: on 2 x 2 planes a step computes hundreds of elements, not
+        four."""
+        strided, rank, chunk, inner = self.strided, self.rank, self.chunk, self.inner
+        if rank < 2 or not strided or self.sums:
+            head = ["    for (int64_t r = lo; r < hi; r++) {"]
+            head += [f"        int64_t o{p} = 0;" for p in sorted(strided)]
+            head += [f"        double acc{k} = 0;" for k in self.sums.values()]
+            head += self._offsets("        ")
+            head += [f"      for (int64_t c0 = 0; c0 < {inner}; c0 += {chunk}) {{",
+                     f"        const int64_t e = c0 + {chunk} < {inner} ? {chunk} : "
+                     f"{inner} - c0;",
+                     f"        const int64_t base = r * {inner} + c0;"]
             for p in sorted(strided):
-                src.append(f"        o{p} += q * s{p}_0;")
-        src += [f"      for (int64_t c0 = 0; c0 < span; c0 += {chunk}) {{",
-                f"        const int64_t e = c0 + {chunk} < span ? c0 + {chunk} : span;"]
+                t = _CTYPE[self.param_dtype[p]]
+                head.append(f"        const {t} *q{p} = g{p};")
+                head += self._piece(p, "c0", "e", f"g{p}", "        ", in_place=True)
+            tail = ["      }"] + [f"        (({_CTYPE[m.dtype]} *)b{self.outputs[m]})[r] = "
+                                   f"({_CTYPE[m.dtype]})acc{k};"
+                                   for m, k in self.sums.items()] + ["    }"]
+            return head, tail
+        head = self._runs()
+        head += [f"    int64_t {', '.join(f'o{p}' for p in sorted(strided))};",
+                 "    for (int64_t r = lo, c0 = 0; r < hi;) {",
+                 f"        const int64_t base = r * {inner} + c0;",
+                 f"        int64_t e = 0, span = ((rn < hi ? rn : hi) - r) * {inner};"]
+        head += self._offsets("        ", declare=False)
         for p in sorted(strided):
-            t, size, s_ = _CTYPE[self.param_dtype[p]], self.param_dtype[p].itemsize, \
-                f"s{p}_{rank - 1}"
-            src += [f"        const {t} *q{p} = g{p};",
-                    f"        if ({s_} == {size}) {{",
-                    f"            q{p} = (const {t} *)(b{p} + o{p}) + c0;",
-                    f"        }} else if ({s_} == 0) {{",
-                    f"            const {t} w = *(const {t} *)(b{p} + o{p});",
-                    f"            for (int64_t j = 0; j < e - c0; j++) g{p}[j] = w;",
-                    "        } else {",
-                    "            for (int64_t j = c0; j < e; j++)",
-                    f"                g{p}[j - c0] = "
-                    f"*(const {t} *)(b{p} + o{p} + j * {s_});",
-                    "        }"]
-        return src
+            head.append(f"        const {_CTYPE[self.param_dtype[p]]} *q{p} = g{p};")
+        head += [f"        if (span - c0 >= {chunk}) {{   /* a piece of a long run */",
+                 f"            e = {chunk};"]
+        for p in sorted(strided):
+            head += self._piece(p, "c0", "e", f"g{p}", "            ", in_place=True)
+        advance = ["r = rn < hi ? rn : hi;", "rn += R;", "c0 = 0;"]
+        head += ["            c0 += e;",
+                 f"            if (c0 == span) {{ {' '.join(advance)} }}",
+                 "        } else {   /* whole short runs side by side */",
+                 "            for (;;) {",
+                 f"                const int64_t take = span - c0 < {chunk} - e ? "
+                 f"span - c0 : {chunk} - e;"]
+        for p in sorted(strided):
+            head += self._piece(p, "c0", "take", f"g{p} + e", "                ")
+        head += ["                e += take;", "                c0 += take;",
+                 "                if (c0 < span) break;   /* the step is full */"]
+        head += [f"                {x}" for x in advance]
+        head += [f"                if (e == {chunk} || r >= hi) break;",
+                 f"                span = ((rn < hi ? rn : hi) - r) * {inner};"]
+        head += self._offsets("                ", declare=False)
+        head += ["            }", "        }"]
+        return head, ["    }"]
+
+    def _runs(self):
+        """The lines computing R, the rows of a run, and ``rn``, the first run's end
+        (see :meth:`_row_head`): dimension d joins the run when every strided input
+        steps over it as over d + 1's whole length."""
+        strided, shape, rank = self.strided, self.shape, self.rank
+        src = ["    int64_t R = 1, whole = 0;"]
+        for d in range(rank - 2, -1, -1):
+            cond = " && ".join(f"s{p}_{d} == s{p}_{d + 1} * {shape[d + 1]}"
+                               for p in sorted(strided))
+            src.append(f"    {'    ' * (rank - 2 - d)}if ({cond}) {{")
+            src.append(f"    {'    ' * (rank - 1 - d)}"
+                       + ("whole = 1;" if d == 0 else f"R *= {shape[d]};"))
+        src += ["    " + "    " * d + "}" for d in range(rank - 2, -1, -1)]
+        return src + ["    int64_t rn = whole ? hi : (lo / R + 1) * R;  /* a run's end */"]
+
+    def _offsets(self, ind, declare=True):
+        """The lines setting each strided input's offset ``o<p>`` of row ``r``."""
+        strided, shape, rank = sorted(self.strided), self.shape, self.rank
+        if rank < 2 or not strided:
+            return []
+        src = [] if declare else [f"{ind}o{p} = 0;" for p in strided]
+        src.append(f"{ind}{{ int64_t q = r" + (", d;" if rank > 2 else ";"))
+        for dim in range(rank - 2, 0, -1):
+            src.append(f"{ind}  d = q % {shape[dim]}; q /= {shape[dim]};")
+            src += [f"{ind}  o{p} += d * s{p}_{dim};" for p in strided]
+        # the first dimension: q itself (its length, which may be symbolic, is not
+        # needed)
+        src += [f"{ind}  o{p} += q * s{p}_0;" for p in strided]
+        return src + [f"{ind}}}"]
+
+    def _piece(self, p, start, count, dst, ind, in_place=False):
+        """The lines making ``count`` elements of strided input ``p``'s current row or
+        run, from element ``start``, contiguous at ``dst``; ``in_place``: pointing
+        ``q<p>`` at them where they already are."""
+        t, size, s_ = (_CTYPE[self.param_dtype[p]], self.param_dtype[p].itemsize,
+                       f"s{p}_{self.rank - 1}")
+        at = f"(const {t} *)(b{p} + o{p}) + {start}"
+        first = [f"{ind}    q{p} = {at};"] if in_place else [
+            f"{ind}    const {t} *src = {at};",
+            f"{ind}    for (int64_t j = 0; j < {count}; j++) ({dst})[j] = src[j];"]
+        return [f"{ind}if ({s_} == {size}) {{"] + first + [
+            f"{ind}}} else if ({s_} == 0) {{",
+            f"{ind}    const {t} w = *(const {t} *)(b{p} + o{p});",
+            f"{ind}    for (int64_t j = 0; j < {count}; j++) ({dst})[j] = w;",
+            f"{ind}}} else {{",
+            f"{ind}    for (int64_t j = 0; j < {count}; j++)",
+            f"{ind}        ({dst})[j] = *(const {t} *)(b{p} + o{p} + ({start} + j) * {s_});",
+            f"{ind}}}"]
 
     def _tiles(self, first):
         """The loops over whole tiles from ``first``: one per segment."""

@@ -146,10 +146,12 @@ def find(em, conv):
         return None
     ops, lo, hi = [add], -np.inf, np.inf
     for cls in (og.Maximum, og.Minimum):
-        nxt = _reader(em, ops[-1], views)
+        between = []   # (the views to the next link: its own if it is one)
+        nxt = _reader(em, ops[-1], between)
         value = None if nxt is None else _bound(em, nxt, cls, ops[-1])
         if value is not None:
             ops.append(nxt)
+            views += between
             lo, hi = (value, hi) if cls is og.Maximum else (lo, value)
     if any(m.dtype != conv.dtype or m.compute_dtype() != conv.dtype
            or m.axes.lengths != conv.axes.lengths for m in ops):
