@@ -223,10 +223,10 @@ def _direct(a, b, out, channels, kernel, pads, ws):
     """The direct kernels (:mod:`.conv_kernels`) where they apply to this call (few
     input ``channels`` per group, a ``kernel`` of at most ``MAX_KERNEL_LENGTH`` a
     dimension) and the workspace ``ws`` allows them (None: allowed), else None."""
-    return dk.kernels() if (ws is None or ws.direct) and \
-        channels <= dk.MAX_GROUP_CHANNELS and \
-        max(kernel, default=1) <= dk.MAX_KERNEL_LENGTH and \
-        dk.usable(a, b, out, pads) else None
+    if channels > dk.MAX_GROUP_CHANNELS or max(kernel, default=1) > dk.MAX_KERNEL_LENGTH:
+        return None
+    fns = dk.kernels() if ws is None else ws.kernels(dk)
+    return fns if fns and dk.usable(a, b, out, pads) else None
 
 
 def _flat(a):

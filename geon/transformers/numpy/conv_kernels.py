@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from geon.transformers import fusion
-from geon.transformers.numpy import compiled
+from geon.transformers.numpy import compiled, toolchain
 
 #: Where the direct kernels are used (:func:`geon.transformers.numpy.conv._direct`):
 #: at most this many input channels per group. Above, a matrix product over
@@ -74,9 +74,11 @@ LANE_TILE_BYTES = 1 << 20
 
 #: V: the lanes of a vector value; EVENS: the indices of the even elements of
 #: xu[0 .. 2V - 2] in lo = xu[0 .. V - 1] followed by hi = xu[V - 1 .. 2V - 2] (V = 16)
-_HEADER = r"""#include <stdint.h>
+_HEADER = r"""#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+""" + toolchain.BUFFER_API + r"""
 
 #define V 16
 #define EVENS 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
@@ -427,12 +429,12 @@ int geon_dconv_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
    A tile holds V planes interleaved, (*Q, V), Q the padded image's extent: the
    windows read it with no bounds checks, every step one vector of V channels. */
 
-/* T (Q0, Q1, Q2, V) = zero, with plane src[l] (S0, S1, S2) at offset (q0, q1, q2):
+/* T (Q0, Q1, Q2, V) = zero (where clear), with plane src[l] (S0, S1, S2) at offset (q0, q1, q2):
    a position at a time, its nl lanes (all V of them, a loop of known length, for
    every block but a last short one) */
 static void tile_in_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
-                        const int64_t *Q, const int64_t *S, const int64_t *q) {
-    memset(T, 0, Q[0] * Q[1] * Q[2] * V * sizeof(REAL));
+                        const int64_t *Q, const int64_t *S, const int64_t *q, int clear) {
+    if (clear) memset(T, 0, Q[0] * Q[1] * Q[2] * V * sizeof(REAL));
     for (int64_t i0 = 0, p = 0; i0 < S[0]; i0++)
         for (int64_t i1 = 0; i1 < S[1]; i1++) {
             REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V;
@@ -489,38 +491,52 @@ static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
         END_P \
     }
 
-/* forward: items (b, block of V output channels) */
+/* forward: items (b, block of V output channels). The padded tile's border is zeroed
+   once a call (every item writes its whole interior; lanes past a short last block
+   keep stale values, never stored), and the offset in the tile of every window's taps
+   is a table made once a call (offs[pi * Rn + t]): the loop over taps is two loads
+   and a multiply-add a tap. */
 int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
                                  REAL *restrict y, const int64_t *g, int64_t lo,
                                  int64_t hi) {
     LANES_GEOMETRY
     const int64_t blocks = (K + V - 1) / V;
     REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
-    int err = !X || !Y || !W;
+    int64_t *offs = malloc((size_t)(Pn * Rn > 0 ? Pn * Rn : 1) * sizeof(int64_t));
+    int err = !X || !Y || !W || !offs;
+    if (!err) {
+        memset(X, 0, Qn * V * sizeof(REAL));
+        memset(W, 0, Rn * V * sizeof(REAL));
+        WINDOWS(, offs[pi * Rn + t] = xo;, )
+    }
     for (int64_t item = lo; item < hi && !err; item++) {
         const int64_t b = item / blocks, k0 = item % blocks * V;
         const int64_t nl = K - k0 < V ? K - k0 : V;
         const REAL *src[V];
         REAL *dst[V];
         for (int64_t c = 0; c < Cg; c++) {
-            memset(W, 0, Rn * V * sizeof(REAL));
             for (int64_t l = 0; l < nl; l++) {
                 const int64_t k = k0 + l;
                 src[l] = x + (b * C + k / Kg * Cg + c) * Sn;
                 for (int64_t t = 0; t < Rn; t++) W[t * V + l] = w[(k * Cg + c) * Rn + t];
             }
-            tile_in_SUF(X, src, nl, Q, S, pd);
-            WINDOWS(vec_SUF acc = {0}; vec_SUF wv; vec_SUF xv;
-                    if (c) memcpy(&acc, Y + pi * V, sizeof acc);,
+            tile_in_SUF(X, src, nl, Q, S, pd, 0);
+            for (int64_t pi = 0; pi < Pn; pi++) {
+                const int64_t *o = offs + pi * Rn;
+                vec_SUF acc = {0}, wv, xv;
+                if (c) memcpy(&acc, Y + pi * V, sizeof acc);
+                for (int64_t t = 0; t < Rn; t++) {
                     memcpy(&wv, W + t * V, sizeof wv);
-                    memcpy(&xv, X + xo, sizeof xv);
-                    acc += wv * xv;,
-                    memcpy(Y + pi * V, &acc, sizeof acc);)
+                    memcpy(&xv, X + o[t], sizeof xv);
+                    acc += wv * xv;
+                }
+                memcpy(Y + pi * V, &acc, sizeof acc);
+            }
         }
         for (int64_t l = 0; l < nl; l++) dst[l] = y + (b * K + k0 + l) * Pn;
         tile_out_SUF(dst, Y, nl, one, one, zero);
     }
-    free(X); free(Y); free(W);
+    free(X); free(Y); free(W); free(offs);
     return err;
 }
 
@@ -546,7 +562,7 @@ int geon_dconv_lanes_grad_data_SUF(const REAL *restrict dy, const REAL *restrict
                 for (int64_t t = 0; t < Rn; t++)
                     W[t * V + l] = w[(k * Cg + ci % Cg) * Rn + t];
             }
-            tile_in_SUF(Y, src, nl, one, one, zero);
+            tile_in_SUF(Y, src, nl, one, one, zero, 1);
             WINDOWS(vec_SUF yv; vec_SUF wv; vec_SUF xv;
                     memcpy(&yv, Y + pi * V, sizeof yv);,
                     memcpy(&wv, W + t * V, sizeof wv);
@@ -576,9 +592,9 @@ int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restric
             for (int64_t b = 0; b < B; b++) {
                 for (int64_t l = 0; l < nl; l++)
                     src[l] = x + (b * C + (k0 + l) / Kg * Cg + c) * Sn;
-                tile_in_SUF(X, src, nl, Q, S, pd);
+                tile_in_SUF(X, src, nl, Q, S, pd, 1);
                 for (int64_t l = 0; l < nl; l++) src[l] = dy + (b * K + k0 + l) * Pn;
-                tile_in_SUF(Y, src, nl, one, one, zero);
+                tile_in_SUF(Y, src, nl, one, one, zero, 1);
                 WINDOWS(vec_SUF yv; vec_SUF av; vec_SUF xv;
                         memcpy(&yv, Y + pi * V, sizeof yv);,
                         memcpy(&av, A + t * V, sizeof av);
@@ -594,6 +610,30 @@ int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restric
     free(X); free(Y); free(A);
     return err;
 }
+/* The entries Python calls (GIL held): arrays (a, b, out) of a tuple, the first two
+   read as C-contiguous, the third written; the kernel over items [lo, hi) without the
+   GIL. -1: a Python error set (an array not contiguous, ...), else the kernel's
+   status (1: no memory for its scratch). */
+#define ENTRY(name) \
+int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
+                                 int64_t hi) { \
+    static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS, \
+                                 GEON_CONTIGUOUS | GEON_WRITABLE}; \
+    geon_buffer v[3]; \
+    if (!geon_acquire(v, arrays, flags, 3)) return -1; \
+    void *const state = PyEval_SaveThread(); \
+    const int status = geon_dconv_##name##_SUF(v[0].buf, v[1].buf, v[2].buf, g, lo, hi); \
+    PyEval_RestoreThread(state); \
+    geon_release(v, 3); \
+    return status; \
+}
+ENTRY(forward)
+ENTRY(grad_data)
+ENTRY(grad_filter)
+ENTRY(lanes_forward)
+ENTRY(lanes_grad_data)
+ENTRY(lanes_grad_filter)
+#undef ENTRY
 #undef LANES_GEOMETRY
 #undef WINDOWS
 #undef ROWS
@@ -616,7 +656,7 @@ def source():
     return "\n".join(parts)
 
 
-_SYMBOLS = [f"geon_dconv_{k}{n}_{s}" for k in _KINDS for n in _NAMES
+_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS for n in _NAMES
             for _, _, s in _TYPES.values()]
 
 
@@ -628,10 +668,9 @@ def _bind(lib):
     for kind in _KINDS:
         for name in _NAMES:
             for dtype, (_, _, suffix) in _TYPES.items():
-                f = getattr(lib, f"geon_dconv_{kind}{name}_{suffix}")
-                f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
-                f.restype = ctypes.c_int
-                fns[kind, name, dtype] = f
+                fns[kind, name, dtype] = ctypes.PYFUNCTYPE(
+                    ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_int64)((f"geon_dconv_{kind}{name}_{suffix}_call", lib))
     return fns
 
 
@@ -716,11 +755,10 @@ def _run(plan, args):
     """The planned kernel (see :func:`_plan`) on ``args`` (arrays) over its items,
     split over geon's threads when its work is large (:data:`PARALLEL_WORK`)."""
     fn, _, geo, items, work = plan
-    ptrs = [a.ctypes.data for a in args] + [geo]
     threads = fusion.MAX_THREADS if work >= PARALLEL_WORK else 1
 
     def call(lo, hi):
-        if fn(*ptrs, lo, hi):
+        if fn(args, geo, lo, hi):   # (-1: ctypes raises the error the entry set)
             raise MemoryError("no memory for the scratch of a convolution kernel")
     if threads < 2 or items < 2:
         call(0, items)
