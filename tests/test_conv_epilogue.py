@@ -68,6 +68,17 @@ def test_kernel_matches_the_definition(shape, dtype, any_weight):
     _close(out, _reference(x, w), dtype)
     assert pw.conv1x1(any_weight, x, w, out, b, -0.25, 0.75)
     _close(out, _reference(x, w, b, -0.25, 0.75), dtype)
+    v = _reference(x, w, b)
+    for act, want in (("silu", v / (1 + np.exp(-v))), ("sigmoid", 1 / (1 + np.exp(-v)))):
+        assert pw.conv1x1(any_weight, x, w, out, b, act=act)
+        _close(out, want, dtype)
+        again = np.empty_like(out)
+        pw.bias_clamp(any_weight, (v - b.reshape((-1,) + (1,) * len(S))).astype(dtype),
+                      b, 0.0, 0.0, again, act)
+        _close(again, want, dtype)
+        pw.bias_clamp(None, (v - b.reshape((-1,) + (1,) * len(S))).astype(dtype),
+                      b, 0.0, 0.0, again, act)
+        _close(again, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -119,7 +130,7 @@ def test_a_result_overlapping_an_operand_is_declined(any_weight):
     np.testing.assert_array_equal(xs, x)
     scratch = np.empty_like(x)
     nc.conv_forward(xs, w, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
-                    (xs, b, 0.0, np.inf))
+                    (xs, b, 0.0, np.inf, "clamp"))
     _close(xs, want, np.float64)
 
 
@@ -163,23 +174,31 @@ def _layer(shape, K, dtype, chain):
         z = be.np.minimum(z, 6.0)
     if "min-max" in chain:
         z = be.np.maximum(be.np.minimum(z, 1.0), -1.0)
+    sig = None
+    if "silu" in chain:
+        sig = be.sigmoid(z)
+        z = z * sig
+    if "sigmoid" in chain:
+        z = be.sigmoid(z)
     rng = np.random.default_rng(5)
     feeds = (rng.standard_normal(shape).astype(dtype) * 3,
              rng.standard_normal((K, C, 1, 1)).astype(dtype),
              rng.standard_normal(K).astype(dtype))
-    return (y, z), (x, w, b), feeds
+    return (y, z, sig), (x, w, b), feeds
 
 
 @pytest.mark.parametrize("big", [False, True], ids=["pass", "kernel"])
 @pytest.mark.parametrize("chain", [("bias",), ("bias", "relu"), ("bias", "relu", "six"),
-                                   ("bias", "six")], ids=str)
+                                   ("bias", "six"), ("bias", "silu"),
+                                   ("bias", "sigmoid")], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_graphs_take_the_epilogue(chain, dtype, big, monkeypatch):
-    """conv + bias [+ maximum] [+ minimum] is one line of the generated code, with the
-    values of the NumPy-only transformer; by the kernel (any weight) or by the pass
-    after the BLAS (no weight qualifies)."""
+    """conv + bias [+ maximum] [+ minimum], conv + bias + SiLU (x * sigmoid(x)) and
+    conv + bias + sigmoid are one line of the generated code, with the values of the
+    NumPy-only transformer; by the kernel (any weight) or by the pass after the BLAS
+    (no weight qualifies)."""
     monkeypatch.setattr(pw, "MIN_WEIGHT_BYTES", 0 if big else 1 << 60)
-    (_, z), params, feeds = _layer((2, 6, 2, 2), 30, dtype, chain)
+    (_, z, _), params, feeds = _layer((2, 6, 2, 2), 30, dtype, chain)
     comp = be.NumPyTransformer().computation(z, *params)
     assert "done by the convolution above" in comp.source
     assert "np.add" not in comp.source and "# compiled:" not in comp.source
@@ -207,15 +226,15 @@ def test_layers_in_a_row_read_through_reshapes(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["conv is a result", "no bias", "clamp first",
-                                  "compiled off"])
+                                  "compiled off", "sigmoid read elsewhere"])
 def test_graphs_left_alone(case):
     """No epilogue where the convolution's value is wanted itself, where the first op
-    after it is not a bias add, where a clamp comes first, or without C; the values
-    are right in each case."""
-    chain = {"no bias": ("relu",), "clamp first": ("bias", "min-max")}.get(
-        case, ("bias", "relu"))
-    (y, z), params, feeds = _layer((2, 6, 3, 3), 12, np.float64, chain)
-    outs = [y, z] if case == "conv is a result" else [z]
+    after it is not a bias add, where a clamp comes first, where a SiLU's sigmoid is
+    wanted too, or without C; the values are right in each case."""
+    chain = {"no bias": ("relu",), "clamp first": ("bias", "min-max"),
+             "sigmoid read elsewhere": ("bias", "silu")}.get(case, ("bias", "relu"))
+    (y, z, sig), params, feeds = _layer((2, 6, 3, 3), 12, np.float64, chain)
+    outs = {"conv is a result": [y, z], "sigmoid read elsewhere": [z, sig]}.get(case, [z])
     comp = be.NumPyTransformer(compiled=case != "compiled off").computation(outs, *params)
     got = comp(*feeds)
     want = be.NumPyTransformer(compiled=False).computation(outs, *params)(*feeds)

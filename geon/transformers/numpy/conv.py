@@ -248,18 +248,19 @@ MERGED_POSITIONS = 256
 def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=None):
     """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``ws``:
     the computation's :class:`Workspace` (None: direct kernels allowed, temporaries
-    allocated afresh). ``epilogue``: None, or ``(final, bias, lo, hi)``: then the
-    result wanted is ``final`` = min(max(out + bias (K,), lo), hi), and ``out`` is
-    scratch (see :mod:`.conv_epilogue`)."""
+    allocated afresh). ``epilogue``: None, or ``(final, bias, lo, hi, act)``: then the
+    result wanted is ``final`` = act(out + bias (K,)) (:data:`.pointwise.ACTS`;
+    "clamp": between ``lo`` and ``hi``), and ``out`` is scratch (see
+    :mod:`.epilogues`)."""
     B, K = out.shape[:2]
     if epilogue is not None:
-        final, bias, lo, hi = epilogue
+        final, bias, lo, hi, act = epilogue
         fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
         if not (_pointwise(w.shape[2:], strides, pads, groups, x, w, final) and fns
                 and pointwise.usable(x, w, final) and bias.flags.c_contiguous
-                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi)):
+                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi, act)):
             conv_forward(x, w, out, strides, pads, dilation, groups, ws)
-            pointwise.bias_clamp(fns, out, bias, lo, hi, final)
+            pointwise.bias_clamp(fns, out, bias, lo, hi, final, act)
         return
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)

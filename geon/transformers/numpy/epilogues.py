@@ -79,13 +79,14 @@ def _only_views_between(em, first, last, allowed):
 class Epilogue:
     """A chain found after convolution ``conv``: its ``ops`` (the Add first), the
     ``final`` one, the ``views`` only its links read (they need no line), the 1-D
-    ``bias`` op and the bounds ``lo``, ``hi``."""
+    ``bias`` op, the activation ``act`` (:data:`.pointwise.ACTS`) and the bounds
+    ``lo``, ``hi`` of a clamp."""
 
-    __slots__ = ("conv", "ops", "final", "views", "bias", "lo", "hi")
+    __slots__ = ("conv", "ops", "final", "views", "bias", "lo", "hi", "act")
 
-    def __init__(self, conv, ops, views, bias, lo, hi):
+    def __init__(self, conv, ops, views, bias, lo, hi, act="clamp"):
         self.conv, self.ops, self.final, self.views = conv, ops, ops[-1], views
-        self.bias, self.lo, self.hi = bias, lo, hi
+        self.bias, self.lo, self.hi, self.act = bias, lo, hi, act
 
 
 def _reader(em, op, views):
@@ -145,14 +146,20 @@ def find(em, conv):
     if bias is None:
         return None
     ops, lo, hi = [add], -np.inf, np.inf
-    for cls in (og.Maximum, og.Minimum):
-        between = []   # (the views to the next link: its own if it is one)
-        nxt = _reader(em, ops[-1], between)
-        value = None if nxt is None else _bound(em, nxt, cls, ops[-1])
-        if value is not None:
-            ops.append(nxt)
-            views += between
-            lo, hi = (value, hi) if cls is og.Maximum else (lo, value)
+    act = _sigmoids(em, add)
+    if act is not None:
+        ops += act[1]
+        act = act[0]
+    else:
+        act = "clamp"
+        for cls in (og.Maximum, og.Minimum):
+            between = []   # (the views to the next link: its own if it is one)
+            nxt = _reader(em, ops[-1], between)
+            value = None if nxt is None else _bound(em, nxt, cls, ops[-1])
+            if value is not None:
+                ops.append(nxt)
+                views += between
+                lo, hi = (value, hi) if cls is og.Maximum else (lo, value)
     if any(m.dtype != conv.dtype or m.compute_dtype() != conv.dtype
            or m.axes.lengths != conv.axes.lengths for m in ops):
         return None
@@ -165,7 +172,30 @@ def find(em, conv):
         return None   # (computed into a variable's storage)
     if not _only_views_between(em, conv, ops[-1], ops):
         return None
-    return Epilogue(conv, ops, views, bias, lo, hi)
+    return Epilogue(conv, ops, views, bias, lo, hi, act)
+
+
+def _sigmoids(em, add):
+    """``("silu", [s, m])`` where ``add`` is read by exactly ``s = Sigmoid(add)`` and
+    ``m = Multiply(add, s)`` (either order) and ``s`` by ``m`` only; ``("sigmoid",
+    [s])`` where ``s`` is its only reader; else None."""
+    if add in em.comp.results:
+        return None
+    readers = [x for x in em.order[em._step[add] + 1:]
+               if any(a is add for a in x.args)]
+    n = em._readers.get(add, 0)
+    sig = [x for x in readers if type(x) is og.Sigmoid]
+    if len(sig) != 1 or sig[0].args[0] is not add:
+        return None
+    s = sig[0]
+    if n == 1:
+        return "sigmoid", [s]
+    mul = [x for x in readers if type(x) is og.Multiply]
+    if n != 2 or len(mul) != 1 or em._readers.get(s, 0) != 1 \
+            or s in em.comp.results or sorted(map(id, mul[0].args)) != sorted(
+                (id(add), id(s))):
+        return None
+    return "silu", [s, mul[0]]
 
 
 def _root_conv(op):
@@ -187,7 +217,8 @@ def lines(em, e):
     em._view_ahead(e.bias)
     final = em.names[e.final] = em.buffer(e.final, em.body)
     out = em.names[e.conv] = em.buffer(e.conv, em.body)
-    epi = f", ({final}, {em.names[e.bias]}, {_number(e.lo)}, {_number(e.hi)})"
+    epi = (f", ({final}, {em.names[e.bias]}, {_number(e.lo)}, {_number(e.hi)}, "
+           f"{e.act!r})")
     (line,) = _conv(e.conv, out, em.arg_names(e.conv), epilogue=epi)
     em.body.append(em.comp._annotate(line, e.conv))
     em.body.append(f"    # {', '.join(type(m).__name__ for m in e.ops)}: "

@@ -28,6 +28,7 @@ import numpy as np
 
 from geon.transformers import fusion
 from geon.transformers.numpy import compiled, toolchain
+from geon.transformers.numpy.c_rules import sigmoid_limit
 
 #: The kernel is used for at most this many columns (images times positions) and a
 #: weight of at least MIN_WEIGHT_BYTES; the BLAS's blocking wins on more columns, and
@@ -51,6 +52,14 @@ static inline vr_SUF load_SUF(const REAL *p) {
     vr_SUF v;
     __builtin_memcpy(&v, p, sizeof v);
     return v;
+}
+
+/* the epilogue of an element: v = sum + bias, then act 0: min(max(v, lo), hi),
+   1: v * sigmoid(v) (SiLU), 2: sigmoid(v); the sigmoid as the compiled groups write it */
+static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
+    if (act == 0) return MIN_SUF(MAX_SUF(v, lo), hi);
+    const REAL s = (REAL)1 / ((REAL)1 + EXP_SUF(MIN_SUF(-v, (REAL)SIGLIMIT_SUF)));
+    return act == 1 ? v * s : s;
 }
 
 /* tile (MB, NV * VL) = rows m0 .. m0 + MB of w (clamped to M: repeated rows are
@@ -95,7 +104,7 @@ PW_BLOCK(4, 3)
    column; geo: B, C, K, P; bias may be NULL. 1: no memory for the packed columns. */
 static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                   const REAL *restrict bias, REAL *restrict y, const int64_t *geo,
-                  REAL lo_, REAL hi_, int64_t lo, int64_t hi) {
+                  REAL lo_, REAL hi_, int act, int64_t lo, int64_t hi) {
     const int64_t B = geo[0], C = geo[1], K = geo[2], P = geo[3], N = B * P;
     const int64_t NV = N > 2 * VL_SUF ? 4 : N > VL_SUF ? 2 : 1, NB = NV * VL_SUF;
     const int64_t MB = NV == 4 ? 3 : NV == 2 ? 6 : 12;
@@ -123,7 +132,7 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                 const int64_t m = m0 + i;
                 const REAL b = bias ? bias[m] : 0;
                 for (int64_t j = 0; j < nb; j++)
-                    y[yo[j] + m * P] = MIN_SUF(MAX_SUF(tile[i * NB + j] + b, lo_), hi_);
+                    y[yo[j] + m * P] = epi_SUF(tile[i * NB + j] + b, lo_, hi_, act);
             }
         }
     }
@@ -135,7 +144,7 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
    [lo, hi) of w without the GIL. 0: done; 1: no memory; 2: y overlaps an operand
    (nothing written); -1: a Python error set (an array not contiguous, ...). */
 int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double lo_,
-                       double hi_, int64_t lo, int64_t hi) {
+                       double hi_, int64_t act, int64_t lo, int64_t hi) {
     static const int flags[4] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
                                  GEON_CONTIGUOUS | GEON_WRITABLE, GEON_CONTIGUOUS};
     geon_buffer v[4];
@@ -150,16 +159,17 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     if (!overlap) {
         void *const state = PyEval_SaveThread();
         status = pw_SUF(v[0].buf, v[1].buf, narrays > 3 ? v[3].buf : NULL, v[2].buf, geo,
-                        (REAL)lo_, (REAL)hi_, lo, hi);
+                        (REAL)lo_, (REAL)hi_, (int)act, lo, hi);
         PyEval_RestoreThread(state);
     }
     geon_release(v, (int)narrays);
     return status;
 }
-/* y (B, K, P) = clamp(x (B, K, P) + bias (K)): the epilogue after another path; x may
+/* y (B, K, P) = epilogue(x (B, K, P) + bias (K)) (see epi), after another path; x may
    be y itself (not part of it). Entry as above, arrays (x, bias, y): 2 where x and y
    overlap without being the same memory. */
-int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_) {
+int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_,
+                        int64_t act) {
     static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
                                  GEON_CONTIGUOUS | GEON_WRITABLE};
     geon_buffer v[3];
@@ -172,14 +182,39 @@ int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_
         const REAL *x = v[0].buf, *bias = v[1].buf;
         REAL *y = v[2].buf;
         void *const state = B * K * P >= (1 << 15) ? PyEval_SaveThread() : NULL;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t k = 0; k < K; k++) {
+        /* steps of up to 1,024 elements: short rows (b, k) (small planes) side by
+           side, or a piece of a long row; each element's bias in bb (filled once a
+           row where rows are long), so that the loops run long */
+        REAL bb[1024];
+        const int64_t rows = B * K, per = P < 1024 ? 1024 / P : 1;
+        for (int64_t r0 = 0, k = 0; r0 < rows; r0 += per) {
+            const int64_t r1 = r0 + per < rows ? r0 + per : rows;
+            const int64_t fill = P < 1024 ? P : 1024;
+            for (int64_t r = r0; r < r1; r++) {
                 const REAL c = bias[k];
-                const REAL *xr = x + (b * K + k) * P;
-                REAL *yr = y + (b * K + k) * P;
-                for (int64_t j = 0; j < P; j++)
-                    yr[j] = MIN_SUF(MAX_SUF(xr[j] + c, lo), hi);
+                REAL *row = bb + (r - r0) * P;
+                for (int64_t j = 0; j < fill; j++) row[j] = c;
+                k = k + 1 == K ? 0 : k + 1;
             }
+            for (int64_t c0 = 0; c0 < (r1 - r0) * P; c0 += 1024) {
+                const int64_t left = (r1 - r0) * P - c0, n = left < 1024 ? left : 1024;
+                const REAL *xr = x + r0 * P + c0;
+                REAL *yr = y + r0 * P + c0;
+                if (act == 0) {
+                    #pragma omp simd
+                    for (int64_t j = 0; j < n; j++)
+                        yr[j] = MIN_SUF(MAX_SUF(xr[j] + bb[j], lo), hi);
+                } else if (act == 1) {   /* (the vector exp where the C library has it) */
+                    #pragma omp simd
+                    for (int64_t j = 0; j < n; j++)
+                        yr[j] = epi_SUF(xr[j] + bb[j], lo, hi, 1);
+                } else {
+                    #pragma omp simd
+                    for (int64_t j = 0; j < n; j++)
+                        yr[j] = epi_SUF(xr[j] + bb[j], lo, hi, 2);
+                }
+            }
+        }
         if (state) PyEval_RestoreThread(state);
         status = 0;
     }
@@ -190,18 +225,26 @@ int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_
 
 _TYPES = {np.dtype(np.float32): ("float", "f32", "geon_max_f", "geon_min_f"),
           np.dtype(np.float64): ("double", "f64", "geon_max_d", "geon_min_d")}
+#: The activations an epilogue applies after its bias (the ``act`` codes of the C):
+#: "clamp" (min(max(v, lo), hi)), "silu" (v * sigmoid(v)), "sigmoid".
+ACTS = {"clamp": 0, "silu": 1, "sigmoid": 2}
 _SYMBOLS = [f"geon_{k}_{t[1]}" for k in ("pointwise", "bias_clamp")
             for t in _TYPES.values()]
 
 
 def source():
     """The C source of the kernels, for float32 and float64."""
-    head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
-            + toolchain.BUFFER_API + toolchain.MINMAX)
+    head = ("#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
+            "#include <stdlib.h>\n" + toolchain.BUFFER_API + toolchain.MINMAX)
+    if toolchain.toolchain().simd_math:   # the vector exp in `omp simd` loops
+        head += "".join(f"#pragma omp declare simd notinbranch\n{t} {n}({t});\n"
+                        for t, n in (("float", "expf"), ("double", "exp")))
     return head + "\n".join(
-        _TEMPLATE.replace("MAX_SUF", mx).replace("MIN_SUF", mn).replace("REAL", real)
+        _TEMPLATE.replace("MAX_SUF", mx).replace("MIN_SUF", mn)
+        .replace("EXP_SUF", "expf" if real == "float" else "exp")
+        .replace("SIGLIMIT_SUF", repr(sigmoid_limit(dt))).replace("REAL", real)
         .replace("_SUF", "_" + suffix)
-        for real, suffix, mx, mn in _TYPES.values())
+        for dt, (real, suffix, mx, mn) in _TYPES.items())
 
 
 def _bind(lib):
@@ -209,11 +252,11 @@ def _bind(lib):
     for dtype, (_, suffix, _, _) in _TYPES.items():
         fns[dtype] = ctypes.PYFUNCTYPE(
             ctypes.c_int, ctypes.py_object, ctypes.c_int64, ctypes.c_void_p,
-            ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64)(
-            (f"geon_pointwise_{suffix}", lib))
+            ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+            ctypes.c_int64)((f"geon_pointwise_{suffix}", lib))
         fns["bias_clamp", dtype] = ctypes.PYFUNCTYPE(
             ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_double,
-            ctypes.c_double)((f"geon_bias_clamp_{suffix}", lib))
+            ctypes.c_double, ctypes.c_int64)((f"geon_bias_clamp_{suffix}", lib))
     return fns
 
 
@@ -240,10 +283,12 @@ def usable(x, w, out):
         and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous
 
 
-def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf):
-    """``out`` (B, K, *S) = clamp(w (K, C, 1, ...) applied to x (B, C, *S) + bias (K,),
-    lo, hi) by the kernel ``fns[dtype]`` (see :func:`usable`); False (nothing written)
-    where ``out`` overlaps an operand."""
+def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
+    """``out`` (B, K, *S) = act(w (K, C, 1, ...) applied to x (B, C, *S) + bias (K,))
+    (:data:`ACTS`; "clamp": between ``lo`` and ``hi``) by the kernel ``fns[dtype]``
+    (see :func:`usable`); False (nothing written) where ``out`` overlaps an
+    operand."""
+    code = ACTS[act]
     B, C = x.shape[:2]
     K = w.shape[0]
     P = x.size // max(B * C, 1)
@@ -252,12 +297,12 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf):
     fn = fns[out.dtype]
     threads = fusion.MAX_THREADS if B * C * K * P >= PARALLEL_WORK and K >= 24 else 1
     if threads < 2:
-        status = fn(arrays, len(arrays), geo, lo, hi, 0, K)
+        status = fn(arrays, len(arrays), geo, lo, hi, code, 0, K)
     else:
         results = []
 
         def part(a, b):
-            results.append(fn(arrays, len(arrays), geo, lo, hi, a, b))
+            results.append(fn(arrays, len(arrays), geo, lo, hi, code, a, b))
         rows = -(-K // threads)
         fusion.run_blocks(part, K, rows - rows % 12 + 12 if rows % 12 else rows,
                           [()] * threads)
@@ -279,17 +324,27 @@ def _geo(key):
     return got[1]
 
 
-def bias_clamp(fns, y, bias, lo, hi, out):
-    """``out`` = min(max(y + bias, lo), hi) over y (B, K, *S) and bias (K,), as the
-    graph's Add, Maximum and Minimum compute it (``out`` may be ``y``): one C pass where
-    ``fns`` (:func:`kernels`) is given and the arrays allow, else NumPy's."""
+def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
+    """``out`` = act(y + bias) over y (B, K, *S) and bias (K,) (:data:`ACTS`; "clamp":
+    min(max(v, lo), hi), as the graph's Add, Maximum and Minimum compute it; ``out``
+    may be ``y``): one C pass where ``fns`` (:func:`kernels`) is given and the arrays
+    allow, else NumPy's."""
     B, K = y.shape[:2]
     if fns is not None and y.dtype == bias.dtype == out.dtype and out.dtype in _TYPES \
             and y.flags.c_contiguous and bias.flags.c_contiguous \
             and out.flags.c_contiguous and fns["bias_clamp", out.dtype](
-                (y, bias, out), _geo((B, K, y.size // max(B * K, 1))), lo, hi) == 0:
+                (y, bias, out), _geo((B, K, y.size // max(B * K, 1))), lo, hi,
+                ACTS[act]) == 0:
         return
     np.add(y, bias.reshape((K,) + (1,) * (y.ndim - 2)), out=out)
+    if act != "clamp":
+        s = np.minimum(np.negative(out), sigmoid_limit(out.dtype))
+        np.reciprocal(np.exp(s, out=s) + 1, out=s)
+        if act == "silu":
+            np.multiply(out, s, out=out)
+        else:
+            np.copyto(out, s)
+        return
     if lo > -np.inf:
         np.maximum(out, lo, out=out)
     if hi < np.inf:
