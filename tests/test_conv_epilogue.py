@@ -207,6 +207,23 @@ def test_graphs_take_the_epilogue(chain, dtype, big, monkeypatch):
     _close(comp(*feeds), want, dtype)   # a second call: the same buffers again
 
 
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_one_by_one_planes(act):
+    """A squeeze-excitation layer: a conv on 1 x 1 planes, whose bias is broadcast from
+    (K, 1, 1) (the import keeps it so), then SiLU or a sigmoid: an epilogue too."""
+    rng = np.random.default_rng(8)
+    x = be.np.placeholder((2, 12, 1, 1), dtype=np.float64)
+    w = be.np.variable(rng.standard_normal((5, 12, 1, 1)))
+    b = be.np.variable(rng.standard_normal((5, 1, 1)))
+    v = be.np.conv(x, w) + b
+    z = v * be.sigmoid(v) if act == "silu" else be.sigmoid(v)
+    comp = be.NumPyTransformer().computation(z, x)
+    assert "done by the convolution above" in comp.source
+    xv = rng.standard_normal((2, 12, 1, 1))
+    want = be.NumPyTransformer(compiled=False).computation(z, x)(xv)
+    _close(comp(xv), want, np.float64)
+
+
 def test_layers_in_a_row_read_through_reshapes(monkeypatch):
     """conv + bias + ReLU, a reshape to the same shape (as an import's cast of axes
     makes), then another conv + bias: both take the epilogue, and the second reads the

@@ -107,12 +107,14 @@ def _reader(em, op, views):
 
 
 def _bias(v, conv):
-    """The (K,) op that ``v`` broadcasts over ``conv``'s channels, else None."""
+    """The op of K elements that ``v`` broadcasts over ``conv``'s channels (a (K,)
+    vector, or (K, 1, 1) where the planes are 1 x 1), else None."""
     if not isinstance(v, pr.Expand) or v.axes.lengths != conv.axes.lengths:
         return None
-    src = v.args[0]
-    if tuple(v.dim_map) != (None, 0) + (None,) * (len(conv.axes) - 2) \
-            or src.axes.lengths != conv.axes.lengths[1:2] or src.dtype != conv.dtype:
+    src, dims = v.args[0], tuple(v.dim_map)
+    K = conv.axes.lengths[1]
+    if dims[1] is None or src.dtype != conv.dtype or src.axes.size != K \
+            or src.axes.lengths[dims[1]] != K or dims.count(dims[1]) != 1:
         return None
     return src
 
