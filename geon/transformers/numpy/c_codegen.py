@@ -41,6 +41,11 @@ CHUNK_ELEMENTS = 1 << 14
 #: floats right after their GEMM: 369 us read through the stride, 198 us from a filled
 #: row, on one Cascade Lake core).
 ROW_CHUNK_ELEMENTS = 1024
+#: Runs (rows read with one stride) shorter than this are copied side by side into a
+#: step (their inputs copied too); longer ones are a step each, read in place where
+#: their stride allows (copying the rows of a (B, S, 128) layer's input to put eight
+#: side by side cost more than the loop's restarts it saved: 4% of a small ViT).
+SHORT_RUN = 64
 #: At most this many bytes of those contiguous arrays per function (they are on the C
 #: stack, of a thread too): a group with many strided inputs takes shorter chunks.
 ROW_BUFFER_BYTES = 1 << 16
@@ -395,9 +400,9 @@ class _GroupFunction:
         the rows that every strided input reads with one stride from the run's first
         element to its last (checked on the strides at run time, once per call; a bias
         broadcast over (B, C, H, W) is read so over each image's channel, H * W
-        elements), and a step is a chunk of a long run, or several short runs side by
-        side, each copied: on 2 x 2 planes a step computes hundreds of elements, not
-        four."""
+        elements), and a step is a run or a chunk of it, or several short runs side by
+        side (:data:`SHORT_RUN`), each copied: on 2 x 2 planes a step computes hundreds
+        of elements, not four."""
         strided, rank, chunk, inner = self.strided, self.rank, self.chunk, self.inner
         if rank < 2 or not strided or self.sums:
             head = ["    for (int64_t r = lo; r < hi; r++) {"]
@@ -424,8 +429,9 @@ class _GroupFunction:
         head += self._offsets("        ", declare=False)
         for p in sorted(strided):
             head.append(f"        const {_CTYPE[self.param_dtype[p]]} *q{p} = g{p};")
-        head += [f"        if (span - c0 >= {chunk}) {{   /* a piece of a long run */",
-                 f"            e = {chunk};"]
+        head += [f"        if (span - c0 >= {chunk} || span >= {SHORT_RUN}) {{"
+                 "   /* a run, or a piece of it */",
+                 f"            e = span - c0 < {chunk} ? span - c0 : {chunk};"]
         for p in sorted(strided):
             head += self._piece(p, "c0", "e", f"g{p}", "            ", in_place=True)
         advance = ["r = rn < hi ? rn : hi;", "rn += R;", "c0 = 0;"]

@@ -166,6 +166,8 @@ def find(em, conv):
     if any(m.dtype != conv.dtype or m.compute_dtype() != conv.dtype
            or m.axes.lengths != conv.axes.lengths for m in ops):
         return None
+    if len(ops) == 1 and not _takes_the_kernel(conv):
+        return None   # a bias alone after another path: np.add is as fast as the pass
     group_of = {m: g for g in em.groups for m in g.members}
     groups = {group_of.get(m) for m in ops}
     if groups != {None} and not (len(groups) == 1 and groups != {None}
@@ -199,6 +201,17 @@ def _sigmoids(em, add):
                 (id(add), id(s))):
         return None
     return "silu", [s, mul[0]]
+
+
+def _takes_the_kernel(conv):
+    """Whether ``conv`` will run the 1 x 1 kernel (:func:`.pointwise.usable`, from the
+    shapes: the arrays are laid out contiguously)."""
+    x, w = conv.args[0], conv.args[1]
+    B, C = x.axes.lengths[:2]
+    return conv.groups == 1 and all(r == 1 for r in w.axes.lengths[2:]) \
+        and all(s == 1 for s in conv.strides) and not any(map(any, conv.pads)) \
+        and w.axes.size * conv.dtype.itemsize >= pointwise.MIN_WEIGHT_BYTES \
+        and x.axes.size // C <= pointwise.MAX_COLUMNS
 
 
 def _root_conv(op):

@@ -276,10 +276,11 @@ _geos = {}  # geometry -> (its int64 array, the array's address)
 def usable(x, w, out):
     """Whether :func:`conv1x1` takes these operands: one float dtype the kernels have,
     few columns and a large weight (:data:`MAX_COLUMNS`), contiguous arrays."""
+    if w.nbytes < MIN_WEIGHT_BYTES:   # (most convolutions: the first test)
+        return False
     B, C = x.shape[:2]
     return x.dtype == w.dtype == out.dtype and out.dtype in _TYPES \
         and B * (x.size // max(B * C, 1)) <= MAX_COLUMNS \
-        and w.nbytes >= MIN_WEIGHT_BYTES \
         and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous
 
 
