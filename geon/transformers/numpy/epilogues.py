@@ -133,8 +133,7 @@ def find(em, conv):
     numerics checks)."""
     if em.kernels is None or not isinstance(conv, cv.Conv) or conv.dtype not in _FLOATS \
             or conv not in em.plan.slot or conv in em._into \
-            or not all(isinstance(n, int) for n in conv.axes.lengths) \
-            or pointwise.kernels() is None:
+            or not all(isinstance(n, int) for n in conv.axes.lengths):
         return None
     views = []   # (reshapes of the links: read by the next link only)
     add = _reader(em, conv, views)
@@ -175,8 +174,8 @@ def find(em, conv):
         return None   # part of a group, or a group that does more
     if ops[-1] in em._into:
         return None   # (computed into a variable's storage)
-    if not _only_views_between(em, conv, ops[-1], ops):
-        return None
+    if not _only_views_between(em, conv, ops[-1], ops) or pointwise.kernels() is None:
+        return None   # (the library last: building it takes a second)
     return Epilogue(conv, ops, views, bias, lo, hi, act)
 
 
