@@ -41,8 +41,9 @@ from geon.transformers.numpy.c_rules import sigmoid_limit
 #: 10.
 MAX_COLUMNS = 16
 MIN_WEIGHT_BYTES = 1 << 18
-#: Work (multiply-adds) from which a call is split over geon's threads by rows.
-PARALLEL_WORK = 1 << 21
+#: Work (multiply-adds) from which a call is split over geon's threads by rows (one
+#: thread / two on a 2-core AMD EPYC: 3.3 M 89 / 116 us, 13.1 M 340 / 241).
+PARALLEL_WORK = 1 << 23
 
 _TEMPLATE = r"""
 typedef REAL vr_SUF __attribute__((vector_size(32)));
