@@ -45,16 +45,7 @@ MIN_WEIGHT_BYTES = 1 << 18
 #: thread / two on a 2-core AMD EPYC: 3.3 M 89 / 116 us, 13.1 M 340 / 241).
 PARALLEL_WORK = 1 << 23
 
-_TEMPLATE = r"""
-typedef REAL vr_SUF __attribute__((vector_size(32)));
-#define VL_SUF ((int64_t)(32 / sizeof(REAL)))
-
-static inline vr_SUF load_SUF(const REAL *p) {
-    vr_SUF v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
+_TEMPLATE = toolchain.VECTOR32 + r"""
 /* the epilogue of an element: v = sum + bias, then act 0: min(max(v, lo), hi),
    1: v * sigmoid(v) (SiLU), 2: sigmoid(v); the sigmoid as the compiled groups write it */
 static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {

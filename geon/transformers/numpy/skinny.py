@@ -24,7 +24,7 @@ import ctypes
 
 import numpy as np
 
-from geon.transformers.numpy import compiled
+from geon.transformers.numpy import compiled, toolchain
 
 #: The longest short side the kernel takes.
 MAX_SHORT = 16
@@ -32,17 +32,8 @@ MAX_SHORT = 16
 #: ones stay in cache, where the BLAS's own blocking is as fast.
 MIN_BYTES = 1 << 18
 
-_TEMPLATE = r"""
-typedef REAL VREAL_SUF __attribute__((vector_size(32)));
-#define VL_SUF ((int64_t)(32 / sizeof(REAL)))
-
-static inline VREAL_SUF geon_load_SUF(const REAL *p) {
-    VREAL_SUF v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline REAL geon_hsum_SUF(VREAL_SUF v) {
+_TEMPLATE = toolchain.VECTOR32 + r"""
+static inline REAL geon_hsum_SUF(vr_SUF v) {
     REAL s = 0;
     for (int i = 0; i < VL_SUF; i++)
         s += v[i];
@@ -67,18 +58,18 @@ void geon_skinny_SUF(const REAL *x, const REAL *w, REAL *out, const int64_t *geo
             const REAL *x1 = x + (s + 1 < S ? s + 1 : s) * ldx;
             const REAL *x2 = x + (s + 2 < S ? s + 2 : s) * ldx;
             const REAL *x3 = x + (s + 3 < S ? s + 3 : s) * ldx;
-            VREAL_SUF c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
-            VREAL_SUF c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
+            vr_SUF c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
+            vr_SUF c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
             for (int64_t k = 0; k < kv; k += VL_SUF) {
-                VREAL_SUF b0 = geon_load_SUF(w0 + k), b1 = geon_load_SUF(w1 + k);
-                VREAL_SUF b2 = geon_load_SUF(w2 + k), u;
-                u = geon_load_SUF(x0 + k); c00 += u * b0; c01 += u * b1; c02 += u * b2;
-                u = geon_load_SUF(x1 + k); c10 += u * b0; c11 += u * b1; c12 += u * b2;
-                u = geon_load_SUF(x2 + k); c20 += u * b0; c21 += u * b1; c22 += u * b2;
-                u = geon_load_SUF(x3 + k); c30 += u * b0; c31 += u * b1; c32 += u * b2;
+                vr_SUF b0 = load_SUF(w0 + k), b1 = load_SUF(w1 + k);
+                vr_SUF b2 = load_SUF(w2 + k), u;
+                u = load_SUF(x0 + k); c00 += u * b0; c01 += u * b1; c02 += u * b2;
+                u = load_SUF(x1 + k); c10 += u * b0; c11 += u * b1; c12 += u * b2;
+                u = load_SUF(x2 + k); c20 += u * b0; c21 += u * b1; c22 += u * b2;
+                u = load_SUF(x3 + k); c30 += u * b0; c31 += u * b1; c32 += u * b2;
             }
             const REAL *xs[4] = {x0, x1, x2, x3}, *wr[3] = {w0, w1, w2};
-            VREAL_SUF acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22},
+            vr_SUF acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22},
                                    {c30, c31, c32}};
             for (int i = 0; i < 4 && s + i < S; i++)
                 for (int r = 0; r < 3 && m + r < m1; r++) {

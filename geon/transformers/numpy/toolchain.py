@@ -69,6 +69,18 @@ static void geon_release(geon_buffer *v, int n) {
     for (int k = 0; k < n; k++) PyBuffer_Release(&v[k]);
 }
 """
+#: A 32-byte vector of ``REAL`` (``vr_SUF``, ``VL_SUF`` lanes) and its unaligned load,
+#: for the fixed kernels' templates (``REAL`` and ``_SUF`` replaced per dtype).
+VECTOR32 = r"""
+typedef REAL vr_SUF __attribute__((vector_size(32)));
+#define VL_SUF ((int64_t)(32 / sizeof(REAL)))
+
+static inline vr_SUF load_SUF(const REAL *p) {
+    vr_SUF v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+"""
 #: NumPy's maximum and minimum in C (``geon_max_f``, ``geon_min_d``, ...).
 MINMAX = r"""/* NumPy's maximum / minimum, bit for bit: a NaN operand wins (a's where both are: b's
    through the comparison, a's through the second select), and of equal operands
