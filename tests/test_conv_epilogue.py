@@ -120,18 +120,67 @@ def test_split_over_threads(dtype, any_weight, monkeypatch):
     np.testing.assert_array_equal(split, one)
 
 
-def test_a_result_overlapping_an_operand_is_declined(any_weight):
-    """The kernel writes nothing over an operand: it returns False, and conv_forward's
-    epilogue then computes into its scratch first (the right values either way)."""
+def test_a_result_overlapping_an_operand(any_weight, monkeypatch):
+    """The kernel writes over x only where one call packs all of x before its first
+    store (a layer whose input dies at it), never over w or the bias, nor over x when a
+    call is split over threads: it returns False (nothing written), and conv_forward's
+    epilogue then computes into its scratch first. The right values either way."""
     x, w, b = _operands(2, 8, 8, (2, 2), np.float64)
     want = _reference(x, w, b, 0.0, np.inf)
     xs = x.copy()
-    assert not pw.conv1x1(any_weight, xs, w, xs, b, 0.0, np.inf)
-    np.testing.assert_array_equal(xs, x)
-    scratch = np.empty_like(x)
-    nc.conv_forward(xs, w, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
-                    (xs, b, 0.0, np.inf, "clamp"))
+    assert pw.conv1x1(any_weight, xs, w, xs, b, 0.0, np.inf)   # x packed first
     _close(xs, want, np.float64)
+    ws = w.reshape(8, 8).copy()
+    out = ws.reshape(2, 8, 2, 2)                                  # over the weight
+    assert not pw.conv1x1(any_weight, x, ws.reshape(8, 8, 1, 1), out, b, 0.0, np.inf)
+    np.testing.assert_array_equal(ws, w.reshape(8, 8))
+    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    x2, w2, b2 = _operands(2, 30, 30, (2, 2), np.float64, seed=5)
+    want2 = _reference(x2, w2, b2, 0.0, np.inf)
+    xs = x2.copy()
+    assert not pw.conv1x1(any_weight, xs, w2, xs, b2, 0.0, np.inf)
+    np.testing.assert_array_equal(xs, x2)
+    scratch = np.empty_like(xs)
+    nc.conv_forward(xs, w2, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
+                    (xs, b2, 0.0, np.inf, "clamp"))
+    _close(xs, want2, np.float64)
+
+
+def test_a_bias_in_the_results_memory(any_weight):
+    """A computed bias can share its arena with the chain's result (it dies at the Add):
+    the pass declines it (NumPy's add runs), and so does the kernel."""
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((1, 64, 5, 5))
+    arena = np.empty(y.size)
+    bias = arena[:64]
+    bias[:] = rng.standard_normal(64)
+    want = y + bias.copy()[:, None, None]
+    out = arena.reshape(y.shape)
+    pw.bias_clamp(any_weight, y, bias, -np.inf, np.inf, out)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_a_computed_bias_under_the_in_order_plan(monkeypatch):
+    """Conv + computed bias + SiLU, unfused, under the in-order memory plan (a large
+    graph's): the plan gives the bias's arena to the sigmoid, which the epilogue writes
+    at the convolution's step; the values are still the NumPy path's."""
+    from geon.transformers import memory
+    monkeypatch.setattr(memory, "BY_SIZE_LIMIT", 0)
+    K, C, S = 64, 4, 5
+    rng = np.random.default_rng(0)
+    x0 = be.np.placeholder((1, K, S, S), dtype=np.float64)
+    m = be.np.placeholder((K, K), dtype=np.float64)
+    x = be.np.placeholder((1, C, S, S), dtype=np.float64)
+    w = be.np.variable(rng.standard_normal((K, C, 3, 3)))
+    bias = be.np.matmul(m, be.np.sum(x0 * 2.0, axis=(0, 2, 3)))
+    v = be.np.reshape(bias, (K, 1, 1)) + be.np.conv(x, w, padding=1)
+    z = (be.sigmoid(v) * v) * 1.5
+    feeds = [rng.standard_normal(p.axes.lengths) for p in (x0, m, x)]
+    comp = be.NumPyTransformer(disable=["fusion"]).computation(z, x0, m, x)
+    assert "done by the convolution above" in comp.source
+    want = be.NumPyTransformer(compiled=False).computation(z, x0, m, x)(*feeds)
+    _close(comp(*feeds), want, np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

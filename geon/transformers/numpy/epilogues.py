@@ -25,9 +25,12 @@ result of the convolution or of a link before the last), nothing else runs betwe
 convolution and the chain's last op, the links are exactly one fused group or single
 ops outside any group, and everything is of the convolution's float dtype. The last
 op's buffer is taken at the convolution: nothing else runs meanwhile, so no value
-lives in it then but the convolution's own inputs, and where it is one of them the
-kernel declines (it never writes over an operand) and the convolution computes into
-its own buffer first.
+lives in it then but those the chain reads, which die on the way: the convolution's
+inputs and the bias (a computed bias that the plan let a later link overwrite). Where
+it is one of them the kernel declines (it writes over x only once x is packed, never
+over w or the bias), the convolution computes into its own buffer, and the pass
+declines a bias in the result's memory too (NumPy's add, which copies what overlaps,
+runs instead).
 """
 
 import numpy as np

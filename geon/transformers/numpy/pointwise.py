@@ -134,7 +134,9 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
 
 /* The entry (GIL held): arrays (x, w, y[, bias]), all C-contiguous, y writable; rows
    [lo, hi) of w without the GIL. 0: done; 1: no memory; 2: y overlaps an operand
-   (nothing written); -1: a Python error set (an array not contiguous, ...). */
+   (nothing written); -1: a Python error set (an array not contiguous, ...). y may be
+   x itself where one call computes every row of one block of columns (x is packed
+   whole before the first store: a layer whose input dies at it). */
 int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double lo_,
                        double hi_, int64_t act, int64_t lo, int64_t hi) {
     static const int flags[4] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
@@ -143,10 +145,12 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     if (!geon_acquire(v, arrays, flags, (int)narrays)) return -1;
     const char *ys = v[2].buf, *ye = ys + v[2].len;
     int status = 2;
+    const int64_t N = geo[0] * geo[3];
+    const int packed_first = N <= 4 * VL_SUF && lo == 0 && hi == geo[2];
     int overlap = 0;
     for (int k = 0; k < narrays; k++) {
         const char *s = v[k].buf, *e = s + v[k].len;
-        if (k != 2 && s < ye && ys < e) overlap = 1;
+        if (k != 2 && !(k == 0 && packed_first) && s < ye && ys < e) overlap = 1;
     }
     if (!overlap) {
         void *const state = PyEval_SaveThread();
@@ -159,16 +163,18 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
 }
 /* y (B, K, P) = epilogue(x (B, K, P) + bias (K)) (see epi), after another path; x may
    be y itself (not part of it). Entry as above, arrays (x, bias, y): 2 where x and y
-   overlap without being the same memory. */
+   overlap without being the same memory, or bias and y overlap (a computed bias whose
+   memory the plan gave to the result: it is read a step at a time). */
 int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_,
                         int64_t act) {
     static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
                                  GEON_CONTIGUOUS | GEON_WRITABLE};
     geon_buffer v[3];
     if (!geon_acquire(v, arrays, flags, 3)) return -1;
-    const char *xs = v[0].buf, *ys = v[2].buf;
+    const char *xs = v[0].buf, *ys = v[2].buf, *bs = v[1].buf;
     int status = 2;
-    if (xs == ys || xs + v[0].len <= ys || ys + v[2].len <= xs) {
+    if ((xs == ys || xs + v[0].len <= ys || ys + v[2].len <= xs)
+            && (bs + v[1].len <= ys || ys + v[2].len <= bs)) {
         const int64_t B = geo[0], K = geo[1], P = geo[2];
         const REAL lo = (REAL)lo_, hi = (REAL)hi_;
         const REAL *x = v[0].buf, *bias = v[1].buf;
@@ -285,7 +291,8 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
     B, C = x.shape[:2]
     K = w.shape[0]
     P = x.size // max(B * C, 1)
-    geo = _geo((B, C, K, P))
+    held = _geo((B, C, K, P))
+    geo = held[1]
     arrays = (x, w, out) if bias is None else (x, w, out, bias)
     fn = fns[out.dtype]
     threads = fusion.MAX_THREADS if B * C * K * P >= PARALLEL_WORK and K >= 24 else 1
@@ -306,15 +313,16 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
 
 
 def _geo(key):
-    """The geometry array of ``key`` (kept: a process meets few shapes) and its
-    address."""
+    """``(array, its address)``: the geometry array of ``key`` (kept: a process meets
+    few shapes). The caller holds the pair while the kernel reads the address (another
+    thread may start the cache afresh meanwhile)."""
     got = _geos.get(key)
     if got is None:
         if len(_geos) >= 4096:
             _geos.clear()
         geo = np.array(key, np.int64)
         got = _geos[key] = (geo, geo.ctypes.data)
-    return got[1]
+    return got
 
 
 def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
@@ -325,10 +333,10 @@ def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
     B, K = y.shape[:2]
     if fns is not None and y.dtype == bias.dtype == out.dtype and out.dtype in _TYPES \
             and y.flags.c_contiguous and bias.flags.c_contiguous \
-            and out.flags.c_contiguous and fns["bias_clamp", out.dtype](
-                (y, bias, out), _geo((B, K, y.size // max(B * K, 1))), lo, hi,
-                ACTS[act]) == 0:
-        return
+            and out.flags.c_contiguous:
+        held = _geo((B, K, y.size // max(B * K, 1)))
+        if fns["bias_clamp", out.dtype]((y, bias, out), held[1], lo, hi, ACTS[act]) == 0:
+            return
     np.add(y, bias.reshape((K,) + (1,) * (y.ndim - 2)), out=out)
     if act != "clamp":
         s = np.minimum(np.negative(out), sigmoid_limit(out.dtype))
@@ -338,7 +346,7 @@ def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
         else:
             np.copyto(out, s)
         return
-    if lo > -np.inf:
+    if lo != -np.inf:   # (a NaN bound too: NaN everywhere, as np.maximum gives)
         np.maximum(out, lo, out=out)
-    if hi < np.inf:
+    if hi != np.inf:
         np.minimum(out, hi, out=out)
