@@ -82,6 +82,33 @@ def test_kernel_matches_the_definition(shape, dtype, any_weight):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", [(2, 6, 9, (2, 2), (3, 3), (1, 1)),
+                                  (1, 5, 14, (5, 6), (3, 3), (2, 2)),
+                                  (3, 4, 7, (3,), (3,), (1,))], ids=str)
+def test_im2col_products_with_few_columns(case, dtype, any_weight, monkeypatch):
+    """A convolution whose im2col product has few columns (a late stage's 3 x 3
+    layers) runs it by the kernel, the columns as one image's: the definition's values,
+    and the kernel was called."""
+    from geon.op_graph import conv_math as cm
+    B, C, K, S, R, st = case
+    pads = tuple((1, 1) for _ in S)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((B, C) + S).astype(dtype)
+    w = rng.standard_normal((K, C) + R).astype(dtype)
+    P = tuple(cm.out_length(n, r, s, 1, lo, hi)
+              for n, r, s, (lo, hi) in zip(S, R, st, pads))
+    calls = []
+    real = pw.conv1x1
+    monkeypatch.setattr(pw, "conv1x1", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = np.full((B, K) + P, np.nan, dtype)
+    nc.conv_forward(x, w, out, st, pads, (1,) * len(S), 1)
+    assert calls
+    want = cm.reference_conv(x.astype(np.float64), w.astype(np.float64), P, st, pads,
+                             (1,) * len(S), 1)
+    _close(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_nan_and_signed_zero_as_numpy_gives_them(dtype, any_weight):
     """A NaN in x makes its column NaN (0 * NaN), and it stays NaN through both bounds;
     maximum(-0.0, 0.0) is +0.0 (NumPy gives the second of equal operands); a NaN bound

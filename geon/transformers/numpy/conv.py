@@ -125,9 +125,17 @@ def _gemm(a, b, ws=None):
 
 
 def _gemm_into(a, b, out, ws=None):
-    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`; one matrix with a
-    short side (few positions) by :mod:`.skinny` where ``ws`` allows C."""
+    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`; one matrix with few
+    columns (few positions) and a large ``a`` (a filter) by the 1 x 1 kernel of
+    :mod:`.pointwise` (``b`` as the columns of one image) where ``ws`` allows C, else
+    by :mod:`.skinny` where a side is short (resnet18's 512 x 4,608 filter over 8
+    columns, inside its forward: 1.41 ms by skinny, 0.84 ms by the kernel)."""
     if a.shape[0] == 1:
+        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        if fns and a.ndim == b.ndim == 3:
+            x, w, y = b[0][None], a[0][..., None], out[0][None]
+            if pointwise.usable(x, w, y) and pointwise.conv1x1(fns, x, w, y):
+                return
         if skinny.worth_it(a.shape[1:], b.shape[1:], out.dtype):
             skinny.matmul(a[0], b[0], out[0], ws is None or ws.direct)
         else:
