@@ -496,21 +496,40 @@ static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
 
 /* forward: items (b, block of V output channels). The padded tile's border is zeroed
    once a call (every item writes its whole interior; lanes past a short last block
-   keep stale values, never stored), and the offset in the tile of every window's taps
-   is a table made once a call (offs[pi * Rn + t]): the loop over taps is two loads
-   and a multiply-add a tap. */
+   keep stale values, never stored), and the taps of every window whose input lies in
+   the image, with their offsets in the tile, are a table made once a call (taps[pi *
+   Rn + n], offs[...], n < count[pi]): the loop over them is two loads and a
+   multiply-add a tap, and taps on the padding are not computed (a 5 x 5 window on a
+   2 x 2 plane has 4 of its 25 inside, as the rows kernels skip rows outside). */
 int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
                                  REAL *restrict y, const int64_t *g, int64_t lo,
                                  int64_t hi) {
     LANES_GEOMETRY
     const int64_t blocks = (K + V - 1) / V;
     REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
-    int64_t *offs = malloc((size_t)(Pn * Rn > 0 ? Pn * Rn : 1) * sizeof(int64_t));
+    int64_t *offs = malloc((size_t)(2 * Pn * Rn + Pn + 1) * sizeof(int64_t));
+    int64_t *taps = offs + Pn * Rn, *count = taps + Pn * Rn;
     int err = !X || !Y || !W || !offs;
     if (!err) {
         memset(X, 0, Qn * V * sizeof(REAL));
         memset(W, 0, Rn * V * sizeof(REAL));
-        WINDOWS(, offs[pi * Rn + t] = xo;, )
+        for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++)
+        for (int64_t o1 = 0; o1 < P[1]; o1++)
+        for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) {
+            int64_t n = 0;
+            for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++)
+            for (int64_t r1 = 0; r1 < R[1]; r1++)
+            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) {
+                const int64_t q0 = o0 * st[0] + r0 * dl[0], q1 = o1 * st[1] + r1 * dl[1];
+                const int64_t q2 = o2 * st[2] + r2 * dl[2];
+                if (q0 < pd[0] || q0 >= pd[0] + S[0] || q1 < pd[1] || q1 >= pd[1] + S[1]
+                        || q2 < pd[2] || q2 >= pd[2] + S[2])
+                    continue;   /* on the padding */
+                offs[pi * Rn + n] = ((q0 * Q[1] + q1) * Q[2] + q2) * V;
+                taps[pi * Rn + n++] = t * V;
+            }
+            count[pi] = n;
+        }
     }
     for (int64_t item = lo; item < hi && !err; item++) {
         const int64_t b = item / blocks, k0 = item % blocks * V;
@@ -525,12 +544,12 @@ int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
             }
             tile_in_SUF(X, src, nl, Q, S, pd, 0);
             for (int64_t pi = 0; pi < Pn; pi++) {
-                const int64_t *o = offs + pi * Rn;
+                const int64_t *o = offs + pi * Rn, *tp = taps + pi * Rn;
                 vec_SUF acc = {0}, wv, xv;
                 if (c) memcpy(&acc, Y + pi * V, sizeof acc);
-                for (int64_t t = 0; t < Rn; t++) {
-                    memcpy(&wv, W + t * V, sizeof wv);
-                    memcpy(&xv, X + o[t], sizeof xv);
+                for (int64_t i = 0; i < count[pi]; i++) {
+                    memcpy(&wv, W + tp[i], sizeof wv);
+                    memcpy(&xv, X + o[i], sizeof xv);
                     acc += wv * xv;
                 }
                 memcpy(Y + pi * V, &acc, sizeof acc);
