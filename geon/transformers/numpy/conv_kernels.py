@@ -30,7 +30,7 @@ like NumPy's (another order), but no ``a * b + c`` is contracted (the toolchain'
 ``-ffp-contract=off``). Up to three spatial dimensions (fewer are given leading
 dimensions of one). Planes or blocks of channels are spread over geon's own threads
 (:func:`geon.transformers.fusion.run_blocks`) where a call has enough work
-(:data:`PARALLEL_WORK`); :mod:`ctypes` lets go of the GIL during each call.
+(:data:`PARALLEL_WORK`); each call lets go of the GIL while it computes.
 
 The library is built and cached by :func:`geon.transformers.numpy.toolchain.build`
 (the same compiler, flags, IEEE checks and cache trust rules as the fused groups). It
@@ -432,8 +432,8 @@ int geon_dconv_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
    A tile holds V planes interleaved, (*Q, V), Q the padded image's extent: the
    windows read it with no bounds checks, every step one vector of V channels. */
 
-/* T (Q0, Q1, Q2, V) = zero (where clear), with plane src[l] (S0, S1, S2) at offset (q0, q1, q2):
-   a position at a time, its nl lanes (all V of them, a loop of known length, for
+/* T (Q0, Q1, Q2, V) = zero (where clear), with plane src[l] (S0, S1, S2) at (q0, q1,
+   q2): a position at a time, its nl lanes (all V of them, a loop of known length, for
    every block but a last short one) */
 static void tile_in_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
                         const int64_t *Q, const int64_t *S, const int64_t *q, int clear) {
@@ -494,13 +494,10 @@ static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
         END_P \
     }
 
-/* forward: items (b, block of V output channels). The padded tile's border is zeroed
-   once a call (every item writes its whole interior; lanes past a short last block
-   keep stale values, never stored), and the taps of every window whose input lies in
-   the image, with their offsets in the tile, are a table made once a call (taps[pi *
-   Rn + n], offs[...], n < count[pi]): the loop over them is two loads and a
-   multiply-add a tap, and taps on the padding are not computed (a 5 x 5 window on a
-   2 x 2 plane has 4 of its 25 inside, as the rows kernels skip rows outside). */
+/* forward: items (b, block of V output channels). The tile is zeroed once a call;
+   the taps of each window whose input is in the image (a 5 x 5 window on a 2 x 2
+   plane has 4 of 25; the rows kernels skip rows outside too), with their offsets in
+   the tile, are a table made once a call: two loads and a multiply-add a tap. */
 int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
                                  REAL *restrict y, const int64_t *g, int64_t lo,
                                  int64_t hi) {
@@ -523,8 +520,7 @@ int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
                 const int64_t q0 = o0 * st[0] + r0 * dl[0], q1 = o1 * st[1] + r1 * dl[1];
                 const int64_t q2 = o2 * st[2] + r2 * dl[2];
                 if (q0 < pd[0] || q0 >= pd[0] + S[0] || q1 < pd[1] || q1 >= pd[1] + S[1]
-                        || q2 < pd[2] || q2 >= pd[2] + S[2])
-                    continue;   /* on the padding */
+                        || q2 < pd[2] || q2 >= pd[2] + S[2]) continue;   /* padding */
                 offs[pi * Rn + n] = ((q0 * Q[1] + q1) * Q[2] + q2) * V;
                 taps[pi * Rn + n++] = t * V;
             }
@@ -632,15 +628,13 @@ int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restric
     free(X); free(Y); free(A);
     return err;
 }
-/* The entries Python calls (GIL held): arrays (a, b, out) of a tuple, the first two
-   read as C-contiguous, the third written; the kernel over items [lo, hi) without the
-   GIL. -1: a Python error set (an array not contiguous, ...), else the kernel's
-   status (1: no memory for its scratch). */
+/* The entries Python calls (GIL held): a tuple (a, b, out), all C-contiguous, out
+   written; the kernel over items [lo, hi) without the GIL. -1: a Python error set
+   (an array not contiguous, ...), else the kernel's status (1: no memory). */
 #define ENTRY(name) \
 int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
                                  int64_t hi) { \
-    static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS, \
-                                 GEON_CONTIGUOUS | GEON_WRITABLE}; \
+    static const int flags[3] = {0, 0, GEON_WRITABLE};   /* (contiguous) */ \
     geon_buffer v[3]; \
     if (!geon_acquire(v, arrays, flags, 3)) return -1; \
     void *const state = PyEval_SaveThread(); \
@@ -649,12 +643,8 @@ int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
     geon_release(v, 3); \
     return status; \
 }
-ENTRY(forward)
-ENTRY(grad_data)
-ENTRY(grad_filter)
-ENTRY(lanes_forward)
-ENTRY(lanes_grad_data)
-ENTRY(lanes_grad_filter)
+ENTRY(forward) ENTRY(grad_data) ENTRY(grad_filter)
+ENTRY(lanes_forward) ENTRY(lanes_grad_data) ENTRY(lanes_grad_filter)
 #undef ENTRY
 #undef LANES_GEOMETRY
 #undef WINDOWS
@@ -704,9 +694,8 @@ def kernels():
 
 
 def usable(a, b, out, pads=()):
-    """Whether the direct kernels can run on operands ``a``, ``b`` and result ``out`` of
-    a convolution primitive with padding ``pads``: one float dtype, up to 3 spatial
-    dims, no padding before below zero, a contiguous result that overlaps no operand."""
+    """Whether the direct kernels take ``a``, ``b``, ``out`` (padding ``pads``): one float
+    dtype, 1-3 spatial dims, no negative padding, out contiguous, writable, apart."""
     return (1 <= out.ndim - 2 <= 3 and a.dtype == b.dtype == out.dtype
             and all(lo >= 0 for lo, _ in pads)
             and out.dtype in _TYPES and out.flags.c_contiguous and out.flags.writeable
