@@ -413,3 +413,30 @@ def test_only_a_scans_body_has_a_step():
     (scan,) = [op for op in ops if isinstance(op, Scan)]
     assert not any(c._has_step for c in subgraph_computations(cond))
     assert all(c._has_step for c in subgraph_computations(scan))
+
+
+def test_weight_closures_are_passed_as_they_are():
+    """A closure the body reads only in matrix products (a recurrent weight) goes to the
+    body as it is, a transposed view included (the BLAS reads it so); one an
+    elementwise op reads is made contiguous first. The values are the loop's."""
+    x = be.placeholder([T, D], dtype=np.float64)
+    h0 = be.placeholder([H], dtype=np.float64)
+    H2 = be.Axis(3, "H2")
+    wt = be.placeholder([H, H2], dtype=np.float64)   # fed transposed: W = wt.T
+    u = be.placeholder([H, D], dtype=np.float64)
+    w = be.axes_with_order(wt, [H2, H])               # a transposed view of the feed
+    hT, ys = be.scan(lambda h, xt: (be.tanh(be.cast_axes(be.dot(w, h), [H])
+                                            + be.dot(u, xt)), h * 2.0), h0, x, T)
+    X, H0 = rng.standard_normal((4, 2)), rng.standard_normal(3)
+    W, U = 0.5 * rng.standard_normal((3, 3)), rng.standard_normal((3, 2))
+    comp = be.NumPyTransformer().computation([hT, ys], x, h0, wt, u)
+    closures = [ln.strip() for ln in comp.source.splitlines() if "_sc_k" in ln
+                and " = " in ln and "_sc_f(" not in ln and "_sc_g(" not in ln]
+    assert closures and all("_contiguous" not in ln for ln in closures), closures
+    want = rnn_loop(X, H0, W, U)
+    for g, e in zip(comp(X, H0, np.ascontiguousarray(W.T), U), want):
+        np.testing.assert_allclose(g, e, rtol=1e-12)
+    scale = be.placeholder([H], dtype=np.float64)
+    hT2, _ = be.scan(lambda h, xt: (h * be.exp(scale) + be.dot(u, xt), None), h0, x, T)
+    src = be.NumPyTransformer().computation(hT2, x, h0, u, scale).source
+    assert any("_contiguous(" in ln and "_sc_k" in ln for ln in src.splitlines())
