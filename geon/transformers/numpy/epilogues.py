@@ -170,10 +170,8 @@ def find(em, conv):
         return None
     if len(ops) == 1 and not _takes_the_kernel(conv):
         return None   # a bias alone after another path: np.add is as fast as the pass
-    group_of = {m: g for g in em.groups for m in g.members}
-    groups = {group_of.get(m) for m in ops}
-    if groups != {None} and not (len(groups) == 1 and groups != {None}
-                                 and list(next(iter(groups)).members) == ops):
+    g = em.first.get(ops[0])
+    if (list(g.members) != ops) if g is not None else any(m in em.in_group for m in ops):
         return None   # part of a group, or a group that does more
     if ops[-1] in em._into:
         return None   # (computed into a variable's storage)
@@ -188,9 +186,13 @@ def _sigmoids(em, add):
     [s])`` where ``s`` is its only reader; else None."""
     if add in em.comp.results:
         return None
-    readers = [x for x in em.order[em._step[add] + 1:]
-               if any(a is add for a in x.args)]
     n = em._readers.get(add, 0)
+    readers = []   # (the first n ops after it that read it: its readers)
+    for x in em.order[em._step[add] + 1:]:
+        if len(readers) == n:
+            break
+        if any(a is add for a in x.args):
+            readers.append(x)
     sig = [x for x in readers if type(x) is og.Sigmoid]
     if len(sig) != 1 or sig[0].args[0] is not add:
         return None
