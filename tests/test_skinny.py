@@ -9,6 +9,7 @@ import pytest
 import geon as be
 from geon.transformers.numpy import compiled as ck
 from geon.transformers.numpy import conv as nc
+from geon.transformers.numpy import pointwise
 from geon.transformers.numpy import skinny
 
 
@@ -105,8 +106,11 @@ def test_a_linear_layer_at_a_small_batch(compiled, counted):
     assert len(counted) == (compiled is not False)
 
 
-def test_a_convolution_over_few_positions(counted):
-    """resnet18's last stage at batch 2: 2 x 2 positions of 512 channels."""
+def test_a_convolution_over_few_positions(counted, monkeypatch):
+    """resnet18's last stage at batch 2: 2 x 2 positions of 512 channels, its product by
+    the short-side kernel where the 1 x 1 kernel is off (which takes such products
+    first where their filter has 256 KB or more: tests/test_conv_epilogue.py)."""
+    monkeypatch.setattr(pointwise, "MIN_WEIGHT_BYTES", 1 << 60)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 64, 2, 2))
     w = rng.standard_normal((128, 64, 3, 3))
