@@ -69,6 +69,12 @@ class Workspace:
         return buf[:n].view(dtype).reshape(shape)
 
 
+def _fixed(ws, module):
+    """``module.kernels()`` (a fixed C library: :mod:`.pointwise`, :mod:`.conv_kernels`),
+    through the workspace ``ws``'s cache where there is one (None: looked up)."""
+    return module.kernels() if ws is None else ws.kernels(module)
+
+
 def _empty(ws, role, shape, dtype):
     """``ws.take(role, shape, dtype)``, or a new array where there is no workspace."""
     return np.empty(shape, dtype) if ws is None else ws.take(role, shape, dtype)
@@ -131,7 +137,7 @@ def _gemm_into(a, b, out, ws=None):
     by :mod:`.skinny` where a side is short (resnet18's 512 x 4,608 filter over 8
     columns, inside its forward: 1.41 ms by skinny, 0.84 ms by the kernel)."""
     if a.shape[0] == 1:
-        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        fns = _fixed(ws, pointwise)
         if fns and a.ndim == b.ndim == 3:
             x, w, y = b[0][None], a[0][..., None], out[0][None]
             if pointwise.usable(x, w, y) and pointwise.conv1x1(fns, x, w, y):
@@ -237,7 +243,7 @@ def _direct(a, b, out, channels, kernel, pads, ws):
     dimension) and the workspace ``ws`` allows them (None: allowed), else None."""
     if channels > dk.MAX_GROUP_CHANNELS or max(kernel, default=1) > dk.MAX_KERNEL_LENGTH:
         return None
-    fns = dk.kernels() if ws is None else ws.kernels(dk)
+    fns = _fixed(ws, dk)
     return fns if fns and dk.usable(a, b, out, pads) else None
 
 
@@ -267,7 +273,7 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=N
     B, K = out.shape[:2]
     if epilogue is not None:
         final, bias, lo, hi, act = epilogue
-        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        fns = _fixed(ws, pointwise)
         if not (fns and pointwise.usable(x, w, final) and bias.flags.c_contiguous
                 and _pointwise(w.shape[2:], strides, pads, groups, x, w, final)
                 and pointwise.conv1x1(fns, x, w, final, bias, lo, hi, act)):
@@ -275,7 +281,7 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=N
             pointwise.bias_clamp(fns, out, bias, lo, hi, final, act)
         return
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
-        fns = pointwise.kernels() if ws is None else ws.kernels(pointwise)
+        fns = _fixed(ws, pointwise)
         if fns and pointwise.usable(x, w, out) and pointwise.conv1x1(fns, x, w, out):
             return   # few positions: the C kernel (one read of the weight)
         # one product per image on its (C, P) view: no copy of x or of the result
