@@ -211,7 +211,7 @@ def _takes_the_kernel(conv):
     """Whether ``conv`` will run the 1 x 1 kernel (:func:`.pointwise.usable`, from the
     shapes: the arrays are laid out contiguously)."""
     x, w = conv.args[0], conv.args[1]
-    B, C = x.axes.lengths[:2]
+    C = x.axes.lengths[1]
     return conv.groups == 1 and all(r == 1 for r in w.axes.lengths[2:]) \
         and all(s == 1 for s in conv.strides) and not any(map(any, conv.pads)) \
         and w.axes.size * conv.dtype.itemsize >= pointwise.MIN_WEIGHT_BYTES \
