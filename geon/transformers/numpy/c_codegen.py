@@ -146,6 +146,9 @@ class Kernels:
         self.names = []       # the Python name each is called by
         self.groups = 0
         self.source = None    # the C file, once built
+        #: group -> (C name, parameter names, strided parameters, range): what a scan's
+        #: loop in C (c_scan.py) calls the group's loops with
+        self.calls = {}
 
     def compilable(self, g, scalars):
         """Whether every member of ``g`` compiles and every input is a buffer, view or
@@ -185,6 +188,8 @@ class Kernels:
         pyname = identifier(f"kernel{k}", taken)
         self.functions.append("\n".join(group.c_source(cname)))
         self.names.append((pyname, cname))
+        self.calls[g] = (cname, list(group.params), sorted(group.strided),
+                         group.rows if group.by_rows else group.size)
         return lines + group.python_call(cname, pyname)
 
     def build(self):

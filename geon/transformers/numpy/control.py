@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.control import Scan
 from geon.op_graph.control_ops import Cond, WhileLoop
@@ -84,6 +85,13 @@ def _products_only(comp, p):
         or isinstance(op, pr.Dimshuffle) and _products_only(comp, op) for op in readers)
 
 
+def _constant(op):
+    """Whether ``op`` is a constant or a view of one (its values never change)."""
+    while isinstance(op, pr.ViewOp):
+        op = op.args[0]
+    return isinstance(op, og.Constant)
+
+
 @numpy_code(Scan)
 def _scan_numpy(op, out, args):
     """``out``: the final carries, the stacked ys and the history (None: not read)."""
@@ -114,16 +122,31 @@ def _scan_numpy(op, out, args):
         out.append(f"{indent}{targets} = {call}" if nc + ny else f"{indent}{call}")
         return out + [f"{indent}{o}[_sc_t] = {n}" for o, n in zip(ys, y) if o is not None]
     if isinstance(T, int) and T >= 2 and runner.computation._has_step:
-        # The first step through the body's call (which checks the values), the others
-        # through its step() (no checks: the carries are its own results, the slices
-        # and closures as checked) under its lock, held for the loop: 1-2 us a step.
+        # The whole loop in one C call where the body's step allows (c_scan.py; None:
+        # not run). Else the first step through the body's call (which checks the
+        # values), the others through its step() (no checks: the carries are its own
+        # results, the slices and closures as checked) under its lock, held for the
+        # loop: 1-2 us a step.
         first, rest = (T - 1, f"range({T - 2}, -1, -1)") if op.reverse \
             else (0, f"range(1, {T})")
-        lines.append(f"_sc_t = {first}")
-        lines += one_step("_sc_f", "")
-        lines += ["_sc_g = _sc_f._ns['step']",
-                  "with _sc_f.transformer._lock:", f"    for _sc_t in {rest}:"]
-        lines += one_step("_sc_g", "        ")
+        indent = ""
+        if runner.computation._c_loop is not None:
+            def tup(names):
+                return "(" + "".join(f"{n}, " for n in names) + ")"
+            stacked = [f"_sc_x{k}" for k in range(nx)]
+            frozen = tuple(map(_constant, op.args[nc + nx:]))
+            lines += [f"_sc_r = _sc_f._c_loop.run({tup(c)}, {tup(stacked)}, {tup(ks)}, "
+                      f"{tup(o or 'None' for o in ys)}, {tup(h or 'None' for h in hist)}, "
+                      f"{op.reverse}, {frozen}, {T})",
+                      "if _sc_r is not None:",
+                      f"    {tup(c)[1:-1]} = _sc_r" if c else "    pass", "else:"]
+            indent = "    "
+        lines.append(f"{indent}_sc_t = {first}")
+        lines += one_step("_sc_f", indent)
+        lines += [f"{indent}_sc_g = _sc_f._ns['step']",
+                  f"{indent}with _sc_f.transformer._lock:",
+                  f"{indent}    for _sc_t in {rest}:"]
+        lines += one_step("_sc_g", indent + "        ")
     else:
         steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
         lines.append(f"for _sc_t in {steps}:")

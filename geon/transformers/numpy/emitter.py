@@ -25,7 +25,7 @@ from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
-from geon.transformers.numpy import blas, epilogues
+from geon.transformers.numpy import blas, c_scan, epilogues
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.numpy.control import subgraph_computations
 from geon.transformers.numpy.code_table import (NUMPY_CODE, NUMPY_VIEWS, ROW_LENGTHS,
@@ -256,6 +256,14 @@ class ModuleEmitter:
                           len(g.members) >= compiled_kernels.AUTO_SMALL_MEMBERS)
                       and (sizes[g] >= fusion.MIN_ELEMENTS or
                            kernels.compilable(g, scalar_consts))]
+        if kernels is not None and t.steps and not self.sym:
+            # a scan's body: single ops compile too, so that its loop can run in C
+            # (c_scan.py); as C or NumPy calls they cost about the same
+            grouped = {m for g in groups for m in g.members}
+            groups += [fusion.Group([op], set()) for op in order
+                       if op not in grouped and self.emits(op)
+                       and compiled_kernels.fusable(op) and not isinstance(op, pr.ViewOp)]
+            groups.sort(key=lambda g: order.index(g.members[0]))
         return groups
 
     # --- names --------------------------------------------------------------------------
@@ -579,10 +587,21 @@ class ModuleEmitter:
         comp = self.comp
         comp._has_step = self.t.steps and not (self.sym or self.check or any(
             d is not None for d in comp._domains))
+        comp._c_loop = None
+        if not comp._has_step:
+            return []
         copies = [f"    {n} = {n}.copy()" for n in params] if comp._copy_feeds else []
         back = ", ".join(self.step_returns) + ("" if comp.single else ",")
-        return [f"def step({', '.join(params)}):"] + copies + self.core + [
-            f"    return {back}"] if comp._has_step else []
+        src = [f"def step({', '.join(params)}):"] + copies + self.core + [
+            f"    return {back}"]
+        actions = c_scan.plan(self)   # the step in C where it can be (c_scan.py)
+        if actions:
+            trace, names = c_scan.trace_source(actions, params, self.core,
+                                               self.step_returns)
+            comp._c_loop = c_scan.Loop(comp, actions, names)
+            comp._step_returns = self.step_returns
+            src += trace
+        return src
 
     def setup_names(self):
         """The names that setup() assigns."""

@@ -103,6 +103,7 @@ class NumPyComputation(Computation):
     #: whether the module has a ``step()`` (a loop body's run without its checks and
     #: lock: emitter.step_source)
     _has_step = False
+    _c_loop = None   # a scan body's loop in C (c_scan.py), where its step allows
 
     def __init__(self, transformer, results, params):
         super().__init__(transformer, results, params)
