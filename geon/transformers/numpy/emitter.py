@@ -25,7 +25,7 @@ from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
-from geon.transformers.numpy import blas, c_scan, epilogues
+from geon.transformers.numpy import blas, c_scan, epilogues, softmax_rows
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.numpy.control import subgraph_computations
 from geon.transformers.numpy.code_table import (NUMPY_CODE, NUMPY_VIEWS, ROW_LENGTHS,
@@ -125,9 +125,10 @@ class ModuleEmitter:
                 if found is not None:
                     self.bias_adds[g] = found
         self.bias_gemms = {gemm for gemm, _ in self.bias_adds.values()}
-        # convolutions that add the bias and clamp after them themselves
-        self.epilogues = {e.conv: e for e in map(functools.partial(
-            epilogues.find, self), self.order) if e is not None}
+        # convolutions that add the bias and clamp after them themselves; softmaxes
+        found = (f(self, op) for op in self.order
+                 for f in (epilogues.find, softmax_rows.find))
+        self.epilogues = {e.head: e for e in found if e is not None}
         self.fused_away = {m for e in self.epilogues.values() for m in e.ops + e.views}
         for op in self.order:
             if op not in self.names:
@@ -335,7 +336,7 @@ class ModuleEmitter:
         """The lines of ``op`` (not named yet), by its kind."""
         comp = self.comp
         if op in self.epilogues:
-            epilogues.lines(self, self.epilogues[op])
+            self.epilogues[op].emit(self)
         elif op in self.fused_away:
             return   # computed by a convolution's epilogue (epilogues.py)
         elif isinstance(op, pr.ViewOp):

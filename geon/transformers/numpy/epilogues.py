@@ -92,6 +92,13 @@ class Epilogue:
         self.conv, self.ops, self.final, self.views = conv, ops, ops[-1], views
         self.bias, self.lo, self.hi, self.act = bias, lo, hi, act
 
+    @property
+    def head(self):
+        return self.conv
+
+    def emit(self, em):
+        lines(em, self)
+
 
 def _reader(em, op, views):
     """The one op that reads ``op`` (through reshapes that keep its lengths, added to

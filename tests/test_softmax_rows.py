@@ -1,0 +1,176 @@
+"""The softmax over rows in one C pass (geon/transformers/numpy/softmax_rows.py): the
+kernel against NumPy's definition (NaN, infinities, masked rows, in place, overlap,
+threads), and which graphs the emitter gives it (an attention's scores, with a mask,
+with PyTorch's Where(IsNaN(p), 0, p) after it) and which it leaves alone."""
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import softmax_rows as sr
+
+pytestmark = pytest.mark.skipif(not ck.available(),
+                                reason="no working C compiler for the C kernels")
+
+RTOL = {np.float32: 2e-6, np.float64: 1e-14}
+
+
+def definition(x, zero_nan=False):
+    x = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        y = e / e.sum(axis=1, keepdims=True)
+    if zero_nan:
+        y[np.isnan(y)] = 0
+    return y
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (5, 17), (136, 17), (7, 128),
+                                   (2, 1000)])
+@pytest.mark.parametrize("zero_nan", [False, True])
+def test_kernel_against_the_definition(dtype, shape, zero_nan):
+    rng = np.random.default_rng(shape[0] * shape[1])
+    x = (4 * rng.standard_normal(shape)).astype(dtype)
+    out = np.full(shape, np.nan, dtype)
+    sr.softmax_rows(x, out, True, zero_nan)
+    np.testing.assert_allclose(out, definition(x, zero_nan), rtol=RTOL[dtype],
+                               atol=RTOL[dtype])
+    assert sr.kernels() is not None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("zero_nan", [False, True])
+def test_nan_infinities_and_masked_rows(dtype, zero_nan):
+    """A NaN makes its row NaN (NumPy's maximum); a row of -inf (all masked) is NaN,
+    or 0 under zero_nan; -inf elements give 0; a +inf element makes the row NaN."""
+    x = np.array([[0.0, np.nan, 1.0, 2.0],
+                  [-np.inf] * 4,
+                  [1.0, -np.inf, 3.0, -np.inf],
+                  [0.0, np.inf, 1.0, 2.0],
+                  [1e30, 1e30, -1e30, 0.0]], dtype)
+    out = np.empty_like(x)
+    sr.softmax_rows(x, out, True, zero_nan)
+    want = definition(x, zero_nan)
+    np.testing.assert_allclose(out, want, rtol=RTOL[dtype], atol=RTOL[dtype])
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_in_place_overlap_and_strides(direct):
+    """out may be x (in place); out overlapping x at another offset, and x read
+    through strides, take NumPy's steps: the values are the same."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 9))
+    want = definition(x)
+    y = x.copy()
+    sr.softmax_rows(y, y, direct)
+    np.testing.assert_allclose(y, want, rtol=1e-14)
+    buf = np.zeros(6 * 9 + 4)
+    buf[:54] = x.ravel()
+    src, dst = buf[:54].reshape(6, 9), buf[4:].reshape(6, 9)
+    sr.softmax_rows(src, dst, direct)
+    np.testing.assert_allclose(dst, want, rtol=1e-14)
+    wide = np.zeros((6, 18))
+    wide[:, ::2] = x
+    out = np.empty((6, 9))
+    sr.softmax_rows(wide[:, ::2], out, direct)
+    np.testing.assert_allclose(out, want, rtol=1e-14)
+
+
+def test_rows_split_over_threads(monkeypatch):
+    from geon.transformers import fusion
+    monkeypatch.setattr(sr, "PARALLEL_ELEMENTS", 1)
+    monkeypatch.setattr(fusion, "MAX_THREADS", 3)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((50, 33)).astype(np.float32)
+    out = np.empty_like(x)
+    sr.softmax_rows(x, out)
+    np.testing.assert_allclose(out, definition(x), rtol=2e-6, atol=2e-6)
+
+
+# (2,880 scores: the "auto" mode compiles the group of exp(x - max) from 1,024)
+B, Hd, Q = be.Axis(2, "B"), be.Axis(3, "Hd"), be.Axis(12, "Q")
+K, D = be.Axis(40, "K"), be.Axis(4, "D")
+
+
+def attention(dtype, mask=False, nan_to_zero=False):
+    """softmax(q k / sqrt(d) [+ mask]) over K, and (a graph, its feeds, the values)."""
+    rng = np.random.default_rng(3)
+    q = be.placeholder([B, Hd, Q, D], dtype=dtype)
+    k = be.placeholder([B, Hd, K, D], dtype=dtype)
+    Qv = rng.standard_normal((2, 3, 12, 4)).astype(dtype)
+    Kv = rng.standard_normal((2, 3, 40, 4)).astype(dtype)
+    s = be.dot(q, k, batch_axes=[B, Hd]) * be.constant(0.5, dtype=dtype)
+    want = np.einsum("bhqd,bhkd->bhqk", Qv.astype(np.float64), Kv) / 2
+    params, feeds = [q, k], [Qv, Kv]
+    if mask:
+        m = be.placeholder([B, Q, K], dtype=dtype)
+        Mv = np.where(rng.random((2, 12, 40)) < 0.3, -np.inf, 0.0).astype(dtype)
+        Mv[0, 1] = -np.inf   # a row masked whole: NaN, or 0 after the Where
+        s = s + m
+        want = want + Mv[:, None]
+        params.append(m)
+        feeds.append(Mv)
+    p = be.softmax(s, normalization_axes=[K])
+    want = definition(want.reshape(-1, 40), nan_to_zero).reshape(2, 3, 12, 40)
+    if nan_to_zero:
+        p = be.where(be.not_equal(p, p), 0.0, p)
+    return p, params, feeds, want
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mask,nan_to_zero", [(False, False), (True, False),
+                                              (True, True)])
+def test_an_attentions_softmax_takes_the_pass(dtype, mask, nan_to_zero):
+    p, params, feeds, want = attention(dtype, mask, nan_to_zero)
+    comp = be.NumPyTransformer().computation(p, *params)
+    src = comp.source
+    assert src.count("_softmax_rows(") == 1, src
+    assert ("_c_kernels, True)" in src) == nan_to_zero
+    with np.errstate(invalid="ignore"):
+        got = comp(*feeds)
+    assert got.shape == (2, 3, 12, 40) and got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=RTOL[dtype] * 10, atol=RTOL[dtype] * 10)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_graphs_left_alone():
+    """The exponentials read elsewhere, the compiled path off: the four steps run (and
+    give the same values)."""
+    p, params, feeds, want = attention(np.float64)
+    e_read = be.NumPyTransformer().computation([p, be.exp(p)], *params)
+    assert "_softmax_rows(" not in e_read.source or "Exp" not in e_read.source
+    np.testing.assert_allclose(e_read(*feeds)[0], want, rtol=1e-13)
+    off = be.NumPyTransformer(compiled=False).computation(p, *params)
+    assert "_softmax_rows(" not in off.source
+    np.testing.assert_allclose(off(*feeds), want, rtol=1e-13)
+
+
+def test_the_softmax_of_an_onnx_attention_with_a_mask():
+    """The Where(IsNaN(p), 0, p) PyTorch's exporter writes after an attention's
+    softmax with a mask is done by the pass; the values are PyTorch's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    import io
+    from geon.frontends.onnx import import_model
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                    attn_mask=mask)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 16, 8, generator=g)
+    k, v = (torch.randn(2, 2, 40, 8, generator=g) for _ in range(2))
+    mask = torch.ones(2, 1, 16, 40, dtype=torch.bool)   # (a bool mask: the exporter
+    mask[:, :, :, 30:] = False                         # writes the Where after it)
+    buf = io.BytesIO()
+    torch.onnx.export(Attn(), (q, k, v, mask), buf, input_names=["q", "k", "v", "m"],
+                      dynamo=False)
+    model = import_model(buf.getvalue())
+    comp = be.NumPyTransformer().computation(model.outputs[0], *model.inputs)
+    got = comp(q.numpy(), k.numpy(), v.numpy(), mask.numpy())
+    want = Attn()(q, k, v, mask).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert "_c_kernels, True)" in comp.source   # (the pass with its Where)
