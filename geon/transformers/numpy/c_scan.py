@@ -251,25 +251,27 @@ class Loop:
         self.comp, self.actions, self.names = comp, actions, names
         self._built = {}   # the closures' layouts, ys, hist -> _Built or None
 
-    def run(self, carries, xs, closures, ys, hist, reverse, frozen, T):
-        """The final carries after ``T`` steps (views of arrays of the loop;
-        the caller copies them), with each step's ys and entering carries written into
-        ``ys[j][t]`` and ``hist[k][t]`` (None: not kept); ``frozen[k]``: whether closure
-        ``k`` is a constant (a product's operand that is one is packed once, not each
-        call); None: not run."""
-        if "_entry" not in vars(self.comp):
+    def run(self, carries, xs, closures, ys, hist, finals, reverse, frozen, T):
+        """Run ``T`` steps: each step's ys and entering carries written into
+        ``ys[j][t]`` and ``hist[k][t]``, the final carries into ``finals[k]`` (None:
+        not kept); ``frozen[k]``: whether closure ``k`` is a constant (a product's
+        operand that is one is packed once, not each call). True: done; None: not
+        run (the caller runs its Python loop)."""
+        if "_entry" not in vars(self.comp) or T < 1:
             return None   # (not allocated since the transformer changed: its call does)
+        outs = ys + hist + finals
         key = (tuple((c.shape, c.strides, c.dtype) for c in closures),
-               tuple(y is None for y in ys), tuple(h is None for h in hist), frozen)
+               tuple(o is None for o in outs), frozen)
         built = self._built.get(key, False)
         if built is False:
-            built = self._built[key] = self._build(carries, xs, closures, ys, hist, frozen)
+            built = self._built[key] = self._build(carries, xs, closures, ys, hist,
+                                                   finals, frozen)
         if built is None or not all(a.flags.c_contiguous for a in carries + xs) or \
-                not all(o.flags.c_contiguous for o in ys + hist if o is not None):
+                not all(o.flags.c_contiguous for o in outs if o is not None):
             return None
-        return built.run(carries, xs, closures, ys, hist, reverse, T)
+        return built.run(carries, xs, closures, outs, reverse, T)
 
-    def _build(self, carries, xs, closures, ys, hist, frozen):
+    def _build(self, carries, xs, closures, ys, hist, finals, frozen):
         """Trace the step, write its loop and build it; None where it cannot run."""
         comp = self.comp
         # (inputs sharing memory, such as one array fed as two carries, are traced as
@@ -285,7 +287,7 @@ class Loop:
         carries, steps, closures = inputs[:nc], inputs[nc:nc + nx], inputs[nc + nx:]
         try:
             built = _Built(comp, self.actions, dict(zip(self.names, arrays)), results,
-                           carries, steps, closures, ys, hist, frozen)
+                           carries, steps, closures, ys, hist, finals, frozen)
         except _Declined:
             return None
         except compiled.CompileError:
@@ -302,7 +304,7 @@ class _Built:
     """One traced and built loop (see :class:`Loop`)."""
 
     def __init__(self, comp, actions, arrays, results, carries, xs, closures, ys, hist,
-                 frozen):
+                 finals, frozen):
         nc = len(carries)
         self.frozen = frozen
         #: products whose operand b is a constant closure as it is: (closure number,
@@ -370,23 +372,33 @@ class _Built:
             if y is not None and (y[0].nbytes != res[nc + j][2] or y.dtype != results[
                     nc + j].dtype):
                 raise _Declined("y")
-        self.fresh = [(f.nbytes, f.dtype) for f in fresh]
-        src = self._source(actions, arrays, where, res, xs, closures, ys, hist, slot,
-                           fslot)
+        for f, c in zip(finals, carries):
+            if f is not None and (f.nbytes != c.nbytes or f.dtype != c.dtype):
+                raise _Declined("final")
+        # the results' buffers, two of each (steps take them in turn), in one array
+        self.fresh = [-(-f.nbytes // 64) * 64 for f in fresh]
+        self.fresh_bytes = 2 * sum(self.fresh)
+        src = self._source(actions, arrays, where, res, xs, closures, ys, hist, finals,
+                           slot, fslot)
         lib = toolchain.build(src, ["geon_scan_loop"])
         proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_int64,
                                   ctypes.c_int64)
         self.fn = proto(("geon_scan_loop", lib))
-        self.res = res
 
-    def _source(self, actions, arrays, where, res, xs, closures, ys, hist, slot, fslot):
+    def _source(self, actions, arrays, where, res, xs, closures, ys, hist, finals, slot,
+                fslot):
         """The C source of the loop: the body's groups, the product kernel, and
         ``geon_scan_loop(arrays, T, reverse)`` over the tuple :meth:`run` passes."""
-        nc, nx, nf = self.nc, len(xs), len(self.fresh)
-        yslot = fslot + 2 * nf
+        nc, nx = self.nc, len(xs)
+        yslot = fslot + 1
         kept_y = [j for j, y in enumerate(ys) if y is not None]
         kept_h = [k for k, h in enumerate(hist) if h is not None]
-        pslot = yslot + len(kept_y) + len(kept_h)   # then the packed constants
+        kept_f = [k for k, f in enumerate(finals) if f is not None]
+        pslot = yslot + len(kept_y) + len(kept_h) + len(kept_f)   # then packed constants
+        at = [sum(2 * n for n in self.fresh[:j]) for j in range(len(self.fresh))]
+
+        def fresh(j, parity):   # result buffer j of a step of this parity
+            return f"B[{fslot}] + {at[j]} + ({parity}) * {self.fresh[j]}"
 
         def ptr(name):
             expr, off = where[name]
@@ -453,12 +465,12 @@ class _Built:
                 "        const int64_t t = reverse ? T - 1 - s : s;"]
         for k in range(nc):
             j, off, _ = res[k]
-            src.append(f"        char *const c{k} = s ? B[{fslot + 2 * j} + ((s - 1) & 1)]"
-                       f" + {off} : B[{k}];")
+            src.append(f"        char *const c{k} = s ? {fresh(j, '(s - 1) & 1')} + {off} "
+                       f": B[{k}];")
         for k, x in enumerate(xs):
             src.append(f"        char *const x{k} = B[{nc + k}] + t * {x.nbytes};")
-        for j in range(nf):
-            src.append(f"        char *const f{j} = B[{fslot + 2 * j} + (s & 1)];")
+        for j in range(len(self.fresh)):
+            src.append(f"        char *const f{j} = {fresh(j, 's & 1')};")
         for i, k in enumerate(kept_h):
             size = res[k][2]
             src.append(f"        __builtin_memcpy(B[{yslot + len(kept_y) + i}] + t * {size}, "
@@ -471,6 +483,11 @@ class _Built:
             src.append(f"        __builtin_memcpy(B[{yslot + i}] + t * {size}, f{f} + {off}, "
                        f"{size});")
         src.append("    }")
+        for i, k in enumerate(kept_f):   # the final carries (T >= 1)
+            j, off, size = res[k]
+            dst = yslot + len(kept_y) + len(kept_h) + i
+            src.append(f"    if (ok && T > 0) __builtin_memcpy(B[{dst}], "
+                       f"{fresh(j, '(T - 1) & 1')} + {off}, {size});")
         src.append("    PyEval_RestoreThread(state);")
         src += [f"    free({p});" for p in frees]
         src += [f"    geon_release(v, {n});", "    return ok ? 0 : 1;", "}", ""]
@@ -489,15 +506,12 @@ class _Built:
             out.append(hit[1])
         return out
 
-    def run(self, carries, xs, closures, ys, hist, reverse, T):
+    def run(self, carries, xs, closures, outs, reverse, T):
         ns = self.comp._ns
-        fresh = [np.empty(nbytes, np.uint8) for nbytes, _ in self.fresh for _ in (0, 1)]
         with self.comp.transformer._lock:
-            arrays = (*carries, *xs, *closures, *(ns[g] for g in self.globals), *fresh,
-                      *(y for y in ys if y is not None),
-                      *(h for h in hist if h is not None), *self._packed(closures))
+            arrays = (*carries, *xs, *closures, *(ns[g] for g in self.globals),
+                      np.empty(self.fresh_bytes, np.uint8),
+                      *(o for o in outs if o is not None), *self._packed(closures))
             if self.fn(arrays, T, 1 if reverse else 0):
                 raise MemoryError("no memory for a scan's packed products")
-        last = (T - 1) & 1
-        return tuple(np.ndarray(c.shape, c.dtype, fresh[2 * j + last], off)
-                     for c, (j, off, _) in zip(carries, self.res))
+        return True

@@ -121,36 +121,33 @@ def _scan_numpy(op, out, args):
         call = f"{fn}({', '.join(c + xs + ks)})"
         out.append(f"{indent}{targets} = {call}" if nc + ny else f"{indent}{call}")
         return out + [f"{indent}{o}[_sc_t] = {n}" for o, n in zip(ys, y) if o is not None]
+    copies = [f"np.copyto({o}, {n})" for o, n in zip(final, c) if o is not None]
+    if isinstance(T, int) and T >= 2 and runner.computation._c_loop is not None:
+        # The whole loop in one C call where the body's step allows (c_scan.py), which
+        # writes the ys, the history and the final carries; else (None) the loop below
+        def tup(names):
+            return "(" + "".join(f"{n}, " for n in names) + ")"
+        outs = [tup(o or "None" for o in group) for group in (ys, hist, final)]
+        frozen = tuple(map(_constant, op.args[nc + nx:]))
+        stacked = [f"_sc_x{k}" for k in range(nx)]
+        lines.append(f"if _sc_f._c_loop.run({tup(c)}, {tup(stacked)}, {tup(ks)}, "
+                     f"{', '.join(outs)}, {op.reverse}, {frozen}, {T}) is None:")
+        return lines + ["    " + ln for ln in _python_loop(op, T, runner, one_step)
+                        + copies]
+    return lines + _python_loop(op, T, runner, one_step) + copies
+
+
+def _python_loop(op, T, runner, one_step):
+    """The lines of a scan's loop in Python."""
     if isinstance(T, int) and T >= 2 and runner.computation._has_step:
-        # The whole loop in one C call where the body's step allows (c_scan.py; None:
-        # not run). Else the first step through the body's call (which checks the
-        # values), the others through its step() (no checks: the carries are its own
-        # results, the slices and closures as checked) under its lock, held for the
-        # loop: 1-2 us a step.
+        # The first step through the body's call (which checks the values), the others
+        # through its step() (no checks: the carries are its own results, the slices
+        # and closures as checked) under its lock, held for the loop: 1-2 us a step.
         first, rest = (T - 1, f"range({T - 2}, -1, -1)") if op.reverse \
             else (0, f"range(1, {T})")
-        indent = ""
-        if runner.computation._c_loop is not None:
-            def tup(names):
-                return "(" + "".join(f"{n}, " for n in names) + ")"
-            stacked = [f"_sc_x{k}" for k in range(nx)]
-            frozen = tuple(map(_constant, op.args[nc + nx:]))
-            lines += [f"_sc_r = _sc_f._c_loop.run({tup(c)}, {tup(stacked)}, {tup(ks)}, "
-                      f"{tup(o or 'None' for o in ys)}, {tup(h or 'None' for h in hist)}, "
-                      f"{op.reverse}, {frozen}, {T})",
-                      "if _sc_r is not None:",
-                      f"    {tup(c)[1:-1]} = _sc_r" if c else "    pass", "else:"]
-            indent = "    "
-        lines.append(f"{indent}_sc_t = {first}")
-        lines += one_step("_sc_f", indent)
-        lines += [f"{indent}_sc_g = _sc_f._ns['step']",
-                  f"{indent}with _sc_f.transformer._lock:",
-                  f"{indent}    for _sc_t in {rest}:"]
-        lines += one_step("_sc_g", indent + "        ")
-    else:
-        steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
-        lines.append(f"for _sc_t in {steps}:")
-        lines += one_step("_sc_f", "    ")
-    lines += [f"np.copyto({o}, {n})" for o, n in zip(final, c) if o is not None]
-    return lines
+        return [f"_sc_t = {first}"] + one_step("_sc_f", "") + [
+            "_sc_g = _sc_f._ns['step']", "with _sc_f.transformer._lock:",
+            f"    for _sc_t in {rest}:"] + one_step("_sc_g", "        ")
+    steps = f"range({T - 1}, -1, -1)" if op.reverse else f"range({T})"
+    return [f"for _sc_t in {steps}:"] + one_step("_sc_f", "    ")
 
