@@ -313,3 +313,50 @@ def test_a_y_that_is_the_entering_carry_is_copied_at_the_steps_end():
         np.testing.assert_allclose(got[0], h, rtol=1e-12)
         np.testing.assert_allclose(got[1], np.stack(want), rtol=1e-12)
     assert loops_in_c([hT, ys]) == 1
+
+
+def _lstm_gradients(monkeypatch, in_c):
+    """The gradients of an LSTM cell's loss in its weights and h0, and how many of
+    the scans ran in C (``in_c``: False: MAX_PRODUCT 0, the Python loops)."""
+    if not in_c:
+        monkeypatch.setattr(c_scan, "MAX_PRODUCT", 0)
+    rng = np.random.default_rng(8)
+    ax_t, ax_n, ax_h, ax_d = (be.Axis(5, "T"), be.Axis(3, "N"), be.Axis(6, "H"),
+                              be.Axis(4, "D"))
+    ax_g = be.Axis(24, "G")
+    x = be.placeholder([ax_t, ax_n, ax_d], dtype=np.float64)
+    h0 = be.placeholder([ax_n, ax_h], dtype=np.float64)
+    w = be.placeholder([ax_h, ax_g], dtype=np.float64)
+    u = be.placeholder([ax_d, ax_g], dtype=np.float64)
+
+    def gate(g, k):
+        return be.cast_axes(be.slice_along_axis(g, ax_g, slice(6 * k, 6 * k + 6)),
+                            [ax_n, ax_h])
+
+    def cell(carry, xt):
+        h, c = carry
+        g = be.dot(h, w) + be.dot(xt, u)
+        c2 = be.sigmoid(gate(g, 1)) * c + be.sigmoid(gate(g, 0)) * be.tanh(gate(g, 3))
+        h2 = be.sigmoid(gate(g, 2)) * be.tanh(c2)
+        return (h2, c2), (h2, g)   # (g read whole too: its adjoint adds into a sum)
+    (hT, cT), (ys, gs) = be.scan(cell, (h0, h0 * 0.5), x, ax_t)
+    loss = be.sum(ys * ys, out_axes=()) + be.sum(cT, out_axes=()) \
+        + 0.1 * be.sum(gs * gs, out_axes=())
+    grads = be.deriv(loss, [w, u, h0])
+    comp = be.NumPyTransformer().computation([loss] + list(grads), x, h0, w, u)
+    feeds = (rng.standard_normal((5, 3, 4)), rng.standard_normal((3, 6)),
+             0.4 * rng.standard_normal((6, 24)), 0.4 * rng.standard_normal((4, 24)))
+    comp(*feeds)
+    return comp(*feeds), loops_in_c([loss] + list(grads))
+
+
+def test_an_lstms_derivative_runs_both_loops_in_c(monkeypatch):
+    """The reverse scan of an LSTM's derivative (its gates' slices' adjoints are
+    Unslice and UnsliceAdd) runs in C too; its gradients are the Python loops'."""
+    got, n = _lstm_gradients(monkeypatch, True)
+    assert n >= 2
+    with monkeypatch.context() as m:
+        want, n_py = _lstm_gradients(m, False)
+    assert n_py == 0
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-12)

@@ -9,6 +9,8 @@ product's ``np.matmul`` call and the group's call were 2.4 and 1.9 and the rest 
 Here the whole loop runs in one C call, where the body's step does only this:
 
 - views (of its inputs, of its module's arrays, of its results), and copies of them;
+- the adjoints of slices (``Unslice``: zeros and a slice set; ``UnsliceAdd``: a slice
+  added into a value), as nested C loops over the slice;
 - compiled groups (:mod:`.c_codegen`): their loops are called directly, with the
   pointers and strides of the arrays the step's Python would hand them;
 - 2-d matrix products of float32 or float64 of at most :data:`MAX_PRODUCT`
@@ -180,6 +182,14 @@ def plan(em):
         elif isinstance(op, pr.Copy) and op.axes.size and all(
                 isinstance(n, int) for n in op.axes.lengths):
             actions.append(("copy", em.names[op.args[0]], em.names[op]))
+        elif isinstance(op, pr.Unslice) and op.dtype in _DTYPES and all(
+                isinstance(n, int) for n in op.axes.lengths):   # zeros, a slice set
+            actions.append(("unslice", em.names[op.args[0]], em.names[op], op.key))
+        elif isinstance(op, pr.UnsliceAdd) and op.dtype in _DTYPES and all(
+                isinstance(n, int) for n in op.axes.lengths):   # (a slice's adjoint)
+            x, a = op.args
+            actions.append(("unslice_add", em.names[x], em.names[a], em.names[op],
+                            op.key))
         elif isinstance(op, pr.Gemm) and not op.batch_rank and op.dtype in _DTYPES \
                 and all(a.dtype == op.dtype for a in op.args) \
                 and all(isinstance(n, int) for a in op.args for n in a.axes.lengths) \
@@ -204,8 +214,8 @@ def trace_source(actions, params, core, step_returns):
     of the actions and the results; and the names of the actions' arrays."""
     names = []
     for act in actions:
-        for n in (act[2] if act[0] == "group" else act[1:3] if act[0] == "copy"
-                  else act[1:4]):
+        for n in (act[2] if act[0] == "group" else act[1:3] if act[0] in ("copy", "unslice")
+                  else act[1:4]):   # (a gemm's a, b, out; an unslice_add's x, a, out)
             if n not in names:
                 names.append(n)
     # (a result the step copies, np.array(name), is returned as the array it copies)
@@ -216,10 +226,11 @@ def trace_source(actions, params, core, step_returns):
                f"({''.join(r + ', ' for r in back)})"]), names
 
 
-def _copy_lines(src, a, dst, b):
-    """C lines copying array ``a`` at ``src`` into ``b`` (same shape) at ``dst``."""
+def _copy_lines(src, a, dst, b, add=False):
+    """C lines copying array ``a`` at ``src`` into ``b`` (same shape) at ``dst`` (adding
+    it to ``b`` where ``add``)."""
     real = _CTYPE.get(a.dtype)
-    if real is None or a.dtype != b.dtype:
+    if real is None or a.dtype != b.dtype or a.shape != b.shape:
         raise _Declined("copy")
     lines, ind = [], "        "
     for d, n in enumerate(a.shape):
@@ -227,7 +238,10 @@ def _copy_lines(src, a, dst, b):
         ind += "    "
     at = [" + ".join([p] + [f"i{d} * {s}" for d, s in enumerate(x.strides)])
           for p, x in ((src, a), (dst, b))]
-    store = f"{ind}*({real} *)({at[1]}) = *(const {real} *)({at[0]});"
+    value = f"*(const {real} *)({at[0]})"
+    if add:
+        value = f"*({real} *)({at[1]}) + {value}"
+    store = f"{ind}*({real} *)({at[1]}) = {value};"
     return ["        {"] + lines + [store, "        }"]
 
 
@@ -420,6 +434,26 @@ class _Built:
             if act[0] == "copy":
                 body += _copy_lines(ptr(act[1]), arrays[act[1]], ptr(act[2]),
                                     arrays[act[2]])
+                continue
+            if act[0] in ("unslice", "unslice_add"):
+                # out = 0 or x; out[key] = a or out[key] + a
+                if act[0] == "unslice":
+                    (_, a, out, key), x = act, None
+                    if not arrays[out].flags.c_contiguous:
+                        raise _Declined("unslice")
+                    body.append(f"        __builtin_memset({ptr(out)}, 0, "
+                                f"{arrays[out].nbytes});")
+                else:
+                    _, x, a, out, key = act
+                if x is not None and x != out:
+                    body += _copy_lines(ptr(x), arrays[x], ptr(out), arrays[out])
+                part = arrays[out][key]
+                if not isinstance(part, np.ndarray) or not part.size:
+                    raise _Declined("unslice_add")
+                base, off = where[out]
+                dst = f"({base} + {off + _address(part) - _address(arrays[out])})"
+                add = np.broadcast_to(arrays[a], part.shape)
+                body += _copy_lines(ptr(a), add, dst, part, add=act[0] == "unslice_add")
                 continue
             _, a, b, out, dtype = act
             A, Bm, C = arrays[a], arrays[b], arrays[out]
