@@ -418,69 +418,8 @@ class _Built:
             expr, off = where[name]
             return f"({expr} + {off})"
 
-        setup, body, frees = [], [], []
-        invariant = {f"B[{nc + nx + k}]" for k in range(len(closures))}
-        invariant |= {f"B[{slot + i}]" for i, g in enumerate(self.globals)
-                      if g in self.comp._consts}
-        for i, act in enumerate(actions):
-            if act[0] == "group":
-                _, cname, names, strided, units = act
-                for p in strided:
-                    setup.append(f"    static const ptrdiff_t st{i}_{p}[] = {{"
-                                 f"{', '.join(map(str, arrays[names[p]].strides))}}};")
-                body.append(f"        {cname}_loops({''.join(ptr(m) + ', ' for m in names)}"
-                            f"{''.join(f'st{i}_{p}, ' for p in strided)}0, {units});")
-                continue
-            if act[0] == "copy":
-                body += _copy_lines(ptr(act[1]), arrays[act[1]], ptr(act[2]),
-                                    arrays[act[2]])
-                continue
-            if act[0] in ("unslice", "unslice_add"):
-                # out = 0 or x; out[key] = a or out[key] + a
-                if act[0] == "unslice":
-                    (_, a, out, key), x = act, None
-                    if not arrays[out].flags.c_contiguous:
-                        raise _Declined("unslice")
-                    body.append(f"        __builtin_memset({ptr(out)}, 0, "
-                                f"{arrays[out].nbytes});")
-                else:
-                    _, x, a, out, key = act
-                if x is not None and x != out:
-                    body += _copy_lines(ptr(x), arrays[x], ptr(out), arrays[out])
-                part = arrays[out][key]
-                if not isinstance(part, np.ndarray) or not part.size:
-                    raise _Declined("unslice_add")
-                base, off = where[out]
-                dst = f"({base} + {off + _address(part) - _address(arrays[out])})"
-                add = np.broadcast_to(arrays[a], part.shape)
-                body += _copy_lines(ptr(a), add, dst, part, add=act[0] == "unslice_add")
-                continue
-            _, a, b, out, dtype = act
-            A, Bm, C = arrays[a], arrays[b], arrays[out]
-            if any(s % A.itemsize for s in A.strides + Bm.strides + C.strides):
-                raise _Declined("strides")
-            (M, K), N = A.shape, Bm.shape[1]
-            real, suf = _CTYPE[dtype], _CTYPE[dtype][0]
-            lanes = 4 * 32 // dtype.itemsize
-            NP = -(-N // lanes) * lanes
-            const = [j for j, c in enumerate(closures) if self.frozen[j] and where[b] == (
-                f"B[{nc + nx + j}]", 0) and c.shape == Bm.shape and c.strides == Bm.strides]
-            if const:   # a constant closure as it is: packed once, by run()
-                setup.append(f"    const {real} *const p{i} = (const {real} *)"
-                             f"B[{pslot + len(self.prepacked)}];")
-                self.prepacked.append((const[0], NP))
-            else:
-                pack = (f"scan_pack_{suf}({ptr(b)}, {Bm.strides[0]}, {Bm.strides[1]}, "
-                        f"{K}, {N}, {NP}, p{i});")
-                setup.append(f"    {real} *const p{i} = malloc({K * NP} * sizeof({real}));")
-                frees.append(f"p{i}")
-                if where[b][0] in invariant:   # read-only in the loop: packed once
-                    setup.append(f"    if (p{i}) {pack}")
-                else:
-                    body.append(f"        {pack}")
-            body.append(f"        scan_gemm_{suf}({ptr(a)}, {A.strides[0]}, {A.strides[1]}, "
-                        f"p{i}, {NP}, {ptr(out)}, {C.strides[0]}, {C.strides[1]}, "
-                        f"{M}, {N}, {K});")
+        setup, body, frees = self._actions(actions, arrays, ptr, where, closures,
+                                           nc + nx, slot, pslot)
         n = pslot + len(self.prepacked)
         dtypes = sorted({act[4] for act in actions if act[0] == "gemm"}, key=str)
         src = [self.comp._kernels.source, "#include <stdlib.h>"]
@@ -526,6 +465,76 @@ class _Built:
         src += [f"    free({p});" for p in frees]
         src += [f"    geon_release(v, {n});", "    return ok ? 0 : 1;", "}", ""]
         return "\n".join(src)
+
+    def _actions(self, actions, arrays, ptr, where, closures, cslot, slot, pslot):
+        """The C of each action: ``(setup, body, frees)``: lines before the loop, in
+        each step, and the buffers to free after it. ``ptr(name)``: the C pointer of an
+        array in a step; closures from slot ``cslot``, the module's arrays from
+        ``slot``, the packed constants from ``pslot``."""
+        setup, body, frees = [], [], []
+        invariant = {f"B[{cslot + k}]" for k in range(len(closures))}
+        invariant |= {f"B[{slot + i}]" for i, g in enumerate(self.globals)
+                      if g in self.comp._consts}
+        for i, act in enumerate(actions):
+            if act[0] == "group":
+                _, cname, names, strided, units = act
+                for p in strided:
+                    setup.append(f"    static const ptrdiff_t st{i}_{p}[] = {{"
+                                 f"{', '.join(map(str, arrays[names[p]].strides))}}};")
+                body.append(f"        {cname}_loops({''.join(ptr(m) + ', ' for m in names)}"
+                            f"{''.join(f'st{i}_{p}, ' for p in strided)}0, {units});")
+                continue
+            if act[0] == "copy":
+                body += _copy_lines(ptr(act[1]), arrays[act[1]], ptr(act[2]),
+                                    arrays[act[2]])
+                continue
+            if act[0] in ("unslice", "unslice_add"):
+                # out = 0 or x; out[key] = a or out[key] + a
+                if act[0] == "unslice":
+                    (_, a, out, key), x = act, None
+                    if not arrays[out].flags.c_contiguous:
+                        raise _Declined("unslice")
+                    body.append(f"        __builtin_memset({ptr(out)}, 0, "
+                                f"{arrays[out].nbytes});")
+                else:
+                    _, x, a, out, key = act
+                if x is not None and x != out:
+                    body += _copy_lines(ptr(x), arrays[x], ptr(out), arrays[out])
+                part = arrays[out][key]
+                if not isinstance(part, np.ndarray) or not part.size:
+                    raise _Declined("unslice_add")
+                base, off = where[out]
+                dst = f"({base} + {off + _address(part) - _address(arrays[out])})"
+                add = np.broadcast_to(arrays[a], part.shape)
+                body += _copy_lines(ptr(a), add, dst, part, add=act[0] == "unslice_add")
+                continue
+            _, a, b, out, dtype = act
+            A, Bm, C = arrays[a], arrays[b], arrays[out]
+            if any(s % A.itemsize for s in A.strides + Bm.strides + C.strides):
+                raise _Declined("strides")
+            (M, K), N = A.shape, Bm.shape[1]
+            real, suf = _CTYPE[dtype], _CTYPE[dtype][0]
+            lanes = 4 * 32 // dtype.itemsize
+            NP = -(-N // lanes) * lanes
+            const = [j for j, c in enumerate(closures) if self.frozen[j] and where[b] == (
+                f"B[{cslot + j}]", 0) and c.shape == Bm.shape and c.strides == Bm.strides]
+            if const:   # a constant closure as it is: packed once, by run()
+                setup.append(f"    const {real} *const p{i} = (const {real} *)"
+                             f"B[{pslot + len(self.prepacked)}];")
+                self.prepacked.append((const[0], NP))
+            else:
+                pack = (f"scan_pack_{suf}({ptr(b)}, {Bm.strides[0]}, {Bm.strides[1]}, "
+                        f"{K}, {N}, {NP}, p{i});")
+                setup.append(f"    {real} *const p{i} = malloc({K * NP} * sizeof({real}));")
+                frees.append(f"p{i}")
+                if where[b][0] in invariant:   # read-only in the loop: packed once
+                    setup.append(f"    if (p{i}) {pack}")
+                else:
+                    body.append(f"        {pack}")
+            body.append(f"        scan_gemm_{suf}({ptr(a)}, {A.strides[0]}, {A.strides[1]}, "
+                        f"p{i}, {NP}, {ptr(out)}, {C.strides[0]}, {C.strides[1]}, "
+                        f"{M}, {N}, {K});")
+        return setup, body, frees
 
     def _packed(self, closures):
         """The constant closures' packed arrays (made on the first call with each)."""

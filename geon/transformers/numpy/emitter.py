@@ -25,7 +25,8 @@ from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
-from geon.transformers.numpy import blas, c_scan, epilogues, softmax_rows
+from geon.transformers.numpy import blas, c_scan, epilogues
+from geon.transformers.numpy import rows as row_passes
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.numpy.control import subgraph_computations
 from geon.transformers.numpy.code_table import (NUMPY_CODE, NUMPY_VIEWS, ROW_LENGTHS,
@@ -127,7 +128,8 @@ class ModuleEmitter:
         self.bias_gemms = {gemm for gemm, _ in self.bias_adds.values()}
         # convolutions that add the bias and clamp after them themselves; softmaxes
         found = (f(self, op) for op in self.order
-                 for f in (epilogues.find, softmax_rows.find))
+                 for f in (epilogues.find, row_passes.find_softmax,
+                           row_passes.find_layer_norm))
         self.epilogues = {e.head: e for e in found if e is not None}
         self.fused_away = {m for e in self.epilogues.values() for m in e.ops + e.views}
         for op in self.order:

@@ -1,4 +1,4 @@
-"""The softmax over rows in one C pass (geon/transformers/numpy/softmax_rows.py): the
+"""The softmax over rows in one C pass (geon/transformers/numpy/rows.py): the
 kernel against NumPy's definition (NaN, infinities, masked rows, in place, overlap,
 threads), and which graphs the emitter gives it (an attention's scores, with a mask,
 with PyTorch's Where(IsNaN(p), 0, p) after it) and which it leaves alone."""
@@ -8,7 +8,7 @@ import pytest
 
 import geon as be
 from geon.transformers.numpy import compiled as ck
-from geon.transformers.numpy import softmax_rows as sr
+from geon.transformers.numpy import rows as sr
 
 pytestmark = pytest.mark.skipif(not ck.available(),
                                 reason="no working C compiler for the C kernels")
@@ -128,7 +128,7 @@ def test_an_attentions_softmax_takes_the_pass(dtype, mask, nan_to_zero):
     comp = be.NumPyTransformer().computation(p, *params)
     src = comp.source
     assert src.count("_softmax_rows(") == 1, src
-    assert ("_c_kernels, True)" in src) == nan_to_zero
+    assert ("_conv_ws, True)" in src) == nan_to_zero
     with np.errstate(invalid="ignore"):
         got = comp(*feeds)
     assert got.shape == (2, 3, 12, 40) and got.dtype == dtype
@@ -173,4 +173,108 @@ def test_the_softmax_of_an_onnx_attention_with_a_mask():
     got = comp(q.numpy(), k.numpy(), v.numpy(), mask.numpy())
     want = Attn()(q, k, v, mask).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert "_c_kernels, True)" in comp.source   # (the pass with its Where)
+    assert "_conv_ws, True)" in comp.source   # (the pass with its Where)
+
+
+# --- a layer norm's statistics -------------------------------------------------------
+
+def stats_definition(x, eps):
+    x = x.astype(np.float64)
+    d = x - x.mean(axis=1, keepdims=True)
+    return d, 1 / np.sqrt((d * d).mean(axis=1) + eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (34, 64), (9, 768), (2, 1000)])
+@pytest.mark.parametrize("direct", [True, False])
+def test_stats_kernel_against_the_definition(dtype, shape, direct):
+    rng = np.random.default_rng(shape[0] + shape[1])
+    x = (3 + 2 * rng.standard_normal(shape)).astype(dtype)
+    d, inv = np.empty_like(x), np.empty(shape[0], dtype)
+    sr.layer_norm_stats(x, d, inv, 1e-5, direct)
+    want_d, want_inv = stats_definition(x, 1e-5)
+    tol = 20 * RTOL[dtype]
+    np.testing.assert_allclose(d, want_d, rtol=tol, atol=tol)
+    np.testing.assert_allclose(inv, want_inv, rtol=tol)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_stats_in_place_overlap_and_nan(direct):
+    """d may be x; d overlapping x elsewhere, and inv overlapping x, take NumPy's
+    steps; a NaN makes its row's d and inv NaN."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 12))
+    x[2, 3] = np.nan
+    want_d, want_inv = stats_definition(x, 1e-6)
+    y, inv = x.copy(), np.empty(5)
+    sr.layer_norm_stats(y, y, inv, 1e-6, direct)
+    np.testing.assert_allclose(y, want_d, rtol=1e-13)
+    np.testing.assert_allclose(inv, want_inv, rtol=1e-13)
+    assert np.isnan(y[2]).all() and np.isnan(inv[2]) and not np.isnan(inv[[0, 1, 3, 4]]).any()
+    buf = np.zeros(60 + 12)
+    buf[:60] = x.ravel()   # (d a row after x: each row written would be read next)
+    src, d = buf[:60].reshape(5, 12), buf[12:].reshape(5, 12)
+    inv2 = np.empty(5)
+    sr.layer_norm_stats(src, d, inv2, 1e-6, direct)
+    np.testing.assert_allclose(d, want_d, rtol=1e-13)
+    buf2 = np.zeros(60)
+    buf2[:] = x.ravel()
+    xs, d3, inv3 = buf2.reshape(5, 12), np.empty((5, 12)), buf2[30:35]
+    sr.layer_norm_stats(xs, d3, inv3, 1e-6, direct)
+    np.testing.assert_allclose(d3, want_d, rtol=1e-13)
+    np.testing.assert_allclose(inv3, want_inv, rtol=1e-13)
+
+
+def layer_norm_graph(dtype, eps=1e-5):
+    """A layer norm written as the ONNX importer writes LayerNormalization (a
+    reciprocal of the root), over (4, 16, 64), and its feeds and values."""
+    rng = np.random.default_rng(6)
+    x = be.np.placeholder((4, 16, 64), dtype=dtype)
+    gamma = be.np.asarray(rng.standard_normal(64).astype(dtype))
+    beta = be.np.asarray(rng.standard_normal(64).astype(dtype))
+    mean = be.np.mean(x, (2,), keepdims=True)
+    d = x - mean
+    var = be.np.mean(d * d, (2,), keepdims=True)
+    inv = 1.0 / be.np.sqrt(var + eps)
+    y = d * inv * gamma + beta
+    X = (1 + rng.standard_normal((4, 16, 64))).astype(dtype)
+    dd, ii = stats_definition(X.reshape(-1, 64), eps)
+    want = (dd * ii[:, None]).reshape(4, 16, 64) * gamma.value + beta.value
+    return y, x, X, want, inv
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_layer_norm_takes_the_pass(dtype):
+    y, x, X, want, _ = layer_norm_graph(dtype)
+    comp = be.NumPyTransformer().computation(y, x)
+    assert comp.source.count("_layer_norm_stats(") == 1, comp.source
+    got = comp(X)
+    np.testing.assert_allclose(got, want, rtol=RTOL[dtype] * 20, atol=RTOL[dtype] * 20)
+    off = be.NumPyTransformer(compiled=False).computation(y, x)
+    assert "_layer_norm_stats(" not in off.source
+    np.testing.assert_allclose(off(X), want, rtol=RTOL[dtype] * 20, atol=RTOL[dtype] * 20)
+
+
+def test_a_layer_norm_whose_statistics_are_read_elsewhere_is_left_alone():
+    y, x, X, want, inv = layer_norm_graph(np.float64)
+    comp = be.NumPyTransformer().computation([y, inv], x)   # (inv a result too)
+    assert "_layer_norm_stats(" not in comp.source
+    np.testing.assert_allclose(comp(X)[0], want, rtol=1e-12)
+
+
+def test_an_onnx_layer_norm_against_pytorch():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    import io
+    from geon.frontends.onnx import import_model
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64)).eval()
+    x = torch.randn(4, 16, 32)
+    buf = io.BytesIO()
+    torch.onnx.export(m, (x,), buf, input_names=["x"], dynamo=False, opset_version=17)
+    model = import_model(buf.getvalue())
+    comp = be.NumPyTransformer().computation(model.outputs[0], *model.inputs)
+    with torch.no_grad():
+        want = m(x).numpy()
+    np.testing.assert_allclose(comp(x.numpy()), want, rtol=1e-5, atol=1e-5)
+    assert "_layer_norm_stats(" in comp.source
