@@ -210,8 +210,9 @@ def _work(op):
 
 
 def trace_source(actions, params, core, step_returns):
-    """The lines of the body module's ``_trace()``: the step's lines, then the arrays
-    of the actions and the results; and the names of the actions' arrays."""
+    """The lines of the body module's ``_trace()`` (the step's lines, then the arrays
+    of the actions and the results), the names of the actions' arrays, and whether
+    each result is a copy the step makes (``np.array(name)``)."""
     names = []
     for act in actions:
         for n in (act[2] if act[0] == "group" else act[1:3] if act[0] in ("copy", "unslice")
@@ -219,11 +220,11 @@ def trace_source(actions, params, core, step_returns):
             if n not in names:
                 names.append(n)
     # (a result the step copies, np.array(name), is returned as the array it copies)
-    back = [r[len("np.array("):-1] if r.startswith("np.array(") else r
-            for r in step_returns]
+    copied = [r.startswith("np.array(") for r in step_returns]
+    back = [r[len("np.array("):-1] if c else r for r, c in zip(step_returns, copied)]
     return ([f"def _trace({', '.join(params)}):"] + core
             + [f"    return ({''.join(n + ', ' for n in names)}), "
-               f"({''.join(r + ', ' for r in back)})"]), names
+               f"({''.join(r + ', ' for r in back)})"]), names, copied
 
 
 def _copy_lines(src, a, dst, b, add=False):
@@ -261,8 +262,8 @@ class Loop:
     """The loop of one scan body in C: :meth:`run` runs every step in one call, or
     returns None where this body's loop cannot (the caller runs its Python loop)."""
 
-    def __init__(self, comp, actions, names):
-        self.comp, self.actions, self.names = comp, actions, names
+    def __init__(self, comp, actions, names, copied):
+        self.comp, self.actions, self.names, self.copied = comp, actions, names, copied
         self._built = {}   # the closures' layouts, ys, hist -> _Built or None
 
     def run(self, carries, xs, closures, ys, hist, finals, reverse, frozen, T):
@@ -301,7 +302,7 @@ class Loop:
         carries, steps, closures = inputs[:nc], inputs[nc:nc + nx], inputs[nc + nx:]
         try:
             built = _Built(comp, self.actions, dict(zip(self.names, arrays)), results,
-                           carries, steps, closures, ys, hist, finals, frozen)
+                           self.copied, carries, steps, closures, ys, hist, finals, frozen)
         except _Declined:
             return None
         except compiled.CompileError:
@@ -317,8 +318,8 @@ class _Declined(Exception):
 class _Built:
     """One traced and built loop (see :class:`Loop`)."""
 
-    def __init__(self, comp, actions, arrays, results, carries, xs, closures, ys, hist,
-                 finals, frozen):
+    def __init__(self, comp, actions, arrays, results, copied, carries, xs, closures, ys,
+                 hist, finals, frozen):
         nc = len(carries)
         self.frozen = frozen
         #: products whose operand b is a constant closure as it is: (closure number,
@@ -331,7 +332,6 @@ class _Built:
         bases += [(f"B[{nc + len(xs) + k}]", a) for k, a in enumerate(closures)]
         slot = nc + len(xs) + len(closures)
         self.globals, fresh = [], []   # names of the module's arrays used; result roots
-        copied = [r.startswith("np.array(") for r in comp._step_returns]
         for r, c in zip(results, copied):
             if c:
                 continue

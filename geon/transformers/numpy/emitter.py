@@ -126,7 +126,8 @@ class ModuleEmitter:
                 if found is not None:
                     self.bias_adds[g] = found
         self.bias_gemms = {gemm for gemm, _ in self.bias_adds.values()}
-        # convolutions that add the bias and clamp after them themselves; softmaxes
+        # convolutions that add the bias and clamp after them themselves; softmaxes and
+        # layer norms' statistics as one pass (rows.py)
         found = (f(self, op) for op in self.order
                  for f in (epilogues.find, row_passes.find_softmax,
                            row_passes.find_layer_norm))
@@ -266,7 +267,8 @@ class ModuleEmitter:
             groups += [fusion.Group([op], set()) for op in order
                        if op not in grouped and self.emits(op)
                        and compiled_kernels.fusable(op) and not isinstance(op, pr.ViewOp)]
-            groups.sort(key=lambda g: order.index(g.members[0]))
+            at = {op: k for k, op in enumerate(order)}
+            groups.sort(key=lambda g: at[g.members[0]])
         return groups
 
     # --- names --------------------------------------------------------------------------
@@ -340,7 +342,7 @@ class ModuleEmitter:
         if op in self.epilogues:
             self.epilogues[op].emit(self)
         elif op in self.fused_away:
-            return   # computed by a convolution's epilogue (epilogues.py)
+            return   # computed by an epilogue or a row pass (epilogues.py, rows.py)
         elif isinstance(op, pr.ViewOp):
             self.view_line(op)
         elif op in self.first:
@@ -599,10 +601,9 @@ class ModuleEmitter:
             f"    return {back}"]
         actions = c_scan.plan(self)   # the step in C where it can be (c_scan.py)
         if actions:
-            trace, names = c_scan.trace_source(actions, params, self.core,
-                                               self.step_returns)
-            comp._c_loop = c_scan.Loop(comp, actions, names)
-            comp._step_returns = self.step_returns
+            trace, names, copied = c_scan.trace_source(actions, params, self.core,
+                                                       self.step_returns)
+            comp._c_loop = c_scan.Loop(comp, actions, names, copied)
             src += trace
         return src
 
