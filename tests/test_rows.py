@@ -88,6 +88,11 @@ def test_rows_split_over_threads(monkeypatch):
     out = np.empty_like(x)
     sr.softmax_rows(x, out)
     np.testing.assert_allclose(out, definition(x), rtol=2e-6, atol=2e-6)
+    d, inv = np.empty_like(x), np.empty(50, np.float32)
+    sr.layer_norm_stats(x, d, inv, 1e-5)
+    want_d, want_inv = stats_definition(x, 1e-5)
+    np.testing.assert_allclose(d, want_d, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(inv, want_inv, rtol=2e-5)
 
 
 # (2,880 scores: the "auto" mode compiles the group of exp(x - max) from 1,024)

@@ -209,6 +209,18 @@ def _fns(direct):
     return direct.kernels(_SELF)
 
 
+def _by_rows(call, R, size):
+    """``call(lo, hi)`` over rows 0..R, split over geon's threads from
+    :data:`PARALLEL_ELEMENTS` elements; the worst status returned."""
+    threads = fusion.MAX_THREADS if size >= PARALLEL_ELEMENTS else 1
+    if threads < 2:
+        return call(0, R)
+    results = []
+    fusion.run_blocks(lambda a, b: results.append(call(a, b)), R,
+                      max(1, -(-R // threads)), [()] * threads)
+    return max(results)
+
+
 def softmax_rows(x, out, direct=True, zero_nan=False):
     """``out`` (R, L) = the softmax of each row of ``x`` (R, L) (``out`` may be ``x``),
     a NaN made 0 where ``zero_nan``: by the C kernel where ``direct`` (see
@@ -218,16 +230,7 @@ def softmax_rows(x, out, direct=True, zero_nan=False):
     R, L = x.shape
     if fn is not None and x.dtype == out.dtype and x.flags.c_contiguous \
             and out.flags.c_contiguous:
-        threads = fusion.MAX_THREADS if x.size >= PARALLEL_ELEMENTS else 1
-        if threads < 2:
-            status = fn((x, out), L, 0, R, zero_nan)
-        else:
-            results = []
-            def part(a, b):
-                results.append(fn((x, out), L, a, b, zero_nan))
-            fusion.run_blocks(part, R, max(1, -(-R // threads)), [()] * threads)
-            status = max(results)
-        if status == 0:
+        if _by_rows(lambda a, b: fn((x, out), L, a, b, zero_nan), R, x.size) == 0:
             return
     if np.may_share_memory(x, out) and x is not out:
         x = x.copy()
@@ -248,17 +251,7 @@ def layer_norm_stats(x, d, inv, eps, direct=True):
     R, L = x.shape
     if fn is not None and x.dtype == d.dtype == inv.dtype and x.flags.c_contiguous \
             and d.flags.c_contiguous and inv.flags.c_contiguous:
-        if x.size < PARALLEL_ELEMENTS or fusion.MAX_THREADS < 2:
-            status = fn((x, d, inv), L, eps, 0, R)
-        else:
-            results = []
-
-            def part(a, b):
-                results.append(fn((x, d, inv), L, eps, a, b))
-            fusion.run_blocks(part, R, max(1, -(-R // fusion.MAX_THREADS)),
-                              [()] * fusion.MAX_THREADS)
-            status = max(results)
-        if status == 0:
+        if _by_rows(lambda a, b: fn((x, d, inv), L, eps, a, b), R, x.size) == 0:
             return
     if np.may_share_memory(x, d) and x is not d or np.may_share_memory(x, inv):
         x = x.copy()
