@@ -41,6 +41,7 @@ from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
 from geon.op_graph.nn_ops import Select
 from geon.transformers import fusion
+from geon.transformers.codegen_text import identifier, py_literal
 from geon.transformers.numpy import compiled, toolchain
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS
 
@@ -313,6 +314,17 @@ def _broadcast(em, r, x, views):
         op = nxt
 
 
+def _reshaped(em, op, shape):
+    """The text of ``op``'s buffer (named) as ``shape``: a view made once in setup()
+    where the buffer is planned (the same array every call), else per call."""
+    name = em.names[op]
+    if op in em.fresh or op not in em.plan.slot or em.sym:
+        return f"{name}.reshape({py_literal(shape)})"
+    view = identifier(f"{name}_rows", em.taken)
+    em.setup.append(f"    {view} = {name}.reshape({py_literal(shape)})")
+    return view
+
+
 def _once(em, op):
     """Whether ``op`` is read by one op and is no result."""
     return em._readers.get(op) == 1 and op not in em.comp.results
@@ -384,9 +396,9 @@ def _zero_nan(em, div):
 def lines(em, s):
     """Emit softmax chain ``s`` into ``em``'s body (naming the division's buffer)."""
     em._view_ahead(s.rows)
-    out = em.names[s.final] = em.buffer(s.final, em.body)
+    em.names[s.final] = em.buffer(s.final, em.body)
     R, L = s.rows.axes.lengths
-    line = (f"_softmax_rows({em.names[s.rows]}, {out}.reshape(({R}, {L})), "
+    line = (f"_softmax_rows({em.names[s.rows]}, {_reshaped(em, s.final, (R, L))}, "
             f"_conv_ws{', True' if s.zero_nan else ''})")
     em.body.append(em.comp._annotate(line, s.final))
     em.body.append(f"    # {', '.join(type(m).__name__ for m in s.ops)}: one softmax pass")
@@ -405,11 +417,12 @@ class LayerNormStats:
 
     def emit(self, em):
         em._view_ahead(self.rows)
-        d = em.names[self.d] = em.buffer(self.d, em.body)
-        inv = em.names[self.inv] = em.buffer(self.inv, em.body)
+        em.names[self.d] = em.buffer(self.d, em.body)
+        em.names[self.inv] = em.buffer(self.inv, em.body)
         R, L = self.rows.axes.lengths
-        line = (f"_layer_norm_stats({em.names[self.rows]}, {d}.reshape(({R}, {L})), "
-                f"{inv}.reshape({R}), {self.eps!r}, _conv_ws)")
+        line = (f"_layer_norm_stats({em.names[self.rows]}, "
+                f"{_reshaped(em, self.d, (R, L))}, {_reshaped(em, self.inv, (R,))}, "
+                f"{self.eps!r}, _conv_ws)")
         em.body.append(em.comp._annotate(line, self.head))
         em.body.append(f"    # {', '.join(type(m).__name__ for m in self.ops)}: a layer "
                        f"norm's statistics in one pass")
