@@ -360,3 +360,19 @@ def test_an_lstms_derivative_runs_both_loops_in_c(monkeypatch):
     assert n_py == 0
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-12)
+
+
+def test_a_weight_fed_anew_each_call_is_packed_anew():
+    """A weight that is a placeholder keeps its pack between calls only while its
+    bytes stay the same: other values fed in place give their own results."""
+    params, feeds, want, results, bias = rnn(4, 12, 3, 5, np.float64)
+    comp = be.NumPyTransformer().computation(list(results), *params)
+    X, H0, U, W = feeds
+    for scale in (1.0, -0.5, 1.0, 2.0):
+        W2 = W * scale
+        h = H0
+        for x_t in X:
+            h = np.tanh(h @ W2 + x_t @ U + bias)
+        np.testing.assert_allclose(comp(X, H0, U, W2)[0], h, rtol=1e-12)
+        np.testing.assert_allclose(comp(X, H0, U, W2.copy())[0], h, rtol=1e-12)
+    assert loops_in_c(results) == 1
