@@ -142,15 +142,24 @@ def test_an_attentions_softmax_takes_the_pass(dtype, mask, nan_to_zero):
 
 
 def test_graphs_left_alone():
-    """The exponentials read elsewhere, the compiled path off: the four steps run (and
-    give the same values)."""
-    p, params, feeds, want = attention(np.float64)
-    e_read = be.NumPyTransformer().computation([p, be.exp(p)], *params)
-    assert "_softmax_rows(" not in e_read.source or "Exp" not in e_read.source
-    np.testing.assert_allclose(e_read(*feeds)[0], want, rtol=1e-13)
-    off = be.NumPyTransformer(compiled=False).computation(p, *params)
+    """A softmax written out step by step (over the last axis of a 3-d value) takes
+    the pass; requesting its exponentials too, or turning the compiled path off, leaves
+    the four steps (the same values)."""
+    rng = np.random.default_rng(9)
+    x = be.np.placeholder((4, 12, 40), dtype=np.float64)
+    e = be.np.exp(x - be.np.max(x, axis=2, keepdims=True))
+    y = e / be.np.sum(e, axis=2, keepdims=True)
+    X = 3 * rng.standard_normal((4, 12, 40))
+    want = definition(X.reshape(48, 40)).reshape(4, 12, 40)
+    taken = be.NumPyTransformer().computation(y, x)
+    assert taken.source.count("_softmax_rows(") == 1, taken.source
+    np.testing.assert_allclose(taken(X), want, rtol=1e-14, atol=1e-15)
+    e_read = be.NumPyTransformer().computation([y, e], x)   # (the exponentials too)
+    assert "_softmax_rows(" not in e_read.source
+    np.testing.assert_allclose(e_read(X)[0], want, rtol=1e-13)
+    off = be.NumPyTransformer(compiled=False).computation(y, x)
     assert "_softmax_rows(" not in off.source
-    np.testing.assert_allclose(off(*feeds), want, rtol=1e-13)
+    np.testing.assert_allclose(off(X), want, rtol=1e-13)
 
 
 def test_the_softmax_of_an_onnx_attention_with_a_mask():
