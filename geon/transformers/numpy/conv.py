@@ -26,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from geon.op_graph import conv as cv
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import conv_kernels as dk
+from geon.transformers.numpy import im2col as c_im2col
 from geon.transformers.numpy import pointwise, skinny
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
@@ -169,9 +170,15 @@ def _few_positions(dy, channels, which):
 def _im2col(x, R, P, strides, pads, dilation, groups, ws=None):
     """The windows of x (B, C, *S) as one contiguous (groups, C/groups * R, B * P)
     array (in ``ws``'s "columns" buffer where given): the copy is the only pass over
-    the windows."""
+    the windows (by :mod:`.im2col`'s C loop where it applies, else from a strided
+    view of the padded image)."""
     B, C = x.shape[:2]
     n = len(R)
+    fns = _fixed(ws, c_im2col) if c_im2col.usable(x, R) else None
+    if fns:
+        cols = _empty(ws, "columns", (C * math.prod(R), B * math.prod(P)), x.dtype)
+        c_im2col.im2col(fns, x, cols, R, P, strides, pads, dilation)
+        return cols.reshape(groups, C // groups * math.prod(R), B * math.prod(P))
     win = _windows(_split_groups(_padded(x, pads, ws=ws), groups), R, P, strides,
                    dilation)
     cols = _empty(ws, "columns", (groups, C // groups) + tuple(R) + (B,) + tuple(P),

@@ -9,8 +9,12 @@ of 2 x 2 positions with the weight out of cache, 190 us in cache (one 2-core AMD
 core). Here the images' columns are copied side by side into one small block (C, N),
 N = B * P padded to whole vectors, and each row of the weight is read once, straight
 from its own layout: blocks of MB rows, each element of a row broadcast and multiplied
-into the N columns held in vector registers (MB * N / lanes sums), the rows of the next
-block prefetched meanwhile. The same weight took 88 us in cache and 212 us out of it.
+into the N columns held in vector registers (MB * N / lanes sums), each row prefetched
+a few hundred bytes ahead. The same weight took 88 us in cache and 212 us out of it.
+On a 2.3 GHz Xeon (AVX-512, 2 MiB of L2 a core), where a prefetch of the next block's
+rows past the caches (as this kernel first did) left resnet18's 512 x 4,608 filter
+over 8 columns at 1.2 ms against OpenBLAS's 0.80, the prefetch ahead within each row
+takes 0.58-0.64 ms.
 
 Each stored element is ``min(max(sum + bias[k], lo), hi)`` (NumPy's maximum and
 minimum, NaN kept; no bias: 0; lo / hi: -inf / inf for none), so that the bias add and
@@ -38,8 +42,10 @@ from geon.transformers.numpy.c_rules import sigmoid_limit
 #: 139 us where np.matmul took 86 / 127 / 339 (960 x 160, 1,152 x 192, 1,280 x 320
 #: weights); at 32 columns 41 against 28 (384 x 64) and 76 against 88 (112 x 672); at
 #: 2 columns, on weights under 256 KiB (1 x 1 squeeze-excitation layers), 15 against
-#: 10.
-MAX_COLUMNS = 16
+#: 10. On a 2.3 GHz Xeon (one thread), at 8 columns 53 / 119 / 639 us against 53 / 136
+#: / 800 (960 x 160, 1,280 x 320, 512 x 4,608), at 16 columns 84 / 116 / 264 against
+#: 57 / 84 / 230 (960 x 160, 1,152 x 192, 256 x 2,304): the BLAS from 9 columns.
+MAX_COLUMNS = 8
 MIN_WEIGHT_BYTES = 1 << 18
 #: Work (multiply-adds) from which a call is split over geon's threads by rows (one
 #: thread / two on a 2-core AMD EPYC: 3.3 M 89 / 116 us, 13.1 M 340 / 241).
@@ -55,25 +61,23 @@ static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
 }
 
 /* tile (MB, NV * VL) = rows m0 .. m0 + MB of w (clamped to M: repeated rows are
-   computed, not stored) times xp (C, NV * VL); the next block's rows prefetched */
+   computed, not stored) times xp (C, NV * VL); each row prefetched AHEAD elements
+   ahead into every cache level (a short row's prefetch reaches into the rows after
+   it, the next block's at the last rows; prefetching is harmless past the end) */
 #define PW_BLOCK(NV, MB) \
 __attribute__((optimize("fp-contract=fast"))) \
 static void block##NV##_SUF(const REAL *restrict w, int64_t ldw, \
                             const REAL *restrict xp, int64_t C, int64_t m0, int64_t M, \
                             REAL *restrict tile) { \
-    const REAL *wr[MB], *pf[MB]; \
-    for (int i = 0; i < MB; i++) { \
-        const int64_t m = m0 + i < M ? m0 + i : M - 1, n = m + MB < M ? m + MB : m; \
-        wr[i] = w + m * ldw; \
-        pf[i] = w + n * ldw; \
-    } \
+    const REAL *wr[MB]; \
+    for (int i = 0; i < MB; i++) wr[i] = w + (m0 + i < M ? m0 + i : M - 1) * ldw; \
     vr_SUF acc[MB][NV]; \
     _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) \
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] = (vr_SUF){0}; \
     for (int64_t c = 0; c < C; c++) { \
         if ((c & 15) == 0) \
             _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) \
-                __builtin_prefetch(pf[i] + c, 0, 0); \
+                __builtin_prefetch(wr[i] + c + AHEAD, 0, 3); \
         vr_SUF xv[NV]; \
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) \
             xv[j] = load_SUF(xp + (c * NV + j) * VL_SUF); \
@@ -87,10 +91,11 @@ static void block##NV##_SUF(const REAL *restrict w, int64_t ldw, \
             __builtin_memcpy(tile + (i * NV + j) * VL_SUF, &acc[i][j], \
                              sizeof acc[i][j]); \
 }
+#define AHEAD 128
 PW_BLOCK(1, 12)
 PW_BLOCK(2, 6)
-PW_BLOCK(4, 3)
 #undef PW_BLOCK
+#undef AHEAD
 
 /* y (B, K, P) = clamp(w (K, C) @ x (B, C, P) + bias): rows [lo, hi) of w, every
    column; geo: B, C, K, P; bias may be NULL. 1: no memory for the packed columns. */
@@ -98,12 +103,11 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                   const REAL *restrict bias, REAL *restrict y, const int64_t *geo,
                   REAL lo_, REAL hi_, int act, int64_t lo, int64_t hi) {
     const int64_t B = geo[0], C = geo[1], K = geo[2], P = geo[3], N = B * P;
-    const int64_t NV = N > 2 * VL_SUF ? 4 : N > VL_SUF ? 2 : 1, NB = NV * VL_SUF;
-    const int64_t MB = NV == 4 ? 3 : NV == 2 ? 6 : 12;
+    const int64_t NV = N > VL_SUF ? 2 : 1, NB = NV * VL_SUF, MB = NV == 2 ? 6 : 12;
     REAL *xp = malloc((size_t)(C * NB + 12 * NB) * sizeof(REAL));
     if (!xp) return 1;
     REAL *tile = xp + C * NB;
-    int64_t xo[4 * VL_SUF], yo[4 * VL_SUF];   /* column j's offsets in x and y */
+    int64_t xo[2 * VL_SUF], yo[2 * VL_SUF];   /* column j's offsets in x and y */
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
         const int64_t nb = N - n0 < NB ? N - n0 : NB;
         for (int64_t j = 0; j < nb; j++) {   /* column n = b * P + p: x[b, :, p] */
@@ -117,8 +121,7 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
             for (int64_t j = nb; j < NB; j++) row[j] = 0;
         }
         for (int64_t m0 = lo; m0 < hi; m0 += MB) {
-            if (NV == 4) block4_SUF(w, C, xp, C, m0, hi, tile);
-            else if (NV == 2) block2_SUF(w, C, xp, C, m0, hi, tile);
+            if (NV == 2) block2_SUF(w, C, xp, C, m0, hi, tile);
             else block1_SUF(w, C, xp, C, m0, hi, tile);
             for (int64_t i = 0; i < MB && m0 + i < hi; i++) {
                 const int64_t m = m0 + i;
@@ -146,7 +149,7 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     const char *ys = v[2].buf, *ye = ys + v[2].len;
     int status = 2;
     const int64_t N = geo[0] * geo[3];
-    const int packed_first = N <= 4 * VL_SUF && lo == 0 && hi == geo[2];
+    const int packed_first = N <= 2 * VL_SUF && lo == 0 && hi == geo[2];
     int overlap = 0;
     for (int k = 0; k < narrays; k++) {
         const char *s = v[k].buf, *e = s + v[k].len;
