@@ -281,11 +281,16 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=N
     if epilogue is not None:
         final, bias, lo, hi, act = epilogue
         fns = _fixed(ws, pointwise)
-        if not (fns and pointwise.usable(x, w, final) and bias.flags.c_contiguous
-                and _pointwise(w.shape[2:], strides, pads, groups, x, w, final)
-                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi, act)):
-            conv_forward(x, w, out, strides, pads, dilation, groups, ws)
-            pointwise.bias_clamp(fns, out, bias, lo, hi, final, act)
+        if fns and pointwise.usable(x, w, final) and bias.flags.c_contiguous \
+                and _pointwise(w.shape[2:], strides, pads, groups, x, w, final) \
+                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi, act):
+            return
+        direct = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
+        if direct and dk.forward(direct, x, w, out, strides, pads, dilation, groups,
+                                 epilogue):
+            return   # each plane's epilogue as it is done
+        conv_forward(x, w, out, strides, pads, dilation, groups, ws)
+        pointwise.bias_clamp(fns, out, bias, lo, hi, final, act)
         return
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         fns = _fixed(ws, pointwise)

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from geon.transformers import fusion
-from geon.transformers.numpy import compiled, toolchain
+from geon.transformers.numpy import compiled, conv_lanes, pointwise, toolchain
 
 #: Where the direct kernels are used (:func:`geon.transformers.numpy.conv._direct`):
 #: at most this many input channels per group. Above, a matrix product over
@@ -77,19 +77,40 @@ LANE_TILE_BYTES = 1 << 20
 
 #: V: the lanes of a vector value; EVENS: the indices of the even elements of
 #: xu[0 .. 2V - 2] in lo = xu[0 .. V - 1] followed by hi = xu[V - 1 .. 2V - 2] (V = 16)
-_HEADER = r"""#include <stddef.h>
+_HEADER = r"""#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-""" + toolchain.BUFFER_API + r"""
+""" + toolchain.BUFFER_API + toolchain.MINMAX + r"""
 
 #define V 16
 #define EVENS 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
 """
 
-_TEMPLATE = r"""
+_TEMPLATE = pointwise.EPILOGUE + r"""
 static REAL *scratch_SUF(int64_t n) {
     return malloc((size_t)(n > 0 ? n : 1) * sizeof(REAL));
+}
+
+/* A forward's epilogue (NULL: none): final = act(y + bias[k]) (pointwise's epi), each
+   output plane as soon as it is done, while it is in cache. final may be y itself. */
+typedef struct { REAL *final; const REAL *bias; REAL lo, hi; int act; } epilogue_SUF;
+
+static void finish_SUF(const epilogue_SUF *e, const REAL *y, int64_t plane, int64_t K,
+                       int64_t Pn) {
+    REAL *f = e->final + plane * Pn;
+    const REAL b = e->bias[plane % K], lo = e->lo, hi = e->hi;
+    if (e->act == 0) {
+        #pragma omp simd
+        for (int64_t j = 0; j < Pn; j++) f[j] = MIN_SUF(MAX_SUF(y[j] + b, lo), hi);
+    } else if (e->act == 1) {
+        #pragma omp simd
+        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 1);
+    } else {
+        #pragma omp simd
+        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 2);
+    }
 }
 
 /* the positions j in [0, n) whose input j * s + off lies in [0, len) */
@@ -262,9 +283,9 @@ static void pad_SUF(REAL *restrict T, const REAL *restrict src, const int64_t *Q
    The input planes of a group are copied into zero-padded scratch X (Q, as the lanes
    tiles), so every window is inside; each output row sums over xr / wr, its input and
    filter rows, V outputs at a time in registers (row_SUF). */
-int geon_dconv_forward_SUF(const REAL *restrict x, const REAL *restrict w,
-                           REAL *restrict y, const int64_t *g, int64_t lo,
-                           int64_t hi) {
+static int forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
+                         REAL *restrict y, const int64_t *g, int64_t lo, int64_t hi,
+                         const epilogue_SUF *e) {
     GEOMETRY
     REAL *X = scratch_SUF(Cg * Qn);
     const REAL **xr = malloc(2 * (Cg * R0 * R1 + 1) * sizeof(REAL *));
@@ -303,10 +324,16 @@ int geon_dconv_forward_SUF(const REAL *restrict x, const REAL *restrict w,
                 oh++;
             }
         }
+        if (e) finish_SUF(e, y + plane * Pn, plane, K, Pn);
     }
     free(X);
     free(xr);
     return 0;
+}
+
+static int geon_dconv_forward_SUF(const REAL *x, const REAL *w, REAL *y,
+                                  const int64_t *g, int64_t lo, int64_t hi) {
+    return forward_e_SUF(x, w, y, g, lo, hi, NULL);
 }
 
 /* dx (B, C, *S) = the transpose of the forward in x applied to dy: image planes */
@@ -428,206 +455,7 @@ int geon_dconv_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
     return 0;
 }
 
-/* --- lanes: V channels side by side, for small planes ---------------------------
-   A tile holds V planes interleaved, (*Q, V), Q the padded image's extent: the
-   windows read it with no bounds checks, every step one vector of V channels. */
-
-/* T (Q0, Q1, Q2, V) = zero (where clear), with plane src[l] (S0, S1, S2) at (q0, q1,
-   q2): a position at a time, its nl lanes (all V of them, a loop of known length, for
-   every block but a last short one) */
-static void tile_in_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
-                        const int64_t *Q, const int64_t *S, const int64_t *q, int clear) {
-    if (clear) memset(T, 0, Q[0] * Q[1] * Q[2] * V * sizeof(REAL));
-    for (int64_t i0 = 0, p = 0; i0 < S[0]; i0++)
-        for (int64_t i1 = 0; i1 < S[1]; i1++) {
-            REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V;
-            for (int64_t i2 = 0; i2 < S[2]; i2++, p++, t += V) {
-                if (nl == V)
-                    for (int l = 0; l < V; l++) t[l] = src[l][p];
-                else
-                    for (int64_t l = 0; l < nl; l++) t[l] = src[l][p];
-            }
-        }
-}
-
-/* plane dst[l] (S0, S1, S2) = T (Q0, Q1, Q2, V) at offset (q0, q1, q2), lane l: a
-   position at a time, as tile_in */
-static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
-                         const int64_t *Q, const int64_t *S, const int64_t *q) {
-    for (int64_t i0 = 0, p = 0; i0 < S[0]; i0++)
-        for (int64_t i1 = 0; i1 < S[1]; i1++) {
-            const REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V;
-            for (int64_t i2 = 0; i2 < S[2]; i2++, p++, t += V) {
-                if (nl == V)
-                    for (int l = 0; l < V; l++) dst[l][p] = t[l];
-                else
-                    for (int64_t l = 0; l < nl; l++) dst[l][p] = t[l];
-            }
-        }
-}
-
-#define LANES_GEOMETRY \
-    const int64_t B = g[0], C = g[1], K = g[2], Cg = g[3], Kg = g[4]; \
-    const int64_t *S = g + 5, *R = g + 8, *P = g + 11, *st = g + 14, *dl = g + 17; \
-    const int64_t *pd = g + 20, *Q = g + 23; \
-    const int64_t Sn = S[0] * S[1] * S[2], Rn = R[0] * R[1] * R[2]; \
-    const int64_t Pn = P[0] * P[1] * P[2], Qn = Q[0] * Q[1] * Q[2]; \
-    const int64_t zero[3] = {0, 0, 0}, one[3] = {1, 1, Pn}; \
-    (void)B; (void)C; (void)K; (void)Cg; (void)Kg; (void)Sn; (void)one;
-
-/* every output position p (index pi) and kernel offset t, with xo the offset in a
-   tile of the padded image of the input that (p, t) reads */
-#define WINDOWS(BODY_P, BODY_T, END_P) \
-    for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++) \
-    for (int64_t o1 = 0; o1 < P[1]; o1++) \
-    for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) { \
-        BODY_P \
-        for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++) \
-        for (int64_t r1 = 0; r1 < R[1]; r1++) { \
-            const int64_t row = ((o0 * st[0] + r0 * dl[0]) * Q[1] + o1 * st[1] \
-                                 + r1 * dl[1]) * Q[2] + o2 * st[2]; \
-            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) { \
-                const int64_t xo = (row + r2 * dl[2]) * V; \
-                BODY_T \
-            } \
-        } \
-        END_P \
-    }
-
-/* forward: items (b, block of V output channels). The tile is zeroed once a call;
-   the taps of each window whose input is in the image (a 5 x 5 window on a 2 x 2
-   plane has 4 of 25; the rows kernels skip rows outside too), with their offsets in
-   the tile, are a table made once a call: two loads and a multiply-add a tap. */
-int geon_dconv_lanes_forward_SUF(const REAL *restrict x, const REAL *restrict w,
-                                 REAL *restrict y, const int64_t *g, int64_t lo,
-                                 int64_t hi) {
-    LANES_GEOMETRY
-    const int64_t blocks = (K + V - 1) / V;
-    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
-    int64_t *offs = malloc((size_t)(2 * Pn * Rn + Pn + 1) * sizeof(int64_t));
-    int64_t *taps = offs + Pn * Rn, *count = taps + Pn * Rn;
-    int err = !X || !Y || !W || !offs;
-    if (!err) {
-        memset(X, 0, Qn * V * sizeof(REAL));
-        memset(W, 0, Rn * V * sizeof(REAL));
-        for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++)
-        for (int64_t o1 = 0; o1 < P[1]; o1++)
-        for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) {
-            int64_t n = 0;
-            for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++)
-            for (int64_t r1 = 0; r1 < R[1]; r1++)
-            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) {
-                const int64_t q0 = o0 * st[0] + r0 * dl[0], q1 = o1 * st[1] + r1 * dl[1];
-                const int64_t q2 = o2 * st[2] + r2 * dl[2];
-                if (q0 < pd[0] || q0 >= pd[0] + S[0] || q1 < pd[1] || q1 >= pd[1] + S[1]
-                        || q2 < pd[2] || q2 >= pd[2] + S[2]) continue;   /* padding */
-                offs[pi * Rn + n] = ((q0 * Q[1] + q1) * Q[2] + q2) * V;
-                taps[pi * Rn + n++] = t * V;
-            }
-            count[pi] = n;
-        }
-    }
-    for (int64_t item = lo; item < hi && !err; item++) {
-        const int64_t b = item / blocks, k0 = item % blocks * V;
-        const int64_t nl = K - k0 < V ? K - k0 : V;
-        const REAL *src[V];
-        REAL *dst[V];
-        for (int64_t c = 0; c < Cg; c++) {
-            for (int64_t l = 0; l < nl; l++) {
-                const int64_t k = k0 + l;
-                src[l] = x + (b * C + k / Kg * Cg + c) * Sn;
-                for (int64_t t = 0; t < Rn; t++) W[t * V + l] = w[(k * Cg + c) * Rn + t];
-            }
-            tile_in_SUF(X, src, nl, Q, S, pd, 0);
-            for (int64_t pi = 0; pi < Pn; pi++) {
-                const int64_t *o = offs + pi * Rn, *tp = taps + pi * Rn;
-                vec_SUF acc = {0}, wv, xv;
-                if (c) memcpy(&acc, Y + pi * V, sizeof acc);
-                for (int64_t i = 0; i < count[pi]; i++) {
-                    memcpy(&wv, W + tp[i], sizeof wv);
-                    memcpy(&xv, X + o[i], sizeof xv);
-                    acc += wv * xv;
-                }
-                memcpy(Y + pi * V, &acc, sizeof acc);
-            }
-        }
-        for (int64_t l = 0; l < nl; l++) dst[l] = y + (b * K + k0 + l) * Pn;
-        tile_out_SUF(dst, Y, nl, one, one, zero);
-    }
-    free(X); free(Y); free(W); free(offs);
-    return err;
-}
-
-/* derivative in the image: items (b, block of V input channels) */
-int geon_dconv_lanes_grad_data_SUF(const REAL *restrict dy, const REAL *restrict w,
-                                   REAL *restrict dx, const int64_t *g, int64_t lo,
-                                   int64_t hi) {
-    LANES_GEOMETRY
-    const int64_t blocks = (C + V - 1) / V;
-    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
-    int err = !X || !Y || !W;
-    for (int64_t item = lo; item < hi && !err; item++) {
-        const int64_t b = item / blocks, c0 = item % blocks * V;
-        const int64_t nl = C - c0 < V ? C - c0 : V;
-        const REAL *src[V];
-        REAL *dst[V];
-        memset(X, 0, Qn * V * sizeof(REAL));
-        for (int64_t q = 0; q < Kg; q++) {
-            memset(W, 0, Rn * V * sizeof(REAL));
-            for (int64_t l = 0; l < nl; l++) {
-                const int64_t ci = c0 + l, k = ci / Cg * Kg + q;
-                src[l] = dy + (b * K + k) * Pn;
-                for (int64_t t = 0; t < Rn; t++)
-                    W[t * V + l] = w[(k * Cg + ci % Cg) * Rn + t];
-            }
-            tile_in_SUF(Y, src, nl, one, one, zero, 1);
-            WINDOWS(vec_SUF yv; vec_SUF wv; vec_SUF xv;
-                    memcpy(&yv, Y + pi * V, sizeof yv);,
-                    memcpy(&wv, W + t * V, sizeof wv);
-                    memcpy(&xv, X + xo, sizeof xv);
-                    xv += wv * yv;
-                    memcpy(X + xo, &xv, sizeof xv);,)
-        }
-        for (int64_t l = 0; l < nl; l++) dst[l] = dx + (b * C + c0 + l) * Sn;
-        tile_out_SUF(dst, X, nl, Q, S, pd);
-    }
-    free(X); free(Y); free(W);
-    return err;
-}
-
-/* derivative in the filter: items (block of V output channels) */
-int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
-                                     REAL *restrict dw, const int64_t *g, int64_t lo,
-                                     int64_t hi) {
-    LANES_GEOMETRY
-    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *A = scratch_SUF(Rn * V);
-    int err = !X || !Y || !A;
-    for (int64_t item = lo; item < hi && !err; item++) {
-        const int64_t k0 = item * V, nl = K - k0 < V ? K - k0 : V;
-        const REAL *src[V];
-        for (int64_t c = 0; c < Cg; c++) {
-            memset(A, 0, Rn * V * sizeof(REAL));
-            for (int64_t b = 0; b < B; b++) {
-                for (int64_t l = 0; l < nl; l++)
-                    src[l] = x + (b * C + (k0 + l) / Kg * Cg + c) * Sn;
-                tile_in_SUF(X, src, nl, Q, S, pd, 1);
-                for (int64_t l = 0; l < nl; l++) src[l] = dy + (b * K + k0 + l) * Pn;
-                tile_in_SUF(Y, src, nl, one, one, zero, 1);
-                WINDOWS(vec_SUF yv; vec_SUF av; vec_SUF xv;
-                        memcpy(&yv, Y + pi * V, sizeof yv);,
-                        memcpy(&av, A + t * V, sizeof av);
-                        memcpy(&xv, X + xo, sizeof xv);
-                        av += yv * xv;
-                        memcpy(A + t * V, &av, sizeof av);,)
-            }
-            for (int64_t l = 0; l < nl; l++)
-                for (int64_t t = 0; t < Rn; t++)
-                    dw[((k0 + l) * Cg + c) * Rn + t] = A[t * V + l];
-        }
-    }
-    free(X); free(Y); free(A);
-    return err;
-}
+""" + conv_lanes.TEMPLATE + r"""
 /* The entries Python calls (GIL held): a tuple (a, b, out), all C-contiguous, out
    written; the kernel over items [lo, hi) without the GIL. -1: a Python error set
    (an array not contiguous, ...), else the kernel's status (1: no memory). */
@@ -646,6 +474,40 @@ int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
 ENTRY(forward) ENTRY(grad_data) ENTRY(grad_filter)
 ENTRY(lanes_forward) ENTRY(lanes_grad_data) ENTRY(lanes_grad_filter)
 #undef ENTRY
+static int apart_SUF(const geon_buffer *a, const geon_buffer *b) {
+    const char *s = a->buf, *t = b->buf;
+    return s + a->len <= t || t + b->len <= s;
+}
+/* The forwards with an epilogue: a tuple (x, w, y, final, bias); 2 (nothing written)
+   where final overlaps x, w or bias, or y without being y, or y overlaps bias. final
+   may be x itself (a plan gives a dead input's memory to the result) where each output
+   plane reads one input plane, the same (b, k) (depthwise, x's shape = final's): both
+   forms copy an input plane before computing from it, and the plane of final written
+   after that is the one just copied. */
+#define EPI_ENTRY(name) \
+int geon_dconv_##name##_epi_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
+                                     int64_t hi, double clo, double chi, int64_t act) { \
+    static const int flags[5] = {0, 0, GEON_WRITABLE, GEON_WRITABLE, 0}; \
+    geon_buffer v[5]; \
+    if (!geon_acquire(v, arrays, flags, 5)) return -1; \
+    int status = 2; \
+    const int over_x = v[3].buf == v[0].buf && v[3].len == v[0].len && g[3] == 1 \
+                       && g[4] == 1; \
+    if ((over_x || apart_SUF(&v[3], &v[0])) && apart_SUF(&v[3], &v[1]) \
+            && apart_SUF(&v[3], &v[4]) \
+            && apart_SUF(&v[2], &v[4]) \
+            && ((v[3].buf == v[2].buf && v[3].len == v[2].len) \
+                || apart_SUF(&v[3], &v[2]))) { \
+        const epilogue_SUF e = {v[3].buf, v[4].buf, (REAL)clo, (REAL)chi, (int)act}; \
+        void *const state = PyEval_SaveThread(); \
+        status = name##_e_SUF(v[0].buf, v[1].buf, v[2].buf, g, lo, hi, &e); \
+        PyEval_RestoreThread(state); \
+    } \
+    geon_release(v, 5); \
+    return status; \
+}
+EPI_ENTRY(forward) EPI_ENTRY(lanes_forward)
+#undef EPI_ENTRY
 #undef LANES_GEOMETRY
 #undef WINDOWS
 #undef ROWS
@@ -661,15 +523,14 @@ _KINDS = ("", "lanes_")
 
 def source():
     """The C source of the kernels, for float32 and float64."""
-    parts = [_HEADER]
-    for real, integer, suffix in _TYPES.values():
-        parts.append(_TEMPLATE.replace("IREAL", integer).replace("REAL", real)
-                     .replace("_SUF", "_" + suffix))
+    parts = [_HEADER + pointwise.simd_exp()]
+    for dtype, (_, integer, _) in _TYPES.items():
+        parts.append(pointwise.specialize(_TEMPLATE.replace("IREAL", integer), dtype))
     return "\n".join(parts)
 
 
-_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS for n in _NAMES
-            for _, _, s in _TYPES.values()]
+_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS
+            for n in _NAMES + ("forward_epi",) for _, _, s in _TYPES.values()]
 
 
 _loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or None
@@ -683,6 +544,11 @@ def _bind(lib):
                 fns[kind, name, dtype] = ctypes.PYFUNCTYPE(
                     ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
                     ctypes.c_int64)((f"geon_dconv_{kind}{name}_{suffix}_call", lib))
+        for dtype, (_, _, suffix) in _TYPES.items():
+            fns[kind, "forward_epi", dtype] = ctypes.PYFUNCTYPE(
+                ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_int64)(
+                    (f"geon_dconv_{kind}forward_epi_{suffix}_call", lib))
     return fns
 
 
@@ -764,26 +630,47 @@ def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
 
 def _run(plan, args):
     """The planned kernel (see :func:`_plan`) on ``args`` (arrays) over its items,
-    split over geon's threads when its work is large (:data:`PARALLEL_WORK`)."""
+    split over geon's threads when its work is large (:data:`PARALLEL_WORK`); False
+    where the kernel found its arrays overlapping (an epilogue's: nothing written)."""
     fn, _, geo, items, work = plan
     threads = fusion.MAX_THREADS if work >= PARALLEL_WORK else 1
+    apart = []
 
     def call(lo, hi):
-        if fn(args, geo, lo, hi):   # (-1: ctypes raises the error the entry set)
+        status = fn(args, geo, lo, hi)   # (-1: ctypes raises the error the entry set)
+        if status == 1:
             raise MemoryError("no memory for the scratch of a convolution kernel")
+        apart.append(status != 2)   # (2: every call, before writing anything)
     if threads < 2 or items < 2:
         call(0, items)
     else:
         fusion.run_blocks(call, items, max(1, -(-items // (4 * threads))),
                           [()] * threads)
+    return all(apart)
 
 
-def forward(fns, x, w, out, strides, pads, dilation, groups):
+def forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=None):
     """``out`` = x correlated with w (see :func:`geon.transformers.numpy.conv.
-    conv_forward`), by a direct kernel."""
+    conv_forward`), by a direct kernel. ``epilogue``: None, or ``(final, bias, lo, hi,
+    act)`` as conv_forward's, applied to each output plane as it is done; then False
+    (nothing written) where ``final`` or ``bias`` overlap what they must not (see the
+    C entry) or are not contiguous, else True."""
     x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
-    _run(_plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dilation,
-               groups, out.dtype), (x, w, out))
+    plan = _plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dilation,
+                 groups, out.dtype)
+    if epilogue is None:
+        _run(plan, (x, w, out))
+        return True
+    final, bias, lo, hi, act = epilogue
+    if not (final.dtype == bias.dtype == out.dtype and final.shape == out.shape
+            and final.flags.c_contiguous and bias.flags.c_contiguous
+            and bias.size == out.shape[1]):
+        return False
+    fn = fns["lanes_" if plan[0] is fns["lanes_", "forward", out.dtype] else "",
+             "forward_epi", out.dtype]
+    code = pointwise.ACTS[act]
+    return _run((lambda args, geo, a, b: fn(args, geo, a, b, lo, hi, code),) + plan[1:],
+                (x, w, out, final, bias))
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):

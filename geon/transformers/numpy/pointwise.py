@@ -51,7 +51,9 @@ MIN_WEIGHT_BYTES = 1 << 18
 #: thread / two on a 2-core AMD EPYC: 3.3 M 89 / 116 us, 13.1 M 340 / 241).
 PARALLEL_WORK = 1 << 23
 
-_TEMPLATE = toolchain.VECTOR32 + r"""
+#: The epilogue of one element in C (``epi_SUF``), also the direct convolutions'
+#: (:mod:`.conv_kernels`); :func:`specialize` fills in its names per dtype.
+EPILOGUE = r"""
 /* the epilogue of an element: v = sum + bias, then act 0: min(max(v, lo), hi),
    1: v * sigmoid(v) (SiLU), 2: sigmoid(v); the sigmoid as the compiled groups write it */
 static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
@@ -59,6 +61,9 @@ static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
     const REAL s = (REAL)1 / ((REAL)1 + EXP_SUF(MIN_SUF(-v, (REAL)SIGLIMIT_SUF)));
     return act == 1 ? v * s : s;
 }
+"""
+
+_TEMPLATE = toolchain.VECTOR32 + EPILOGUE + r"""
 
 /* tile (MB, NV * VL) = rows m0 .. m0 + MB of w (clamped to M: repeated rows are
    computed, not stored) times xp (C, NV * VL); each row prefetched AHEAD elements
@@ -237,15 +242,27 @@ def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
             "#include <stdlib.h>\n" + toolchain.BUFFER_API + toolchain.MINMAX)
-    if toolchain.toolchain().simd_math:   # the vector exp in `omp simd` loops
-        head += "".join(f"#pragma omp declare simd notinbranch\n{t} {n}({t});\n"
-                        for t, n in (("float", "expf"), ("double", "exp")))
-    return head + "\n".join(
-        _TEMPLATE.replace("MAX_SUF", mx).replace("MIN_SUF", mn)
-        .replace("EXP_SUF", "expf" if real == "float" else "exp")
-        .replace("SIGLIMIT_SUF", repr(sigmoid_limit(dt))).replace("REAL", real)
-        .replace("_SUF", "_" + suffix)
-        for dt, (real, suffix, mx, mn) in _TYPES.items())
+    return head + simd_exp() + "\n".join(specialize(_TEMPLATE, dt) for dt in _TYPES)
+
+
+def simd_exp():
+    """The declarations that let ``omp simd`` loops call the C library's vector exp
+    (glibc's libmvec), where the toolchain found it; else nothing."""
+    if not toolchain.toolchain().simd_math:
+        return ""
+    return "".join(f"#pragma omp declare simd notinbranch\n{t} {n}({t});\n"
+                   for t, n in (("float", "expf"), ("double", "exp")))
+
+
+def specialize(template, dtype):
+    """``template`` (C with ``REAL``, ``_SUF`` and :data:`EPILOGUE`'s names) for
+    ``dtype`` (float32 or float64); the caller includes ``math.h`` and
+    :data:`~.toolchain.MINMAX`."""
+    real, suffix, mx, mn = _TYPES[np.dtype(dtype)]
+    return (template.replace("MAX_SUF", mx).replace("MIN_SUF", mn)
+            .replace("EXP_SUF", "expf" if real == "float" else "exp")
+            .replace("SIGLIMIT_SUF", repr(sigmoid_limit(dtype))).replace("REAL", real)
+            .replace("_SUF", "_" + suffix))
 
 
 def _bind(lib):

@@ -1,0 +1,220 @@
+"""The lanes form of the direct convolution kernels, in C (part of
+:mod:`.conv_kernels`' source, which it follows in one translation unit: it uses that
+source's macros, scratch and epilogue).
+
+For short output rows (7 x 7, 4 x 4 planes) V channels are computed side by side:
+their planes are copied into one tile of the padded image, (*Q, V) with the channel
+last, and every tap of every window is one vector operation over the V channels; the
+result is copied back into its planes. ``REAL`` and ``_SUF`` are replaced per dtype as
+in the rest of the source.
+"""
+
+TEMPLATE = r"""
+/* --- lanes: V channels side by side, for small planes ---------------------------
+   A tile holds V planes interleaved, (*Q, V), Q the padded image's extent: the
+   windows read it with no bounds checks, every step one vector of V channels. */
+
+/* T (Q0, Q1, Q2, V) = zero (where clear), with plane src[l] (S0, S1, S2) at (q0, q1,
+   q2): a position at a time, its nl lanes (all V of them, a loop of known length, for
+   every block but a last short one) */
+static void tile_in_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
+                        const int64_t *Q, const int64_t *S, const int64_t *q, int clear) {
+    if (clear) memset(T, 0, Q[0] * Q[1] * Q[2] * V * sizeof(REAL));
+    for (int64_t i0 = 0, p = 0; i0 < S[0]; i0++)
+        for (int64_t i1 = 0; i1 < S[1]; i1++) {
+            REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V;
+            for (int64_t i2 = 0; i2 < S[2]; i2++, p++, t += V) {
+                if (nl == V)
+                    for (int l = 0; l < V; l++) t[l] = src[l][p];
+                else
+                    for (int64_t l = 0; l < nl; l++) t[l] = src[l][p];
+            }
+        }
+}
+
+/* plane dst[l] (S0, S1, S2) = T (Q0, Q1, Q2, V) at offset (q0, q1, q2), lane l: a
+   position at a time, as tile_in */
+static void tile_out_SUF(REAL *const *dst, const REAL *restrict T, int64_t nl,
+                         const int64_t *Q, const int64_t *S, const int64_t *q) {
+    for (int64_t i0 = 0, p = 0; i0 < S[0]; i0++)
+        for (int64_t i1 = 0; i1 < S[1]; i1++) {
+            const REAL *t = T + (((i0 + q[0]) * Q[1] + i1 + q[1]) * Q[2] + q[2]) * V;
+            for (int64_t i2 = 0; i2 < S[2]; i2++, p++, t += V) {
+                if (nl == V)
+                    for (int l = 0; l < V; l++) dst[l][p] = t[l];
+                else
+                    for (int64_t l = 0; l < nl; l++) dst[l][p] = t[l];
+            }
+        }
+}
+
+#define LANES_GEOMETRY \
+    const int64_t B = g[0], C = g[1], K = g[2], Cg = g[3], Kg = g[4]; \
+    const int64_t *S = g + 5, *R = g + 8, *P = g + 11, *st = g + 14, *dl = g + 17; \
+    const int64_t *pd = g + 20, *Q = g + 23; \
+    const int64_t Sn = S[0] * S[1] * S[2], Rn = R[0] * R[1] * R[2]; \
+    const int64_t Pn = P[0] * P[1] * P[2], Qn = Q[0] * Q[1] * Q[2]; \
+    const int64_t zero[3] = {0, 0, 0}, one[3] = {1, 1, Pn}; \
+    (void)B; (void)C; (void)K; (void)Cg; (void)Kg; (void)Sn; (void)one;
+
+/* every output position p (index pi) and kernel offset t, with xo the offset in a
+   tile of the padded image of the input that (p, t) reads */
+#define WINDOWS(BODY_P, BODY_T, END_P) \
+    for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++) \
+    for (int64_t o1 = 0; o1 < P[1]; o1++) \
+    for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) { \
+        BODY_P \
+        for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++) \
+        for (int64_t r1 = 0; r1 < R[1]; r1++) { \
+            const int64_t row = ((o0 * st[0] + r0 * dl[0]) * Q[1] + o1 * st[1] \
+                                 + r1 * dl[1]) * Q[2] + o2 * st[2]; \
+            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) { \
+                const int64_t xo = (row + r2 * dl[2]) * V; \
+                BODY_T \
+            } \
+        } \
+        END_P \
+    }
+
+/* forward: items (b, block of V output channels). The tile is zeroed once a call;
+   the taps of each window whose input is in the image (a 5 x 5 window on a 2 x 2
+   plane has 4 of 25; the rows kernels skip rows outside too), with their offsets in
+   the tile, are a table made once a call: two loads and a multiply-add a tap. */
+static int lanes_forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
+                               REAL *restrict y, const int64_t *g, int64_t lo,
+                               int64_t hi, const epilogue_SUF *e) {
+    LANES_GEOMETRY
+    const int64_t blocks = (K + V - 1) / V;
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
+    int64_t *offs = malloc((size_t)(2 * Pn * Rn + Pn + 1) * sizeof(int64_t));
+    int64_t *taps = offs + Pn * Rn, *count = taps + Pn * Rn;
+    int err = !X || !Y || !W || !offs;
+    if (!err) {
+        memset(X, 0, Qn * V * sizeof(REAL));
+        memset(W, 0, Rn * V * sizeof(REAL));
+        for (int64_t o0 = 0, pi = 0; o0 < P[0]; o0++)
+        for (int64_t o1 = 0; o1 < P[1]; o1++)
+        for (int64_t o2 = 0; o2 < P[2]; o2++, pi++) {
+            int64_t n = 0;
+            for (int64_t r0 = 0, t = 0; r0 < R[0]; r0++)
+            for (int64_t r1 = 0; r1 < R[1]; r1++)
+            for (int64_t r2 = 0; r2 < R[2]; r2++, t++) {
+                const int64_t q0 = o0 * st[0] + r0 * dl[0], q1 = o1 * st[1] + r1 * dl[1];
+                const int64_t q2 = o2 * st[2] + r2 * dl[2];
+                if (q0 < pd[0] || q0 >= pd[0] + S[0] || q1 < pd[1] || q1 >= pd[1] + S[1]
+                        || q2 < pd[2] || q2 >= pd[2] + S[2]) continue;   /* padding */
+                offs[pi * Rn + n] = ((q0 * Q[1] + q1) * Q[2] + q2) * V;
+                taps[pi * Rn + n++] = t * V;
+            }
+            count[pi] = n;
+        }
+    }
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t b = item / blocks, k0 = item % blocks * V;
+        const int64_t nl = K - k0 < V ? K - k0 : V;
+        const REAL *src[V];
+        REAL *dst[V];
+        for (int64_t c = 0; c < Cg; c++) {
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t k = k0 + l;
+                src[l] = x + (b * C + k / Kg * Cg + c) * Sn;
+                for (int64_t t = 0; t < Rn; t++) W[t * V + l] = w[(k * Cg + c) * Rn + t];
+            }
+            tile_in_SUF(X, src, nl, Q, S, pd, 0);
+            for (int64_t pi = 0; pi < Pn; pi++) {
+                const int64_t *o = offs + pi * Rn, *tp = taps + pi * Rn;
+                vec_SUF acc = {0}, wv, xv;
+                if (c) memcpy(&acc, Y + pi * V, sizeof acc);
+                for (int64_t i = 0; i < count[pi]; i++) {
+                    memcpy(&wv, W + tp[i], sizeof wv);
+                    memcpy(&xv, X + o[i], sizeof xv);
+                    acc += wv * xv;
+                }
+                memcpy(Y + pi * V, &acc, sizeof acc);
+            }
+        }
+        for (int64_t l = 0; l < nl; l++) dst[l] = y + (b * K + k0 + l) * Pn;
+        tile_out_SUF(dst, Y, nl, one, one, zero);
+        if (e)
+            for (int64_t l = 0; l < nl; l++) finish_SUF(e, dst[l], b * K + k0 + l, K, Pn);
+    }
+    free(X); free(Y); free(W); free(offs);
+    return err;
+}
+
+static int geon_dconv_lanes_forward_SUF(const REAL *x, const REAL *w, REAL *y,
+                                        const int64_t *g, int64_t lo, int64_t hi) {
+    return lanes_forward_e_SUF(x, w, y, g, lo, hi, NULL);
+}
+
+/* derivative in the image: items (b, block of V input channels) */
+int geon_dconv_lanes_grad_data_SUF(const REAL *restrict dy, const REAL *restrict w,
+                                   REAL *restrict dx, const int64_t *g, int64_t lo,
+                                   int64_t hi) {
+    LANES_GEOMETRY
+    const int64_t blocks = (C + V - 1) / V;
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *W = scratch_SUF(Rn * V);
+    int err = !X || !Y || !W;
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t b = item / blocks, c0 = item % blocks * V;
+        const int64_t nl = C - c0 < V ? C - c0 : V;
+        const REAL *src[V];
+        REAL *dst[V];
+        memset(X, 0, Qn * V * sizeof(REAL));
+        for (int64_t q = 0; q < Kg; q++) {
+            memset(W, 0, Rn * V * sizeof(REAL));
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t ci = c0 + l, k = ci / Cg * Kg + q;
+                src[l] = dy + (b * K + k) * Pn;
+                for (int64_t t = 0; t < Rn; t++)
+                    W[t * V + l] = w[(k * Cg + ci % Cg) * Rn + t];
+            }
+            tile_in_SUF(Y, src, nl, one, one, zero, 1);
+            WINDOWS(vec_SUF yv; vec_SUF wv; vec_SUF xv;
+                    memcpy(&yv, Y + pi * V, sizeof yv);,
+                    memcpy(&wv, W + t * V, sizeof wv);
+                    memcpy(&xv, X + xo, sizeof xv);
+                    xv += wv * yv;
+                    memcpy(X + xo, &xv, sizeof xv);,)
+        }
+        for (int64_t l = 0; l < nl; l++) dst[l] = dx + (b * C + c0 + l) * Sn;
+        tile_out_SUF(dst, X, nl, Q, S, pd);
+    }
+    free(X); free(Y); free(W);
+    return err;
+}
+
+/* derivative in the filter: items (block of V output channels) */
+int geon_dconv_lanes_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
+                                     REAL *restrict dw, const int64_t *g, int64_t lo,
+                                     int64_t hi) {
+    LANES_GEOMETRY
+    REAL *X = scratch_SUF(Qn * V), *Y = scratch_SUF(Pn * V), *A = scratch_SUF(Rn * V);
+    int err = !X || !Y || !A;
+    for (int64_t item = lo; item < hi && !err; item++) {
+        const int64_t k0 = item * V, nl = K - k0 < V ? K - k0 : V;
+        const REAL *src[V];
+        for (int64_t c = 0; c < Cg; c++) {
+            memset(A, 0, Rn * V * sizeof(REAL));
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t l = 0; l < nl; l++)
+                    src[l] = x + (b * C + (k0 + l) / Kg * Cg + c) * Sn;
+                tile_in_SUF(X, src, nl, Q, S, pd, 1);
+                for (int64_t l = 0; l < nl; l++) src[l] = dy + (b * K + k0 + l) * Pn;
+                tile_in_SUF(Y, src, nl, one, one, zero, 1);
+                WINDOWS(vec_SUF yv; vec_SUF av; vec_SUF xv;
+                        memcpy(&yv, Y + pi * V, sizeof yv);,
+                        memcpy(&av, A + t * V, sizeof av);
+                        memcpy(&xv, X + xo, sizeof xv);
+                        av += yv * xv;
+                        memcpy(A + t * V, &av, sizeof av);,)
+            }
+            for (int64_t l = 0; l < nl; l++)
+                for (int64_t t = 0; t < Rn; t++)
+                    dw[((k0 + l) * Cg + c) * Rn + t] = A[t * V + l];
+        }
+    }
+    free(X); free(Y); free(A);
+    return err;
+}
+"""
