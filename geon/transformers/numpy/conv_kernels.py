@@ -22,7 +22,12 @@ forms, picked per call by the length of an output row (:data:`LANE_ROWS`):
 - **lanes** (short rows: 7 x 7, 4 x 4 planes): V channels side by side. Their planes
   are copied into one tile of the padded image, (*Q, V) with the channel last (a
   position's V lanes at a time), and every tap of every window is one vector operation
-  over the V channels; the result is copied back into its planes.
+  over the V channels; the result is copied back into its planes (this form's C is
+  in :mod:`.conv_lanes`).
+
+The forward can apply a convolution's epilogue (bias and activation, as
+:mod:`.pointwise` does) to each output plane as soon as it is done, while it is in
+cache, instead of in a pass of its own afterwards (:func:`forward`'s ``epilogue``).
 
 Stride 2 loads take the even elements of two vector loads. Sums are in the data's own
 type (float32 or float64), as the BLAS of the im2col path does; they are not rounded
