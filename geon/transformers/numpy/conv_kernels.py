@@ -599,11 +599,12 @@ _plans = {}
 
 
 def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups, dtype):
-    """``(fn, geo, geo's address, items, work)`` of kernel ``name`` on a call of this
-    geometry: the lanes kernel for short output rows (see :data:`LANE_ROWS`), else the
-    rows kernel; its items (planes or blocks of channels), and its multiply-adds. Built
-    once per geometry (a layer's call takes a dict lookup, not the ~15 microseconds of
-    building the geometry array and choosing the kernel again)."""
+    """``(fns, kind, fn, geo, geo's address, items, work)`` of kernel ``name`` on a
+    call of this geometry: the lanes kernel (kind "lanes_") for short output rows (see
+    :data:`LANE_ROWS`), else the rows kernel (kind ""); its items (planes or blocks of
+    channels), and its multiply-adds. Built once per geometry (a layer's call takes a
+    dict lookup, not the ~15 microseconds of building the geometry array and choosing
+    the kernel again)."""
     key = (id(fns), name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
            dtype, LANE_ROWS, LANE_TILE_BYTES)
     try:
@@ -625,7 +626,7 @@ def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
     # derivatives) times a filter's C/groups * prod(kernel)
     work = B * K * math.prod(y_shape[2:]) * Cg * math.prod(w_shape[2:])
     fn = fns["lanes_" if lanes else "", name, dtype]
-    plan = (fn, geo, geo.ctypes.data, items, work)
+    plan = (fns, "lanes_" if lanes else "", fn, geo, geo.ctypes.data, items, work)
     if key is not None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
@@ -633,16 +634,19 @@ def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
     return plan
 
 
-def _run(plan, args):
-    """The planned kernel (see :func:`_plan`) on ``args`` (arrays) over its items,
+def _run(plan, args, variant=None, extra=()):
+    """The planned kernel (see :func:`_plan`), or its form's ``variant``
+    ("forward_epi", taking ``extra`` arguments), on ``args`` (arrays) over its items,
     split over geon's threads when its work is large (:data:`PARALLEL_WORK`); False
     where the kernel found its arrays overlapping (an epilogue's: nothing written)."""
-    fn, _, geo, items, work = plan
+    fns, kind, fn, _, geo, items, work = plan
+    if variant is not None:
+        fn = fns[kind, variant, args[2].dtype]
     threads = fusion.MAX_THREADS if work >= PARALLEL_WORK else 1
     apart = []
 
     def call(lo, hi):
-        status = fn(args, geo, lo, hi)   # (-1: ctypes raises the error the entry set)
+        status = fn(args, geo, lo, hi, *extra)   # (-1: ctypes raises the entry's error)
         if status == 1:
             raise MemoryError("no memory for the scratch of a convolution kernel")
         apart.append(status != 2)   # (2: every call, before writing anything)
@@ -671,11 +675,8 @@ def forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=None):
             and final.flags.c_contiguous and bias.flags.c_contiguous
             and bias.size == out.shape[1]):
         return False
-    fn = fns["lanes_" if plan[0] is fns["lanes_", "forward", out.dtype] else "",
-             "forward_epi", out.dtype]
-    code = pointwise.ACTS[act]
-    return _run((lambda args, geo, a, b: fn(args, geo, a, b, lo, hi, code),) + plan[1:],
-                (x, w, out, final, bias))
+    return _run(plan, (x, w, out, final, bias), "forward_epi",
+                (lo, hi, pointwise.ACTS[act]))
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):

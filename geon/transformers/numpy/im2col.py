@@ -19,9 +19,7 @@ type. The library is built and cached like the other fixed kernels
 
 import ctypes
 
-import numpy as np
-
-from geon.transformers.numpy import compiled
+from geon.transformers.numpy import compiled, pointwise
 
 _TEMPLATE = r"""
 /* cols (C, R, S, B, P, Q) = the windows of x (B, C, H, W) (C-contiguous), zero where a
@@ -141,10 +139,9 @@ def im2col(fns, x, cols, kernel, out, strides, pads, dilation):
     the ``lo`` are read: ``out`` fixes the rest)."""
     if len(kernel) == 1:   # 1-d: one row per image
         x = x.reshape(x.shape[:2] + (1,) + x.shape[2:])
-        kernel, out, strides = (1,) + tuple(kernel), (1,) + tuple(out), (1,) + tuple(strides)
-        pads, dilation = ((0, 0),) + tuple(pads), (1,) + tuple(dilation)
-    B, C, H, W = x.shape
-    geo = np.array([B, C, H, W, *kernel, *out, *strides, pads[0][0], pads[1][0],
-                    *dilation], np.int64)
-    if fns[x.dtype.itemsize](x.ctypes.data, cols.ctypes.data, geo.ctypes.data):
+        kernel, out = (1, *kernel), (1, *out)
+        strides, pads, dilation = (1, *strides), ((0, 0), *pads), (1, *dilation)
+    held = pointwise.geometry((*x.shape, *kernel, *out, *strides, pads[0][0],
+                               pads[1][0], *dilation))
+    if fns[x.dtype.itemsize](x.ctypes.data, cols.ctypes.data, held[1]):
         raise MemoryError("no memory for the offsets of an im2col copy")

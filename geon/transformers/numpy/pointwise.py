@@ -311,7 +311,7 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
     B, C = x.shape[:2]
     K = w.shape[0]
     P = x.size // max(B * C, 1)
-    held = _geo((B, C, K, P))
+    held = geometry((B, C, K, P))
     geo = held[1]
     arrays = (x, w, out) if bias is None else (x, w, out, bias)
     fn = fns[out.dtype]
@@ -332,10 +332,11 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
     return status == 0
 
 
-def _geo(key):
-    """``(array, its address)``: the geometry array of ``key`` (kept: a process meets
-    few shapes). The caller holds the pair while the kernel reads the address (another
-    thread may start the cache afresh meanwhile)."""
+def geometry(key):
+    """``(array, its address)``: the int64 geometry array of the tuple ``key`` (kept: a
+    process meets few shapes), for the fixed kernels that read one (these, and
+    :mod:`.im2col`). The caller holds the pair while the kernel reads the address
+    (another thread may start the cache afresh meanwhile)."""
     got = _geos.get(key)
     if got is None:
         if len(_geos) >= 4096:
@@ -354,7 +355,7 @@ def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
     if fns is not None and y.dtype == bias.dtype == out.dtype and out.dtype in _TYPES \
             and y.flags.c_contiguous and bias.flags.c_contiguous \
             and out.flags.c_contiguous:
-        held = _geo((B, K, y.size // max(B * K, 1)))
+        held = geometry((B, K, y.size // max(B * K, 1)))
         if fns["bias_clamp", out.dtype]((y, bias, out), held[1], lo, hi, ACTS[act]) == 0:
             return
     np.add(y, bias.reshape((K,) + (1,) * (y.ndim - 2)), out=out)
