@@ -137,6 +137,50 @@ def test_nan_and_signed_zero_as_numpy_gives_them(dtype, any_weight):
     assert np.isnan(out).all()
 
 
+#: Values whose clamp NumPy decides by a rule: NaNs of both signs, signed zeros, the
+#: bounds themselves, infinities, subnormals.
+EDGES = [-0.0, 0.0, 6.0, -6.0, np.nan, -np.nan, np.inf, -np.inf, 1e-45, -1e-45, 3.0,
+         7.0, -1.0]
+#: Bounds: ReLU6, ReLU with -0.0, equal zeros of both signs, none, a NaN bound on
+#: either side (the C's two-sided form), bounds the wrong way round.
+BOUNDS = [(0.0, 6.0), (-0.0, 6.0), (0.0, -0.0), (-0.0, 0.0), (-np.inf, np.inf),
+          (np.nan, 6.0), (0.0, np.nan), (6.0, 0.0)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bounds", BOUNDS, ids=str)
+def test_clamp_bits_are_numpys(bounds, dtype, any_weight):
+    """The clamp of the bias pass, of the 1 x 1 kernel and of the direct kernels'
+    epilogue gives NumPy's minimum(maximum(v + bias, lo), hi) bit for bit (the NaN's
+    payload and sign, the zero's sign), through their fast form for bounds that are
+    not NaN and their two-sided form for a NaN bound."""
+    from geon.transformers.numpy import conv_kernels as dk
+    lo, hi = bounds
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    v = np.array(EDGES, dtype)
+    y = np.stack([v, v[::-1]])[None]                        # (1, 2, 13)
+    b = np.array([0.0, -0.0], dtype)
+    want = np.minimum(np.maximum(y + b[:, None], dtype(lo)), dtype(hi))
+    got = np.empty_like(y)
+    pw.bias_clamp(any_weight, y, b, lo, hi, got)
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+    # the 1 x 1 kernel and the depthwise kernels: NumPy's clamp of their own sums
+    x = y.copy()
+    eye = np.eye(2, dtype=dtype)[:, :, None]
+    sums, got = np.empty_like(y), np.empty_like(y)
+    assert pw.conv1x1(any_weight, x, eye, sums)
+    assert pw.conv1x1(any_weight, x, eye, got, b, lo, hi)
+    want = np.minimum(np.maximum(sums + b[:, None], dtype(lo)), dtype(hi))
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+    one = np.ones((2, 1, 1), dtype)
+    args = ((1,), ((0, 0),), (1,), 2)
+    fns = dk.kernels()
+    assert dk.forward(fns, x, one, sums, *args)
+    assert dk.forward(fns, x, one, np.empty_like(y), *args, (got, b, lo, hi, "clamp"))
+    want = np.minimum(np.maximum(sums + b[:, None], dtype(lo)), dtype(hi))
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_split_over_threads(dtype, any_weight, monkeypatch):
     """Blocks of rows on geon's threads give the same values as one call."""

@@ -108,7 +108,9 @@ static void finish_SUF(const epilogue_SUF *e, const REAL *y, int64_t plane, int6
     const REAL b = e->bias[plane % K], lo = e->lo, hi = e->hi;
     if (e->act == 0) {
         #pragma omp simd
-        for (int64_t j = 0; j < Pn; j++) f[j] = MIN_SUF(MAX_SUF(y[j] + b, lo), hi);
+        for (int64_t j = 0; j < Pn; j++) f[j] = clamp_SUF(y[j] + b, lo, hi);
+    } else if (e->act == 3) {
+        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 3);
     } else if (e->act == 1) {
         #pragma omp simd
         for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 1);
@@ -676,7 +678,7 @@ def forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=None):
             and bias.size == out.shape[1]):
         return False
     return _run(plan, (x, w, out, final, bias), "forward_epi",
-                (lo, hi, pointwise.ACTS[act]))
+                (lo, hi, pointwise.act_code(act, lo, hi)))
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):
