@@ -58,7 +58,7 @@ EPILOGUE = r"""
    NaN bounds act 3, the two-sided form): of equal values the bound (NumPy's second
    operand), a NaN v passed through. A max, a min and one NaN test a vector; MIN_SUF
    (MAX_SUF()) tests both operands of both for NaN, which GCC compiles to eight
-   mask compares a vector (0.5 cycles an element, a third of the time of a copy). */
+   mask compares a vector (half a cycle an element, three times a copy's time). */
 static inline REAL clamp_SUF(REAL v, REAL lo, REAL hi) {
     const REAL m = v > lo ? v : lo;
     const REAL n = m < hi ? m : hi;
@@ -256,6 +256,8 @@ def act_code(act, lo, hi):
     """The C code of activation ``act`` with bounds ``lo`` and ``hi``: :data:`ACTS`,
     and 3 for a clamp with a NaN bound (the C's two-sided form)."""
     return 3 if act == "clamp" and (lo != lo or hi != hi) else ACTS[act]
+
+
 _SYMBOLS = [f"geon_{k}_{t[1]}" for k in ("pointwise", "bias_clamp")
             for t in _TYPES.values()]
 
