@@ -297,6 +297,65 @@ def test_a_geometry_is_planned_once(monkeypatch):
     np.testing.assert_array_equal(out, again)
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[8], WIDE[0],
+                                  (3, 5, 7, 1, (6, 5), (1, 1), (1, 1),
+                                   ((0, 0), (0, 0)), (1, 1))], ids=str)
+def test_a_call_site_chooses_once(case, path, monkeypatch):
+    """With a workspace, conv_forward chooses its way once per call site (weight and
+    result array) and runs it again for the same arrays and settings, with the values
+    of the arrays at that call; other arrays, settings or threads choose again, every
+    value as a fresh call's; the sites hold their arrays weakly."""
+    import gc
+    import weakref
+    plans = []   # the sites chosen
+    real = nc._Site.make
+    monkeypatch.setattr(nc._Site, "make",
+                        staticmethod(lambda *a: plans.append(1) or real(*a)))
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float32)
+    b = np.linspace(-1, 1, K).astype(np.float32)
+    ws = nc.Workspace(direct=path != "numpy")
+    out, final = np.empty(dy.shape, np.float32), np.empty(dy.shape, np.float32)
+
+    def fresh(x, lo, hi):
+        got = np.empty_like(final)
+        nc.conv_forward(x, w, np.empty_like(out), st, pads, dil, G, None,
+                        (got, b, lo, hi, "clamp"))
+        return got
+    for turn in range(3):
+        x[...] = turn - x   # new values in the same array
+        nc.conv_forward(x, w, out, st, pads, dil, G, ws, (final, b, 0.0, 6.0, "clamp"))
+        np.testing.assert_array_equal(final, fresh(x, 0.0, 6.0))
+    n = len(plans)
+    assert n == 1 and len(ws.sites) == 1
+    x2 = x + 1   # another image array
+    nc.conv_forward(x2, w, out, st, pads, dil, G, ws, (final, b, 0.0, 6.0, "clamp"))
+    np.testing.assert_array_equal(final, fresh(x2, 0.0, 6.0))
+    assert len(plans) > n
+    n = len(plans)
+    nc.conv_forward(x2, w, out, st, pads, dil, G, ws, (final, b, -1.0, 3.0, "clamp"))
+    np.testing.assert_array_equal(final, fresh(x2, -1.0, 3.0))
+    assert len(plans) > n
+    n = len(plans)
+    monkeypatch.setattr(fusion, "MAX_THREADS", fusion.MAX_THREADS + 1)
+    nc.conv_forward(x2, w, out, st, pads, dil, G, ws, (final, b, -1.0, 3.0, "clamp"))
+    np.testing.assert_array_equal(final, fresh(x2, -1.0, 3.0))
+    assert len(plans) > n
+    n = len(plans)
+    nc.conv_forward(x2, w, out, st, pads, dil, G, ws)   # no epilogue: its own way
+    want = np.empty_like(out)
+    nc.conv_forward(x2, w, want, st, pads, dil, G)
+    np.testing.assert_array_equal(out, want)
+    assert len(plans) > n
+    gone = weakref.ref(x2)
+    del x2
+    gc.collect()
+    assert gone() is None
+    monkeypatch.setattr(nc._Site, "MAX", 1)
+    nc.conv_forward(x, w, final, st, pads, dil, G, ws)
+    assert len(ws.sites) == 1
+
+
 def test_compiled_off_runs_numpy_code(monkeypatch):
     monkeypatch.setenv("GEON_COMPILED", "0")
     assert dk.kernels() is None

@@ -95,8 +95,9 @@ def test_result_over_the_image(shape):
 def test_conv_forward_takes_the_fused_kernel(monkeypatch):
     x, w, b, strides, pads, dil, P = _case(2, 5, (20, 24), 1, np.float32)
     calls = []
-    real = dk.forward
-    monkeypatch.setattr(dk, "forward", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    real = dk.prepared_forward
+    monkeypatch.setattr(dk, "prepared_forward",
+                        lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
     out, final = np.empty((2, 5) + P, np.float32), np.empty((2, 5) + P, np.float32)
     nc.conv_forward(x, w, out, strides, pads, dil, 5, nc.Workspace(),
                     (final, b, 0.0, 6.0, "clamp"))

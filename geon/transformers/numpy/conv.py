@@ -19,11 +19,13 @@ C compiler works, and im2col otherwise.
 """
 
 import math
+import weakref
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from geon.op_graph import conv as cv
+from geon.transformers import fusion
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import conv_kernels as dk
 from geon.transformers.numpy import im2col as c_im2col
@@ -43,10 +45,11 @@ class Workspace:
     buffers live as long as it does; its calls do not overlap (they hold the
     transformer's lock)."""
 
-    __slots__ = ("direct", "_buffers", "_kernels")
+    __slots__ = ("direct", "sites", "_buffers", "_kernels")
 
     def __init__(self, direct=True):
         self.direct = direct
+        self.sites = {}   # (id(w), id(out)) -> _Site
         self._buffers = {}
         self._kernels = {}
 
@@ -271,41 +274,119 @@ MERGED_POSITIONS = 256
 
 
 def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=None):
-    """``out`` (B, K, *P) = x (B, C, *S) correlated with w (K, C/groups, *R); ``ws``:
+    """``out`` (B, K, *P) = x correlated with w (K, C/groups, *R); ``ws``:
     the computation's :class:`Workspace` (None: direct kernels allowed, temporaries
     allocated afresh). ``epilogue``: None, or ``(final, bias, lo, hi, act)``: then the
     result wanted is ``final`` = act(out + bias (K,)) (:data:`.pointwise.ACTS`;
     "clamp": between ``lo`` and ``hi``), and ``out`` is scratch (see
-    :mod:`.epilogues`)."""
+    :mod:`.epilogues`). With a workspace, the way is chosen once per call site
+    (:class:`_Site`)."""
+    if ws is None:
+        run = _forward_plan(x, w, out, strides, pads, dilation, groups, None, epilogue)
+    else:
+        params = (strides, pads, dilation, groups)
+        site = ws.sites.get((id(w), id(out)))
+        if site is None or not site.takes(x, w, out, params, epilogue):
+            site = _Site.make(ws, x, w, out, params, epilogue)
+        run = site.run
+    run(x, w, out, epilogue)
+
+
+class _Site:
+    """How one call site of :func:`conv_forward` runs, chosen on its first call (the
+    checks and plans of the C kernels took 4-6 us a call, against 20-60 us of work in
+    a small-image MobileNet): the callable, and what it was chosen for, to tell that a
+    later call is the same: its arrays (held weakly: the same array objects have the
+    same shapes, strides, dtypes and memory), its settings and geon's threads. A
+    computation's workspace keeps its sites by weight and result array; a call with
+    other arrays (a feed, say) chooses again."""
+
+    __slots__ = ("refs", "params", "settings", "threads", "run")
+
+    #: At most this many sites a workspace (then it starts afresh).
+    MAX = 4096
+
+    @classmethod
+    def make(cls, ws, x, w, out, params, epilogue):
+        site = cls()
+        arrays = (x, w, out) if epilogue is None else (x, w, out) + tuple(epilogue[:2])
+        site.refs = tuple(weakref.ref(a) for a in arrays)
+        site.params = params
+        site.settings = None if epilogue is None else tuple(epilogue[2:])
+        site.threads = fusion.MAX_THREADS
+        site.run = _forward_plan(x, w, out, *params, ws, epilogue)
+        if len(ws.sites) >= cls.MAX:
+            ws.sites.clear()
+        ws.sites[id(w), id(out)] = site
+        return site
+
+    def takes(self, x, w, out, params, epilogue):
+        """Whether this call is the one the site was chosen for."""
+        refs = self.refs
+        if refs[0]() is not x or refs[1]() is not w or refs[2]() is not out \
+                or params != self.params or self.threads != fusion.MAX_THREADS:
+            return False
+        if epilogue is None:
+            return self.settings is None
+        return self.settings is not None and refs[3]() is epilogue[0] \
+            and refs[4]() is epilogue[1] and epilogue[2:] == self.settings
+
+
+def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
+    """The way :func:`conv_forward` takes for these operands: a callable ``(x, w, out,
+    epilogue)`` for arrays like these, which holds no array."""
     B, K = out.shape[:2]
     if epilogue is not None:
         final, bias, lo, hi, act = epilogue
         fns = _fixed(ws, pointwise)
+        one = near = None
         if fns and pointwise.usable(x, w, final) and bias.flags.c_contiguous \
-                and _pointwise(w.shape[2:], strides, pads, groups, x, w, final) \
-                and pointwise.conv1x1(fns, x, w, final, bias, lo, hi, act):
-            return
+                and _pointwise(w.shape[2:], strides, pads, groups, x, w, final):
+            one = pointwise.prepared_conv1x1(fns, x, w, final, bias, lo, hi, act)
         direct = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
-        if direct and dk.forward(direct, x, w, out, strides, pads, dilation, groups,
-                                 epilogue):
-            return   # each plane's epilogue as it is done
-        conv_forward(x, w, out, strides, pads, dilation, groups, ws)
-        pointwise.bias_clamp(fns, out, bias, lo, hi, final, act)
-        return
+        if direct:   # each plane's epilogue as it is done
+            near = dk.prepared_forward(direct, x, w, out, strides, pads, dilation, groups,
+                                       epilogue)
+        apart = []   # the convolution and the epilogue's pass, chosen where needed
+
+        def run(x, w, out, epilogue):
+            final, bias = epilogue[0], epilogue[1]
+            if one is not None and one(x, w, final, bias):
+                return
+            if near is not None and near(x, w, out, final, bias):
+                return
+            if not apart:
+                apart.append(_forward_plan(x, w, out, strides, pads, dilation, groups,
+                                           ws, None))
+                apart.append(pointwise.prepared_bias_clamp(fns, out, bias, lo, hi, final,
+                                                           act))
+            apart[0](x, w, out, None)
+            apart[1](out, bias, final)
+        return run
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         fns = _fixed(ws, pointwise)
-        if fns and pointwise.usable(x, w, out) and pointwise.conv1x1(fns, x, w, out):
-            return   # few positions: the C kernel (one read of the weight)
-        # one product per image on its (C, P) view: no copy of x or of the result
-        np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
-        return
+        # few positions: the C kernel (one read of the weight)
+        one = pointwise.prepared_conv1x1(fns, x, w, out) \
+            if fns and pointwise.usable(x, w, out) else None
+
+        def run(x, w, out, epilogue):
+            if one is None or not one(x, w, out, None):
+                # one product per image on its (C, P) view: no copy of x or of the result
+                np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
+        return run
     if _patches(x, w, out, strides, pads, dilation, groups):
-        _patch_product(x, w, out, ws)
-        return
+        return lambda x, w, out, epilogue: _patch_product(x, w, out, ws)
     fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
     if fns:
-        dk.forward(fns, x, w, out, strides, pads, dilation, groups)
-        return
+        near = dk.prepared_forward(fns, x, w, out, strides, pads, dilation, groups)
+        return lambda x, w, out, epilogue: near(x, w, out, None, None)
+    return lambda x, w, out, epilogue: _im2col_forward(x, w, out, strides, pads,
+                                                       dilation, groups, ws)
+
+
+def _im2col_forward(x, w, out, strides, pads, dilation, groups, ws):
+    """:func:`conv_forward` through im2col and one product per group."""
+    B, K = out.shape[:2]
     cols = _im2col(x, w.shape[2:], out.shape[2:], strides, pads, dilation, groups, ws)
     wg = w.reshape(groups, K // groups, -1)
     if B == 1 and x.dtype == w.dtype == out.dtype:

@@ -666,19 +666,42 @@ def forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=None):
     act)`` as conv_forward's, applied to each output plane as it is done; then False
     (nothing written) where ``final`` or ``bias`` overlap what they must not (see the
     C entry) or are not contiguous, else True."""
-    x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
+    run = prepared_forward(fns, x, w, out, strides, pads, dilation, groups, epilogue)
+    final, bias = (None, None) if epilogue is None else epilogue[:2]
+    return run(x, w, out, final, bias)
+
+
+def prepared_forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=None):
+    """:func:`forward` decided once for operands of these shapes, dtypes and layouts
+    (and this epilogue's settings): a callable ``(x, w, out, final, bias)`` -> done,
+    which holds no array (``final`` and ``bias`` None without an epilogue)."""
     plan = _plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dilation,
                  groups, out.dtype)
     if epilogue is None:
-        _run(plan, (x, w, out))
-        return True
+        def run(x, w, out, final, bias):
+            _run(plan, (np.ascontiguousarray(x), np.ascontiguousarray(w), out))
+            return True
+        return run
     final, bias, lo, hi, act = epilogue
     if not (final.dtype == bias.dtype == out.dtype and final.shape == out.shape
             and final.flags.c_contiguous and bias.flags.c_contiguous
             and bias.size == out.shape[1]):
-        return False
-    return _run(plan, (x, w, out, final, bias), "forward_epi",
-                (lo, hi, pointwise.act_code(act, lo, hi)))
+        return lambda x, w, out, final, bias: False
+    fns, kind, fn, _, geo, items, work = plan
+    extra = (lo, hi, pointwise.act_code(act, lo, hi))
+    if work >= PARALLEL_WORK and fusion.MAX_THREADS > 1 and items > 1:
+        return lambda x, w, out, final, bias: _run(
+            plan, (np.ascontiguousarray(x), np.ascontiguousarray(w), out, final, bias),
+            "forward_epi", extra)
+    fn = fns[kind, "forward_epi", out.dtype]
+
+    def run(x, w, out, final, bias, _plan=plan):   # (_plan holds geo's array)
+        status = fn((np.ascontiguousarray(x), np.ascontiguousarray(w), out, final, bias),
+                    geo, 0, items, *extra)
+        if status == 1:
+            raise MemoryError("no memory for the scratch of a convolution kernel")
+        return status != 2
+    return run
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):

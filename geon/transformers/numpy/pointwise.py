@@ -331,29 +331,40 @@ def conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
     (:data:`ACTS`; "clamp": between ``lo`` and ``hi``) by the kernel ``fns[dtype]``
     (see :func:`usable`); False (nothing written) where ``out`` overlaps an
     operand."""
+    return prepared_conv1x1(fns, x, w, out, bias, lo, hi, act)(x, w, out, bias)
+
+
+def prepared_conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clamp"):
+    """:func:`conv1x1` decided once for operands of these shapes, dtypes and
+    settings: a callable ``(x, w, out, bias)`` -> done (False: nothing written, the
+    arrays overlap), which holds no array."""
     code = act_code(act, lo, hi)
     B, C = x.shape[:2]
     K = w.shape[0]
     P = x.size // max(B * C, 1)
     held = geometry((B, C, K, P))
     geo = held[1]
-    arrays = (x, w, out) if bias is None else (x, w, out, bias)
     fn = fns[out.dtype]
+    n = 3 if bias is None else 4
     threads = fusion.MAX_THREADS if B * C * K * P >= PARALLEL_WORK and K >= 24 else 1
-    if threads < 2:
-        status = fn(arrays, len(arrays), geo, lo, hi, code, 0, K)
-    else:
-        results = []
+    rows = -(-K // threads)
+    block = rows - rows % 12 + 12 if rows % 12 else rows
 
-        def part(a, b):
-            results.append(fn(arrays, len(arrays), geo, lo, hi, code, a, b))
-        rows = -(-K // threads)
-        fusion.run_blocks(part, K, rows - rows % 12 + 12 if rows % 12 else rows,
-                          [()] * threads)
-        status = max(results)
-    if status == 1:
-        raise MemoryError("no memory for the columns of a 1 x 1 convolution")
-    return status == 0
+    def run(x, w, out, bias, _held=held):
+        arrays = (x, w, out) if bias is None else (x, w, out, bias)
+        if threads < 2:
+            status = fn(arrays, n, geo, lo, hi, code, 0, K)
+        else:
+            results = []
+
+            def part(a, b):
+                results.append(fn(arrays, n, geo, lo, hi, code, a, b))
+            fusion.run_blocks(part, K, block, [()] * threads)
+            status = max(results)
+        if status == 1:
+            raise MemoryError("no memory for the columns of a 1 x 1 convolution")
+        return status == 0
+    return run
 
 
 def geometry(key):
@@ -375,14 +386,29 @@ def bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
     min(max(v, lo), hi), as the graph's Add, Maximum and Minimum compute it; ``out``
     may be ``y``): one C pass where ``fns`` (:func:`kernels`) is given and the arrays
     allow, else NumPy's."""
+    prepared_bias_clamp(fns, y, bias, lo, hi, out, act)(y, bias, out)
+
+
+def prepared_bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
+    """:func:`bias_clamp` decided once for arrays of these shapes, dtypes and layouts:
+    a callable ``(y, bias, out)``, which holds no array."""
     B, K = y.shape[:2]
     if fns is not None and y.dtype == bias.dtype == out.dtype and out.dtype in _TYPES \
             and y.flags.c_contiguous and bias.flags.c_contiguous \
             and out.flags.c_contiguous:
         held = geometry((B, K, y.size // max(B * K, 1)))
-        if fns["bias_clamp", out.dtype]((y, bias, out), held[1], lo, hi,
-                                         act_code(act, lo, hi)) == 0:
-            return
+        fn, geo, code = fns["bias_clamp", out.dtype], held[1], act_code(act, lo, hi)
+
+        def run(y, bias, out, _held=held):
+            if fn((y, bias, out), geo, lo, hi, code) != 0:
+                _numpy_bias_clamp(y, bias, lo, hi, out, act)
+        return run
+    return lambda y, bias, out: _numpy_bias_clamp(y, bias, lo, hi, out, act)
+
+
+def _numpy_bias_clamp(y, bias, lo, hi, out, act):
+    """:func:`bias_clamp` in NumPy."""
+    K = y.shape[1]
     np.add(y, bias.reshape((K,) + (1,) * (y.ndim - 2)), out=out)
     if act != "clamp":
         s = np.minimum(np.negative(out), sigmoid_limit(out.dtype))
