@@ -52,11 +52,13 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(got, want, rtol=RTOL[dtype], atol=RTOL[dtype] * scale)
 
 
-# columns B * P from 1 to 16 (one and two vectors of float32, float64 has half the lanes;
-# past MAX_COLUMNS, which conv1x1 still computes, blocks of columns one after another),
-# rows K that are and are not whole blocks of 12 and 6
+# columns B * P from 1 to 35 (each of the kernel's 2, 4, 8 and 16 columns at a time;
+# past 16, which conv1x1 still computes past MAX_COLUMNS, blocks of columns one after
+# another), channels C that are and are not whole vectors (16 float32, 8 float64), rows
+# K that are and are not whole blocks of 8, 4, 2 and 1
 SHAPES = [(1, 7, 13, (1, 1)), (2, 5, 12, (2, 1)), (1, 9, 25, (3, 2)), (2, 16, 40, (2, 2)),
-          (3, 4, 7, (5,)), (1, 33, 6, (4, 4)), (2, 3, 50, (2, 2, 2))]
+          (3, 4, 7, (5,)), (1, 33, 6, (4, 4)), (2, 3, 50, (2, 2, 2)), (1, 1, 5, (1,)),
+          (2, 17, 9, (3, 3)), (1, 40, 3, (5, 7)), (2, 64, 11, (2,))]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -204,6 +206,10 @@ def test_a_result_overlapping_an_operand(any_weight, monkeypatch):
     xs = x.copy()
     assert pw.conv1x1(any_weight, xs, w, xs, b, 0.0, np.inf)   # x packed first
     _close(xs, want, np.float64)
+    x3, w3, b3 = _operands(2, 8, 8, (3, 3), np.float64, seed=3)   # 18 columns: two
+    xs = x3.copy()                                                # blocks, refused
+    assert not pw.conv1x1(any_weight, xs, w3, xs, b3, 0.0, np.inf)
+    np.testing.assert_array_equal(xs, x3)
     ws = w.reshape(8, 8).copy()
     out = ws.reshape(2, 8, 2, 2)                                  # over the weight
     assert not pw.conv1x1(any_weight, x, ws.reshape(8, 8, 1, 1), out, b, 0.0, np.inf)

@@ -6,15 +6,18 @@ P)``. In the late stages of a small-image CNN (MobileNet, EfficientNet at 64 x 6
 4 or 16, and ``np.matmul`` per image reads the whole weight once per image, packing it
 for its kernel each time: OpenBLAS took 316 us for a 1,280 x 320 weight on two images
 of 2 x 2 positions with the weight out of cache, 190 us in cache (one 2-core AMD EPYC
-core). Here the images' columns are copied side by side into one small block (C, N),
-N = B * P padded to whole vectors, and each row of the weight is read once, straight
-from its own layout: blocks of MB rows, each element of a row broadcast and multiplied
-into the N columns held in vector registers (MB * N / lanes sums), each row prefetched
-a few hundred bytes ahead. The same weight took 88 us in cache and 212 us out of it.
-On a 2.3 GHz Xeon (AVX-512, 2 MiB of L2 a core), where a prefetch of the next block's
-rows past the caches (as this kernel first did) left resnet18's 512 x 4,608 filter
-over 8 columns at 1.2 ms against OpenBLAS's 0.80, the prefetch ahead within each row
-takes 0.58-0.64 ms.
+core). Here the images' columns are copied into a small block, a row of C each (N =
+B * P of them), and each row of the weight is read once, straight from its own
+layout: blocks of 16 / NC rows (NC: N rounded up to 2, 4, 8 or 16; more columns go 16
+at a time), their dot products with the NC columns along C a vector at a time in 16
+vector sums, added up across lanes by one tree of shuffles at the end of the block;
+the weight is prefetched 6 KiB ahead, which reaches into the rows after a short one.
+An earlier form broadcast each element of a row against the columns held in vector
+registers: at 8 columns of float32 it used half of a 16-lane vector, and took 44 us for
+a 960 x 160 weight in cache where this one takes 33, 103 us out of L2 where this
+one takes 54 (a 2.3 GHz Xeon with AVX-512 and 2 MiB of L2 a core, one thread; its
+6 KiB prefetch against 1 KiB: 54 against 70 us; 1,280 x 320: 141 against 215, the
+BLAS 247 in cache and 342 out of it).
 
 Each stored element is ``min(max(sum + bias[k], lo), hi)`` (NumPy's maximum and
 minimum, NaN kept; no bias: 0; lo / hi: -inf / inf for none), so that the bias add and
@@ -44,7 +47,9 @@ from geon.transformers.numpy.c_rules import sigmoid_limit
 #: 2 columns, on weights under 256 KiB (1 x 1 squeeze-excitation layers), 15 against
 #: 10. On a 2.3 GHz Xeon (one thread), at 8 columns 53 / 119 / 639 us against 53 / 136
 #: / 800 (960 x 160, 1,280 x 320, 512 x 4,608), at 16 columns 84 / 116 / 264 against
-#: 57 / 84 / 230 (960 x 160, 1,152 x 192, 256 x 2,304): the BLAS from 9 columns.
+#: 57 / 84 / 230 (960 x 160, 1,152 x 192, 256 x 2,304): the BLAS from 9 columns. (Those
+#: were the broadcasting form's; with the dot products, MobileNet-v2's and
+#: EfficientNet-B0's forwards took as long with 16 or 32 here, within 4%.)
 MAX_COLUMNS = 8
 MIN_WEIGHT_BYTES = 1 << 18
 #: Work (multiply-adds) from which a call is split over geon's threads by rows (one
@@ -76,80 +81,109 @@ static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
 }
 """
 
-_TEMPLATE = toolchain.VECTOR32 + EPILOGUE + r"""
+_TEMPLATE = r"""
+typedef REAL vw_SUF __attribute__((vector_size(64)));
+#define VW_SUF ((int64_t)(64 / sizeof(REAL)))
+HSUM_SUF
+""" + EPILOGUE + r"""
 
-/* tile (MB, NV * VL) = rows m0 .. m0 + MB of w (clamped to M: repeated rows are
-   computed, not stored) times xp (C, NV * VL); each row prefetched AHEAD elements
-   ahead into every cache level (a short row's prefetch reaches into the rows after
-   it, the next block's at the last rows; prefetching is harmless past the end) */
-#define PW_BLOCK(NV, MB) \
+/* acc[i][n] += the dot products of rows i < MB of w (at wr[i], prefetched AHEAD
+   elements ahead) with columns n < NC of x (rows of xt, ldx apart), over C elements:
+   VW at a time, the last VW read through a zeroed vector (nothing past a row is
+   read); the sums in VW lanes, added up by hsum. MB * NC = 16 accumulators. */
+#define PW_DOT(NC, MB) \
 __attribute__((optimize("fp-contract=fast"))) \
-static void block##NV##_SUF(const REAL *restrict w, int64_t ldw, \
-                            const REAL *restrict xp, int64_t C, int64_t m0, int64_t M, \
-                            REAL *restrict tile) { \
-    const REAL *wr[MB]; \
-    for (int i = 0; i < MB; i++) wr[i] = w + (m0 + i < M ? m0 + i : M - 1) * ldw; \
-    vr_SUF acc[MB][NV]; \
-    _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] = (vr_SUF){0}; \
-    for (int64_t c = 0; c < C; c++) { \
-        if ((c & 15) == 0) \
-            _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) \
+static void dot##NC##_SUF(const REAL *const *wr, const REAL *restrict xt, int64_t ldx, \
+                          int64_t C, REAL *restrict sums) { \
+    vw_SUF acc[MB * NC]; \
+    _Pragma("GCC unroll 16") for (int a = 0; a < MB * NC; a++) acc[a] = (vw_SUF){0}; \
+    const int64_t full = C / VW_SUF * VW_SUF; \
+    for (int64_t c = 0; c < C; c += VW_SUF) { \
+        vw_SUF wv[MB]; \
+        if (c < full) { \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) { \
+                __builtin_memcpy(&wv[i], wr[i] + c, sizeof wv[i]); \
                 __builtin_prefetch(wr[i] + c + AHEAD, 0, 3); \
-        vr_SUF xv[NV]; \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) \
-            xv[j] = load_SUF(xp + (c * NV + j) * VL_SUF); \
-        _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) { \
-            const REAL s = wr[i][c]; \
-            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += s * xv[j]; \
+            } \
+        } else { \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) { \
+                wv[i] = (vw_SUF){0}; \
+                __builtin_memcpy(&wv[i], wr[i] + c, (C - c) * sizeof(REAL)); \
+            } \
+        } \
+        _Pragma("GCC unroll 16") for (int n = 0; n < NC; n++) { \
+            vw_SUF xv; \
+            __builtin_memcpy(&xv, xt + n * ldx + c, sizeof xv); \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) \
+                acc[i * NC + n] += wv[i] * xv; \
         } \
     } \
-    _Pragma("GCC unroll 12") for (int i = 0; i < MB; i++) \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) \
-            __builtin_memcpy(tile + (i * NV + j) * VL_SUF, &acc[i][j], \
-                             sizeof acc[i][j]); \
+    hsum_SUF(acc, sums); \
 }
-#define AHEAD 128
-PW_BLOCK(1, 12)
-PW_BLOCK(2, 6)
-#undef PW_BLOCK
+#define AHEAD 1536
+PW_DOT(2, 8)
+PW_DOT(4, 4)
+PW_DOT(8, 2)
+PW_DOT(16, 1)
+#undef PW_DOT
 #undef AHEAD
 
-/* y (B, K, P) = clamp(w (K, C) @ x (B, C, P) + bias): rows [lo, hi) of w, every
-   column; geo: B, C, K, P; bias may be NULL. 1: no memory for the packed columns. */
+/* y (B, K, P) = epi(w (K, C) @ x (B, C, P) + bias): rows [lo, hi) of w, every
+   column (N = B * P, few); geo: B, C, K, P; bias may be NULL. Blocks of up to 16
+   columns are copied into xt, a row of C (padded to whole vectors, zeros) each, NC
+   of them (rounded up to 2, 4, 8 or 16); then blocks of MB = 16 / NC rows of w, each read
+   once from its own layout, VW elements at a time against the same elements of the
+   NC columns (dot products along C: every lane of every multiply-add used, where a
+   row of w broadcast against the N columns used N of a vector's lanes). 1: no
+   memory. */
 static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                   const REAL *restrict bias, REAL *restrict y, const int64_t *geo,
                   REAL lo_, REAL hi_, int act, int64_t lo, int64_t hi) {
     const int64_t B = geo[0], C = geo[1], K = geo[2], P = geo[3], N = B * P;
-    const int64_t NV = N > VL_SUF ? 2 : 1, NB = NV * VL_SUF, MB = NV == 2 ? 6 : 12;
-    REAL *xp = malloc((size_t)(C * NB + 12 * NB) * sizeof(REAL));
-    if (!xp) return 1;
-    REAL *tile = xp + C * NB;
-    int64_t xo[2 * VL_SUF], yo[2 * VL_SUF];   /* column j's offsets in x and y */
-    for (int64_t n0 = 0; n0 < N; n0 += NB) {
-        const int64_t nb = N - n0 < NB ? N - n0 : NB;
-        for (int64_t j = 0; j < nb; j++) {   /* column n = b * P + p: x[b, :, p] */
-            const int64_t b = (n0 + j) / P, p = (n0 + j) % P;
-            xo[j] = b * C * P + p;
-            yo[j] = b * K * P + p;
+    const int64_t ldx = (C + VW_SUF - 1) / VW_SUF * VW_SUF;
+    /* (aligned to a cache line, as its rows: a vector read across two lines costs
+       two reads; from malloc's 16 bytes, a 960 x 160 weight on 8 columns took 50 us,
+       aligned 33) */
+    REAL *xt = aligned_alloc(64, (size_t)(16 * ldx) * sizeof(REAL));
+    if (!xt) return 1;
+    REAL sums[16];
+    int64_t yo[16];   /* column j's offset in y */
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {   /* blocks of up to 16 columns */
+        const int64_t nb = N - n0 < 16 ? N - n0 : 16;
+        const int64_t NC = nb <= 2 ? 2 : nb <= 4 ? 4 : nb <= 8 ? 8 : 16, MB = 16 / NC;
+        for (int64_t j = 0; j < NC; j++) {   /* column n = b * P + p: x[b, :, p] */
+            REAL *row = xt + j * ldx;
+            if (j < nb) {
+                const int64_t b = (n0 + j) / P, p = (n0 + j) % P;
+                const REAL *xc = x + b * C * P + p;
+                for (int64_t c = 0; c < C; c++) row[c] = xc[c * P];
+                for (int64_t c = C; c < ldx; c++) row[c] = 0;
+                yo[j] = b * K * P + p;
+            } else {
+                for (int64_t c = 0; c < ldx; c++) row[c] = 0;
+            }
         }
-        for (int64_t c = 0; c < C; c++) {
-            REAL *row = xp + c * NB;
-            for (int64_t j = 0; j < nb; j++) row[j] = x[xo[j] + c * P];
-            for (int64_t j = nb; j < NB; j++) row[j] = 0;
-        }
+        void (*dot)(const REAL *const *, const REAL *restrict, int64_t, int64_t,
+                    REAL *restrict) =
+            NC == 2 ? dot2_SUF : NC == 4 ? dot4_SUF : NC == 8 ? dot8_SUF : dot16_SUF;
         for (int64_t m0 = lo; m0 < hi; m0 += MB) {
-            if (NV == 2) block2_SUF(w, C, xp, C, m0, hi, tile);
-            else block1_SUF(w, C, xp, C, m0, hi, tile);
+            const REAL *wr[8];
+            for (int64_t i = 0; i < MB; i++) wr[i] = w + (m0 + i < hi ? m0 + i : m0) * C;
+            dot(wr, xt, ldx, C, sums);
             for (int64_t i = 0; i < MB && m0 + i < hi; i++) {
                 const int64_t m = m0 + i;
-                const REAL b = bias ? bias[m] : 0;
-                for (int64_t j = 0; j < nb; j++)
-                    y[yo[j] + m * P] = epi_SUF(tile[i * NB + j] + b, lo_, hi_, act);
+                const REAL b = bias ? bias[m] : 0, *si = sums + i * NC;
+                REAL *ym = y + m * P;
+                if (act == 0)
+                    for (int64_t j = 0; j < nb; j++)
+                        ym[yo[j]] = clamp_SUF(si[j] + b, lo_, hi_);
+                else
+                    for (int64_t j = 0; j < nb; j++)
+                        ym[yo[j]] = epi_SUF(si[j] + b, lo_, hi_, act);
             }
         }
     }
-    free(xp);
+    free(xt);
     return 0;
 }
 
@@ -166,8 +200,7 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     if (!geon_acquire(v, arrays, flags, (int)narrays)) return -1;
     const char *ys = v[2].buf, *ye = ys + v[2].len;
     int status = 2;
-    const int64_t N = geo[0] * geo[3];
-    const int packed_first = N <= 2 * VL_SUF && lo == 0 && hi == geo[2];
+    const int packed_first = geo[0] * geo[3] <= 16 && lo == 0 && hi == geo[2];
     int overlap = 0;
     for (int k = 0; k < narrays; k++) {
         const char *s = v[k].buf, *e = s + v[k].len;
@@ -266,7 +299,58 @@ def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
             "#include <stdlib.h>\n" + toolchain.BUFFER_API + toolchain.MINMAX)
-    return head + simd_exp() + "\n".join(specialize(_TEMPLATE, dt) for dt in _TYPES)
+    return head + simd_exp() + "\n".join(
+        specialize(_TEMPLATE.replace("HSUM_SUF", _hsum(64 // np.dtype(dt).itemsize,
+                                                       "int32_t" if dt == np.float32
+                                                       else "int64_t")), dt)
+        for dt in _TYPES)
+
+
+def _hsum(lanes, index):
+    """C of ``hsum_SUF(acc, sums)``: sums[j] = the sum of the ``lanes`` lanes of
+    vector acc[j], j < 16, by a tree of shuffles and additions that adds up many
+    vectors at once (each level pairs the vectors, each half of a group of lanes with
+    its other half: 30 shuffles and 15 additions for 16 vectors of 16 lanes, where
+    adding each vector's lanes alone took 4 levels of 2 operations a vector), then
+    one shuffle per 16 / ``lanes`` sums into their order. ``index``: the C integer
+    type of a lane's size (GCC before 12 takes the shuffle's indices as a vector)."""
+    def shuffle(a, b, idx, form):
+        idx = ", ".join(map(str, idx))
+        return (form.format(f"__builtin_shufflevector({a}, {b}, {idx})"),
+                form.format(f"__builtin_shuffle({a}, {b}, (iw_SUF){{{idx}}})"))
+    vecs, labels = [f"acc[{j}]" for j in range(16)], [[j] * lanes for j in range(16)]
+    width, body = lanes, []
+    while width > 1:
+        h, nv, nl = width // 2, [], []
+        for u in range(0, len(vecs), 2):
+            lo, hi, lab = [], [], []
+            for q in range(lanes // width):
+                for src in (0, 1):
+                    base = src * lanes + q * width
+                    lo += range(base, base + h)
+                    hi += range(base + h, base + width)
+                    lab += labels[u + src][q * width:q * width + h]
+            name = f"t{len(body)}"
+            a = shuffle(vecs[u], vecs[u + 1], lo, "{}")
+            b = shuffle(vecs[u], vecs[u + 1], hi, "{}")
+            body.append((f"    const vw_SUF {name} = {a[0]} + {b[0]};",
+                         f"    const vw_SUF {name} = {a[1]} + {b[1]};"))
+            nv.append(name)
+            nl.append(lab)
+        vecs, labels, width = nv, nl, h
+    # the final vectors (one or two) hold the sums in the order of their labels
+    where = {lab: (v, k) for v, labs in enumerate(labels) for k, lab in enumerate(labs)}
+    for part in range(16 // lanes):
+        idx = [v * lanes + k for v, k in (where[j] for j in range(part * lanes,
+                                                                     (part + 1) * lanes))]
+        store = f"    {{{{ const vw_SUF o = {{}}; __builtin_memcpy(sums + {part * lanes}, " \
+                "&o, sizeof o); }}"
+        body.append(shuffle(vecs[0], vecs[-1], idx, store))
+    return ("typedef " + index + " iw_SUF __attribute__((vector_size(64)));\n"
+            "static inline void hsum_SUF(const vw_SUF *acc, REAL *sums) {\n"
+            "#if defined(__clang__) || __GNUC__ >= 12\n"
+            + "\n".join(b[0] for b in body) + "\n#else\n"
+            + "\n".join(b[1] for b in body) + "\n#endif\n}\n")
 
 
 def simd_exp():
