@@ -144,8 +144,9 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
     /* (aligned to a cache line, as its rows: a vector read across two lines costs
        two reads; from malloc's 16 bytes, a 960 x 160 weight on 8 columns took 50 us,
        aligned 33) */
-    REAL *xt = aligned_alloc(64, (size_t)(16 * ldx) * sizeof(REAL));
-    if (!xt) return 1;
+    char *held = malloc((size_t)(16 * ldx) * sizeof(REAL) + 64);
+    if (!held) return 1;
+    REAL *xt = (REAL *)(((uintptr_t)held + 63) & ~(uintptr_t)63);
     REAL sums[16];
     int64_t yo[16];   /* column j's offset in y */
     for (int64_t n0 = 0; n0 < N; n0 += 16) {   /* blocks of up to 16 columns */
@@ -183,7 +184,7 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
             }
         }
     }
-    free(xt);
+    free(held);
     return 0;
 }
 
