@@ -87,23 +87,30 @@ typedef REAL vw_SUF __attribute__((vector_size(64)));
 HSUM_SUF
 """ + EPILOGUE + r"""
 
-/* acc[i][n] += the dot products of rows i < MB of w (at wr[i], prefetched AHEAD
-   elements ahead) with columns n < NC of x (rows of xt, ldx apart), over C elements:
-   VW at a time, the last VW read through a zeroed vector (nothing past a row is
-   read); the sums in VW lanes, added up by hsum. MB * NC = 16 accumulators. */
+/* The dot products of rows i < MB of w (at wr[i], prefetched ahead elements ahead)
+   with columns n < NC of x (rows of xt, ldx apart) over elements [c0, c1) of C, VW
+   at a time (a last partial VW read through a zeroed vector: nothing past a row is
+   read), in MB * NC = 16 vector sums: started at zero where first, else from part
+   (16 vectors); then added up across lanes into sums[i * NC + n] (hsum) where c1 is
+   C, else stored back into part. */
 #define PW_DOT(NC, MB) \
 __attribute__((optimize("fp-contract=fast"))) \
 static void dot##NC##_SUF(const REAL *const *wr, const REAL *restrict xt, int64_t ldx, \
-                          int64_t C, REAL *restrict sums) { \
+                          int64_t c0, int64_t c1, int64_t C, int64_t ahead, \
+                          vw_SUF *part, REAL *restrict sums) { \
     vw_SUF acc[MB * NC]; \
-    _Pragma("GCC unroll 16") for (int a = 0; a < MB * NC; a++) acc[a] = (vw_SUF){0}; \
+    if (c0 == 0) { \
+        _Pragma("GCC unroll 16") for (int a = 0; a < MB * NC; a++) acc[a] = (vw_SUF){0}; \
+    } else { \
+        __builtin_memcpy(acc, part, sizeof acc); \
+    } \
     const int64_t full = C / VW_SUF * VW_SUF; \
-    for (int64_t c = 0; c < C; c += VW_SUF) { \
+    for (int64_t c = c0; c < c1; c += VW_SUF) { \
         vw_SUF wv[MB]; \
         if (c < full) { \
             _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) { \
                 __builtin_memcpy(&wv[i], wr[i] + c, sizeof wv[i]); \
-                __builtin_prefetch(wr[i] + c + AHEAD, 0, 3); \
+                __builtin_prefetch(wr[i] + c + ahead, 0, 3); \
             } \
         } else { \
             _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) { \
@@ -118,24 +125,29 @@ static void dot##NC##_SUF(const REAL *const *wr, const REAL *restrict xt, int64_
                 acc[i * NC + n] += wv[i] * xv; \
         } \
     } \
-    hsum_SUF(acc, sums); \
+    if (c1 == C) hsum_SUF(acc, sums); \
+    else __builtin_memcpy(part, acc, sizeof acc); \
 }
-#define AHEAD 1536
 PW_DOT(2, 8)
 PW_DOT(4, 4)
 PW_DOT(8, 2)
 PW_DOT(16, 1)
 #undef PW_DOT
-#undef AHEAD
 
 /* y (B, K, P) = epi(w (K, C) @ x (B, C, P) + bias): rows [lo, hi) of w, every
    column (N = B * P, few); geo: B, C, K, P; bias may be NULL. Blocks of up to 16
    columns are copied into xt, a row of C (padded to whole vectors, zeros) each, NC
-   of them (rounded up to 2, 4, 8 or 16); then blocks of MB = 16 / NC rows of w, each read
-   once from its own layout, VW elements at a time against the same elements of the
-   NC columns (dot products along C: every lane of every multiply-add used, where a
-   row of w broadcast against the N columns used N of a vector's lanes). 1: no
-   memory. */
+   of them (rounded up to 2, 4, 8 or 16); then blocks of MB = 16 / NC rows of w, each
+   read once from its own layout, VW elements at a time against the same elements of
+   the NC columns (dot products along C: every lane of every multiply-add used, where
+   a row of w broadcast against the N columns used N of a vector's lanes). Where NC
+   rows of xt take more than XT_BYTES (L1's share), C goes in pieces that do, all the
+   rows' blocks a piece, their vector sums kept in part between pieces: else every
+   block of rows read all of xt from L2 (resnet18's 512 x 4,608 filter on 8 columns:
+   150 KB of columns a block). The weight is prefetched 6 KiB ahead in one piece (a
+   short row's prefetch reaches into the rows after it), the next block's rows' same
+   elements in pieces. 1: no memory. */
+#define XT_BYTES 40960
 static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                   const REAL *restrict bias, REAL *restrict y, const int64_t *geo,
                   REAL lo_, REAL hi_, int act, int64_t lo, int64_t hi) {
@@ -144,14 +156,20 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
     /* (aligned to a cache line, as its rows: a vector read across two lines costs
        two reads; from malloc's 16 bytes, a 960 x 160 weight on 8 columns took 50 us,
        aligned 33) */
-    char *held = malloc((size_t)(16 * ldx) * sizeof(REAL) + 64);
+    const int64_t blocks = hi - lo;   /* (at most: MB >= 1) */
+    char *held = malloc((size_t)(16 * ldx) * sizeof(REAL) + 64
+                        + (ldx * 16 * (int64_t)sizeof(REAL) > XT_BYTES
+                           ? (size_t)blocks * 16 * sizeof(vw_SUF) : 0));
     if (!held) return 1;
     REAL *xt = (REAL *)(((uintptr_t)held + 63) & ~(uintptr_t)63);
+    vw_SUF *part = (vw_SUF *)(xt + 16 * ldx);
     REAL sums[16];
     int64_t yo[16];   /* column j's offset in y */
     for (int64_t n0 = 0; n0 < N; n0 += 16) {   /* blocks of up to 16 columns */
         const int64_t nb = N - n0 < 16 ? N - n0 : 16;
         const int64_t NC = nb <= 2 ? 2 : nb <= 4 ? 4 : nb <= 8 ? 8 : 16, MB = 16 / NC;
+        int64_t piece = XT_BYTES / (NC * (int64_t)sizeof(REAL)) / VW_SUF * VW_SUF;
+        if (piece < VW_SUF) piece = VW_SUF;
         for (int64_t j = 0; j < NC; j++) {   /* column n = b * P + p: x[b, :, p] */
             REAL *row = xt + j * ldx;
             if (j < nb) {
@@ -164,29 +182,36 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
                 for (int64_t c = 0; c < ldx; c++) row[c] = 0;
             }
         }
-        void (*dot)(const REAL *const *, const REAL *restrict, int64_t, int64_t,
-                    REAL *restrict) =
+        void (*dot)(const REAL *const *, const REAL *restrict, int64_t, int64_t, int64_t,
+                    int64_t, int64_t, vw_SUF *, REAL *restrict) =
             NC == 2 ? dot2_SUF : NC == 4 ? dot4_SUF : NC == 8 ? dot8_SUF : dot16_SUF;
-        for (int64_t m0 = lo; m0 < hi; m0 += MB) {
-            const REAL *wr[8];
-            for (int64_t i = 0; i < MB; i++) wr[i] = w + (m0 + i < hi ? m0 + i : m0) * C;
-            dot(wr, xt, ldx, C, sums);
-            for (int64_t i = 0; i < MB && m0 + i < hi; i++) {
-                const int64_t m = m0 + i;
-                const REAL b = bias ? bias[m] : 0, *si = sums + i * NC;
-                REAL *ym = y + m * P;
-                if (act == 0)
-                    for (int64_t j = 0; j < nb; j++)
-                        ym[yo[j]] = clamp_SUF(si[j] + b, lo_, hi_);
-                else
-                    for (int64_t j = 0; j < nb; j++)
-                        ym[yo[j]] = epi_SUF(si[j] + b, lo_, hi_, act);
+        for (int64_t c0 = 0; c0 < C; c0 += piece) {
+            const int64_t c1 = C - c0 <= piece ? C : c0 + piece;
+            for (int64_t m0 = lo; m0 < hi; m0 += MB) {
+                const REAL *wr[8];
+                for (int64_t i = 0; i < MB; i++)
+                    wr[i] = w + (m0 + i < hi ? m0 + i : m0) * C;
+                dot(wr, xt, ldx, c0, c1, C, piece < C ? MB * C : 1536,
+                    part + (m0 - lo) / MB * 16, sums);
+                if (c1 < C) continue;
+                for (int64_t i = 0; i < MB && m0 + i < hi; i++) {
+                    const int64_t m = m0 + i;
+                    const REAL b = bias ? bias[m] : 0, *si = sums + i * NC;
+                    REAL *ym = y + m * P;
+                    if (act == 0)
+                        for (int64_t j = 0; j < nb; j++)
+                            ym[yo[j]] = clamp_SUF(si[j] + b, lo_, hi_);
+                    else
+                        for (int64_t j = 0; j < nb; j++)
+                            ym[yo[j]] = epi_SUF(si[j] + b, lo_, hi_, act);
+                }
             }
         }
     }
     free(held);
     return 0;
 }
+#undef XT_BYTES
 
 /* The entry (GIL held): arrays (x, w, y[, bias]), all C-contiguous, y writable; rows
    [lo, hi) of w without the GIL. 0: done; 1: no memory; 2: y overlaps an operand
