@@ -55,10 +55,12 @@ def _close(got, want, dtype):
 # columns B * P from 1 to 35 (each of the kernel's 2, 4, 8 and 16 columns at a time;
 # past 16, which conv1x1 still computes past MAX_COLUMNS, blocks of columns one after
 # another), channels C that are and are not whole vectors (16 float32, 8 float64), rows
-# K that are and are not whole blocks of 8, 4, 2 and 1
+# K that are and are not whole blocks of 8, 4, 2 and 1, and C long enough to go in
+# pieces (more than 40 KB of packed columns; the last piece partial, with a tail)
 SHAPES = [(1, 7, 13, (1, 1)), (2, 5, 12, (2, 1)), (1, 9, 25, (3, 2)), (2, 16, 40, (2, 2)),
           (3, 4, 7, (5,)), (1, 33, 6, (4, 4)), (2, 3, 50, (2, 2, 2)), (1, 1, 5, (1,)),
-          (2, 17, 9, (3, 3)), (1, 40, 3, (5, 7)), (2, 64, 11, (2,))]
+          (2, 17, 9, (3, 3)), (1, 40, 3, (5, 7)), (2, 64, 11, (2,)), (2, 700, 5, (3, 3)),
+          (2, 1400, 3, (2, 2))]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
