@@ -105,8 +105,10 @@ static inline void part_out_SUF(REAL *p, const vec_SUF *v, int64_t m) {
 
 /* The tile copies of the forward, V positions at a time through a transpose in
    registers (a position at a time, V scalar loads or stores to V planes each, took
-   as long as the convolution): T at position p's offset at[p] (elements) = lane l:
-   plane src[l]'s element p, for p < n, nl planes (the other lanes zero) */
+   as long as the convolution), where planes have 8 positions or more (on 2 x 2
+   planes a 16 x 16 transpose for 4 positions was no faster than the scalar copies):
+   T at position p's offset at[p] (elements) = lane l: plane src[l]'s element p, for
+   p < n, nl planes (the other lanes zero) */
 static void tile_in_t_SUF(REAL *restrict T, const REAL *const *src, int64_t nl,
                           int64_t n, const int64_t *at) {
     for (int64_t p0 = 0; p0 < n; p0 += V) {

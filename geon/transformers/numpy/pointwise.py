@@ -90,7 +90,7 @@ HSUM_SUF
 /* The dot products of rows i < MB of w (at wr[i], prefetched ahead elements ahead)
    with columns n < NC of x (rows of xt, ldx apart) over elements [c0, c1) of C, VW
    at a time (a last partial VW read through a zeroed vector: nothing past a row is
-   read), in MB * NC = 16 vector sums: started at zero where first, else from part
+   read), in MB * NC = 16 vector sums: started at zero where c0 is 0, else from part
    (16 vectors); then added up across lanes into sums[i * NC + n] (hsum) where c1 is
    C, else stored back into part. */
 #define PW_DOT(NC, MB) \
