@@ -61,15 +61,23 @@ SHAPES = [(1, 7, 13, (1, 1)), (2, 5, 12, (2, 1)), (1, 9, 25, (3, 2)), (2, 16, 40
           (3, 4, 7, (5,)), (1, 33, 6, (4, 4)), (2, 3, 50, (2, 2, 2)), (1, 1, 5, (1,)),
           (2, 17, 9, (3, 3)), (1, 40, 3, (5, 7)), (2, 64, 11, (2,)), (2, 700, 5, (3, 3)),
           (2, 1400, 3, (2, 2))]
+# the wide form (images of 32 float32 or 16 float64 positions or more, C <= 256): whole
+# blocks of 4 vectors of positions and a partial last one, rows K that are and are not
+# whole blocks of 6 and 12, C past 128 (blocks of 2 vectors), C past 256 (the dot
+# products again, 80 columns)
+WIDE = [(2, 5, 13, (4, 8)), (1, 3, 7, (33,)), (2, 20, 30, (6, 11)), (1, 200, 9, (5, 7)),
+        (2, 130, 8, (16,)), (1, 1, 12, (64,)), (2, 300, 4, (40,))]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + WIDE, ids=str)
 def test_kernel_matches_the_definition(shape, dtype, any_weight):
     B, C, K, S = shape
     x, w, b = _operands(B, C, K, S, dtype)
-    assert pw.usable(x, w, np.empty((B, K) + S, dtype)) == \
-        (B * math.prod(S) <= pw.MAX_COLUMNS)
+    P = math.prod(S)
+    assert pw.usable(x, w, np.empty((B, K) + S, dtype)) == (B * P <= pw.MAX_COLUMNS)
+    assert pw.usable(x, w, np.empty((B, K) + S, dtype), wide=True) == \
+        (B * P <= pw.MAX_COLUMNS or (C <= 256 and P * np.dtype(dtype).itemsize >= 128))
     out = np.full((B, K) + S, np.nan, dtype)
     assert pw.conv1x1(any_weight, x, w, out)
     _close(out, _reference(x, w), dtype)
@@ -227,6 +235,66 @@ def test_a_result_overlapping_an_operand(any_weight, monkeypatch):
     nc.conv_forward(xs, w2, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
                     (xs, b2, 0.0, np.inf, "clamp"))
     _close(xs, want2, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_wide_form_over_its_input(dtype, any_weight, monkeypatch):
+    """The wide form computes a result laid over its input (the plan gives an
+    expansion's result the memory of the input that dies at it) from a copy of the
+    input, in one call; split over threads it declines (nothing written). Blocks of
+    rows on threads give one call's values."""
+    x, w, b = _operands(2, 6, 30, (40,), dtype, seed=4)   # (K >= 24: split by rows)
+    want = _reference(x, w, b, 0.0, 6.0)
+    room = np.empty(2 * 30 * 40, dtype)
+    xs = room[:x.size].reshape(x.shape)
+    xs[...] = x
+    out = room.reshape(2, 30, 40)
+    assert pw.conv1x1(any_weight, xs, w, out, b, 0.0, 6.0)
+    _close(out, want, dtype)
+    one = out.copy()
+    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
+    xs[...] = x
+    assert not pw.conv1x1(any_weight, xs, w, out, b, 0.0, 6.0)
+    np.testing.assert_array_equal(xs, x)
+    split = np.empty_like(one)
+    assert pw.conv1x1(any_weight, x, w, split, b, 0.0, 6.0)
+    np.testing.assert_array_equal(split, one)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", [((2, 3, 20, 26), (8, 3, 3, 3), (2, 2), 1),
+                                  ((1, 3, 19, 19), (13, 3, 7, 7), (2, 2), 3),
+                                  ((2, 4, 9, 40), (30, 4, 3, 3), (1, 1), 1)], ids=str)
+def test_a_stem_by_the_wide_form_over_its_columns(case, dtype, monkeypatch):
+    """A convolution with few elements a window (a stem's 3 channels by 3 x 3 or 7 x 7
+    taps) over many positions runs as the im2col copy and the wide form over it, with
+    its epilogue or without: the definition's values, in out's layout."""
+    from geon.op_graph import conv_math as cm
+    xs, ws_, st, p = case
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws_).astype(dtype)
+    b = rng.standard_normal(ws_[0]).astype(dtype)
+    pads = ((p, p), (p, p))
+    P = tuple(cm.out_length(n, ws_[2], s, 1, p, p) for n, s in zip(xs[2:], st))
+    calls = []
+    real = pw.prepared_conv1x1
+    monkeypatch.setattr(pw, "prepared_conv1x1",
+                        lambda *a, **k: calls.append(k.get("columns")) or real(*a, **k))
+    want = cm.reference_conv(x.astype(np.float64), w.astype(np.float64), P, st, pads,
+                             (1, 1), 1)
+    out = np.full((xs[0], ws_[0]) + P, np.nan, dtype)
+    nc.conv_forward(x, w, out, st, pads, (1, 1), 1, nc.Workspace())
+    _close(out, want, dtype)
+    v = want + b.astype(np.float64)[:, None, None]
+    for act, lo, hi, f in (("clamp", 0.0, 6.0, np.minimum(np.maximum(v, 0.0), 6.0)),
+                           ("silu", 0.0, 0.0, v / (1 + np.exp(-v)))):
+        final = np.full_like(out, np.nan)
+        nc.conv_forward(x, w, out, st, pads, (1, 1), 1, nc.Workspace(),
+                        (final, b, lo, hi, act))
+        _close(final, f, dtype)
+    assert calls == [True] * 3
 
 
 def test_a_bias_in_the_results_memory(any_weight):

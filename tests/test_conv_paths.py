@@ -37,6 +37,15 @@ CASES = [
     (3, 4, 4, 2, (4, 5, 6), (2, 3, 3), (2, 1, 2), ((0, 1), (1, 1), (1, 1)), (1, 1, 1)),
     (3, 6, 6, 6, (9, 10), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1)),       # no padding
     (1, 3, 3, 3, (5, 5), (3, 3), (3, 3), ((1, 0), (1, 0)), (1, 1)),        # inputs unread
+    # the planes form (depthwise, 3 x 3 or 5 x 5, stride 1 or 2, rows of 16 outputs or
+    # more): blocks of 8 output rows and a partial one, a last vector of a row that
+    # overlaps the one before, odd and even rows at stride 2, a pad after of 0
+    (2, 5, 5, 5, (9, 16), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (1, 3, 3, 3, (5, 37), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+    (2, 4, 4, 4, (11, 40), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),
+    (1, 4, 4, 4, (6, 33), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),
+    (1, 2, 2, 2, (4, 33), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),
+    (1, 3, 3, 3, (17, 32), (3, 3), (2, 2), ((1, 0), (1, 0)), (1, 1)),
     # long rows: the rows kernels' blocks of 64 and 16 outputs, and an overlapping one
     (3, 3, 3, 3, (4, 150), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     (1, 4, 8, 4, (5, 141), (3, 5), (2, 2), ((1, 1), (2, 2)), (1, 1)),
@@ -51,10 +60,15 @@ POINTWISE = [(1, 5, 7, (6, 5)), (3, 5, 7, (4, 3)), (3, 6, 4, (17, 16)), (2, 4, 3
              (3, 4, 5, (2, 3, 2))]
 
 
-@pytest.fixture(params=["compiled-rows", "compiled-lanes", "numpy"])
+#: The cases the planes form takes (where it is on).
+PLANES = CASES[15:21] + [CASES[21], CASES[-3]]
+
+
+@pytest.fixture(params=["compiled-rows", "compiled-lanes", "compiled-planes", "numpy"])
 def path(request, tmp_path, monkeypatch):
-    """The convolution's code path: the direct kernels (rows or lanes) where a C
-    compiler works, or the NumPy code of a machine without one."""
+    """The convolution's code path: the direct kernels (rows or lanes; the planes form
+    where it applies, else rows) where a C compiler works, or the NumPy code of a
+    machine without one."""
     monkeypatch.setattr(dk, "_loaded", {})
     monkeypatch.setattr(pw, "_loaded", {})
     if request.param == "numpy":
@@ -66,7 +80,8 @@ def path(request, tmp_path, monkeypatch):
         if not ck.available():
             pytest.skip("no working C compiler")
         assert dk.kernels() is not None
-        rows = request.param == "compiled-rows"
+        rows = request.param != "compiled-lanes"
+        monkeypatch.setattr(dk, "PLANES", request.param == "compiled-planes")
         monkeypatch.setattr(dk, "LANE_ROWS", 0 if rows else 1 << 40)
         monkeypatch.setattr(dk, "LANE_TILE_BYTES", 1 << 40)
     return request.param
@@ -266,6 +281,22 @@ def test_kernels_split_over_threads(case, path, monkeypatch):
     B, C, K, G, S, R, st, pads, dil = case
     x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
     _check_primitives(x, w, dy, P, st, pads, dil, G, 1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_planes_form_takes_its_geometries(case):
+    """The planes form computes the forwards of its cases (and no derivative); the
+    other cases go to the rows or lanes forms."""
+    B, C, K, G, S, R, st, pads, dil = case
+    x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
+    fns = dk.kernels()
+    if fns is None:
+        pytest.skip("no working C compiler")
+    args = (st, pads, dil, G, dy.dtype)
+    kinds = [dk._plan(fns, name, x.shape, w.shape, dy.shape, *args)[1]
+             for name in ("forward", "grad_data", "grad_filter")]
+    assert (kinds[0] == "planes_") == (case in PLANES)
+    assert "planes_" not in kinds[1:]
 
 
 def test_a_geometry_is_planned_once(monkeypatch):

@@ -17,8 +17,17 @@ from geon.transformers.numpy import pointwise as pw
 pytestmark = pytest.mark.skipif(not ck.available(),
                                 reason="no working C compiler for the C kernels")
 
-# (B, C, S, stride): long rows (the rows form), short rows (lanes), a stride of 2
-SHAPES = [(2, 5, (20, 24), 1), (1, 18, (4, 4), 1), (2, 7, (9, 17), 2), (1, 3, (30,), 1)]
+# (B, C, S, stride): long rows (the planes form where it is on, else rows), short rows
+# (lanes), a stride of 2 (rows; planes for the rows of 17 outputs)
+SHAPES = [(2, 5, (20, 24), 1), (1, 18, (4, 4), 1), (2, 7, (9, 17), 2), (1, 3, (30,), 1),
+          (2, 7, (9, 34), 2)]
+
+
+@pytest.fixture(params=[True, False], ids=["planes", "rows"])
+def planes(request, monkeypatch):
+    """The planes form on (where it applies) or off."""
+    monkeypatch.setattr(dk, "PLANES", request.param)
+    return request.param
 ACTS = [("clamp", 0.0, 6.0), ("clamp", -np.inf, np.inf), ("silu", 0, 0),
         ("sigmoid", 0, 0)]
 
@@ -36,7 +45,7 @@ def _case(B, C, S, st, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("act", ACTS, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fused_matches_the_separate_pass(shape, act, dtype):
+def test_fused_matches_the_separate_pass(shape, act, dtype, planes):
     B, C, S, st = shape
     x, w, b, strides, pads, dil, P = _case(B, C, S, st, dtype)
     name, lo, hi = act
@@ -65,7 +74,7 @@ def test_nan_kept_by_the_clamp():
 
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=str)
-def test_result_over_the_image(shape):
+def test_result_over_the_image(shape, planes):
     """The result in the image's own memory (a plan gives a dead input's memory to the
     result) is taken where each output plane reads its own input plane (depthwise, one
     shape); a result overlapping the image otherwise (shifted by a plane) is refused

@@ -340,13 +340,15 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
         final, bias, lo, hi, act = epilogue
         fns = _fixed(ws, pointwise)
         one = near = None
-        if fns and pointwise.usable(x, w, final) and bias.flags.c_contiguous \
+        if fns and pointwise.usable(x, w, final, True) and bias.flags.c_contiguous \
                 and _pointwise(w.shape[2:], strides, pads, groups, x, w, final):
             one = pointwise.prepared_conv1x1(fns, x, w, final, bias, lo, hi, act)
         direct = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
         if direct:   # each plane's epilogue as it is done
             near = dk.prepared_forward(direct, x, w, out, strides, pads, dilation, groups,
                                        epilogue)
+        elif one is None and not _patches(x, w, out, strides, pads, dilation, groups):
+            near = _columns(x, w, out, strides, pads, dilation, groups, ws, epilogue)
         apart = []   # the convolution and the epilogue's pass, chosen where needed
 
         def run(x, w, out, epilogue):
@@ -365,9 +367,9 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
         return run
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         fns = _fixed(ws, pointwise)
-        # few positions: the C kernel (one read of the weight)
+        # few positions (one read of the weight) or many over few channels: the C kernel
         one = pointwise.prepared_conv1x1(fns, x, w, out) \
-            if fns and pointwise.usable(x, w, out) else None
+            if fns and pointwise.usable(x, w, out, True) else None
 
         def run(x, w, out, epilogue):
             if one is None or not one(x, w, out, None):
@@ -380,8 +382,37 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
     if fns:
         near = dk.prepared_forward(fns, x, w, out, strides, pads, dilation, groups)
         return lambda x, w, out, epilogue: near(x, w, out, None, None)
-    return lambda x, w, out, epilogue: _im2col_forward(x, w, out, strides, pads,
-                                                       dilation, groups, ws)
+    cols = _columns(x, w, out, strides, pads, dilation, groups, ws, None)
+    return lambda x, w, out, epilogue: (cols is not None and cols(x, w, out, out, None)) \
+        or _im2col_forward(x, w, out, strides, pads, dilation, groups, ws)
+
+
+def _columns(x, w, out, strides, pads, dilation, groups, ws, epilogue):
+    """Where the windows of an image have few elements (a stem: 3 channels by 3 x 3 or
+    7 x 7 taps) and the images many positions: a callable ``(x, w, out, final, bias)``
+    -> done that computes the convolution as the im2col copy and the 1 x 1 kernel's
+    wide form over it (with the epilogue, into ``final``; without, final is out),
+    written in out's layout (the BLAS's product and the copy into out, and the
+    epilogue's pass, took twice as long for MobileNet-v2's stem); else None."""
+    B, K = out.shape[:2]
+    fns = _fixed(ws, pointwise)
+    target = out if epilogue is None else epilogue[0]
+    if not (fns and groups == 1 and x.dtype == w.dtype == target.dtype
+            and target.dtype in pointwise.DTYPES and w.flags.c_contiguous
+            and target.flags.c_contiguous and pointwise.wide_form(
+                B, w[0].size, math.prod(out.shape[2:]), x.itemsize)
+            and (epilogue is None or epilogue[1].flags.c_contiguous)):
+        return None
+    R, P = w.shape[2:], out.shape[2:]
+    if epilogue is None:
+        kernel = pointwise.prepared_conv1x1(fns, x, w, out, columns=True)
+    else:
+        kernel = pointwise.prepared_conv1x1(fns, x, w, target, *epilogue[1:], columns=True)
+
+    def run(x, w, out, final, bias):
+        cols = _im2col(x, R, P, strides, pads, dilation, 1, ws)[0]
+        return kernel(cols, w, final, bias)
+    return run
 
 
 def _im2col_forward(x, w, out, strides, pads, dilation, groups, ws):

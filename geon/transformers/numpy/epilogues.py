@@ -38,6 +38,7 @@ import numpy as np
 from geon.op_graph import conv as cv
 from geon.op_graph import op_graph as og
 from geon.op_graph import primitives as pr
+from geon.op_graph.symbols import Sym
 from geon.transformers.numpy import blas, pointwise
 from geon.transformers.numpy.conv import _conv
 from geon.transformers.numpy.primitives import _BLAS_DTYPES
@@ -218,11 +219,14 @@ def _takes_the_kernel(conv):
     """Whether ``conv`` will run the 1 x 1 kernel (:func:`.pointwise.usable`, from the
     shapes: the arrays are laid out contiguously)."""
     x, w = conv.args[0], conv.args[1]
-    C = x.axes.lengths[1]
-    return conv.groups == 1 and all(r == 1 for r in w.axes.lengths[2:]) \
-        and all(s == 1 for s in conv.strides) and not any(map(any, conv.pads)) \
-        and w.axes.size * conv.dtype.itemsize >= pointwise.MIN_WEIGHT_BYTES \
-        and x.axes.size // C <= pointwise.MAX_COLUMNS
+    B, C = x.axes.lengths[:2]
+    if not (conv.groups == 1 and all(r == 1 for r in w.axes.lengths[2:])
+            and all(s == 1 for s in conv.strides) and not any(map(any, conv.pads))):
+        return False
+    if x.axes.size // C <= pointwise.MAX_COLUMNS:
+        return w.axes.size * conv.dtype.itemsize >= pointwise.MIN_WEIGHT_BYTES
+    return not isinstance(x.axes.size, Sym) and pointwise.wide_form(
+        B, C, x.axes.size // (B * C), conv.dtype.itemsize)
 
 
 def _root_conv(op):

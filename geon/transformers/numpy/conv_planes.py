@@ -1,0 +1,211 @@
+"""The planes form of the direct convolution kernels, in C (part of
+:mod:`.conv_kernels`' source, which it follows in one translation unit: it uses that
+source's macros, vectors and epilogue).
+
+For a depthwise convolution (one input plane per output plane) with square 3 x 3 or
+5 x 5 windows, "same" padding before (R / 2), stride 1 or 2, no dilation, and output
+rows of at least V positions: the early layers of MobileNet and EfficientNet (32 x
+32 and 16 x 16 planes at 64 x 64 images). The rows kernel copied each plane into a
+zero-padded tile and took two loads and a shuffle per tap and output vector at
+stride 2; the lanes kernel transposed planes of 256 positions into channels side by
+side and back. Here an input plane is copied row by row between zero margins (no
+rows above or below: rows outside the image are skipped), and eight output rows at
+a time are summed in eight vectors (eight chains of additions): each input row in
+reach is read once for them, as its R shifted vectors (stride 1: loads at the R
+offsets), and every tap of every output row is one multiply-add
+(fused). At stride 2 a row's vectors are loaded once, aligned, and the inputs of each
+tap shuffled out of them (the evens, the odds, and those shifted by one): two
+unaligned loads a tap, most across a cache line, took longer. The epilogue is
+applied to the sums before they are stored (y is not written). Measured against the
+other forms: :data:`.conv_kernels.PLANES`.
+"""
+
+#: The zero margins left and right of each copied input row, in elements: at least as
+#: far as the loads of a row reach past it (left: a vector, at stride 2; right: see
+#: :func:`takes`); a vector's worth on the left keeps the rows' loads aligned.
+MARGIN = 16
+RIGHT = 32
+
+#: C of the planes form. V = 16 (one vector of float32 under AVX-512); the indices of
+#: two-vector shuffles: EVENS2 and ODDS2 the even and odd elements of the 2V; PREV1,
+#: PREV2: the last and the last but one of the first vector, then the second's first V -
+#: 1; NEXT1: the first vector's last V - 1, then the second's first.
+TEMPLATE = r"""
+#define MARGIN """ + str(MARGIN) + r"""
+#define RIGHT """ + str(RIGHT) + r"""
+#define PLANE_ROWS 8
+#define EVENS2 """ + ", ".join(str(2 * i) for i in range(16)) + r"""
+#define ODDS2 """ + ", ".join(str(2 * i + 1) for i in range(16)) + r"""
+#define PREV1 15, """ + ", ".join(str(16 + i) for i in range(15)) + r"""
+#define PREV2 14, """ + ", ".join(str(16 + i) for i in range(15)) + r"""
+#define NEXT1 """ + ", ".join(str(1 + i) for i in range(16)) + r"""
+
+static inline vec_SUF at_SUF(const REAL *p) {
+    vec_SUF v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUF2_SUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF2_SUF(a, b, ...) __builtin_shuffle(a, b, (ivec_SUF){__VA_ARGS__})
+#endif
+
+/* xs[kw] = the V inputs p[2t + kw - R / 2], t < V, at stride 2: from the vectors at p -
+   V, p, p + V (and p + 2V for R = 5; aligned where p is), the even and odd elements
+   of the middle two shuffled out, and those shifted by one with an element of a
+   neighbour (three shuffles a row where two unaligned loads each took more: most
+   cross a cache line) */
+static inline void stride2_SUF(vec_SUF *xs, const REAL *p, int R) {
+    const vec_SUF z = at_SUF(p - V), a = at_SUF(p), b = at_SUF(p + V);
+    const vec_SUF e = SHUF2_SUF(a, b, EVENS2), o = SHUF2_SUF(a, b, ODDS2);
+    if (R == 3) {
+        xs[0] = SHUF2_SUF(z, o, PREV1);
+        xs[1] = e;
+        xs[2] = o;
+    } else {
+        xs[0] = SHUF2_SUF(z, e, PREV2);
+        xs[1] = SHUF2_SUF(z, o, PREV1);
+        xs[2] = e;
+        xs[3] = o;
+        xs[4] = SHUF2_SUF(e, at_SUF(p + 2 * V), NEXT1);
+    }
+}
+
+VCLAMP_SUF(vec_SUF, ivec_SUF)
+
+/* Output rows [oh0, oh0 + PLANE_ROWS) of one plane (those under P1), the V outputs
+   from j0 of each: X, the copied input plane (S1 rows, ldq apart, each MARGIN elements after its
+   row's start); wv, the R x R taps broadcast; o, the output plane; e: NULL, or the
+   epilogue with bias b. */
+#define PLANE(R, ST) \
+__attribute__((optimize("fp-contract=fast"))) \
+static void plane##R##_##ST##_SUF(const REAL *restrict X, int64_t ldq, int64_t S1, \
+                                  const vec_SUF *restrict wv, REAL *restrict o, \
+                                  int64_t P1, int64_t P2, int64_t oh0, int64_t j0, \
+                                  const epilogue_SUF *e, REAL b) { \
+    enum { H = R / 2, OB = PLANE_ROWS, IN = (OB - 1) * ST + R }; \
+    vec_SUF acc[OB]; \
+    _Pragma("GCC unroll 8") for (int ob = 0; ob < OB; ob++) acc[ob] = (vec_SUF){0}; \
+    _Pragma("GCC unroll 16") for (int r = 0; r < IN; r++) { \
+        const int64_t ih = oh0 * ST - H + r; \
+        if (ih < 0 || ih >= S1) continue; \
+        const REAL *row = X + ih * ldq + MARGIN + j0 * ST; \
+        vec_SUF xs[R]; \
+        if (ST == 2) { \
+            stride2_SUF(xs, row, R); \
+        } else { \
+            _Pragma("GCC unroll 8") for (int kw = 0; kw < R; kw++) \
+                xs[kw] = at_SUF(row + kw - H); \
+        } \
+        _Pragma("GCC unroll 8") for (int ob = 0; ob < OB; ob++) { \
+            const int kh = r - ob * ST; \
+            if (kh < 0 || kh >= R) continue; \
+            _Pragma("GCC unroll 8") for (int kw = 0; kw < R; kw++) \
+                acc[ob] += wv[kh * R + kw] * xs[kw]; \
+        } \
+    } \
+    _Pragma("GCC unroll 8") for (int ob = 0; ob < OB; ob++) { \
+        if (oh0 + ob >= P1) break; \
+        REAL *out = o + (oh0 + ob) * P2 + j0; \
+        if (!e) { \
+            memcpy(out, &acc[ob], sizeof acc[ob]); \
+            continue; \
+        } \
+        vec_SUF t = acc[ob] + b; \
+        if (e->act == 0) { \
+            t = vclamp_SUF(t, (vec_SUF){0} + e->lo, (vec_SUF){0} + e->hi); \
+            memcpy(out, &t, sizeof t); \
+        } else { \
+            memcpy(out, &t, sizeof t); \
+            const REAL lo_ = e->lo, hi_ = e->hi; \
+            const int act = e->act; \
+            _Pragma("omp simd") for (int l = 0; l < V; l++) \
+                out[l] = epi_SUF(out[l], lo_, hi_, act); \
+        } \
+    } \
+}
+PLANE(3, 1)
+PLANE(3, 2)
+PLANE(5, 1)
+PLANE(5, 2)
+#undef PLANE
+
+/* d[j] = s[j], j < n, in vectors where they fit (as a loop GCC calls memcpy: a call a
+   row of 32 elements took longer than the row's taps) */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+static void copy_row_SUF(REAL *restrict d, const REAL *restrict s, int64_t n) {
+    int64_t j = 0;
+    for (; j + V <= n; j += V) memcpy(d + j, s + j, V * sizeof(REAL));
+    for (; j < n; j++) d[j] = s[j];
+}
+
+/* y (B, K, *P) = x correlated with w, depthwise (K = C, one channel a group), items:
+   output planes [lo, hi). See the module's text for the geometries it takes (the
+   caller's checks); a last partial vector of a row overlaps the one before. */
+static int planes_forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
+                                REAL *restrict y, const int64_t *g, int64_t lo,
+                                int64_t hi, const epilogue_SUF *e) {
+    GEOMETRY
+    /* rows a whole number of vectors long, from a cache line (the loads of a row at
+       stride 2 aligned) */
+    const int64_t ldq = (S2 + MARGIN + RIGHT + V - 1) / V * V;
+    char *held = calloc((size_t)(S1 * ldq) * sizeof(REAL) + 64, 1);
+    if (!held) return 1;
+    REAL *X = (REAL *)(((uintptr_t)held + 63) & ~(uintptr_t)63);
+    vec_SUF wv[25];
+    for (int64_t plane = lo; plane < hi; plane++) {
+        const int64_t k = plane % K;
+        for (int64_t ih = 0; ih < S1; ih++)
+            copy_row_SUF(X + ih * ldq + MARGIN, x + plane * Sn + ih * S2, S2);
+        for (int64_t t = 0; t < Rn; t++) wv[t] = (vec_SUF){0} + w[k * Rn + t];
+        REAL *o = (e ? e->final : y) + plane * Pn;
+        const REAL b = e ? e->bias[k] : 0;
+        for (int64_t oh0 = 0; oh0 < P1; oh0 += PLANE_ROWS)
+            for (int64_t j = 0; j < P2; j += V) {
+                const int64_t j0 = j + V <= P2 ? j : P2 - V;
+                if (R2 == 3 && s2 == 1)
+                    plane3_1_SUF(X, ldq, S1, wv, o, P1, P2, oh0, j0, e, b);
+                else if (R2 == 3)
+                    plane3_2_SUF(X, ldq, S1, wv, o, P1, P2, oh0, j0, e, b);
+                else if (s2 == 1)
+                    plane5_1_SUF(X, ldq, S1, wv, o, P1, P2, oh0, j0, e, b);
+                else
+                    plane5_2_SUF(X, ldq, S1, wv, o, P1, P2, oh0, j0, e, b);
+            }
+    }
+    free(held);
+    return 0;
+}
+
+static int geon_dconv_planes_forward_SUF(const REAL *x, const REAL *w, REAL *y,
+                                         const int64_t *g, int64_t lo, int64_t hi) {
+    return planes_forward_e_SUF(x, w, y, g, lo, hi, NULL);
+}
+#undef MARGIN
+#undef RIGHT
+#undef PLANE_ROWS
+#undef EVENS2
+#undef ODDS2
+#undef PREV1
+#undef PREV2
+#undef NEXT1
+#undef SHUF2_SUF
+"""
+
+
+def takes(geo, name):
+    """Whether the planes form computes kernel ``name`` ("forward", ...) of geometry
+    ``geo`` (:func:`.conv_kernels._geometry`'s array): a 2-D depthwise forward, R x R
+    windows (R 3 or 5) padded R / 2 before, stride 1 or 2 both ways, no dilation, and
+    output rows of at least 16 positions whose loads stay within a row's margins."""
+    B, C, K, Cg, Kg, S0, S1, S2, R0, R1, R2, P0, P1, P2 = (int(n) for n in geo[:14])
+    s0, s1, s2, d0, d1, d2, p0, p1, p2 = (int(n) for n in geo[14:23])
+    if not (name == "forward" and Cg == Kg == 1 and C == K and S0 == R0 == P0 == 1
+            and R1 == R2 in (3, 5) and s1 == s2 in (1, 2) and d1 == d2 == 1
+            and p1 == p2 == R2 // 2 and P2 >= 16):
+        return False
+    # the last element a row's loads read (the last vector of outputs starts at P2 - 16)
+    reach = P2 - 1 + p2 if s2 == 1 else 2 * P2 - 1 + (16 if R2 == 5 else 0)
+    return reach < S2 + RIGHT
