@@ -46,6 +46,12 @@ CASES = [
     (1, 4, 4, 4, (6, 33), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),
     (1, 2, 2, 2, (4, 33), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),
     (1, 3, 3, 3, (17, 32), (3, 3), (2, 2), ((1, 0), (1, 0)), (1, 1)),
+    # the masked form (3 x 3, stride 1, "same", rows of 8 to 15, planes of whole
+    # vectors): two rows a vector, vectors across rows of 12, 4 vectors, 9 vectors
+    (2, 5, 5, 5, (6, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (1, 3, 3, 3, (4, 12), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (2, 4, 4, 4, (8, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (1, 2, 2, 2, (12, 12), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     # long rows: the rows kernels' blocks of 64 and 16 outputs, and an overlapping one
     (3, 3, 3, 3, (4, 150), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     (1, 4, 8, 4, (5, 141), (3, 5), (2, 2), ((1, 1), (2, 2)), (1, 1)),
@@ -60,15 +66,16 @@ POINTWISE = [(1, 5, 7, (6, 5)), (3, 5, 7, (4, 3)), (3, 6, 4, (17, 16)), (2, 4, 3
              (3, 4, 5, (2, 3, 2))]
 
 
-#: The cases the planes form takes (where it is on).
-PLANES = CASES[15:21] + [CASES[21], CASES[-3]]
+#: The cases the planes and masked forms take (where they are on).
+PLANES = CASES[15:21] + [CASES[25], CASES[-3]]
+MASKED = CASES[21:25]
 
 
 @pytest.fixture(params=["compiled-rows", "compiled-lanes", "compiled-planes", "numpy"])
 def path(request, tmp_path, monkeypatch):
-    """The convolution's code path: the direct kernels (rows or lanes; the planes form
-    where it applies, else rows) where a C compiler works, or the NumPy code of a
-    machine without one."""
+    """The convolution's code path: the direct kernels (rows or lanes; the planes and
+    masked forms where they apply, else rows) where a C compiler works, or the NumPy
+    code of a machine without one."""
     monkeypatch.setattr(dk, "_loaded", {})
     monkeypatch.setattr(pw, "_loaded", {})
     if request.param == "numpy":
@@ -285,8 +292,8 @@ def test_kernels_split_over_threads(case, path, monkeypatch):
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_the_planes_form_takes_its_geometries(case):
-    """The planes form computes the forwards of its cases (and no derivative); the
-    other cases go to the rows or lanes forms."""
+    """The planes and masked forms compute the forwards of their cases (and no
+    derivative); the other cases go to the rows or lanes forms."""
     B, C, K, G, S, R, st, pads, dil = case
     x, w, dy, P = _arrays(B, C, K, G, S, R, st, pads, dil, np.float64)
     fns = dk.kernels()
@@ -296,7 +303,8 @@ def test_the_planes_form_takes_its_geometries(case):
     kinds = [dk._plan(fns, name, x.shape, w.shape, dy.shape, *args)[1]
              for name in ("forward", "grad_data", "grad_filter")]
     assert (kinds[0] == "planes_") == (case in PLANES)
-    assert "planes_" not in kinds[1:]
+    assert (kinds[0] == "masked_") == (case in MASKED)
+    assert not {"planes_", "masked_"} & set(kinds[1:])
 
 
 def test_a_geometry_is_planned_once(monkeypatch):

@@ -83,7 +83,9 @@ LANE_TILE_BYTES = 1 << 20
 #: (not the rows or lanes forms). A 2.3 GHz Xeon with AVX-512, one thread, float32,
 #: ReLU6 epilogue, batch 2, 3 x 3, rows / lanes / planes: 96 channels of 32 x 32 at
 #: stride 2 70 / 131 / 34 us, 144 of 16 x 16 at stride 1 65 / 98 / 31, 32 of 32 x 32
-#: 46 / 164 / 24 (ONNX Runtime's layers in MobileNet-v2: 26, 40 and 35 us).
+#: 46 / 164 / 24 (ONNX Runtime's layers in MobileNet-v2: 26, 40 and 35 us); and the
+#: masked form, lanes / masked: 192 channels of 8 x 8 30-40 / 20 alone, 30 / 21 inside
+#: MobileNet-v2's forward (ONNX Runtime: 16).
 PLANES = True
 
 #: V: the lanes of a vector value; EVENS: the indices of the even elements of
@@ -486,7 +488,7 @@ int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
 }
 ENTRY(forward) ENTRY(grad_data) ENTRY(grad_filter)
 ENTRY(lanes_forward) ENTRY(lanes_grad_data) ENTRY(lanes_grad_filter)
-ENTRY(planes_forward)
+ENTRY(planes_forward) ENTRY(masked_forward)
 #undef ENTRY
 static int apart_SUF(const geon_buffer *a, const geon_buffer *b) {
     const char *s = a->buf, *t = b->buf;
@@ -521,6 +523,7 @@ int geon_dconv_##name##_epi_SUF_call(void *arrays, const int64_t *g, int64_t lo,
     return status; \
 }
 EPI_ENTRY(forward) EPI_ENTRY(lanes_forward) EPI_ENTRY(planes_forward)
+EPI_ENTRY(masked_forward)
 #undef EPI_ENTRY
 #undef LANES_GEOMETRY
 #undef WINDOWS
@@ -533,6 +536,8 @@ _TYPES = {np.dtype(np.float32): ("float", "int32_t", "f32"),
           np.dtype(np.float64): ("double", "int64_t", "f64")}
 _NAMES = ("forward", "grad_data", "grad_filter")
 _KINDS = ("", "lanes_")
+#: The forms of the depthwise forward alone (:mod:`.conv_planes`).
+_FORWARD_ONLY = ("planes_", "masked_")
 
 
 def source():
@@ -545,8 +550,8 @@ def source():
 
 _SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS
             for n in _NAMES + ("forward_epi",) for _, _, s in _TYPES.values()] + [
-    f"geon_dconv_planes_{n}_{s}_call" for n in ("forward", "forward_epi")
-    for _, _, s in _TYPES.values()]
+    f"geon_dconv_{k}{n}_{s}_call" for k in _FORWARD_ONLY
+    for n in ("forward", "forward_epi") for _, _, s in _TYPES.values()]
 
 
 _loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or None
@@ -554,8 +559,8 @@ _loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or
 
 def _bind(lib):
     fns = {}
-    for kind in _KINDS + ("planes_",):
-        for name in _NAMES if kind != "planes_" else _NAMES[:1]:
+    for kind in _KINDS + _FORWARD_ONLY:
+        for name in _NAMES if kind in _KINDS else _NAMES[:1]:
             for dtype, (_, _, suffix) in _TYPES.items():
                 fns[kind, name, dtype] = ctypes.PYFUNCTYPE(
                     ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
@@ -637,8 +642,9 @@ def _plan(fns, name, x_shape, w_shape, y_shape, strides, pads, dilation, groups,
     # derivatives) times a filter's C/groups * prod(kernel)
     work = B * K * math.prod(y_shape[2:]) * Cg * math.prod(w_shape[2:])
     kind = "lanes_" if lanes else ""
-    if PLANES and conv_planes.takes(geo, name):
-        kind, items = "planes_", B * K
+    special = conv_planes.form(geo, name) if PLANES else None
+    if special:
+        kind, items = special, B * K
     plan = (fns, kind, fns[kind, name, dtype], geo, geo.ctypes.data, items, work)
     if key is not None:
         if len(_plans) >= MAX_PLANS:
