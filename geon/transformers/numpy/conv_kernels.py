@@ -112,20 +112,7 @@ typedef struct { REAL *final; const REAL *bias; REAL lo, hi; int act; } epilogue
 
 static void finish_SUF(const epilogue_SUF *e, const REAL *y, int64_t plane, int64_t K,
                        int64_t Pn) {
-    REAL *f = e->final + plane * Pn;
-    const REAL b = e->bias[plane % K], lo = e->lo, hi = e->hi;
-    if (e->act == 0) {
-        #pragma omp simd
-        for (int64_t j = 0; j < Pn; j++) f[j] = clamp_SUF(y[j] + b, lo, hi);
-    } else if (e->act == 3) {
-        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 3);
-    } else if (e->act == 1) {
-        #pragma omp simd
-        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 1);
-    } else {
-        #pragma omp simd
-        for (int64_t j = 0; j < Pn; j++) f[j] = epi_SUF(y[j] + b, lo, hi, 2);
-    }
+    epi_run_SUF(e->final + plane * Pn, y, Pn, e->bias[plane % K], e->lo, e->hi, e->act);
 }
 
 /* the positions j in [0, n) whose input j * s + off lies in [0, len) */

@@ -119,16 +119,12 @@ static void plane##R##_##ST##_SUF(const REAL *restrict X, int64_t ldq, int64_t S
             memcpy(out, &acc[ob], sizeof acc[ob]); \
             continue; \
         } \
-        vec_SUF t = acc[ob] + b; \
         if (e->act == 0) { \
-            t = vclamp_SUF(t, (vec_SUF){0} + e->lo, (vec_SUF){0} + e->hi); \
+            const vec_SUF t = vclamp_SUF(acc[ob] + b, (vec_SUF){0} + e->lo, \
+                                         (vec_SUF){0} + e->hi); \
             memcpy(out, &t, sizeof t); \
         } else { \
-            memcpy(out, &t, sizeof t); \
-            const REAL lo_ = e->lo, hi_ = e->hi; \
-            const int act = e->act; \
-            _Pragma("omp simd") for (int l = 0; l < V; l++) \
-                out[l] = epi_SUF(out[l], lo_, hi_, act); \
+            epi_run_SUF(out, (const REAL *)&acc[ob], V, b, e->lo, e->hi, e->act); \
         } \
     } \
 }
@@ -253,20 +249,13 @@ static int masked_forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
         const REAL *wk = w + k * Rn, b = e ? e->bias[k] : 0;
         for (int64_t v = 0; v < NV; v++) {
             vec_SUF sum = masked3_SUF(xp + v * V, off, mask + v * Rn, wk);
-            if (e) {
-                sum += b;
-                if (e->act == 0)
-                    sum = vclamp_SUF(sum, (vec_SUF){0} + e->lo, (vec_SUF){0} + e->hi);
-            }
+            if (e && e->act == 0)
+                sum = vclamp_SUF(sum + b, (vec_SUF){0} + e->lo, (vec_SUF){0} + e->hi);
             memcpy(tile + v * V, &sum, sizeof sum);
         }
-        if (e && e->act != 0) {
-            const REAL lo_ = e->lo, hi_ = e->hi;
-            const int act = e->act;
-            #pragma omp simd
-            for (int64_t j = 0; j < Pn; j++) tile[j] = epi_SUF(tile[j], lo_, hi_, act);
-        }
-        memcpy((e ? e->final : y) + plane * Pn, tile, Pn * sizeof(REAL));
+        REAL *out = (e ? e->final : y) + plane * Pn;
+        if (e && e->act != 0) epi_run_SUF(out, tile, Pn, b, e->lo, e->hi, e->act);
+        else memcpy(out, tile, Pn * sizeof(REAL));
     }
     free(held); free(pad); free(tile); free(off);
     return 0;

@@ -106,6 +106,25 @@ static inline REAL epi_SUF(REAL v, REAL lo, REAL hi, int act) {
     const REAL s = (REAL)1 / ((REAL)1 + EXP_SUF(MIN_SUF(-v, (REAL)SIGLIMIT_SUF)));
     return act == 1 ? v * s : s;
 }
+
+/* d[j] = epi(s[j] + b), j < n, one loop per act (d may be s; kept out of line: one
+   copy where the kernels' forms finish a run of sums) */
+__attribute__((noinline))
+static void epi_run_SUF(REAL *d, const REAL *s, int64_t n, REAL b, REAL lo, REAL hi,
+                        int act) {
+    if (act == 0) {
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) d[j] = clamp_SUF(s[j] + b, lo, hi);
+    } else if (act == 3) {
+        for (int64_t j = 0; j < n; j++) d[j] = epi_SUF(s[j] + b, lo, hi, 3);
+    } else if (act == 1) {
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) d[j] = epi_SUF(s[j] + b, lo, hi, 1);
+    } else {
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) d[j] = epi_SUF(s[j] + b, lo, hi, 2);
+    }
+}
 """
 
 _TEMPLATE = r"""
@@ -242,26 +261,6 @@ static int pw_SUF(const REAL *restrict x, const REAL *restrict w,
 
 VCLAMP_SUF(vw_SUF, iw_SUF)
 
-/* y[j] = epi(t[j] + b), j < n: the wide form's rows that are not whole vectors under a
-   clamp (kept out of line: one copy, not one per row of each form) */
-__attribute__((noinline))
-static void wide_rest_SUF(const REAL *t, int64_t n, REAL b, REAL *restrict yr,
-                          REAL lo_, REAL hi_, int act) {
-    for (int64_t j = 0; j < n; j++) yr[j] = t[j] + b;
-    if (act == 0) {
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) yr[j] = clamp_SUF(yr[j], lo_, hi_);
-    } else if (act == 3) {
-        for (int64_t j = 0; j < n; j++) yr[j] = epi_SUF(yr[j], lo_, hi_, 3);
-    } else if (act == 1) {
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) yr[j] = epi_SUF(yr[j], lo_, hi_, 1);
-    } else {
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) yr[j] = epi_SUF(yr[j], lo_, hi_, 2);
-    }
-}
-
 /* Many columns: the rows [m0, m0 + rows) of y (their columns [0, n), ldy apart) =
    epi(rows of w (K, C) @ NV vectors of columns of x (C rows, ldx apart) + bias), the
    columns straight from x's layout (a row of an image's (C, P) is its positions) and
@@ -301,7 +300,7 @@ static void wide##NV##_SUF(const REAL *restrict w, int64_t C, int64_t m0, int64_
                 __builtin_memcpy(yr + v * VW_SUF, &t, sizeof t); \
             } \
         } else { \
-            wide_rest_SUF((const REAL *)acc[i], n, b, yr, lo_, hi_, act); \
+            epi_run_SUF(yr, (const REAL *)acc[i], n, b, lo_, hi_, act); \
         } \
     } \
 }
