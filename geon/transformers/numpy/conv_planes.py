@@ -229,15 +229,18 @@ static int masked_forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
     }
     ivec_SUF *mask = (ivec_SUF *)(((uintptr_t)held + sizeof(ivec_SUF) - 1)
                                   & ~(uintptr_t)(sizeof(ivec_SUF) - 1));
-    for (int64_t v = 0; v < NV; v++)
+    int64_t dh[9], dw[9];   /* (3 x 3: takes_masked; no division a lane) */
+    for (int64_t t = 0; t < Rn; t++) {
+        dh[t] = t / R2 - H, dw[t] = t % R2 - H;
+        off[t] = dh[t] * S2 + dw[t];
+    }
+    for (int64_t pos = 0, r = 0, c = 0; pos < Pn; pos++) {   /* (row r, column c) */
         for (int64_t t = 0; t < Rn; t++) {
-            const int64_t dh = t / R2 - H, dw = t % R2 - H;
-            off[t] = dh * S2 + dw;
-            for (int l = 0; l < V; l++) {
-                const int64_t r = (v * V + l) / S2 + dh, c = (v * V + l) % S2 + dw;
-                mask[v * Rn + t][l] = r >= 0 && r < S1 && c >= 0 && c < S2 ? -1 : 0;
-            }
+            const int64_t i = r + dh[t], j = c + dw[t];
+            mask[pos / V * Rn + t][pos % V] = i >= 0 && i < S1 && j >= 0 && j < S2 ? -1 : 0;
         }
+        if (++c == S2) c = 0, r++;
+    }
     memset(pad, 0, (Pn + 2 * reach) * sizeof(REAL));
     for (int64_t plane = lo; plane < hi; plane++) {
         const int64_t k = plane % K;
@@ -287,30 +290,35 @@ def form(geo, name):
 
 def takes_masked(geo, name):
     """Whether the masked form computes it: a 2-D depthwise forward, 3 x 3 windows
-    padded 1 on each side, stride 1, no dilation, planes of P = S, rows of 8 to 15
-    positions and a whole number of 16 positions a plane (at most 256). (On 4 x 4
-    planes it took 11-13 us against the lanes form's 18 for 384 channels alone, but 24
-    against 18 inside MobileNet-v2's forward; EfficientNet-B0's forward with its 5 x 5
-    layers on 8 x 8 planes by this form took 1-2% longer than by the lanes form.)"""
-    B, C, K, Cg, Kg, S0, S1, S2, R0, R1, R2, P0, P1, P2 = (int(n) for n in geo[:14])
-    s0, s1, s2, d0, d1, d2, p0, p1, p2 = (int(n) for n in geo[14:23])
-    return (name == "forward" and Cg == Kg == 1 and C == K and S0 == R0 == P0 == 1
-            and R1 == R2 in (3, 5) and s1 == s2 == 1 and d1 == d2 == 1
-            and p1 == p2 == R2 // 2 and (P1, P2) == (S1, S2) and P2 < 16
-            and P1 * P2 % 16 == 0 and P1 * P2 <= 256 and P2 >= 8 and R2 == 3)
+    padded 1 on each side, stride 1, planes of P = S, rows of 8 to 15 positions and a
+    whole number of 16 positions a plane (at most 256). (On 4 x 4 planes it took 11-13
+    us against the lanes form's 18 for 384 channels alone, but 24 against 18 inside
+    MobileNet-v2's forward; EfficientNet-B0's forward with its 5 x 5 layers on 8 x 8
+    planes by this form took 1-2% longer than by the lanes form.)"""
+    S1, S2, R2, P1, P2, s2 = (int(geo[i]) for i in (6, 7, 10, 12, 13, 16))
+    return _square_depthwise(geo, name) and R2 == 3 and s2 == 1 \
+        and (P1, P2) == (S1, S2) and 8 <= P2 < 16 and P1 * P2 % 16 == 0 \
+        and P1 * P2 <= 256
 
 
 def takes(geo, name):
     """Whether the planes form computes kernel ``name`` ("forward", ...) of geometry
     ``geo`` (:func:`.conv_kernels._geometry`'s array): a 2-D depthwise forward, R x R
-    windows (R 3 or 5) padded R / 2 before, stride 1 or 2 both ways, no dilation, and
-    output rows of at least 16 positions whose loads stay within a row's margins."""
-    B, C, K, Cg, Kg, S0, S1, S2, R0, R1, R2, P0, P1, P2 = (int(n) for n in geo[:14])
-    s0, s1, s2, d0, d1, d2, p0, p1, p2 = (int(n) for n in geo[14:23])
-    if not (name == "forward" and Cg == Kg == 1 and C == K and S0 == R0 == P0 == 1
-            and R1 == R2 in (3, 5) and s1 == s2 in (1, 2) and d1 == d2 == 1
-            and p1 == p2 == R2 // 2 and P2 >= 16):
+    windows (R 3 or 5) padded R / 2 before, stride 1 or 2, and output rows of at least
+    16 positions whose loads stay within a row's margins."""
+    S2, R2, P2, s2 = (int(geo[i]) for i in (7, 10, 13, 16))
+    if not (_square_depthwise(geo, name) and R2 in (3, 5) and s2 in (1, 2) and P2 >= 16):
         return False
     # the last element a row's loads read (the last vector of outputs starts at P2 - 16)
-    reach = P2 - 1 + p2 if s2 == 1 else 2 * P2 - 1 + (16 if R2 == 5 else 0)
+    reach = P2 - 1 + R2 // 2 if s2 == 1 else 2 * P2 - 1 + (16 if R2 == 5 else 0)
     return reach < S2 + RIGHT
+
+
+def _square_depthwise(geo, name):
+    """What both forms ask of kernel ``name`` and geometry ``geo``: a forward, one
+    channel a group (K = C), 2-D, square windows padded R / 2 before, the same stride
+    both ways, no dilation."""
+    C, K, Cg, Kg, S0, R0, R1, R2, P0 = (int(geo[i]) for i in (1, 2, 3, 4, 5, 8, 9, 10, 11))
+    s1, s2, d1, d2, p1, p2 = (int(geo[i]) for i in (15, 16, 18, 19, 21, 22))
+    return name == "forward" and Cg == Kg == 1 and C == K and S0 == R0 == P0 == 1 \
+        and R1 == R2 and s1 == s2 and d1 == d2 == 1 and p1 == p2 == R2 // 2
