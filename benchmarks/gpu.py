@@ -121,6 +121,8 @@ def bench_chain(make, measure, repeats, copy_bw, scale=1):
         np.testing.assert_allclose(t.state[y][:1 << 20], chain_eager(head, chain),
                                    rtol=1e-4, atol=1e-5)
         kernels = [k.note for k in f.program.launches]
+        if chain is CHAIN:
+            chain_f = f
         fns = {"geon": f}
         if _torch_ok():
             tx = torch.from_numpy(start).cuda()
@@ -134,6 +136,56 @@ def bench_chain(make, measure, repeats, copy_bw, scale=1):
     table(f"2. {len(CHAIN)}-op elementwise chains, {n / 2 ** 20:g}M float32, device-resident",
           ["chain", "geon", "bandwidth", "/ copy bandwidth", "target", "torch eager",
            "geon kernels"], rows)
+    return chain_f, start
+
+
+def _sass_count(cubin):
+    """Instructions in a cubin's machine code (cuobjdump on PATH), else None."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    if shutil.which("cuobjdump") is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        sass = subprocess.run(["cuobjdump", "-sass", fh.name], capture_output=True,
+                              text=True).stdout
+    return len(re.findall(r"/\*[0-9a-f]{4}\*/\s+\S", sass))
+
+
+def bench_chain_math(f, start, measure, repeats, copy_bw):
+    """What bounds the CHAIN kernel: its generated source launched alone, compiled as
+    geon compiles it (CUDA's accurate math) and with nvcc's ``--use_fast_math``
+    (approximate exp, log, division and square root); the machine instructions of each
+    where cuobjdump is on PATH. geon does not use the fast variant: it is the ceiling
+    that approximate math would give."""
+    from pycuda.compiler import SourceModule
+    from pycuda.compiler import compile as nvcc_compile
+    from geon.transformers.gpu.codegen import all_kernels, module_source
+    (k,) = all_kernels(f.program).values()
+    src, drv, n = module_source([k]), f.transformer.runtime.drv, start.size
+    x, y = drv.mem_alloc(start.nbytes), drv.mem_alloc(start.nbytes)
+    drv.memcpy_htod(x, start)
+    fns, outs, rows = {}, {}, []
+    for label, opts in [("accurate (geon)", []), ("--use_fast_math", ["--use_fast_math"])]:
+        fn = SourceModule(src, no_extern_c=True, options=opts).get_function(k.name)
+        fns[label] = (lambda fn: lambda: fn(x, y, grid=k.grid, block=k.block))(fn)
+        fns[label]()
+        outs[label] = np.empty_like(start)
+        drv.memcpy_dtoh(outs[label], y)
+        count = _sass_count(nvcc_compile(src, no_extern_c=True, options=opts))
+        rows.append([label, count if count is not None else "-"])
+    r = measure(fns, repeats)
+    ref = outs["accurate (geon)"].astype(np.float64)
+    for row in rows:
+        t = r[row[0]]
+        diff = np.max(np.abs(outs[row[0]] - ref) / np.maximum(np.abs(ref), 1e-30))
+        row[1:] = [ms(t), f"{2 * n * 4 / t / copy_bw:.2f}", row[1], f"{diff:.1e}"]
+    table("2b. The CHAIN kernel alone (no call overhead): accurate and fast math",
+          ["compiled", "time", "/ copy bandwidth", "SASS instructions (4 elements a "
+           "thread and loop)", "max relative difference"], rows)
 
 
 def bench_launches(make, measure, repeats, ops=40):
@@ -322,7 +374,8 @@ def main(argv=None):
         bench_feeds(rt, measure, repeats, shape=(64, 64))
         return 0
     copy_bw = bench_copy(rt, measure, repeats)
-    bench_chain(make, measure, repeats, copy_bw)
+    bench_chain_math(*bench_chain(make, measure, repeats, copy_bw), measure, repeats,
+                     copy_bw)
     bench_mlp(make, measure, repeats)
     bench_gemm(make, measure, repeats)
     bench_launches(make, measure, repeats)

@@ -821,14 +821,20 @@ def test_digits_example_trains_on_the_emulated_gpu(tmp_path, monkeypatch):
 
 
 def check_digits(make_gpu, tmp_path, monkeypatch, epochs, accuracy):
-    """The example trains on the GPU (its transformer swapped in) and its checkpoint
-    evaluates the same on the CPU."""
+    """The example trains on the GPU (its transformer swapped in) to the accuracy and
+    loss the same training reaches on the CPU, and its checkpoint evaluates the same
+    on the CPU."""
     from geon.examples import digits
     monkeypatch.setattr(be, "NumPyTransformer", make_gpu)
     r = digits.main(["--quiet", "--epochs", str(epochs), "--checkpoint",
                      str(tmp_path / "d.npz")])
     assert r["test_accuracy"] >= accuracy, r
     monkeypatch.undo()
+    cpu = digits.main(["--quiet", "--epochs", str(epochs), "--checkpoint",
+                       str(tmp_path / "cpu.npz")])
+    # float32 sums in another order: the two trainings drift apart by rounding only
+    assert abs(r["test_accuracy"] - cpu["test_accuracy"]) <= 2 / r["n_test"], (r, cpu)
+    assert r["loss"] == pytest.approx(cpu["loss"], rel=1e-3), (r, cpu)
     again = digits.main(["--quiet", "--epochs", "0", "--resume", "--checkpoint",
                          str(tmp_path / "d.npz")])         # restored on the CPU
     assert abs(again["test_accuracy"] - r["test_accuracy"]) <= 1 / 359

@@ -27,8 +27,8 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 PY=${PYTHON:-python3}
 site=${GPU_SITE:-/tmp/geon-gpu-site}
-test_limit=${GPU_TEST_LIMIT:-270}
-bench_limit=${GPU_BENCH_LIMIT:-170}
+test_limit=${GPU_TEST_LIMIT:-250}
+bench_limit=${GPU_BENCH_LIMIT:-150}
 t0=$(date +%s)
 phase_times=()
 stamp() { phase_times+=("$1: $(( $(date +%s) - $2 )) s"); }
@@ -82,6 +82,9 @@ echo "gpu_status: $status"
 t=$(date +%s)
 per_test=()  # pytest-timeout, where installed: a hung test fails and the rest go on
 "$PY" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
+# pytest-xdist, where installed: each test compiles its kernels with nvcc, so the tests
+# share the machine's cores (each worker has a CUDA context of its own)
+"$PY" -c 'import xdist' 2>/dev/null && per_test+=(-n "${GPU_TEST_WORKERS:-12}")
 timeout -k 10 "$test_limit" "$PY" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rfEs \
     "${per_test[@]}" --junitxml="$out/junit.xml" tests/test_gpu.py tests/test_torch_export.py \
     > "$out/pytest.log" 2>&1
