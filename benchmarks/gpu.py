@@ -2,7 +2,7 @@
 with a CUDA GPU and pycuda (``pip install -e ".[gpu]"``). PyTorch, if installed, is
 measured side by side (never a dependency); so is cuBLAS through CuPy, if installed.
 
-Prints six Markdown tables, the first four against the issue's targets:
+Prints these Markdown tables, the first four against the issue's targets:
 
 1. the device's copy bandwidth (device-to-device copy, bytes read + written);
 2. a 20-op elementwise chain on 64M float32 (the chain of benchmarks/run.py), inputs
@@ -16,6 +16,8 @@ Prints six Markdown tables, the first four against the issue's targets:
    it works; target >= 0.9x) and the generated GEMM. TF32 is off everywhere (geon's
    generated GEMM uses plain fp32 FMA, its cuBLAS handle the default math mode;
    PyTorch is told not to use TF32 from the start);
+   4b. batched products at BERT-base's attention shapes (the scores, and the whole
+   attention with its softmax) against PyTorch;
 5. a call of 40 small kernels (fusion off), as one CUDA graph and as a launch list;
 6. a 25.7 MB feed to the device: a pageable copy, geon's upload, PyTorch's.
 
@@ -24,6 +26,7 @@ around each timed call. ``--quick`` uses fewer repeats.
 """
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -186,6 +189,54 @@ def bench_chain_math(f, start, measure, repeats, copy_bw):
     table("2b. The CHAIN kernel alone (no call overhead): accurate and fast math",
           ["compiled", "time", "/ copy bandwidth", "SASS instructions (4 elements a "
            "thread and loop)", "max relative difference"], rows)
+
+
+def bench_batched(make, measure, repeats, shape=(8, 12, 128, 64)):
+    """Batched products on device-resident variables, at BERT-base's attention shapes
+    (batch 8, 12 heads, sequence 128, head size 64): the scores ``Q K^T`` (one
+    batched product of 96 matrices) and the whole attention ``softmax(Q K^T / 8) V``,
+    against ``torch.matmul`` and the same attention in eager PyTorch."""
+    nb, nh, ns, nd = shape
+    Bx, Hx, Sx, Tx, Dx = (be.Axis(n, name) for n, name in
+                          zip((nb, nh, ns, ns, nd), ("B", "H", "S", "T", "D")))
+    rng = np.random.default_rng(0)
+    Q, K, V = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    scale = 1 / math.sqrt(nd)   # a Python float: the attention stays float32
+    t = make()
+    q = be.Variable([Bx, Hx, Sx, Dx], initial_value=Q, name="q")
+    k = be.Variable([Bx, Hx, Tx, Dx], initial_value=K, name="k")
+    v = be.Variable([Bx, Hx, Tx, Dx], initial_value=V, name="v")
+    scores = be.Variable([Bx, Hx, Sx, Tx], initial_value=0.0, name="scores")
+    att = be.Variable([Bx, Hx, Sx, Dx], initial_value=0.0, name="att")
+    s = be.dot(q, k, batch_axes=[Bx, Hx])
+    p = be.softmax(s * scale, normalization_axes=Tx)
+    f_scores = t.computation(be.SetItem(scores, s))
+    f_att = t.computation(be.SetItem(att, be.dot(p, v, batch_axes=[Bx, Hx])))
+    f_scores()
+    f_att()
+    want = Q @ K.transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(t.state[scores], want, rtol=1e-4, atol=1e-4)
+    e = np.exp(want * scale - (want * scale).max(-1, keepdims=True))
+    np.testing.assert_allclose(t.state[att], (e / e.sum(-1, keepdims=True)) @ V,
+                               rtol=1e-4, atol=1e-5)
+    fns = {"geon scores": f_scores, "geon attention": f_att}
+    if _torch_ok():
+        tq, tk, tv = (torch.from_numpy(a).cuda() for a in (Q, K, V))
+        ts = torch.empty(nb, nh, ns, ns, device="cuda")
+        fns["torch scores"] = lambda: torch.matmul(tq, tk.transpose(-1, -2), out=ts)
+        fns["torch attention"] = lambda: torch.matmul(
+            torch.softmax(torch.matmul(tq, tk.transpose(-1, -2)) * scale, -1), tv)
+    r = measure(fns, repeats)
+    flops = 2 * nb * nh * ns * ns * nd
+    rows = []
+    for what, n in [("scores", flops), ("attention", 2 * flops)]:
+        g = r[f"geon {what}"]
+        tt = r.get(f"torch {what}")
+        rows.append([what, ms(g), f"{n / g / 1e12:.1f} TFLOP/s",
+                     ms(tt) if tt else "-", f"{g / tt:.2f}" if tt else "-"])
+    table(f"4b. Batched products, {nb} x {nh} heads, sequence {ns}, head size {nd}, "
+          "float32, device-resident", ["product", "geon", "rate", "torch", "geon / torch"],
+          rows)
 
 
 def bench_launches(make, measure, repeats, ops=40):
@@ -370,6 +421,7 @@ def main(argv=None):
         bench_chain(make, measure, repeats, copy_bw, scale=2 ** 12)
         bench_mlp(make, measure, repeats, batches=(8,))
         bench_gemm(make, measure, repeats, n=128)
+        bench_batched(make, measure, repeats, shape=(2, 2, 16, 8))
         bench_launches(make, measure, repeats, ops=4)
         bench_feeds(rt, measure, repeats, shape=(64, 64))
         return 0
@@ -378,6 +430,7 @@ def main(argv=None):
                      copy_bw)
     bench_mlp(make, measure, repeats)
     bench_gemm(make, measure, repeats)
+    bench_batched(make, measure, repeats)
     bench_launches(make, measure, repeats)
     bench_feeds(rt, measure, repeats)
     return 0

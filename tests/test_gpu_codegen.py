@@ -471,6 +471,23 @@ def test_a_batch_longer_than_the_grid_is_looped_over_by_each_block(monkeypatch):
     np.testing.assert_allclose(f(va, vb), va @ vb, rtol=1e-13, atol=1e-13)
 
 
+@needs_cxx
+def test_a_product_of_two_dtypes_reads_both_in_its_own():
+    # NumPy promotes float32 @ float64 to float64; the GEMM reads both operands in the
+    # product's type, so the float32 one is converted first (it did not compile: the
+    # kernel read a float buffer through a double pointer)
+    a = be.np.placeholder((2, 4, 3), np.float32)
+    b = be.np.placeholder((2, 3, 5), np.float64)
+    for f in (_gpu().computation(a @ b, a, b), _gpu(gemm="generated").computation(a @ b, a, b)):
+        assert f.program.launches and any(k.kind == "gemm" for k in f.program.launches)
+        rng = np.random.default_rng(2)
+        va = rng.standard_normal((2, 4, 3)).astype(np.float32)
+        vb = rng.standard_normal((2, 3, 5))
+        got = f(va, vb)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, va.astype(np.float64) @ vb, rtol=1e-13, atol=1e-13)
+
+
 def test_elementwise_chain_is_one_kernel_with_values_in_registers():
     X, Y = be.Axis(64, "X"), be.Axis(32, "Y")
     x, b = be.placeholder((X, Y)), be.placeholder(Y)

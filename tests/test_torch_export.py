@@ -91,6 +91,19 @@ def test_derivative_graphs_export(case):
         _assert_same(g, w)
 
 
+def test_a_product_of_two_dtypes_exports():
+    # NumPy promotes float32 @ float64 to float64; torch.matmul refuses mixed types
+    a = be.np.placeholder((2, 4, 3), np.float32)
+    b = be.np.placeholder((2, 3, 5), np.float64)
+    module = to_torch(a @ b, a, b)
+    rng = np.random.default_rng(3)
+    va, vb = rng.standard_normal((2, 4, 3)).astype(np.float32), rng.standard_normal((2, 3, 5))
+    got = module(torch.from_numpy(va), torch.from_numpy(vb))
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), va.astype(np.float64) @ vb, rtol=1e-13)
+
+
 def test_second_derivative_of_max_pooling_exports():
     """d/dR of sum(MaxPoolGrad(x, R) * R2) is MaxPoolGather(x, R2)."""
     case = next(c for c in GRAD_CASES if c.op == "max_pool")

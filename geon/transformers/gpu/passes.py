@@ -8,6 +8,29 @@ from geon.transformers.gpu.layout import (Layout, layouts, reshape_layout, row_m
 from geon.transformers.passes import Pass
 
 
+class GemmOperandTypes(Pass):
+    """``gemm(a, b)`` whose operands are not of its type (a float64 product of a
+    float32 operand: NumPy's promotion) -> ``gemm(copy(a) : dtype, ...)``. The
+    generated GEMM and cuBLAS read both operands in the product's type; NumPy's matmul
+    converts them itself."""
+
+    name = "gemm_types"
+
+    def run(self, graph, transformer):
+        changed = False
+        for op in graph.ops():
+            if not isinstance(op, pr.Gemm):
+                continue
+            for x in op.args:
+                if x.dtype != op.dtype:
+                    with rewriting(op):
+                        c = pr.Copy(x, dtype=op.dtype)
+                    op.replace_arg(x, c)
+                    changed = True
+        if changed:
+            graph.invalidate()
+
+
 class ContiguousReshapes(Pass):
     """``reshape(x) -> reshape(copy(x))`` where no strides describe the reshaped view
     of ``x``'s elements (e.g. a transpose flattened). On the GPU every view is strides

@@ -587,16 +587,17 @@ class CudaCodegenTransformer(Transformer):
         super().__init__(*args, **kwargs)
 
     def passes(self):
-        """The standard pipeline, then ``views`` (a copy where a reshape cannot be
-        strides: the GPU has no implicit copies) before ``alias``, which needs the
-        final graph."""
-        from geon.transformers.gpu.passes import ContiguousReshapes
+        """The standard pipeline, then ``gemm_types`` (a product's operands converted
+        to its type) and ``views`` (a copy where a reshape cannot be strides: the GPU
+        has no implicit copies) before ``alias``, which needs the final graph."""
+        from geon.transformers.gpu.passes import ContiguousReshapes, GemmOperandTypes
         from geon.transformers.passes.unroll import UnrollScans
         ps = super().passes()
         at = [p.name for p in ps].index("alias")
         # no loop primitive here: scans are unrolled first, so that the copies of
         # their bodies go through every pass
-        return [UnrollScans()] + ps[:at] + [ContiguousReshapes()] + ps[at:]
+        return [UnrollScans()] + ps[:at] + [GemmOperandTypes(), ContiguousReshapes()] \
+            + ps[at:]
 
     @property
     def base_set(self):

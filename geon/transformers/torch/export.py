@@ -107,7 +107,10 @@ for _cls, _fn in _ELEMENTWISE.items():
 
 @torch_op(pr.Gemm)
 def _gemm(op, a, b):
-    return torch.matmul(a, b)
+    # both operands in the product's type (NumPy promotes float32 @ float64; torch
+    # refuses mixed types)
+    dt = torch_dtype(op.dtype)
+    return torch.matmul(a.to(dt), b.to(dt))
 
 
 _REDUCE = {pr.ReduceSum: torch.sum, pr.ReduceProd: torch.prod, pr.ReduceMax: torch.amax,
