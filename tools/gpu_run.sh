@@ -80,13 +80,13 @@ echo "gpu_status: $status"
 
 # --- the GPU tests ----------------------------------------------------------------------
 t=$(date +%s)
-per_test=()  # pytest-timeout, where installed: a hung test fails and the rest go on
-"$PY" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
+opts=()  # pytest-timeout, where installed: a hung test fails and the rest go on
+"$PY" -c 'import pytest_timeout' 2>/dev/null && opts=(--timeout 150)
 # pytest-xdist, where installed: each test compiles its kernels with nvcc, so the tests
 # share the machine's cores (each worker has a CUDA context of its own)
-"$PY" -c 'import xdist' 2>/dev/null && per_test+=(-n "${GPU_TEST_WORKERS:-12}")
+"$PY" -c 'import xdist' 2>/dev/null && opts+=(-n "${GPU_TEST_WORKERS:-12}")
 timeout -k 10 "$test_limit" "$PY" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rfEs \
-    "${per_test[@]}" --junitxml="$out/junit.xml" tests/test_gpu.py tests/test_torch_export.py \
+    "${opts[@]}" --junitxml="$out/junit.xml" tests/test_gpu.py tests/test_torch_export.py \
     > "$out/pytest.log" 2>&1
 test_rc=$?
 stamp "tests (rc $test_rc)" "$t"

@@ -21,7 +21,7 @@ class GemmOperandTypes(Pass):
         for op in graph.ops():
             if not isinstance(op, pr.Gemm):
                 continue
-            for x in op.args:
+            for x in list(op.args):
                 if x.dtype != op.dtype:
                     with rewriting(op):
                         c = pr.Copy(x, dtype=op.dtype)
