@@ -52,6 +52,68 @@ static int gather_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
     return 0;
 }
 
+/* rows of cols of NQ elements each from rows of the padded planes (ld apart): a copy
+   of a size known here, a few vector moves, where a copy of Q elements called memcpy */
+#define PAD_ROWS(NQ) \
+static void rows##NQ##_SUF(T *restrict o, const T *restrict src, int64_t ld, int64_t n) { \
+    for (int64_t p = 0; p < n; p++, o += NQ, src += ld) \
+        __builtin_memcpy(o, src, NQ * sizeof(T)); \
+}
+PAD_ROWS(7) PAD_ROWS(8) PAD_ROWS(14) PAD_ROWS(16) PAD_ROWS(28)
+PAD_ROWS(32) PAD_ROWS(56) PAD_ROWS(64)
+#undef PAD_ROWS
+
+/* stride 1, no dilation: each channel's B planes copied once into zero-bordered
+   planes of (P + R - 1) x (Q + S - 1) (the part of the padded image the windows
+   read), then every row of cols is Q elements of a row of them: at rows of 16
+   elements or fewer, a copy per row from the image (zeros and bounds per row) or the
+   table of offsets cost 2-4 times as much (resnet18's 3 x 3 layers on 16 x 16 and
+   8 x 8 planes). 1: no memory. */
+static int padded_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
+    const int64_t B = g[0], C = g[1], H = g[2], W = g[3], R = g[4], S = g[5];
+    const int64_t P = g[6], Q = g[7], ph = g[10], pw = g[11];
+    const int64_t Hp = P + R - 1, Wp = Q + S - 1, plane = Hp * Wp;
+    T *buf = malloc((size_t)(B * plane) * sizeof(T));
+    if (!buf) return 1;
+    void (*rows)(T *restrict, const T *restrict, int64_t, int64_t) =
+        Q == 7 ? rows7_SUF : Q == 8 ? rows8_SUF
+        : Q == 14 ? rows14_SUF : Q == 16 ? rows16_SUF : Q == 28 ? rows28_SUF
+        : Q == 32 ? rows32_SUF : Q == 56 ? rows56_SUF : Q == 64 ? rows64_SUF : NULL;
+    /* the columns [w0, w1) of a padded row that hold the image's row */
+    const int64_t w0 = pw < 0 ? 0 : pw > Wp ? Wp : pw;
+    const int64_t w1 = W + pw < w0 ? w0 : W + pw > Wp ? Wp : W + pw;
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t b = 0; b < B; b++) {
+            T *pl = buf + b * plane;
+            const T *img = x + (b * C + c) * H * W;
+            for (int64_t i = 0; i < Hp; i++) {
+                T *row = pl + i * Wp;
+                const int64_t ih = i - ph;
+                if (ih < 0 || ih >= H) {
+                    memset(row, 0, (size_t)Wp * sizeof(T));
+                    continue;
+                }
+                memset(row, 0, (size_t)w0 * sizeof(T));
+                memcpy(row + w0, img + ih * W + (w0 - pw), (size_t)(w1 - w0) * sizeof(T));
+                memset(row + w1, 0, (size_t)(Wp - w1) * sizeof(T));
+            }
+        }
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t b = 0; b < B; b++, o += P * Q) {
+                    const T *src = buf + b * plane + r * Wp + s;
+                    if (rows) {
+                        rows(o, src, Wp, P);
+                    } else {
+                        for (int64_t p = 0; p < P; p++)
+                            memcpy(o + p * Q, src + p * Wp, (size_t)Q * sizeof(T));
+                    }
+                }
+    }
+    free(buf);
+    return 0;
+}
+
 /* cols (C, R, S, B, P, Q) = the windows of x (B, C, H, W) (C-contiguous), zero where a
    window reaches into the padding; g: B C H W R S P Q, strides sh sw, pads ph pw (the
    leading ones), dilations dh dw. 1: no memory (nothing written). */
@@ -59,6 +121,8 @@ int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
     const int64_t B = g[0], C = g[1], H = g[2], W = g[3], R = g[4], S = g[5];
     const int64_t P = g[6], Q = g[7], sh = g[8], sw = g[9], ph = g[10], pw = g[11];
     const int64_t dh = g[12], dw = g[13];
+    if (sh == 1 && sw == 1 && dh == 1 && dw == 1 && Q >= PAD_MIN_ROW && Q <= PAD_MAX_ROW)
+        return padded_SUF(x, cols, g);
     if (Q < MIN_ROW) return gather_SUF(x, cols, g);
     T *o = cols;
     for (int64_t c = 0; c < C; c++)
@@ -97,13 +161,22 @@ _TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
 _SYMBOLS = [f"geon_im2col_{n}" for n in _TYPES]
 #: Output rows shorter than this are copied through a table of offsets (see the C).
 MIN_ROW = 16
+#: Stride-1 convolutions with output rows of PAD_MIN_ROW to PAD_MAX_ROW elements copy
+#: each channel into zero-bordered planes first (see padded in the C). One core of a
+#: 2.3 GHz Xeon, 3 x 3 windows, one image: 64 channels of 16 x 16 took 25 us against
+#: 57 by the table of offsets, 128 of 8 x 8 25 against 55, 256 of 14 x 14 95 against
+#: 333, 64 of 56 x 56 356 against 468 by the copy per row; on 4 x 4 planes (35 against
+#: 34) and 2 x 2 (44 against 22) filling the planes cost more than it saved.
+PAD_MIN_ROW = 7
+PAD_MAX_ROW = 64
 _loaded = {}  # (CC, cache folder) -> {element size: ctypes function}, or None
 
 
 def source():
     """The C source of the kernels, one per element size."""
     return f"#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n" \
-        f"#define MIN_ROW {MIN_ROW}\n" + "".join(
+        f"#define MIN_ROW {MIN_ROW}\n#define PAD_MIN_ROW {PAD_MIN_ROW}\n" \
+        f"#define PAD_MAX_ROW {PAD_MAX_ROW}\n" + "".join(
         f"#define T {t}\n" + _TEMPLATE.replace("_SUF", f"_{n}") + "#undef T\n"
         for n, t in _TYPES.items())
 
