@@ -48,18 +48,21 @@ def test_same_columns_as_numpy(case, dtype):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2), (1, 2), (2, 1)], ids=str)
 @pytest.mark.parametrize("width", [4, 7, 8, 14, 16, 28, 32, 56, 64, 9, 65])
-def test_stride_one_rows_of_every_width(width):
-    """Stride 1 copies zero-bordered planes first, each row of columns a copy of a size
-    known to the compiler for the widths of common images, else a memcpy (9); rows
+def test_strides_one_and_two_rows_of_every_width(width, stride):
+    """Strides 1 and 2 copy zero-bordered planes first, each row of columns a copy of a
+    size known to the compiler for the widths of common images, else a loop (9); rows
     shorter than PAD_MIN_ROW (4) take the table of offsets, longer than PAD_MAX_ROW (65)
     the copy per row: the same columns as NumPy's everywhere."""
-    x = np.random.default_rng(4).standard_normal((2, 3, 4, width)).astype(np.float32)
+    rng = np.random.default_rng(4)
     for R, pads in [((3, 3), ((1, 1), (1, 1))), ((1, 3), ((0, 0), (2, 0))),
-                    ((2, 2), ((0, 1), (1, 0)))]:
-        P = _out((4, width), R, (1, 1), pads, (1, 1))
-        got = nc._im2col(x, R, P, (1, 1), pads, (1, 1), 1, nc.Workspace(direct=True))
-        want = nc._im2col(x, R, P, (1, 1), pads, (1, 1), 1, nc.Workspace(direct=False))
+                    ((2, 2), ((0, 1), (1, 0))), ((7, 7), ((3, 3), (3, 3)))]:
+        S = (5 * stride[0], width * stride[1])   # output rows of `width` (or one less)
+        x = rng.standard_normal((2, 3) + S).astype(np.float32)
+        P = _out(S, R, stride, pads, (1, 1))
+        got = nc._im2col(x, R, P, stride, pads, (1, 1), 1, nc.Workspace(direct=True))
+        want = nc._im2col(x, R, P, stride, pads, (1, 1), 1, nc.Workspace(direct=False))
         np.testing.assert_array_equal(got, want)
 
 

@@ -58,27 +58,34 @@ static int gather_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
 static void rows##NQ##_SUF(T *restrict o, const T *restrict src, int64_t ld, int64_t n) { \
     for (int64_t p = 0; p < n; p++, o += NQ, src += ld) \
         __builtin_memcpy(o, src, NQ * sizeof(T)); \
+} \
+static void evens##NQ##_SUF(T *restrict o, const T *restrict src, int64_t ld, int64_t n) { \
+    for (int64_t p = 0; p < n; p++, o += NQ, src += ld) \
+        for (int q = 0; q < NQ; q++) o[q] = src[2 * q]; \
 }
 PAD_ROWS(7) PAD_ROWS(8) PAD_ROWS(14) PAD_ROWS(16) PAD_ROWS(28)
 PAD_ROWS(32) PAD_ROWS(56) PAD_ROWS(64)
 #undef PAD_ROWS
 
-/* stride 1, no dilation: each channel's B planes copied once into zero-bordered
-   planes of (P + R - 1) x (Q + S - 1) (the part of the padded image the windows
-   read), then every row of cols is Q elements of a row of them: at rows of 16
-   elements or fewer, a copy per row from the image (zeros and bounds per row) or the
-   table of offsets cost 2-4 times as much (resnet18's 3 x 3 layers on 16 x 16 and
-   8 x 8 planes). 1: no memory. */
+/* strides 1 or 2 (sh, sw), no dilation: each channel's B planes copied once into
+   zero-bordered planes of ((P - 1) sh + R) x ((Q - 1) sw + S) (the part of the padded
+   image the windows read), then every row of cols is Q elements of a row of them,
+   every sw-th: at rows of 16 elements or fewer, a copy per row from the image (zeros
+   and bounds per row) or the table of offsets cost 2-4 times as much (resnet18's 3 x 3
+   layers on 16 x 16 and 8 x 8 planes). 1: no memory. */
 static int padded_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
     const int64_t B = g[0], C = g[1], H = g[2], W = g[3], R = g[4], S = g[5];
-    const int64_t P = g[6], Q = g[7], ph = g[10], pw = g[11];
-    const int64_t Hp = P + R - 1, Wp = Q + S - 1, plane = Hp * Wp;
+    const int64_t P = g[6], Q = g[7], sh = g[8], sw = g[9], ph = g[10], pw = g[11];
+    const int64_t Hp = (P - 1) * sh + R, Wp = (Q - 1) * sw + S, plane = Hp * Wp;
     T *buf = malloc((size_t)(B * plane) * sizeof(T));
     if (!buf) return 1;
-    void (*rows)(T *restrict, const T *restrict, int64_t, int64_t) =
-        Q == 7 ? rows7_SUF : Q == 8 ? rows8_SUF
-        : Q == 14 ? rows14_SUF : Q == 16 ? rows16_SUF : Q == 28 ? rows28_SUF
-        : Q == 32 ? rows32_SUF : Q == 56 ? rows56_SUF : Q == 64 ? rows64_SUF : NULL;
+    void (*rows)(T *restrict, const T *restrict, int64_t, int64_t) = sw == 1
+        ? (Q == 7 ? rows7_SUF : Q == 8 ? rows8_SUF
+           : Q == 14 ? rows14_SUF : Q == 16 ? rows16_SUF : Q == 28 ? rows28_SUF
+           : Q == 32 ? rows32_SUF : Q == 56 ? rows56_SUF : Q == 64 ? rows64_SUF : NULL)
+        : (Q == 7 ? evens7_SUF : Q == 8 ? evens8_SUF
+           : Q == 14 ? evens14_SUF : Q == 16 ? evens16_SUF : Q == 28 ? evens28_SUF
+           : Q == 32 ? evens32_SUF : Q == 56 ? evens56_SUF : Q == 64 ? evens64_SUF : NULL);
     /* the columns [w0, w1) of a padded row that hold the image's row */
     const int64_t w0 = pw < 0 ? 0 : pw > Wp ? Wp : pw;
     const int64_t w1 = W + pw < w0 ? w0 : W + pw > Wp ? Wp : W + pw;
@@ -103,10 +110,11 @@ static int padded_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
                 for (int64_t b = 0; b < B; b++, o += P * Q) {
                     const T *src = buf + b * plane + r * Wp + s;
                     if (rows) {
-                        rows(o, src, Wp, P);
+                        rows(o, src, sh * Wp, P);
                     } else {
                         for (int64_t p = 0; p < P; p++)
-                            memcpy(o + p * Q, src + p * Wp, (size_t)Q * sizeof(T));
+                            for (int64_t q = 0; q < Q; q++)
+                                o[p * Q + q] = src[p * sh * Wp + q * sw];
                     }
                 }
     }
@@ -121,7 +129,7 @@ int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
     const int64_t B = g[0], C = g[1], H = g[2], W = g[3], R = g[4], S = g[5];
     const int64_t P = g[6], Q = g[7], sh = g[8], sw = g[9], ph = g[10], pw = g[11];
     const int64_t dh = g[12], dw = g[13];
-    if (sh == 1 && sw == 1 && dh == 1 && dw == 1 && Q >= PAD_MIN_ROW && Q <= PAD_MAX_ROW)
+    if (sh <= 2 && sw <= 2 && dh == 1 && dw == 1 && Q >= PAD_MIN_ROW && Q <= PAD_MAX_ROW)
         return padded_SUF(x, cols, g);
     if (Q < MIN_ROW) return gather_SUF(x, cols, g);
     T *o = cols;
@@ -161,8 +169,8 @@ _TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
 _SYMBOLS = [f"geon_im2col_{n}" for n in _TYPES]
 #: Output rows shorter than this are copied through a table of offsets (see the C).
 MIN_ROW = 16
-#: Stride-1 convolutions with output rows of PAD_MIN_ROW to PAD_MAX_ROW elements copy
-#: each channel into zero-bordered planes first (see padded in the C). One core of a
+#: Convolutions of stride 1 or 2 with output rows of PAD_MIN_ROW to PAD_MAX_ROW elements
+#: copy each channel into zero-bordered planes first (see padded in the C). One core of a
 #: 2.3 GHz Xeon, 3 x 3 windows, one image: 64 channels of 16 x 16 took 25 us against
 #: 57 by the table of offsets, 128 of 8 x 8 25 against 55, 256 of 14 x 14 95 against
 #: 333, 64 of 56 x 56 356 against 468 by the copy per row; on 4 x 4 planes (35 against
