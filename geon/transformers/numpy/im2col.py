@@ -8,7 +8,9 @@ ones are short (the output's width): for resnet18's last stage (512 channels of 
 images, batch 2, a 3 x 3 kernel: 37 K elements) it took 146 us on one core of a
 2.3 GHz Xeon, about a tenth of the convolution. Here one C loop writes each row of
 ``Q`` output positions from the image's row (a ``memcpy`` at stride 1) and the
-padding's zeros, without a padded copy of the image.
+padding's zeros, without a padded copy of the image; at strides 1 and 2 with rows of
+``PAD_MIN_ROW`` to ``PAD_MAX_ROW`` positions, each channel's planes are first copied
+between zero borders, and every row is then one copy of a size the compiler knows.
 
 The copy moves bytes, so one kernel per element size (1, 2, 4, 8 bytes) serves every
 dtype; the padding is the all-zero bit pattern, which is 0 in every integer and float
