@@ -52,6 +52,16 @@ CASES = [
     (1, 3, 3, 3, (4, 12), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     (2, 4, 4, 4, (8, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     (1, 2, 2, 2, (12, 12), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    # ... and 4 x 4 planes (a vector a plane), 5 x 5 windows, stride 2 through the
+    # four phases of an image (rows of 8 and 4: shuffled out of vectors; 12: element by
+    # element), planes that are not square
+    (2, 5, 5, 5, (4, 4), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    (1, 3, 3, 3, (8, 8), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),
+    (2, 4, 4, 4, (4, 4), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),
+    (1, 5, 5, 5, (16, 16), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+    (2, 3, 3, 3, (8, 8), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),
+    (1, 2, 2, 2, (24, 24), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+    (1, 2, 2, 2, (8, 24), (5, 5), (2, 2), ((2, 2), (2, 2)), (1, 1)),
     # long rows: the rows kernels' blocks of 64 and 16 outputs, and an overlapping one
     (3, 3, 3, 3, (4, 150), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     (1, 4, 8, 4, (5, 141), (3, 5), (2, 2), ((1, 1), (2, 2)), (1, 1)),
@@ -67,8 +77,8 @@ POINTWISE = [(1, 5, 7, (6, 5)), (3, 5, 7, (4, 3)), (3, 6, 4, (17, 16)), (2, 4, 3
 
 
 #: The cases the planes and masked forms take (where they are on).
-PLANES = CASES[15:21] + [CASES[25], CASES[-3]]
-MASKED = CASES[21:25]
+PLANES = CASES[15:21] + [CASES[32], CASES[-3]]
+MASKED = CASES[21:32]
 
 
 @pytest.fixture(params=["compiled-rows", "compiled-lanes", "compiled-planes", "numpy"])

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.skipif(not ck.available(),
                                 reason="no working C compiler for the C kernels")
 
 # (B, C, S, stride): long rows (the planes form where it is on, else rows), short rows
-# (lanes), a stride of 2 (rows; planes for the rows of 17 outputs), 8 x 8 (masked
-# where on, else lanes)
+# (4 x 4: masked where on, else lanes), a stride of 2 (rows; planes for the rows of 17
+# outputs), 8 x 8 (masked where on, else lanes), a stride of 2 to rows of 8 and of 4
+# (masked where on: runs of 4 and 16 planes for an activation's pass, the last short)
 SHAPES = [(2, 5, (20, 24), 1), (1, 18, (4, 4), 1), (2, 7, (9, 17), 2), (1, 3, (30,), 1),
-          (2, 7, (9, 34), 2), (2, 6, (8, 8), 1)]
+          (2, 7, (9, 34), 2), (2, 6, (8, 8), 1), (2, 21, (16, 16), 2), (1, 20, (8, 8), 2)]
 
 
 @pytest.fixture(params=[True, False], ids=["planes", "rows"])

@@ -85,7 +85,11 @@ LANE_TILE_BYTES = 1 << 20
 #: stride 2 70 / 131 / 34 us, 144 of 16 x 16 at stride 1 65 / 98 / 31, 32 of 32 x 32
 #: 46 / 164 / 24 (ONNX Runtime's layers in MobileNet-v2: 26, 40 and 35 us); and the
 #: masked form, lanes / masked: 192 channels of 8 x 8 30-40 / 20 alone, 30 / 21 inside
-#: MobileNet-v2's forward (ONNX Runtime: 16).
+#: MobileNet-v2's forward (ONNX Runtime: 16); two runs each, including the call: 384
+#: channels of 4 x 4 17 / 11, 576 of 4 x 4 24 / 15, 144 of 16 x 16 at stride 2 35 /
+#: 24 (ONNX Runtime inside MobileNet-v2: 12, 15 and 14), 192 of 8 x 8 at stride 2 14 /
+#: 10.5; 5 x 5: 144 of 16 x 16 at stride 2 55-62 / 38-39, 240 of 8 x 8 46-51 / 44-45,
+#: 672 of 4 x 4 39-43 / 33-36 (EfficientNet-B0: 17, 22 and 18).
 PLANES = True
 
 #: V: the lanes of a vector value; EVENS: the indices of the even elements of

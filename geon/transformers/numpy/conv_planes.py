@@ -18,12 +18,14 @@ tap shuffled out of them (the evens, the odds, and those shifted by one): two
 unaligned loads a tap, most across a cache line, took longer. The epilogue is
 applied to the sums before they are stored (y is not written).
 
-Planes of 8 to 15 positions a row at stride 1 (8 x 8, 12 x 12) under 3 x 3 windows
-take the masked form where a plane is a whole number of vectors: each output vector is a run of whole
-rows, and each tap one load at the tap's offset in the plane, its lanes outside the
-plane cleared by a mask, and one multiply-add with the tap's weight (no copy of the
-plane, no transposes). Both are measured against the other forms at
-:data:`.conv_kernels.PLANES`.
+Planes of 4 to 15 positions a row (4 x 4, 8 x 8, 12 x 12) under 3 x 3 or 5 x 5 windows
+take the masked form where a plane is a whole number of vectors: each output vector
+is a run of whole rows, and each tap one load at the tap's offset in the plane, its
+lanes outside the plane cleared by a mask, and one multiply-add with the tap's weight
+(no copy of the plane, no transposes). At stride 2 an input plane is first split into
+its four phases (even or odd rows by even or odd columns), each of the output's shape,
+so that every tap reads one phase at stride 1. Both forms are measured against the
+others at :data:`.conv_kernels.PLANES`.
 """
 
 #: The zero margins left and right of each copied input row, in elements: at least as
@@ -45,6 +47,7 @@ TEMPLATE = r"""
 #define PREV1 15, """ + ", ".join(str(16 + i) for i in range(15)) + r"""
 #define PREV2 14, """ + ", ".join(str(16 + i) for i in range(15)) + r"""
 #define NEXT1 """ + ", ".join(str(1 + i) for i in range(16)) + r"""
+#define QUARTERS 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15
 
 static inline vec_SUF at_SUF(const REAL *p) {
     vec_SUF v;
@@ -186,17 +189,19 @@ static int geon_dconv_planes_forward_SUF(const REAL *x, const REAL *w, REAL *y,
     return planes_forward_e_SUF(x, w, y, g, lo, hi, NULL);
 }
 
-/* The masked form: y (B, K, *P) = x correlated with w, depthwise, 3 x 3, stride 1,
-   "same" (P = S), planes of a whole number of vectors (8 x 8), output planes [lo,
-   hi). Each tap of each output vector is a load at the tap's offset in the input
-   plane (a vector of whole rows, shifted by dh rows and dw columns) with the lanes
-   whose input lies outside the plane cleared (a mask a vector and tap, made once a
-   call), then a multiply-add (fused), one chain of sums a kernel row. The plane's
-   vectors are stored after all are computed (the result may be laid over x); the first
-   and last planes of x are read from a zero-padded copy (their taps reach past x). */
-/* one output vector of the masked form: the R x R taps at offsets off from xp, masked,
-   times the taps' weights wk (broadcast from memory: a plane of one vector took longer
-   to broadcast them first), in one chain of sums a kernel row */
+/* The masked form: y (B, K, *P) = x correlated with w, depthwise, R x R (3 or 5),
+   "same" padding (R / 2 each side), stride 1 (P = S) or 2 (S = 2P), planes of a whole
+   number of vectors (4 x 4 to 16 x 15), output planes [lo, hi). At stride 2 the input
+   plane is first split into its four phases (even and odd rows by even and odd
+   columns), each a plane of P's shape, in a zero-margined scratch: input row 2i + d is
+   row i + (d - (d & 1)) / 2 of phase d & 1, so every tap reads one phase at stride 1.
+   Each tap of each output vector is then a load at the tap's offset in its plane (a
+   vector of whole rows, shifted by dh rows and dw columns) with the lanes whose input
+   lies outside the plane cleared (a mask a vector and tap, made once a call), and a
+   multiply-add (fused), one chain of sums a kernel row. A plane of one vector is
+   stored at once; a plane of several after all its vectors are computed (the result
+   may be laid over x at stride 1). At stride 1 the first and last planes of x are read
+   from a zero-margined copy (their taps reach past x). */
 #define MASKED(R) \
 __attribute__((optimize("fp-contract=fast"))) \
 static inline vec_SUF masked##R##_SUF(const REAL *xp, const int64_t *off, \
@@ -212,53 +217,122 @@ static inline vec_SUF masked##R##_SUF(const REAL *xp, const int64_t *off, \
     return acc[0]; \
 }
 MASKED(3)
+MASKED(5)
 #undef MASKED
+
+/* the four phases of plane xp (2 P1 x 2 P2) at ph + a * phase (a = 2 * row parity +
+   column parity), each P1 x P2: for rows of 8 outputs, an input row a vector, its
+   evens and odds shuffled out of a pair of rows; for rows of 4, a pair of input rows a
+   vector, shuffled into its four quarters; else element by element */
+static void phases_SUF(REAL *restrict ph, int64_t phase, const REAL *restrict xp,
+                       int64_t P1, int64_t P2) {
+    REAL *const p00 = ph, *const p01 = ph + phase, *const p10 = ph + 2 * phase,
+         *const p11 = ph + 3 * phase;
+    if (P2 == V / 2) {
+        for (int64_t i = 0; i < P1; i++) {
+            const vec_SUF a = at_SUF(xp + 2 * i * V), b = at_SUF(xp + (2 * i + 1) * V);
+            const vec_SUF e = SHUF2_SUF(a, b, EVENS2), o = SHUF2_SUF(a, b, ODDS2);
+            memcpy(p00 + i * P2, &e, P2 * sizeof(REAL));
+            memcpy(p10 + i * P2, (const REAL *)&e + P2, P2 * sizeof(REAL));
+            memcpy(p01 + i * P2, &o, P2 * sizeof(REAL));
+            memcpy(p11 + i * P2, (const REAL *)&o + P2, P2 * sizeof(REAL));
+        }
+    } else if (P2 == V / 4) {
+        for (int64_t i = 0; i < P1; i++) {
+            const vec_SUF a = at_SUF(xp + i * V);
+            const vec_SUF q = SHUF2_SUF(a, a, QUARTERS);
+            memcpy(p00 + i * P2, &q, P2 * sizeof(REAL));
+            memcpy(p10 + i * P2, (const REAL *)&q + P2, P2 * sizeof(REAL));
+            memcpy(p01 + i * P2, (const REAL *)&q + 2 * P2, P2 * sizeof(REAL));
+            memcpy(p11 + i * P2, (const REAL *)&q + 3 * P2, P2 * sizeof(REAL));
+        }
+    } else {
+        for (int64_t i = 0; i < 2 * P1; i++) {
+            const REAL *row = xp + i * 2 * P2;
+            REAL *e = (i & 1 ? p10 : p00) + (i >> 1) * P2, *o = e + phase;
+            for (int64_t j = 0; j < P2; j++) {
+                e[j] = row[2 * j];
+                o[j] = row[2 * j + 1];
+            }
+        }
+    }
+}
 
 static int masked_forward_e_SUF(const REAL *restrict x, const REAL *restrict w,
                                 REAL *restrict y, const int64_t *g, int64_t lo,
                                 int64_t hi, const epilogue_SUF *e) {
     GEOMETRY
-    const int64_t NV = Pn / V, H = R2 / 2, reach = H * S2 + H, total = g[0] * K;
+    const int64_t NV = Pn / V, H = R2 / 2, total = g[0] * K;
+    /* how far a tap's load reaches before or after its vector, in its plane's elements */
+    const int64_t reach = s2 == 1 ? H * P2 + H : P2 + 1;
+    /* stride 2: the four phases, one after another, between margins of reach */
+    const int64_t phase = Pn + reach, scratch = s2 == 1 ? Pn + 2 * reach : 4 * phase + reach;
     /* (the masks aligned as their type: the compiler's loads of them assume it) */
     char *held = malloc((size_t)(NV * Rn) * sizeof(ivec_SUF) + sizeof(ivec_SUF));
-    REAL *pad = scratch_SUF(Pn + 2 * reach), *tile = scratch_SUF(Pn);
-    int64_t *off = malloc((size_t)Rn * sizeof(int64_t));
+    /* a sigmoid or SiLU epilogue runs over the results of RUN planes at once (a call
+       of epi_run a plane of 16 took twice as long) */
+    const int64_t RUN = e && e->act != 0 && Pn < 256 ? 256 / Pn : 1;
+    REAL *pad = scratch_SUF(2 * scratch), *tile = scratch_SUF(RUN * Pn);
+    int64_t *off = malloc((size_t)(3 * Rn) * sizeof(int64_t));
     if (!held || !pad || !tile || !off) {
         free(held); free(pad); free(tile); free(off);
         return 1;
     }
     ivec_SUF *mask = (ivec_SUF *)(((uintptr_t)held + sizeof(ivec_SUF) - 1)
                                   & ~(uintptr_t)(sizeof(ivec_SUF) - 1));
-    int64_t dh[9], dw[9];   /* (3 x 3: takes_masked; no division a lane) */
+    /* tap t reads its phase's plane shifted by dh[t] rows and dw[t] columns: off[t]
+       from the first phase (no division a lane) */
+    int64_t *dh = off + Rn, *dw = dh + Rn;
     for (int64_t t = 0; t < Rn; t++) {
-        dh[t] = t / R2 - H, dw[t] = t % R2 - H;
-        off[t] = dh[t] * S2 + dw[t];
+        const int64_t u = t / R2 - H, v = t % R2 - H;
+        const int64_t pu = s2 == 1 ? 0 : u & 1, pv = s2 == 1 ? 0 : v & 1;
+        dh[t] = s2 == 1 ? u : (u - pu) / 2, dw[t] = s2 == 1 ? v : (v - pv) / 2;
+        off[t] = (2 * pu + pv) * phase + dh[t] * P2 + dw[t];
     }
     for (int64_t pos = 0, r = 0, c = 0; pos < Pn; pos++) {   /* (row r, column c) */
         for (int64_t t = 0; t < Rn; t++) {
             const int64_t i = r + dh[t], j = c + dw[t];
-            mask[pos / V * Rn + t][pos % V] = i >= 0 && i < S1 && j >= 0 && j < S2 ? -1 : 0;
+            mask[pos / V * Rn + t][pos % V] = i >= 0 && i < P1 && j >= 0 && j < P2 ? -1 : 0;
         }
-        if (++c == S2) c = 0, r++;
+        if (++c == P2) c = 0, r++;
     }
-    memset(pad, 0, (Pn + 2 * reach) * sizeof(REAL));
+    memset(pad, 0, 2 * scratch * sizeof(REAL));
+    if (s2 == 2 && lo < hi) phases_SUF(pad + reach, phase, x + lo * Sn, P1, P2);
     for (int64_t plane = lo; plane < hi; plane++) {
         const int64_t k = plane % K;
         const REAL *xp = x + plane * Sn;
-        if (plane == 0 || plane == total - 1) {
+        if (s2 == 2) {
+            /* the phases of this plane were made one plane ago, those of the next
+               now (a load of phases just stored, across several of its stores, waits
+               for them to be written: 192 channels of 8 x 8 at batch 2 took 15.6 us
+               with the phases made just before their loads, 10.7 us so) */
+            if (plane + 1 < hi)
+                phases_SUF(pad + (plane + 1 - lo) % 2 * scratch + reach, phase, xp + Sn,
+                           P1, P2);
+            xp = pad + (plane - lo) % 2 * scratch + reach;
+        } else if (plane == 0 || plane == total - 1) {
             memcpy(pad + reach, xp, Pn * sizeof(REAL));
             xp = pad + reach;
         }
         const REAL *wk = w + k * Rn, b = e ? e->bias[k] : 0;
+        REAL *out = (e ? e->final : y) + plane * Pn;
+        const int64_t ran = (plane - lo) % RUN;   /* planes before it in the run */
+        REAL *dst = RUN > 1 ? tile + ran * Pn : NV == 1 && (!e || e->act == 0) ? out : tile;
         for (int64_t v = 0; v < NV; v++) {
-            vec_SUF sum = masked3_SUF(xp + v * V, off, mask + v * Rn, wk);
+            vec_SUF sum = R2 == 3 ? masked3_SUF(xp + v * V, off, mask + v * Rn, wk)
+                                  : masked5_SUF(xp + v * V, off, mask + v * Rn, wk);
             if (e && e->act == 0)
                 sum = vclamp_SUF(sum + b, (vec_SUF){0} + e->lo, (vec_SUF){0} + e->hi);
-            memcpy(tile + v * V, &sum, sizeof sum);
+            else if (e)
+                sum += b;
+            memcpy(dst + v * V, &sum, sizeof sum);
         }
-        REAL *out = (e ? e->final : y) + plane * Pn;
-        if (e && e->act != 0) epi_run_SUF(out, tile, Pn, b, e->lo, e->hi, e->act);
-        else memcpy(out, tile, Pn * sizeof(REAL));
+        /* (the bias is in the sums: adding -0 keeps every value, -0 among them) */
+        if (e && e->act != 0 && (ran == RUN - 1 || plane == hi - 1))
+            epi_run_SUF(out - ran * Pn, tile, (ran + 1) * Pn, (REAL)-0.0, e->lo, e->hi,
+                        e->act);
+        else if (dst != out && RUN == 1)
+            memcpy(out, tile, Pn * sizeof(REAL));
     }
     free(held); free(pad); free(tile); free(off);
     return 0;
@@ -276,6 +350,7 @@ static int geon_dconv_masked_forward_SUF(const REAL *x, const REAL *w, REAL *y,
 #undef PREV1
 #undef PREV2
 #undef NEXT1
+#undef QUARTERS
 #undef SHUF2_SUF
 """
 
@@ -289,16 +364,14 @@ def form(geo, name):
 
 
 def takes_masked(geo, name):
-    """Whether the masked form computes it: a 2-D depthwise forward, 3 x 3 windows
-    padded 1 on each side, stride 1, planes of P = S, rows of 8 to 15 positions and a
-    whole number of 16 positions a plane (at most 256). (On 4 x 4 planes it took 11-13
-    us against the lanes form's 18 for 384 channels alone, but 24 against 18 inside
-    MobileNet-v2's forward; EfficientNet-B0's forward with its 5 x 5 layers on 8 x 8
-    planes by this form took 1-2% longer than by the lanes form.)"""
+    """Whether the masked form computes it: a 2-D depthwise forward, 3 x 3 or 5 x 5
+    windows padded R / 2 on each side, stride 1 (planes of P = S) or 2 (S = 2P), output
+    rows of 4 to 15 positions and a whole number of 16 positions a plane (at most
+    256). Measured against the lanes form at :data:`.conv_kernels.PLANES`."""
     S1, S2, R2, P1, P2, s2 = (int(geo[i]) for i in (6, 7, 10, 12, 13, 16))
-    return _square_depthwise(geo, name) and R2 == 3 and s2 == 1 \
-        and (P1, P2) == (S1, S2) and 8 <= P2 < 16 and P1 * P2 % 16 == 0 \
-        and P1 * P2 <= 256
+    return _square_depthwise(geo, name) and R2 in (3, 5) and s2 in (1, 2) \
+        and (S1, S2) == (s2 * P1, s2 * P2) and 4 <= P2 < 16 and P1 * P2 % 16 == 0 \
+        and P1 * P2 <= 256 and (s2 == 2 or R2 // 2 * (P2 + 1) <= P1 * P2)
 
 
 def takes(geo, name):
