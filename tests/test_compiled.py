@@ -166,7 +166,7 @@ def test_a_compiled_function_writes_only_the_range_it_is_given(strided, cache):
     y = be.tanh(x + b) if strided else be.tanh(x * 2.0) + x
     comp = be.NumPyTransformer(compiled=True).computation(y, x, b)
     assert kernel_calls(comp) == 1
-    assert re.search(r"kernel0\(\(Placeholder_\d+, " + ("v_Expand" if strided else "t_"),
+    assert re.search(r"kernel0\(\(\(Placeholder_\d+, " + ("v_Expand" if strided else "t_"),
                      comp.source), comp.source
     (kernel,) = comp._kernel_fns.values()
     xs = np.arange(30.0).reshape(6, 5) / 30
@@ -175,7 +175,7 @@ def test_a_compiled_function_writes_only_the_range_it_is_given(strided, cache):
     out = np.full((6, 5), -7.0)
     lo, hi = (2, 4) if strided else (7, 19)    # rows, or elements
     bview = np.broadcast_to(bs[:, None], (6, 5))   # as the generated code passes it
-    kernel((xs, bview, out) if strided else (xs, out), lo, hi)
+    kernel(((xs, bview, out) if strided else (xs, out), lo, hi))   # one tuple
     expect = np.full(30, -7.0)
     span = slice(lo * 5, hi * 5) if strided else slice(lo, hi)
     expect[span] = want.reshape(-1)[span]
@@ -194,17 +194,21 @@ def test_a_compiled_function_reads_arrays_through_the_buffer_protocol(cache):
     xs = np.arange(30.0).reshape(6, 5) / 30
     want = np.tanh(xs * 2) + xs
     out = np.zeros((6, 5))
-    kernel((memoryview(xs), out), 0, 30)         # not an ndarray: its buffer is read
+    kernel(((memoryview(xs), out), 0, 30))       # not an ndarray: its buffer is read
     np.testing.assert_allclose(out, want, rtol=1e-15)
     with pytest.raises((BufferError, ValueError), match="contiguous"):
-        kernel((np.asfortranarray(xs), out), 0, 30)
+        kernel(((np.asfortranarray(xs), out), 0, 30))
     frozen = np.zeros((6, 5))
     frozen.flags.writeable = False
     with pytest.raises((BufferError, ValueError), match="read-only|writ"):
-        kernel((xs, frozen), 0, 30)
+        kernel(((xs, frozen), 0, 30))
     assert not frozen.any()
     with pytest.raises(IndexError):       # a tuple without the output: nothing read
-        kernel((xs,), 0, 30)
+        kernel(((xs,), 0, 30))
+    with pytest.raises(TypeError):        # a range that is not two integers
+        kernel(((xs, out), "0", 30))
+    with pytest.raises(IndexError):
+        kernel(((xs, out), 0))
 
 
 # --- large groups with several slow members: loops over tiles ----------------------------

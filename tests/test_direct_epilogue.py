@@ -117,3 +117,29 @@ def test_conv_forward_takes_the_fused_kernel(monkeypatch):
                              pads, dil, 5)
     want = np.clip(want + b.reshape(-1, 1, 1), 0.0, 6.0)
     np.testing.assert_allclose(final, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_entry_refuses_arguments_of_the_wrong_type():
+    """The entries take their arguments as one tuple (one conversion for ctypes); an
+    argument missing or of the wrong type is a Python error, and nothing is written."""
+    fns, pfns = dk.kernels(), pw.kernels()
+    x, w, b, strides, pads, dil, P = _case(1, 4, (8, 8), 1, np.float32)
+    out = np.zeros((1, 4) + P, np.float32)
+    plan = dk._plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dil, 4,
+                    out.dtype)
+    fn, geo, items = plan[2], plan[4], plan[5]
+    with pytest.raises(TypeError):
+        fn(((x, w, out), geo, "0", items))
+    with pytest.raises(IndexError):
+        fn(((x, w, out), geo, 0))
+    epi = fns[plan[1], "forward_epi", out.dtype]
+    with pytest.raises(TypeError):
+        epi(((x, w, out, out, b), geo, 0, items, "lo", 6.0, 0))
+    with pytest.raises(TypeError):
+        pfns["bias_clamp", out.dtype](((out, b, out), pw.geometry((1, 4, 64))[1], 0.0,
+                                       6.0, None))
+    assert not out.any()
+    assert fn(((x, w, out), geo, 0, items)) == 0
+    want = cm.reference_conv(x.astype(np.float64), w.astype(np.float64), P, strides,
+                             pads, dil, 4)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

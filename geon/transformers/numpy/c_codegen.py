@@ -202,14 +202,14 @@ class Kernels:
                   + (simd_declarations() if tc.simd_math else "") + "\n"
                   + "\n\n".join(self.functions) + "\n")
         self.source = source
-        lib = toolchain.build(source, [cname for _, cname in self.names])
+        lib = toolchain.build(source, [cname + "_call1" for _, cname in self.names])
         out = {}
+        # called with the GIL held: the function takes the arrays' buffers, and
+        # releases the GIL itself around long loops (GIL_RELEASE_ELEMENTS); its
+        # arguments come as one tuple (arrays, lo, hi)
+        proto = ctypes.PYFUNCTYPE(None, ctypes.py_object)
         for pyname, cname in self.names:
-            # called with the GIL held: the function takes the arrays' buffers, and
-            # releases the GIL itself around long loops (GIL_RELEASE_ELEMENTS)
-            proto = ctypes.PYFUNCTYPE(None, ctypes.py_object, ctypes.c_int64,
-                                      ctypes.c_int64)
-            out[pyname] = proto((cname, lib))
+            out[pyname] = proto((cname + "_call1", lib))
         return out
 
 
@@ -391,7 +391,12 @@ class _GroupFunction:
                 f"    if (!geon_acquire(v, arrays, flags, {nparams})) return;"]  \
             + (["    void *const state = PyEval_SaveThread();", f"    {call}",
                 "    PyEval_RestoreThread(state);"] if release else [f"    {call}"]) \
-            + [f"    geon_release(v, {nparams});", "}"]
+            + [f"    geon_release(v, {nparams});", "}",
+               "/* the same, its arguments one tuple (arrays, lo, hi) */",
+               f"void {cname}_call1(void *args) {{",
+               "    long long iv[2];",
+               f"    if (geon_args(args, 1, iv, 2, NULL, 0)) "
+               f"{cname}(PyTuple_GetItem(args, 0), iv[0], iv[1]);", "}"]
 
     def _row_head(self):
         """``(head, tail)``: the lines around the loops of a group read by rows (strided
@@ -547,10 +552,10 @@ class _GroupFunction:
         arrays = f"({''.join(f'{a}, ' for a in self.params)})"
         if threads > 1:
             block = max(1, BLOCK_ELEMENTS // (self.inner if self.by_rows else 1))
-            lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}({arrays}, _lo, "
-                         f"_hi), {units}, {block}, ((),) * {threads})")
+            lines.append(f"    _run_blocks(lambda _lo, _hi: {pyname}(({arrays}, _lo, "
+                         f"_hi)), {units}, {block}, ((),) * {threads})")
         else:
-            lines.append(f"    {pyname}({arrays}, 0, {units})")
+            lines.append(f"    {pyname}(({arrays}, 0, {units}))")
         return lines
 
 

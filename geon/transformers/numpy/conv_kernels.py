@@ -476,6 +476,13 @@ int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
     PyEval_RestoreThread(state); \
     geon_release(v, 3); \
     return status; \
+} \
+/* the same, its arguments one tuple (arrays, geometry's address, lo, hi) */ \
+int geon_dconv_##name##_SUF_call1(void *args) { \
+    long long iv[3]; \
+    if (!geon_args(args, 1, iv, 3, NULL, 0)) return -1; \
+    return geon_dconv_##name##_SUF_call(PyTuple_GetItem(args, 0), \
+                                        (const int64_t *)(intptr_t)iv[0], iv[1], iv[2]); \
 }
 ENTRY(forward) ENTRY(grad_data) ENTRY(grad_filter)
 ENTRY(lanes_forward) ENTRY(lanes_grad_data) ENTRY(lanes_grad_filter)
@@ -512,6 +519,17 @@ int geon_dconv_##name##_epi_SUF_call(void *arrays, const int64_t *g, int64_t lo,
     } \
     geon_release(v, 5); \
     return status; \
+} \
+/* the same, its arguments one tuple (arrays, geometry's address, lo, hi, clo, chi, \
+   act) */ \
+int geon_dconv_##name##_epi_SUF_call1(void *args) { \
+    long long iv[3], act; \
+    double dv[2]; \
+    if (!geon_args(args, 1, iv, 3, dv, 2) || !geon_args(args, 6, &act, 1, NULL, 0)) \
+        return -1; \
+    return geon_dconv_##name##_epi_SUF_call(PyTuple_GetItem(args, 0), \
+                                            (const int64_t *)(intptr_t)iv[0], iv[1], \
+                                            iv[2], dv[0], dv[1], act); \
 }
 EPI_ENTRY(forward) EPI_ENTRY(lanes_forward) EPI_ENTRY(planes_forward)
 EPI_ENTRY(masked_forward)
@@ -539,9 +557,9 @@ def source():
     return "\n".join(parts)
 
 
-_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS
+_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call1" for k in _KINDS
             for n in _NAMES + ("forward_epi",) for _, _, s in _TYPES.values()] + [
-    f"geon_dconv_{k}{n}_{s}_call" for k in _FORWARD_ONLY
+    f"geon_dconv_{k}{n}_{s}_call1" for k in _FORWARD_ONLY
     for n in ("forward", "forward_epi") for _, _, s in _TYPES.values()]
 
 
@@ -549,18 +567,15 @@ _loaded = {}  # (CC, cache folder) -> {(kind, name, dtype): ctypes function}, or
 
 
 def _bind(lib):
+    """The entries, each taking its arguments as one tuple: ``(arrays, geometry's
+    address, lo, hi)``, and ``(..., clo, chi, act)`` for "forward_epi"."""
+    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {}
     for kind in _KINDS + _FORWARD_ONLY:
-        for name in _NAMES if kind in _KINDS else _NAMES[:1]:
+        for name in (_NAMES if kind in _KINDS else _NAMES[:1]) + ("forward_epi",):
             for dtype, (_, _, suffix) in _TYPES.items():
-                fns[kind, name, dtype] = ctypes.PYFUNCTYPE(
-                    ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
-                    ctypes.c_int64)((f"geon_dconv_{kind}{name}_{suffix}_call", lib))
-        for dtype, (_, _, suffix) in _TYPES.items():
-            fns[kind, "forward_epi", dtype] = ctypes.PYFUNCTYPE(
-                ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int64,
-                ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_int64)(
-                    (f"geon_dconv_{kind}forward_epi_{suffix}_call", lib))
+                fns[kind, name, dtype] = proto((f"geon_dconv_{kind}{name}_{suffix}_call1",
+                                                lib))
     return fns
 
 
@@ -656,7 +671,7 @@ def _run(plan, args, variant=None, extra=()):
     apart = []
 
     def call(lo, hi):
-        status = fn(args, geo, lo, hi, *extra)   # (-1: ctypes raises the entry's error)
+        status = fn((args, geo, lo, hi) + extra)   # (-1: ctypes raises the entry's error)
         if status == 1:
             raise MemoryError("no memory for the scratch of a convolution kernel")
         apart.append(status != 2)   # (2: every call, before writing anything)
@@ -704,8 +719,8 @@ def prepared_forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=N
     fn = fns[kind, "forward_epi", out.dtype]
 
     def run(x, w, out, final, bias, _plan=plan):   # (_plan holds geo's array)
-        status = fn((np.ascontiguousarray(x), np.ascontiguousarray(w), out, final, bias),
-                    geo, 0, items, *extra)
+        status = fn(((np.ascontiguousarray(x), np.ascontiguousarray(w), out, final, bias),
+                     geo, 0, items) + extra)
         if status == 1:
             raise MemoryError("no memory for the scratch of a convolution kernel")
         return status != 2

@@ -397,6 +397,17 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     geon_release(v, (int)narrays);
     return status;
 }
+/* the same, its arguments one tuple (arrays, narrays, geo's address, lo_, hi_, act, lo,
+   hi, wide) */
+int geon_pointwise_SUF_call1(void *args) {
+    long long iv[2], jv[4];
+    double dv[2];
+    if (!geon_args(args, 1, iv, 2, dv, 2) || !geon_args(args, 5, jv, 4, NULL, 0))
+        return -1;
+    return geon_pointwise_SUF(PyTuple_GetItem(args, 0), iv[0],
+                              (const int64_t *)(intptr_t)iv[1], dv[0], dv[1], jv[0],
+                              jv[1], jv[2], jv[3]);
+}
 /* y (B, K, P) = epilogue(x (B, K, P) + bias (K)) (see epi), after another path; x may
    be y itself (not part of it). Entry as above, arrays (x, bias, y): 2 where x and y
    overlap without being the same memory, or bias and y overlap (a computed bias whose
@@ -458,6 +469,15 @@ int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_
     geon_release(v, 3);
     return status;
 }
+/* the same, its arguments one tuple (arrays, geo's address, lo_, hi_, act) */
+int geon_bias_clamp_SUF_call1(void *args) {
+    long long iv[1], act;
+    double dv[2];
+    if (!geon_args(args, 1, iv, 1, dv, 2) || !geon_args(args, 4, &act, 1, NULL, 0))
+        return -1;
+    return geon_bias_clamp_SUF(PyTuple_GetItem(args, 0), (const int64_t *)(intptr_t)iv[0],
+                               dv[0], dv[1], act);
+}
 """
 
 _TYPES = {np.dtype(np.float32): ("float", "f32", "geon_max_f", "geon_min_f"),
@@ -475,7 +495,7 @@ def act_code(act, lo, hi):
     return 3 if act == "clamp" and (lo != lo or hi != hi) else ACTS[act]
 
 
-_SYMBOLS = [f"geon_{k}_{t[1]}" for k in ("pointwise", "bias_clamp")
+_SYMBOLS = [f"geon_{k}_{t[1]}_call1" for k in ("pointwise", "bias_clamp")
             for t in _TYPES.values()]
 
 
@@ -558,15 +578,12 @@ def specialize(template, dtype):
 
 
 def _bind(lib):
+    """The entries, each taking its arguments as one tuple (see the C)."""
+    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {}
     for dtype, (_, suffix, _, _) in _TYPES.items():
-        fns[dtype] = ctypes.PYFUNCTYPE(
-            ctypes.c_int, ctypes.py_object, ctypes.c_int64, ctypes.c_void_p,
-            ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_int64)((f"geon_pointwise_{suffix}", lib))
-        fns["bias_clamp", dtype] = ctypes.PYFUNCTYPE(
-            ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_double,
-            ctypes.c_double, ctypes.c_int64)((f"geon_bias_clamp_{suffix}", lib))
+        fns[dtype] = proto((f"geon_pointwise_{suffix}_call1", lib))
+        fns["bias_clamp", dtype] = proto((f"geon_bias_clamp_{suffix}_call1", lib))
     return fns
 
 
@@ -642,12 +659,12 @@ def prepared_conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clam
     def run(x, w, out, bias, _held=held):
         arrays = (x, w, out) if bias is None else (x, w, out, bias)
         if threads < 2:
-            status = fn(arrays, n, geo, lo, hi, code, 0, K, wide)
+            status = fn((arrays, n, geo, lo, hi, code, 0, K, wide))
         else:
             results = []
 
             def part(a, b):
-                results.append(fn(arrays, n, geo, lo, hi, code, a, b, wide))
+                results.append(fn((arrays, n, geo, lo, hi, code, a, b, wide)))
             fusion.run_blocks(part, K, block, [()] * threads)
             status = max(results)
         if status == 1:
@@ -689,7 +706,7 @@ def prepared_bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
         fn, geo, code = fns["bias_clamp", out.dtype], held[1], act_code(act, lo, hi)
 
         def run(y, bias, out, _held=held):
-            if fn((y, bias, out), geo, lo, hi, code) != 0:
+            if fn(((y, bias, out), geo, lo, hi, code)) != 0:
                 _numpy_bias_clamp(y, bias, lo, hi, out, act)
         return run
     return lambda y, bias, out: _numpy_bias_clamp(y, bias, lo, hi, out, act)
