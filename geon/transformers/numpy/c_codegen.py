@@ -202,14 +202,14 @@ class Kernels:
                   + (simd_declarations() if tc.simd_math else "") + "\n"
                   + "\n\n".join(self.functions) + "\n")
         self.source = source
-        lib = toolchain.build(source, [cname + "_call1" for _, cname in self.names])
+        lib = toolchain.build(source, [cname for _, cname in self.names])
         out = {}
         # called with the GIL held: the function takes the arrays' buffers, and
         # releases the GIL itself around long loops (GIL_RELEASE_ELEMENTS); its
         # arguments come as one tuple (arrays, lo, hi)
         proto = ctypes.PYFUNCTYPE(None, ctypes.py_object)
         for pyname, cname in self.names:
-            out[pyname] = proto((cname + "_call1", lib))
+            out[pyname] = proto((cname, lib))
         return out
 
 
@@ -385,18 +385,18 @@ class _GroupFunction:
                 + "".join(f"(char *)v[{p}].buf, " for p in range(nparams))
                 + "".join(f"v[{p}].strides, " for p in sorted(self.strided)) + "lo, hi);")
         release = self.n >= GIL_RELEASE_ELEMENTS
-        return [f"void {cname}(void *arrays, int64_t lo, int64_t hi) {{",
+        # its arguments one tuple (arrays, lo, hi)
+        return [f"void {cname}(void *args) {{",
                 f"    static const int flags[{nparams}] = {{{flags}}};",
+                "    long long iv[2];",
                 f"    geon_buffer v[{nparams}];",
-                f"    if (!geon_acquire(v, arrays, flags, {nparams})) return;"]  \
+                "    if (!geon_args(args, \"ii\", iv, NULL)) return;",
+                "    const int64_t lo = iv[0], hi = iv[1];",
+                f"    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, {nparams})) "
+                "return;"]  \
             + (["    void *const state = PyEval_SaveThread();", f"    {call}",
                 "    PyEval_RestoreThread(state);"] if release else [f"    {call}"]) \
-            + [f"    geon_release(v, {nparams});", "}",
-               "/* the same, its arguments one tuple (arrays, lo, hi) */",
-               f"void {cname}_call1(void *args) {{",
-               "    long long iv[2];",
-               f"    if (geon_args(args, 1, iv, 2, NULL, 0)) "
-               f"{cname}(PyTuple_GetItem(args, 0), iv[0], iv[1]);", "}"]
+            + [f"    geon_release(v, {nparams});", "}"]
 
     def _row_head(self):
         """``(head, tail)``: the lines around the loops of a group read by rows (strided

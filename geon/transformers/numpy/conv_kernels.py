@@ -462,27 +462,25 @@ int geon_dconv_grad_filter_SUF(const REAL *restrict x, const REAL *restrict dy,
 }
 
 """ + conv_lanes.TEMPLATE + conv_planes.TEMPLATE + r"""
-/* The entries Python calls (GIL held): a tuple (a, b, out), all C-contiguous, out
-   written; the kernel over items [lo, hi) without the GIL. -1: a Python error set
-   (an array not contiguous, ...), else the kernel's status (1: no memory). */
+/* The entries Python calls (GIL held), their arguments one tuple (arrays, geometry's
+   address, lo, hi): the arrays a tuple (a, b, out), all C-contiguous, out written; the
+   kernel over items [lo, hi) without the GIL. -1: a Python error set (an array not
+   contiguous, an argument of another type, ...), else the kernel's status (1: no
+   memory). */
 #define ENTRY(name) \
-int geon_dconv_##name##_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
-                                 int64_t hi) { \
+int geon_dconv_##name##_SUF_call(void *args) { \
     static const int flags[3] = {0, 0, GEON_WRITABLE};   /* (contiguous) */ \
+    long long iv[3]; \
     geon_buffer v[3]; \
-    if (!geon_acquire(v, arrays, flags, 3)) return -1; \
+    if (!geon_args(args, "iii", iv, NULL) \
+            || !geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1; \
     void *const state = PyEval_SaveThread(); \
-    const int status = geon_dconv_##name##_SUF(v[0].buf, v[1].buf, v[2].buf, g, lo, hi); \
+    const int status = geon_dconv_##name##_SUF(v[0].buf, v[1].buf, v[2].buf, \
+                                               (const int64_t *)(intptr_t)iv[0], iv[1], \
+                                               iv[2]); \
     PyEval_RestoreThread(state); \
     geon_release(v, 3); \
     return status; \
-} \
-/* the same, its arguments one tuple (arrays, geometry's address, lo, hi) */ \
-int geon_dconv_##name##_SUF_call1(void *args) { \
-    long long iv[3]; \
-    if (!geon_args(args, 1, iv, 3, NULL, 0)) return -1; \
-    return geon_dconv_##name##_SUF_call(PyTuple_GetItem(args, 0), \
-                                        (const int64_t *)(intptr_t)iv[0], iv[1], iv[2]); \
 }
 ENTRY(forward) ENTRY(grad_data) ENTRY(grad_filter)
 ENTRY(lanes_forward) ENTRY(lanes_grad_data) ENTRY(lanes_grad_filter)
@@ -492,18 +490,22 @@ static int apart_SUF(const geon_buffer *a, const geon_buffer *b) {
     const char *s = a->buf, *t = b->buf;
     return s + a->len <= t || t + b->len <= s;
 }
-/* The forwards with an epilogue: a tuple (x, w, y, final, bias); 2 (nothing written)
-   where final overlaps x, w or bias, or y without being y, or y overlaps bias. final
-   may be x itself (a plan gives a dead input's memory to the result) where each output
-   plane reads one input plane, the same (b, k) (depthwise, x's shape = final's): both
-   forms copy an input plane before computing from it, and the plane of final written
-   after that is the one just copied. */
+/* The forwards with an epilogue: arguments (arrays, geometry's address, lo, hi, clo,
+   chi, act), the arrays (x, w, y, final, bias); 2 (nothing written) where final
+   overlaps x, w or bias, or y without being y, or y overlaps bias. final may be x
+   itself (a plan gives a dead input's memory to the result) where each output plane
+   reads one input plane, the same (b, k) (depthwise, x's shape = final's): both forms
+   copy an input plane before computing from it, and the plane of final written after
+   that is the one just copied. */
 #define EPI_ENTRY(name) \
-int geon_dconv_##name##_epi_SUF_call(void *arrays, const int64_t *g, int64_t lo, \
-                                     int64_t hi, double clo, double chi, int64_t act) { \
+int geon_dconv_##name##_epi_SUF_call(void *args) { \
     static const int flags[5] = {0, 0, GEON_WRITABLE, GEON_WRITABLE, 0}; \
+    long long iv[4]; \
+    double dv[2]; \
     geon_buffer v[5]; \
-    if (!geon_acquire(v, arrays, flags, 5)) return -1; \
+    if (!geon_args(args, "iiiddi", iv, dv) \
+            || !geon_acquire(v, PyTuple_GetItem(args, 0), flags, 5)) return -1; \
+    const int64_t *const g = (const int64_t *)(intptr_t)iv[0]; \
     int status = 2; \
     const int over_x = v[3].buf == v[0].buf && v[3].len == v[0].len && g[3] == 1 \
                        && g[4] == 1; \
@@ -512,24 +514,14 @@ int geon_dconv_##name##_epi_SUF_call(void *arrays, const int64_t *g, int64_t lo,
             && apart_SUF(&v[2], &v[4]) \
             && ((v[3].buf == v[2].buf && v[3].len == v[2].len) \
                 || apart_SUF(&v[3], &v[2]))) { \
-        const epilogue_SUF e = {v[3].buf, v[4].buf, (REAL)clo, (REAL)chi, (int)act}; \
+        const epilogue_SUF e = {v[3].buf, v[4].buf, (REAL)dv[0], (REAL)dv[1], \
+                                (int)iv[3]}; \
         void *const state = PyEval_SaveThread(); \
-        status = name##_e_SUF(v[0].buf, v[1].buf, v[2].buf, g, lo, hi, &e); \
+        status = name##_e_SUF(v[0].buf, v[1].buf, v[2].buf, g, iv[1], iv[2], &e); \
         PyEval_RestoreThread(state); \
     } \
     geon_release(v, 5); \
     return status; \
-} \
-/* the same, its arguments one tuple (arrays, geometry's address, lo, hi, clo, chi, \
-   act) */ \
-int geon_dconv_##name##_epi_SUF_call1(void *args) { \
-    long long iv[3], act; \
-    double dv[2]; \
-    if (!geon_args(args, 1, iv, 3, dv, 2) || !geon_args(args, 6, &act, 1, NULL, 0)) \
-        return -1; \
-    return geon_dconv_##name##_epi_SUF_call(PyTuple_GetItem(args, 0), \
-                                            (const int64_t *)(intptr_t)iv[0], iv[1], \
-                                            iv[2], dv[0], dv[1], act); \
 }
 EPI_ENTRY(forward) EPI_ENTRY(lanes_forward) EPI_ENTRY(planes_forward)
 EPI_ENTRY(masked_forward)
@@ -557,9 +549,9 @@ def source():
     return "\n".join(parts)
 
 
-_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call1" for k in _KINDS
+_SYMBOLS = [f"geon_dconv_{k}{n}_{s}_call" for k in _KINDS
             for n in _NAMES + ("forward_epi",) for _, _, s in _TYPES.values()] + [
-    f"geon_dconv_{k}{n}_{s}_call1" for k in _FORWARD_ONLY
+    f"geon_dconv_{k}{n}_{s}_call" for k in _FORWARD_ONLY
     for n in ("forward", "forward_epi") for _, _, s in _TYPES.values()]
 
 
@@ -574,7 +566,7 @@ def _bind(lib):
     for kind in _KINDS + _FORWARD_ONLY:
         for name in (_NAMES if kind in _KINDS else _NAMES[:1]) + ("forward_epi",):
             for dtype, (_, _, suffix) in _TYPES.items():
-                fns[kind, name, dtype] = proto((f"geon_dconv_{kind}{name}_{suffix}_call1",
+                fns[kind, name, dtype] = proto((f"geon_dconv_{kind}{name}_{suffix}_call",
                                                 lib))
     return fns
 

@@ -355,7 +355,8 @@ static int pw_wide_SUF(const REAL *restrict x, const REAL *restrict w,
 }
 #undef WIDE_ROWS
 
-/* The entry (GIL held): arrays (x, w, y[, bias]), all C-contiguous, y writable; rows
+/* The entry (GIL held), its arguments one tuple (arrays, narrays, geo's address, lo_,
+   hi_, act, lo, hi, wide): arrays (x, w, y[, bias]), all C-contiguous, y writable; rows
    [lo, hi) of w without the GIL. 0: done; 1: no memory; 2: y overlaps an operand
    (nothing written); -1: a Python error set (an array not contiguous, ...). y may be
    x itself where one call computes every row of one block of columns (x is packed
@@ -363,12 +364,17 @@ static int pw_wide_SUF(const REAL *restrict x, const REAL *restrict w,
    pw_wide): y may overlap x where one call computes every row (it reads a copy of
    x; the plan gives a convolution's epilogue the memory of the input that dies at
    it). */
-int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double lo_,
-                       double hi_, int64_t act, int64_t lo, int64_t hi, int64_t wide) {
+int geon_pointwise_SUF(void *args) {
     static const int flags[4] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
                                  GEON_CONTIGUOUS | GEON_WRITABLE, GEON_CONTIGUOUS};
+    long long iv[6];
+    double dv[2];
     geon_buffer v[4];
-    if (!geon_acquire(v, arrays, flags, (int)narrays)) return -1;
+    if (!geon_args(args, "iiddiiii", iv, dv)) return -1;
+    const int64_t narrays = iv[0] < 4 ? iv[0] : 4, act = iv[2], lo = iv[3], hi = iv[4];
+    const int64_t wide = iv[5], *const geo = (const int64_t *)(intptr_t)iv[1];
+    const double lo_ = dv[0], hi_ = dv[1];
+    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, (int)narrays)) return -1;
     const char *ys = v[2].buf, *ye = ys + v[2].len;
     int status = 2;
     const int whole = lo == 0 && hi == geo[2];
@@ -397,27 +403,21 @@ int geon_pointwise_SUF(void *arrays, int64_t narrays, const int64_t *geo, double
     geon_release(v, (int)narrays);
     return status;
 }
-/* the same, its arguments one tuple (arrays, narrays, geo's address, lo_, hi_, act, lo,
-   hi, wide) */
-int geon_pointwise_SUF_call1(void *args) {
-    long long iv[2], jv[4];
-    double dv[2];
-    if (!geon_args(args, 1, iv, 2, dv, 2) || !geon_args(args, 5, jv, 4, NULL, 0))
-        return -1;
-    return geon_pointwise_SUF(PyTuple_GetItem(args, 0), iv[0],
-                              (const int64_t *)(intptr_t)iv[1], dv[0], dv[1], jv[0],
-                              jv[1], jv[2], jv[3]);
-}
 /* y (B, K, P) = epilogue(x (B, K, P) + bias (K)) (see epi), after another path; x may
-   be y itself (not part of it). Entry as above, arrays (x, bias, y): 2 where x and y
+   be y itself (not part of it). Entry as above, its arguments (arrays, geo's address,
+   lo_, hi_, act), the arrays (x, bias, y): 2 where x and y
    overlap without being the same memory, or bias and y overlap (a computed bias whose
    memory the plan gave to the result: it is read a step at a time). */
-int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_,
-                        int64_t act) {
+int geon_bias_clamp_SUF(void *args) {
     static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS,
                                  GEON_CONTIGUOUS | GEON_WRITABLE};
+    long long iv[2];
+    double dv[2];
     geon_buffer v[3];
-    if (!geon_acquire(v, arrays, flags, 3)) return -1;
+    if (!geon_args(args, "iddi", iv, dv)
+            || !geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1;
+    const int64_t *const geo = (const int64_t *)(intptr_t)iv[0], act = iv[1];
+    const double lo_ = dv[0], hi_ = dv[1];
     const char *xs = v[0].buf, *ys = v[2].buf, *bs = v[1].buf;
     int status = 2;
     if ((xs == ys || xs + v[0].len <= ys || ys + v[2].len <= xs)
@@ -469,15 +469,6 @@ int geon_bias_clamp_SUF(void *arrays, const int64_t *geo, double lo_, double hi_
     geon_release(v, 3);
     return status;
 }
-/* the same, its arguments one tuple (arrays, geo's address, lo_, hi_, act) */
-int geon_bias_clamp_SUF_call1(void *args) {
-    long long iv[1], act;
-    double dv[2];
-    if (!geon_args(args, 1, iv, 1, dv, 2) || !geon_args(args, 4, &act, 1, NULL, 0))
-        return -1;
-    return geon_bias_clamp_SUF(PyTuple_GetItem(args, 0), (const int64_t *)(intptr_t)iv[0],
-                               dv[0], dv[1], act);
-}
 """
 
 _TYPES = {np.dtype(np.float32): ("float", "f32", "geon_max_f", "geon_min_f"),
@@ -495,7 +486,7 @@ def act_code(act, lo, hi):
     return 3 if act == "clamp" and (lo != lo or hi != hi) else ACTS[act]
 
 
-_SYMBOLS = [f"geon_{k}_{t[1]}_call1" for k in ("pointwise", "bias_clamp")
+_SYMBOLS = [f"geon_{k}_{t[1]}" for k in ("pointwise", "bias_clamp")
             for t in _TYPES.values()]
 
 
@@ -582,8 +573,8 @@ def _bind(lib):
     proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {}
     for dtype, (_, suffix, _, _) in _TYPES.items():
-        fns[dtype] = proto((f"geon_pointwise_{suffix}_call1", lib))
-        fns["bias_clamp", dtype] = proto((f"geon_bias_clamp_{suffix}_call1", lib))
+        fns[dtype] = proto((f"geon_pointwise_{suffix}", lib))
+        fns["bias_clamp", dtype] = proto((f"geon_bias_clamp_{suffix}", lib))
     return fns
 
 
