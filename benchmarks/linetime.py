@@ -11,7 +11,9 @@ NumPy code alone (``compiled=False``).
 Each top-level statement of ``run`` (a NumPy call, a fused group's ``_run_blocks``, a
 guarded BLAS update) gets a clock reading before it; the table gives the mean per step
 of each, slowest first. The readings add about a microsecond per statement, so use it
-to compare statements, not to time the step (``benchmarks.run`` does that).
+to compare statements, not to time the step (``benchmarks.run`` does that). The step
+is generated without segments (``geon/transformers/numpy/segments.py``), whose runs of
+calls would be one statement each.
 """
 
 import argparse
@@ -76,8 +78,13 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=25, help="rows shown")
     args = ap.parse_args(argv)
     import geon as be
-    comp, _ = mlp.geon_step(args.batch,
-                            transformer=be.NumPyTransformer(compiled=args.mode))
+    from geon.transformers.numpy import segments
+    was, segments.ENABLED = segments.ENABLED, False   # each statement in run() itself
+    try:
+        comp, _ = mlp.geon_step(args.batch,
+                                transformer=be.NumPyTransformer(compiled=args.mode))
+    finally:
+        segments.ENABLED = was
     x, t = mlp.data(args.batch)
     comp(x, t)  # allocates and initializes
     run, labels, totals = instrument(comp)

@@ -206,8 +206,9 @@ class Kernels:
         out = {}
         # called with the GIL held: the function takes the arrays' buffers, and
         # releases the GIL itself around long loops (GIL_RELEASE_ELEMENTS); its
-        # arguments come as one tuple (arrays, lo, hi)
-        proto = ctypes.PYFUNCTYPE(None, ctypes.py_object)
+        # arguments come as one tuple (arrays, lo, hi); they return 0 (-1: ctypes
+        # raises the Python error they set)
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
         for pyname, cname in self.names:
             out[pyname] = proto((cname, lib))
         return out
@@ -385,18 +386,18 @@ class _GroupFunction:
                 + "".join(f"(char *)v[{p}].buf, " for p in range(nparams))
                 + "".join(f"v[{p}].strides, " for p in sorted(self.strided)) + "lo, hi);")
         release = self.n >= GIL_RELEASE_ELEMENTS
-        # its arguments one tuple (arrays, lo, hi)
-        return [f"void {cname}(void *args) {{",
+        # its arguments one tuple (arrays, lo, hi); 0, or -1 with a Python error set
+        return [f"int {cname}(void *args) {{",
                 f"    static const int flags[{nparams}] = {{{flags}}};",
                 "    long long iv[2];",
                 f"    geon_buffer v[{nparams}];",
-                "    if (!geon_args(args, \"ii\", iv, NULL)) return;",
+                "    if (!geon_args(args, \"ii\", iv, NULL)) return -1;",
                 "    const int64_t lo = iv[0], hi = iv[1];",
                 f"    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, {nparams})) "
-                "return;"]  \
+                "return -1;"]  \
             + (["    void *const state = PyEval_SaveThread();", f"    {call}",
                 "    PyEval_RestoreThread(state);"] if release else [f"    {call}"]) \
-            + [f"    geon_release(v, {nparams});", "}"]
+            + [f"    geon_release(v, {nparams});", "    return 0;", "}"]
 
     def _row_head(self):
         """``(head, tail)``: the lines around the loops of a group read by rows (strided

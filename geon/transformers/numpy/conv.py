@@ -284,12 +284,28 @@ def conv_forward(x, w, out, strides, pads, dilation, groups, ws=None, epilogue=N
     if ws is None:
         run = _forward_plan(x, w, out, strides, pads, dilation, groups, None, epilogue)
     else:
-        params = (strides, pads, dilation, groups)
-        site = ws.sites.get((id(w), id(out)))
-        if site is None or not site.takes(x, w, out, params, epilogue):
-            site = _Site.make(ws, x, w, out, params, epilogue)
-        run = site.run
+        run = _site(x, w, out, (strides, pads, dilation, groups), ws, epilogue).run
     run(x, w, out, epilogue)
+
+
+def conv_step(x, w, out, strides, pads, dilation, groups, ws, epilogue=None):
+    """The step of a line calling :func:`conv_forward` with these arrays (see
+    :mod:`.segments`): ``(entry, args, keep)`` of the one C call it makes, or None
+    where it makes another or several (a product by the BLAS, calls on geon's
+    threads, a copy of a strided operand)."""
+    if ws is None:
+        return None
+    run = _site(x, w, out, (strides, pads, dilation, groups), ws, epilogue).run
+    step = getattr(run, "step", None)
+    return None if step is None else step(x, w, out, epilogue)
+
+
+def _site(x, w, out, params, ws, epilogue):
+    """The :class:`_Site` of this call in workspace ``ws`` (made if new)."""
+    site = ws.sites.get((id(w), id(out)))
+    if site is None or not site.takes(x, w, out, params, epilogue):
+        site = _Site.make(ws, x, w, out, params, epilogue)
+    return site
 
 
 class _Site:
@@ -364,6 +380,19 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
                                                            act))
             apart[0](x, w, out, None)
             apart[1](out, bias, final)
+
+        def step(x, w, out, epilogue):
+            final, bias = epilogue[0], epilogue[1]
+            if one is not None:
+                return _step_of(one, x, w, final, bias)
+            if near is not None:
+                return _step_of(near, x, w, out, final, bias)
+            if not apart:
+                run(x, w, out, epilogue)   # (chooses the two parts)
+            first, then = _step_of(apart[0], x, w, out, None), _step_of(apart[1], out,
+                                                                         bias, final)
+            return None if first is None or then is None else first + then
+        run.step = step
         return run
     if _pointwise(w.shape[2:], strides, pads, groups, x, w, out):
         fns = _fixed(ws, pointwise)
@@ -375,16 +404,44 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
             if one is None or not one(x, w, out, None):
                 # one product per image on its (C, P) view: no copy of x or of the result
                 np.matmul(w.reshape(K, -1), _flat(x), out=_into(out, (B, K, -1)))
+        def step(x, w, out, epilogue):
+            if one is not None:
+                return _step_of(one, x, w, out, None)
+            views = (_view(w, (K, -1)), _view(x, x.shape[:2] + (-1,)),
+                     _view(out, (B, K, -1)))
+            return None if any(v is None for v in views) else [(np.matmul, views, None)]
+        run.step = step
         return run
     if _patches(x, w, out, strides, pads, dilation, groups):
         return lambda x, w, out, epilogue: _patch_product(x, w, out, ws)
     fns = _direct(x, w, out, w.shape[1], w.shape[2:], pads, ws)
     if fns:
         near = dk.prepared_forward(fns, x, w, out, strides, pads, dilation, groups)
-        return lambda x, w, out, epilogue: near(x, w, out, None, None)
+
+        def run(x, w, out, epilogue):
+            near(x, w, out, None, None)
+        run.step = lambda x, w, out, epilogue: _step_of(near, x, w, out, None, None)
+        return run
     cols = _columns(x, w, out, strides, pads, dilation, groups, ws, None)
     return lambda x, w, out, epilogue: (cols is not None and cols(x, w, out, out, None)) \
         or _im2col_forward(x, w, out, strides, pads, dilation, groups, ws)
+
+
+def _step_of(prepared, *arrays):
+    """The steps of a prepared callable (its ``step``) for ``arrays``, or None where it
+    has none."""
+    step = getattr(prepared, "step", None)
+    return None if step is None else step(*arrays)
+
+
+def _view(a, shape):
+    """A view of ``a`` with ``shape``, or None where that takes a copy."""
+    v = a.view()
+    try:
+        v.shape = shape
+    except AttributeError:
+        return None
+    return v
 
 
 def _columns(x, w, out, strides, pads, dilation, groups, ws, epilogue):
@@ -641,8 +698,8 @@ def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
         np.copyto(out, t, where=mask)
 
 
-NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_grad_data=conv_grad_data,
-                     _conv_grad_filter=conv_grad_filter, _max_pool=max_pool,
+NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_step=conv_step,
+                     _conv_grad_data=conv_grad_data, _conv_grad_filter=conv_grad_filter, _max_pool=max_pool,
                      _max_pool_grad=max_pool_grad, _max_pool_gather=max_pool_gather)
 
 _CONV_FN = {cv.Conv: "_conv_forward", cv.ConvGradData: "_conv_grad_data",

@@ -692,10 +692,14 @@ def prepared_forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=N
     which holds no array (``final`` and ``bias`` None without an epilogue)."""
     plan = _plan(fns, "forward", x.shape, w.shape, out.shape, strides, pads, dilation,
                  groups, out.dtype)
+    one = plan[6] < PARALLEL_WORK or fusion.MAX_THREADS < 2 or plan[5] < 2  # one call
     if epilogue is None:
         def run(x, w, out, final, bias):
             _run(plan, (np.ascontiguousarray(x), np.ascontiguousarray(w), out))
             return True
+        if one:
+            run.step = lambda x, w, out, final, bias: _step(
+                plan, plan[2], (x, w, out), (), run)
         return run
     final, bias, lo, hi, act = epilogue
     if not (final.dtype == bias.dtype == out.dtype and final.shape == out.shape
@@ -716,7 +720,17 @@ def prepared_forward(fns, x, w, out, strides, pads, dilation, groups, epilogue=N
         if status == 1:
             raise MemoryError("no memory for the scratch of a convolution kernel")
         return status != 2
+    run.step = lambda x, w, out, final, bias: _step(plan, fn, (x, w, out, final, bias),
+                                                     extra, run)
     return run
+
+
+def _step(plan, fn, arrays, extra, keep):
+    """The steps (segments.py) of ``fn``'s one call over the plan's items, or None
+    where x or w are not contiguous (the call copies them)."""
+    if not (arrays[0].flags.c_contiguous and arrays[1].flags.c_contiguous):
+        return None
+    return [(fn, (arrays, plan[4], 0, plan[5]) + extra, keep)]
 
 
 def grad_data(fns, dy, w, out, strides, pads, dilation, groups):

@@ -25,7 +25,7 @@ from geon.op_graph.specialize import probe_binding
 from geon.op_graph.symbols import Sym, evaluate
 from geon.transformers.codegen_text import RESERVED, comment, identifier, py_literal
 from geon.transformers.fusion import find_groups
-from geon.transformers.numpy import blas, c_scan, epilogues
+from geon.transformers.numpy import blas, c_scan, epilogues, segments
 from geon.transformers.numpy import rows as row_passes
 from geon.transformers.numpy import compiled as compiled_kernels
 from geon.transformers.numpy.control import subgraph_computations
@@ -576,6 +576,8 @@ class ModuleEmitter:
         if not self.t.nested and any(_PARALLEL.search(ln) for ln in body):
             cap = blas.blas_threads_cap(comp.largest_product)  # 1: one BLAS thread
             src.append(f"        _threads({cap or ''})")
+        body, defs = segments.split(body, params, self.kernels,  # runs of calls, from C
+                                    not (self.sym or self.check or self.compiled is False))
         if self.check:
             src.append("        with _quiet():")
             src.extend("        " + ln for ln in body)
@@ -583,7 +585,7 @@ class ModuleEmitter:
             src.extend("    " + ln for ln in body)
         src.append("    finally:")
         src.append("        _release()")
-        return src + self.step_source(params, returns)
+        return src + defs + self.step_source(params, returns)
 
     def step_source(self, params, returns):
         """A loop body's ``step()``: run() without its checks and lock, for the steps

@@ -661,6 +661,10 @@ def prepared_conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clam
         if status == 1:
             raise MemoryError("no memory for the columns of a 1 x 1 convolution")
         return status == 0
+    if threads < 2:   # one call: a step (segments.py)
+        run.step = lambda x, w, out, bias: [(
+            fn, ((x, w, out) if bias is None else (x, w, out, bias), n, geo, lo, hi, code,
+                 0, K, wide), run)]
     return run
 
 
@@ -699,6 +703,7 @@ def prepared_bias_clamp(fns, y, bias, lo, hi, out, act="clamp"):
         def run(y, bias, out, _held=held):
             if fn(((y, bias, out), geo, lo, hi, code)) != 0:
                 _numpy_bias_clamp(y, bias, lo, hi, out, act)
+        run.step = lambda y, bias, out: [(fn, ((y, bias, out), geo, lo, hi, code), run)]
         return run
     return lambda y, bias, out: _numpy_bias_clamp(y, bias, lo, hi, out, act)
 

@@ -1,0 +1,315 @@
+"""Runs of a computation's lines called from C.
+
+A generated ``run()`` is a list of calls; in a small-image CNN most are calls of C
+kernels (a convolution, a compiled group) that take a few microseconds each. The Python
+between them costs as much again: each convolution line looks up its call site, checks
+its arrays and builds the kernel's argument tuple, and every call goes through
+:mod:`ctypes`. Measured on MobileNet-v2 at batch 2 (one thread; 77 calls a forward):
+the forward took 1.74 ms, the same kernels called back to back from a list of their
+argument tuples 1.47 ms, and the forward's Python alone (every kernel made a no-op)
+0.11 ms. The difference beyond the Python's own time is what the Python's memory
+traffic costs the kernels: each layer's code and objects come back into the caches
+after the previous layer's data evicted them.
+
+So the emitter (:func:`split`) finds the runs of lines that read only the module's own
+arrays (arenas, variables, constants and their views, made once by ``setup()``), not the
+feeds nor anything ``run()`` binds, and turns each run of at least :data:`MIN_STEPS`
+lines that can be C calls into a :class:`Segment`. The first call of a segment (and
+the first after geon's thread count changed) asks each line for its *step*: the C entry
+it would call and that entry's argument tuple, made once for these arrays (a line's
+``maker``: :func:`c_step` for a compiled group, ``conv.conv_step`` for a convolution),
+or None: then the line itself is the step, a Python callable. Every later call hands
+the list to :data:`SOURCE`'s ``geon_steps``, one C loop that calls each entry by its
+address and each Python step through ``PyObject_CallObject``.
+
+An entry that returns nonzero (a kernel that refuses its arrays: they overlap, or it
+found no memory) has written nothing; the loop stops there and the line runs again as
+Python, which takes the slow way or raises the error, and the loop goes on after it.
+Without a C compiler (or with ``GEON_COMPILED=0``) a segment calls its lines one after
+another.
+"""
+
+import ast
+import ctypes
+import functools
+
+import numpy as np
+
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled
+from geon.transformers.numpy.code_table import NUMPY_GLOBALS
+
+#: A run of lines becomes a segment where at least this many of them can be C entries
+#: (a run of NumPy calls alone gains nothing).
+MIN_STEPS = 2
+
+#: Whether the emitter makes segments (False: every line in run(), as Python).
+ENABLED = True
+
+SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+extern void *PyTuple_GetItem(void *tuple, ptrdiff_t k);
+extern long long PyLong_AsLongLong(void *obj);
+extern void *PyObject_Call(void *callable, void *args, void *kwargs);
+extern void Py_DecRef(void *obj);
+extern void *PyErr_Occurred(void);
+typedef int (*geon_entry)(void *);
+
+/* t = (address of the int64 table of entries, count, items, first step). Step k is
+   entry table[k] called with items[k] (one tuple), or, where table[k] is 0, the
+   callable items[k][0] called with the tuple items[k][1]. Returns 0 once every step
+   ran; k + 1 where entry k returned nonzero without a Python error (nothing after it
+   ran); -1 with a Python error set (ctypes raises it). */
+int geon_steps(void *t) {
+    void *const o_table = PyTuple_GetItem(t, 0), *const o_n = PyTuple_GetItem(t, 1);
+    void *const items = PyTuple_GetItem(t, 2), *const o_first = PyTuple_GetItem(t, 3);
+    if (!o_table || !o_n || !items || !o_first) return -1;
+    const int64_t *const table = (const int64_t *)(intptr_t)PyLong_AsLongLong(o_table);
+    const long long n = PyLong_AsLongLong(o_n), first = PyLong_AsLongLong(o_first);
+    if (PyErr_Occurred()) return -1;
+    for (long long k = first; k < n; k++) {
+        void *const item = PyTuple_GetItem(items, k);
+        if (!item) return -1;
+        if (table[k]) {
+            const int status = ((geon_entry)(intptr_t)table[k])(item);
+            if (PyErr_Occurred()) return -1;
+            if (status) return (int)(k + 1);
+        } else {
+            void *const f = PyTuple_GetItem(item, 0), *const a = PyTuple_GetItem(item, 1);
+            void *const r = f && a ? PyObject_Call(f, a, NULL) : NULL;
+            if (!r) return -1;
+            Py_DecRef(r);
+        }
+    }
+    return 0;
+}
+"""
+
+_loaded = {}  # (CC, cache folder) -> the runner, or None
+
+
+def runner():
+    """The ctypes function ``geon_steps``, or None where the compiled path is off or
+    cannot run here."""
+    return compiled.fixed_library(
+        _loaded, "runner of compiled steps", lambda: SOURCE, ["geon_steps"],
+        lambda lib: ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)(("geon_steps", lib)))
+
+
+def address(fn):
+    """The address of the C function behind the ctypes function ``fn``."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def c_step(fn, args):
+    """The steps of a line ``fn(args)`` calling a C entry (a compiled group)."""
+    return [(fn, args, None)]
+
+
+def np_step(fn, args, out=None):
+    """The steps of a line calling the NumPy function ``fn`` with ``args`` (and ``out``
+    by keyword)."""
+    return [(fn if out is None else functools.partial(fn, out=out), args, None)]
+
+
+def is_entry(fn):
+    """Whether ``fn`` is a C entry (a ctypes function taking one tuple)."""
+    return isinstance(fn, ctypes._CFuncPtr)
+
+
+class Segment:
+    """A run of lines of a generated ``run()`` (see the module's text): ``lines``, each
+    a callable of no arguments running one line, and ``makers``, for each line None or
+    a callable of no arguments giving its steps or None. A step is ``(fn, args,
+    keep)``: a C entry (:func:`is_entry`) and its one tuple, or a Python callable and
+    the tuple of its arguments; ``keep``: what must live while the step may run. A
+    line of several steps must be one that can run again from its start (its results
+    do not overlap what it reads), as it does where one of its entries refuses.
+
+    A module's segments are made with it; ``setup()`` makes its arrays once per
+    module (a computation's ``_allocate`` runs a new module)."""
+
+    __slots__ = ("lines", "makers", "threads", "call", "owner", "keep")
+
+    def __init__(self, lines, makers):
+        self.lines, self.makers = lines, makers
+        self.threads = None
+
+    def __call__(self):
+        if self.threads != fusion.MAX_THREADS:
+            self._build()
+        call = self.call
+        if call is None:
+            for line in self.lines:
+                line()
+            return
+        run, n, table, items = call
+        k = run((table, n, items, 0))
+        while k:   # an entry refused its arrays: its line the Python way, then on
+            line, after = self.owner[k - 1]
+            self.lines[line]()
+            k = run((table, n, items, after)) if after < n else 0
+
+    def _build(self):
+        run = runner()
+        self.threads = fusion.MAX_THREADS
+        if run is None:
+            self.call = None
+            return
+        entries, items, lines, keep = [], [], [], []
+        for k, (line, make) in enumerate(zip(self.lines, self.makers)):
+            steps = None if make is None else make()
+            for fn, args, held in steps or [(line, (), None)]:
+                entry = is_entry(fn)
+                entries.append(address(fn) if entry else 0)
+                items.append(args if entry else (fn, args))
+                lines.append(k)
+                keep.append(held)
+        n = len(items)
+        # for each step: its line, and the first step of the next line
+        owner, after = [None] * n, n
+        for j in range(n - 1, -1, -1):
+            if j + 1 < n and lines[j + 1] != lines[j]:
+                after = j + 1
+            owner[j] = (lines[j], after)
+        self.owner = owner
+        table = np.array(entries, np.int64)
+        keep.append(table)
+        self.keep = keep
+        self.call = (run, n, table.ctypes.data, tuple(items))
+
+
+NUMPY_GLOBALS.update(_Segment=Segment, _c_step=c_step, _np_step=np_step)
+
+
+# --- finding the segments in the generated lines ---------------------------------------
+
+def split(body, params, kernels, wanted=True, prefix="_seg"):
+    """``(body, definitions)``: the lines of a ``run()`` (each indented by 4; ``params``
+    its parameters) with the runs of lines that read only module-level names replaced
+    by a call of a segment, and the module-level lines defining the segments (none
+    unless ``wanted`` and :data:`ENABLED`). ``kernels``: the computation's compiled
+    groups (:class:`.c_codegen.Kernels`), or None."""
+    if not (wanted and ENABLED):
+        return body, []
+    makers = {"_conv_forward": lambda head, args: "_conv_step" + args}
+    for name, _ in (kernels.names if kernels else ()):
+        makers[name] = lambda head, args: f"_c_step({head}, {args[1:-1]})"
+    try:
+        tree = ast.parse("def run(" + ", ".join(params) + "):\n" + "\n".join(body)
+                         + "\n    pass")
+    except SyntaxError:   # (text that bypassed codegen_text: check_lines reports it)
+        return body, []
+    fn = tree.body[0]
+    local = set(params)
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            local.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node is not fn:
+            local.add(node.name)
+        elif isinstance(node, ast.Global):
+            local.update(node.names)
+    steps = {}   # index of a body line -> (its call's text, its maker's text or None)
+    for stmt in fn.body:
+        k = stmt.lineno - 2
+        if stmt.end_lineno != stmt.lineno or not _reads_only_globals(stmt, local):
+            continue
+        call, line = stmt.value, body[k]
+        head = line[call.func.col_offset:call.func.end_col_offset]
+        text = line[call.col_offset:call.end_col_offset]
+        make = makers.get(head)
+        maker = make(head, text[len(head):]) if make is not None \
+            else _numpy_maker(call, head, text[len(head):])
+        steps[k] = (text, maker, line[call.end_col_offset:].strip())
+    out, defs, run = [], [], []   # run: the body's indices of the current run's calls
+
+    def close(end):
+        if run and sum(steps[k][1] is not None and not steps[k][1].startswith("_np_step")
+                       for k in run) >= MIN_STEPS:
+            name = f"{prefix}{len(defs)}"
+            out.append(f"    {name}()   # {len(run)} lines as one run (see {name} below)")
+            defs.append(_definition(name, [steps.get(k, body[k]) for k in range(
+                run[0], run[-1] + 1)]))
+            out.extend(body[run[-1] + 1:end])
+        elif run:
+            out.extend(body[run[0]:end])
+        run.clear()
+
+    for k, line in enumerate(body):
+        if k in steps:
+            run.append(k)
+        elif _code(line):
+            close(k)
+            out.append(line)
+        elif not run:
+            out.append(line)
+    close(len(body))
+    return out, [ln for d in defs for ln in d]
+
+
+def _numpy_maker(call, head, args):
+    """The maker's text of a call of a NumPy function (``np.add(a, b, out)``,
+    ``np.matmul(a, b, out=c)``) whose arguments are names, constants, attributes,
+    slices and tuples of them (the same objects, or views of the same memory, at every
+    call); else None."""
+    if not head.startswith("np.") or any(k.arg != "out" for k in call.keywords) \
+            or not all(_simple(a) for a in call.args + [k.value for k in call.keywords]):
+        return None
+    out = next((k.value for k in call.keywords), None)
+    tail = "" if out is None else f", out={ast.unparse(out)}"
+    return f"_np_step({head}, ({''.join(ast.unparse(a) + ', ' for a in call.args)}){tail})"
+
+
+def _simple(node):
+    """Whether the expression ``node`` names a fixed object or a view (see above)."""
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _simple(node.value)
+    if isinstance(node, ast.Subscript):
+        return _simple(node.value) and _simple(node.slice)
+    if isinstance(node, ast.Slice):
+        return all(p is None or _simple(p) for p in (node.lower, node.upper, node.step))
+    if isinstance(node, ast.Tuple):
+        return all(_simple(e) for e in node.elts)
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
+        and isinstance(node.operand, ast.Constant)
+
+
+def _code(line):
+    """Whether ``line`` holds code (not only a comment or blank)."""
+    s = line.strip()
+    return bool(s) and not s.startswith("#")
+
+
+def _reads_only_globals(stmt, local):
+    """Whether ``stmt`` is one call that binds nothing and reads no name of ``local``
+    (the lambdas' own parameters aside)."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    own = set()
+    for node in ast.walk(stmt):
+        if isinstance(node, (ast.NamedExpr, ast.Yield, ast.YieldFrom, ast.Await,
+                             ast.comprehension)):
+            return False
+        if isinstance(node, ast.Lambda):
+            own.update(a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg))
+    return not any(isinstance(node, ast.Name) and node.id in local and node.id not in own
+                   for node in ast.walk(stmt))
+
+
+def _definition(name, lines):
+    """The module-level lines defining segment ``name`` of ``lines``: for each line of
+    the run, its step ``(call's text, maker's text or None, the line's comment)``, or
+    the line itself (a comment)."""
+    calls, makers = [], []
+    for ln in lines:
+        if isinstance(ln, str):
+            calls.append("    " + ln.strip())
+            continue
+        text, maker, rest = ln
+        calls.append(f"    lambda: {text},{'  ' + rest if rest else ''}")
+        makers.append("    None," if maker is None else f"    lambda: {maker},")
+    return [f"# {name}: run() calls these lines as one run (geon's segments.py)",
+            f"{name} = _Segment(("] + calls + ["), ("] + makers + ["))"]

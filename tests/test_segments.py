@@ -1,0 +1,260 @@
+"""Runs of a generated run()'s lines called from C (geon/transformers/numpy/segments.py):
+which lines the emitter gathers, the values of whole computations with and without
+segments, and the runner's contract: an entry that refuses its arrays sends its line
+back to Python and the run goes on after it; errors propagate; a new thread count
+makes the steps again; without the runner the lines run as Python."""
+
+import ctypes
+import warnings
+
+import numpy as np
+import pytest
+
+import geon as be
+from geon.transformers import fusion
+from geon.transformers.numpy import compiled as ck
+from geon.transformers.numpy import segments, toolchain
+
+needs_cc = pytest.mark.skipif(not ck.available(),
+                              reason="no working C compiler for the C kernels")
+
+
+def _block(x, c, rng, dtype, stride=1):
+    """A MobileNet-v2 block: 1 x 1 expansion (bias, ReLU6), 3 x 3 depthwise (bias,
+    ReLU6), 1 x 1 projection (bias), and the residual where the shapes allow."""
+    def var(*shape):
+        return be.np.variable((rng.standard_normal(shape) * 0.3).astype(dtype))
+
+    def bias(k):
+        return be.np.reshape(var(k), (k, 1, 1))
+
+    def relu6(v):
+        return be.np.minimum(be.np.maximum(v, 0.0), 6.0)
+    e = 4 * c
+    h = relu6(be.np.conv(x, var(e, c, 1, 1)) + bias(e))
+    h = relu6(be.np.conv(h, var(e, 1, 3, 3), stride=stride, padding=1, groups=e) + bias(e))
+    y = be.np.conv(h, var(c, e, 1, 1)) + bias(c)
+    return y + x if stride == 1 else y
+
+
+def _model(dtype, B=2, C=16, S=8):
+    rng = np.random.default_rng(0)
+    x = be.np.placeholder((B, C, S, S), dtype=dtype)
+    h = _block(x, C, rng, dtype)
+    h = _block(h, C, rng, dtype)
+    h = _block(h, C, rng, dtype, stride=2)
+    return x, be.np.sum(h * h, axis=(2, 3))
+
+
+def _computation(dtype, on, monkeypatch, **kw):
+    monkeypatch.setattr(segments, "ENABLED", on)
+    x, z = _model(dtype)
+    return be.NumPyTransformer(**kw).computation(z, x)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_values_as_without_segments(dtype, monkeypatch):
+    feed = np.random.default_rng(1).standard_normal((2, 16, 8, 8)).astype(dtype)
+    off = _computation(dtype, False, monkeypatch)
+    on = _computation(dtype, True, monkeypatch)
+    assert "_seg0()" in on._source and "_Segment" not in off._source
+    want = off(feed).copy()
+    for _ in range(3):   # the first call makes the steps, the next ones run them
+        np.testing.assert_array_equal(on(feed), want)
+    # the convolutions and the compiled group: C entries (the first residual add reads
+    # the feed: two segments)
+    assert _entries(on, "_seg0") + _entries(on, "_seg1") >= 8
+    # a new feed: the first convolution reads it outside the segment
+    feed2 = feed[::-1].copy()
+    np.testing.assert_array_equal(on(feed2), off(feed2))
+
+
+def _entries(comp, name):
+    """How many of segment ``name``'s steps are C entries."""
+    _, n, table, _ = comp._ns[name].call
+    return int(np.count_nonzero(np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(
+        table))))
+
+
+@needs_cc
+def test_a_new_thread_count_makes_the_steps_again(monkeypatch):
+    comp = _computation(np.float32, True, monkeypatch)
+    feed = np.ones((2, 16, 8, 8), np.float32)
+    want = comp(feed).copy()
+    seg = comp._ns["_seg0"]
+    first = seg.call
+    monkeypatch.setattr(fusion, "MAX_THREADS", fusion.MAX_THREADS + 1)
+    np.testing.assert_array_equal(comp(feed), want)
+    assert seg.threads == fusion.MAX_THREADS and seg.call is not first
+
+
+def test_without_the_runner_the_lines_run_as_python(monkeypatch):
+    monkeypatch.setattr(segments, "runner", lambda: None)
+    comp = _computation(np.float64, True, monkeypatch)
+    feed = np.random.default_rng(2).standard_normal((2, 16, 8, 8))
+    want = _computation(np.float64, False, monkeypatch)(feed)
+    np.testing.assert_array_equal(comp(feed), want)
+    assert comp._ns["_seg0"].call is None
+
+
+# --- the runner's contract, on entries of our own --------------------------------------
+
+_ENTRIES = r"""
+extern void *PyTuple_GetItem(void *tuple, long k);
+extern long long PyLong_AsLongLong(void *obj);
+extern void *PyErr_Occurred(void);
+extern void PyErr_SetString(void *type, const char *message);
+extern void *PyExc_ValueError;
+/* adds its number to the log (a list's length as the count): args = (log, number) */
+extern int PyList_Append(void *list, void *item);
+int seg_test_log(void *args) {
+    return PyList_Append(PyTuple_GetItem(args, 0), PyTuple_GetItem(args, 1)) ? -1 : 0;
+}
+/* refuses: returns its second item's value (nonzero) without writing anything */
+int seg_test_refuse(void *args) {
+    return (int)PyLong_AsLongLong(PyTuple_GetItem(args, 1));
+}
+int seg_test_fail(void *args) {
+    PyErr_SetString(PyExc_ValueError, "the entry failed");
+    return -1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def entries():
+    if segments.runner() is None:
+        pytest.skip("no working C compiler for the runner")
+    lib = toolchain.build(_ENTRIES, ["seg_test_log", "seg_test_refuse", "seg_test_fail"])
+    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
+    return {n: proto((f"seg_test_{n}", lib)) for n in ("log", "refuse", "fail")}
+
+
+def _segment(entries, log, plan):
+    """A segment of one line per item of ``plan``: "c" (an entry logging the line's
+    number), "py" (a Python step logging it), "refuse" (an entry refusing), "cc" (two
+    entries: one logging, then one refusing); each line's Python logs "<number>py"."""
+    lines, makers = [], []
+    for k, kind in enumerate(plan):
+        lines.append(lambda k=k: log.append(f"{k}py"))
+        if kind == "c":
+            makers.append(lambda k=k: [(entries["log"], (log, k), None)])
+        elif kind == "py":
+            makers.append(lambda k=k: [(log.append, (k,), None)])
+        elif kind == "refuse":
+            makers.append(lambda: [(entries["refuse"], ((), 2), None)])
+        else:
+            makers.append(lambda k=k: [(entries["log"], (log, k), None),
+                                       (entries["refuse"], ((), 2), None)])
+    return segments.Segment(tuple(lines), tuple(makers))
+
+
+def test_steps_run_in_order_and_a_refusal_runs_its_line_as_python(entries):
+    log = []
+    seg = _segment(entries, log, ["c", "refuse", "py", "cc", "c"])
+    seg()
+    assert log == [0, "1py", 2, 3, "3py", 4]
+    log.clear()
+    seg()
+    assert log == [0, "1py", 2, 3, "3py", 4]
+
+
+def test_a_refusal_at_the_last_step(entries):
+    log = []
+    _segment(entries, log, ["c", "refuse"])()
+    assert log == [0, "1py"]
+
+
+def test_errors_propagate_and_stop_the_run(entries):
+    log = []
+    seg = _segment(entries, log, ["c", "c", "c"])
+    seg.makers = (seg.makers[0], lambda: [(entries["fail"], (), None)], seg.makers[2])
+    with pytest.raises(ValueError, match="the entry failed"):
+        seg()
+    assert log == [0]
+    log.clear()
+
+    def boom():
+        raise KeyError("python step")
+    seg = _segment(entries, log, ["c", "c"])
+    seg.makers = (lambda: [(boom, (), None)], seg.makers[1])
+    with pytest.raises(KeyError, match="python step"):
+        seg()
+    assert log == []
+
+
+def test_an_entry_with_arguments_of_the_wrong_kind(entries):
+    log = []
+    seg = _segment(entries, log, ["refuse"])
+    seg.makers = (lambda: [(entries["refuse"], ((), "two"), None)],)
+    with pytest.raises(TypeError):
+        seg()
+
+
+# --- which lines the emitter gathers --------------------------------------------------
+
+def _split(body, params=("x",)):
+    class Kernels:
+        names = [("kernel1", "geon_group1")]
+    return segments.split(["    " + ln for ln in body], list(params), Kernels())
+
+
+def test_split_gathers_runs_of_lines_that_read_only_module_names():
+    body = ["_conv_forward(x, w0, a0, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, _conv_ws)",
+            "# a comment before the run",
+            "kernel1(((a0, b0, a1, ), 0, 64))",
+            "# a comment inside the run",
+            "np.add(a1, c0, a2)   # Add, File \"m.py\", line 3",
+            "_conv_forward(a2, w1, a3, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, _conv_ws)",
+            "t = _empty((2, 3), _rdt0)",
+            "np.add(a3, c0, t)",
+            "_r = t"]
+    out, defs = _split(body)
+    src = "\n".join(defs)
+    # the first line reads the feed x and the last two a local: outside the run
+    assert out[0].strip().startswith("_conv_forward(x,") and out[1].strip() == body[1]
+    assert out[2].strip().startswith("_seg0()")
+    assert [ln.strip() for ln in out[3:]] == body[6:]
+    assert "lambda: _conv_step(a2, w1, a3," in src
+    assert "lambda: _c_step(kernel1, ((a0, b0, a1, ), 0, 64))," in src
+    assert "lambda: _np_step(np.add, (a1, c0, a2, ))," in src
+    assert "# a comment inside the run" in src
+    compile("\n".join(defs), "<test>", "exec")
+
+
+def test_split_leaves_short_runs_and_dynamic_arguments_alone():
+    # one line that can be a C entry: no segment
+    body = ["_conv_forward(a2, w1, a3, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, _conv_ws)",
+            "np.add(a3, f(c0), a4)", "np.add(a3, c0, a4)"]
+    assert _split(body) == (["    " + ln for ln in body], [])
+    # a NumPy call whose argument is computed at each call is a line of Python
+    body = ["kernel1(((a0, b0, a1, ), 0, 64))", "np.add(a1, f(c0), a2)",
+            "kernel1(((a0, b0, a1, ), 0, 64))", "np.multiply(a1, a1, out=a2)",
+            "np.matmul(a1, a1, out=a2, casting='unsafe')"]
+    src = "\n".join(_split(body)[1])
+    assert "    None," in src and "_np_step(np.multiply, (a1, a1, ), out=a2)" in src
+    assert src.count("    None,") == 2
+
+
+def test_split_keeps_lines_that_bind_or_read_locals_in_run():
+    body = ["kernel1(((a0, b0, a1, ), 0, 64))", "kernel1(((a0, b0, a1, ), 0, 64))",
+            "n = len(a0)", "kernel1(((a0, b0, a1, ), 0, n))",
+            "_run_blocks(lambda _lo, _hi: kernel1(((a0, b0, a1, ), _lo, _hi)), 64, 8,"
+            " ((),) * 2)",
+            "kernel1(((a0, b0, a1, ), 0, 64))", "kernel1(((a0, b0, a1, ), 0, 64))"]
+    out, defs = _split(body)
+    assert out[0].strip().startswith("_seg0()") and out[1].strip() == "n = len(a0)"
+    assert out[2].strip() == body[3]
+    # the lambda's own parameters are not the run's locals
+    assert out[3].strip().startswith("_seg1()") and len(out) == 4
+    assert "lambda: _run_blocks(lambda _lo, _hi:" in "\n".join(defs)
+
+
+def test_numpy_step_out_keyword():
+    a, b, out = np.array([1.0, 5.0]), np.array([3.0, 2.0]), np.empty(2)
+    (fn, args, _), = segments.np_step(np.maximum, (a, b), out=out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (NumPy deprecates out by position here)
+        assert fn(*args) is out
+    np.testing.assert_array_equal(out, [3.0, 5.0])
