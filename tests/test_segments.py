@@ -258,3 +258,47 @@ def test_numpy_step_out_keyword():
         warnings.simplefilter("error")   # (NumPy deprecates out by position here)
         assert fn(*args) is out
     np.testing.assert_array_equal(out, [3.0, 5.0])
+
+
+# --- the copy entry ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def copy():
+    lib = segments._library()
+    if lib is None:
+        pytest.skip("no working C compiler for the runner")
+    return lib["copy"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.complex128, bool])
+def test_copy_entry_through_any_strides(copy, dtype):
+    rng = np.random.default_rng(3)
+    base = (rng.standard_normal((4, 6, 5, 8)) * 10).astype(dtype)
+    sources = [base, base.transpose(2, 0, 3, 1), base[:, ::-2, 1:4], base[::-1, :, :, ::3],
+               base[1:2, 3:4], base[:0], base[2, 1, 3, 4], base.transpose(3, 1, 0, 2)[::2]]
+    for src in sources:
+        for dst in (np.empty(src.shape, dtype), np.empty(src.shape[::-1], dtype).T):
+            dst[...] = 0
+            assert copy(((dst, src),)) == 0
+            np.testing.assert_array_equal(dst, src)
+
+
+def test_copy_entry_refuses_what_it_cannot_copy(copy):
+    a = np.arange(24.0).reshape(4, 6)
+    for dst, src in ((a[:, 1:], a[:, :-1]),                     # overlapping
+                     (np.empty((6, 4)), a),                       # shapes differ
+                     (np.empty((4, 6), np.float32), a),          # item sizes differ
+                     (np.empty((1,) * 9), np.ones((1,) * 9))):   # over 8 dimensions
+        before = dst.copy()
+        assert copy(((dst, src),)) == 2
+        np.testing.assert_array_equal(dst, before)
+    with pytest.raises(ValueError, match="read-only"):   # the buffer's own error
+        copy(((np.frombuffer(b"\0" * 24), np.ones(3)),))
+
+
+def test_copy_steps_of_copyto_lines(copy):
+    dst, src = np.empty((3, 4)), np.arange(12.0).reshape(4, 3).T
+    (fn, args, _), = segments.np_step(np.copyto, (dst, src))
+    assert fn is copy
+    (fn, _, _), = segments.np_step(np.copyto, (dst, src[0]))   # broadcast: NumPy's
+    assert fn is np.copyto

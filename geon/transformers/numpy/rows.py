@@ -47,6 +47,9 @@ from geon.transformers.numpy.code_table import NUMPY_GLOBALS
 
 #: Elements from which a call splits its rows over geon's threads.
 PARALLEL_ELEMENTS = 1 << 17
+#: Elements from which a call lets go of the GIL while it computes (below, letting go
+#: and taking it back cost more than the rows: an attention's scores are a few K).
+GIL_ELEMENTS = 1 << 15
 
 _TEMPLATE = r"""
 /* rows lo..hi of x (R, L) into y: exp(x - max) / sum, a NaN made 0 where zero_nan;
@@ -96,20 +99,23 @@ static void softmax_rows_SUF(const REAL *x, REAL *y, int64_t L, int64_t lo,
     }
 }
 
-/* arrays (x, y), C-contiguous, y writable: rows lo..hi (of L elements). 0: done;
-   2: y overlaps x other than exactly (nothing written); -1: a Python error set */
-int geon_softmax_rows_SUF(void *arrays, int64_t L, int64_t lo, int64_t hi,
-                          int64_t zero_nan) {
+/* args ((x, y), L, lo, hi, zero_nan), x and y C-contiguous, y writable: rows lo..hi
+   (of L elements). 0: done; 2: y overlaps x other than exactly (nothing written); -1:
+   a Python error set. The GIL is let go from GIL_ELEMENTS elements. */
+int geon_softmax_rows_SUF(void *args) {
     static const int flags[2] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS | GEON_WRITABLE};
+    long long iv[4];
     geon_buffer v[2];
-    if (!geon_acquire(v, arrays, flags, 2)) return -1;
+    if (!geon_args(args, "iiii", iv, NULL)) return -1;
+    const int64_t L = iv[0], lo = iv[1], hi = iv[2];
+    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 2)) return -1;
     const char *const x = v[0].buf, *const y = v[1].buf;
     int status = 0;
     if (x != y && x < y + v[1].len && y < x + v[0].len) status = 2;
     else if (L > 0) {
-        void *const state = PyEval_SaveThread();
-        softmax_rows_SUF((const REAL *)x, (REAL *)y, L, lo, hi, (int)zero_nan);
-        PyEval_RestoreThread(state);
+        void *const state = (hi - lo) * L >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
+        softmax_rows_SUF((const REAL *)x, (REAL *)y, L, lo, hi, (int)iv[3]);
+        if (state) PyEval_RestoreThread(state);
     }
     geon_release(v, 2);
     return status;
@@ -139,13 +145,17 @@ static void ln_stats_SUF(const REAL *x, REAL *d, REAL *inv, int64_t L, REAL eps,
     }
 }
 
-/* arrays (x, d, inv), C-contiguous, d and inv writable. 0: done; 2: an overlap the
-   loop cannot take (nothing written); -1: a Python error set */
-int geon_ln_stats_SUF(void *arrays, int64_t L, double eps, int64_t lo, int64_t hi) {
+/* args ((x, d, inv), L, eps, lo, hi), C-contiguous, d and inv writable. 0: done; 2:
+   an overlap the loop cannot take (nothing written); -1: a Python error set */
+int geon_ln_stats_SUF(void *args) {
     static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS | GEON_WRITABLE,
                                  GEON_CONTIGUOUS | GEON_WRITABLE};
+    long long iv[3];
+    double eps;
     geon_buffer v[3];
-    if (!geon_acquire(v, arrays, flags, 3)) return -1;
+    if (!geon_args(args, "idii", iv, &eps)) return -1;
+    const int64_t L = iv[0], lo = iv[1], hi = iv[2];
+    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1;
     const char *const x = v[0].buf, *const d = v[1].buf, *const inv = v[2].buf;
     int status = 0;
 #define GEON_OVERLAP(a, b, na, nb) ((a) < (b) + (nb) && (b) < (a) + (na))
@@ -154,9 +164,9 @@ int geon_ln_stats_SUF(void *arrays, int64_t L, double eps, int64_t lo, int64_t h
             || GEON_OVERLAP(d, inv, v[1].len, v[2].len)) status = 2;
 #undef GEON_OVERLAP
     else if (L > 0) {
-        void *const state = PyEval_SaveThread();
+        void *const state = (hi - lo) * L >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
         ln_stats_SUF((const REAL *)x, (REAL *)d, (REAL *)inv, L, (REAL)eps, lo, hi);
-        PyEval_RestoreThread(state);
+        if (state) PyEval_RestoreThread(state);
     }
     geon_release(v, 3);
     return status;
@@ -170,7 +180,8 @@ _TYPES = {np.dtype(np.float32): ("float", "f32", "geon_max_f", "expf"),
 def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
-            + toolchain.BUFFER_API + toolchain.MINMAX)
+            f"#define GIL_ELEMENTS {GIL_ELEMENTS}\n" + toolchain.BUFFER_API
+            + toolchain.MINMAX)
     if toolchain.toolchain().simd_math:   # the vector exp in `omp simd` loops
         head += "".join(f"#pragma omp declare simd notinbranch\n{t} {n}({t});\n"
                         for t, _, _, n in _TYPES.values())
@@ -181,12 +192,10 @@ def source():
 
 
 def _bind(lib):
-    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_int64,
-                              ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
-    stats = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_int64,
-                              ctypes.c_double, ctypes.c_int64, ctypes.c_int64)
+    """The entries, each taking its arguments as one tuple (see the C)."""
+    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {dt: proto((f"geon_softmax_rows_{t[1]}", lib)) for dt, t in _TYPES.items()}
-    fns.update({("stats", dt): stats((f"geon_ln_stats_{t[1]}", lib))
+    fns.update({("stats", dt): proto((f"geon_ln_stats_{t[1]}", lib))
                 for dt, t in _TYPES.items()})
     return fns
 
@@ -222,17 +231,25 @@ def _by_rows(call, R, size):
     return max(results)
 
 
+def _softmax_entry(x, out, direct):
+    """The softmax kernel for these arrays, or None."""
+    fns = _fns(direct)
+    fn = None if fns is None else fns.get(out.dtype)
+    if fn is not None and x.dtype == out.dtype and x.flags.c_contiguous \
+            and out.flags.c_contiguous:
+        return fn
+    return None
+
+
 def softmax_rows(x, out, direct=True, zero_nan=False):
     """``out`` (R, L) = the softmax of each row of ``x`` (R, L) (``out`` may be ``x``),
     a NaN made 0 where ``zero_nan``: by the C kernel where ``direct`` (see
     :func:`_fns`) and the arrays allow, else NumPy's steps."""
-    fns = _fns(direct)
-    fn = None if fns is None else fns.get(out.dtype)
+    fn = _softmax_entry(x, out, direct)
     R, L = x.shape
-    if fn is not None and x.dtype == out.dtype and x.flags.c_contiguous \
-            and out.flags.c_contiguous:
-        if _by_rows(lambda a, b: fn((x, out), L, a, b, zero_nan), R, x.size) == 0:
-            return
+    if fn is not None and _by_rows(
+            lambda a, b: fn(((x, out), L, a, b, int(zero_nan))), R, x.size) == 0:
+        return
     if np.may_share_memory(x, out) and x is not out:
         x = x.copy()
     m = np.maximum.reduce(x, axis=1, keepdims=True)
@@ -243,17 +260,25 @@ def softmax_rows(x, out, direct=True, zero_nan=False):
         np.copyto(out, 0, where=np.isnan(out))
 
 
+def _stats_entry(x, d, inv, direct):
+    """The layer norm statistics' kernel for these arrays, or None."""
+    fns = _fns(direct)
+    fn = None if fns is None else fns.get(("stats", d.dtype))
+    if fn is not None and x.dtype == d.dtype == inv.dtype and x.flags.c_contiguous \
+            and d.flags.c_contiguous and inv.flags.c_contiguous:
+        return fn
+    return None
+
+
 def layer_norm_stats(x, d, inv, eps, direct=True):
     """``d`` (R, L) = x - the mean of its row, ``inv`` (R,) = 1 / sqrt(the mean of the
     row's squared ``d`` + eps), for ``x`` (R, L) (``d`` may be ``x``): by the C kernel
     where ``direct`` (see :func:`_fns`) and the arrays allow, else NumPy's steps."""
-    fns = _fns(direct)
-    fn = None if fns is None else fns.get(("stats", d.dtype))
+    fn = _stats_entry(x, d, inv, direct)
     R, L = x.shape
-    if fn is not None and x.dtype == d.dtype == inv.dtype and x.flags.c_contiguous \
-            and d.flags.c_contiguous and inv.flags.c_contiguous:
-        if _by_rows(lambda a, b: fn((x, d, inv), L, eps, a, b), R, x.size) == 0:
-            return
+    if fn is not None and _by_rows(
+            lambda a, b: fn(((x, d, inv), L, float(eps), a, b)), R, x.size) == 0:
+        return
     if np.may_share_memory(x, d) and x is not d or np.may_share_memory(x, inv):
         x = x.copy()
     dt = d.dtype.type
@@ -262,9 +287,33 @@ def layer_norm_stats(x, d, inv, eps, direct=True):
     np.divide(dt(1), np.sqrt(var + dt(eps)), out=inv)
 
 
+def _one_call(R, size):
+    """Whether :func:`_by_rows` makes one call."""
+    return size < PARALLEL_ELEMENTS or fusion.MAX_THREADS < 2 or R < 2
+
+
+def softmax_step(x, out, direct=True, zero_nan=False):
+    """The steps of a line calling :func:`softmax_rows` (see :mod:`.segments`), or None
+    where it runs on several threads or NumPy's steps."""
+    fn = _softmax_entry(x, out, direct)
+    R, L = x.shape
+    if fn is None or not _one_call(R, x.size):
+        return None
+    return [(fn, ((x, out), L, 0, R, int(zero_nan)), None)]
+
+
+def layer_norm_step(x, d, inv, eps, direct=True):
+    """The steps of a line calling :func:`layer_norm_stats`, or None (as above)."""
+    fn = _stats_entry(x, d, inv, direct)
+    R, L = x.shape
+    if fn is None or not _one_call(R, x.size):
+        return None
+    return [(fn, ((x, d, inv), L, float(eps), 0, R), None)]
+
+
 _SELF = sys.modules[__name__]
-NUMPY_GLOBALS["_softmax_rows"] = softmax_rows
-NUMPY_GLOBALS["_layer_norm_stats"] = layer_norm_stats
+NUMPY_GLOBALS.update(_softmax_rows=softmax_rows, _layer_norm_stats=layer_norm_stats,
+                     _softmax_step=softmax_step, _layer_norm_step=layer_norm_step)
 
 
 class Softmax:
