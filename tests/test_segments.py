@@ -70,6 +70,46 @@ def test_values_as_without_segments(dtype, monkeypatch):
     np.testing.assert_array_equal(on(feed2), off(feed2))
 
 
+@needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_call_with_the_convolution_and_its_epilogue_apart(dtype, monkeypatch):
+    """1 x 1 convolutions whose epilogue runs as a pass after the product (the BLAS's,
+    then the bias pass: two steps of one line); the first call makes the steps, and a
+    maker that computed would have written over values still to be read."""
+    from geon.transformers.numpy import conv, pointwise
+    monkeypatch.setattr(pointwise, "usable", lambda *a, **k: False)
+    monkeypatch.setattr(conv, "_columns", lambda *a, **k: None)
+    feed = np.random.default_rng(4).standard_normal((2, 16, 8, 8)).astype(dtype)
+    want = _computation(dtype, False, monkeypatch)(feed)
+    on = _computation(dtype, True, monkeypatch)
+    np.testing.assert_array_equal(on(feed), want)
+    np.testing.assert_array_equal(on(feed), want)
+    assert "_seg0()" in on._source
+
+
+@needs_cc
+@pytest.mark.parametrize("apart", [False, True], ids=["kernels", "apart"])
+def test_making_the_steps_writes_nothing(apart, monkeypatch):
+    from geon.transformers.numpy import conv, pointwise
+    if apart:   # (as above)
+        monkeypatch.setattr(pointwise, "usable", lambda *a, **k: False)
+        monkeypatch.setattr(conv, "_columns", lambda *a, **k: None)
+    comp = _computation(np.float64, True, monkeypatch)
+    comp(np.random.default_rng(5).standard_normal((2, 16, 8, 8)))
+    rng = np.random.default_rng(6)
+    for n in comp._arenas:   # values a maker that computed would change
+        comp._ns[n][...] = rng.integers(0, 64, comp._ns[n].size, np.uint8)
+    arenas = {n: comp._ns[n].copy() for n in comp._arenas}
+    segs = [v for n, v in comp._ns.items() if isinstance(v, segments.Segment)]
+    assert len(segs) == 2
+    # another thread count: the convolutions choose their ways again as the steps are made
+    monkeypatch.setattr(fusion, "MAX_THREADS", fusion.MAX_THREADS + 1)
+    for seg in segs:
+        seg._build()
+    for n, a in arenas.items():
+        np.testing.assert_array_equal(comp._ns[n], a)
+
+
 def _entries(comp, name):
     """How many of segment ``name``'s steps are C entries."""
     _, n, table, _ = comp._ns[name].call

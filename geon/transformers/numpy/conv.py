@@ -367,30 +367,32 @@ def _forward_plan(x, w, out, strides, pads, dilation, groups, ws, epilogue):
             near = _columns(x, w, out, strides, pads, dilation, groups, ws, epilogue)
         apart = []   # the convolution and the epilogue's pass, chosen where needed
 
+        def parts(x, w, out, final, bias):
+            if not apart:
+                apart.append(_forward_plan(x, w, out, strides, pads, dilation, groups,
+                                           ws, None))
+                apart.append(pointwise.prepared_bias_clamp(fns, out, bias, lo, hi, final,
+                                                           act))
+            return apart
+
         def run(x, w, out, epilogue):
             final, bias = epilogue[0], epilogue[1]
             if one is not None and one(x, w, final, bias):
                 return
             if near is not None and near(x, w, out, final, bias):
                 return
-            if not apart:
-                apart.append(_forward_plan(x, w, out, strides, pads, dilation, groups,
-                                           ws, None))
-                apart.append(pointwise.prepared_bias_clamp(fns, out, bias, lo, hi, final,
-                                                           act))
-            apart[0](x, w, out, None)
-            apart[1](out, bias, final)
+            conv, clamp = parts(x, w, out, final, bias)
+            conv(x, w, out, None)
+            clamp(out, bias, final)
 
-        def step(x, w, out, epilogue):
+        def step(x, w, out, epilogue):   # (computes nothing: the segment runs it later)
             final, bias = epilogue[0], epilogue[1]
             if one is not None:
                 return _step_of(one, x, w, final, bias)
             if near is not None:
                 return _step_of(near, x, w, out, final, bias)
-            if not apart:
-                run(x, w, out, epilogue)   # (chooses the two parts)
-            first, then = _step_of(apart[0], x, w, out, None), _step_of(apart[1], out,
-                                                                         bias, final)
+            conv, clamp = parts(x, w, out, final, bias)
+            first, then = _step_of(conv, x, w, out, None), _step_of(clamp, out, bias, final)
             return None if first is None or then is None else first + then
         run.step = step
         return run

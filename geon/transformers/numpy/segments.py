@@ -204,7 +204,8 @@ def is_entry(fn):
 class Segment:
     """A run of lines of a generated ``run()`` (see the module's text): ``lines``, each
     a callable of no arguments running one line, and ``makers``, for each line None or
-    a callable of no arguments giving its steps or None. A step is ``(fn, args,
+    a callable of no arguments giving its steps or None (computing nothing: the
+    steps are made for every line before the first runs). A step is ``(fn, args,
     keep)``: a C entry (:func:`is_entry`) and its one tuple, or a Python callable and
     the tuple of its arguments; ``keep``: what must live while the step may run. A
     line of several steps must be one that can run again from its start (its results
