@@ -224,6 +224,22 @@ def test_errors_propagate_and_stop_the_run(entries):
     assert log == []
 
 
+def test_a_maker_that_raised_is_asked_again(entries):
+    log, asked = [], []
+
+    def maker():
+        asked.append(1)
+        if len(asked) == 1:
+            raise RuntimeError("not yet")
+        return [(entries["log"], (log, 0), None)]
+    seg = segments.Segment((lambda: log.append("0py"),), (maker,))
+    with pytest.raises(RuntimeError, match="not yet"):
+        seg()
+    seg()
+    seg()
+    assert log == [0, 0] and len(asked) == 2
+
+
 def test_an_entry_with_arguments_of_the_wrong_kind(entries):
     log = []
     seg = _segment(entries, log, ["refuse"])
@@ -342,3 +358,11 @@ def test_copy_steps_of_copyto_lines(copy):
     assert fn is copy
     (fn, _, _), = segments.np_step(np.copyto, (dst, src[0]))   # broadcast: NumPy's
     assert fn is np.copyto
+
+
+def test_the_benchmark_compares_values_and_times_both():
+    pytest.importorskip("torch", reason="benchmarks.segments builds its models in torch")
+    pytest.importorskip("onnx", reason="benchmarks.segments exports them to ONNX")
+    from benchmarks import segments as bench
+    r = bench.run_model("lstm", 2)   # (the zoo's model that needs torch alone)
+    assert r["same"] and r["off"][0] > 0 and r["on"][0] > 0

@@ -701,8 +701,9 @@ def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
 
 
 NUMPY_GLOBALS.update(_conv_forward=conv_forward, _conv_step=conv_step,
-                     _conv_grad_data=conv_grad_data, _conv_grad_filter=conv_grad_filter, _max_pool=max_pool,
-                     _max_pool_grad=max_pool_grad, _max_pool_gather=max_pool_gather)
+                     _conv_grad_data=conv_grad_data, _conv_grad_filter=conv_grad_filter,
+                     _max_pool=max_pool, _max_pool_grad=max_pool_grad,
+                     _max_pool_gather=max_pool_gather)
 
 _CONV_FN = {cv.Conv: "_conv_forward", cv.ConvGradData: "_conv_grad_data",
             cv.ConvGradFilter: "_conv_grad_filter"}

@@ -2,14 +2,11 @@
 
 A generated ``run()`` is a list of calls; in a small-image CNN most are calls of C
 kernels (a convolution, a compiled group) that take a few microseconds each. The Python
-between them costs as much again: each convolution line looks up its call site, checks
-its arrays and builds the kernel's argument tuple, and every call goes through
-:mod:`ctypes`. Measured on MobileNet-v2 at batch 2 (one thread; 77 calls a forward):
-the forward took 1.74 ms, the same kernels called back to back from a list of their
-argument tuples 1.47 ms, and the forward's Python alone (every kernel made a no-op)
-0.11 ms. The difference beyond the Python's own time is what the Python's memory
-traffic costs the kernels: each layer's code and objects come back into the caches
-after the previous layer's data evicted them.
+between them costs about as much as some of them: each convolution line looks up its
+call site, checks its arrays and builds the kernel's argument tuple, and every call
+goes through :mod:`ctypes`. MobileNet-v2 at batch 2 (one thread, 77 calls a forward)
+took 0.11 ms of Python a forward with every kernel made a no-op, of 1.72 ms; called
+from segments, as below, the forward takes 1.60-1.63 ms.
 
 So the emitter (:func:`split`) finds the runs of lines that read only the module's own
 arrays (arenas, variables, constants and their views, made once by ``setup()``), not the
@@ -20,7 +17,7 @@ it would call and that entry's argument tuple, made once for these arrays (a lin
 ``maker``: :func:`c_step` for a compiled group, ``conv.conv_step`` for a convolution),
 or None: then the line itself is the step, a Python callable. Every later call hands
 the list to :data:`SOURCE`'s ``geon_steps``, one C loop that calls each entry by its
-address and each Python step through ``PyObject_CallObject``.
+address and each Python step through ``PyObject_Call``.
 
 An entry that returns nonzero (a kernel that refuses its arrays: they overlap, or it
 found no memory) has written nothing; the loop stops there and the line runs again as
@@ -218,7 +215,7 @@ class Segment:
 
     def __init__(self, lines, makers):
         self.lines, self.makers = lines, makers
-        self.threads = None
+        self.threads = self.call = None
 
     def __call__(self):
         if self.threads != fusion.MAX_THREADS:
@@ -236,10 +233,9 @@ class Segment:
             k = run((table, n, items, after)) if after < n else 0
 
     def _build(self):
-        run = runner()
-        self.threads = fusion.MAX_THREADS
+        run, threads = runner(), fusion.MAX_THREADS
         if run is None:
-            self.call = None
+            self.call, self.threads = None, threads
             return
         entries, items, lines, keep = [], [], [], []
         for k, (line, make) in enumerate(zip(self.lines, self.makers)):
@@ -262,6 +258,7 @@ class Segment:
         keep.append(table)
         self.keep = keep
         self.call = (run, n, table.ctypes.data, tuple(items))
+        self.threads = threads   # (last: a maker that raised leaves it to make again)
 
 
 NUMPY_GLOBALS.update(_Segment=Segment, _c_step=c_step, _np_step=np_step)
