@@ -366,3 +366,67 @@ def test_the_benchmark_compares_values_and_times_both():
     from benchmarks import segments as bench
     r = bench.run_model("lstm", 2)   # (the zoo's model that needs torch alone)
     assert r["same"] and r["off"][0] > 0 and r["on"][0] > 0
+
+
+# --- the binary entry -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def binary():
+    lib = segments._library()
+    if lib is None:
+        pytest.skip("no working C compiler for the runner")
+    return lib["binary"]
+
+
+def _specials(rng, shape, dtype):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    flat = x.reshape(-1)
+    flat[::7] = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-310],
+                         dtype)[np.arange(len(flat[::7])) % 7]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fn", [np.add, np.subtract, np.multiply, np.divide])
+def test_binary_entry_gives_numpys_bits(fn, dtype, binary):
+    rng = np.random.default_rng(7)
+    big = _specials(rng, (3, 5, 8, 6), dtype)
+    cases = [(big, _specials(rng, (3, 5, 8, 6), dtype)),          # contiguous
+             (big, _specials(rng, (6,), dtype)),                    # a row broadcast
+             (_specials(rng, (5, 1, 1), dtype), big),               # the left broadcast
+             (big[:, ::-2, 1:7],                                    # any strides
+              _specials(rng, (6, 3, 6, 3), dtype).transpose(3, 1, 0, 2)[:, :, ::-1]),
+             (big, np.array(2.5, dtype)),                           # a 0-d array
+             (big[..., :0], big[..., :0])]                          # nothing
+    for a, b in cases:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        out = np.full(shape, 7, dtype)
+        (entry, args, _), = segments.np_step(fn, (a, b, out))
+        assert entry is binary
+        with np.errstate(all="ignore"):
+            assert entry(args) == 0
+            want = fn(a, b)
+        np.testing.assert_array_equal(out.view(f"u{out.itemsize}"),
+                                      want.view(f"u{want.itemsize}"))
+
+
+def test_binary_entry_in_place_and_refusals(binary):
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((4, 6)), rng.standard_normal(6)
+    want = a - b
+    (entry, args, _), = segments.np_step(np.subtract, (a, b, a))   # out is a itself
+    assert entry(args) == 0
+    np.testing.assert_array_equal(a, want)
+    c, row = rng.standard_normal((4, 7)), np.broadcast_to(b, (4, 6))
+    before = c.copy()
+    for args in (((c[:, 1:], c[:, :-1], row), 0, 8),      # out overlaps a, shifted
+                 ((c[:, 1:], row, c[:, :-1]), 2, 8),      # out overlaps b, shifted
+                 ((c[:, 1:], c[:, 1:], row), 0, 4),       # another item size
+                 ((c[:, 1:], b[None, :], c[:, :6]), 0, 8)):   # another shape
+        assert binary(args) == 2
+        np.testing.assert_array_equal(c, before)
+    # mixed dtypes, Python scalars, other functions: NumPy's own call
+    x32 = np.ones(3, np.float32)
+    for fn, args in ((np.add, (x32, np.ones(3), np.empty(3))), (np.add, (x32, 2.0, x32)),
+                     (np.maximum, (x32, x32, x32)), (np.add, (np.ones(3, int),) * 3)):
+        assert segments.np_step(fn, args)[0][0] is fn
