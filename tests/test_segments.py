@@ -319,11 +319,17 @@ def test_numpy_step_out_keyword():
 # --- the copy entry ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def copy():
+def library():
+    """The runner's library: its entries by name."""
     lib = segments._library()
     if lib is None:
         pytest.skip("no working C compiler for the runner")
-    return lib["copy"]
+    return lib
+
+
+@pytest.fixture
+def copy(library):
+    return library["copy"]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.complex128, bool])
@@ -370,12 +376,9 @@ def test_the_benchmark_compares_values_and_times_both():
 
 # --- the binary entry -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def binary():
-    lib = segments._library()
-    if lib is None:
-        pytest.skip("no working C compiler for the runner")
-    return lib["binary"]
+@pytest.fixture
+def binary(library):
+    return library["binary"]
 
 
 def _specials(rng, shape, dtype):
