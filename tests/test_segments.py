@@ -291,6 +291,18 @@ def test_split_leaves_short_runs_and_dynamic_arguments_alone():
     src = "\n".join(_split(body)[1])
     assert "    None," in src and "_np_step(np.multiply, (a1, a1, ), out=a2)" in src
     assert src.count("    None,") == 2
+    # an index may give a copy (a scalar, gathered rows): only slices are taken as
+    # views; two statements on one line stay out of any run
+    body = ["kernel1(((a0, b0, a1, ), 0, 64))", "kernel1(((a0, b0, a1, ), 0, 64))",
+            "np.multiply(a1, s[0], out=a2)", "np.multiply(a1, s[..., 1:3, None], out=a2)",
+            "np.add(a1, s[[0, 1]], a2)",
+            "kernel1(((a0, b0, a1, ), 0, 64)); kernel1(((a0, b0, a1, ), 0, 32))",
+            "kernel1(((a0, b0, a1, ), 0, 64))"]
+    out, defs = _split(body)
+    src = "\n".join(defs)
+    assert src.count("    None,") == 2 and "_np_step(np.multiply, (a1, s[..., 1:3, None]" in src
+    assert out[0].strip().startswith("_seg0()")
+    assert [ln.strip() for ln in out[1:]] == body[5:]
 
 
 def test_split_keeps_lines_that_bind_or_read_locals_in_run():

@@ -99,21 +99,22 @@ static void softmax_rows_SUF(const REAL *x, REAL *y, int64_t L, int64_t lo,
     }
 }
 
-/* args ((x, y), L, lo, hi, zero_nan), x and y C-contiguous, y writable: rows lo..hi
-   (of L elements). 0: done; 2: y overlaps x other than exactly (nothing written); -1:
-   a Python error set. The GIL is let go from GIL_ELEMENTS elements. */
+/* args ((x, y), L, lo, hi, zero_nan, size), x and y C-contiguous, y writable: rows
+   lo..hi (of L elements). 0: done; 2: y overlaps x other than exactly (nothing
+   written); -1: a Python error set. The GIL is let go where the whole call (size
+   elements, over all the threads' blocks) has GIL_ELEMENTS. */
 int geon_softmax_rows_SUF(void *args) {
     static const int flags[2] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS | GEON_WRITABLE};
-    long long iv[4];
+    long long iv[5];
     geon_buffer v[2];
-    if (!geon_args(args, "iiii", iv, NULL)) return -1;
+    if (!geon_args(args, "iiiii", iv, NULL)) return -1;
     const int64_t L = iv[0], lo = iv[1], hi = iv[2];
     if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 2)) return -1;
     const char *const x = v[0].buf, *const y = v[1].buf;
     int status = 0;
     if (x != y && x < y + v[1].len && y < x + v[0].len) status = 2;
     else if (L > 0) {
-        void *const state = (hi - lo) * L >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
+        void *const state = iv[4] >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
         softmax_rows_SUF((const REAL *)x, (REAL *)y, L, lo, hi, (int)iv[3]);
         if (state) PyEval_RestoreThread(state);
     }
@@ -145,15 +146,16 @@ static void ln_stats_SUF(const REAL *x, REAL *d, REAL *inv, int64_t L, REAL eps,
     }
 }
 
-/* args ((x, d, inv), L, eps, lo, hi), C-contiguous, d and inv writable. 0: done; 2:
-   an overlap the loop cannot take (nothing written); -1: a Python error set */
+/* args ((x, d, inv), L, eps, lo, hi, size), C-contiguous, d and inv writable. 0:
+   done; 2: an overlap the loop cannot take (nothing written); -1: a Python error set.
+   The GIL as for the softmax. */
 int geon_ln_stats_SUF(void *args) {
     static const int flags[3] = {GEON_CONTIGUOUS, GEON_CONTIGUOUS | GEON_WRITABLE,
                                  GEON_CONTIGUOUS | GEON_WRITABLE};
-    long long iv[3];
+    long long iv[4];
     double eps;
     geon_buffer v[3];
-    if (!geon_args(args, "idii", iv, &eps)) return -1;
+    if (!geon_args(args, "idiii", iv, &eps)) return -1;
     const int64_t L = iv[0], lo = iv[1], hi = iv[2];
     if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1;
     const char *const x = v[0].buf, *const d = v[1].buf, *const inv = v[2].buf;
@@ -164,7 +166,7 @@ int geon_ln_stats_SUF(void *args) {
             || GEON_OVERLAP(d, inv, v[1].len, v[2].len)) status = 2;
 #undef GEON_OVERLAP
     else if (L > 0) {
-        void *const state = (hi - lo) * L >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
+        void *const state = iv[3] >= GIL_ELEMENTS ? PyEval_SaveThread() : NULL;
         ln_stats_SUF((const REAL *)x, (REAL *)d, (REAL *)inv, L, (REAL)eps, lo, hi);
         if (state) PyEval_RestoreThread(state);
     }
@@ -248,7 +250,7 @@ def softmax_rows(x, out, direct=True, zero_nan=False):
     fn = _softmax_entry(x, out, direct)
     R, L = x.shape
     if fn is not None and _by_rows(
-            lambda a, b: fn(((x, out), L, a, b, int(zero_nan))), R, x.size) == 0:
+            lambda a, b: fn(((x, out), L, a, b, int(zero_nan), x.size)), R, x.size) == 0:
         return
     if np.may_share_memory(x, out) and x is not out:
         x = x.copy()
@@ -277,7 +279,7 @@ def layer_norm_stats(x, d, inv, eps, direct=True):
     fn = _stats_entry(x, d, inv, direct)
     R, L = x.shape
     if fn is not None and _by_rows(
-            lambda a, b: fn(((x, d, inv), L, float(eps), a, b)), R, x.size) == 0:
+            lambda a, b: fn(((x, d, inv), L, float(eps), a, b, x.size)), R, x.size) == 0:
         return
     if np.may_share_memory(x, d) and x is not d or np.may_share_memory(x, inv):
         x = x.copy()
@@ -299,7 +301,7 @@ def softmax_step(x, out, direct=True, zero_nan=False):
     R, L = x.shape
     if fn is None or not _one_call(R, x.size):
         return None
-    return [(fn, ((x, out), L, 0, R, int(zero_nan)), None)]
+    return [(fn, ((x, out), L, 0, R, int(zero_nan), x.size), None)]
 
 
 def layer_norm_step(x, d, inv, eps, direct=True):
@@ -308,7 +310,7 @@ def layer_norm_step(x, d, inv, eps, direct=True):
     R, L = x.shape
     if fn is None or not _one_call(R, x.size):
         return None
-    return [(fn, ((x, d, inv), L, float(eps), 0, R), None)]
+    return [(fn, ((x, d, inv), L, float(eps), 0, R, x.size), None)]
 
 
 _SELF = sys.modules[__name__]

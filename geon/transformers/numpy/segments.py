@@ -27,6 +27,7 @@ another.
 """
 
 import ast
+import collections
 import ctypes
 import functools
 
@@ -290,7 +291,11 @@ def np_step(fn, args, out=None):
     K elements), the entry a fifth of that. An add, subtract, multiply or divide of
     float32 or float64 arrays of one dtype into an array of the shape they broadcast to
     is :data:`_BINARY`'s entry: NumPy took 6 us to add a bias row to a (64, 384)
-    float32 product in place."""
+    float32 product in place. Its values are NumPy's bit for bit, except which of two
+    NaN operands a sum or product passes on (the compiler may swap the operands of + and
+    *); like the compiled groups, it gives no floating-point warnings (NumPy's
+    ``errstate`` does not apply: the numerics debug mode, which has no segments, finds
+    NaN and infinities)."""
     lib = _library()
     if lib is not None and fn is np.copyto and out is None and len(args) == 2:
         dst, src = args
@@ -412,9 +417,11 @@ def split(body, params, kernels, wanted=True, prefix="_seg"):
         elif isinstance(node, ast.Global):
             local.update(node.names)
     steps = {}   # index of a body line -> (its call's text, its maker's text or None)
+    per_line = collections.Counter(stmt.lineno for stmt in fn.body)
     for stmt in fn.body:
         k = stmt.lineno - 2
-        if stmt.end_lineno != stmt.lineno or not _reads_only_globals(stmt, local):
+        if stmt.end_lineno != stmt.lineno or per_line[stmt.lineno] > 1 \
+                or not _reads_only_globals(stmt, local):
             continue
         call, line = stmt.value, body[k]
         head = line[call.func.col_offset:call.func.end_col_offset]
@@ -463,19 +470,28 @@ def _numpy_maker(call, head, args):
 
 
 def _simple(node):
-    """Whether the expression ``node`` names a fixed object or a view (see above)."""
+    """Whether the expression ``node`` names a fixed object or a view (see above): a
+    subscript only by slices (an index can give a copy: a scalar, a gathered array)."""
     if isinstance(node, (ast.Name, ast.Constant)):
         return True
     if isinstance(node, ast.Attribute):
         return _simple(node.value)
     if isinstance(node, ast.Subscript):
-        return _simple(node.value) and _simple(node.slice)
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return _simple(node.value) and all(
+            isinstance(p, ast.Slice) and _simple(p) or isinstance(p, ast.Constant)
+            and p.value in (None, Ellipsis) for p in parts)
     if isinstance(node, ast.Slice):
-        return all(p is None or _simple(p) for p in (node.lower, node.upper, node.step))
+        return all(p is None or _constant(p) for p in (node.lower, node.upper, node.step))
     if isinstance(node, ast.Tuple):
         return all(_simple(e) for e in node.elts)
-    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
-        and isinstance(node.operand, ast.Constant)
+    return _constant(node)
+
+
+def _constant(node):
+    """Whether ``node`` is a number written as a constant (or its negation)."""
+    return isinstance(node, ast.Constant) or isinstance(node, ast.UnaryOp) \
+        and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
 
 
 def _code(line):
