@@ -84,6 +84,84 @@ int geon_steps(void *t) {
 }
 """
 
+_WALK = r"""
+/* What the copy and the binary entries share: k arrays v[0..k) (v[0] the result) of one
+   shape, walked by runs of their innermost dimension. */
+
+/* 1 where the k arrays have one shape of n = v[0].ndim <= 8 dimensions and item size
+   `size`: span[a] = the bytes array a covers from its buffer (lo, hi), *empty where the
+   shape has no element; else 0. */
+static int geon_one_shape(const geon_buffer *v, int k, ptrdiff_t size, ptrdiff_t span[][2],
+                          int *empty) {
+    const int n = v[0].ndim;
+    *empty = 0;
+    if (n > 8) return 0;
+    for (int a = 0; a < k; a++) {
+        if (v[a].ndim != n || v[a].itemsize != size) return 0;
+        span[a][0] = 0;
+        span[a][1] = size;
+    }
+    for (int d = 0; d < n; d++) {
+        *empty |= v[0].shape[d] == 0;
+        for (int a = 0; a < k; a++) {
+            if (v[a].shape[d] != v[0].shape[d]) return 0;
+            const ptrdiff_t step = v[a].strides[d] * (v[a].shape[d] - 1);
+            span[a][step < 0 ? 0 : 1] += step;
+        }
+    }
+    return 1;
+}
+
+/* Whether the result v[0] overlaps array a without being it (the same memory through
+   the same strides). */
+static int geon_overlaps(const geon_buffer *v, int a, ptrdiff_t span[][2]) {
+    const char *const o = v[0].buf, *const p = v[a].buf;
+    int same = o == p;
+    for (int d = 0; same && d < v[0].ndim; d++) same = v[0].strides[d] == v[a].strides[d];
+    return !same && o + span[0][0] < p + span[a][1] && p + span[a][0] < o + span[0][1];
+}
+
+/* The dimensions, innermost first, merged where all k arrays allow: their lengths
+   shape[0..m) and each array's strides st[a][0..m); returns m (at least 1). */
+static int geon_merged(const geon_buffer *v, int k, ptrdiff_t size, ptrdiff_t *shape,
+                       ptrdiff_t st[][8]) {
+    int m = 0;
+    for (int d = v[0].ndim - 1; d >= 0; d--) {
+        const ptrdiff_t len = v[0].shape[d];
+        if (len == 1) continue;
+        int merge = m > 0;
+        for (int a = 0; merge && a < k; a++)
+            merge = st[a][m - 1] * shape[m - 1] == v[a].strides[d];
+        if (merge) {
+            shape[m - 1] *= len;
+            continue;
+        }
+        shape[m] = len;
+        for (int a = 0; a < k; a++) st[a][m] = v[a].strides[d];
+        m++;
+    }
+    if (!m) {
+        shape[0] = 1;
+        for (int a = 0; a < k; a++) st[a][0] = size;
+        m = 1;
+    }
+    return m;
+}
+
+/* The next run: index (over dimensions 1..m) advanced and each array's run start p[a]
+   moved with it; 0 after the last. */
+static inline int geon_next_run(ptrdiff_t *index, const ptrdiff_t *shape, int m, int k,
+                                ptrdiff_t st[][8], char **p) {
+    for (int d = 1; d < m; d++) {
+        for (int a = 0; a < k; a++) p[a] += st[a][d];
+        if (++index[d] < shape[d]) return 1;
+        for (int a = 0; a < k; a++) p[a] -= shape[d] * st[a][d];
+        index[d] = 0;
+    }
+    return 0;
+}
+"""
+
 _COPY = r"""
 /* args ((dst, src),): dst = src, of the same shape and item size, any strides (as
    np.copyto gives it). 0: done; 2: refused (nothing written): the shapes or item sizes
@@ -94,55 +172,25 @@ int geon_copy(void *args) {
     void *const arrays = PyTuple_GetItem(args, 0);
     if (!arrays || !geon_acquire(v, arrays, flags, 2)) return -1;
     const ptrdiff_t size = v[0].itemsize;
-    int n = v[0].ndim, status = 0;
-    ptrdiff_t shape[8], sd[8], ss[8], lo[2] = {0, 0}, hi[2] = {size, size};
-    if (n != v[1].ndim || n > 8 || size != v[1].itemsize) status = 2;
-    for (int d = 0; !status && d < n; d++) {
-        if (v[0].shape[d] != v[1].shape[d]) status = 2;
-        if (v[0].shape[d] == 0) n = -1;   /* nothing to copy */
-        for (int a = 0; a < 2; a++) {     /* the bytes each array spans */
-            const ptrdiff_t step = v[a].strides[d] * (v[a].shape[d] - 1);
-            if (step < 0) lo[a] += step; else hi[a] += step;
-        }
-    }
-    char *const d0 = (char *)v[0].buf;
-    const char *const s0 = (const char *)v[1].buf;
-    if (!status && n >= 0 && d0 + lo[0] < s0 + hi[1] && s0 + lo[1] < d0 + hi[0])
-        status = 2;
-    if (!status && n >= 0) {
-        /* the dimensions, innermost first, merged where both arrays allow */
-        int m = 0;
-        for (int d = n - 1; d >= 0; d--) {
-            const ptrdiff_t len = v[0].shape[d];
-            if (len == 1) continue;
-            if (m && sd[m - 1] * shape[m - 1] == v[0].strides[d]
-                    && ss[m - 1] * shape[m - 1] == v[1].strides[d]) {
-                shape[m - 1] *= len;
-                continue;
-            }
-            shape[m] = len; sd[m] = v[0].strides[d]; ss[m] = v[1].strides[d]; m++;
-        }
-        if (!m) { shape[0] = 1; sd[0] = ss[0] = size; m = 1; }
-        ptrdiff_t index[8] = {0};
-        const int rows = sd[0] == size && ss[0] == size;   /* contiguous inner rows */
-        for (;;) {
-            char *dp = d0;
-            const char *sp = s0;
-            for (int d = 1; d < m; d++) { dp += index[d] * sd[d]; sp += index[d] * ss[d]; }
-            if (rows) __builtin_memcpy(dp, sp, shape[0] * size);
+    ptrdiff_t span[2][2], shape[8], st[2][8], index[8] = {0};
+    int empty, status = 0;
+    if (!geon_one_shape(v, 2, size, span, &empty) || geon_overlaps(v, 1, span)) status = 2;
+    else if (!empty) {
+        const int m = geon_merged(v, 2, size, shape, st);
+        char *p[2] = {v[0].buf, v[1].buf};
+        const ptrdiff_t sd = st[0][0], ss = st[1][0], len = shape[0];
+        do {
+            if (sd == size && ss == size) __builtin_memcpy(p[0], p[1], len * size);
             else if (size == 4)
-                for (ptrdiff_t i = 0; i < shape[0]; i++)
-                    __builtin_memcpy(dp + i * sd[0], sp + i * ss[0], 4);
+                for (ptrdiff_t i = 0; i < len; i++)
+                    __builtin_memcpy(p[0] + i * sd, p[1] + i * ss, 4);
             else if (size == 8)
-                for (ptrdiff_t i = 0; i < shape[0]; i++)
-                    __builtin_memcpy(dp + i * sd[0], sp + i * ss[0], 8);
+                for (ptrdiff_t i = 0; i < len; i++)
+                    __builtin_memcpy(p[0] + i * sd, p[1] + i * ss, 8);
             else
-                for (ptrdiff_t i = 0; i < shape[0]; i++)
-                    __builtin_memcpy(dp + i * sd[0], sp + i * ss[0], size);
-            int d = 1;
-            while (d < m && ++index[d] == shape[d]) index[d++] = 0;
-            if (d == m) break;
-        }
+                for (ptrdiff_t i = 0; i < len; i++)
+                    __builtin_memcpy(p[0] + i * sd, p[1] + i * ss, size);
+        } while (geon_next_run(index, shape, m, 2, st, p));
     }
     geon_release(v, 2);
     return status;
@@ -194,66 +242,24 @@ int geon_binary(void *args) {
     if (!arrays || !geon_acquire(v, arrays, flags, 3)) return -1;
     const int op = (int)iv[0];
     const ptrdiff_t size = iv[1];
-    const int n = v[0].ndim;
-    int status = (size != 4 && size != 8) || n > 8, empty = 0;
-    ptrdiff_t lo[3] = {0, 0, 0}, hi[3] = {size, size, size};
-    for (int a = 0; a < 3; a++)
-        if (v[a].ndim != n || v[a].itemsize != size) status = 2;
-    for (int d = 0; !status && d < n; d++) {
-        empty |= v[0].shape[d] == 0;   /* nothing to compute */
-        for (int a = 0; a < 3; a++) {
-            if (v[a].shape[d] != v[0].shape[d]) status = 2;
-            const ptrdiff_t step = v[a].strides[d] * (v[a].shape[d] - 1);
-            if (step < 0) lo[a] += step; else hi[a] += step;
-        }
-    }
-    if (status || empty) {
-        geon_release(v, 3);
-        return status ? 2 : 0;
-    }
-    for (int a = 1; a < 3 && !status; a++) {   /* out over an input? */
-        const char *const o = v[0].buf, *const p = v[a].buf;
-        int same = o == p;
-        for (int d = 0; same && d < n; d++) same = v[0].strides[d] == v[a].strides[d];
-        if (!same && o + lo[0] < p + hi[a] && p + lo[a] < o + hi[0]) status = 2;
-    }
-    if (!status) {
-        ptrdiff_t shape[8], st[3][8];
-        int m = 0;
-        for (int d = n - 1; d >= 0; d--) {   /* innermost first, merged where all allow */
-            const ptrdiff_t len = v[0].shape[d];
-            if (len == 1) continue;
-            if (m && st[0][m - 1] * shape[m - 1] == v[0].strides[d]
-                    && st[1][m - 1] * shape[m - 1] == v[1].strides[d]
-                    && st[2][m - 1] * shape[m - 1] == v[2].strides[d]) {
-                shape[m - 1] *= len;
-                continue;
-            }
-            shape[m] = len;
-            for (int a = 0; a < 3; a++) st[a][m] = v[a].strides[d];
-            m++;
-        }
-        if (!m) { shape[0] = 1; st[0][0] = st[1][0] = st[2][0] = size; m = 1; }
-        ptrdiff_t index[8] = {0};
-        for (;;) {
-            char *r = v[0].buf;
-            const char *x = v[1].buf, *y = v[2].buf;
-            for (int d = 1; d < m; d++) {
-                r += index[d] * st[0][d]; x += index[d] * st[1][d]; y += index[d] * st[2][d];
-            }
-            geon_binary_run(r, x, y, shape[0], st[0][0], st[1][0], st[2][0], size, op);
-            int d = 1;
-            while (d < m && ++index[d] == shape[d]) index[d++] = 0;
-            if (d == m) break;
-        }
+    ptrdiff_t span[3][2], shape[8], st[3][8], index[8] = {0};
+    int empty, status = 0;
+    if ((size != 4 && size != 8) || !geon_one_shape(v, 3, size, span, &empty)
+            || geon_overlaps(v, 1, span) || geon_overlaps(v, 2, span)) status = 2;
+    else if (!empty) {
+        const int m = geon_merged(v, 3, size, shape, st);
+        char *p[3] = {v[0].buf, v[1].buf, v[2].buf};
+        do geon_binary_run(p[0], p[1], p[2], shape[0], st[0][0], st[1][0], st[2][0], size,
+                           op);
+        while (geon_next_run(index, shape, m, 3, st, p));
     }
     geon_release(v, 3);
     return status;
 }
 """
 
-SOURCE = ("#include <stddef.h>\n#include <stdint.h>\n" + toolchain.BUFFER_API + _STEPS + _COPY
-          + _BINARY)
+SOURCE = ("#include <stddef.h>\n#include <stdint.h>\n" + toolchain.BUFFER_API + _STEPS + _WALK
+          + _COPY + _BINARY)
 
 _loaded = {}  # (CC, cache folder) -> the runner, or None
 
