@@ -57,6 +57,33 @@ def test_nan_infinities_and_masked_rows(dtype, zero_nan):
     assert np.array_equal(np.isnan(out), np.isnan(want))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_masked_scores_and_the_edge_of_underflow(dtype, in_place):
+    """Scores far below their row's maximum (an attention's masks: -1e4, the dtype's
+    lowest, -inf) give exactly 0 (the kernel skips their exponentials); those whose
+    exponential is subnormal (x - max between about -87 and -104 in float32, -708 and
+    -745 in float64) keep it, to the subnormals' precision; a NaN or +inf row is NaN throughout, masked elements
+    included."""
+    low = np.finfo(dtype).min
+    sub = [-90.0, -95.0, -100.0] if dtype == np.float32 else [-710.0, -730.0, -740.0]
+    x = np.array([[0.0, -1e4, 1.0, low, -np.inf, 2.0] + [0.0] * 3,
+                  [0.0] + sub + [-104.1, -746.5, -1e4, low, 0.5],
+                  [0.0, np.nan, -1e4, low, -np.inf, 1.0, 0.0, 0.0, 0.0],
+                  [0.0, np.inf, -1e4, low, -np.inf, 1.0, 0.0, 0.0, 0.0]], dtype)
+    x = np.tile(x, (3, 4))   # (vectors mixing masked and plain elements)
+    want = definition(x)
+    out = x.copy() if in_place else np.empty_like(x)
+    sr.softmax_rows(out if in_place else x, out, True)
+    ok = ~np.isnan(want)
+    assert np.array_equal(np.isnan(out), ~ok)
+    np.testing.assert_allclose(out[ok], want[ok].astype(dtype), rtol=RTOL[dtype],
+                               atol=4 * np.finfo(dtype).smallest_subnormal)
+    assert np.all(out[ok][want[ok] == 0] == 0)
+    tiny = out[1::4][:, 1:4]   # the subnormal exponentials, not cut to 0
+    assert np.all(tiny > 0) and np.all(tiny < np.finfo(dtype).tiny * 1e2)
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_in_place_overlap_and_strides(direct):
     """out may be x (in place); out overlapping x at another offset, and x read

@@ -74,8 +74,17 @@ static void softmax_rows_SUF(const REAL *x, REAL *y, int64_t L, int64_t lo,
                 nan |= xr[j] != xr[j];
             }
             if (nan) m = (REAL)NAN;
+            /* x - max below LOW_SUF has the exponential 0. Such an element (an
+               attention's masked score: near -1e4, -3e38 or -inf) is stored as 1;
+               its exponential, e > 2 (any other is at most 1, or NaN), is read as 0
+               by the sum and the division (0 / a NaN sum is NaN, as before). The
+               vector exp calls its scalar fallback for a whole vector holding one
+               such argument: 5x the pass's time on a causal mask. */
             #pragma omp simd
-            for (int64_t j = 0; j < L; j++) yr[j] = xr[j] - m;
+            for (int64_t j = 0; j < L; j++) {
+                const REAL d = xr[j] - m;
+                yr[j] = d < LOW_SUF ? (REAL)1 : d;
+            }
         }
         REAL *const yb = y + r0 * L;
         #pragma omp simd
@@ -84,16 +93,16 @@ static void softmax_rows_SUF(const REAL *x, REAL *y, int64_t L, int64_t lo,
             REAL *const yr = y + r * L;
             REAL s = 0;
             #pragma omp simd reduction(+:s)
-            for (int64_t j = 0; j < L; j++) s += yr[j];
+            for (int64_t j = 0; j < L; j++) s += yr[j] > 2 ? (REAL)0 : yr[j];
             if (zero_nan) {
                 #pragma omp simd
                 for (int64_t j = 0; j < L; j++) {
-                    const REAL v = yr[j] / s;
+                    const REAL v = (yr[j] > 2 ? (REAL)0 : yr[j]) / s;
                     yr[j] = v != v ? (REAL)0 : v;
                 }
             } else {
                 #pragma omp simd
-                for (int64_t j = 0; j < L; j++) yr[j] = yr[j] / s;
+                for (int64_t j = 0; j < L; j++) yr[j] = (yr[j] > 2 ? (REAL)0 : yr[j]) / s;
             }
         }
     }
@@ -189,7 +198,9 @@ def source():
                         for t, _, _, n in _TYPES.values())
     return head + "\n".join(
         (_TEMPLATE + _STATS).replace("MAX_SUF", mx).replace("EXP_SUF", exp)
-        .replace("SQRT_SUF", "sqrtf" if real == "float" else "sqrt").replace("REAL", real)
+        .replace("SQRT_SUF", "sqrtf" if real == "float" else "sqrt")
+        .replace("LOW_SUF", "-104.0f" if real == "float" else "-746.0")  # exp rounds to 0
+        .replace("REAL", real)
         .replace("_SUF", "_" + suffix) for real, suffix, mx, exp in _TYPES.values())
 
 
