@@ -34,7 +34,7 @@ import functools
 import numpy as np
 
 from geon.transformers import fusion
-from geon.transformers.numpy import compiled, toolchain
+from geon.transformers.numpy import compiled, small_gemm, toolchain
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS
 
 #: A run of lines becomes a segment where at least this many of them can be C entries
@@ -301,7 +301,12 @@ def np_step(fn, args, out=None):
     NaN operands a sum or product passes on (the compiler may swap the operands of + and
     *); like the compiled groups, it gives no floating-point warnings (NumPy's
     ``errstate`` does not apply: the numerics debug mode, which has no segments, finds
-    NaN and infinities)."""
+    NaN and infinities). A product of 2-D float arrays of a transformer layer's size
+    (``np.matmul(a, b, out=c)``) is :mod:`.small_gemm`'s entry."""
+    if fn is np.matmul and out is not None and len(args) == 2:
+        steps = small_gemm.step(args[0], args[1], out)
+        if steps is not None:
+            return steps
     lib = _library()
     if lib is not None and fn is np.copyto and out is None and len(args) == 2:
         dst, src = args
@@ -439,8 +444,7 @@ def split(body, params, kernels, wanted=True, prefix="_seg"):
     out, defs, run = [], [], []   # run: the body's indices of the current run's calls
 
     def close(end):
-        if run and sum(steps[k][1] is not None and not steps[k][1].startswith("_np_step")
-                       for k in run) >= MIN_STEPS:
+        if run and sum(_may_be_entry(steps[k][1]) for k in run) >= MIN_STEPS:
             name = f"{prefix}{len(defs)}"
             out.append(f"    {name}()   # {len(run)} lines as one run (see {name} below)")
             defs.append(_definition(name, [steps.get(k, body[k]) for k in range(
@@ -473,6 +477,17 @@ def _numpy_maker(call, head, args):
     out = next((k.value for k in call.keywords), None)
     tail = "" if out is None else f", out={ast.unparse(out)}"
     return f"_np_step({head}, ({''.join(ast.unparse(a) + ', ' for a in call.args)}){tail})"
+
+
+#: The NumPy functions whose lines :func:`np_step` may give a C entry.
+_NUMPY_ENTRIES = ("np.copyto", "np.add", "np.subtract", "np.multiply", "np.divide",
+                  "np.matmul")
+
+
+def _may_be_entry(maker):
+    """Whether a line with this maker's text (None: no maker) may be a C entry."""
+    return maker is not None and (not maker.startswith("_np_step(") or maker[
+        len("_np_step("):].startswith(tuple(f + ", " for f in _NUMPY_ENTRIES)))
 
 
 def _simple(node):

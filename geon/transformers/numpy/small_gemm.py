@@ -1,0 +1,289 @@
+"""Matrix products of a transformer layer's size in C, called from segments.
+
+A linear layer of a small transformer (BERT or GPT-2 with hidden size 128, 64 tokens)
+is a product of (64, 128) by (128, 512): 8 MFLOP, about 50 us on one core. OpenBLAS's
+``sgemm`` packs both operands into its own layouts on every call, and at these sizes
+the packing costs a fifth of the product: it took 65 us on (64, 128) @ (128, 512) and
+82 us where the right operand was a transposed weight (``W.T``), against 48 and 50 us
+here (a 2.3 GHz Xeon with AVX-512, one thread; ONNX Runtime, which packs its constant
+weights once, took 59 us on that layer of GPT-2).
+
+Here the right operand is read in place, a panel of ``2 * VG`` columns at a time (two
+64-byte vectors: 32 float32 or 16 float64), each panel against every block of
+:data:`MR` rows of the left operand: for each ``k``, the two vectors of row ``k`` of
+the panel are multiplied by each of the block's elements ``a[r, k]`` (broadcast) and
+added into ``2 * MR`` vector sums held in registers, which are stored once at the end
+(``beta = 0``: the output is not read). The panel stays in the first-level cache while
+the blocks of rows pass it. A right operand whose columns are not adjacent (``W.T``) is
+first copied into a row-major scratch block; the last panel, narrower than two vectors,
+goes through a zero-padded copy and its block of results through a small tile. The
+sums are in the data's type, one term after another along ``k``, contracted to fused
+multiply-adds as a BLAS does (its order of terms differs).
+
+:func:`step` is the maker of a segment's line ``np.matmul(a, b, out=c)``
+(:mod:`.segments`): the entry and its argument tuple where the arrays suit it (2-D
+float32 or float64 of one dtype, ``c``'s rows with unit stride, no overlap, and a
+product below :data:`MAX_WORK` multiply-adds, where a BLAS runs on one thread), else
+None. The entry refuses (returns 1, nothing written) arrays that changed shape or
+overlap, or when it cannot get its scratch memory; the line then runs as NumPy.
+"""
+
+import ctypes
+
+import numpy as np
+
+from geon.transformers.numpy import blas, compiled, toolchain
+
+#: Rows of the left operand per block (2 * MR vector sums in registers).
+MR = 8
+
+#: Products of at most this many multiply-adds (M * K * N) take the kernel: a larger
+#: one may run on several of the BLAS's threads (see blas.SERIAL_PRODUCT).
+MAX_WORK = blas.SERIAL_PRODUCT
+
+#: ... and at least this many rows (fewer leave the vector units waiting on the
+#: right operand's loads; skinny.py serves 2 to 16 rows against large weights), and
+#: at least TRANSPOSED_ROWS where the right operand's columns are apart (``W.T``),
+#: whose panels are copied on each call.
+MIN_ROWS = 8
+TRANSPOSED_ROWS = 16
+
+#: Work (multiply-adds) from which a call lets go of the GIL while it computes.
+GIL_WORK = 1 << 16
+
+_TEMPLATE = r"""
+typedef REAL vg_SUF __attribute__((vector_size(64)));
+#define VG_SUF ((int64_t)(64 / sizeof(REAL)))
+#define NR_SUF (2 * VG_SUF)
+
+/* c[r * ldc + j] = sum_k a[r * lda + k * sa] * b[k * ldb + j] for r < H, j < NR: the
+   2 H vector sums in registers, one fused multiply-add each per k. */
+#define GEMM_TILE(H) \
+__attribute__((optimize("fp-contract=fast"))) \
+static void tile##H##_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b, \
+                          int64_t ldb, REAL *c, int64_t ldc, int64_t K) { \
+    vg_SUF s0[H], s1[H]; \
+    const REAL *ar[H];   /* (row pointers and one running offset: a[r * lda + k * sa] \
+                            computed per element took the kernel 75% longer) */ \
+    _Pragma("GCC unroll 8") for (int r = 0; r < H; r++) { \
+        s0[r] = s1[r] = (vg_SUF){0}; \
+        ar[r] = a + r * lda; \
+    } \
+    for (int64_t k = 0, ka = 0; k < K; k++, ka += sa) { \
+        vg_SUF b0, b1; \
+        __builtin_memcpy(&b0, b + k * ldb, sizeof b0); \
+        __builtin_memcpy(&b1, b + k * ldb + VG_SUF, sizeof b1); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < H; r++) { \
+            const REAL x = ar[r][ka]; \
+            s0[r] += x * b0; \
+            s1[r] += x * b1; \
+        } \
+    } \
+    _Pragma("GCC unroll 8") for (int r = 0; r < H; r++) { \
+        __builtin_memcpy(c + r * ldc, &s0[r], sizeof s0[r]); \
+        __builtin_memcpy(c + r * ldc + VG_SUF, &s1[r], sizeof s1[r]); \
+    } \
+}
+GEMM_TILE(1) GEMM_TILE(2) GEMM_TILE(3) GEMM_TILE(4)
+GEMM_TILE(5) GEMM_TILE(6) GEMM_TILE(7) GEMM_TILE(8)
+typedef void (*tile_SUF_t)(const REAL *, int64_t, int64_t, const REAL *, int64_t,
+                           REAL *, int64_t, int64_t);
+static const tile_SUF_t tiles_SUF[9] = {0, tile1_SUF, tile2_SUF, tile3_SUF, tile4_SUF,
+                                        tile5_SUF, tile6_SUF, tile7_SUF, tile8_SUF};
+
+/* b (K, N; strides sk, sj elements) as panels of NR columns, zero-padded: column j0 + q
+   of row k at p[j0 * K + k * NR + q] (j0 a multiple of NR). */
+static void pack_SUF(const REAL *b, int64_t sk, int64_t sj, int64_t K, int64_t N,
+                     REAL *p) {
+    for (int64_t j = 0; j < N; j += NR_SUF) {
+        const int64_t w = N - j < NR_SUF ? N - j : NR_SUF;
+        REAL *const d = p + j * K;
+        if (sj == 1 && w == NR_SUF) {
+            for (int64_t k = 0; k < K; k++)
+                __builtin_memcpy(d + k * NR_SUF, b + k * sk + j, NR_SUF * sizeof(REAL));
+        } else if (sj == 1) {
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t q = 0; q < NR_SUF; q++)
+                    d[k * NR_SUF + q] = q < w ? b[k * sk + j + q] : (REAL)0;
+        } else {   /* (W.T: along k in memory) 64 rows at a time, which stay in cache */
+            for (int64_t k0 = 0; k0 < K; k0 += 64) {
+                const int64_t k1 = K - k0 < 64 ? K : k0 + 64;
+                for (int64_t q = 0; q < NR_SUF; q++)
+                    for (int64_t k = k0; k < k1; k++)
+                        d[k * NR_SUF + q] = q < w ? b[k * sk + (j + q) * sj] : (REAL)0;
+            }
+        }
+    }
+}
+
+/* c (M, N; rows ldc apart, unit columns) = a (M, K; strides lda, sa) @ b (K, N;
+   strides sk, sj). b is read in place, a panel of NR columns at a time, where its
+   columns are adjacent and the panel starts on a 64-byte boundary (loads across cache
+   lines took the kernel 15-18% longer, and NumPy's arrays are 16- or 32-byte aligned;
+   the panel that reaches the boundary is one more, which pays from 8 panels on): a
+   first panel up to the boundary, the last narrow one, and each panel of a b whose
+   columns are apart (W.T) are copied into pad (K * NR, zero-padded) first, and their
+   results go through tile (MR * NR). (Copying all of b into aligned panels cost more
+   than it saved: 9 us of 57 on (64, 128) @ (128, 512), b being 256 KiB.) */
+static void gemm_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b, int64_t sk,
+                     int64_t sj, REAL *c, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                     REAL *pad, REAL *tile) {
+    int64_t head = 0;
+    if (sj == 1 && sk * (int64_t)sizeof(REAL) % 64 == 0 && N >= 8 * NR_SUF)
+        head = (int64_t)((64 - (uintptr_t)b % 64) % 64 / sizeof(REAL));
+    for (int64_t j = 0; j < N;) {
+        int64_t w = N - j < NR_SUF ? N - j : NR_SUF;
+        if (j == 0 && head && head < w) w = head;
+        const REAL *panel = b + j;
+        int64_t ldp = sk;
+        if (w < NR_SUF || sj != 1) {
+            pack_SUF(b + j * sj, sk, sj, K, w, pad);
+            panel = pad;
+            ldp = NR_SUF;
+        }
+        for (int64_t i = 0; i < M; i += MR_) {
+            const int64_t h = M - i < MR_ ? M - i : MR_;
+            if (w == NR_SUF) {
+                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, c + i * ldc + j, ldc, K);
+            } else {
+                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, tile, NR_SUF, K);
+                for (int64_t r = 0; r < h; r++)
+                    for (int64_t q = 0; q < w; q++)
+                        c[(i + r) * ldc + j + q] = tile[r * NR_SUF + q];
+            }
+        }
+        j += w;
+    }
+}
+
+/* This thread's scratch of at least bytes, 64-byte aligned, kept for its next calls
+   (memory from malloc and back to free on every call came from mmap past 128 KiB:
+   fresh pages, faulted in on each call); NULL where there is no memory. */
+static REAL *scratch_SUF(size_t bytes) {
+    static __thread void *kept = NULL;
+    static __thread size_t size = 0;
+    if (bytes > size) {
+        void *const p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p) return NULL;
+        free(kept);
+        kept = p;
+        size = bytes;
+    }
+    return kept;
+}
+
+/* args ((a, b, c),): c = a @ b for 2-D arrays of REAL (the caller checked the dtype),
+   or for 3-D ones, one product per index of the first dimension (a's or b's stride
+   along it may be 0: a broadcast). 0: done; 1: refused, nothing written (shapes that
+   do not chain, strides that are not whole elements, c's columns not adjacent, c's
+   products overlapping each other, a or b, no memory for the scratch); -1: a Python
+   error set. */
+int geon_gemm_SUF(void *args) {
+    static const int flags[3] = {GEON_STRIDED, GEON_STRIDED,
+                                 GEON_STRIDED | GEON_WRITABLE};
+    geon_buffer v[3];
+    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1;
+    int status = 1;
+    const ptrdiff_t z = (ptrdiff_t)sizeof(REAL);
+    const int nd = v[2].ndim, o = nd - 2;   /* o: 1 where there is a batch */
+    if (nd < 2 || nd > 3 || v[0].ndim != nd || v[1].ndim != nd
+            || v[0].itemsize != z || v[1].itemsize != z || v[2].itemsize != z)
+        goto done;
+    const int64_t T = o ? v[2].shape[0] : 1;
+    const int64_t M = v[0].shape[o], K = v[0].shape[o + 1], N = v[1].shape[o + 1];
+    if (v[1].shape[o] != K || v[2].shape[o] != M || v[2].shape[o + 1] != N
+            || (o && (v[0].shape[0] != T || v[1].shape[0] != T)))
+        goto done;
+    for (int q = 0; q < 3; q++)
+        for (int d = 0; d < nd; d++)
+            if (v[q].strides[d] % z) goto done;
+    if (T == 0 || M == 0 || N == 0) { status = 0; goto done; }
+    if (v[2].strides[o + 1] != z && N > 1) goto done;
+    const ptrdiff_t ldc_b = v[2].strides[o] < 0 ? -v[2].strides[o] : v[2].strides[o];
+    const ptrdiff_t tc_b = o && v[2].strides[0] < 0 ? -v[2].strides[0] : o ? v[2].strides[0] : 0;
+    if (T > 1 && tc_b < (M - 1) * ldc_b + N * z) goto done;   /* products overlapping */
+    /* c's bytes against a's and b's (spans from the lowest to the highest element) */
+    for (int q = 0; q < 2; q++) {
+        const char *lo[2], *hi[2];
+        for (int p = 0; p < 2; p++) {
+            const geon_buffer *const u = &v[p ? 2 : q];
+            const char *l = u->buf, *h = u->buf;
+            for (int d = 0; d < nd; d++) {
+                const ptrdiff_t e = (u->shape[d] - 1) * u->strides[d];
+                if (e < 0) l += e; else h += e;
+            }
+            lo[p] = l;
+            hi[p] = h + z;
+        }
+        if (K && lo[0] < hi[1] && lo[1] < hi[0]) goto done;
+    }
+    const REAL *const a = v[0].buf, *const b = v[1].buf;
+    const int64_t lda = v[0].strides[o] / z, sa = v[0].strides[o + 1] / z;
+    const int64_t sk = v[1].strides[o] / z, sj = N > 1 ? v[1].strides[o + 1] / z : 1;
+    REAL *const c = v[2].buf;
+    const int64_t ldc = v[2].strides[o] / z;
+    const int64_t ta = o ? v[0].strides[0] / z : 0, tb = o ? v[1].strides[0] / z : 0;
+    const int64_t tc = o ? v[2].strides[0] / z : 0;
+    REAL *const pad = scratch_SUF((K + MR_) * NR_SUF * sizeof(REAL));
+    if (!pad) goto done;
+    void *const state = T * M * N * K >= GIL_WORK ? PyEval_SaveThread() : NULL;
+    for (int64_t t = 0; t < T; t++)
+        gemm_SUF(a + t * ta, lda, sa, b + t * tb, sk, sj, c + t * tc, ldc, M, N, K, pad,
+                 pad + K * NR_SUF);
+    if (state) PyEval_RestoreThread(state);
+    status = 0;
+done:
+    geon_release(v, 3);
+    return status;
+}
+"""
+
+_TYPES = {np.dtype(np.float32): ("float", "f32"), np.dtype(np.float64): ("double", "f64")}
+
+
+def source():
+    """The C source of the kernels, for float32 and float64."""
+    head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
+            f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n"
+            + toolchain.BUFFER_API)
+    return head + "\n".join(_TEMPLATE.replace("REAL", real).replace("_SUF", "_" + suffix)
+                            for real, suffix in _TYPES.values())
+
+
+_loaded = {}  # (CC, cache folder) -> {dtype: ctypes function}, or None
+
+
+def kernels():
+    """``{dtype: ctypes function}``, or None where the compiled path is off or cannot
+    run here."""
+    proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
+    return compiled.fixed_library(
+        _loaded, "small product kernels", source,
+        [f"geon_gemm_{s}" for _, s in _TYPES.values()],
+        lambda lib: {dt: proto((f"geon_gemm_{s}", lib)) for dt, (_, s) in _TYPES.items()})
+
+
+def step(a, b, out):
+    """The steps of a segment's line ``np.matmul(a, b, out=out)`` (see the module
+    docstring), or None where NumPy's call is the better or the only way."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            and isinstance(out, np.ndarray)) or not 2 <= out.ndim <= 3 \
+            or not a.dtype == b.dtype == out.dtype or out.dtype not in _TYPES:
+        return None
+    if out.ndim == 3:   # a batch, maybe broadcast from one matrix
+        if a.ndim == 2 or b.ndim == 2 or a.ndim == b.ndim == 3 and 1 in (
+                a.shape[0], b.shape[0]):
+            a = np.broadcast_to(a, out.shape[:1] + a.shape[-2:])
+            b = np.broadcast_to(b, out.shape[:1] + b.shape[-2:])
+    if a.ndim != out.ndim or b.ndim != out.ndim:
+        return None
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    if out.shape[-2:] != (m, n) or b.shape[-2] != k or a.shape[:-2] != out.shape[:-2] \
+            or b.shape[:-2] != out.shape[:-2]:
+        return None
+    if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK \
+            or m < TRANSPOSED_ROWS and n > 1 and b.strides[-1] != b.itemsize:
+        return None
+    fns = kernels()
+    return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
