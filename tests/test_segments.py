@@ -450,3 +450,36 @@ def test_binary_entry_in_place_and_refusals(binary):
     for fn, args in ((np.add, (x32, np.ones(3), np.empty(3))), (np.add, (x32, 2.0, x32)),
                      (np.maximum, (x32, x32, x32)), (np.add, (np.ones(3, int),) * 3)):
         assert segments.np_step(fn, args)[0][0] is fn
+
+
+def test_the_take_entry_against_special_take():
+    """x[:, idx] by the C entry: negative indices from the end, rows of any length,
+    the same values as special.take; an index out of range gets special.take's error
+    and leaves out unwritten by the entry; arrays it does not take (int32 indices, a
+    strided table) are special.take's."""
+    from geon.errors import IndexOutOfRangeError
+    from geon.op_graph import special
+    rng = np.random.default_rng(7)
+    for shape, idx in [((1, 1000, 128), rng.integers(-1000, 1000, 64)),
+                       ((3, 7), np.array([6, -7, 0, 3])), ((2, 5, 3, 2), np.arange(5)),
+                       ((2, 4, 6), np.zeros(0, np.int64))]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        idx = idx.astype(np.int64)
+        want = special.take(x, idx, "t")
+        out = np.full(want.shape, np.nan, np.float32)
+        (fn, args, _), = segments.take_step(x, idx, "t", out)
+        assert fn(args) == 0 and np.array_equal(out, want)
+        out[...] = np.nan
+        assert segments.take(x, idx, "t", out) is out and np.array_equal(out, want)
+    x, out = np.ones((1, 10, 4)), np.full((1, 2, 4), 7.0)
+    (fn, args, _), = segments.take_step(x, np.array([1, 10]), "t", out)
+    assert fn(args) == 2 and np.all(out == 7.0)
+    with pytest.raises(IndexOutOfRangeError, match="Gather_3: index 10 is out of range"):
+        segments.take(x, np.array([1, 10]), "Gather_3", out)
+    assert segments.take_step(x, np.array([1, 2], np.int32), "t", out) is None
+    assert segments.take_step(np.ones((1, 10, 8))[:, :, ::2], np.array([1, 2]), "t",
+                              out) is None
+    (fn, args, _), = segments.take_step(x, np.array([1, 2]), "t", x[:, :2])
+    assert fn(args) == 2   # (out overlapping the table: refused)
+    assert np.array_equal(segments.take(np.arange(10)[None], np.array([3, -1]), "t",
+                                        np.empty((1, 2), np.int64)), [[3, 9]])

@@ -89,6 +89,21 @@ def test_batches_and_broadcast_operands(dtype):
             check(aa, bb, dtype)
 
 
+def test_batches_of_several_dimensions():
+    """(B, H, M, K) @ (B, H, K, N), an attention's heads: the batch dimensions as one
+    where views allow; a broadcast across a dimension that cannot merge with the next
+    (a copy) is NumPy's."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 4, 17, 16)).astype(np.float32)
+    b = rng.standard_normal((2, 4, 16, 17)).astype(np.float32)
+    check(a, b, np.float32)
+    check(a, np.ascontiguousarray(b.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2),
+          np.float32)
+    check(a[:, :1], b[:, :1], np.float32)   # ((2, 1) batches: one dimension)
+    assert sg.step(a, b[:, :1], np.empty((2, 4, 17, 17), np.float32)) is None
+    assert sg.step(a[:1], b, np.empty((2, 4, 17, 17), np.float32)) is None
+
+
 def test_refusals_write_nothing():
     """Overlap of the output with an operand, and arrays whose shapes no longer
     chain, are refused (1) with the output untouched; a read-only output raises."""

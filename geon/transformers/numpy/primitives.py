@@ -8,7 +8,7 @@ from geon.op_graph import special
 from geon.op_graph.reference import op_site
 from geon.op_graph.symbols import Sym
 from geon.transformers.codegen_text import py_literal
-from geon.transformers.numpy import blas, skinny
+from geon.transformers.numpy import blas, segments, skinny
 from geon.transformers.numpy.code_table import (NUMPY_GLOBALS, _shared_row, index_text,
                                                 numpy_code)
 
@@ -124,7 +124,7 @@ def _put_add(op, out, args):
     return [f"_put_add({args[0]}, {args[1]}, {out}, {op_site(op)!r})"]
 
 
-NUMPY_GLOBALS.update(_take=special.take, _put_add=special.put_add)
+NUMPY_GLOBALS.update(_take=segments.take, _put_add=special.put_add)
 
 
 @numpy_code(pr.PrefixSum)

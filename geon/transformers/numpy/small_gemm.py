@@ -267,23 +267,35 @@ def step(a, b, out):
     """The steps of a segment's line ``np.matmul(a, b, out=out)`` (see the module
     docstring), or None where NumPy's call is the better or the only way."""
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-            and isinstance(out, np.ndarray)) or not 2 <= out.ndim <= 3 \
-            or not a.dtype == b.dtype == out.dtype or out.dtype not in _TYPES:
-        return None
-    if out.ndim == 3:   # a batch, maybe broadcast from one matrix
-        if a.ndim == 2 or b.ndim == 2 or a.ndim == b.ndim == 3 and 1 in (
-                a.shape[0], b.shape[0]):
-            a = np.broadcast_to(a, out.shape[:1] + a.shape[-2:])
-            b = np.broadcast_to(b, out.shape[:1] + b.shape[-2:])
-    if a.ndim != out.ndim or b.ndim != out.ndim:
+            and isinstance(out, np.ndarray)) or out.ndim < 2 or a.ndim < 2 \
+            or b.ndim < 2 or not a.dtype == b.dtype == out.dtype \
+            or out.dtype not in _TYPES:
         return None
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    if out.shape[-2:] != (m, n) or b.shape[-2] != k or a.shape[:-2] != out.shape[:-2] \
-            or b.shape[:-2] != out.shape[:-2]:
+    if out.shape[-2:] != (m, n) or b.shape[-2] != k:
+        return None
+    if out.ndim > 2:   # batches (maybe broadcast) as one dimension, where views allow
+        try:
+            a = np.broadcast_to(a, out.shape[:-2] + (m, k))
+            b = np.broadcast_to(b, out.shape[:-2] + (k, n))
+        except ValueError:
+            return None
+        a, b, out = _batched(a), _batched(b), _batched(out)
+        if a is None or b is None or out is None:
+            return None
+    elif a.ndim != 2 or b.ndim != 2:
         return None
     if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK \
             or m < TRANSPOSED_ROWS and n > 1 and b.strides[-1] != b.itemsize:
         return None
     fns = kernels()
     return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
+
+
+def _batched(x):
+    """``x`` (..., r, c) as a view (-1, r, c), or None where that takes a copy."""
+    if x.ndim == 3:
+        return x
+    y = x.reshape((-1,) + x.shape[-2:])
+    return y if y.size == 0 or np.may_share_memory(y, x) else None
