@@ -191,3 +191,35 @@ def test_a_segments_product_runs_the_entry(monkeypatch):
     want = be.NumPyTransformer().computation(y, x)(xv)
     assert "_Segment((" in with_segments.source and called == [True, True]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_bias_added_in_place_joins_its_product(monkeypatch):
+    """``np.matmul(a, w, out=c)`` then ``np.add(c, bias, c)`` in a segment: one step
+    of the entry with the bias (the same values, bit for bit, as the two lines); where
+    that step refuses, both lines run as NumPy."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((24, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 72)).astype(np.float32)
+    bias = rng.standard_normal(72).astype(np.float32)
+    c = np.empty((24, 72), np.float32)
+    lines = [lambda: np.matmul(a, w, out=c), lambda: np.add(c, bias, c),
+             lambda: np.multiply(c, 2.0, c)]
+    makers = [lambda: segments.np_step(np.matmul, (a, w), out=c),
+              lambda: segments.np_step(np.add, (c, bias, c)),
+              lambda: segments.np_step(np.multiply, (c, np.float32(2.0), c))]
+    seg = segments.Segment(lines, makers)
+    seg()
+    assert [first_last for first_last, _ in seg.owner] == [(0, 1), (2, 2)]
+    want = (a @ w + bias) * 2
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    (fn, _, _), = sg.step(a, w, c)
+    apart = np.empty_like(c)
+    assert fn(((a, w, apart),)) == 0
+    assert np.array_equal(c, (apart + bias) * np.float32(2))   # (the two steps' bits)
+    # refused (the bias now overlaps c): both lines run as NumPy, then the third
+    run_, n, table, items = seg.call
+    assert all(x is y for x, y in zip(items[0][0], (a, w, c)))
+    seg.call = (run_, n, table, (((a, w, c, c[0]),),) + items[1:])
+    c[...] = 0
+    seg()
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)

@@ -443,9 +443,10 @@ class Segment:
             return
         run, n, table, items = call
         k = run((table, n, items, 0))
-        while k:   # an entry refused its arrays: its line the Python way, then on
-            line, after = self.owner[k - 1]
-            self.lines[line]()
+        while k:   # an entry refused its arrays: its lines the Python way, then on
+            (first, last), after = self.owner[k - 1]
+            for line in self.lines[first:last + 1]:
+                line()
             k = run((table, n, items, after)) if after < n else 0
 
     def _build(self):
@@ -454,16 +455,17 @@ class Segment:
             self.call, self.threads = None, threads
             return
         entries, items, lines, keep = [], [], [], []
-        for k, (line, make) in enumerate(zip(self.lines, self.makers)):
-            steps = None if make is None else make()
-            for fn, args, held in steps or [(line, (), None)]:
+        made = [None if make is None else make() for make in self.makers]
+        for first, last, steps in _joined([s or [(line, (), None)] for line, s in
+                                           zip(self.lines, made)]):
+            for fn, args, held in steps:
                 entry = is_entry(fn)
                 entries.append(address(fn) if entry else 0)
                 items.append(args if entry else (fn, args))
-                lines.append(k)
+                lines.append((first, last))
                 keep.append(held)
         n = len(items)
-        # for each step: its line, and the first step of the next line
+        # for each step: its lines, and the first step of the next lines
         owner, after = [None] * n, n
         for j in range(n - 1, -1, -1):
             if j + 1 < n and lines[j + 1] != lines[j]:
@@ -475,6 +477,51 @@ class Segment:
         self.keep = keep
         self.call = (run, n, table.ctypes.data, tuple(items))
         self.threads = threads   # (last: a maker that raised leaves it to make again)
+
+
+def _joined(steps):
+    """``(first line, last line, steps)`` for each line's ``steps`` (a list per line),
+    with a product followed by the in-place addition of a bias to each of its rows
+    (``np.matmul(a, b, out=c)``, then ``np.add(c, bias, c)``, the bias broadcast
+    along c's rows: a linear layer) joined into one step of :mod:`.small_gemm`'s
+    entry that adds the bias as it stores (the same values: the bias is added to the
+    finished sums). Where that step refuses its arrays, both lines run as Python."""
+    out, k = [], 0
+    while k < len(steps):
+        if k + 1 < len(steps) and len(steps[k]) == len(steps[k + 1]) == 1:
+            joined = _with_bias(steps[k][0], steps[k + 1][0])
+            if joined is not None:
+                out.append((k, k + 1, [joined]))
+                k += 2
+                continue
+        out.append((k, k, steps[k]))
+        k += 1
+    return out
+
+
+def _with_bias(product, add):
+    """The step of ``product`` (small_gemm's) and then ``add`` (the binary entry's
+    ``c = c + bias``, bias broadcast along c's rows) as one, or None."""
+    gemm, binary = product[0], add[0]
+    if not (is_entry(gemm) and is_entry(binary) and small_gemm.is_entry(gemm)) \
+            or binary is not (_library() or {}).get("binary") or add[1][1] != 0:
+        return None
+    (a, b, c), = product[1]
+    r, x, bias = add[1][0]
+    if not (_same(r, c) and _same(x, c)) or bias.strides[-1] != bias.itemsize \
+            or any(bias.strides[:-1]):
+        return None
+    row = bias[(0,) * (bias.ndim - 1)]
+    if np.may_share_memory(row, c):
+        return None
+    return gemm, ((a, b, c, row),), product[2]
+
+
+def _same(x, y):
+    """Whether arrays ``x`` and ``y`` are views of the same elements."""
+    return x is y or (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+                      and x.shape == y.shape and x.strides == y.strides
+                      and x.dtype == y.dtype)
 
 
 NUMPY_GLOBALS.update(_Segment=Segment, _c_step=c_step, _np_step=np_step,

@@ -56,12 +56,14 @@ typedef REAL vg_SUF __attribute__((vector_size(64)));
 #define VG_SUF ((int64_t)(64 / sizeof(REAL)))
 #define NR_SUF (2 * VG_SUF)
 
-/* c[r * ldc + j] = sum_k a[r * lda + k * sa] * b[k * ldb + j] for r < H, j < NR: the
-   2 H vector sums in registers, one fused multiply-add each per k. */
+/* c[r * ldc + j] = sum_k a[r * lda + k * sa] * b[k * ldb + j] (+ v[j] where v is not
+   NULL, added to the finished sum: as NumPy adds a bias to the product) for r < H,
+   j < NR: the 2 H vector sums in registers, one fused multiply-add each per k. */
 #define GEMM_TILE(H) \
 __attribute__((optimize("fp-contract=fast"))) \
 static void tile##H##_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b, \
-                          int64_t ldb, REAL *c, int64_t ldc, int64_t K) { \
+                          int64_t ldb, REAL *c, int64_t ldc, int64_t K, \
+                          const REAL *v) { \
     vg_SUF s0[H], s1[H]; \
     const REAL *ar[H];   /* (row pointers and one running offset: a[r * lda + k * sa] \
                             computed per element took the kernel 75% longer) */ \
@@ -79,6 +81,15 @@ static void tile##H##_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b,
             s1[r] += x * b1; \
         } \
     } \
+    if (v) { \
+        vg_SUF v0, v1; \
+        __builtin_memcpy(&v0, v, sizeof v0); \
+        __builtin_memcpy(&v1, v + VG_SUF, sizeof v1); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < H; r++) { \
+            s0[r] += v0; \
+            s1[r] += v1; \
+        } \
+    } \
     _Pragma("GCC unroll 8") for (int r = 0; r < H; r++) { \
         __builtin_memcpy(c + r * ldc, &s0[r], sizeof s0[r]); \
         __builtin_memcpy(c + r * ldc + VG_SUF, &s1[r], sizeof s1[r]); \
@@ -87,7 +98,7 @@ static void tile##H##_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b,
 GEMM_TILE(1) GEMM_TILE(2) GEMM_TILE(3) GEMM_TILE(4)
 GEMM_TILE(5) GEMM_TILE(6) GEMM_TILE(7) GEMM_TILE(8)
 typedef void (*tile_SUF_t)(const REAL *, int64_t, int64_t, const REAL *, int64_t,
-                           REAL *, int64_t, int64_t);
+                           REAL *, int64_t, int64_t, const REAL *);
 static const tile_SUF_t tiles_SUF[9] = {0, tile1_SUF, tile2_SUF, tile3_SUF, tile4_SUF,
                                         tile5_SUF, tile6_SUF, tile7_SUF, tile8_SUF};
 
@@ -124,10 +135,11 @@ static void pack_SUF(const REAL *b, int64_t sk, int64_t sj, int64_t K, int64_t N
    first panel up to the boundary, the last narrow one, and each panel of a b whose
    columns are apart (W.T) are copied into pad (K * NR, zero-padded) first, and their
    results go through tile (MR * NR). (Copying all of b into aligned panels cost more
-   than it saved: 9 us of 57 on (64, 128) @ (128, 512), b being 256 KiB.) */
+   than it saved: 9 us of 57 on (64, 128) @ (128, 512), b being 256 KiB.) v: NULL, or
+   N values added to each row of the product. */
 static void gemm_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b, int64_t sk,
                      int64_t sj, REAL *c, int64_t ldc, int64_t M, int64_t N, int64_t K,
-                     REAL *pad, REAL *tile) {
+                     REAL *pad, REAL *tile, const REAL *v) {
     int64_t head = 0;
     if (sj == 1 && sk * (int64_t)sizeof(REAL) % 64 == 0 && N >= 8 * NR_SUF)
         head = (int64_t)((64 - (uintptr_t)b % 64) % 64 / sizeof(REAL));
@@ -144,12 +156,14 @@ static void gemm_SUF(const REAL *a, int64_t lda, int64_t sa, const REAL *b, int6
         for (int64_t i = 0; i < M; i += MR_) {
             const int64_t h = M - i < MR_ ? M - i : MR_;
             if (w == NR_SUF) {
-                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, c + i * ldc + j, ldc, K);
+                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, c + i * ldc + j, ldc, K,
+                             v ? v + j : NULL);
             } else {
-                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, tile, NR_SUF, K);
+                tiles_SUF[h](a + i * lda, lda, sa, panel, ldp, tile, NR_SUF, K, NULL);
                 for (int64_t r = 0; r < h; r++)
                     for (int64_t q = 0; q < w; q++)
-                        c[(i + r) * ldc + j + q] = tile[r * NR_SUF + q];
+                        c[(i + r) * ldc + j + q] = v ? tile[r * NR_SUF + q] + v[j + q]
+                                                     : tile[r * NR_SUF + q];
             }
         }
         j += w;
@@ -172,17 +186,21 @@ static REAL *scratch_SUF(size_t bytes) {
     return kept;
 }
 
-/* args ((a, b, c),): c = a @ b for 2-D arrays of REAL (the caller checked the dtype),
-   or for 3-D ones, one product per index of the first dimension (a's or b's stride
-   along it may be 0: a broadcast). 0: done; 1: refused, nothing written (shapes that
-   do not chain, strides that are not whole elements, c's columns not adjacent, c's
-   products overlapping each other, a or b, no memory for the scratch); -1: a Python
+/* args ((a, b, c),) or ((a, b, c, bias),): c = a @ b (+ bias, C-contiguous, of N
+   values, added to each row) for 2-D arrays of REAL (the caller checked the dtype), or
+   for 3-D ones, one product per index of the first dimension (a's or b's stride along
+   it may be 0: a broadcast). 0: done; 1: refused, nothing written (shapes that do not
+   chain, strides that are not whole elements, c's columns not adjacent, c's products
+   overlapping each other, a, b or the bias, no memory for the scratch); -1: a Python
    error set. */
 int geon_gemm_SUF(void *args) {
-    static const int flags[3] = {GEON_STRIDED, GEON_STRIDED,
-                                 GEON_STRIDED | GEON_WRITABLE};
-    geon_buffer v[3];
-    if (!geon_acquire(v, PyTuple_GetItem(args, 0), flags, 3)) return -1;
+    static const int flags[4] = {GEON_STRIDED, GEON_STRIDED,
+                                 GEON_STRIDED | GEON_WRITABLE, GEON_CONTIGUOUS};
+    geon_buffer v[4];
+    void *const arrays = PyTuple_GetItem(args, 0);
+    const ptrdiff_t na = arrays ? PyTuple_Size(arrays) : -1;
+    if (na != 3 && na != 4) return -1;
+    if (!geon_acquire(v, arrays, flags, (int)na)) return -1;
     int status = 1;
     const ptrdiff_t z = (ptrdiff_t)sizeof(REAL);
     const int nd = v[2].ndim, o = nd - 2;   /* o: 1 where there is a batch */
@@ -192,7 +210,8 @@ int geon_gemm_SUF(void *args) {
     const int64_t T = o ? v[2].shape[0] : 1;
     const int64_t M = v[0].shape[o], K = v[0].shape[o + 1], N = v[1].shape[o + 1];
     if (v[1].shape[o] != K || v[2].shape[o] != M || v[2].shape[o + 1] != N
-            || (o && (v[0].shape[0] != T || v[1].shape[0] != T)))
+            || (o && (v[0].shape[0] != T || v[1].shape[0] != T))
+            || (na == 4 && v[3].len != N * z))
         goto done;
     for (int q = 0; q < 3; q++)
         for (int d = 0; d < nd; d++)
@@ -202,20 +221,21 @@ int geon_gemm_SUF(void *args) {
     const ptrdiff_t ldc_b = v[2].strides[o] < 0 ? -v[2].strides[o] : v[2].strides[o];
     const ptrdiff_t tc_b = o && v[2].strides[0] < 0 ? -v[2].strides[0] : o ? v[2].strides[0] : 0;
     if (T > 1 && tc_b < (M - 1) * ldc_b + N * z) goto done;   /* products overlapping */
-    /* c's bytes against a's and b's (spans from the lowest to the highest element) */
-    for (int q = 0; q < 2; q++) {
+    /* c's bytes against a's, b's and the bias's (spans from the lowest to the highest
+       element) */
+    for (int q = 0; q < (na == 4 ? 3 : 2); q++) {
         const char *lo[2], *hi[2];
         for (int p = 0; p < 2; p++) {
-            const geon_buffer *const u = &v[p ? 2 : q];
+            const geon_buffer *const u = &v[p ? 2 : q < 2 ? q : 3];
             const char *l = u->buf, *h = u->buf;
-            for (int d = 0; d < nd; d++) {
+            for (int d = 0; d < u->ndim; d++) {
                 const ptrdiff_t e = (u->shape[d] - 1) * u->strides[d];
                 if (e < 0) l += e; else h += e;
             }
             lo[p] = l;
             hi[p] = h + z;
         }
-        if (K && lo[0] < hi[1] && lo[1] < hi[0]) goto done;
+        if ((K || q == 2) && lo[0] < hi[1] && lo[1] < hi[0]) goto done;
     }
     const REAL *const a = v[0].buf, *const b = v[1].buf;
     const int64_t lda = v[0].strides[o] / z, sa = v[0].strides[o + 1] / z;
@@ -229,11 +249,11 @@ int geon_gemm_SUF(void *args) {
     void *const state = T * M * N * K >= GIL_WORK ? PyEval_SaveThread() : NULL;
     for (int64_t t = 0; t < T; t++)
         gemm_SUF(a + t * ta, lda, sa, b + t * tb, sk, sj, c + t * tc, ldc, M, N, K, pad,
-                 pad + K * NR_SUF);
+                 pad + K * NR_SUF, na == 4 ? (const REAL *)v[3].buf : NULL);
     if (state) PyEval_RestoreThread(state);
     status = 0;
 done:
-    geon_release(v, 3);
+    geon_release(v, (int)na);
     return status;
 }
 """
@@ -245,7 +265,7 @@ def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
             f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n"
-            + toolchain.BUFFER_API)
+            "extern ptrdiff_t PyTuple_Size(void *tuple);\n" + toolchain.BUFFER_API)
     return head + "\n".join(_TEMPLATE.replace("REAL", real).replace("_SUF", "_" + suffix)
                             for real, suffix in _TYPES.values())
 
@@ -299,3 +319,13 @@ def _batched(x):
         return x
     y = x.reshape((-1,) + x.shape[-2:])
     return y if y.size == 0 or np.may_share_memory(y, x) else None
+
+
+def is_entry(fn):
+    """Whether ``fn`` is one of this module's entries."""
+    fns = _loaded_fns()
+    return any(fn is f for f in fns)
+
+
+def _loaded_fns():
+    return [f for fns in _loaded.values() if fns for f in fns.values()]
