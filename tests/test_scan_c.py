@@ -216,7 +216,7 @@ def _product_kernel(dtype):
     from geon.transformers.numpy.c_codegen import _HEADER
     real = "float" if dtype == np.float32 else "double"
     s = real[0]
-    src = _HEADER + "#include <stdlib.h>\n" + c_scan._gemm_source(np.dtype(dtype)) + f"""
+    src = _HEADER + "#include <stdlib.h>\n" + c_scan.gemm_source(np.dtype(dtype)) + f"""
 int product(void *arrays, int64_t M, int64_t KN) {{
     static const int flags[3] = {{GEON_STRIDED, GEON_STRIDED, GEON_STRIDED}};
     geon_buffer v[3];

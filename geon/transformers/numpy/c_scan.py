@@ -156,13 +156,21 @@ _TRANSPOSE = {
 }
 
 
-def _gemm_source(dtype):
+def gemm_source(dtype):
+    """The C of the product kernel and of its packing (``scan_pack_f``, ...) for
+    ``dtype`` (float32 or float64); :mod:`.small_gemm` packs transposed weights with
+    it."""
     real = _CTYPE[dtype]
     suf = "_" + real[0]
     index = "int32_t" if dtype.itemsize == 4 else "int64_t"
     return (_GEMM.replace("TRANSPOSE_SUF", _TRANSPOSE[dtype.itemsize])
             .replace("INDEX", index)
             .replace("REAL", real).replace("_SUF", suf))
+
+
+def pack_name(dtype):
+    """The name of :func:`gemm_source`'s packing function for ``dtype``."""
+    return "scan_pack_" + _CTYPE[dtype][0]
 
 
 def plan(em):
@@ -428,7 +436,7 @@ class _Built:
         n = pslot + len(self.prepacked)
         dtypes = sorted({act[4] for act in actions if act[0] == "gemm"}, key=str)
         src = [self.comp._kernels.source, "#include <stdlib.h>"]
-        src += [_gemm_source(d) for d in dtypes]
+        src += [gemm_source(d) for d in dtypes]
         src += ["/* the loop: 0 done, 1 no memory, -1 a Python error set */",
                 "int geon_scan_loop(void *arrays, int64_t T, int64_t reverse) {",
                 f"    static const int flags[{n}] = {{{', '.join(['GEON_STRIDED'] * n)}}};",

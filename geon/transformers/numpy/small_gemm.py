@@ -4,7 +4,7 @@ A linear layer of a small transformer (BERT or GPT-2 with hidden size 128, 64 to
 is a product of (64, 128) by (128, 512): 8 MFLOP, about 50 us on one core. OpenBLAS's
 ``sgemm`` packs both operands into its own layouts on every call, and at these sizes
 the packing costs a fifth of the product: it took 65 us on (64, 128) @ (128, 512) and
-82 us where the right operand was a transposed weight (``W.T``), against 48 and 50 us
+89 us where the right operand was a transposed weight (``W.T``), against 54 and 56 us
 here (a 2.3 GHz Xeon with AVX-512, one thread; ONNX Runtime, which packs its constant
 weights once, took 59 us on that layer of GPT-2).
 
@@ -13,26 +13,30 @@ Here the right operand is read in place, a panel of ``2 * VG`` columns at a time
 :data:`MR` rows of the left operand: for each ``k``, the two vectors of row ``k`` of
 the panel are multiplied by each of the block's elements ``a[r, k]`` (broadcast) and
 added into ``2 * MR`` vector sums held in registers, which are stored once at the end
-(``beta = 0``: the output is not read). The panel stays in the first-level cache while
-the blocks of rows pass it. A right operand whose columns are not adjacent (``W.T``) is
-first copied into a row-major scratch block; the last panel, narrower than two vectors,
-goes through a zero-padded copy and its block of results through a small tile. The
-sums are in the data's type, one term after another along ``k``, contracted to fused
-multiply-adds as a BLAS does (its order of terms differs).
+(``beta = 0``: the output is not read). The panel stays in cache while the blocks of
+rows pass it. Panels are read from a copy where the right operand's columns are not
+adjacent (``W.T``: the copy transposes blocks in registers, with the scan loop's
+packing, :mod:`.c_scan`), where a panel would start off a 64-byte boundary (a first
+panel up to it), and for the last panel, narrower than two vectors (zero-padded; its
+block of results goes through a small tile). The sums are in the data's type, one term
+after another along ``k``, contracted to fused multiply-adds as a BLAS does (its order
+of terms differs). A bias added to each row (``c = a @ b + bias``) is added to the
+finished sums as they are stored, as NumPy's addition after the product would.
 
 :func:`step` is the maker of a segment's line ``np.matmul(a, b, out=c)``
-(:mod:`.segments`): the entry and its argument tuple where the arrays suit it (2-D
-float32 or float64 of one dtype, ``c``'s rows with unit stride, no overlap, and a
-product below :data:`MAX_WORK` multiply-adds, where a BLAS runs on one thread), else
-None. The entry refuses (returns 1, nothing written) arrays that changed shape or
-overlap, or when it cannot get its scratch memory; the line then runs as NumPy.
+(:mod:`.segments`): the entry and its argument tuple where the arrays suit it (2-D, or
+batches of them, float32 or float64 of one dtype, ``c``'s rows with unit stride, at
+least :data:`MIN_ROWS` rows, and a product below :data:`MAX_WORK` multiply-adds,
+where a BLAS runs on one thread), else None. The entry refuses (returns 1, nothing
+written) arrays that changed shape or overlap, or when it cannot get its scratch
+memory; the line then runs as NumPy.
 """
 
 import ctypes
 
 import numpy as np
 
-from geon.transformers.numpy import blas, compiled, toolchain
+from geon.transformers.numpy import blas, c_scan, compiled, toolchain
 
 #: Rows of the left operand per block (2 * MR vector sums in registers).
 MR = 8
@@ -41,12 +45,9 @@ MR = 8
 #: one may run on several of the BLAS's threads (see blas.SERIAL_PRODUCT).
 MAX_WORK = blas.SERIAL_PRODUCT
 
-#: ... and at least this many rows (fewer leave the vector units waiting on the
-#: right operand's loads; skinny.py serves 2 to 16 rows against large weights), and
-#: at least TRANSPOSED_ROWS where the right operand's columns are apart (``W.T``),
-#: whose panels are copied on each call.
+#: ... and at least this many rows: fewer leave the vector units waiting on the right
+#: operand's loads (skinny.py serves 2 to 16 rows against large weights).
 MIN_ROWS = 8
-TRANSPOSED_ROWS = 16
 
 #: Work (multiply-adds) from which a call lets go of the GIL while it computes.
 GIL_WORK = 1 << 16
@@ -116,13 +117,9 @@ static void pack_SUF(const REAL *b, int64_t sk, int64_t sj, int64_t K, int64_t N
             for (int64_t k = 0; k < K; k++)
                 for (int64_t q = 0; q < NR_SUF; q++)
                     d[k * NR_SUF + q] = q < w ? b[k * sk + j + q] : (REAL)0;
-        } else {   /* (W.T: along k in memory) 64 rows at a time, which stay in cache */
-            for (int64_t k0 = 0; k0 < K; k0 += 64) {
-                const int64_t k1 = K - k0 < 64 ? K : k0 + 64;
-                for (int64_t q = 0; q < NR_SUF; q++)
-                    for (int64_t k = k0; k < k1; k++)
-                        d[k * NR_SUF + q] = q < w ? b[k * sk + (j + q) * sj] : (REAL)0;
-            }
+        } else {   /* (W.T: transposed in registers by the scan loop's packing) */
+            SCAN_PACK(((const char *)(b + j * sj)), sk * (ptrdiff_t)sizeof(REAL),
+                      sj * (ptrdiff_t)sizeof(REAL), K, w, NR_SUF, d);
         }
     }
 }
@@ -266,8 +263,10 @@ def source():
     head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
             f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n"
             "extern ptrdiff_t PyTuple_Size(void *tuple);\n" + toolchain.BUFFER_API)
-    return head + "\n".join(_TEMPLATE.replace("REAL", real).replace("_SUF", "_" + suffix)
-                            for real, suffix in _TYPES.values())
+    return head + "\n".join(
+        c_scan.gemm_source(dtype) + _TEMPLATE.replace("SCAN_PACK", c_scan.pack_name(dtype))
+        .replace("REAL", real).replace("_SUF", "_" + suffix)
+        for dtype, (real, suffix) in _TYPES.items())
 
 
 _loaded = {}  # (CC, cache folder) -> {dtype: ctypes function}, or None
@@ -306,8 +305,7 @@ def step(a, b, out):
             return None
     elif a.ndim != 2 or b.ndim != 2:
         return None
-    if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK \
-            or m < TRANSPOSED_ROWS and n > 1 and b.strides[-1] != b.itemsize:
+    if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK:
         return None
     fns = kernels()
     return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
