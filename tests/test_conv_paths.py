@@ -18,6 +18,7 @@ from geon.transformers.numpy import conv as nc
 from geon.transformers.numpy import conv_kernels as dk
 from geon.transformers.numpy import pointwise as pw
 from geon.transformers.numpy import toolchain as ctoolchain
+from geon.transformers.numpy import small_gemm
 from geon.transformers.numpy.kernel_cache import CompileError
 
 # (batch, C, K, groups, spatial, kernel, strides, pads, dilation)
@@ -166,8 +167,8 @@ def test_pointwise_conv(case, dtype, rtol, path):
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-5)])
 def test_patches_take_one_product(case, dtype, rtol, path, monkeypatch):
     """Windows that tile the image (strides equal to the kernel, no padding: a ViT's
-    patch embedding) are x's patches by a reshape and one copy, then one product:
-    the definitions' values, and the general path's."""
+    patch embedding) are x's patches by a reshape and one copy, then one product (C
+    calls where they build): the definitions' values, and the general path's."""
     B, C, K, S, R = case
     x, w, dy, P = _arrays(B, C, K, 1, S, R, R, ((0, 0), (0, 0)), (1, 1), dtype)
     args = (R, ((0, 0), (0, 0)), (1, 1), 1)
@@ -176,6 +177,11 @@ def test_patches_take_one_product(case, dtype, rtol, path, monkeypatch):
     _check_primitives(x, w, dy, P, *args, rtol)
     y = np.empty(dy.shape, dtype)
     nc.conv_forward(x, w, y, *args, nc.Workspace())
+    steps = nc._patch_plan(x, w, y, nc.Workspace()).step(x, w, y, None)
+    # three C calls (the patches as rows, the product, the result's copy) where C runs
+    # and the product has rows enough for small_gemm (K filters)
+    c_calls = path != "numpy" and K >= small_gemm.MIN_ROWS
+    assert (steps is not None) == c_calls and (steps is None or len(steps) == 3)
     monkeypatch.setattr(nc, "_patches", lambda *a: False)
     general = np.empty(dy.shape, dtype)
     nc.conv_forward(x, w, general, *args, nc.Workspace())
