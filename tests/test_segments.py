@@ -477,6 +477,9 @@ def test_the_take_entry_against_special_take():
     with pytest.raises(IndexOutOfRangeError, match="Gather_3: index 10 is out of range"):
         segments.take(x, np.array([1, 10]), "Gather_3", out)
     assert segments.take_step(x, np.array([1, 2], np.int32), "t", out) is None
+    objects = np.array([[None, "a", 3]], object)   # (references: NumPy's copy)
+    assert segments.take_step(objects, np.array([2, 0]), "t",
+                              np.empty((1, 2), object)) is None
     assert segments.take_step(np.ones((1, 10, 8))[:, :, ::2], np.array([1, 2]), "t",
                               out) is None
     (fn, args, _), = segments.take_step(x, np.array([1, 2]), "t", x[:, :2])

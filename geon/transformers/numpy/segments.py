@@ -385,7 +385,8 @@ def _take_call(x, idx, out):
     if lib is None or not (isinstance(x, np.ndarray) and isinstance(idx, np.ndarray)
                            and isinstance(out, np.ndarray)) \
             or idx.dtype != np.int64 or idx.ndim != 1 or x.ndim < 2 \
-            or x.dtype != out.dtype or out.shape != x.shape[:1] + idx.shape + x.shape[2:] \
+            or x.dtype != out.dtype or x.dtype.kind not in "biufc" \
+            or out.shape != x.shape[:1] + idx.shape + x.shape[2:] \
             or not (x.flags.c_contiguous and idx.flags.c_contiguous
                     and out.flags.c_contiguous and out.flags.writeable):
         return None
