@@ -5,6 +5,7 @@ derivatives, against the plain-NumPy definitions and PyTorch, with and without a
 compiler (the NumPy path is then the im2col one)."""
 
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -182,6 +183,22 @@ def test_patches_take_one_product(case, dtype, rtol, path, monkeypatch):
     # and the product has rows enough for small_gemm (K filters)
     c_calls = path != "numpy" and K >= small_gemm.MIN_ROWS
     assert (steps is not None) == c_calls and (steps is None or len(steps) == 3)
+    # the calls are made from each call's arrays: a weight that is not contiguous
+    # (NumPy's way), a weight changed in place, and nothing held between calls
+    ws = nc.Workspace()
+    wt = np.ascontiguousarray(w.transpose(3, 2, 1, 0)).transpose(3, 2, 1, 0)
+    for weight in (w.copy(), wt):
+        z = np.empty(dy.shape, dtype)
+        nc.conv_forward(x, weight, z, *args, ws)
+        _close(z, y, rtol)
+        weight *= -2
+        nc.conv_forward(x, weight, z, *args, ws)
+        _close(z, -2 * y, rtol)
+    x2 = x.copy()
+    held = weakref.ref(x2)
+    nc.conv_forward(x2, w, np.empty(dy.shape, dtype), *args, ws)
+    del x2
+    assert held() is None
     monkeypatch.setattr(nc, "_patches", lambda *a: False)
     general = np.empty(dy.shape, dtype)
     nc.conv_forward(x, w, general, *args, nc.Workspace())

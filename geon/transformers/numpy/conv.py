@@ -252,27 +252,37 @@ def _patch_plan(x, w, out, ws):
     workspace allows C): the patches copied as rows (runs of a kernel's row), the
     product ``w (K, C r s) @ rows.T`` by :mod:`.small_gemm` (its transposed panels
     copied in registers), and the result copied to (B, K, P Q); a small ViT's patch
-    embedding took 10.5 us so, 21.7 through NumPy. Their steps are its ``step``."""
+    embedding took 10.5 us so, 21.7 through NumPy. The calls' arguments are made from
+    each call's arrays (views: nothing is held); they are its ``step`` too."""
     B, C = x.shape[:2]
     K, _, r, s = w.shape
     P, Q = out.shape[2:]
-    steps = None
-    if ws is None or ws.direct:
+    copy = segments.entries().get("copy") if ws is None or ws.direct else None
+    gemm = (small_gemm.kernels() or {}).get(x.dtype) if copy is not None else None
+    if gemm is None or K < small_gemm.MIN_ROWS or K * C * r * s * B * P * Q \
+            > small_gemm.MAX_WORK:
+        def numpy_way(x, w, out, epilogue):
+            _patch_product(x, w, out, ws)
+        numpy_way.step = lambda x, w, out, epilogue: None
+        return numpy_way
+
+    def calls(x, w, out):
+        wv = _view(w, (K, -1))   # (a weight that is not contiguous: NumPy's way)
+        if wv is None:
+            return None
         rows = _empty(ws, "columns", (B, P, Q, C, r, s), x.dtype)
         zt = _empty(ws, "product", (K, B * P * Q), x.dtype)
-        made = [segments.np_step(np.copyto, (rows, x.reshape(B, C, P, r, Q, s)
-                                             .transpose(0, 2, 4, 1, 3, 5))),
-                small_gemm.step(w.reshape(K, -1), rows.reshape(B * P * Q, -1).T, zt),
-                segments.np_step(np.copyto, (_into(out, (B, K, P * Q)),
-                                             zt.reshape(K, B, P * Q).transpose(1, 0, 2)))]
-        if all(m is not None and len(m) == 1 and segments.is_entry(m[0][0])
-               for m in made):
-            steps = [m[0] for m in made]
+        return [(copy, ((rows, x.reshape(B, C, P, r, Q, s).transpose(0, 2, 4, 1, 3, 5)),),
+                 None),
+                (gemm, ((wv, rows.reshape(B * P * Q, -1).T, zt),), None),
+                (copy, ((_into(out, (B, K, P * Q)),
+                         zt.reshape(K, B, P * Q).transpose(1, 0, 2)),), None)]
 
     def run(x, w, out, epilogue):
+        steps = calls(x, w, out)
         if steps is None or any(fn(args) for fn, args, _ in steps):
             _patch_product(x, w, out, ws)
-    run.step = lambda x, w, out, epilogue: steps
+    run.step = lambda x, w, out, epilogue: calls(x, w, out)
     return run
 
 

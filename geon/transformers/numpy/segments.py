@@ -323,6 +323,11 @@ def _bind(lib):
     return {n: proto((f"geon_{n}", lib)) for n in _NAMES}
 
 
+def entries():
+    """:func:`_library`'s entries, or {} where there are none."""
+    return _library() or {}
+
+
 def runner():
     """The ctypes function ``geon_steps``, or None (see :func:`_library`)."""
     lib = _library()

@@ -196,7 +196,7 @@ int geon_gemm_SUF(void *args) {
     geon_buffer v[4];
     void *const arrays = PyTuple_GetItem(args, 0);
     const ptrdiff_t na = arrays ? PyTuple_Size(arrays) : -1;
-    if (na != 3 && na != 4) return -1;
+    if (na != 3 && na != 4) return 1;   /* (refused: not arrays this entry takes) */
     if (!geon_acquire(v, arrays, flags, (int)na)) return -1;
     int status = 1;
     const ptrdiff_t z = (ptrdiff_t)sizeof(REAL);
@@ -219,13 +219,14 @@ int geon_gemm_SUF(void *args) {
     const ptrdiff_t tc_b = o && v[2].strides[0] < 0 ? -v[2].strides[0] : o ? v[2].strides[0] : 0;
     if (T > 1 && tc_b < (M - 1) * ldc_b + N * z) goto done;   /* products overlapping */
     /* c's bytes against a's, b's and the bias's (spans from the lowest to the highest
-       element) */
+       element; the bias, read as C-contiguous bytes, has no shape: its length) */
     for (int q = 0; q < (na == 4 ? 3 : 2); q++) {
         const char *lo[2], *hi[2];
         for (int p = 0; p < 2; p++) {
             const geon_buffer *const u = &v[p ? 2 : q < 2 ? q : 3];
-            const char *l = u->buf, *h = u->buf;
-            for (int d = 0; d < u->ndim; d++) {
+            const char *l = u->buf, *h = u == &v[3] ? (const char *)u->buf + u->len - z
+                                                    : u->buf;
+            for (int d = 0; u != &v[3] && d < u->ndim; d++) {
                 const ptrdiff_t e = (u->shape[d] - 1) * u->strides[d];
                 if (e < 0) l += e; else h += e;
             }
@@ -305,7 +306,9 @@ def step(a, b, out):
             return None
     elif a.ndim != 2 or b.ndim != 2:
         return None
-    if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK:
+    if m < MIN_ROWS or out.size // max(n, 1) * k * n > MAX_WORK or out.ndim == 3 \
+            and out.shape[0] > 1 and abs(out.strides[0]) < (m - 1) * abs(out.strides[1]) \
+            + n * out.itemsize:   # (products that interleave: the entry refuses them)
         return None
     fns = kernels()
     return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
