@@ -62,6 +62,12 @@ class Workspace:
             fns = self._kernels[module] = module.kernels() if self.direct else None
             return fns
 
+    def owns(self, role, view):
+        """Whether ``view`` (from :meth:`take`) is still in the buffer of ``role``."""
+        buf = self._buffers.get(role)
+        return buf is not None and view.base is not None and (
+            view.base is buf or view.base.base is buf)
+
     def take(self, role, shape, dtype):
         """An uninitialized array of ``shape`` and ``dtype`` in the buffer of ``role``
         (valid until the next ``take`` of that role)."""
@@ -266,17 +272,26 @@ def _patch_plan(x, w, out, ws):
         numpy_way.step = lambda x, w, out, epilogue: None
         return numpy_way
 
+    scratch, dtype = [], x.dtype   # (views of the workspace's buffers, while its)
+
+    def views():
+        if not scratch or ws is not None and not all(
+                ws.owns(role, v) for role, v in zip(("columns", "product"), scratch[:2])):
+            rows = _empty(ws, "columns", (B, P, Q, C, r, s), dtype)
+            zt = _empty(ws, "product", (K, B * P * Q), dtype)
+            scratch[:] = [rows, zt, rows.reshape(B * P * Q, -1).T,
+                          zt.reshape(K, B, P * Q).transpose(1, 0, 2)]
+        return scratch
+
     def calls(x, w, out):
         wv = _view(w, (K, -1))   # (a weight that is not contiguous: NumPy's way)
         if wv is None:
             return None
-        rows = _empty(ws, "columns", (B, P, Q, C, r, s), x.dtype)
-        zt = _empty(ws, "product", (K, B * P * Q), x.dtype)
+        rows, zt, rows_t, back = views()
         return [(copy, ((rows, x.reshape(B, C, P, r, Q, s).transpose(0, 2, 4, 1, 3, 5)),),
                  None),
-                (gemm, ((wv, rows.reshape(B * P * Q, -1).T, zt),), None),
-                (copy, ((_into(out, (B, K, P * Q)),
-                         zt.reshape(K, B, P * Q).transpose(1, 0, 2)),), None)]
+                (gemm, ((wv, rows_t, zt),), None),
+                (copy, ((_into(out, (B, K, P * Q)), back),), None)]
 
     def run(x, w, out, epilogue):
         steps = calls(x, w, out)
