@@ -103,24 +103,17 @@ typedef void (*tile_SUF_t)(const REAL *, int64_t, int64_t, const REAL *, int64_t
 static const tile_SUF_t tiles_SUF[9] = {0, tile1_SUF, tile2_SUF, tile3_SUF, tile4_SUF,
                                         tile5_SUF, tile6_SUF, tile7_SUF, tile8_SUF};
 
-/* b (K, N; strides sk, sj elements) as panels of NR columns, zero-padded: column j0 + q
-   of row k at p[j0 * K + k * NR + q] (j0 a multiple of NR). */
-static void pack_SUF(const REAL *b, int64_t sk, int64_t sj, int64_t K, int64_t N,
-                     REAL *p) {
-    for (int64_t j = 0; j < N; j += NR_SUF) {
-        const int64_t w = N - j < NR_SUF ? N - j : NR_SUF;
-        REAL *const d = p + j * K;
-        if (sj == 1 && w == NR_SUF) {
-            for (int64_t k = 0; k < K; k++)
-                __builtin_memcpy(d + k * NR_SUF, b + k * sk + j, NR_SUF * sizeof(REAL));
-        } else if (sj == 1) {
-            for (int64_t k = 0; k < K; k++)
-                for (int64_t q = 0; q < NR_SUF; q++)
-                    d[k * NR_SUF + q] = q < w ? b[k * sk + j + q] : (REAL)0;
-        } else {   /* (W.T: transposed in registers by the scan loop's packing) */
-            SCAN_PACK(((const char *)(b + j * sj)), sk * (ptrdiff_t)sizeof(REAL),
-                      sj * (ptrdiff_t)sizeof(REAL), K, w, NR_SUF, d);
-        }
+/* the w <= NR columns of b (K, w; strides sk, sj elements) into d: K rows of NR,
+   zero-padded */
+static void pack_SUF(const REAL *b, int64_t sk, int64_t sj, int64_t K, int64_t w,
+                     REAL *d) {
+    if (sj == 1) {
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t q = 0; q < NR_SUF; q++)
+                d[k * NR_SUF + q] = q < w ? b[k * sk + q] : (REAL)0;
+    } else {   /* (W.T: transposed in registers by the scan loop's packing) */
+        SCAN_PACK(((const char *)b), sk * (ptrdiff_t)sizeof(REAL),
+                  sj * (ptrdiff_t)sizeof(REAL), K, w, NR_SUF, d);
     }
 }
 
@@ -276,11 +269,15 @@ _loaded = {}  # (CC, cache folder) -> {dtype: ctypes function}, or None
 def kernels():
     """``{dtype: ctypes function}``, or None where the compiled path is off or cannot
     run here."""
+    return compiled.fixed_library(_loaded, "small product kernels", source, _SYMBOLS, _bind)
+
+
+_SYMBOLS = [f"geon_gemm_{s}" for _, s in _TYPES.values()]
+
+
+def _bind(lib):
     proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
-    return compiled.fixed_library(
-        _loaded, "small product kernels", source,
-        [f"geon_gemm_{s}" for _, s in _TYPES.values()],
-        lambda lib: {dt: proto((f"geon_gemm_{s}", lib)) for dt, (_, s) in _TYPES.items()})
+    return {dt: proto((f"geon_gemm_{s}", lib)) for dt, (_, s) in _TYPES.items()}
 
 
 def step(a, b, out):
@@ -324,9 +321,4 @@ def _batched(x):
 
 def is_entry(fn):
     """Whether ``fn`` is one of this module's entries."""
-    fns = _loaded_fns()
-    return any(fn is f for f in fns)
-
-
-def _loaded_fns():
-    return [f for fns in _loaded.values() if fns for f in fns.values()]
+    return any(fn is f for fns in _loaded.values() if fns for f in fns.values())
