@@ -272,7 +272,8 @@ def _patch_plan(x, w, out, ws):
         numpy_way.step = lambda x, w, out, epilogue: None
         return numpy_way
 
-    scratch, dtype = [], x.dtype   # (views of the workspace's buffers, while its)
+    # views of the workspace's buffers, made again when they are no longer its
+    scratch, dtype = [], x.dtype
 
     def views():
         if not scratch or ws is not None and not all(
