@@ -179,12 +179,12 @@ def test_patches_take_one_product(case, dtype, rtol, path, monkeypatch):
     y = np.empty(dy.shape, dtype)
     nc.conv_forward(x, w, y, *args, nc.Workspace())
     steps = nc._patch_plan(x, w, y, nc.Workspace()).step(x, w, y, None)
-    # three C calls (the patches as rows, the product, the result's copy) where C runs
-    # and the product has rows enough for small_gemm (K filters)
+    # one C call (small_gemm's patch entry) where C runs and the product has rows
+    # enough for small_gemm (K filters)
     c_calls = path != "numpy" and K >= small_gemm.MIN_ROWS
-    assert (steps is not None) == c_calls and (steps is None or len(steps) == 3)
-    # the calls are made from each call's arrays: a weight that is not contiguous
-    # (NumPy's way), a weight changed in place, and nothing held between calls
+    assert (steps is not None) == c_calls and (steps is None or len(steps) == 1)
+    # the call is given each call's arrays: a weight that is not contiguous (NumPy's
+    # way), a weight changed in place, and nothing held between calls
     ws = nc.Workspace()
     wt = np.ascontiguousarray(w.transpose(3, 2, 1, 0)).transpose(3, 2, 1, 0)
     for weight in (w.copy(), wt):

@@ -221,3 +221,26 @@ def test_a_bias_added_in_place_joins_its_product(monkeypatch):
     c[...] = 0
     seg()
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_patch_entry(dtype):
+    """A convolution whose windows tile the image (a ViT's patch embedding) in one
+    call: against the definition; sizes that do not match and an output over the
+    image are refused with nothing written."""
+    rng = np.random.default_rng(8)
+    B, C, P, R, Q, S, K = 2, 3, 3, 4, 2, 5, 9
+    x = rng.standard_normal((B, C, P * R, Q * S)).astype(dtype)
+    w = rng.standard_normal((K, C, R, S)).astype(dtype)
+    y = np.full((B, K, P, Q), np.nan, dtype)
+    fn = sg.patches_entry(dtype)
+    assert fn(((x, w, y), B, C, P, R, Q, S)) == 0
+    want = np.einsum("kcrs,bcprqs->bkpq", w.astype(np.float64),
+                     x.reshape(B, C, P, R, Q, S).astype(np.float64))
+    np.testing.assert_allclose(y, want, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
+    y[...] = 7
+    assert fn(((x, w, y), B, C, P + 1, R, Q, S)) == 1 and np.all(y == 7)
+    over = np.zeros(x.size + y.size, dtype)
+    xs, ys = over[:x.size].reshape(x.shape), over[x.size - 1:-1].reshape(y.shape)
+    xs[...] = x
+    assert fn(((xs, w, ys), B, C, P, R, Q, S)) == 1 and np.array_equal(xs, x)

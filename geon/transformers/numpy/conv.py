@@ -29,7 +29,7 @@ from geon.transformers import fusion
 from geon.transformers.numpy import blas
 from geon.transformers.numpy import conv_kernels as dk
 from geon.transformers.numpy import im2col as c_im2col
-from geon.transformers.numpy import pointwise, segments, skinny, small_gemm
+from geon.transformers.numpy import pointwise, skinny, small_gemm
 from geon.transformers.numpy.code_table import NUMPY_GLOBALS, numpy_code
 
 
@@ -61,12 +61,6 @@ class Workspace:
         except KeyError:
             fns = self._kernels[module] = module.kernels() if self.direct else None
             return fns
-
-    def owns(self, role, view):
-        """Whether ``view`` (from :meth:`take`) is still in the buffer of ``role``."""
-        buf = self._buffers.get(role)
-        return buf is not None and view.base is not None and (
-            view.base is buf or view.base.base is buf)
 
     def take(self, role, shape, dtype):
         """An uninitialized array of ``shape`` and ``dtype`` in the buffer of ``role``
@@ -254,51 +248,31 @@ def _patch_product(x, w, out, ws=None):
 
 
 def _patch_plan(x, w, out, ws):
-    """:func:`_patch_product` as three C calls where they can be made (and this
-    workspace allows C): the patches copied as rows (runs of a kernel's row), the
-    product ``w (K, C r s) @ rows.T`` by :mod:`.small_gemm` (its transposed panels
-    copied in registers), and the result copied to (B, K, P Q); a small ViT's patch
-    embedding took 15 us a call so, 21 through NumPy. The calls' arguments are made from
-    each call's arrays (views: nothing is held); they are its ``step`` too."""
+    """:func:`_patch_product` as one C call where it can be made (and this workspace
+    allows C: :mod:`.small_gemm`'s patch entry, which gathers the patches as rows,
+    multiplies and scatters the result), given the arrays themselves at each call
+    (nothing held); its ``step`` is that call. A small ViT's patch embedding took 9
+    us a call so, 19-21 through NumPy's copies and product."""
     B, C = x.shape[:2]
     K, _, r, s = w.shape
     P, Q = out.shape[2:]
-    copy = segments.entries().get("copy") if ws is None or ws.direct else None
-    gemm = (small_gemm.kernels() or {}).get(x.dtype) if copy is not None else None
-    if gemm is None or K < small_gemm.MIN_ROWS or K * C * r * s * B * P * Q \
+    fn = small_gemm.patches_entry(x.dtype) if ws is None or ws.direct else None
+    if fn is None or K < small_gemm.MIN_ROWS or K * C * r * s * B * P * Q \
             > small_gemm.MAX_WORK:
         def numpy_way(x, w, out, epilogue):
             _patch_product(x, w, out, ws)
         numpy_way.step = lambda x, w, out, epilogue: None
         return numpy_way
+    geometry = (B, C, P, r, Q, s)
 
-    # views of the workspace's buffers, made again when they are no longer its
-    scratch, dtype = [], x.dtype
-
-    def views():
-        if not scratch or ws is not None and not all(
-                ws.owns(role, v) for role, v in zip(("columns", "product"), scratch[:2])):
-            rows = _empty(ws, "columns", (B, P, Q, C, r, s), dtype)
-            zt = _empty(ws, "product", (K, B * P * Q), dtype)
-            scratch[:] = [rows, zt, rows.reshape(B * P * Q, -1).T,
-                          zt.reshape(K, B, P * Q).transpose(1, 0, 2)]
-        return scratch
-
-    def calls(x, w, out):
-        wv = _view(w, (K, -1))   # (a weight that is not contiguous: NumPy's way)
-        if wv is None:
-            return None
-        rows, zt, rows_t, back = views()
-        return [(copy, ((rows, x.reshape(B, C, P, r, Q, s).transpose(0, 2, 4, 1, 3, 5)),),
-                 None),
-                (gemm, ((wv, rows_t, zt),), None),
-                (copy, ((_into(out, (B, K, P * Q)), back),), None)]
+    def whole(x, w, out):   # (the entry reads them as C-contiguous buffers)
+        return x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous
 
     def run(x, w, out, epilogue):
-        steps = calls(x, w, out)
-        if steps is None or any(fn(args) for fn, args, _ in steps):
+        if not whole(x, w, out) or fn(((x, w, out),) + geometry):
             _patch_product(x, w, out, ws)
-    run.step = lambda x, w, out, epilogue: calls(x, w, out)
+    run.step = lambda x, w, out, epilogue: [(fn, ((x, w, out),) + geometry, None)] \
+        if whole(x, w, out) else None
     return run
 
 
