@@ -229,15 +229,21 @@ def test_the_patch_entry(dtype):
     call: against the definition; sizes that do not match and an output over the
     image are refused with nothing written."""
     rng = np.random.default_rng(8)
+    fn = sg.patches_entry(dtype)
+    # (few patches of many elements; many patches of few, more than each has: the
+    # scratch holds rows (N, L) and the product (K, N))
+    for B, C, P, R, Q, S, K in [(2, 3, 3, 4, 2, 5, 9), (2, 1, 24, 2, 20, 2, 40)]:
+        x = rng.standard_normal((B, C, P * R, Q * S)).astype(dtype)
+        w = rng.standard_normal((K, C, R, S)).astype(dtype)
+        y = np.full((B, K, P, Q), np.nan, dtype)
+        assert fn(((x, w, y), B, C, P, R, Q, S)) == 0
+        want = np.einsum("kcrs,bcprqs->bkpq", w.astype(np.float64),
+                         x.reshape(B, C, P, R, Q, S).astype(np.float64))
+        np.testing.assert_allclose(y, want, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
     B, C, P, R, Q, S, K = 2, 3, 3, 4, 2, 5, 9
     x = rng.standard_normal((B, C, P * R, Q * S)).astype(dtype)
     w = rng.standard_normal((K, C, R, S)).astype(dtype)
-    y = np.full((B, K, P, Q), np.nan, dtype)
-    fn = sg.patches_entry(dtype)
-    assert fn(((x, w, y), B, C, P, R, Q, S)) == 0
-    want = np.einsum("kcrs,bcprqs->bkpq", w.astype(np.float64),
-                     x.reshape(B, C, P, R, Q, S).astype(np.float64))
-    np.testing.assert_allclose(y, want, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
+    y = np.empty((B, K, P, Q), dtype)
     y[...] = 7
     assert fn(((x, w, y), B, C, P + 1, R, Q, S)) == 1 and np.all(y == 7)
     over = np.zeros(x.size + y.size, dtype)

@@ -277,10 +277,11 @@ int geon_patches_SUF(void *args) {
             if ((const char *)v[q].buf < ye && yb < (const char *)v[q].buf + v[q].len)
                 goto done;
     }
-    REAL *const rows = scratch_SUF(((N + K) * L + (L + MR_) * NR_SUF) * sizeof(REAL)
-                                   + 64 * 2);
+    /* rows (N, L), t (K, N) and the product's pad, each from a 64-byte boundary */
+    const int64_t at_t = (N * L + 15) / 16 * 16, at_pad = at_t + (K * N + 15) / 16 * 16;
+    REAL *const rows = scratch_SUF((at_pad + (L + MR_) * NR_SUF) * sizeof(REAL));
     if (!rows) goto done;
-    REAL *const t = rows + (N * L + 15) / 16 * 16, *const pad = t + (K * N + 15) / 16 * 16;
+    REAL *const t = rows + at_t, *const pad = rows + at_pad;
     const REAL *const x = v[0].buf;
     REAL *const y = v[2].buf;
     void *const state = K * N * L >= GIL_WORK ? PyEval_SaveThread() : NULL;
