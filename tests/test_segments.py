@@ -467,22 +467,27 @@ def test_the_take_entry_against_special_take():
         idx = idx.astype(np.int64)
         want = special.take(x, idx, "t")
         out = np.full(want.shape, np.nan, np.float32)
-        (fn, args, _), = segments.take_step(x, idx, "t", out)
+        (fn, args, _), = segments.take_step(x, idx, "t", out=out)
         assert fn(args) == 0 and np.array_equal(out, want)
         out[...] = np.nan
-        assert segments.take(x, idx, "t", out) is out and np.array_equal(out, want)
+        assert segments.take(x, idx, "t", out=out) is out and np.array_equal(out, want)
     x, out = np.ones((1, 10, 4)), np.full((1, 2, 4), 7.0)
-    (fn, args, _), = segments.take_step(x, np.array([1, 10]), "t", out)
+    (fn, args, _), = segments.take_step(x, np.array([1, 10]), "t", out=out)
     assert fn(args) == 2 and np.all(out == 7.0)
     with pytest.raises(IndexOutOfRangeError, match="Gather_3: index 10 is out of range"):
-        segments.take(x, np.array([1, 10]), "Gather_3", out)
-    assert segments.take_step(x, np.array([1, 2], np.int32), "t", out) is None
+        segments.take(x, np.array([1, 10]), "Gather_3", out=out)
+    assert segments.take_step(x, np.array([1, 2], np.int32), "t", out=out) is None
     objects = np.array([[None, "a", 3]], object)   # (references: NumPy's copy)
     assert segments.take_step(objects, np.array([2, 0]), "t",
-                              np.empty((1, 2), object)) is None
+                              out=np.empty((1, 2), object)) is None
     assert segments.take_step(np.ones((1, 10, 8))[:, :, ::2], np.array([1, 2]), "t",
-                              out) is None
-    (fn, args, _), = segments.take_step(x, np.array([1, 2]), "t", x[:, :2])
+                              out=out) is None
+    (fn, args, _), = segments.take_step(x, np.array([1, 2]), "t", out=x[:, :2])
     assert fn(args) == 2   # (out overlapping the table: refused)
     assert np.array_equal(segments.take(np.arange(10)[None], np.array([3, -1]), "t",
-                                        np.empty((1, 2), np.int64)), [[3, 9]])
+                                        out=np.empty((1, 2), np.int64)), [[3, 9]])
+    # a computation without C (compiled=False: its workspace's direct is False)
+    from geon.transformers.numpy import conv
+    no_c = conv.Workspace(direct=False)
+    assert segments.take_step(x, np.array([1, 2]), "t", no_c, out=out) is None
+    assert segments.take_step(x, np.array([1, 2]), "t", conv.Workspace(), out=out)

@@ -116,7 +116,8 @@ def _unslice_add(op, out, args):
 
 @numpy_code(pr.Take)
 def _take(op, out, args):
-    return [f"_take({args[0]}, {args[1]}, {op_site(op)!r}, out={out})"]
+    # _conv_ws: the computation's workspace, which says whether its C may run
+    return [f"_take({args[0]}, {args[1]}, {op_site(op)!r}, _conv_ws, out={out})"]
 
 
 @numpy_code(pr.PutAdd)

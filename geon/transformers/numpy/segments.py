@@ -31,6 +31,7 @@ import collections
 import ctypes
 import functools
 import math
+import sys
 
 import numpy as np
 
@@ -323,9 +324,10 @@ def _bind(lib):
     return {n: proto((f"geon_{n}", lib)) for n in _NAMES}
 
 
-def entries():
-    """:func:`_library`'s entries, or {} where there are none."""
-    return _library() or {}
+def kernels():
+    """:func:`_library` (the name a computation's workspace looks up and keeps:
+    ``conv.Workspace.kernels``)."""
+    return _library()
 
 
 def runner():
@@ -383,10 +385,11 @@ _BINARY_OPS = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _take_call(x, idx, out):
+def _take_call(x, idx, ws, out):
     """``(entry, args)`` of :data:`_TAKE`'s entry for ``special.take(x, idx, what,
-    out)``, or None where the arrays do not suit it."""
-    lib = _library() if out is not None else None
+    out)``, or None where the arrays do not suit it or the computation's workspace
+    ``ws`` (None: none) has no C (``compiled=False``)."""
+    lib = None if out is None else _library() if ws is None else ws.kernels(_SELF)
     if lib is None or not (isinstance(x, np.ndarray) and isinstance(idx, np.ndarray)
                            and isinstance(out, np.ndarray)) \
             or idx.dtype != np.int64 or idx.ndim != 1 or x.ndim < 2 \
@@ -399,19 +402,20 @@ def _take_call(x, idx, out):
     return lib["take"], ((x, idx, out), x.shape[0], x.shape[1], row)
 
 
-def take(x, idx, what, out=None):
+def take(x, idx, what, ws=None, out=None):
     """``special.take`` (``x[:, idx]``, the indices checked), by :data:`_TAKE`'s entry
-    where the arrays suit it (NumPy's call took 7-14 us on an embedding's 64 rows of
-    128, checks included); an index out of range gets ``special.take``'s error."""
-    call = _take_call(x, idx, out)
+    where the arrays suit it and the computation's workspace ``ws`` allows C (NumPy's
+    call took 7-14 us on an embedding's 64 rows of 128, checks included); an index out
+    of range gets ``special.take``'s error."""
+    call = _take_call(x, idx, ws, out)
     if call is None or call[0](call[1]):
         return special.take(x, idx, what, out)
     return out
 
 
-def take_step(x, idx, what, out=None):
+def take_step(x, idx, what, ws=None, out=None):
     """The steps of a line calling :func:`take` (see above), or None."""
-    call = _take_call(x, idx, out)
+    call = _take_call(x, idx, ws, out)
     return None if call is None else [(call[0], call[1], None)]
 
 
@@ -530,6 +534,7 @@ def _same(x, y):
                       and x.dtype == y.dtype)
 
 
+_SELF = sys.modules[__name__]
 NUMPY_GLOBALS.update(_Segment=Segment, _c_step=c_step, _np_step=np_step,
                      _take_step=take_step)   # (_take: primitives.py)
 
