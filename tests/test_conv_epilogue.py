@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import geon as be
-from geon.transformers import fusion
+from geon.transformers.numpy import c_pool
 from geon.transformers.numpy import compiled as ck
 from geon.transformers.numpy import conv as nc
 from geon.transformers.numpy import pointwise as pw
@@ -194,23 +194,22 @@ def test_clamp_bits_are_numpys(bounds, dtype, any_weight):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_split_over_threads(dtype, any_weight, monkeypatch):
+def test_split_over_threads(dtype, any_weight):
     """Blocks of rows on geon's threads give the same values as one call."""
     x, w, b = _operands(2, 24, 100, (2, 2), dtype, seed=3)
     one = np.empty((2, 100, 2, 2), dtype)
     assert pw.conv1x1(any_weight, x, w, one, b, 0.0, np.inf)
-    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
-    monkeypatch.setattr(fusion, "MAX_THREADS", 3)
     split = np.empty_like(one)
-    assert pw.conv1x1(any_weight, x, w, split, b, 0.0, np.inf)
+    with c_pool.forced(3):
+        assert pw.conv1x1(any_weight, x, w, split, b, 0.0, np.inf)
     np.testing.assert_array_equal(split, one)
 
 
-def test_a_result_overlapping_an_operand(any_weight, monkeypatch):
+def test_a_result_overlapping_an_operand(any_weight):
     """The kernel writes over x only where one call packs all of x before its first
-    store (a layer whose input dies at it), never over w or the bias, nor over x when a
-    call is split over threads: it returns False (nothing written), and conv_forward's
-    epilogue then computes into its scratch first. The right values either way."""
+    store (a layer whose input dies at it), never over w or the bias; a call over its
+    x is never cut into blocks for geon's threads (a block's stores would reach rows of
+    x another has yet to read). The right values either way."""
     x, w, b = _operands(2, 8, 8, (2, 2), np.float64)
     want = _reference(x, w, b, 0.0, np.inf)
     xs = x.copy()
@@ -224,25 +223,20 @@ def test_a_result_overlapping_an_operand(any_weight, monkeypatch):
     out = ws.reshape(2, 8, 2, 2)                                  # over the weight
     assert not pw.conv1x1(any_weight, x, ws.reshape(8, 8, 1, 1), out, b, 0.0, np.inf)
     np.testing.assert_array_equal(ws, w.reshape(8, 8))
-    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
-    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
     x2, w2, b2 = _operands(2, 30, 30, (2, 2), np.float64, seed=5)
     want2 = _reference(x2, w2, b2, 0.0, np.inf)
     xs = x2.copy()
-    assert not pw.conv1x1(any_weight, xs, w2, xs, b2, 0.0, np.inf)
-    np.testing.assert_array_equal(xs, x2)
-    scratch = np.empty_like(xs)
-    nc.conv_forward(xs, w2, scratch, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, None,
-                    (xs, b2, 0.0, np.inf, "clamp"))
+    with c_pool.forced(2):
+        assert pw.conv1x1(any_weight, xs, w2, xs, b2, 0.0, np.inf)
     _close(xs, want2, np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_wide_form_over_its_input(dtype, any_weight, monkeypatch):
+def test_the_wide_form_over_its_input(dtype, any_weight):
     """The wide form computes a result laid over its input (the plan gives an
     expansion's result the memory of the input that dies at it) from a copy of the
-    input, in one call; split over threads it declines (nothing written). Blocks of
-    rows on threads give one call's values."""
+    input, in one call or in blocks of rows on geon's threads, with one call's
+    values."""
     x, w, b = _operands(2, 6, 30, (40,), dtype, seed=4)   # (K >= 24: split by rows)
     want = _reference(x, w, b, 0.0, 6.0)
     room = np.empty(2 * 30 * 40, dtype)
@@ -252,13 +246,13 @@ def test_the_wide_form_over_its_input(dtype, any_weight, monkeypatch):
     assert pw.conv1x1(any_weight, xs, w, out, b, 0.0, 6.0)
     _close(out, want, dtype)
     one = out.copy()
-    monkeypatch.setattr(pw, "PARALLEL_WORK", 0)
-    monkeypatch.setattr(fusion, "MAX_THREADS", 2)
     xs[...] = x
-    assert not pw.conv1x1(any_weight, xs, w, out, b, 0.0, 6.0)
-    np.testing.assert_array_equal(xs, x)
+    with c_pool.forced(2):
+        assert pw.conv1x1(any_weight, xs, w, out, b, 0.0, 6.0)
+    np.testing.assert_array_equal(out, one)
     split = np.empty_like(one)
-    assert pw.conv1x1(any_weight, x, w, split, b, 0.0, 6.0)
+    with c_pool.forced(2):
+        assert pw.conv1x1(any_weight, x, w, split, b, 0.0, 6.0)
     np.testing.assert_array_equal(split, one)
 
 

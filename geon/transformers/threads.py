@@ -25,7 +25,8 @@ The policy:
   memory map), set only when the number changes, and never above what the BLAS had
   before geon first set it (so ``OPENBLAS_NUM_THREADS=1`` or a ``threadpoolctl``
   limit stands); geon's groups through :func:`active`, which
-  :func:`~geon.transformers.fusion.run_blocks` reads.
+  :func:`~geon.transformers.fusion.run_blocks` reads; the C pool of the fixed kernels
+  (:mod:`geon.transformers.numpy.c_pool`) through :func:`on_change`.
 
 A computation whose BLAS products are all small passes a cap of one BLAS thread
 (:func:`geon.transformers.numpy.blas.blas_threads_cap`): the BLAS gets one thread for
@@ -188,6 +189,8 @@ class Policy:
             if n != self.threads:
                 self.changes += 1
                 self.threads = n
+                for fn in _listeners:
+                    fn(n)
             self._apply_blas(n)
             return n
 
@@ -212,6 +215,16 @@ class Policy:
 
 #: The process's policy.
 POLICY = Policy()
+
+#: Called with the policy's new count whenever it changes (:func:`on_change`).
+_listeners: list = []
+
+
+def on_change(fn) -> None:
+    """Call ``fn(n)`` with the policy's count of threads now and whenever it changes
+    (the C pools of :mod:`geon.transformers.numpy.c_pool` follow it so)."""
+    _listeners.append(fn)
+    fn(POLICY.threads)
 
 
 def active() -> int:

@@ -135,23 +135,27 @@ def _gemm(a, b, ws=None):
 
 
 def _gemm_into(a, b, out, ws=None):
-    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`; one matrix with few
-    columns (few positions) and a large ``a`` (a filter) by the 1 x 1 kernel of
-    :mod:`.pointwise` (``b`` as the columns of one image) where ``ws`` allows C, else
-    by :mod:`.skinny` where a side is short (resnet18's 512 x 4,608 filter over 8
-    columns, inside its forward: 1.41 ms by skinny, 0.84 ms by the kernel)."""
-    if a.shape[0] == 1:
-        fns = _fixed(ws, pointwise)
-        if fns and a.ndim == b.ndim == 3:
-            x, w, y = b[0][None], a[0][..., None], out[0][None]
-            if pointwise.usable(x, w, y) and pointwise.conv1x1(fns, x, w, y):
-                return
-        if skinny.worth_it(a.shape[1:], b.shape[1:], out.dtype):
-            skinny.matmul(a[0], b[0], out[0], ws is None or ws.direct)
-        else:
-            np.matmul(a[0], b[0], out=out[0])
-    else:
+    """``out`` = ``a @ b`` over stacks of matrices, as :func:`_gemm`. One matrix, where
+    ``ws`` allows C: few columns (few positions) against a large ``a`` (a filter) by
+    the 1 x 1 kernel of :mod:`.pointwise` (``b`` as the columns of one image), a short
+    side by :mod:`.skinny` (resnet18's 512 x 4,608 filter over 8 columns, inside its
+    forward: 1.41 ms by skinny, 0.84 ms by the kernel), else by :mod:`.small_gemm`'s
+    kernel where it takes the operands (on geon's threads where the policy gives more
+    than one: resnet18's (64, 576) @ (576, 512) took 160 us on two, 272 on one, against
+    291 by the BLAS on one); else by NumPy."""
+    if a.shape[0] != 1:
         np.matmul(a, b, out=out)
+        return
+    c_ok = ws is None or ws.direct
+    fns = _fixed(ws, pointwise)
+    if fns and a.ndim == b.ndim == 3:
+        x, w, y = b[0][None], a[0][..., None], out[0][None]
+        if pointwise.usable(x, w, y) and pointwise.conv1x1(fns, x, w, y):
+            return
+    if skinny.worth_it(a.shape[1:], b.shape[1:], out.dtype):
+        skinny.matmul(a[0], b[0], out[0], c_ok)
+    elif not (c_ok and small_gemm.matmul(a[0], b[0], out[0])):
+        np.matmul(a[0], b[0], out=out[0])
 
 
 #: The derivatives of a convolution avoid copying a transposed filter (in x) or a
@@ -643,12 +647,18 @@ def _tiled_shape(kernel, P):
         P[-1] * kernel[-1],)
 
 
-def max_pool(x, out, kernel, strides, pads, dilation):
-    """``out`` (..., *P): the maximum of each window of x (..., *S)."""
+def max_pool(x, out, kernel, strides, pads, dilation, ws=None):
+    """``out`` (..., *P): the maximum of each window of x (..., *S): windows that tile
+    x by NumPy (:func:`_tiled_max`), others by :mod:`.im2col`'s C kernel where ``ws``
+    allows C (resnet18's 3 x 3 windows at stride 2 on 64 planes of 32 x 32, two images:
+    NumPy's nine strided maxima took 340 us), else by NumPy over the padded image."""
     n = len(kernel)
     P = out.shape[out.ndim - n:]
     if _tiles(x.shape[x.ndim - n:], kernel, strides, pads, dilation, P):
         _tiled_max(x, kernel, P, out)
+        return
+    fns = _fixed(ws, c_im2col)
+    if fns and c_im2col.max_pool(fns, x, out, kernel, strides, pads, dilation):
         return
     views = _tap_views(_padded(x, pads, cv._lowest(x.dtype)), kernel, P, strides, dilation)
     np.copyto(out, views[0])
@@ -693,8 +703,9 @@ def _keep_first(hits, kernel, P):
             taken |= h
 
 
-def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
-    """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x."""
+def max_pool_grad(x, dy, out, kernel, strides, pads, dilation, ws=None):
+    """``out`` (x's shape): dy (..., *P) added at each window's first maximum of x
+    (``ws``, the computation's workspace, is not used)."""
     n = len(kernel)
     P = dy.shape[dy.ndim - n:]
     S = x.shape[x.ndim - n:]
@@ -720,8 +731,9 @@ def max_pool_grad(x, dy, out, kernel, strides, pads, dilation):
                                           zip(S, pads))])
 
 
-def max_pool_gather(x, v, out, kernel, strides, pads, dilation):
-    """``out`` (..., *P): v (x's shape) at each window's first maximum of x."""
+def max_pool_gather(x, v, out, kernel, strides, pads, dilation, ws=None):
+    """``out`` (..., *P): v (x's shape) at each window's first maximum of x (``ws``, the
+    computation's workspace, is not used)."""
     P = out.shape[out.ndim - len(kernel):]
     masks = _first_max_masks(x, kernel, P, strides, pads, dilation)
     out.fill(0)  # a window of NaNs has no maximum
@@ -751,4 +763,4 @@ def _conv(op, out, args, epilogue=""):
 @numpy_code(*_POOL_FN)
 def _pool(op, out, args):
     return [f"{_POOL_FN[type(op)]}({', '.join(args)}, {out}, {op.kernel}, {op.strides}, "
-            f"{op.pads}, {op.dilation})"]
+            f"{op.pads}, {op.dilation}, _conv_ws)"]

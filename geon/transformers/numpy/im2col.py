@@ -21,7 +21,9 @@ type. The library is built and cached like the other fixed kernels
 
 import ctypes
 
-from geon.transformers.numpy import compiled, pointwise
+import numpy as np
+
+from geon.transformers.numpy import c_pool, compiled, pointwise, toolchain
 
 _TEMPLATE = r"""
 /* cols (C, R, S, B, P, Q) = the windows of x (B, C, H, W) (C-contiguous), zero where a
@@ -44,7 +46,7 @@ static int gather_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
                     for (int64_t q = 0; q < Q; q++, j++) {
                         const int64_t ih = p * sh - ph + r * dh, iw = q * sw - pw + s * dw;
                         idx[j] = ih < 0 || ih >= H || iw < 0 || iw >= W ? -1
-                                 : b * C * H * W + ih * W + iw;
+                                 : b * g[14] * H * W + ih * W + iw;
                     }
     for (int64_t c = 0; c < C; c++, o += n) {
         const T *plane = x + c * H * W;
@@ -94,7 +96,7 @@ static int padded_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
     for (int64_t c = 0; c < C; c++) {
         for (int64_t b = 0; b < B; b++) {
             T *pl = buf + b * plane;
-            const T *img = x + (b * C + c) * H * W;
+            const T *img = x + (b * g[14] + c) * H * W;
             for (int64_t i = 0; i < Hp; i++) {
                 T *row = pl + i * Wp;
                 const int64_t ih = i - ph;
@@ -124,10 +126,11 @@ static int padded_SUF(const T *restrict x, T *restrict o, const int64_t *g) {
     return 0;
 }
 
-/* cols (C, R, S, B, P, Q) = the windows of x (B, C, H, W) (C-contiguous), zero where a
-   window reaches into the padding; g: B C H W R S P Q, strides sh sw, pads ph pw (the
-   leading ones), dilations dh dw. 1: no memory (nothing written). */
-int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
+/* cols (C, R, S, B, P, Q) = the windows of channels [0, C) of x (B, g[14], H, W)
+   (C-contiguous), zero where a window reaches into the padding; g: B C H W R S P Q,
+   strides sh sw, pads ph pw (the leading ones), dilations dh dw, the channels of an
+   image of x. 1: no memory (nothing written). */
+static int part_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
     const int64_t B = g[0], C = g[1], H = g[2], W = g[3], R = g[4], S = g[5];
     const int64_t P = g[6], Q = g[7], sh = g[8], sw = g[9], ph = g[10], pw = g[11];
     const int64_t dh = g[12], dw = g[13];
@@ -145,7 +148,7 @@ int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
                 if (q1 > Q) q1 = Q;
                 if (q0 > q1) q0 = q1;
                 for (int64_t b = 0; b < B; b++) {
-                    const T *plane = x + (b * C + c) * H * W;
+                    const T *plane = x + (b * g[14] + c) * H * W;
                     for (int64_t p = 0; p < P; p++, o += Q) {
                         const int64_t ih = p * sh - ph + r * dh;
                         if (ih < 0 || ih >= H) {
@@ -164,11 +167,153 @@ int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
             }
     return 0;
 }
+
+typedef struct { const T *x; T *cols; const int64_t *g; int64_t per; int failed; } job_SUF;
+
+static void run_SUF(void *p, int64_t k) {
+    job_SUF *const j = p;
+    const int64_t *const g = j->g, c0 = k * j->per;
+    const int64_t n = g[1] - c0 < j->per ? g[1] - c0 : j->per;
+    int64_t h[15];
+    for (int q = 0; q < 15; q++) h[q] = g[q];
+    h[1] = n;
+    if (part_SUF(j->x + c0 * g[2] * g[3], j->cols + c0 * g[4] * g[5] * g[0] * g[6] * g[7], h))
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* cols (C, R, S, B, P, Q) = the windows of x (B, C, H, W) (C-contiguous), zero where a
+   window reaches into the padding; g: B C H W R S P Q, strides sh sw, pads ph pw (the
+   leading ones), dilations dh dw, C again. Blocks of channels on geon's threads where
+   there are PAR_ELEMENTS or more to write. 1: no memory. */
+int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
+    const int64_t C = g[1], want = pool_threads();
+    job_SUF j = {x, cols, g, C, 0};
+    if (want > 1 && C > 1 && pool_worth(C * g[4] * g[5] * g[0] * g[6] * g[7], PAR_ELEMENTS))
+        j.per = (C + POOL_CUT(want) - 1) / POOL_CUT(want);
+    pool_run(run_SUF, &j, (C + j.per - 1) / j.per);
+    return j.failed;
+}
 """
+
+_POOL = r"""
+typedef REAL vp_SUF __attribute__((vector_size(64)));
+#define VP_SUF ((int64_t)(64 / sizeof(REAL)))
+/* the even elements of vector a then of vector b (GCC before 12 has no
+   __builtin_shufflevector) */
+#if defined(__clang__) || __GNUC__ >= 12
+#define EVENS_SUF(a, b) __builtin_shufflevector(a, b, EVENS_IDX)
+#else
+#define EVENS_SUF(a, b) __builtin_shuffle(a, b, (__typeof__((a) > (b))){EVENS_IDX})
+#endif
+
+/* NumPy's maximum of two vectors (as MAX_SUF: a NaN in a wins, else b's through the
+   comparison; of equal operands b) */
+static inline vp_SUF vmax_SUF(vp_SUF a, vp_SUF b) {
+    const __typeof__(a > b) gt = a > b, nan = a != a, take = gt | nan;
+    __typeof__(a > b) ai, bi;
+    __builtin_memcpy(&ai, &a, sizeof a);
+    __builtin_memcpy(&bi, &b, sizeof b);
+    const __typeof__(a > b) r = (ai & take) | (bi & ~take);
+    vp_SUF out;
+    __builtin_memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* y (B, C, P, Q) = the maximum of each window of x (B, C, H, W) (both C-contiguous;
+   g as im2col's), taps out of the image skipped: NumPy's maximum folded over the taps
+   in their order from -inf, as the strided path folds them (a NaN wins; of -0.0 and
+   0.0 the later tap). Each plane is first copied between -inf borders (the rows and
+   columns the windows reach), its columns dealt into sw phases (column j to phase j %
+   sw at j / sw), so that a tap's inputs for a vector of outputs are adjacent; then
+   every vector of outputs folds its taps in registers and is stored once (with a
+   tap's bounds in the loop and the outputs folded in memory, resnet18's pooling of
+   64 planes of 32 x 32 at stride 2, two images, took 240 us). Planes in blocks on
+   geon's threads. 1: no memory. */
+typedef struct { const REAL *x; REAL *y; const int64_t *g; int64_t per; int failed; } mjob_SUF;
+
+static void max_part_SUF(void *p, int64_t k) {
+    mjob_SUF *const j = p;
+    const int64_t *const g = j->g;
+    const int64_t H = g[2], W = g[3], R = g[4], S = g[5], P = g[6], Q = g[7];
+    const int64_t sh = g[8], sw = g[9], ph = g[10], pw = g[11], dh = g[12], dw = g[13];
+    const int64_t n = g[0] * g[1], c0 = k * j->per, c1 = n - c0 < j->per ? n : c0 + j->per;
+    const int64_t Hp = (P - 1) * sh + (R - 1) * dh + 1, Wp = (Q - 1) * sw + (S - 1) * dw + 1;
+    /* (2 VP_SUF elements of slack: a last vector of outputs reads past its row) */
+    REAL *const pad = malloc((size_t)(Hp * Wp + 2 * VP_SUF) * sizeof(REAL));
+    REAL *const tmp = malloc((size_t)VP_SUF * sizeof(REAL));
+    if (!pad || !tmp) {
+        free(pad);
+        free(tmp);
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t e = Hp * Wp; e < Hp * Wp + 2 * VP_SUF; e++) pad[e] = 0;
+    /* the columns [w0, w1) of a padded row that hold the image's row */
+    const int64_t w0 = pw < 0 ? 0 : pw > Wp ? Wp : pw;
+    const int64_t w1 = W + pw < w0 ? w0 : W + pw > Wp ? Wp : W + pw;
+    for (int64_t c = c0; c < c1; c++) {
+        const REAL *const xp = j->x + c * H * W;
+        REAL *const yp = j->y + c * P * Q;
+        for (int64_t i = 0; i < Hp; i++) {
+            REAL *const row = pad + i * Wp;
+            const int64_t ih = i - ph;
+            const int inside = ih >= 0 && ih < H;
+            for (int64_t e = 0; e < (inside ? w0 : Wp); e++) row[e] = -(REAL)INFINITY;
+            if (!inside) continue;
+            memcpy(row + w0, xp + ih * W + (w0 - pw), (size_t)(w1 - w0) * sizeof(REAL));
+            for (int64_t e = w1; e < Wp; e++) row[e] = -(REAL)INFINITY;
+        }
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t q = 0; q < Q; q += VP_SUF) {
+                vp_SUF acc = (vp_SUF){0} - (REAL)INFINITY;
+                for (int64_t r = 0; r < R; r++) {
+                    const REAL *const pr = pad + (p * sh + r * dh) * Wp + q * sw;
+                    for (int64_t s = 0; s < S; s++) {
+                        const REAL *const t = pr + s * dw;
+                        vp_SUF v;
+                        if (sw == 1) {
+                            __builtin_memcpy(&v, t, sizeof v);
+                        } else if (sw == 2) {   /* the even elements of two vectors */
+                            vp_SUF v0, v1;
+                            __builtin_memcpy(&v0, t, sizeof v0);
+                            __builtin_memcpy(&v1, t + VP_SUF, sizeof v1);
+                            v = EVENS_SUF(v0, v1);
+                        } else {
+                            for (int64_t u = 0; u < VP_SUF; u++)
+                                tmp[u] = q + u < Q ? t[u * sw] : 0;
+                            __builtin_memcpy(&v, tmp, sizeof v);
+                        }
+                        acc = vmax_SUF(acc, v);
+                    }
+                }
+                const int64_t m = Q - q < VP_SUF ? Q - q : VP_SUF;
+                __builtin_memcpy(yp + p * Q + q, &acc, (size_t)m * sizeof(REAL));
+            }
+    }
+    free(tmp);
+    free(pad);
+}
+
+int geon_max_pool_SUF(const REAL *x, REAL *y, const int64_t *g) {
+    const int64_t n = g[0] * g[1], want = pool_threads();
+    mjob_SUF j = {x, y, g, n, 0};
+    if (want > 1 && n > 1 && pool_worth(n * g[6] * g[7] * g[4] * g[5], PAR_ELEMENTS))
+        j.per = (n + POOL_CUT(want) - 1) / POOL_CUT(want);
+    pool_run(max_part_SUF, &j, (n + j.per - 1) / j.per);
+    return j.failed;
+}
+"""
+#: dtype -> (C type, suffix, NumPy's maximum in C) of the max pooling kernels
+_FLOATS = {np.dtype(np.float32): ("float", "f32", "geon_max_f"),
+           np.dtype(np.float64): ("double", "f64", "geon_max_d")}
 
 #: element size -> the C type copied
 _TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
-_SYMBOLS = [f"geon_im2col_{n}" for n in _TYPES]
+_SYMBOLS = [f"geon_im2col_{n}" for n in _TYPES] + [c_pool.CLIENT_SYMBOL] \
+    + [f"geon_max_pool_{t[1]}" for t in _FLOATS.values()]
+#: Copies of at least this many elements are cut into blocks of channels for geon's
+#: threads (:mod:`.c_pool`) where the thread policy gives more than one.
+PAR_ELEMENTS = 1 << 15
 #: Output rows shorter than this are copied through a table of offsets (see the C).
 MIN_ROW = 16
 #: Convolutions of stride 1 or 2 with output rows of PAD_MIN_ROW to PAD_MAX_ROW elements
@@ -186,18 +331,28 @@ def source():
     """The C source of the kernels, one per element size."""
     return f"#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n" \
         f"#define MIN_ROW {MIN_ROW}\n#define PAD_MIN_ROW {PAD_MIN_ROW}\n" \
-        f"#define PAD_MAX_ROW {PAD_MAX_ROW}\n" + "".join(
+        f"#define PAD_MAX_ROW {PAD_MAX_ROW}\n#define PAR_ELEMENTS {PAR_ELEMENTS}\n" \
+        + c_pool.CLIENT + "".join(
         f"#define T {t}\n" + _TEMPLATE.replace("_SUF", f"_{n}") + "#undef T\n"
-        for n, t in _TYPES.items())
+        for n, t in _TYPES.items()) + "#include <math.h>\n" + toolchain.MINMAX + "".join(
+        _POOL.replace("EVENS_IDX", ", ".join(str(2 * u) for u in range(64 // dt.itemsize)))
+        .replace("REAL", real).replace("MAX_SUF", mx).replace("_SUF", "_" + suffix)
+        for dt, (real, suffix, mx) in _FLOATS.items())
 
 
 def _bind(lib):
+    c_pool.attach(lib)
     fns = {}
     for n in _TYPES:
         f = getattr(lib, f"geon_im2col_{n}")
         f.argtypes = [ctypes.c_void_p] * 3
         f.restype = ctypes.c_int
         fns[n] = f
+    for dtype, (_, suffix, _) in _FLOATS.items():
+        f = getattr(lib, f"geon_max_pool_{suffix}")
+        f.argtypes = [ctypes.c_void_p] * 3
+        f.restype = ctypes.c_int
+        fns["max_pool", dtype] = f
     return fns
 
 
@@ -225,6 +380,30 @@ def im2col(fns, x, cols, kernel, out, strides, pads, dilation):
         kernel, out = (1, *kernel), (1, *out)
         strides, pads, dilation = (1, *strides), ((0, 0), *pads), (1, *dilation)
     held = pointwise.geometry((*x.shape, *kernel, *out, *strides, pads[0][0],
-                               pads[1][0], *dilation))
+                               pads[1][0], *dilation, x.shape[1]))
     if fns[x.dtype.itemsize](x.ctypes.data, cols.ctypes.data, held[1]):
         raise MemoryError("no memory for the offsets of an im2col copy")
+
+
+def max_pool(fns, x, out, kernel, strides, pads, dilation):
+    """``out`` (B, C, *P) = the maximum of each window of ``x`` (B, C, *S) by the C
+    kernel, where it applies: True; else False (nothing written). It applies to 1-d and
+    2-d windows of C-contiguous float32 or float64 arrays (windows out of the image
+    skipped: the strided path's -inf padding)."""
+    f = fns.get(("max_pool", x.dtype))
+    if f is None or len(kernel) not in (1, 2) or x.ndim != 2 + len(kernel) \
+            or out.dtype != x.dtype or out.ndim != x.ndim or out.shape[:2] != x.shape[:2] \
+            or not (x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return False
+    if np.may_share_memory(x, out):
+        return False
+    if len(kernel) == 1:   # 1-d: one row per image
+        x = x.reshape(x.shape[:2] + (1,) + x.shape[2:])
+        kernel, strides, pads, dilation = (1, *kernel), (1, *strides), ((0, 0), *pads), \
+            (1, *dilation)
+        out = out.reshape(out.shape[:2] + (1,) + out.shape[2:])
+    held = pointwise.geometry((*x.shape, *kernel, *out.shape[2:], *strides, pads[0][0],
+                               pads[1][0], *dilation, x.shape[1]))
+    if f(x.ctypes.data, out.ctypes.data, held[1]):
+        raise MemoryError("no memory for a max pooling's offsets")
+    return True

@@ -44,8 +44,7 @@ import ctypes
 
 import numpy as np
 
-from geon.transformers import fusion
-from geon.transformers.numpy import compiled, toolchain
+from geon.transformers.numpy import c_pool, compiled, toolchain
 from geon.transformers.numpy.c_rules import sigmoid_limit
 
 #: The kernel is used for at most this many columns (images times positions) and a
@@ -66,9 +65,9 @@ MIN_WEIGHT_BYTES = 1 << 18
 #: More columns go to the wide form (the convolution's own callers only) where C is at
 #: most this: C rows of its blocks of columns stay in L1 (see pw_wide).
 WIDE_MAX_C = 256
-#: Work (multiply-adds) from which a call is split over geon's threads by rows (one
-#: thread / two on a 2-core AMD EPYC: 3.3 M 89 / 116 us, 13.1 M 340 / 241).
-PARALLEL_WORK = 1 << 23
+#: Work (multiply-adds) from which a call is cut into blocks of rows for geon's threads
+#: (:mod:`.c_pool`) where the thread policy gives more than one.
+PARALLEL_WORK = 1 << 21
 
 #: The epilogue of one element in C (``epi_SUF``), also the direct convolutions'
 #: (:mod:`.conv_kernels`); :func:`specialize` fills in its names per dtype.
@@ -355,6 +354,26 @@ static int pw_wide_SUF(const REAL *restrict x, const REAL *restrict w,
 }
 #undef WIDE_ROWS
 
+/* One call's rows [lo, hi) in blocks of per: block k is rows [lo + k per, ...). */
+typedef struct {
+    const REAL *x, *w, *bias;
+    REAL *y;
+    const int64_t *geo;
+    REAL lo_, hi_;
+    int act;
+    int64_t lo, hi, per;
+    int (*fn)(const REAL *restrict, const REAL *restrict, const REAL *restrict,
+              REAL *restrict, const int64_t *, REAL, REAL, int, int64_t, int64_t);
+    int status;   /* 1 where a block had no memory */
+} pwjob_SUF;
+
+static void pw_part_SUF(void *p, int64_t k) {
+    pwjob_SUF *const j = p;
+    const int64_t a = j->lo + k * j->per, b = j->hi - a < j->per ? j->hi : a + j->per;
+    if (j->fn(j->x, j->w, j->bias, j->y, j->geo, j->lo_, j->hi_, j->act, a, b))
+        __atomic_store_n(&j->status, 1, __ATOMIC_RELAXED);
+}
+
 /* The entry (GIL held), its arguments one tuple (arrays, narrays, geo's address, lo_,
    hi_, act, lo, hi, wide): arrays (x, w, y[, bias]), all C-contiguous, y writable; rows
    [lo, hi) of w without the GIL. 0: done; 1: no memory; 2: y overlaps an operand
@@ -394,9 +413,19 @@ int geon_pointwise_SUF(void *args) {
             copy = malloc((size_t)v[0].len);
             if (copy) xs = __builtin_memcpy(copy, xs, (size_t)v[0].len);
         }
-        status = over_x && !copy ? 1 : (wide ? pw_wide_SUF : pw_SUF)(
-            xs, v[1].buf, narrays > 3 ? v[3].buf : NULL, v[2].buf, geo,
-            (REAL)lo_, (REAL)hi_, (int)act, lo, hi);
+        pwjob_SUF job = {xs, v[1].buf, narrays > 3 ? v[3].buf : NULL, v[2].buf, geo,
+                         (REAL)lo_, (REAL)hi_, (int)act, lo, hi, hi - lo,
+                         wide ? pw_wide_SUF : pw_SUF, 0};
+        /* blocks of rows on geon's threads, where y does not overlap x (a block's
+           stores would reach rows of x another block has yet to read) */
+        const int64_t want = pool_threads();
+        if (want > 1 && !(xs == v[0].buf && (const char *)xs < ye
+                          && ys < (const char *)xs + v[0].len)
+                && pool_worth(geo[0] * geo[1] * geo[3] * (hi - lo), PAR_WORK))
+            job.per = ((hi - lo + POOL_CUT(want) - 1) / POOL_CUT(want) + 3) / 4 * 4;
+        if (over_x && !copy) job.status = 1;
+        else pool_run(pw_part_SUF, &job, (hi - lo + job.per - 1) / job.per);
+        status = job.status;
         free(copy);
         PyEval_RestoreThread(state);
     }
@@ -487,13 +516,14 @@ def act_code(act, lo, hi):
 
 
 _SYMBOLS = [f"geon_{k}_{t[1]}" for k in ("pointwise", "bias_clamp")
-            for t in _TYPES.values()]
+            for t in _TYPES.values()] + [c_pool.CLIENT_SYMBOL]
 
 
 def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <math.h>\n#include <stdint.h>\n#include <stddef.h>\n"
-            "#include <stdlib.h>\n" + toolchain.BUFFER_API + toolchain.MINMAX)
+            f"#include <stdlib.h>\n#define PAR_WORK {PARALLEL_WORK}LL\n"
+            + toolchain.BUFFER_API + toolchain.MINMAX + c_pool.CLIENT)
     return head + simd_exp() + "\n".join(
         specialize(_TEMPLATE.replace("HSUM_SUF", _hsum(64 // np.dtype(dt).itemsize,
                                                        "int32_t" if dt == np.float32
@@ -570,6 +600,7 @@ def specialize(template, dtype):
 
 def _bind(lib):
     """The entries, each taking its arguments as one tuple (see the C)."""
+    c_pool.attach(lib)
     proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {}
     for dtype, (_, suffix, _, _) in _TYPES.items():
@@ -643,28 +674,16 @@ def prepared_conv1x1(fns, x, w, out, bias=None, lo=-np.inf, hi=np.inf, act="clam
     fn = fns[out.dtype]
     n = 3 if bias is None else 4
     wide = int(columns or wide_form(B, C, P, x.itemsize))
-    threads = fusion.MAX_THREADS if B * C * K * P >= PARALLEL_WORK and K >= 24 else 1
-    rows = -(-K // threads)
-    block = rows - rows % 12 + 12 if rows % 12 else rows
 
     def run(x, w, out, bias, _held=held):
         arrays = (x, w, out) if bias is None else (x, w, out, bias)
-        if threads < 2:
-            status = fn((arrays, n, geo, lo, hi, code, 0, K, wide))
-        else:
-            results = []
-
-            def part(a, b):
-                results.append(fn((arrays, n, geo, lo, hi, code, a, b, wide)))
-            fusion.run_blocks(part, K, block, [()] * threads)
-            status = max(results)
+        status = fn((arrays, n, geo, lo, hi, code, 0, K, wide))
         if status == 1:
             raise MemoryError("no memory for the columns of a 1 x 1 convolution")
         return status == 0
-    if threads < 2:   # one call: a step (segments.py)
-        run.step = lambda x, w, out, bias: [(
-            fn, ((x, w, out) if bias is None else (x, w, out, bias), n, geo, lo, hi, code,
-                 0, K, wide), run)]
+    run.step = lambda x, w, out, bias: [(   # one call: a step (segments.py)
+        fn, ((x, w, out) if bias is None else (x, w, out, bias), n, geo, lo, hi, code,
+             0, K, wide), run)]
     return run
 
 

@@ -36,7 +36,7 @@ import ctypes
 
 import numpy as np
 
-from geon.transformers.numpy import blas, c_scan, compiled, toolchain
+from geon.transformers.numpy import blas, c_pool, c_scan, compiled, toolchain
 
 #: Rows of the left operand per block (2 * MR vector sums in registers).
 MR = 8
@@ -51,6 +51,11 @@ MIN_ROWS = 8
 
 #: Work (multiply-adds) from which a call lets go of the GIL while it computes.
 GIL_WORK = 1 << 16
+
+#: Work from which one product (or a batch of fewer products than threads) is cut into
+#: parts for geon's threads (:mod:`.c_pool`), where the thread policy allows more than
+#: one.
+PAR_WORK = 1 << 20
 
 _TEMPLATE = r"""
 typedef REAL vg_SUF __attribute__((vector_size(64)));
@@ -176,6 +181,32 @@ static REAL *scratch_SUF(size_t bytes) {
     return kept;
 }
 
+/* One product of a call (or a batch of them) and how it is cut into parts: part k is
+   product k / (nr nc), its block of rows (rows of them) k / nc % nr and of columns
+   (cols of them) k % nc. */
+typedef struct {
+    const REAL *a, *b, *v;
+    REAL *c;
+    int64_t lda, sa, ta, sk, sj, tb, ldc, tc, M, N, K, rows, cols, nr, nc;
+    int failed;   /* a part had no memory for its scratch */
+} job_SUF;
+
+static void part_SUF(void *job, int64_t k) {
+    job_SUF *const g = job;
+    const int64_t t = k / (g->nr * g->nc), i = k / g->nc % g->nr * g->rows,
+                  j = k % g->nc * g->cols;
+    const int64_t h = g->M - i < g->rows ? g->M - i : g->rows;
+    const int64_t w = g->N - j < g->cols ? g->N - j : g->cols;
+    REAL *const pad = scratch_SUF((g->K + MR_) * NR_SUF * sizeof(REAL));
+    if (!pad) {
+        __atomic_store_n(&g->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    gemm_SUF(g->a + t * g->ta + i * g->lda, g->lda, g->sa, g->b + t * g->tb + j * g->sj,
+             g->sk, g->sj, g->c + t * g->tc + i * g->ldc + j, g->ldc, h, w, g->K, pad,
+             pad + g->K * NR_SUF, g->v ? g->v + j : NULL);
+}
+
 /* args ((a, b, c),) or ((a, b, c, bias),): c = a @ b (+ bias, C-contiguous, of N
    values, added to each row) for 2-D arrays of REAL (the caller checked the dtype), or
    for 3-D ones, one product per index of the first dimension (a's or b's stride along
@@ -228,20 +259,40 @@ int geon_gemm_SUF(void *args) {
         }
         if ((K || q == 2) && lo[0] < hi[1] && lo[1] < hi[0]) goto done;
     }
-    const REAL *const a = v[0].buf, *const b = v[1].buf;
-    const int64_t lda = v[0].strides[o] / z, sa = v[0].strides[o + 1] / z;
-    const int64_t sk = v[1].strides[o] / z, sj = N > 1 ? v[1].strides[o + 1] / z : 1;
-    REAL *const c = v[2].buf;
-    const int64_t ldc = v[2].strides[o] / z;
-    const int64_t ta = o ? v[0].strides[0] / z : 0, tb = o ? v[1].strides[0] / z : 0;
-    const int64_t tc = o ? v[2].strides[0] / z : 0;
-    REAL *const pad = scratch_SUF((K + MR_) * NR_SUF * sizeof(REAL));
-    if (!pad) goto done;
-    void *const state = T * M * N * K >= GIL_WORK ? PyEval_SaveThread() : NULL;
-    for (int64_t t = 0; t < T; t++)
-        gemm_SUF(a + t * ta, lda, sa, b + t * tb, sk, sj, c + t * tc, ldc, M, N, K, pad,
-                 pad + K * NR_SUF, na == 4 ? (const REAL *)v[3].buf : NULL);
+    const int64_t z_ = (int64_t)z;
+    job_SUF g = {v[0].buf, v[1].buf, na == 4 ? (const REAL *)v[3].buf : NULL, v[2].buf,
+                 v[0].strides[o] / z_, v[0].strides[o + 1] / z_, o ? v[0].strides[0] / z_ : 0,
+                 v[1].strides[o] / z_, N > 1 ? v[1].strides[o + 1] / z_ : 1,
+                 o ? v[1].strides[0] / z_ : 0, v[2].strides[o] / z_,
+                 o ? v[2].strides[0] / z_ : 0, M, N, K, M, N, 1, 1, 0};
+    /* (this thread's scratch, got before anything is written: a part on this thread
+       reuses it) */
+    if (!scratch_SUF((K + MR_) * NR_SUF * sizeof(REAL))) goto done;
+    const int want = pool_threads();
+    const int64_t work = T * M * N * K;
+    if (want > 1 && T < want && pool_worth(work, PAR_WORK)) {   /* one product in parts */
+        if (N >= 2 * NR_SUF) {   /* by panels of columns */
+            const int64_t panels = (N + NR_SUF - 1) / NR_SUF;
+            g.cols = (panels + POOL_CUT(want) - 1) / POOL_CUT(want) * NR_SUF;
+            g.nc = (N + g.cols - 1) / g.cols;
+        } else {   /* by blocks of rows */
+            const int64_t blocks = (M + MR_ - 1) / MR_;
+            g.rows = (blocks + POOL_CUT(want) - 1) / POOL_CUT(want) * MR_;
+            g.nr = (M + g.rows - 1) / g.rows;
+        }
+    }
+    const int64_t parts = T * g.nr * g.nc;
+    void *const state = work >= GIL_WORK ? PyEval_SaveThread() : NULL;
+    if (parts > 1 && want > 1 && pool_worth(work, PAR_WORK))
+        pool_run(part_SUF, &g, parts);
+    else
+        for (int64_t k = 0; k < parts; k++) part_SUF(&g, k);
     if (state) PyEval_RestoreThread(state);
+    if (g.failed) {   /* a worker had no memory for its scratch */
+        PyErr_NoMemory();
+        status = -1;
+        goto done;
+    }
     status = 0;
 done:
     geon_release(v, (int)na);
@@ -312,8 +363,9 @@ _TYPES = {np.dtype(np.float32): ("float", "f32"), np.dtype(np.float64): ("double
 def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
-            f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n"
-            "extern ptrdiff_t PyTuple_Size(void *tuple);\n" + toolchain.BUFFER_API)
+            f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n#define PAR_WORK {PAR_WORK}LL\n"
+            "extern ptrdiff_t PyTuple_Size(void *tuple);\nextern void *PyErr_NoMemory(void);\n"
+            + toolchain.BUFFER_API + c_pool.CLIENT)
     return head + "\n".join(
         c_scan.gemm_source(dtype) + _TEMPLATE.replace("SCAN_PACK", c_scan.pack_name(dtype))
         .replace("REAL", real).replace("_SUF", "_" + suffix)
@@ -329,10 +381,12 @@ def kernels():
     return compiled.fixed_library(_loaded, "small product kernels", source, _SYMBOLS, _bind)
 
 
-_SYMBOLS = [f"geon_{n}_{s}" for _, s in _TYPES.values() for n in ("gemm", "patches")]
+_SYMBOLS = [f"geon_{n}_{s}" for _, s in _TYPES.values() for n in ("gemm", "patches")] \
+    + [c_pool.CLIENT_SYMBOL]
 
 
 def _bind(lib):
+    c_pool.attach(lib)
     proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)
     fns = {dt: proto((f"geon_gemm_{s}", lib)) for dt, (_, s) in _TYPES.items()}
     fns.update({("patches", dt): proto((f"geon_patches_{s}", lib))
@@ -374,6 +428,16 @@ def step(a, b, out):
         return None
     fns = kernels()
     return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
+
+
+def matmul(a, b, out):
+    """``np.matmul(a, b, out=out)`` by the kernel where :func:`step` takes the arrays
+    and the entry does not refuse them: True; else False (nothing written)."""
+    steps = step(a, b, out)
+    if steps is None:
+        return False
+    fn, args, _ = steps[0]
+    return fn(args) == 0
 
 
 def _batched(x):
