@@ -54,8 +54,12 @@ GIL_WORK = 1 << 16
 
 #: Work from which one product (or a batch of fewer products than threads) is cut into
 #: parts for geon's threads (:mod:`.c_pool`), where the thread policy allows more than
-#: one.
-PAR_WORK = 1 << 20
+#: one: a convolution's im2col product (resnet18's are about 19 M), not a small
+#: transformer's layers (at most 4 M in the zoo's BERT and GPT-2: cut in two, GPT-2's
+#: forward took 0.43 ms where it took 0.51 alone on the machine, but 0.8-1.6 ms where
+#: it took 0.6 beside PyTorch and ONNX Runtime, whose threads spin between their calls
+#: in the same process).
+PAR_WORK = 1 << 23
 
 _TEMPLATE = r"""
 typedef REAL vg_SUF __attribute__((vector_size(64)));
