@@ -197,3 +197,25 @@ def test_calls_from_several_threads_at_once():
         for t in ts:
             t.join()
     assert not errors
+
+
+def test_empty_shapes():
+    """Empty images, planes, filters and channels: nothing written, nothing crashes
+    (each once divided by a part size of 0)."""
+    ws = conv.Workspace(direct=True)
+    out = np.full((0, 3, 4, 4), 1.0, np.float32)
+    conv.max_pool(np.zeros((0, 3, 8, 8), np.float32), out, (3, 3), (2, 2),
+                  ((1, 1), (1, 1)), (1, 1), ws)
+    x = np.zeros((1, 3, 8, 0), np.float32)
+    got = np.empty((1, 3, 4, 0), np.float32)
+    conv.max_pool(x, got, (3, 1), (2, 2), ((1, 1), (0, 0)), (1, 1), ws)
+    x = np.random.default_rng(0).standard_normal((2, 16, 8, 8)).astype(np.float32)
+    y = np.empty((2, 0, 8, 8), np.float32)
+    conv.conv_forward(x, np.zeros((0, 16, 1, 1), np.float32), y, (1, 1),
+                      ((0, 0), (0, 0)), (1, 1), 1, ws)
+    with c_pool.forced(2):
+        conv.conv_forward(x, np.zeros((0, 16, 1, 1), np.float32), y, (1, 1),
+                          ((0, 0), (0, 0)), (1, 1), 1, ws)
+    cols = np.empty(0, np.float32)
+    im2col.im2col(im2col.kernels(), np.zeros((2, 0, 5, 5), np.float32), cols, (3, 3),
+                  (5, 5), (1, 1), ((1, 1), (1, 1)), (1, 1))

@@ -237,7 +237,7 @@ def test_the_wide_form_over_its_input(dtype, any_weight):
     expansion's result the memory of the input that dies at it) from a copy of the
     input, in one call or in blocks of rows on geon's threads, with one call's
     values."""
-    x, w, b = _operands(2, 6, 30, (40,), dtype, seed=4)   # (K >= 24: split by rows)
+    x, w, b = _operands(2, 6, 30, (40,), dtype, seed=4)
     want = _reference(x, w, b, 0.0, 6.0)
     room = np.empty(2 * 30 * 40, dtype)
     xs = room[:x.size].reshape(x.shape)

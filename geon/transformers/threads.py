@@ -223,8 +223,9 @@ _listeners: list = []
 def on_change(fn) -> None:
     """Call ``fn(n)`` with the policy's count of threads now and whenever it changes
     (the C pools of :mod:`geon.transformers.numpy.c_pool` follow it so)."""
-    _listeners.append(fn)
-    fn(POLICY.threads)
+    with POLICY._lock:   # (a refresh meanwhile would change the count unheard)
+        _listeners.append(fn)
+        fn(POLICY.threads)
 
 
 def active() -> int:

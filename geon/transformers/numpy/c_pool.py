@@ -17,15 +17,18 @@ is loaded (:func:`attach`). The interface a client sees:
   ``pool_want`` threads, the caller's among them, and returns when every part is done.
   Parts are taken one at a time from a shared counter, so a worker that comes late (or
   whose core is busy) takes fewer of them; the caller alone runs a job while another
-  thread's job holds the pool, and any job of one part.
+  thread's job holds the pool, and any job of one part. A worker that holds a part
+  while another thread has its core keeps the caller waiting: where the caller waited
+  longer than it worked (:data:`LATE_US`), it runs its jobs alone for a while
+  (:data:`ALONE_MS`).
 - ``pool_threads()`` is ``pool_want``: the thread policy's count
   (:mod:`geon.transformers.threads`), passed on whenever it changes. Workers are
   started when a job first wants them and stay; none is started while the count is 1
   (``GEON_NUM_THREADS=1``, or under load).
 
 Without the pool (it did not build, or ``GEON_COMPILED=0``) a client runs its parts
-one after another on the caller's thread. A job never calls Python: entries let go of
-the GIL before ``pool_run``.
+one after another on the caller's thread. A part never calls Python (an entry may
+hold the GIL while its workers run, where its work is too small to let it go).
 """
 
 import contextlib
@@ -42,11 +45,19 @@ SPIN_US = 50
 #: holding the job up with a long one.
 PARTS_PER_THREAD = 4
 
+#: A job whose workers kept the caller waiting this much longer than the caller itself
+#: worked on it (microseconds) was held up by a worker whose core another thread took:
+#: the caller then runs its jobs alone for ALONE_MS[0] milliseconds, twice as long each
+#: time it happens again (at most ALONE_MS[1]).
+LATE_US = 20
+ALONE_MS = (10, 320)
+
 #: The most threads of one pool.
 MAX_THREADS = 64
 
 SOURCE = r"""
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <stdint.h>
 /* geon's pool (see geon/transformers/numpy/c_pool.py) */
@@ -66,6 +77,8 @@ static uint64_t pool_ticket = 0;
 static uint64_t pool_jobs = 0;  /* jobs posted (the caller's count, under pool_run_mu) */
 static int64_t pool_left = 0;   /* parts of the job not finished */
 static int pool_seats = 0;      /* workers that may still join the job */
+static int64_t pool_alone_until = 0;   /* (ns) the caller runs jobs alone until then */
+static int64_t pool_backoff = 0;       /* (ns) the last such period, 0: none */
 static pool_fn pool_job_fn;
 static void *pool_job_ctx;
 static int64_t pool_job_parts;
@@ -102,11 +115,14 @@ static void pool_take(uint64_t job) {
     }
 }
 
-static void *pool_worker(void *unused) {
-    (void)unused;
-    uint64_t seen = __atomic_load_n(&pool_ticket, __ATOMIC_ACQUIRE) >> 32, job;
+/* A worker: arg, the last job posted before it was started (it takes the next). After
+   a job it spins SPIN_NS on the next before it sleeps; after a job without a seat for
+   it (the count was lowered) it sleeps at once. */
+static void *pool_worker(void *arg) {
+    uint64_t seen = (uint64_t)(uintptr_t)arg, job;
+    int spin = 1;
     for (;;) {
-        const int64_t until = pool_ns() + SPIN_NS;
+        const int64_t until = spin ? pool_ns() + SPIN_NS : 0;
         int n = 0;
         while ((job = __atomic_load_n(&pool_ticket, __ATOMIC_ACQUIRE) >> 32) == seen) {
             if ((++n & 63) == 0 && pool_ns() > until) {
@@ -119,7 +135,8 @@ static void *pool_worker(void *unused) {
             pool_relax();
         }
         seen = job;
-        if (__atomic_sub_fetch(&pool_seats, 1, __ATOMIC_ACQ_REL) >= 0) pool_take(job);
+        spin = __atomic_sub_fetch(&pool_seats, 1, __ATOMIC_ACQ_REL) >= 0;
+        if (spin) pool_take(job);
     }
     return NULL;
 }
@@ -145,7 +162,8 @@ static void pool_start(int want) {
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&t, &at, pool_worker, NULL);
+        const int failed = pthread_create(&t, &at, pool_worker,
+                                          (void *)(uintptr_t)pool_jobs);
         pthread_attr_destroy(&at);
         if (failed) break;
         pool_started++;
@@ -161,6 +179,13 @@ void geon_pool_run(pool_fn fn, void *ctx, int64_t parts) {
         for (int64_t k = 0; k < parts; k++) fn(ctx, k);
         return;
     }
+    const int eager = __atomic_load_n(&pool_state[1], __ATOMIC_RELAXED);
+    const int64_t t0 = pool_ns();
+    if (t0 < pool_alone_until && !eager) {   /* (see below) */
+        for (int64_t k = 0; k < parts; k++) fn(ctx, k);
+        pthread_mutex_unlock(&pool_run_mu);
+        return;
+    }
     pool_start(want);
     if (want > pool_started + 1) want = pool_started + 1;
     pool_job_fn = fn;
@@ -174,7 +199,29 @@ void geon_pool_run(pool_fn fn, void *ctx, int64_t parts) {
     pthread_cond_broadcast(&pool_cv);
     pthread_mutex_unlock(&pool_mu);
     pool_take(job);
-    while (__atomic_load_n(&pool_left, __ATOMIC_ACQUIRE) > 0) pool_relax();
+    const int64_t t1 = pool_ns();
+    /* the parts the workers hold: spin, then yield (a worker may share this core) */
+    for (int n = 0; __atomic_load_n(&pool_left, __ATOMIC_ACQUIRE) > 0;) {
+        if (n < 4096) {
+            n++;
+            pool_relax();
+        } else {
+            sched_yield();
+        }
+    }
+    /* A worker that held the job up for longer than the caller worked on it had its
+       core taken (by another process, or by another library's threads spinning in
+       this one): the caller then runs its jobs alone for a while, twice as long each
+       time that happens again, and from the first job that runs well as before. */
+    const int64_t t2 = pool_ns();
+    if (t2 - t1 > t1 - t0 + LATE_NS) {
+        pool_backoff = pool_backoff ? (2 * pool_backoff < ALONE_MAX_NS ? 2 * pool_backoff
+                                                                       : ALONE_MAX_NS)
+                                    : ALONE_MIN_NS;
+        pool_alone_until = t2 + pool_backoff;
+    } else {
+        pool_backoff = 0;
+    }
     pthread_mutex_unlock(&pool_run_mu);
 }
 
@@ -192,7 +239,9 @@ void geon_pool_eager(int64_t on) {
 void *geon_pool_want(void) {
     return pool_state;
 }
-""".replace("SPIN_NS", f"{SPIN_US * 1000}LL").replace("POOL_MAX", str(MAX_THREADS))
+""".replace("SPIN_NS", f"{SPIN_US * 1000}LL").replace("POOL_MAX", str(MAX_THREADS)) \
+    .replace("LATE_NS", f"{LATE_US * 1000}LL").replace("ALONE_MIN_NS", f"{ALONE_MS[0] * 1000000}LL") \
+    .replace("ALONE_MAX_NS", f"{ALONE_MS[1] * 1000000}LL")
 
 #: What a library using the pool includes (after ``<stdint.h>``): ``pool_run`` and
 #: ``pool_threads``, and the entry :func:`attach` calls.
@@ -227,7 +276,7 @@ static void pool_run(pool_fn fn, void *ctx, int64_t parts) {
 CLIENT_SYMBOL = "geon_use_pool"
 
 _SYMBOLS = ["geon_pool_run", "geon_pool_threads", "geon_pool_want", "geon_pool_eager"]
-_loaded = {}  # (CC, cache folder) -> (run, want) addresses, or None
+_loaded = {}  # (CC, cache folder) -> (run, want addresses, setters), or None
 
 
 def _bind(lib):
@@ -240,29 +289,27 @@ def _bind(lib):
     eager = lib.geon_pool_eager
     eager.argtypes = (ctypes.c_int64,)
     eager.restype = None
-    _setters.update(threads=setter, eager=eager)
-    return ctypes.cast(lib.geon_pool_run, ctypes.c_void_p).value, want()
-
-
-_setters = {}  # the pool's "threads" and "eager" setters, once it is built
+    return ctypes.cast(lib.geon_pool_run, ctypes.c_void_p).value, want(), setter, eager
 
 
 @contextlib.contextmanager
 def forced(n):
-    """For tests: the pool runs jobs on ``n`` threads and its clients cut every job into
-    parts, however small, until the block ends (then the policy's count again). Skips
-    nothing: where the pool is not built, clients run their parts on one thread."""
-    _loaded_pool()
-    if not _setters:
+    """For tests: the pool (of this compiler and cache folder: the one the libraries
+    built now use) runs jobs on ``n`` threads and its clients cut every job into parts,
+    however small, until the block ends (then the policy's count again). Where the pool
+    is not built, clients run their parts on one thread."""
+    pool = _loaded_pool()
+    if pool is None:
         yield
         return
-    _setters["threads"](n)
-    _setters["eager"](1)
+    _, _, set_threads, set_eager = pool
+    set_threads(n)
+    set_eager(1)
     try:
         yield
     finally:
-        _setters["eager"](0)
-        _setters["threads"](threads.active())
+        set_eager(0)
+        set_threads(threads.active())
 
 
 def _loaded_pool():
@@ -277,4 +324,4 @@ def attach(lib):
         use = lib[CLIENT_SYMBOL]
         use.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
         use.restype = None
-        use(*pool)
+        use(*pool[:2])

@@ -154,7 +154,9 @@ def _gemm_into(a, b, out, ws=None):
             return
     if skinny.worth_it(a.shape[1:], b.shape[1:], out.dtype):
         skinny.matmul(a[0], b[0], out[0], c_ok)
-    elif not (c_ok and small_gemm.matmul(a[0], b[0], out[0])):
+        return
+    products = _fixed(ws, small_gemm)
+    if not (products and small_gemm.matmul(a[0], b[0], out[0], products)):
         np.matmul(a[0], b[0], out=out[0])
 
 

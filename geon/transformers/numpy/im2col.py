@@ -187,6 +187,7 @@ static void run_SUF(void *p, int64_t k) {
    there are PAR_ELEMENTS or more to write. 1: no memory. */
 int geon_im2col_SUF(const T *restrict x, T *restrict cols, const int64_t *g) {
     const int64_t C = g[1], want = pool_threads();
+    if (C <= 0) return 0;
     job_SUF j = {x, cols, g, C, 0};
     if (want > 1 && C > 1 && pool_worth(C * g[4] * g[5] * g[0] * g[6] * g[7], PAR_ELEMENTS))
         j.per = (C + POOL_CUT(want) - 1) / POOL_CUT(want);
@@ -220,15 +221,15 @@ static inline vp_SUF vmax_SUF(vp_SUF a, vp_SUF b) {
 }
 
 /* y (B, C, P, Q) = the maximum of each window of x (B, C, H, W) (both C-contiguous;
-   g as im2col's), taps out of the image skipped: NumPy's maximum folded over the taps
-   in their order from -inf, as the strided path folds them (a NaN wins; of -0.0 and
-   0.0 the later tap). Each plane is first copied between -inf borders (the rows and
-   columns the windows reach), its columns dealt into sw phases (column j to phase j %
-   sw at j / sw), so that a tap's inputs for a vector of outputs are adjacent; then
-   every vector of outputs folds its taps in registers and is stored once (with a
+   g as im2col's): NumPy's maximum folded over the taps in their order from -inf, taps
+   out of the image reading -inf, as the strided path over the -inf-padded image does
+   (a NaN wins; of -0.0 and 0.0 the later tap). Each plane is first copied between
+   -inf borders (the rows and columns the windows reach); then every vector of outputs
+   folds its taps in registers (a tap's inputs at stride 1 one load, at stride 2 the
+   even elements of two loads, at larger strides gathered) and is stored once (with a
    tap's bounds in the loop and the outputs folded in memory, resnet18's pooling of
    64 planes of 32 x 32 at stride 2, two images, took 240 us). Planes in blocks on
-   geon's threads. 1: no memory. */
+   geon's threads. 1: no memory (y partly written). */
 typedef struct { const REAL *x; REAL *y; const int64_t *g; int64_t per; int failed; } mjob_SUF;
 
 static void max_part_SUF(void *p, int64_t k) {
@@ -296,6 +297,7 @@ static void max_part_SUF(void *p, int64_t k) {
 
 int geon_max_pool_SUF(const REAL *x, REAL *y, const int64_t *g) {
     const int64_t n = g[0] * g[1], want = pool_threads();
+    if (n <= 0 || g[6] <= 0 || g[7] <= 0) return 0;   /* nothing to write */
     mjob_SUF j = {x, y, g, n, 0};
     if (want > 1 && n > 1 && pool_worth(n * g[6] * g[7] * g[4] * g[5], PAR_ELEMENTS))
         j.per = (n + POOL_CUT(want) - 1) / POOL_CUT(want);
@@ -395,8 +397,8 @@ def max_pool(fns, x, out, kernel, strides, pads, dilation):
             or out.dtype != x.dtype or out.ndim != x.ndim or out.shape[:2] != x.shape[:2] \
             or not (x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
         return False
-    if np.may_share_memory(x, out):
-        return False
+    if np.may_share_memory(x, out) or x.size == 0:
+        return False   # (an empty image: NumPy's path fills out with -inf)
     if len(kernel) == 1:   # 1-d: one row per image
         x = x.reshape(x.shape[:2] + (1,) + x.shape[2:])
         kernel, strides, pads, dilation = (1, *kernel), (1, *strides), ((0, 0), *pads), \
@@ -404,6 +406,5 @@ def max_pool(fns, x, out, kernel, strides, pads, dilation):
         out = out.reshape(out.shape[:2] + (1,) + out.shape[2:])
     held = pointwise.geometry((*x.shape, *kernel, *out.shape[2:], *strides, pads[0][0],
                                pads[1][0], *dilation, x.shape[1]))
-    if f(x.ctypes.data, out.ctypes.data, held[1]):
-        raise MemoryError("no memory for a max pooling's offsets")
-    return True
+    return f(x.ctypes.data, out.ctypes.data, held[1]) == 0   # (1: no memory for its
+    # padded planes: NumPy's path writes all of out again)

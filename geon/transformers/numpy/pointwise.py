@@ -422,9 +422,10 @@ int geon_pointwise_SUF(void *args) {
         if (want > 1 && !(xs == v[0].buf && (const char *)xs < ye
                           && ys < (const char *)xs + v[0].len)
                 && pool_worth(geo[0] * geo[1] * geo[3] * (hi - lo), PAR_WORK))
-            job.per = ((hi - lo + POOL_CUT(want) - 1) / POOL_CUT(want) + 3) / 4 * 4;
+            /* (a multiple of the kernels' blocks of rows: 6 or 12 wide, up to 8 dots) */
+            job.per = ((hi - lo + POOL_CUT(want) - 1) / POOL_CUT(want) + 23) / 24 * 24;
         if (over_x && !copy) job.status = 1;
-        else pool_run(pw_part_SUF, &job, (hi - lo + job.per - 1) / job.per);
+        else if (hi > lo) pool_run(pw_part_SUF, &job, (hi - lo + job.per - 1) / job.per);
         status = job.status;
         free(copy);
         PyEval_RestoreThread(state);

@@ -52,9 +52,10 @@ MIN_ROWS = 8
 #: Work (multiply-adds) from which a call lets go of the GIL while it computes.
 GIL_WORK = 1 << 16
 
-#: Work from which one product (or a batch of fewer products than threads) is cut into
-#: parts for geon's threads (:mod:`.c_pool`), where the thread policy allows more than
-#: one: a convolution's im2col product (resnet18's are about 19 M), not a small
+#: Work from which a call runs on geon's threads (:mod:`.c_pool`), where the thread
+#: policy allows more than one: a batch of at least as many products as threads one
+#: product a part, else each product cut into panels of columns or blocks of rows. A
+#: convolution's im2col product (resnet18's are about 19 M), not a small
 #: transformer's layers (at most 4 M in the zoo's BERT and GPT-2: cut in two, GPT-2's
 #: forward took 0.43 ms where it took 0.51 alone on the machine, but 0.8-1.6 ms where
 #: it took 0.6 beside PyTorch and ONNX Runtime, whose threads spin between their calls
@@ -291,12 +292,12 @@ int geon_gemm_SUF(void *args) {
         pool_run(part_SUF, &g, parts);
     else
         for (int64_t k = 0; k < parts; k++) part_SUF(&g, k);
-    if (state) PyEval_RestoreThread(state);
-    if (g.failed) {   /* a worker had no memory for its scratch */
-        PyErr_NoMemory();
-        status = -1;
-        goto done;
+    if (g.failed) {   /* a worker had no memory for its scratch: every part again, on
+                         this thread (whose scratch is there; c overlaps no operand) */
+        g.failed = 0;
+        for (int64_t k = 0; k < parts; k++) part_SUF(&g, k);
     }
+    if (state) PyEval_RestoreThread(state);
     status = 0;
 done:
     geon_release(v, (int)na);
@@ -368,7 +369,7 @@ def source():
     """The C source of the kernels, for float32 and float64."""
     head = ("#include <stdint.h>\n#include <stddef.h>\n#include <stdlib.h>\n"
             f"#define MR_ {MR}\n#define GIL_WORK {GIL_WORK}LL\n#define PAR_WORK {PAR_WORK}LL\n"
-            "extern ptrdiff_t PyTuple_Size(void *tuple);\nextern void *PyErr_NoMemory(void);\n"
+            "extern ptrdiff_t PyTuple_Size(void *tuple);\n"
             + toolchain.BUFFER_API + c_pool.CLIENT)
     return head + "\n".join(
         c_scan.gemm_source(dtype) + _TEMPLATE.replace("SCAN_PACK", c_scan.pack_name(dtype))
@@ -403,9 +404,10 @@ def patches_entry(dtype):
     return (kernels() or {}).get(("patches", np.dtype(dtype)))
 
 
-def step(a, b, out):
+def step(a, b, out, fns=None):
     """The steps of a segment's line ``np.matmul(a, b, out=out)`` (see the module
-    docstring), or None where NumPy's call is the better or the only way."""
+    docstring), or None where NumPy's call is the better or the only way. ``fns``:
+    :func:`kernels`'s result where the caller has it (None: looked up)."""
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
             and isinstance(out, np.ndarray)) or out.ndim < 2 or a.ndim < 2 \
             or b.ndim < 2 or not a.dtype == b.dtype == out.dtype \
@@ -430,14 +432,15 @@ def step(a, b, out):
             and out.shape[0] > 1 and abs(out.strides[0]) < (m - 1) * abs(out.strides[1]) \
             + n * out.itemsize:   # (products that interleave: the entry refuses them)
         return None
-    fns = kernels()
+    fns = kernels() if fns is None else fns
     return None if fns is None else [(fns[out.dtype], ((a, b, out),), None)]
 
 
-def matmul(a, b, out):
+def matmul(a, b, out, fns=None):
     """``np.matmul(a, b, out=out)`` by the kernel where :func:`step` takes the arrays
-    and the entry does not refuse them: True; else False (nothing written)."""
-    steps = step(a, b, out)
+    and the entry does not refuse them: True; else False (nothing written). ``fns``:
+    :func:`kernels`'s result where the caller has it (None: looked up)."""
+    steps = step(a, b, out, fns)
     if steps is None:
         return False
     fn, args, _ = steps[0]
