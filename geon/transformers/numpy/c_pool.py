@@ -17,10 +17,10 @@ is loaded (:func:`attach`). The interface a client sees:
   ``pool_want`` threads, the caller's among them, and returns when every part is done.
   Parts are taken one at a time from a shared counter, so a worker that comes late (or
   whose core is busy) takes fewer of them; the caller alone runs a job while another
-  thread's job holds the pool, and any job of one part. A worker that holds a part
-  while another thread has its core keeps the caller waiting: where the caller waited
-  longer than it worked (:data:`LATE_US`), it runs its jobs alone for a while
-  (:data:`ALONE_MS`).
+  thread's job holds the pool, and any job of one part. (A worker that holds a part
+  while another thread has its core keeps the caller waiting, which yields its core
+  after a short spin. Running jobs alone for a while after such a wait gained nothing
+  measurable beside PyTorch and ONNX Runtime in one process.)
 - ``pool_threads()`` is ``pool_want``: the thread policy's count
   (:mod:`geon.transformers.threads`), passed on whenever it changes. Workers are
   started when a job first wants them and stay; none is started while the count is 1
@@ -44,13 +44,6 @@ SPIN_US = 50
 #: process or another) holds a core, the worker on it takes fewer parts instead of
 #: holding the job up with a long one.
 PARTS_PER_THREAD = 4
-
-#: A job whose workers kept the caller waiting this much longer than the caller itself
-#: worked on it (microseconds) was held up by a worker whose core another thread took:
-#: the caller then runs its jobs alone for ALONE_MS[0] milliseconds, twice as long each
-#: time it happens again (at most ALONE_MS[1]).
-LATE_US = 20
-ALONE_MS = (10, 320)
 
 #: The most threads of one pool.
 MAX_THREADS = 64
@@ -77,8 +70,6 @@ static uint64_t pool_ticket = 0;
 static uint64_t pool_jobs = 0;  /* jobs posted (the caller's count, under pool_run_mu) */
 static int64_t pool_left = 0;   /* parts of the job not finished */
 static int pool_seats = 0;      /* workers that may still join the job */
-static int64_t pool_alone_until = 0;   /* (ns) the caller runs jobs alone until then */
-static int64_t pool_backoff = 0;       /* (ns) the last such period, 0: none */
 static pool_fn pool_job_fn;
 static void *pool_job_ctx;
 static int64_t pool_job_parts;
@@ -179,13 +170,6 @@ void geon_pool_run(pool_fn fn, void *ctx, int64_t parts) {
         for (int64_t k = 0; k < parts; k++) fn(ctx, k);
         return;
     }
-    const int eager = __atomic_load_n(&pool_state[1], __ATOMIC_RELAXED);
-    const int64_t t0 = pool_ns();
-    if (t0 < pool_alone_until && !eager) {   /* (see below) */
-        for (int64_t k = 0; k < parts; k++) fn(ctx, k);
-        pthread_mutex_unlock(&pool_run_mu);
-        return;
-    }
     pool_start(want);
     if (want > pool_started + 1) want = pool_started + 1;
     pool_job_fn = fn;
@@ -199,7 +183,6 @@ void geon_pool_run(pool_fn fn, void *ctx, int64_t parts) {
     pthread_cond_broadcast(&pool_cv);
     pthread_mutex_unlock(&pool_mu);
     pool_take(job);
-    const int64_t t1 = pool_ns();
     /* the parts the workers hold: spin, then yield (a worker may share this core) */
     for (int n = 0; __atomic_load_n(&pool_left, __ATOMIC_ACQUIRE) > 0;) {
         if (n < 4096) {
@@ -208,19 +191,6 @@ void geon_pool_run(pool_fn fn, void *ctx, int64_t parts) {
         } else {
             sched_yield();
         }
-    }
-    /* A worker that held the job up for longer than the caller worked on it had its
-       core taken (by another process, or by another library's threads spinning in
-       this one): the caller then runs its jobs alone for a while, twice as long each
-       time that happens again, and from the first job that runs well as before. */
-    const int64_t t2 = pool_ns();
-    if (t2 - t1 > t1 - t0 + LATE_NS) {
-        pool_backoff = pool_backoff ? (2 * pool_backoff < ALONE_MAX_NS ? 2 * pool_backoff
-                                                                       : ALONE_MAX_NS)
-                                    : ALONE_MIN_NS;
-        pool_alone_until = t2 + pool_backoff;
-    } else {
-        pool_backoff = 0;
     }
     pthread_mutex_unlock(&pool_run_mu);
 }
@@ -239,9 +209,7 @@ void geon_pool_eager(int64_t on) {
 void *geon_pool_want(void) {
     return pool_state;
 }
-""".replace("SPIN_NS", f"{SPIN_US * 1000}LL").replace("POOL_MAX", str(MAX_THREADS)) \
-    .replace("LATE_NS", f"{LATE_US * 1000}LL").replace("ALONE_MIN_NS", f"{ALONE_MS[0] * 1000000}LL") \
-    .replace("ALONE_MAX_NS", f"{ALONE_MS[1] * 1000000}LL")
+""".replace("SPIN_NS", f"{SPIN_US * 1000}LL").replace("POOL_MAX", str(MAX_THREADS))
 
 #: What a library using the pool includes (after ``<stdint.h>``): ``pool_run`` and
 #: ``pool_threads``, and the entry :func:`attach` calls.
