@@ -241,10 +241,7 @@ static void max_part_SUF(void *p, int64_t k) {
     const int64_t Hp = (P - 1) * sh + (R - 1) * dh + 1, Wp = (Q - 1) * sw + (S - 1) * dw + 1;
     /* (2 VP_SUF elements of slack: a last vector of outputs reads past its row) */
     REAL *const pad = malloc((size_t)(Hp * Wp + 2 * VP_SUF) * sizeof(REAL));
-    REAL *const tmp = malloc((size_t)VP_SUF * sizeof(REAL));
-    if (!pad || !tmp) {
-        free(pad);
-        free(tmp);
+    if (!pad) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -280,6 +277,7 @@ static void max_part_SUF(void *p, int64_t k) {
                             __builtin_memcpy(&v1, t + VP_SUF, sizeof v1);
                             v = EVENS_SUF(v0, v1);
                         } else {
+                            REAL tmp[64 / sizeof(REAL)];
                             for (int64_t u = 0; u < VP_SUF; u++)
                                 tmp[u] = q + u < Q ? t[u * sw] : 0;
                             __builtin_memcpy(&v, tmp, sizeof v);
@@ -291,7 +289,6 @@ static void max_part_SUF(void *p, int64_t k) {
                 __builtin_memcpy(yp + p * Q + q, &acc, (size_t)m * sizeof(REAL));
             }
     }
-    free(tmp);
     free(pad);
 }
 
